@@ -1,0 +1,2077 @@
+/* ddp.h — libddp: data-parallel collectives for C training code.           v0.1
+ *
+ * What torch.distributed + DistributedDataParallel give PyTorch, as a header-only C library:
+ * several processes (ranks) each hold a model replica and their own data shard; libddp averages
+ * their gradients with ring all-reduce over a pluggable transport (TCP sockets by default).
+ *
+ * DO THIS in exactly one .c file of your program:
+ *
+ *     #define DDP_IMPLEMENTATION
+ *     #include "ddp.h"
+ *     #include "transports/ddp_tcp.h"     // including a transport is what compiles it in
+ *     #include "ddp_ring.h"               // the ring algorithms (required by ddp.h's collectives)
+ *
+ * and link with -pthread. Every other file just does #include "ddp.h".
+ *
+ * BUILD OPTIONS (define before including)
+ *   DDP_IMPLEMENTATION     impl. file only  compile the implementation of every libddp header
+ *                                           included after it in this file
+ *   DDP_STATIC             global           make every public function static (private copy)
+ *   DDP_MALLOC/DDP_FREE    impl. file only  allocator; define both or neither
+ *   DDP_ASSERT(c)          impl. file only  checks for programmer bugs only (default: assert)
+ *
+ * RUN-TIME ENVIRONMENT (all optional; the desc struct wins over the environment)
+ *   RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT   (torchrun's names;
+ *       also OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID)
+ *   DDP_TIMEOUT_MS      every blocking wait (default 600000 = 10 min, as torch.distributed)
+ *   DDP_DEBUG           NONE | WARN (default: failures) | INFO (decisions) | TRACE, to stderr
+ *   DDP_TRANSPORT       force a transport by name ("tcp", ...) instead of the best compiled in
+ *   DDP_JOB_SECRET      shared secret; ranks that do not present it are refused at rendezvous
+ *   DDP_SOCKET_IFNAME   NCCL syntax: "eth0", "eth,ib" (prefixes), "^docker" (exclude), "=eth0"
+ *   DDP_SPIN_US         how long a waiting rank polls before it sleeps in the kernel
+ *   DDP_SEGMENT_BYTES   pipeline segment of the ring algorithms
+ *
+ * EXAMPLE
+ *     ddp_comm_t *comm;
+ *     if (ddp_comm_init_env(&comm, NULL) != DDP_SUCCESS) { ... }   // under torchrun/ddprun/mpirun
+ *     ddp_all_reduce(grad, grad, n, DDP_FLOAT32, DDP_AVG, comm);   // in place: send == recv
+ *     ddp_comm_destroy(comm);
+ *
+ * RULES
+ *   - Calls, counts and dtypes are NCCL's: (sendbuf, recvbuf, count, dtype, op, comm), counts in
+ *     elements. In place by pointer equality: all-reduce/broadcast send == recv; all-gather
+ *     send == recv + rank*sendcount*size; reduce-scatter recv == send + rank*recvcount*size.
+ *   - DDP_AVG divides the sum by the world size once (integers: truncating division); fp16/bf16
+ *     are reduced in fp32 and rounded to nearest even. Results are bitwise identical on every
+ *     rank and deterministic run to run.
+ *   - A communicator is used by one thread at a time. Several communicators may coexist.
+ *   - Every blocking point times out (DDP_TIMEOUT_MS). A failed collective leaves the
+ *     communicator in an error state: later calls return the same error; destroy it.
+ *   - Errors: every call returns ddp_result_t; ddp_comm_last_error() says which rank, which peer,
+ *     which phase, errno and what was expected. The library never calls abort() or exit().
+ */
+#ifndef DDP_H_INCLUDED
+#define DDP_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef DDP_API
+#ifdef DDP_STATIC
+#define DDP_API static
+#else
+#define DDP_API extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 1
+
+/* Shared with ddp_sampler.h, which may be used alone. */
+#ifndef DDP_RESULT_DEFINED
+#define DDP_RESULT_DEFINED
+typedef enum { DDP_SUCCESS = 0, DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_USAGE, DDP_ERR_SYSTEM,
+               DDP_ERR_REMOTE, DDP_ERR_TIMEOUT, DDP_ERR_ABORTED, DDP_ERR_OUT_OF_MEMORY,
+               DDP_ERR_MISMATCH, DDP_ERR_AUTH, DDP_ERR_UNSUPPORTED, DDP_ERR_INTERNAL } ddp_result_t;
+#endif
+#define DDP_NUM_RESULTS 12
+
+/* Values are NCCL's (ncclDataType_t / ncclRedOp_t), so the NCCL transport can cast directly. */
+typedef enum { DDP_INT8 = 0, DDP_UINT8, DDP_INT32, DDP_UINT32, DDP_INT64, DDP_UINT64,
+               DDP_FLOAT16, DDP_FLOAT32, DDP_FLOAT64, DDP_BFLOAT16 } ddp_dtype_t;
+#define DDP_NUM_DTYPES 10
+typedef enum { DDP_SUM = 0, DDP_PROD, DDP_MAX, DDP_MIN, DDP_AVG } ddp_op_t;
+#define DDP_NUM_OPS 5
+
+typedef struct ddp_comm ddp_comm_t;
+typedef struct ddp_store ddp_store_t;
+struct ddp_transport;
+
+typedef enum { DDP_LOG_NONE = 0, DDP_LOG_WARN, DDP_LOG_INFO, DDP_LOG_TRACE } ddp_log_level_t;
+
+/* Run-time allocator (all or none). Zero = DDP_MALLOC/DDP_FREE. */
+typedef struct ddp_allocator {
+    void *(*alloc)(size_t size, void *user);
+    void (*free)(void *ptr, void *user);
+    void *user;
+} ddp_allocator_t;
+
+/* Zero-initialised = defaults. Values where 0 is legitimate (rank) are arguments, not fields. */
+typedef struct ddp_comm_desc {
+    const char *transport;        /* NULL/"auto": DDP_TRANSPORT, else the best compiled in */
+    const char *master_addr;      /* NULL: MASTER_ADDR, else "127.0.0.1" */
+    int master_port;              /* 0: MASTER_PORT, else 29500 */
+    int timeout_ms;               /* 0: DDP_TIMEOUT_MS, else 600000; < 0 = wait forever */
+    const char *job_secret;       /* NULL: DDP_JOB_SECRET, else no authentication */
+    const char *socket_ifname;    /* NULL: DDP_SOCKET_IFNAME, else the route to the master */
+    ddp_store_t *store;           /* use this store for rendezvous instead of MASTER_ADDR:PORT */
+    const char *store_prefix;     /* key namespace in a shared store (default "ddp") */
+    size_t segment_bytes;         /* 0: DDP_SEGMENT_BYTES, else measured default */
+    int spin_us;                  /* 0: DDP_SPIN_US, else measured default; < 0 = never spin */
+    int log_level;                /* 0: DDP_DEBUG; else a ddp_log_level_t + 1 (1 = silence) */
+    const ddp_allocator_t *allocator;
+} ddp_comm_desc_t;
+
+DDP_API const char *ddp_strerror(ddp_result_t r);                   /* never NULL */
+DDP_API size_t ddp_dtype_size(ddp_dtype_t dtype);                   /* 0 if invalid */
+DDP_API const char *ddp_dtype_name(ddp_dtype_t dtype);              /* "float32", ... */
+DDP_API const char *ddp_op_name(ddp_op_t op);                       /* "sum", ... */
+
+/* ---- communicator ---- */
+DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **comm, int nranks, int rank,
+                                   const ddp_comm_desc_t *desc);
+DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **comm, const ddp_comm_desc_t *desc);
+DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *comm);
+/* Why the last ddp_comm_init/ddp_comm_init_env of the calling thread failed ("" if none). */
+DDP_API const char *ddp_last_init_error(void);
+DDP_API int ddp_comm_rank(const ddp_comm_t *comm);                  /* -1 if comm is NULL */
+DDP_API int ddp_comm_size(const ddp_comm_t *comm);
+DDP_API int ddp_comm_local_rank(const ddp_comm_t *comm);
+DDP_API int ddp_comm_local_size(const ddp_comm_t *comm);
+DDP_API const char *ddp_comm_last_error(const ddp_comm_t *comm);   /* "" when none; never NULL */
+DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *comm);             /* the rendezvous store */
+DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *comm, int peer);
+
+/* ---- collectives (blocking) ---- */
+DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                    ddp_dtype_t dtype, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                   ddp_dtype_t dtype, int root, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_barrier(ddp_comm_t *comm);
+
+/* ---- key-value store (c10d TCPStore semantics) ----
+ * One server (rank 0 of a communicator, or whoever creates it with is_server = 1); every
+ * participant is a client. get/wait block until the key exists or the timeout passes. */
+typedef struct ddp_store_desc {
+    int timeout_ms;               /* 0: DDP_TIMEOUT_MS, else 600000; < 0 = wait forever */
+    const char *secret;           /* NULL: DDP_JOB_SECRET, else none */
+    int log_level;                /* as in ddp_comm_desc_t */
+    int log_rank;                 /* rank shown in log lines, + 1 (0 = unknown) */
+} ddp_store_desc_t;
+#define DDP_STORE_MAX_KEY 1024
+#define DDP_STORE_MAX_VALUE (16u << 20)
+DDP_API ddp_result_t ddp_store_open(ddp_store_t **store, const char *host, int port, int is_server,
+                                    const ddp_store_desc_t *desc);
+DDP_API ddp_result_t ddp_store_close(ddp_store_t *store);
+DDP_API ddp_result_t ddp_store_set(ddp_store_t *store, const char *key, const void *value,
+                                   size_t len);
+/* Waits for the key; copies up to cap bytes; *len = the value's full length. */
+DDP_API ddp_result_t ddp_store_get(ddp_store_t *store, const char *key, void *value, size_t cap,
+                                   size_t *len);
+DDP_API ddp_result_t ddp_store_add(ddp_store_t *store, const char *key, int64_t delta,
+                                   int64_t *result);
+/* Sets key to desired if its value equals expected (a missing key matches expected_len == 0);
+ * *actual receives the value after the call (up to cap bytes, full length in *actual_len). */
+DDP_API ddp_result_t ddp_store_compare_set(ddp_store_t *store, const char *key,
+                                           const void *expected, size_t expected_len,
+                                           const void *desired, size_t desired_len,
+                                           void *actual, size_t cap, size_t *actual_len);
+DDP_API ddp_result_t ddp_store_wait(ddp_store_t *store, const char *const *keys, int nkeys,
+                                    int timeout_ms);        /* 0: the store's timeout */
+DDP_API ddp_result_t ddp_store_check(ddp_store_t *store, const char *key, int *exists);
+DDP_API ddp_result_t ddp_store_delete(ddp_store_t *store, const char *key, int *deleted);
+DDP_API int ddp_store_port(const ddp_store_t *store);       /* server's port (useful with port 0) */
+DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
+
+
+/* ---- transport interface (for transport authors; users never call it) ----
+ * Version 1. A transport moves tagged byte messages between two ranks over a bidirectional
+ * connection (Gloo's "pair"), with non-blocking connect/accept and isend/irecv/test as NCCL's
+ * net plugin. Messages on one connection and direction complete in posting order; a posted
+ * irecv must match the next message's tag and length exactly (else DDP_ERR_MISMATCH), which is
+ * how ranks calling different collectives or counts are caught instead of corrupting data.
+ * Registered memory (reg_mr) lets RDMA transports write straight into user buffers; a transport
+ * that replaces whole collectives (NCCL) fills `coll`; the communicator then skips the ring.
+ * Including a transport header registers it (a constructor calls ddp_transport_register). */
+#define DDP_TRANSPORT_VERSION 1
+typedef struct ddp_coll_provider {
+    ddp_result_t (*all_reduce)(void *state, const void *sendbuf, void *recvbuf, size_t count,
+                               ddp_dtype_t dtype, ddp_op_t op);
+    ddp_result_t (*reduce_scatter)(void *state, const void *sendbuf, void *recvbuf,
+                                   size_t recvcount, ddp_dtype_t dtype, ddp_op_t op);
+    ddp_result_t (*all_gather)(void *state, const void *sendbuf, void *recvbuf, size_t sendcount,
+                               ddp_dtype_t dtype);
+    ddp_result_t (*broadcast)(void *state, const void *sendbuf, void *recvbuf, size_t count,
+                              ddp_dtype_t dtype, int root);
+} ddp_coll_provider_t;
+
+typedef struct ddp_transport {
+    int version;                  /* DDP_TRANSPORT_VERSION */
+    const char *name;             /* "tcp", "shm", "ibverbs", "nccl" */
+    int priority;                 /* "auto" picks the highest that reaches a peer */
+    /* Per communicator: open listeners and publish this rank's address with ddp_comm_publish. */
+    ddp_result_t (*init)(ddp_comm_t *comm, void **state);
+    /* After every rank has published: 1 if this transport can reach peer. */
+    int (*reachable)(void *state, int peer);
+    /* Non-blocking: return DDP_SUCCESS with *conn == NULL to be called again. The rank with the
+     * lower number connects, the other accepts; the transport checks the peer's identity. */
+    ddp_result_t (*connect)(void *state, int peer, void **conn);
+    ddp_result_t (*accept)(void *state, int peer, void **conn);
+    ddp_result_t (*reg_mr)(void *state, void *buf, size_t len, void **mr);   /* may be NULL */
+    ddp_result_t (*dereg_mr)(void *state, void *mr);
+    ddp_result_t (*isend)(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
+                          void **req);
+    ddp_result_t (*irecv)(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req);
+    /* Advances the connection; *done = 1 once req completed (req is then released). */
+    ddp_result_t (*test)(void *req, int *done);
+    /* Sleeps until one of conns may progress or timeout_ms passes (the blocking half of
+     * spin-then-block). */
+    ddp_result_t (*wait)(void *state, void *const *conns, int nconns, int timeout_ms);
+    ddp_result_t (*close)(void *conn);   /* also used after errors: wakes the peer with EOF */
+    ddp_result_t (*finalize)(void *state);
+    const ddp_coll_provider_t *coll;     /* NULL: point-to-point only */
+} ddp_transport_t;
+
+DDP_API ddp_result_t ddp_transport_register(const ddp_transport_t *transport);
+DDP_API const ddp_transport_t *ddp_transport_find(const char *name);
+/* Helpers a transport uses from init/connect/accept. */
+DDP_API ddp_result_t ddp_comm_publish(ddp_comm_t *comm, const char *transport, const void *addr,
+                                      size_t len);
+DDP_API ddp_result_t ddp_comm_lookup(ddp_comm_t *comm, const char *transport, int peer,
+                                     void *addr, size_t cap, size_t *len);
+DDP_API uint64_t ddp_comm_id(const ddp_comm_t *comm);          /* random per communicator */
+DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *comm);
+DDP_API const char *ddp_comm_ifname(const ddp_comm_t *comm);   /* DDP_SOCKET_IFNAME or NULL */
+DDP_API const char *ddp_comm_master_addr(const ddp_comm_t *comm);
+DDP_API const char *ddp_comm_host_id(const ddp_comm_t *comm, int peer);
+DDP_API void ddp_comm_log(const ddp_comm_t *comm, ddp_log_level_t level, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Records the failure (shown by ddp_comm_last_error, logged at WARN) and returns r. */
+DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+
+/* The ring algorithms and reduction kernels live in their own header; ddp.h's collectives need
+ * them, so including ddp.h brings them in (and DDP_IMPLEMENTATION builds them). */
+#include "ddp_ring.h"
+#endif /* DDP_H_INCLUDED */
+
+/* ============================================================================================
+ * IMPLEMENTATION
+ * ========================================================================================== */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_IMPL_INCLUDED)
+#define DDP_IMPL_INCLUDED
+
+#if !defined(_GNU_SOURCE)
+#error "libddp: the implementation file must define _GNU_SOURCE before any #include (pipe2, accept4, MSG_NOSIGNAL, getifaddrs); or compile it with -D_GNU_SOURCE"
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
+#if defined(DDP_MALLOC) && defined(DDP_FREE)
+#elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
+#define DDP_MALLOC(sz) malloc(sz)
+#define DDP_FREE(p) free(p)
+#else
+#error "libddp: define both DDP_MALLOC and DDP_FREE, or neither"
+#endif
+#ifndef DDP_ASSERT
+#include <assert.h>
+#define DDP_ASSERT(c) assert(c)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define _DDP_PRIVATE static __attribute__((unused))
+#else
+#define _DDP_PRIVATE static
+#endif
+
+#define _DDP_DEFAULT_TIMEOUT_MS 600000
+#define _DDP_DEFAULT_PORT 29500
+#define _DDP_MAX_TRANSPORTS 8
+#define _DDP_COMM_MAGIC 0x44445043u /* "DDPC" */
+#define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
+#define _DDP_STORE_PROTO 1u
+
+/* ---------------------------------------------------------------- small utilities */
+_DDP_PRIVATE int64_t _ddp_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Milliseconds left before deadline_us (a deadline of 0 means none): what poll() should get. */
+_DDP_PRIVATE int _ddp_ms_left(int64_t deadline_us) {
+    int64_t left;
+    if (deadline_us == 0) return -1;
+    left = deadline_us - _ddp_now_us();
+    if (left <= 0) return 0;
+    return left / 1000 > INT_MAX ? INT_MAX : (int)((left + 999) / 1000);
+}
+
+_DDP_PRIVATE int64_t _ddp_deadline(int timeout_ms) {
+    return timeout_ms < 0 ? 0 : _ddp_now_us() + (int64_t)timeout_ms * 1000;
+}
+
+_DDP_PRIVATE void *_ddp_alloc(const ddp_allocator_t *a, size_t n) {
+    return (a && a->alloc) ? a->alloc(n, a->user) : DDP_MALLOC(n);
+}
+_DDP_PRIVATE void _ddp_free(const ddp_allocator_t *a, void *p) {
+    if (!p) return;
+    if (a && a->free) a->free(p, a->user); else DDP_FREE(p);
+}
+_DDP_PRIVATE void *_ddp_calloc(const ddp_allocator_t *a, size_t n) {
+    void *p = _ddp_alloc(a, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
+_DDP_PRIVATE void _ddp_strlcpy(char *dst, const char *src, size_t cap) {
+    size_t n;
+    if (!cap) return;
+    n = src ? strlen(src) : 0;
+    if (n >= cap) n = cap - 1;
+    if (n) memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* Parses a whole decimal integer in [lo, hi]; 0 on success. */
+_DDP_PRIVATE int _ddp_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v;
+    if (!s || !*s) return -1;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+_DDP_PRIVATE size_t _ddp_parse_size(const char *s) {
+    char *end;
+    unsigned long long v;
+    if (!s || !*s) return 0;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno) return 0;
+    if (*end == 'k' || *end == 'K') v <<= 10, end++;
+    else if (*end == 'm' || *end == 'M') v <<= 20, end++;
+    return *end ? 0 : (size_t)v;
+}
+
+_DDP_PRIVATE int _ddp_log_level_from_env(void) {
+    const char *s = getenv("DDP_DEBUG");
+    if (!s || !*s) return DDP_LOG_WARN;   /* failures are always told, as NCCL's WARN */
+    if (!strcasecmp(s, "NONE") || !strcmp(s, "0") || !strcasecmp(s, "OFF")) return DDP_LOG_NONE;
+    if (!strcasecmp(s, "WARN")) return DDP_LOG_WARN;
+    if (!strcasecmp(s, "INFO")) return DDP_LOG_INFO;
+    if (!strcasecmp(s, "TRACE")) return DDP_LOG_TRACE;
+    if (!strcasecmp(s, "VERSION")) return DDP_LOG_WARN;
+    return DDP_LOG_WARN;
+}
+
+static const char *const _ddp_level_names[] = {"", "WARN", "INFO", "TRACE"};
+
+/* One write(2) per line so ranks sharing a terminal never interleave mid-line. */
+_DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
+    char line[2048];
+    int n = snprintf(line, sizeof line, "[ddp rank %d] %s ", rank, _ddp_level_names[level]);
+    if (n < 0) return;
+    if ((size_t)n < sizeof line) {
+        int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+        if (m > 0) n += m;
+    }
+    if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    if (write(2, line, (size_t)n) < 0) { /* nowhere left to report it */ }
+}
+
+_DDP_PRIVATE void _ddp_log_str(int rank, int level, const char *msg) {
+    char line[1200];
+    int n = snprintf(line, sizeof line, "[ddp rank %d] %s %s\n", rank, _ddp_level_names[level], msg);
+    if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) { }
+}
+
+/* The last failed ddp_comm_init* of this thread: there is no communicator to ask. */
+static __thread char _ddp_init_error[1024];
+DDP_API const char *ddp_last_init_error(void) { return _ddp_init_error; }
+
+/* ---------------------------------------------------------------- names */
+DDP_API const char *ddp_strerror(ddp_result_t r) {
+    switch (r) {
+    case DDP_SUCCESS: return "success";
+    case DDP_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case DDP_ERR_INVALID_USAGE: return "invalid usage";
+    case DDP_ERR_SYSTEM: return "system call failed";
+    case DDP_ERR_REMOTE: return "remote rank failed or disconnected";
+    case DDP_ERR_TIMEOUT: return "timed out";
+    case DDP_ERR_ABORTED: return "aborted";
+    case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
+    case DDP_ERR_MISMATCH: return "ranks disagree (mismatched call, count, dtype or world size)";
+    case DDP_ERR_AUTH: return "authentication failed (job secret)";
+    case DDP_ERR_UNSUPPORTED: return "unsupported";
+    case DDP_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown ddp_result_t";
+}
+
+DDP_API size_t ddp_dtype_size(ddp_dtype_t d) {
+    switch (d) {
+    case DDP_INT8: case DDP_UINT8: return 1;
+    case DDP_FLOAT16: case DDP_BFLOAT16: return 2;
+    case DDP_INT32: case DDP_UINT32: case DDP_FLOAT32: return 4;
+    case DDP_INT64: case DDP_UINT64: case DDP_FLOAT64: return 8;
+    }
+    return 0;
+}
+
+DDP_API const char *ddp_dtype_name(ddp_dtype_t d) {
+    static const char *const names[DDP_NUM_DTYPES] = {"int8", "uint8", "int32", "uint32", "int64",
+        "uint64", "float16", "float32", "float64", "bfloat16"};
+    return ((unsigned)d < DDP_NUM_DTYPES) ? names[d] : "invalid-dtype";
+}
+
+DDP_API const char *ddp_op_name(ddp_op_t op) {
+    static const char *const names[DDP_NUM_OPS] = {"sum", "prod", "max", "min", "avg"};
+    return ((unsigned)op < DDP_NUM_OPS) ? names[op] : "invalid-op";
+}
+
+/* ---------------------------------------------------------------- sockets (shared with TCP) */
+_DDP_PRIVATE int _ddp_set_nonblock(int fd, int on) {
+    int fl = fcntl(fd, F_GETFL, 0);
+    if (fl < 0) return -1;
+    return fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+}
+
+_DDP_PRIVATE void _ddp_sockaddr_str(const struct sockaddr *sa, char *out, size_t cap) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        port = ntohs(in->sin_port);
+        snprintf(out, cap, "%s:%d", host, port);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+        port = ntohs(in6->sin6_port);
+        snprintf(out, cap, "[%s]:%d", host, port);
+    } else {
+        snprintf(out, cap, "(family %d)", sa->sa_family);
+    }
+}
+
+/* Sends all of buf before the deadline; 0 on success, else -errno (-ETIMEDOUT, -EPIPE...). */
+_DDP_PRIVATE int _ddp_send_all(int fd, const void *buf, size_t len, int64_t deadline_us) {
+    const char *p = (const char *)buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) { p += n; len -= (size_t)n; continue; }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd;
+            int ms = _ddp_ms_left(deadline_us), r;
+            if (ms == 0) return -ETIMEDOUT;
+            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+            r = poll(&pfd, 1, ms);
+            if (r < 0 && errno != EINTR) return -errno;
+            continue;
+        }
+        return n == 0 ? -EPIPE : -errno;
+    }
+    return 0;
+}
+
+/* Receives exactly len bytes before the deadline; 0, -ECONNRESET on EOF, or -errno. */
+_DDP_PRIVATE int _ddp_recv_all(int fd, void *buf, size_t len, int64_t deadline_us) {
+    char *p = (char *)buf;
+    while (len) {
+        ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n > 0) { p += n; len -= (size_t)n; continue; }
+        if (n == 0) return -ECONNRESET;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            struct pollfd pfd;
+            int ms = _ddp_ms_left(deadline_us), r;
+            if (ms == 0) return -ETIMEDOUT;
+            pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+            r = poll(&pfd, 1, ms);
+            if (r < 0 && errno != EINTR) return -errno;
+            continue;
+        }
+        return -errno;
+    }
+    return 0;
+}
+
+/* Connects to host:port, retrying refused/unreachable with backoff until the deadline (the
+ * server may not be up yet: ranks start in any order). Returns fd or -errno; *why says what. */
+_DDP_PRIVATE int _ddp_tcp_connect_retry(const char *host, int port, int64_t deadline_us,
+                                        char *why, size_t whycap) {
+    struct addrinfo hints, *res = NULL, *ai;
+    char portstr[16];
+    int backoff_ms = 10, last_err = ETIMEDOUT, rc;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(portstr, sizeof portstr, "%d", port);
+    for (;;) {
+        rc = getaddrinfo(host, portstr, &hints, &res);
+        if (rc != 0) {
+            snprintf(why, whycap, "cannot resolve master address '%.200s': %s", host, gai_strerror(rc));
+            if (rc != EAI_AGAIN) return -EHOSTUNREACH;
+        } else {
+            for (ai = res; ai; ai = ai->ai_next) {
+                int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+                int one = 1, ms;
+                if (fd < 0) { last_err = errno; continue; }
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                _ddp_set_nonblock(fd, 1);
+                if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) { freeaddrinfo(res); return fd; }
+                if (errno == EINPROGRESS) {
+                    struct pollfd pfd;
+                    pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+                    ms = _ddp_ms_left(deadline_us);
+                    if (ms < 0 || ms > 2000) ms = 2000;
+                    if (poll(&pfd, 1, ms) == 1) {
+                        int err = 0;
+                        socklen_t len = sizeof err;
+                        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                        if (err == 0) { freeaddrinfo(res); return fd; }
+                        last_err = err;
+                    } else {
+                        last_err = ETIMEDOUT;
+                    }
+                } else {
+                    last_err = errno;
+                }
+                close(fd);
+            }
+            freeaddrinfo(res);
+            res = NULL;
+            snprintf(why, whycap, "cannot connect to %.200s:%d: %s", host, port, strerror(last_err));
+        }
+        if (_ddp_ms_left(deadline_us) == 0) return -(last_err ? last_err : ETIMEDOUT);
+        {
+            int ms = _ddp_ms_left(deadline_us);
+            struct timespec ts;
+            if (ms >= 0 && ms < backoff_ms) backoff_ms = ms;
+            ts.tv_sec = backoff_ms / 1000;
+            ts.tv_nsec = (long)(backoff_ms % 1000) * 1000000L;
+            nanosleep(&ts, NULL);
+            backoff_ms = backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- key-value store
+ * Wire (native byte order; the magic rejects strangers and peers of the other byte order):
+ *   request  {u32 magic, u32 op, u32 klen, u32 v1len, u32 v2len, u32 flags, i64 arg} key v1 v2
+ *   response {u32 magic, u32 status, u32 vlen, u32 pad, i64 num} value
+ * A connection must open with HELLO (v1 = job secret, arg = protocol version). GET and WAIT are
+ * answered when their keys exist, so a client blocks in recv with its own timeout. */
+enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
+       _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_NUM_OPS };
+#define _DDP_ST_WAIT_ANY 1u
+
+typedef struct { uint32_t magic, op, klen, v1len, v2len, flags; int64_t arg; } _ddp_store_req_t;
+typedef struct { uint32_t magic, status, vlen, pad; int64_t num; } _ddp_store_resp_t;
+
+typedef struct _ddp_kv {
+    struct _ddp_kv *next;
+    uint32_t klen, vlen;
+    char *key;
+    unsigned char *val;
+} _ddp_kv_t;
+
+typedef struct {
+    int fd;
+    int authed;
+    int waiting;              /* a GET/WAIT parked until its keys exist */
+    unsigned char *in;        /* the request being read (kept while waiting) */
+    size_t in_len, in_cap;
+    unsigned char *out;
+    size_t out_len, out_off, out_cap;
+    char addr[64];
+} _ddp_store_client_t;
+
+#define _DDP_KV_BUCKETS 1024
+struct ddp_store {
+    /* client side */
+    int fd;
+    pthread_mutex_t mu;
+    char host[256];
+    int port;
+    int timeout_ms;
+    int log_level, log_rank;
+    char secret[256];
+    char last_error[512];
+    /* server side (is_server) */
+    int is_server;
+    int listen_fd;
+    int wake[2];
+    pthread_t thread;
+    int thread_started;
+    volatile int stop;
+    pthread_mutex_t srv_mu;   /* guards nclients for ddp_store_close */
+    int nclients;
+    _ddp_store_client_t *clients;
+    int clients_cap;
+    _ddp_kv_t *buckets[_DDP_KV_BUCKETS];
+};
+
+_DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {
+    va_list ap;
+    if (!s || s->log_level < level) return;
+    va_start(ap, fmt);
+    _ddp_vlog(s->log_rank - 1, level, fmt, ap);
+    va_end(ap);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_err(ddp_store_t *s, ddp_result_t r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
+    va_end(ap);
+    _ddp_store_log(s, DDP_LOG_WARN, "store: %s (%s)", s->last_error, ddp_strerror(r));
+    return r;
+}
+
+/* FNV-1a (public domain hash, http://www.isthe.com/chongo/tech/comp/fnv/). */
+_DDP_PRIVATE uint64_t _ddp_fnv1a(const void *data, size_t n, uint64_t h) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
+    return h;
+}
+#define _DDP_FNV_INIT 14695981039346656037ull
+
+_DDP_PRIVATE _ddp_kv_t **_ddp_kv_slot(ddp_store_t *s, const char *key, uint32_t klen) {
+    _ddp_kv_t **pp = &s->buckets[_ddp_fnv1a(key, klen, _DDP_FNV_INIT) % _DDP_KV_BUCKETS];
+    while (*pp && !((*pp)->klen == klen && memcmp((*pp)->key, key, klen) == 0)) pp = &(*pp)->next;
+    return pp;
+}
+
+_DDP_PRIVATE int _ddp_kv_put(ddp_store_t *s, const char *key, uint32_t klen, const void *val,
+                             uint32_t vlen) {
+    _ddp_kv_t **pp = _ddp_kv_slot(s, key, klen), *e = *pp;
+    unsigned char *v = (unsigned char *)DDP_MALLOC(vlen ? vlen : 1);
+    if (!v) return -1;
+    if (vlen) memcpy(v, val, vlen);
+    if (!e) {
+        e = (_ddp_kv_t *)DDP_MALLOC(sizeof *e);
+        if (!e) { DDP_FREE(v); return -1; }
+        e->key = (char *)DDP_MALLOC(klen ? klen : 1);
+        if (!e->key) { DDP_FREE(v); DDP_FREE(e); return -1; }
+        memcpy(e->key, key, klen);
+        e->klen = klen;
+        e->next = NULL;
+        *pp = e;
+    } else {
+        DDP_FREE(e->val);
+    }
+    e->val = v;
+    e->vlen = vlen;
+    return 0;
+}
+
+_DDP_PRIVATE void _ddp_client_out(_ddp_store_client_t *c, uint32_t status, int64_t num,
+                                  const void *val, uint32_t vlen) {
+    _ddp_store_resp_t r;
+    size_t need = c->out_len + sizeof r + vlen;
+    if (need > c->out_cap) {
+        size_t cap = need * 2;
+        unsigned char *p = (unsigned char *)DDP_MALLOC(cap);
+        if (!p) { c->waiting = 0; close(c->fd); c->fd = -1; return; }
+        if (c->out_len) memcpy(p, c->out, c->out_len);
+        DDP_FREE(c->out);
+        c->out = p;
+        c->out_cap = cap;
+    }
+    r.magic = _DDP_STORE_MAGIC; r.status = status; r.vlen = vlen; r.pad = 0; r.num = num;
+    memcpy(c->out + c->out_len, &r, sizeof r);
+    if (vlen) memcpy(c->out + c->out_len + sizeof r, val, vlen);
+    c->out_len += sizeof r + vlen;
+}
+
+/* Keys of a WAIT are NUL-separated in the key field. 1 when the wait is satisfied. */
+_DDP_PRIVATE int _ddp_store_wait_ready(ddp_store_t *s, const char *keys, uint32_t klen, int any) {
+    uint32_t off = 0;
+    int all = 1;
+    while (off < klen) {
+        uint32_t n = 0;
+        while (off + n < klen && keys[off + n]) n++;
+        if (*_ddp_kv_slot(s, keys + off, n)) { if (any) return 1; }
+        else all = 0;
+        off += n + 1;
+    }
+    return any ? 0 : all;
+}
+
+/* Executes the complete request in c->in. Returns 0 normally, -1 to drop the client. */
+_DDP_PRIVATE int _ddp_store_serve(ddp_store_t *s, _ddp_store_client_t *c) {
+    _ddp_store_req_t rq;
+    const char *key;
+    const unsigned char *v1, *v2;
+    _ddp_kv_t *e;
+    memcpy(&rq, c->in, sizeof rq);
+    key = (const char *)c->in + sizeof rq;
+    v1 = (const unsigned char *)key + rq.klen;
+    v2 = v1 + rq.v1len;
+    if (!c->authed) {
+        size_t sl = strlen(s->secret), i;
+        unsigned diff = (unsigned)(sl != rq.v1len);
+        if (rq.op != _DDP_ST_HELLO) {
+            _ddp_store_log(s, DDP_LOG_WARN, "store: client %s sent op %u before HELLO; dropped",
+                           c->addr, rq.op);
+            return -1;
+        }
+        if (rq.arg != (int64_t)_DDP_STORE_PROTO) {
+            _ddp_store_log(s, DDP_LOG_WARN, "store: client %s speaks protocol %lld, we speak %u",
+                           c->addr, (long long)rq.arg, _DDP_STORE_PROTO);
+            _ddp_client_out(c, DDP_ERR_MISMATCH, 0, NULL, 0);
+            return 0;
+        }
+        for (i = 0; i < rq.v1len && i < sl; i++) diff |= (unsigned)(v1[i] ^ (unsigned char)s->secret[i]);
+        if (diff) {
+            _ddp_store_log(s, DDP_LOG_WARN, "store: client %s presented a wrong job secret; refused",
+                           c->addr);
+            _ddp_client_out(c, DDP_ERR_AUTH, 0, NULL, 0);
+            return 0;
+        }
+        c->authed = 1;
+        _ddp_client_out(c, DDP_SUCCESS, 0, NULL, 0);
+        return 0;
+    }
+    switch (rq.op) {
+    case _DDP_ST_SET:
+        if (_ddp_kv_put(s, key, rq.klen, v1, rq.v1len)) { _ddp_client_out(c, DDP_ERR_OUT_OF_MEMORY, 0, NULL, 0); break; }
+        _ddp_client_out(c, DDP_SUCCESS, 0, NULL, 0);
+        break;
+    case _DDP_ST_GET:
+        e = *_ddp_kv_slot(s, key, rq.klen);
+        if (!e) { c->waiting = 1; return 0; }
+        _ddp_client_out(c, DDP_SUCCESS, e->vlen, e->val, e->vlen);
+        break;
+    case _DDP_ST_ADD: {
+        char buf[32];
+        long long cur = 0;
+        e = *_ddp_kv_slot(s, key, rq.klen);
+        if (e) {
+            char tmp[32];
+            size_t n = e->vlen < sizeof tmp - 1 ? e->vlen : sizeof tmp - 1;
+            memcpy(tmp, e->val, n);
+            tmp[n] = 0;
+            cur = strtoll(tmp, NULL, 10);
+        }
+        cur = (long long)((unsigned long long)cur + (unsigned long long)rq.arg);
+        snprintf(buf, sizeof buf, "%lld", cur);
+        if (_ddp_kv_put(s, key, rq.klen, buf, (uint32_t)strlen(buf))) { _ddp_client_out(c, DDP_ERR_OUT_OF_MEMORY, 0, NULL, 0); break; }
+        _ddp_client_out(c, DDP_SUCCESS, cur, NULL, 0);
+        break;
+    }
+    case _DDP_ST_CAS:
+        e = *_ddp_kv_slot(s, key, rq.klen);
+        if ((!e && rq.v1len == 0) || (e && e->vlen == rq.v1len && memcmp(e->val, v1, rq.v1len) == 0)) {
+            if (_ddp_kv_put(s, key, rq.klen, v2, rq.v2len)) { _ddp_client_out(c, DDP_ERR_OUT_OF_MEMORY, 0, NULL, 0); break; }
+            e = *_ddp_kv_slot(s, key, rq.klen);
+        }
+        if (e) _ddp_client_out(c, DDP_SUCCESS, e->vlen, e->val, e->vlen);
+        else _ddp_client_out(c, DDP_SUCCESS, 0, NULL, 0);
+        break;
+    case _DDP_ST_WAIT:
+        if (!_ddp_store_wait_ready(s, key, rq.klen, (rq.flags & _DDP_ST_WAIT_ANY) != 0)) {
+            c->waiting = 1;
+            return 0;
+        }
+        _ddp_client_out(c, DDP_SUCCESS, 0, NULL, 0);
+        break;
+    case _DDP_ST_CHECK:
+        _ddp_client_out(c, DDP_SUCCESS, *_ddp_kv_slot(s, key, rq.klen) != NULL, NULL, 0);
+        break;
+    case _DDP_ST_DELETE: {
+        _ddp_kv_t **pp = _ddp_kv_slot(s, key, rq.klen);
+        int found = *pp != NULL;
+        if (found) {
+            e = *pp;
+            *pp = e->next;
+            DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e);
+        }
+        _ddp_client_out(c, DDP_SUCCESS, found, NULL, 0);
+        break;
+    }
+    default:
+        _ddp_store_log(s, DDP_LOG_WARN, "store: client %s sent unknown op %u; dropped", c->addr, rq.op);
+        return -1;
+    }
+    c->in_len = 0;
+    return 0;
+}
+
+_DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_client_t *c) {
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    DDP_FREE(c->in); DDP_FREE(c->out);
+    c->in = c->out = NULL;
+    c->in_len = c->in_cap = c->out_len = c->out_cap = c->out_off = 0;
+    c->waiting = c->authed = 0;
+    pthread_mutex_lock(&s->srv_mu);
+    s->nclients--;
+    pthread_mutex_unlock(&s->srv_mu);
+}
+
+/* Reads what is available; runs the request once complete. -1 = drop the client. */
+_DDP_PRIVATE int _ddp_store_read(ddp_store_t *s, _ddp_store_client_t *c) {
+    for (;;) {
+        size_t need = sizeof(_ddp_store_req_t);
+        ssize_t n;
+        if (c->in_len >= sizeof(_ddp_store_req_t)) {
+            _ddp_store_req_t rq;
+            memcpy(&rq, c->in, sizeof rq);
+            if (rq.magic != _DDP_STORE_MAGIC || rq.op == 0 || rq.op >= _DDP_ST_NUM_OPS ||
+                rq.klen > DDP_STORE_MAX_KEY * 64u || rq.v1len > DDP_STORE_MAX_VALUE ||
+                rq.v2len > DDP_STORE_MAX_VALUE) {
+                _ddp_store_log(s, DDP_LOG_WARN, "store: malformed request from %s (magic %08x op %u); "
+                               "connection dropped", c->addr, rq.magic, rq.op);
+                return -1;
+            }
+            need += (size_t)rq.klen + rq.v1len + rq.v2len;
+        }
+        if (need > c->in_cap) {
+            unsigned char *p = (unsigned char *)DDP_MALLOC(need);
+            if (!p) return -1;
+            if (c->in_len) memcpy(p, c->in, c->in_len);
+            DDP_FREE(c->in);
+            c->in = p;
+            c->in_cap = need;
+        }
+        if (c->in_len >= sizeof(_ddp_store_req_t) && c->in_len == need) return _ddp_store_serve(s, c);
+        n = recv(c->fd, c->in + c->in_len, need - c->in_len, MSG_DONTWAIT);
+        if (n == 0) return -1;
+        if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        c->in_len += (size_t)n;
+    }
+}
+
+_DDP_PRIVATE void *_ddp_store_thread(void *arg) {
+    ddp_store_t *s = (ddp_store_t *)arg;
+    struct pollfd *pfds = NULL;
+    int pcap = 0;
+    while (!s->stop) {
+        int i, n = 0, changed = 0;
+        if (pcap < s->clients_cap + 2) {
+            DDP_FREE(pfds);
+            pcap = s->clients_cap + 2;
+            pfds = (struct pollfd *)DDP_MALLOC(sizeof *pfds * (size_t)pcap);
+            if (!pfds) { pcap = 0; usleep(10000); continue; }
+        }
+        pfds[n].fd = s->wake[0]; pfds[n].events = POLLIN; pfds[n].revents = 0; n++;
+        pfds[n].fd = s->listen_fd; pfds[n].events = POLLIN; pfds[n].revents = 0; n++;
+        for (i = 0; i < s->clients_cap; i++) {
+            _ddp_store_client_t *c = &s->clients[i];
+            pfds[n].fd = c->fd;
+            pfds[n].events = (short)((c->waiting ? 0 : POLLIN) | (c->out_len > c->out_off ? POLLOUT : 0));
+            pfds[n].revents = 0;
+            n++;
+        }
+        if (poll(pfds, (nfds_t)n, 1000) < 0 && errno != EINTR) break;
+        if (pfds[0].revents) { char b[16]; if (read(s->wake[0], b, sizeof b) < 0) {} }
+        if (pfds[1].revents & POLLIN) {
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof ss;
+            int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+                int one = 1, slot = -1;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                for (i = 0; i < s->clients_cap; i++) if (s->clients[i].fd < 0) { slot = i; break; }
+                if (slot < 0) {
+                    int cap = s->clients_cap ? s->clients_cap * 2 : 16;
+                    _ddp_store_client_t *nc = (_ddp_store_client_t *)DDP_MALLOC(sizeof *nc * (size_t)cap);
+                    if (!nc) { close(fd); continue; }
+                    if (s->clients_cap) memcpy(nc, s->clients, sizeof *nc * (size_t)s->clients_cap);
+                    for (i = s->clients_cap; i < cap; i++) { memset(&nc[i], 0, sizeof nc[i]); nc[i].fd = -1; }
+                    DDP_FREE(s->clients);
+                    slot = s->clients_cap;
+                    s->clients = nc;
+                    s->clients_cap = cap;
+                }
+                s->clients[slot].fd = fd;
+                _ddp_sockaddr_str((struct sockaddr *)&ss, s->clients[slot].addr, sizeof s->clients[slot].addr);
+                pthread_mutex_lock(&s->srv_mu);
+                s->nclients++;
+                pthread_mutex_unlock(&s->srv_mu);
+                _ddp_store_log(s, DDP_LOG_TRACE, "store: client connected from %s", s->clients[slot].addr);
+            }
+            continue; /* the client array may have moved; poll again */
+        }
+        for (i = 0; i < s->clients_cap && i + 2 < n; i++) {
+            _ddp_store_client_t *c = &s->clients[i];
+            short re = pfds[i + 2].revents;
+            if (c->fd < 0 || pfds[i + 2].fd != c->fd) continue;
+            if (re & POLLOUT) {
+                ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (w > 0) c->out_off += (size_t)w;
+                else if (w < 0 && errno != EAGAIN && errno != EINTR) { _ddp_store_drop(s, c); continue; }
+                if (c->out_off == c->out_len) c->out_off = c->out_len = 0;
+            }
+            if (re & (POLLIN | POLLHUP | POLLERR)) {
+                size_t before = c->out_len;
+                if (c->waiting && (re & (POLLHUP | POLLERR))) { _ddp_store_drop(s, c); continue; }
+                if (!c->waiting && _ddp_store_read(s, c) < 0) { _ddp_store_drop(s, c); continue; }
+                if (c->out_len != before || !c->waiting) changed = 1;
+            }
+        }
+        /* A mutation may satisfy parked GET/WAITs; re-run them (at most one pass per change). */
+        if (changed) {
+            for (i = 0; i < s->clients_cap; i++) {
+                _ddp_store_client_t *c = &s->clients[i];
+                if (c->fd >= 0 && c->waiting) {
+                    c->waiting = 0;
+                    if (_ddp_store_serve(s, c) < 0) _ddp_store_drop(s, c);
+                }
+            }
+        }
+        /* Flush eagerly: most responses fit the socket buffer. */
+        for (i = 0; i < s->clients_cap; i++) {
+            _ddp_store_client_t *c = &s->clients[i];
+            if (c->fd >= 0 && c->out_len > c->out_off) {
+                ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (w > 0) c->out_off += (size_t)w;
+                else if (w < 0 && errno != EAGAIN && errno != EINTR) { _ddp_store_drop(s, c); continue; }
+                if (c->out_off == c->out_len) c->out_off = c->out_len = 0;
+            }
+        }
+    }
+    DDP_FREE(pfds);
+    return NULL;
+}
+
+_DDP_PRIVATE int _ddp_env_timeout_ms(void) {
+    long v;
+    const char *e = getenv("DDP_TIMEOUT_MS");
+    if (e && _ddp_parse_long(e, -1, INT_MAX, &v) == 0 && v != 0) return (int)v;
+    return _DDP_DEFAULT_TIMEOUT_MS;
+}
+
+/* One request/response round trip under the store's mutex. */
+_DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t flags, const char *key,
+                                         size_t klen, const void *v1, size_t v1len, const void *v2,
+                                         size_t v2len, int64_t arg, int timeout_ms,
+                                         _ddp_store_resp_t *resp, void *out, size_t cap,
+                                         size_t *outlen);
+
+_DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
+    char why[512] = "";
+    int64_t deadline = _ddp_deadline(s->timeout_ms);
+    _ddp_store_resp_t resp;
+    ddp_result_t r;
+    int fd = _ddp_tcp_connect_retry(s->host, s->port, deadline, why, sizeof why);
+    if (fd < 0)
+        return _ddp_store_err(s, fd == -EHOSTUNREACH ? DDP_ERR_SYSTEM : DDP_ERR_TIMEOUT,
+                              "rendezvous: master %s:%d unreachable after %d ms: %s", s->host,
+                              s->port, s->timeout_ms, why);
+    s->fd = fd;
+    r = _ddp_store_rpc(s, _DDP_ST_HELLO, 0, "", 0, s->secret, strlen(s->secret), NULL, 0,
+                       _DDP_STORE_PROTO, 0, &resp, NULL, 0, NULL);
+    if (r == DDP_SUCCESS && resp.status != DDP_SUCCESS) {
+        close(s->fd);
+        s->fd = -1;
+        if (resp.status == DDP_ERR_AUTH)
+            return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d refused our job secret "
+                                  "(DDP_JOB_SECRET differs between ranks?)", s->host, s->port);
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: master %s:%d speaks another store "
+                              "protocol version (mixed libddp versions?)", s->host, s->port);
+    }
+    if (r == DDP_SUCCESS)
+        _ddp_store_log(s, DDP_LOG_INFO, "store: connected to master %s:%d", s->host, s->port);
+    return r;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t flags, const char *key,
+                                         size_t klen, const void *v1, size_t v1len, const void *v2,
+                                         size_t v2len, int64_t arg, int timeout_ms,
+                                         _ddp_store_resp_t *resp, void *out, size_t cap,
+                                         size_t *outlen) {
+    _ddp_store_req_t rq;
+    struct iovec iov[4];
+    int64_t deadline;
+    int rc;
+    ddp_result_t r;
+    if (s->fd < 0 && op != _DDP_ST_HELLO) {
+        r = _ddp_store_connect(s);
+        if (r != DDP_SUCCESS) return r;
+    }
+    deadline = _ddp_deadline(timeout_ms ? timeout_ms : s->timeout_ms);
+    rq.magic = _DDP_STORE_MAGIC; rq.op = op; rq.klen = (uint32_t)klen; rq.v1len = (uint32_t)v1len;
+    rq.v2len = (uint32_t)v2len; rq.flags = flags; rq.arg = arg;
+    iov[0].iov_base = &rq; iov[0].iov_len = sizeof rq;
+    iov[1].iov_base = (void *)(uintptr_t)key; iov[1].iov_len = klen;
+    iov[2].iov_base = (void *)(uintptr_t)v1; iov[2].iov_len = v1len;
+    iov[3].iov_base = (void *)(uintptr_t)v2; iov[3].iov_len = v2len;
+    {
+        int i;
+        for (i = 0, rc = 0; i < 4 && rc == 0; i++)
+            if (iov[i].iov_len) rc = _ddp_send_all(s->fd, iov[i].iov_base, iov[i].iov_len, deadline);
+    }
+    if (rc == 0) rc = _ddp_recv_all(s->fd, resp, sizeof *resp, deadline);
+    if (rc == 0 && resp->magic != _DDP_STORE_MAGIC) rc = -EPROTO;
+    if (rc == 0 && resp->vlen) {
+        size_t take = resp->vlen < cap ? resp->vlen : cap;
+        if (take) rc = _ddp_recv_all(s->fd, out, take, deadline);
+        while (rc == 0 && take < resp->vlen) {
+            char sink[4096];
+            size_t n = resp->vlen - take < sizeof sink ? resp->vlen - take : sizeof sink;
+            rc = _ddp_recv_all(s->fd, sink, n, deadline);
+            take += n;
+        }
+    }
+    if (outlen) *outlen = resp->vlen;
+    if (rc != 0) {
+        /* The stream is out of step now: drop it; the next call reconnects. */
+        close(s->fd);
+        s->fd = -1;
+        if (rc == -ETIMEDOUT)
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "no answer from master %s:%d within %d ms "
+                                  "(key '%.*s')", s->host, s->port,
+                                  timeout_ms ? timeout_ms : s->timeout_ms, (int)(klen > 200 ? 200 : klen), key);
+        return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
+                              "store): %s", s->host, s->port, strerror(-rc));
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s) {
+    struct sockaddr_in6 a6;
+    struct sockaddr_in a4;
+    int one = 1, zero = 0;
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        memset(&a6, 0, sizeof a6);
+        a6.sin6_family = AF_INET6;
+        a6.sin6_addr = in6addr_any;
+        a6.sin6_port = htons((uint16_t)s->port);
+        if (bind(fd, (struct sockaddr *)&a6, sizeof a6) != 0) {
+            int e = errno;
+            close(fd);
+            fd = -1;
+            if (e == EADDRINUSE) goto in_use;
+        }
+    }
+    if (fd < 0) {
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return _ddp_store_err(s, DDP_ERR_SYSTEM, "socket: %s", strerror(errno));
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        memset(&a4, 0, sizeof a4);
+        a4.sin_family = AF_INET;
+        a4.sin_addr.s_addr = htonl(INADDR_ANY);
+        a4.sin_port = htons((uint16_t)s->port);
+        if (bind(fd, (struct sockaddr *)&a4, sizeof a4) != 0) {
+            int e = errno;
+            close(fd);
+            if (e == EADDRINUSE) goto in_use;
+            return _ddp_store_err(s, DDP_ERR_SYSTEM, "bind port %d: %s", s->port, strerror(e));
+        }
+    }
+    if (listen(fd, 1024) != 0) {
+        int e = errno;
+        close(fd);
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "listen on port %d: %s", s->port, strerror(e));
+    }
+    if (s->port == 0) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        getsockname(fd, (struct sockaddr *)&ss, &sl);
+        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    }
+    _ddp_set_nonblock(fd, 1);
+    s->listen_fd = fd;
+    return DDP_SUCCESS;
+in_use:
+    return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: master port %d is already in use on "
+                          "this host (another job, or a previous run still exiting?): pick another "
+                          "MASTER_PORT", s->port);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, int port,
+                                          int is_server, const ddp_store_desc_t *d, char *err,
+                                          size_t errcap) {
+    ddp_store_t *s;
+    ddp_result_t r;
+    const char *secret;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (port < 0 || port > 65535 || (!is_server && (port == 0 || !host || !*host)))
+        return DDP_ERR_INVALID_ARGUMENT;
+    s = (ddp_store_t *)DDP_MALLOC(sizeof *s);
+    if (!s) return DDP_ERR_OUT_OF_MEMORY;
+    memset(s, 0, sizeof *s);
+    s->fd = s->listen_fd = -1;
+    s->wake[0] = s->wake[1] = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->srv_mu, NULL);
+    _ddp_strlcpy(s->host, host && *host ? host : "127.0.0.1", sizeof s->host);
+    s->port = port;
+    s->timeout_ms = (d && d->timeout_ms) ? d->timeout_ms : _ddp_env_timeout_ms();
+    secret = (d && d->secret) ? d->secret : getenv("DDP_JOB_SECRET");
+    _ddp_strlcpy(s->secret, secret ? secret : "", sizeof s->secret);
+    s->log_level = (d && d->log_level) ? d->log_level - 1 : _ddp_log_level_from_env();
+    s->log_rank = d ? d->log_rank : 0;
+    s->is_server = is_server;
+    if (is_server) {
+        r = _ddp_store_listen(s);
+        if (r != DDP_SUCCESS) { _ddp_strlcpy(err, s->last_error, errcap); ddp_store_close(s); return r; }
+        if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0 ||
+            pthread_create(&s->thread, NULL, _ddp_store_thread, s) != 0) {
+            r = _ddp_store_err(s, DDP_ERR_SYSTEM, "store server thread: %s", strerror(errno));
+            _ddp_strlcpy(err, s->last_error, errcap);
+            ddp_store_close(s);
+            return r;
+        }
+        s->thread_started = 1;
+        _ddp_store_log(s, DDP_LOG_INFO, "store: serving rendezvous on port %d%s", s->port,
+                       s->secret[0] ? " (job secret required)" : "");
+    }
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_connect(s);
+    pthread_mutex_unlock(&s->mu);
+    if (r != DDP_SUCCESS) {
+        _ddp_strlcpy(err, s->last_error, errcap);
+        ddp_store_close(s);
+        return r;
+    }
+    *out = s;
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int port, int is_server,
+                                    const ddp_store_desc_t *d) {
+    char err[512];
+    return _ddp_store_open(out, host, port, is_server, d, err, sizeof err);
+}
+
+DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
+    if (!s) return DDP_ERR_INVALID_ARGUMENT;
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    if (s->thread_started) {
+        /* Others may still read keys (late joiners, failure reasons): serve until every client
+         * has gone, at most the store's timeout. A dead client's socket closes by itself. */
+        int64_t deadline = _ddp_deadline(s->timeout_ms);
+        for (;;) {
+            int n;
+            pthread_mutex_lock(&s->srv_mu);
+            n = s->nclients;
+            pthread_mutex_unlock(&s->srv_mu);
+            if (n <= 0 || _ddp_ms_left(deadline) == 0) break;
+            usleep(2000);
+        }
+        s->stop = 1;
+        if (write(s->wake[1], "x", 1) < 0) {}
+        pthread_join(s->thread, NULL);
+    }
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    {
+        int i;
+        for (i = 0; i < s->clients_cap; i++) {
+            if (s->clients[i].fd >= 0) close(s->clients[i].fd);
+            DDP_FREE(s->clients[i].in);
+            DDP_FREE(s->clients[i].out);
+        }
+        DDP_FREE(s->clients);
+        for (i = 0; i < _DDP_KV_BUCKETS; i++) {
+            _ddp_kv_t *e = s->buckets[i];
+            while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
+        }
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->srv_mu);
+    DDP_FREE(s);
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_check_key(ddp_store_t *s, const char *key) {
+    size_t n;
+    if (!s || !key) return DDP_ERR_INVALID_ARGUMENT;
+    n = strlen(key);
+    if (n == 0 || n > DDP_STORE_MAX_KEY) {
+        snprintf(s->last_error, sizeof s->last_error, "key length %zu not in 1..%d", n, DDP_STORE_MAX_KEY);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_store_set(ddp_store_t *s, const char *key, const void *value, size_t len) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    if ((len && !value) || len > DDP_STORE_MAX_VALUE) return DDP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_SET, 0, key, strlen(key), value, len, NULL, 0, 0, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_get(ddp_store_t *s, const char *key, void *value, size_t cap, size_t *len) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    if (cap && !value) return DDP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_GET, 0, key, strlen(key), NULL, 0, NULL, 0, 0, 0, &resp, value, cap, len);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_add(ddp_store_t *s, const char *key, int64_t delta, int64_t *result) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_ADD, 0, key, strlen(key), NULL, 0, NULL, 0, delta, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (r == DDP_SUCCESS && result) *result = resp.num;
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_compare_set(ddp_store_t *s, const char *key, const void *expected,
+                                           size_t expected_len, const void *desired, size_t desired_len,
+                                           void *actual, size_t cap, size_t *actual_len) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    if ((expected_len && !expected) || (desired_len && !desired) || (cap && !actual) ||
+        expected_len > DDP_STORE_MAX_VALUE || desired_len > DDP_STORE_MAX_VALUE)
+        return DDP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_CAS, 0, key, strlen(key), expected, expected_len, desired,
+                       desired_len, 0, 0, &resp, actual, cap, actual_len);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_wait_keys(ddp_store_t *s, const char *const *keys, int nkeys,
+                                               int timeout_ms, int any) {
+    char buf[8192];
+    size_t off = 0;
+    int i;
+    _ddp_store_resp_t resp;
+    ddp_result_t r;
+    if (!s || nkeys < 0 || (nkeys && !keys)) return DDP_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < nkeys; i++) {
+        size_t n;
+        if ((r = _ddp_store_check_key(s, keys[i])) != DDP_SUCCESS) return r;
+        n = strlen(keys[i]);
+        if (off + n + 1 > sizeof buf) return DDP_ERR_INVALID_ARGUMENT;
+        memcpy(buf + off, keys[i], n + 1);
+        off += n + 1;
+    }
+    if (nkeys == 0) return DDP_SUCCESS;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_WAIT, any ? _DDP_ST_WAIT_ANY : 0, buf, off - 1, NULL, 0, NULL, 0,
+                       0, timeout_ms, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_wait(ddp_store_t *s, const char *const *keys, int nkeys, int timeout_ms) {
+    return _ddp_store_wait_keys(s, keys, nkeys, timeout_ms, 0);
+}
+
+DDP_API ddp_result_t ddp_store_check(ddp_store_t *s, const char *key, int *exists) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_CHECK, 0, key, strlen(key), NULL, 0, NULL, 0, 0, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (r == DDP_SUCCESS && exists) *exists = (int)resp.num;
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_delete(ddp_store_t *s, const char *key, int *deleted) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_DELETE, 0, key, strlen(key), NULL, 0, NULL, 0, 0, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (r == DDP_SUCCESS && deleted) *deleted = (int)resp.num;
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API int ddp_store_port(const ddp_store_t *s) { return s ? s->port : -1; }
+DDP_API const char *ddp_store_last_error(const ddp_store_t *s) { return s ? s->last_error : "NULL store"; }
+
+/* ---------------------------------------------------------------- transport registry
+ * Filled by constructors of the transport headers before main(), read-only afterwards: the
+ * one process-wide table, because "including a header compiles a transport in". */
+static const ddp_transport_t *_ddp_transports[_DDP_MAX_TRANSPORTS];
+static int _ddp_ntransports;
+
+DDP_API ddp_result_t ddp_transport_register(const ddp_transport_t *t) {
+    int i;
+    if (!t || !t->name || t->version != DDP_TRANSPORT_VERSION) return DDP_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < _ddp_ntransports; i++)
+        if (_ddp_transports[i] == t || !strcmp(_ddp_transports[i]->name, t->name)) return DDP_SUCCESS;
+    if (_ddp_ntransports == _DDP_MAX_TRANSPORTS) return DDP_ERR_OUT_OF_MEMORY;
+    _ddp_transports[_ddp_ntransports++] = t;
+    return DDP_SUCCESS;
+}
+
+DDP_API const ddp_transport_t *ddp_transport_find(const char *name) {
+    int i;
+    for (i = 0; name && i < _ddp_ntransports; i++)
+        if (!strcmp(_ddp_transports[i]->name, name)) return _ddp_transports[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- communicator */
+typedef struct { const ddp_transport_t *t; void *state; } _ddp_tinst_t;
+typedef struct { int tinst; void *conn; } _ddp_peer_t;
+
+#define _DDP_HOST_ID_LEN 160
+#define _DDP_MAX_SLOTS 8
+
+struct ddp_comm {
+    uint32_t magic;
+    int rank, nranks, local_rank, local_size;
+    int timeout_ms, spin_us, log_level;
+    size_t segment_bytes;
+    char master_addr[256];
+    int master_port;
+    char ifname[256];
+    char prefix[128];
+    ddp_store_t *store;
+    int own_store;
+    uint64_t id;
+    char *host_ids;                /* nranks * _DDP_HOST_ID_LEN */
+    _ddp_tinst_t tinst[_DDP_MAX_TRANSPORTS];
+    int ntinst;
+    _ddp_peer_t *peers;
+    ddp_allocator_t alloc;
+    ddp_result_t error;            /* sticky: set by a failed collective */
+    char last_error[1024];
+    uint32_t seq;                  /* collectives issued: part of every message tag */
+    unsigned char *scratch;        /* bounded, allocated once: _DDP_MAX_SLOTS segments */
+    size_t scratch_bytes;
+};
+
+DDP_API void ddp_comm_log(const ddp_comm_t *c, ddp_log_level_t level, const char *fmt, ...) {
+    va_list ap;
+    if (!c || c->log_level < (int)level || level == DDP_LOG_NONE) return;
+    va_start(ap, fmt);
+    _ddp_vlog(c->rank, level, fmt, ap);
+    va_end(ap);
+}
+#define _DDP_LOG(c, lvl, ...) do { if ((c)->log_level >= (lvl)) ddp_comm_log((c), (lvl), __VA_ARGS__); } while (0)
+
+DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *c, ddp_result_t r, const char *fmt, ...) {
+    va_list ap;
+    char msg[768];
+    if (!c) return r;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(c->last_error, sizeof c->last_error, "rank %d: %s [%s]", c->rank, msg, ddp_strerror(r));
+    _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
+    return r;
+}
+
+_DDP_PRIVATE void _ddp_key(const ddp_comm_t *c, char *out, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    int n = snprintf(out, cap, "%s/", c->prefix);
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+DDP_API ddp_result_t ddp_comm_publish(ddp_comm_t *c, const char *transport, const void *addr, size_t len) {
+    char key[256];
+    if (!c || !transport || (len && !addr)) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, c->rank);
+    return ddp_store_set(c->store, key, addr, len);
+}
+
+DDP_API ddp_result_t ddp_comm_lookup(ddp_comm_t *c, const char *transport, int peer, void *addr,
+                                     size_t cap, size_t *len) {
+    char key[256];
+    ddp_result_t r;
+    if (!c || !transport || peer < 0 || peer >= c->nranks) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, peer);
+    r = ddp_store_get(c->store, key, addr, cap, len);
+    if (r != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "looking up rank %d's %s address: %s", peer, transport,
+                             ddp_store_last_error(c->store));
+    return r;
+}
+
+DDP_API uint64_t ddp_comm_id(const ddp_comm_t *c) { return c ? c->id : 0; }
+DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *c) { return c ? c->timeout_ms : 0; }
+DDP_API const char *ddp_comm_ifname(const ddp_comm_t *c) { return (c && c->ifname[0]) ? c->ifname : NULL; }
+DDP_API const char *ddp_comm_master_addr(const ddp_comm_t *c) { return c ? c->master_addr : NULL; }
+DDP_API const char *ddp_comm_host_id(const ddp_comm_t *c, int peer) {
+    if (!c || !c->host_ids || peer < 0 || peer >= c->nranks) return "";
+    return c->host_ids + (size_t)peer * _DDP_HOST_ID_LEN;
+}
+DDP_API int ddp_comm_rank(const ddp_comm_t *c) { return c ? c->rank : -1; }
+DDP_API int ddp_comm_size(const ddp_comm_t *c) { return c ? c->nranks : -1; }
+DDP_API int ddp_comm_local_rank(const ddp_comm_t *c) { return c ? c->local_rank : -1; }
+DDP_API int ddp_comm_local_size(const ddp_comm_t *c) { return c ? c->local_size : -1; }
+DDP_API const char *ddp_comm_last_error(const ddp_comm_t *c) {
+    if (!c) return "NULL communicator";
+    if (c->magic != _DDP_COMM_MAGIC) return "communicator was destroyed";
+    return c->last_error;
+}
+DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c ? c->store : NULL; }
+DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *c, int peer) {
+    if (!c || !c->peers || peer < 0 || peer >= c->nranks) return "";
+    if (peer == c->rank) return "self";
+    if (c->peers[peer].tinst < 0) return "none";
+    return c->tinst[c->peers[peer].tinst].t->name;
+}
+
+/* Host identity: boot id + hostname + network namespace (two containers on one kernel share the
+ * boot id but not the namespace; two hosts may share a name). DDP_HOST_ID overrides, so tests
+ * can fake several hosts on one machine. */
+_DDP_PRIVATE void _ddp_host_id(char *out, size_t cap) {
+    char boot[64] = "", host[64] = "", ns[64] = "";
+    const char *env = getenv("DDP_HOST_ID");
+    FILE *f;
+    ssize_t n;
+    if (env && *env) { _ddp_strlcpy(out, env, cap); return; }
+    f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    gethostname(host, sizeof host - 1);
+    n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = 0;
+    snprintf(out, cap, "%s|%s|%s", host, boot, ns);
+}
+
+/* Reads an integer environment variable; 1 if present and valid, 0 if absent, -1 if malformed. */
+_DDP_PRIVATE int _ddp_env_int(const char *name, long lo, long hi, long *out) {
+    const char *s = getenv(name);
+    if (!s) return 0;
+    return _ddp_parse_long(s, lo, hi, out) == 0 ? 1 : -1;
+}
+
+typedef struct {
+    int rank, nranks, local_rank, local_size;
+    char err[256];
+} _ddp_env_ranks_t;
+
+/* torchrun's names first, then Open MPI, PMI (MPICH/Intel MPI), Slurm. */
+_DDP_PRIVATE ddp_result_t _ddp_ranks_from_env(_ddp_env_ranks_t *e) {
+    static const char *const sets[][4] = {
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    };
+    size_t i;
+    e->local_rank = e->local_size = -1;
+    for (i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+        long r, n, v;
+        int hr = _ddp_env_int(sets[i][0], 0, INT_MAX - 1, &r);
+        int hn = _ddp_env_int(sets[i][1], 1, INT_MAX, &n);
+        if (hr == 0 && hn == 0) continue;
+        if (hr < 0) { snprintf(e->err, sizeof e->err, "%s='%s' is not a rank (a whole number >= 0)", sets[i][0], getenv(sets[i][0])); return DDP_ERR_INVALID_ARGUMENT; }
+        if (hn < 0) { snprintf(e->err, sizeof e->err, "%s='%s' is not a world size (a whole number >= 1)", sets[i][1], getenv(sets[i][1])); return DDP_ERR_INVALID_ARGUMENT; }
+        if (hr == 0) { snprintf(e->err, sizeof e->err, "%s is set but %s is missing", sets[i][1], sets[i][0]); return DDP_ERR_INVALID_ARGUMENT; }
+        if (hn == 0) { snprintf(e->err, sizeof e->err, "%s is set but %s is missing", sets[i][0], sets[i][1]); return DDP_ERR_INVALID_ARGUMENT; }
+        if (r >= n) { snprintf(e->err, sizeof e->err, "%s=%ld is not below %s=%ld", sets[i][0], r, sets[i][1], n); return DDP_ERR_INVALID_ARGUMENT; }
+        e->rank = (int)r;
+        e->nranks = (int)n;
+        if (_ddp_env_int(sets[i][2], 0, INT_MAX, &v) == 1) e->local_rank = (int)v;
+        if (_ddp_env_int(sets[i][3], 1, INT_MAX, &v) == 1) e->local_size = (int)v;
+        return DDP_SUCCESS;
+    }
+    snprintf(e->err, sizeof e->err, "no rank in the environment: set RANK and WORLD_SIZE (as "
+             "torchrun does), or run under ddprun, mpirun or srun");
+    return DDP_ERR_INVALID_ARGUMENT;
+}
+
+/* Publishes the first failure of this communicator so that ranks which only see a closed
+ * connection can tell the user where it started. Best effort, short timeout. */
+_DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
+    char key[256], cur[8];
+    size_t curlen = 0;
+    if (!c->store) return;
+    _ddp_key(c, key, sizeof key, "abort");
+    {
+        int saved = c->store->timeout_ms;
+        c->store->timeout_ms = 2000;
+        ddp_store_compare_set(c->store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
+                              sizeof cur, &curlen);
+        c->store->timeout_ms = saved;
+    }
+}
+
+/* Appends the first failure published by another rank, if any, to this rank's error. */
+_DDP_PRIVATE void _ddp_add_root_cause(ddp_comm_t *c) {
+    char key[256], why[512];
+    size_t len = 0;
+    int exists = 0, saved;
+    if (!c->store) return;
+    _ddp_key(c, key, sizeof key, "abort");
+    saved = c->store->timeout_ms;
+    c->store->timeout_ms = 1000;
+    if (ddp_store_check(c->store, key, &exists) == DDP_SUCCESS && exists &&
+        ddp_store_get(c->store, key, why, sizeof why - 1, &len) == DDP_SUCCESS) {
+        size_t n = strlen(c->last_error);
+        why[len < sizeof why - 1 ? len : sizeof why - 1] = 0;
+        if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
+            snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
+    }
+    c->store->timeout_ms = saved;
+}
+
+_DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
+    int i;
+    if (!c->peers) return;
+    for (i = 0; i < c->nranks; i++) {
+        _ddp_peer_t *p = &c->peers[i];
+        if (p->conn && p->tinst >= 0) c->tinst[p->tinst].t->close(p->conn);
+        p->conn = NULL;
+    }
+}
+
+/* A collective failed: make the error sticky, tell the others (closing our connections wakes
+ * every neighbour with EOF at once instead of after a timeout), and say where it started. */
+_DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
+    if (r == DDP_SUCCESS) return r;
+    if (r == DDP_ERR_REMOTE) _ddp_add_root_cause(c);
+    else _ddp_publish_failure(c);
+    c->error = r;
+    _ddp_close_peers(c);
+    _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
+    return r;
+}
+
+/* Connects to each listed peer (lower rank connects, higher accepts), all at once, within
+ * the timeout. */
+_DDP_PRIVATE ddp_result_t _ddp_connect_peers(ddp_comm_t *c, const int *list, int n) {
+    int64_t deadline = _ddp_deadline(c->timeout_ms);
+    int pending, i;
+    for (;;) {
+        int progressed = 0;
+        pending = 0;
+        for (i = 0; i < n; i++) {
+            int peer = list[i];
+            _ddp_peer_t *p = &c->peers[peer];
+            const ddp_transport_t *t;
+            ddp_result_t r;
+            if (p->conn || peer == c->rank) continue;
+            t = c->tinst[p->tinst].t;
+            r = c->rank < peer ? t->connect(c->tinst[p->tinst].state, peer, &p->conn)
+                               : t->accept(c->tinst[p->tinst].state, peer, &p->conn);
+            if (r != DDP_SUCCESS) return r;
+            if (p->conn) {
+                progressed = 1;
+                _DDP_LOG(c, DDP_LOG_INFO, "connected to rank %d via %s", peer, t->name);
+            } else {
+                pending++;
+            }
+        }
+        if (!pending) return DDP_SUCCESS;
+        if (_ddp_ms_left(deadline) == 0) {
+            char who[256] = "";
+            size_t off = 0;
+            for (i = 0; i < n && off + 12 < sizeof who; i++)
+                if (!c->peers[list[i]].conn && list[i] != c->rank)
+                    off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", off ? "," : "", list[i]);
+            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: no connection with rank(s) %s after "
+                                 "%d ms (phase connect)", who, c->timeout_ms);
+        }
+        if (!progressed) usleep(200);
+    }
+}
+
+DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
+    int i;
+    ddp_allocator_t a;
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (c->magic != _DDP_COMM_MAGIC) return DDP_ERR_INVALID_USAGE;
+    _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator");
+    _ddp_close_peers(c);
+    for (i = 0; i < c->ntinst; i++)
+        if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
+    if (c->store && c->own_store) ddp_store_close(c->store);
+    a = c->alloc;
+    _ddp_free(&a, c->peers);
+    _ddp_free(&a, c->host_ids);
+    _ddp_free(&a, c->scratch);
+    c->magic = 0;
+    _ddp_free(&a, c);
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE uint64_t _ddp_random64(void) {
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
+        close(fd);
+    }
+    if (!v) v = (uint64_t)_ddp_now_us() * 6364136223846793005ull ^ (uint64_t)getpid();
+    return v;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
+    char key[256], val[64], host[_DDP_HOST_ID_LEN];
+    size_t len = 0;
+    int64_t joined = 0, n;
+    ddp_result_t r;
+    int i;
+
+    /* World size: the first rank decides; anyone who disagrees fails loudly. */
+    _ddp_key(c, key, sizeof key, "world_size");
+    snprintf(host, sizeof host, "%d", c->nranks);
+    r = ddp_store_compare_set(c->store, key, NULL, 0, host, strlen(host), val, sizeof val - 1, &len);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    if (strcmp(val, host) != 0) {
+        r = ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: world size disagreement: this rank was "
+                          "started with world size %d, the job's first rank with %s", c->nranks, val);
+        _ddp_publish_failure(c);
+        return r;
+    }
+    _ddp_key(c, key, sizeof key, "rank/%d", c->rank);
+    r = ddp_store_add(c->store, key, 1, &n);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (n > 1) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "init: rank %d joined twice (two processes "
+                          "were given RANK=%d)", c->rank, c->rank);
+        _ddp_publish_failure(c);
+        return r;
+    }
+    _ddp_host_id(host, sizeof host);
+    _ddp_key(c, key, sizeof key, "host/%d", c->rank);
+    if ((r = ddp_store_set(c->store, key, host, strlen(host))) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (c->rank == 0) {
+        c->id = _ddp_random64();
+        _ddp_key(c, key, sizeof key, "comm_id");
+        if ((r = ddp_store_set(c->store, key, &c->id, sizeof c->id)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
+
+    /* Transports listen and publish their addresses before we count ourselves in. */
+    for (i = 0; i < _ddp_ntransports && c->ntinst < _DDP_MAX_TRANSPORTS; i++) {
+        const ddp_transport_t *t = _ddp_transports[i];
+        void *state = NULL;
+        if (forced && strcmp(forced, t->name) != 0) continue;
+        r = t->init(c, &state);
+        if (r != DDP_SUCCESS) {
+            if (forced) return r;
+            _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable (%s); not using it",
+                     t->name, c->last_error);
+            c->last_error[0] = 0;
+            continue;
+        }
+        c->tinst[c->ntinst].t = t;
+        c->tinst[c->ntinst].state = state;
+        c->ntinst++;
+    }
+    if (c->ntinst == 0 && c->nranks > 1)
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport");
+
+    _ddp_key(c, key, sizeof key, "joined");
+    if ((r = ddp_store_add(c->store, key, 1, &joined)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
+             c->master_addr, c->master_port, c->rank, c->nranks, (long long)joined);
+    if (joined == c->nranks) {
+        _ddp_key(c, key, sizeof key, "ready");
+        if ((r = ddp_store_set(c->store, key, "1", 1)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
+    {
+        char k1[256], k2[256];
+        const char *keys[2];
+        _ddp_key(c, k1, sizeof k1, "ready");
+        _ddp_key(c, k2, sizeof k2, "abort");
+        keys[0] = k1; keys[1] = k2;
+        r = _ddp_store_wait_keys(c->store, keys, 2, 0, 1);
+        if (r == DDP_ERR_TIMEOUT) {
+            char missing[256] = "";
+            size_t off = 0;
+            for (i = 0; i < c->nranks && off + 12 < sizeof missing; i++) {
+                int ex = 1;
+                _ddp_key(c, key, sizeof key, "rank/%d", i);
+                if (ddp_store_check(c->store, key, &ex) == DDP_SUCCESS && !ex)
+                    off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? "," : "", i);
+            }
+            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: ranks never "
+                                 "joined within %d ms: %s", c->master_addr, c->master_port,
+                                 c->timeout_ms, off ? missing : "(unknown)");
+        }
+        if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+        {
+            int ex = 0;
+            if (ddp_store_check(c->store, k2, &ex) == DDP_SUCCESS && ex) {
+                char why[512];
+                len = 0;
+                ddp_store_get(c->store, k2, why, sizeof why - 1, &len);
+                why[len < sizeof why ? len : sizeof why - 1] = 0;
+                return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another "
+                                     "rank: %s", why);
+            }
+        }
+    }
+    if (c->rank != 0) {
+        _ddp_key(c, key, sizeof key, "comm_id");
+        if ((r = ddp_store_get(c->store, key, &c->id, sizeof c->id, &len)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
+    /* Hosts: for local rank/size and for transports that reach same-host peers only. */
+    c->host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->nranks * _DDP_HOST_ID_LEN);
+    if (!c->host_ids) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
+    {
+        int lr = 0, ls = 0;
+        for (i = 0; i < c->nranks; i++) {
+            char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+            _ddp_key(c, key, sizeof key, "host/%d", i);
+            len = 0;
+            if ((r = ddp_store_get(c->store, key, h, _DDP_HOST_ID_LEN - 1, &len)) != DDP_SUCCESS)
+                return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+            h[len < _DDP_HOST_ID_LEN ? len : _DDP_HOST_ID_LEN - 1] = 0;
+            if (!strcmp(h, host)) { if (i < c->rank) lr++; ls++; }
+        }
+        if (c->local_rank < 0) c->local_rank = lr;
+        if (c->local_size < 0) c->local_size = ls;
+    }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
+    ddp_comm_desc_t zero;
+    ddp_comm_t *c;
+    ddp_result_t r;
+    const char *s, *forced;
+    long v;
+    int i;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks) return DDP_ERR_INVALID_ARGUMENT;
+    if (!d) { memset(&zero, 0, sizeof zero); d = &zero; }
+    if (d->allocator && (!d->allocator->alloc || !d->allocator->free)) return DDP_ERR_INVALID_ARGUMENT;
+    c = (ddp_comm_t *)_ddp_calloc(d->allocator, sizeof *c);
+    if (!c) return DDP_ERR_OUT_OF_MEMORY;
+    c->magic = _DDP_COMM_MAGIC;
+    if (d->allocator) c->alloc = *d->allocator;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->local_rank = c->local_size = -1;
+    c->log_level = d->log_level ? d->log_level - 1 : _ddp_log_level_from_env();
+    c->timeout_ms = d->timeout_ms ? d->timeout_ms : _ddp_env_timeout_ms();
+    s = getenv("DDP_TIMEOUT_MS");
+    if (!d->timeout_ms && s && _ddp_parse_long(s, -1, INT_MAX, &v) != 0) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_TIMEOUT_MS='%s' is not a "
+                          "number of milliseconds", s);
+        goto fail;
+    }
+    c->spin_us = d->spin_us ? d->spin_us : -2;
+    if (c->spin_us == -2) {
+        s = getenv("DDP_SPIN_US");
+        c->spin_us = (s && _ddp_parse_long(s, -1, 10000000, &v) == 0) ? (int)v : 50;
+    }
+    if (c->spin_us < 0) c->spin_us = 0;
+    c->segment_bytes = d->segment_bytes ? d->segment_bytes : _ddp_parse_size(getenv("DDP_SEGMENT_BYTES"));
+    if (!c->segment_bytes) c->segment_bytes = 512u << 10;
+    if (c->segment_bytes < 4096) c->segment_bytes = 4096;
+    if (c->segment_bytes > (64u << 20)) c->segment_bytes = 64u << 20;
+    c->segment_bytes &= ~(size_t)63;
+    _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
+    s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
+    _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
+    s = d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
+    _ddp_strlcpy(c->master_addr, (s && *s) ? s : "127.0.0.1", sizeof c->master_addr);
+    if (d->master_port) {
+        c->master_port = d->master_port;
+    } else if ((i = _ddp_env_int("MASTER_PORT", 1, 65535, &v)) == 1) {
+        c->master_port = (int)v;
+    } else if (i < 0) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: MASTER_PORT='%s' is not a port "
+                          "number (1..65535)", getenv("MASTER_PORT"));
+        goto fail;
+    } else {
+        c->master_port = _DDP_DEFAULT_PORT;
+    }
+    if (c->master_port < 1 || c->master_port > 65535) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->master_port);
+        goto fail;
+    }
+    forced = d->transport ? d->transport : getenv("DDP_TRANSPORT");
+    if (forced && (!*forced || !strcmp(forced, "auto"))) forced = NULL;
+    if (forced && !ddp_transport_find(forced)) {
+        char names[128] = "";
+        size_t off = 0;
+        for (i = 0; i < _ddp_ntransports && off + 16 < sizeof names; i++)
+            off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? ", " : "", _ddp_transports[i]->name);
+        r = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: transport '%s' is not compiled into "
+                          "this program (compiled in: %s; include transports/ddp_%s.h)", forced,
+                          off ? names : "none", forced);
+        goto fail;
+    }
+    c->peers = (_ddp_peer_t *)_ddp_calloc(&c->alloc, sizeof *c->peers * (size_t)nranks);
+    c->scratch_bytes = c->segment_bytes * _DDP_MAX_SLOTS;
+    c->scratch = (unsigned char *)_ddp_alloc(&c->alloc, c->scratch_bytes);
+    if (!c->peers || !c->scratch) { r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating"); goto fail; }
+    for (i = 0; i < nranks; i++) c->peers[i].tinst = -1;
+    _DDP_LOG(c, DDP_LOG_INFO, "init: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
+             "segment %zu bytes, transport %s", rank, nranks, c->master_addr, c->master_port,
+             c->timeout_ms, c->spin_us, c->segment_bytes, forced ? forced : "auto");
+
+    if (d->store) {
+        c->store = d->store;
+    } else {
+        ddp_store_desc_t sd;
+        char err[512] = "";
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = c->timeout_ms;
+        sd.secret = d->job_secret;
+        sd.log_level = c->log_level + 1;
+        sd.log_rank = rank + 1;
+        r = _ddp_store_open(&c->store, c->master_addr, c->master_port, rank == 0, &sd, err, sizeof err);
+        if (r != DDP_SUCCESS) {
+            r = ddp_comm_fail(c, r, "init: %s", err);
+            goto fail;
+        }
+        c->own_store = 1;
+    }
+    r = _ddp_rendezvous(c, forced);
+    if (r != DDP_SUCCESS) goto fail;
+
+    /* Per-peer transport: the highest priority one that reaches the peer (same rule on both
+     * sides, so they agree without talking). */
+    for (i = 0; i < nranks; i++) {
+        int k, best = -1;
+        if (i == rank) continue;
+        for (k = 0; k < c->ntinst; k++) {
+            const ddp_transport_t *t = c->tinst[k].t;
+            if (t->reachable && !t->reachable(c->tinst[k].state, i)) continue;
+            if (best < 0 || t->priority > c->tinst[best].t->priority) best = k;
+        }
+        if (best < 0) {
+            r = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no transport reaches rank %d (host %s)",
+                              i, ddp_comm_host_id(c, i));
+            goto fail;
+        }
+        c->peers[i].tinst = best;
+        _DDP_LOG(c, DDP_LOG_TRACE, "peer %d (host %s): transport %s", i, ddp_comm_host_id(c, i),
+                 c->tinst[best].t->name);
+    }
+    if (nranks > 1) {
+        int ring[2];
+        ring[0] = (rank + 1) % nranks;
+        ring[1] = (rank + nranks - 1) % nranks;
+        _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s",
+                 ring[0], ddp_comm_transport_name(c, ring[0]), ring[1],
+                 ddp_comm_transport_name(c, ring[1]));
+        r = _ddp_connect_peers(c, ring, ring[0] == ring[1] ? 1 : 2);
+        if (r != DDP_SUCCESS) { _ddp_publish_failure(c); goto fail; }
+    }
+    _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
+    *out = c;
+    return DDP_SUCCESS;
+fail:
+    /* The caller gets no communicator to ask, so keep the story per thread. */
+    _ddp_strlcpy(_ddp_init_error, c->last_error, sizeof _ddp_init_error);
+    ddp_comm_destroy(c);
+    return r;
+}
+
+DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *d) {
+    _ddp_env_ranks_t e;
+    ddp_result_t r;
+    ddp_comm_t *c;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    memset(&e, 0, sizeof e);
+    r = _ddp_ranks_from_env(&e);
+    if (r != DDP_SUCCESS) {
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init: %s [%s]", e.err, ddp_strerror(r));
+        if (_ddp_log_level_from_env() >= DDP_LOG_WARN) {
+            _ddp_log_str(-1, DDP_LOG_WARN, _ddp_init_error);
+        }
+        return r;
+    }
+    r = ddp_comm_init(&c, e.nranks, e.rank, d);
+    if (r != DDP_SUCCESS) return r;
+    if (e.local_rank >= 0) c->local_rank = e.local_rank;
+    if (e.local_size >= 0) c->local_size = e.local_size;
+    *out = c;
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- point-to-point plumbing
+ * What the algorithms in ddp_ring.h use: per-peer isend/irecv/test through the peer's transport,
+ * and the blocking half of spin-then-block. */
+_DDP_PRIVATE ddp_result_t _ddp_isend(ddp_comm_t *c, int peer, const void *buf, size_t len,
+                                     uint64_t tag, void **req) {
+    _ddp_peer_t *p = &c->peers[peer];
+    if (!p->conn) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "no connection to rank %d", peer);
+    return c->tinst[p->tinst].t->isend(p->conn, buf, len, tag, NULL, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_irecv(ddp_comm_t *c, int peer, void *buf, size_t len, uint64_t tag,
+                                     void **req) {
+    _ddp_peer_t *p = &c->peers[peer];
+    if (!p->conn) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "no connection to rank %d", peer);
+    return c->tinst[p->tinst].t->irecv(p->conn, buf, len, tag, NULL, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_test(ddp_comm_t *c, int peer, void *req, int *done) {
+    return c->tinst[c->peers[peer].tinst].t->test(req, done);
+}
+
+/* Sleeps until a connection to one of the peers may progress (or timeout_ms). Peers on
+ * different transports cannot share one kernel wait: then nap briefly instead. */
+_DDP_PRIVATE ddp_result_t _ddp_block(ddp_comm_t *c, const int *peers, int n, int timeout_ms) {
+    void *conns[8];
+    int i, k = 0, ti = -1;
+    for (i = 0; i < n && k < 8; i++) {
+        _ddp_peer_t *p = &c->peers[peers[i]];
+        if (!p->conn) continue;
+        if (ti >= 0 && p->tinst != ti) { usleep(20); return DDP_SUCCESS; }
+        ti = p->tinst;
+        conns[k++] = p->conn;
+    }
+    if (ti < 0 || !c->tinst[ti].t->wait) { usleep(20); return DDP_SUCCESS; }
+    return c->tinst[ti].t->wait(c->tinst[ti].state, conns, k, timeout_ms);
+}
+
+/* Tag of every message of one collective: a digest of what the caller asked for (so ranks
+ * calling different collectives, dtypes, ops, counts or roots are caught) and its sequence. */
+_DDP_PRIVATE uint64_t _ddp_coll_tag(ddp_comm_t *c, int kind, ddp_dtype_t dtype, ddp_op_t op,
+                                    size_t count, int root) {
+    uint64_t h = _DDP_FNV_INIT;
+    int64_t fields[5];
+    fields[0] = kind; fields[1] = dtype; fields[2] = op; fields[3] = (int64_t)count; fields[4] = root;
+    h = _ddp_fnv1a(fields, sizeof fields, h);
+    c->seq++;
+    return (h & 0xffffffff00000000ull) | c->seq;
+}
+
+/* ---------------------------------------------------------------- collectives: checks */
+_DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (c->magic != _DDP_COMM_MAGIC) return DDP_ERR_INVALID_USAGE;
+    if (c->error != DDP_SUCCESS) return c->error;
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const void *sendbuf,
+                                          const void *recvbuf, size_t count, size_t mult,
+                                          ddp_dtype_t dtype, int check_op, ddp_op_t op) {
+    size_t es = ddp_dtype_size(dtype);
+    if (!es) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)dtype);
+    if (check_op && (unsigned)op >= DDP_NUM_OPS)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid op %d", what, (int)op);
+    if (count > SIZE_MAX / es / mult)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: count %zu x %zu ranks x %zu bytes "
+                             "overflows size_t", what, count, mult, es);
+    if (count && (!sendbuf || !recvbuf))
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL %s buffer with count %zu",
+                             what, sendbuf ? "receive" : "send", count);
+    return DDP_SUCCESS;
+}
+
+/* The communicator's error state, NCCL-style: a failed collective poisons it. */
+_DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
+    return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
+}
+
+DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, "all_reduce", sendbuf, recvbuf, count, 1, dtype, 1, op)) != DDP_SUCCESS) return r;
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, ring", c->seq + 1, count,
+             ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place");
+    return _ddp_finish(c, ddp_ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op));
+}
+
+DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, "reduce_scatter", sendbuf, recvbuf, recvcount, (size_t)c->nranks,
+                             dtype, 1, op)) != DDP_SUCCESS) return r;
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, ring", c->seq + 1,
+             recvcount, ddp_dtype_name(dtype), ddp_op_name(op));
+    return _ddp_finish(c, ddp_ring_reduce_scatter(c, sendbuf, recvbuf, recvcount, dtype, op));
+}
+
+DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                    ddp_dtype_t dtype, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, "all_gather", sendbuf, recvbuf, sendcount, (size_t)c->nranks,
+                             dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, ring", c->seq + 1, sendcount,
+             ddp_dtype_name(dtype));
+    return _ddp_finish(c, ddp_ring_all_gather(c, sendbuf, recvbuf, sendcount, dtype));
+}
+
+DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                   ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if (root < 0 || root >= c->nranks)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d", root, c->nranks - 1);
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    if ((r = _ddp_check_args(c, "broadcast", c->rank == root ? sendbuf : recvbuf, recvbuf, count, 1,
+                             dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
+    _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, pipelined chain",
+             c->seq + 1, count, ddp_dtype_name(dtype), root);
+    return _ddp_finish(c, ddp_ring_broadcast(c, sendbuf, recvbuf, count, dtype, root));
+}
+
+DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    unsigned char token = 0;
+    if (r != DDP_SUCCESS) return r;
+    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u", c->seq + 1);
+    return _ddp_finish(c, ddp_ring_all_reduce(c, &token, &token, 1, DDP_UINT8, DDP_MAX));
+}
+
+/* Now that the communicator's internals are defined, build the ring algorithms. */
+#include "ddp_ring.h"
+
+#endif /* DDP_IMPLEMENTATION */

@@ -1,0 +1,548 @@
+/* ddp_ring.h — libddp's ring algorithms and reduction kernels.
+ *
+ * Included by ddp.h (users need not include it themselves); built by DDP_IMPLEMENTATION in the
+ * same file as ddp.h's implementation.
+ *
+ * ALGORITHMS (over the point-to-point transport interface of ddp.h)
+ *   all-reduce      = reduce-scatter then all-gather around the ring: each rank sends
+ *                     2(p-1)/p of the buffer, the bandwidth optimum (Patarasuk & Yuan, "Bandwidth
+ *                     optimal all-reduce algorithms for clusters of workstations", JPDC 2009).
+ *   reduce-scatter  the first half alone; rank r ends with chunk r (NCCL's layout).
+ *   all-gather      the second half alone.
+ *   broadcast       a pipelined chain root -> root+1 -> ... (every link carries the buffer once).
+ * Chunks are cut into segments (DDP_SEGMENT_BYTES) and up to DDP_RING_WINDOW segments are in
+ * flight per direction, so sending, receiving and reducing overlap. A segment travels all steps
+ * before the next one starts its own, so the scratch needed is the window, never the message.
+ * Each chunk is reduced in one fixed order along the ring and then copied out, so every rank ends
+ * with the same bits, run after run.
+ *
+ * KERNELS: ddp_reduce_local(dst, a, b, n, dtype, op) computes dst = a op b elementwise for every
+ * dtype/op (dst may equal a or b). Integers wrap (computed unsigned); fp16/bf16 go through fp32
+ * and round to nearest even. Loops work on fixed blocks so compilers vectorise them at -O2.
+ */
+#if !defined(DDP_H_INCLUDED)
+#include "ddp.h" /* which includes this header back at the end of its declarations */
+#elif !defined(DDP_RING_H_INCLUDED)
+#define DDP_RING_H_INCLUDED
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_RING_WINDOW 8   /* segments in flight per direction; also the scratch slots */
+
+DDP_API void ddp_reduce_local(void *dst, const void *a, const void *b, size_t count,
+                              ddp_dtype_t dtype, ddp_op_t op);
+/* x[i] /= divisor (the AVG finish): truncating for integers, IEEE division (in fp32 for
+ * fp16/bf16) for floating point. */
+DDP_API void ddp_divide_local(void *x, size_t count, ddp_dtype_t dtype, int divisor);
+DDP_API float ddp_half_to_float(uint16_t h);
+DDP_API uint16_t ddp_float_to_half(float f);          /* round to nearest even */
+DDP_API float ddp_bfloat16_to_float(uint16_t h);
+DDP_API uint16_t ddp_float_to_bfloat16(float f);      /* round to nearest even */
+
+/* The algorithms, called by ddp.h's collectives after argument checks. */
+DDP_API ddp_result_t ddp_ring_all_reduce(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, ddp_dtype_t dtype, ddp_op_t op);
+DDP_API ddp_result_t ddp_ring_reduce_scatter(ddp_comm_t *comm, const void *sendbuf,
+                                             void *recvbuf, size_t recvcount, ddp_dtype_t dtype,
+                                             ddp_op_t op);
+DDP_API ddp_result_t ddp_ring_all_gather(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t sendcount, ddp_dtype_t dtype);
+DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, ddp_dtype_t dtype, int root);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_RING_H_INCLUDED */
+
+/* The implementation needs ddp.h's communicator internals: it is built when ddp.h's
+ * implementation includes this header a second time, at its end. */
+#if defined(DDP_IMPLEMENTATION) && defined(DDP_IMPL_INCLUDED) && !defined(DDP_RING_IMPL_INCLUDED)
+#define DDP_RING_IMPL_INCLUDED
+
+#if defined(__F16C__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define _DDP_HAVE_F16C 1
+#endif
+
+/* ---------------------------------------------------------------- half / bfloat16
+ * IEEE 754 binary16 (1-5-10) and bfloat16 (the top half of binary32). */
+static inline float _ddp_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t _ddp_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float _ddp_h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return _ddp_bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e) return _ddp_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+    /* zero or subnormal: m * 2^-24, exact in fp32 */
+    return _ddp_bits_f32(sign | _ddp_f32_bits((float)m * 5.9604644775390625e-08f));
+}
+
+static inline uint16_t _ddp_f2h(float f) {
+    uint32_t x = _ddp_f32_bits(f), sign = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) /* inf stays inf; NaN stays a quiet NaN */
+        return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u | ((x >> 13) & 0x3ffu) : 0x7c00u));
+    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (x < 0x38800000u) {
+        /* Below 2^-14 the result is subnormal: adding 0.5 puts the quantum 2^-24 at fp32's
+         * last mantissa bit, so the FPU does the round-to-nearest-even for us. */
+        uint32_t y = _ddp_f32_bits(_ddp_bits_f32(x) + 0.5f);
+        return (uint16_t)(sign | (y - 0x3f000000u));
+    }
+    /* Rebias the exponent (127 -> 15) and round half to even on the 13 dropped bits. */
+    x += 0xc8000fffu + ((x >> 13) & 1u);
+    return (uint16_t)(sign | (x >> 13));
+}
+
+static inline float _ddp_bf2f(uint16_t h) { return _ddp_bits_f32((uint32_t)h << 16); }
+static inline uint16_t _ddp_f2bf(float f) {
+    uint32_t x = _ddp_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+DDP_API float ddp_half_to_float(uint16_t h) { return _ddp_h2f(h); }
+DDP_API uint16_t ddp_float_to_half(float f) { return _ddp_f2h(f); }
+DDP_API float ddp_bfloat16_to_float(uint16_t h) { return _ddp_bf2f(h); }
+DDP_API uint16_t ddp_float_to_bfloat16(float f) { return _ddp_f2bf(f); }
+
+/* ---------------------------------------------------------------- kernels
+ * Blocks of 16 through local arrays: the inner loop has a constant trip count and no aliasing
+ * question (dst may equal a or b), which is what GCC's and Clang's vectorisers want. */
+#define _DDP_KB 16
+#define _DDP_KERNEL(name, T, expr)                                                            \
+    static void name(void *dst_, const void *a_, const void *b_, size_t n) {                 \
+        T *d = (T *)dst_;                                                                     \
+        const T *a = (const T *)a_, *b = (const T *)b_;                                       \
+        size_t i = 0;                                                                         \
+        for (; i + _DDP_KB <= n; i += _DDP_KB) {                                              \
+            T x[_DDP_KB], y[_DDP_KB];                                                         \
+            int j;                                                                            \
+            memcpy(x, a + i, sizeof x);                                                       \
+            memcpy(y, b + i, sizeof y);                                                       \
+            for (j = 0; j < _DDP_KB; j++) { T p = x[j], q = y[j]; x[j] = (T)(expr); }        \
+            memcpy(d + i, x, sizeof x);                                                       \
+        }                                                                                     \
+        for (; i < n; i++) { T p = a[i], q = b[i]; d[i] = (T)(expr); }                        \
+    }
+#define _DDP_KERNELS(sfx, T, U)                                                               \
+    _DDP_KERNEL(_ddp_sum_##sfx, U, p + q)                                                     \
+    _DDP_KERNEL(_ddp_prod_##sfx, U, p * q)                                                    \
+    _DDP_KERNEL(_ddp_max_##sfx, T, p > q ? p : q)                                             \
+    _DDP_KERNEL(_ddp_min_##sfx, T, p < q ? p : q)
+/* Sums and products of signed integers are done unsigned: the same bits, without C's
+ * signed-overflow undefined behaviour. */
+_DDP_KERNELS(i8, int8_t, uint8_t)
+_DDP_KERNELS(u8, uint8_t, uint8_t)
+_DDP_KERNELS(i32, int32_t, uint32_t)
+_DDP_KERNELS(u32, uint32_t, uint32_t)
+_DDP_KERNELS(i64, int64_t, uint64_t)
+_DDP_KERNELS(u64, uint64_t, uint64_t)
+_DDP_KERNELS(f32, float, float)
+_DDP_KERNELS(f64, double, double)
+
+/* fp16 / bf16: widen a block to fp32, combine, round back. */
+#define _DDP_KERNEL16(name, load, store, expr)                                                \
+    static void name(void *dst_, const void *a_, const void *b_, size_t n) {                 \
+        uint16_t *d = (uint16_t *)dst_;                                                       \
+        const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
+        size_t i = 0;                                                                         \
+        while (i < n) {                                                                       \
+            float x[_DDP_KB], y[_DDP_KB];                                                     \
+            size_t m = n - i < _DDP_KB ? n - i : _DDP_KB, j;                                  \
+            load(x, a + i, m);                                                                \
+            load(y, b + i, m);                                                                \
+            for (j = 0; j < m; j++) { float p = x[j], q = y[j]; x[j] = (expr); }             \
+            store(d + i, x, m);                                                               \
+            i += m;                                                                           \
+        }                                                                                     \
+    }
+
+static inline void _ddp_load_h(float *x, const uint16_t *h, size_t m) {
+#ifdef _DDP_HAVE_F16C
+    if (m == _DDP_KB) {
+        _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h)));
+        _mm256_storeu_ps(x + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + 8))));
+        return;
+    }
+#endif
+    { size_t j; for (j = 0; j < m; j++) x[j] = _ddp_h2f(h[j]); }
+}
+static inline void _ddp_store_h(uint16_t *h, const float *x, size_t m) {
+#ifdef _DDP_HAVE_F16C
+    if (m == _DDP_KB) {
+        _mm_storeu_si128((__m128i *)(void *)h, _mm256_cvtps_ph(_mm256_loadu_ps(x), _MM_FROUND_TO_NEAREST_INT));
+        _mm_storeu_si128((__m128i *)(void *)(h + 8), _mm256_cvtps_ph(_mm256_loadu_ps(x + 8), _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+#endif
+    { size_t j; for (j = 0; j < m; j++) h[j] = _ddp_f2h(x[j]); }
+}
+static inline void _ddp_load_bf(float *x, const uint16_t *h, size_t m) {
+    size_t j;
+    for (j = 0; j < m; j++) x[j] = _ddp_bf2f(h[j]);
+}
+static inline void _ddp_store_bf(uint16_t *h, const float *x, size_t m) {
+    size_t j;
+    for (j = 0; j < m; j++) h[j] = _ddp_f2bf(x[j]);
+}
+_DDP_KERNEL16(_ddp_sum_f16, _ddp_load_h, _ddp_store_h, p + q)
+_DDP_KERNEL16(_ddp_prod_f16, _ddp_load_h, _ddp_store_h, p * q)
+_DDP_KERNEL16(_ddp_max_f16, _ddp_load_h, _ddp_store_h, p > q ? p : q)
+_DDP_KERNEL16(_ddp_min_f16, _ddp_load_h, _ddp_store_h, p < q ? p : q)
+_DDP_KERNEL16(_ddp_sum_bf16, _ddp_load_bf, _ddp_store_bf, p + q)
+_DDP_KERNEL16(_ddp_prod_bf16, _ddp_load_bf, _ddp_store_bf, p * q)
+_DDP_KERNEL16(_ddp_max_bf16, _ddp_load_bf, _ddp_store_bf, p > q ? p : q)
+_DDP_KERNEL16(_ddp_min_bf16, _ddp_load_bf, _ddp_store_bf, p < q ? p : q)
+
+typedef void (*_ddp_kernel_fn)(void *, const void *, const void *, size_t);
+
+/* [dtype][op] in NCCL's enum order; AVG sums (the division happens once, at the end). */
+static const _ddp_kernel_fn _ddp_kernels[DDP_NUM_DTYPES][4] = {
+    {_ddp_sum_i8, _ddp_prod_i8, _ddp_max_i8, _ddp_min_i8},
+    {_ddp_sum_u8, _ddp_prod_u8, _ddp_max_u8, _ddp_min_u8},
+    {_ddp_sum_i32, _ddp_prod_i32, _ddp_max_i32, _ddp_min_i32},
+    {_ddp_sum_u32, _ddp_prod_u32, _ddp_max_u32, _ddp_min_u32},
+    {_ddp_sum_i64, _ddp_prod_i64, _ddp_max_i64, _ddp_min_i64},
+    {_ddp_sum_u64, _ddp_prod_u64, _ddp_max_u64, _ddp_min_u64},
+    {_ddp_sum_f16, _ddp_prod_f16, _ddp_max_f16, _ddp_min_f16},
+    {_ddp_sum_f32, _ddp_prod_f32, _ddp_max_f32, _ddp_min_f32},
+    {_ddp_sum_f64, _ddp_prod_f64, _ddp_max_f64, _ddp_min_f64},
+    {_ddp_sum_bf16, _ddp_prod_bf16, _ddp_max_bf16, _ddp_min_bf16},
+};
+
+DDP_API void ddp_reduce_local(void *dst, const void *a, const void *b, size_t count,
+                              ddp_dtype_t dtype, ddp_op_t op) {
+    if ((unsigned)dtype >= DDP_NUM_DTYPES || (unsigned)op >= DDP_NUM_OPS || !count) return;
+    _ddp_kernels[dtype][op == DDP_AVG ? DDP_SUM : op](dst, a, b, count);
+}
+
+DDP_API void ddp_divide_local(void *x, size_t n, ddp_dtype_t dtype, int divisor) {
+    size_t i;
+    if (divisor == 1) return;
+    switch (dtype) {
+    case DDP_INT8: { int8_t *v = (int8_t *)x; for (i = 0; i < n; i++) v[i] = (int8_t)(v[i] / divisor); break; }
+    case DDP_UINT8: { uint8_t *v = (uint8_t *)x; for (i = 0; i < n; i++) v[i] = (uint8_t)(v[i] / (unsigned)divisor); break; }
+    case DDP_INT32: { int32_t *v = (int32_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / divisor; break; }
+    case DDP_UINT32: { uint32_t *v = (uint32_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / (uint32_t)divisor; break; }
+    case DDP_INT64: { int64_t *v = (int64_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / divisor; break; }
+    case DDP_UINT64: { uint64_t *v = (uint64_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / (uint64_t)divisor; break; }
+    case DDP_FLOAT32: { float *v = (float *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = v[i] / d; break; }
+    case DDP_FLOAT64: { double *v = (double *)x; double d = (double)divisor; for (i = 0; i < n; i++) v[i] = v[i] / d; break; }
+    case DDP_FLOAT16: { uint16_t *v = (uint16_t *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = _ddp_f2h(_ddp_h2f(v[i]) / d); break; }
+    case DDP_BFLOAT16: { uint16_t *v = (uint16_t *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = _ddp_f2bf(_ddp_bf2f(v[i]) / d); break; }
+    }
+}
+
+/* ---------------------------------------------------------------- the ring engine
+ * Work items are (segment k, step t), numbered i = k * nsteps + t and posted in that order in
+ * both directions. Step t sends chunk (r - t + shift) mod p to the next rank and receives chunk
+ * (r - t - 1 + shift) mod p from the previous one; the send of item i (t > 0) forwards what the
+ * receive of item i - 1 produced, so it waits for it. */
+enum { _DDP_RING_AR, _DDP_RING_RS, _DDP_RING_AG, _DDP_RING_BCAST };
+static const char *const _ddp_ring_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+
+typedef struct {
+    ddp_comm_t *c;
+    int kind, p, r, next, prev, shift, nsteps, root;
+    const unsigned char *send;
+    unsigned char *recv;
+    size_t es, chunk_base, chunk_rem, seg_elems, nseg;
+    ddp_dtype_t dtype;
+    ddp_op_t op;
+    uint64_t tag;
+} _ddp_ring_t;
+
+typedef struct {
+    void *req;          /* NULL: nothing on the wire (empty segment), complete at once */
+    size_t item;
+    int slot;           /* scratch slot held by this item, or -1 */
+} _ddp_ring_op_t;
+
+static inline size_t _ddp_ring_mod(const _ddp_ring_t *g, long v) {
+    long m = v % g->p;
+    return (size_t)(m < 0 ? m + g->p : m);
+}
+
+/* Elements [*off, *off + *len) of the whole buffer that item i's segment covers in chunk ch. */
+static inline void _ddp_ring_seg(const _ddp_ring_t *g, size_t ch, size_t k, size_t *off, size_t *len) {
+    size_t clen = g->chunk_base + (ch < g->chunk_rem ? 1 : 0);
+    size_t coff = ch * g->chunk_base + (ch < g->chunk_rem ? ch : g->chunk_rem);
+    size_t s = k * g->seg_elems;
+    *off = coff + (s < clen ? s : clen);
+    *len = s < clen ? (clen - s < g->seg_elems ? clen - s : g->seg_elems) : 0;
+}
+
+static inline int _ddp_ring_reduces(const _ddp_ring_t *g, int t) {
+    return g->kind == _DDP_RING_RS || (g->kind == _DDP_RING_AR && t < g->p - 1);
+}
+
+static void _ddp_ring_where(const _ddp_ring_t *g, size_t item, char *out, size_t cap) {
+    int t = (int)(item % (size_t)g->nsteps);
+    size_t k = item / (size_t)g->nsteps;
+    const char *phase = g->kind == _DDP_RING_BCAST ? "chain"
+                      : _ddp_ring_reduces(g, t) ? "reduce-scatter" : "all-gather";
+    int step = (g->kind == _DDP_RING_AR && t >= g->p - 1) ? t - (g->p - 1) : t;
+    int steps = g->kind == _DDP_RING_BCAST ? 1 : g->p - 1;
+    snprintf(out, cap, "%s #%u, phase %s step %d/%d, segment %zu/%zu", _ddp_ring_names[g->kind],
+             (unsigned)(g->tag & 0xffffffffu), phase, step + 1, steps, k + 1, g->nseg);
+}
+
+/* Re-words the transport's error with where in the algorithm it happened. */
+static ddp_result_t _ddp_ring_fail(const _ddp_ring_t *g, ddp_result_t r, size_t item) {
+    char where[160], prev[1024];
+    const char *msg = g->c->last_error;
+    size_t skip = 0;
+    _ddp_ring_where(g, item, where, sizeof where);
+    if (!strncmp(msg, "rank ", 5)) { /* drop our own "rank N: " prefix; fail() adds it back */
+        const char *colon = strstr(msg, ": ");
+        if (colon) skip = (size_t)(colon + 2 - msg);
+    }
+    _ddp_strlcpy(prev, msg + skip, sizeof prev);
+    {
+        char *tail = strstr(prev, " [");
+        if (tail) *tail = 0;
+    }
+    return ddp_comm_fail(g->c, r, "%s: %s", where, prev[0] ? prev : ddp_strerror(r));
+}
+
+static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
+    ddp_comm_t *c = g->c;
+    const size_t total = g->nseg * (size_t)g->nsteps, W = DDP_RING_WINDOW;
+    _ddp_ring_op_t sq[DDP_RING_WINDOW], rq[DDP_RING_WINDOW];
+    int free_slots[DDP_RING_WINDOW], nfree = 0;
+    int slot_of_recv[DDP_RING_WINDOW]; /* RS: slot of recv item j kept for send j+1, by j % W */
+    size_t ns = 0, nr = 0, ds = 0, dr = 0;
+    int64_t last = _ddp_now_us(), spin_until;
+    int peers[2];
+    const int bcast = g->kind == _DDP_RING_BCAST;
+    const int pos = bcast ? (int)_ddp_ring_mod(g, g->r - g->root) : 0;
+    const int sends = !bcast || pos != g->p - 1, recvs = !bcast || pos != 0;
+    ddp_result_t r;
+    int i;
+    for (i = 0; i < DDP_RING_WINDOW; i++) { free_slots[nfree++] = i; slot_of_recv[i] = -1; }
+    peers[0] = g->next;
+    peers[1] = g->prev;
+    if (!sends) ds = ns = total;
+    if (!recvs) dr = nr = total;
+    spin_until = last + c->spin_us;
+
+    while (ds < total || dr < total) {
+        int progressed = 0;
+        /* Post receives while the window and the scratch allow. */
+        /* Receives run at most W-1 items ahead of sends: a partial sum parked for forwarding
+         * (slot_of_recv) is then always taken before its entry is reused. */
+        while (nr < total && nr - dr < W && (!sends || nr + 1 < ns + W)) {
+            int t = (int)(nr % (size_t)g->nsteps);
+            size_t k = nr / (size_t)g->nsteps, ch, off, len;
+            _ddp_ring_op_t *o = &rq[nr % W];
+            ch = bcast ? 0 : _ddp_ring_mod(g, (long)g->r - t - 1 + g->shift);
+            _ddp_ring_seg(g, ch, k, &off, &len);
+            o->item = nr;
+            o->req = NULL;
+            o->slot = -1;
+            if (len) {
+                void *dst;
+                if (_ddp_ring_reduces(g, t)) {
+                    if (!nfree) break;
+                    o->slot = free_slots[--nfree];
+                    dst = c->scratch + (size_t)o->slot * c->segment_bytes;
+                } else {
+                    dst = g->recv + off * g->es;
+                }
+                r = _ddp_irecv(c, g->prev, dst, len * g->es, g->tag, &o->req);
+                if (r != DDP_SUCCESS) return _ddp_ring_fail(g, r, nr);
+            }
+            nr++;
+        }
+        /* Post sends whose data is ready. */
+        while (ns < total && ns - ds < W) {
+            int t = (int)(ns % (size_t)g->nsteps);
+            size_t k = ns / (size_t)g->nsteps, ch, off, len;
+            const unsigned char *src;
+            _ddp_ring_op_t *o = &sq[ns % W];
+            if (t > 0 || (bcast && pos != 0)) { if (dr <= (bcast ? ns : ns - 1)) break; }
+            ch = bcast ? 0 : _ddp_ring_mod(g, (long)g->r - t + g->shift);
+            _ddp_ring_seg(g, ch, k, &off, &len);
+            o->item = ns;
+            o->req = NULL;
+            o->slot = -1;
+            if (g->kind == _DDP_RING_RS && t > 0) {
+                o->slot = slot_of_recv[(ns - 1) % W];   /* the partial sum lives in scratch */
+                slot_of_recv[(ns - 1) % W] = -1;
+                src = o->slot >= 0 ? c->scratch + (size_t)o->slot * c->segment_bytes : NULL;
+            } else if (t == 0 && !(bcast && pos != 0)) {
+                src = g->kind == _DDP_RING_AG ? g->send + (off - (size_t)g->r * g->chunk_base) * g->es
+                                              : g->send + off * g->es;
+            } else {
+                src = g->recv + off * g->es;
+            }
+            if (len) {
+                r = _ddp_isend(c, g->next, src, len * g->es, g->tag, &o->req);
+                if (r != DDP_SUCCESS) return _ddp_ring_fail(g, r, ns);
+            }
+            ns++;
+        }
+        /* Retire completed sends, in order. */
+        while (ds < ns) {
+            _ddp_ring_op_t *o = &sq[ds % W];
+            int done = 1;
+            if (o->req && (r = _ddp_test(c, g->next, o->req, &done)) != DDP_SUCCESS)
+                return _ddp_ring_fail(g, r, o->item);
+            if (!done) break;
+            if (o->slot >= 0) free_slots[nfree++] = o->slot;
+            ds++;
+            progressed = 1;
+        }
+        /* Retire completed receives, in order, reducing as they land. */
+        while (dr < nr) {
+            _ddp_ring_op_t *o = &rq[dr % W];
+            int done = 1, t = (int)(o->item % (size_t)g->nsteps);
+            if (o->req && (r = _ddp_test(c, g->prev, o->req, &done)) != DDP_SUCCESS)
+                return _ddp_ring_fail(g, r, o->item);
+            if (!done) break;
+            if (o->slot >= 0) {
+                size_t k = o->item / (size_t)g->nsteps, off, len, ch;
+                unsigned char *scr = c->scratch + (size_t)o->slot * c->segment_bytes;
+                const int last_rs = t == g->p - 2;
+                ch = _ddp_ring_mod(g, (long)g->r - t - 1 + g->shift);
+                _ddp_ring_seg(g, ch, k, &off, &len);
+                if (g->kind == _DDP_RING_AR || last_rs) {
+                    unsigned char *dst = g->kind == _DDP_RING_AR ? g->recv + off * g->es
+                                   : g->recv; /* RS: the last step's chunk is ours */
+                    if (g->kind == _DDP_RING_RS) dst += (off - (size_t)g->r * g->chunk_base) * g->es;
+                    ddp_reduce_local(dst, scr, g->send + off * g->es, len, g->dtype, g->op);
+                    if (last_rs && g->op == DDP_AVG) ddp_divide_local(dst, len, g->dtype, g->p);
+                    free_slots[nfree++] = o->slot;
+                } else {
+                    ddp_reduce_local(scr, scr, g->send + off * g->es, len, g->dtype, g->op);
+                    slot_of_recv[o->item % W] = o->slot;   /* freed once forwarded */
+                }
+            }
+            dr++;
+            progressed = 1;
+        }
+        if (progressed) {
+            last = _ddp_now_us();
+            spin_until = last + c->spin_us;
+            continue;
+        }
+        {
+            int64_t now = _ddp_now_us();
+            if (c->timeout_ms >= 0 && now - last > (int64_t)c->timeout_ms * 1000) {
+                char where[160];
+                int waiting_recv = dr < nr || dr < total;
+                _ddp_ring_where(g, waiting_recv ? dr : ds, where, sizeof where);
+                return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "%s: no progress for %d ms: %s rank %d "
+                                     "(alive but stuck, or not calling the same collective?)",
+                                     where, c->timeout_ms,
+                                     waiting_recv ? "waiting for data from" : "waiting to send to",
+                                     waiting_recv ? g->prev : g->next);
+            }
+            if (now >= spin_until) {
+                int ms = 100;
+                if (c->timeout_ms >= 0) {
+                    int64_t left = (int64_t)c->timeout_ms * 1000 - (now - last);
+                    if (left / 1000 + 1 < ms) ms = (int)(left / 1000) + 1;
+                }
+                r = _ddp_block(c, peers, g->next == g->prev ? 1 : 2, ms);
+                if (r != DDP_SUCCESS) return _ddp_ring_fail(g, r, dr < total ? dr : ds);
+            }
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+static void _ddp_ring_setup(_ddp_ring_t *g, ddp_comm_t *c, int kind, const void *send, void *recv,
+                            ddp_dtype_t dtype, ddp_op_t op, size_t count, int root) {
+    memset(g, 0, sizeof *g);
+    g->c = c;
+    g->kind = kind;
+    g->p = c->nranks;
+    g->r = c->rank;
+    g->next = (c->rank + 1) % c->nranks;
+    g->prev = (c->rank + c->nranks - 1) % c->nranks;
+    g->send = (const unsigned char *)send;
+    g->recv = (unsigned char *)recv;
+    g->dtype = dtype;
+    g->op = op;
+    g->es = ddp_dtype_size(dtype);
+    g->seg_elems = c->segment_bytes / g->es;
+    g->root = root;
+    g->tag = _ddp_coll_tag(c, kind, dtype, op, count, root);
+}
+
+/* Number of segments of the largest chunk (empty segments of smaller chunks are skipped on
+ * both sides, which compute the same geometry). */
+static inline size_t _ddp_ring_nseg(const _ddp_ring_t *g) {
+    size_t maxc = g->chunk_base + (g->chunk_rem ? 1 : 0);
+    return (maxc + g->seg_elems - 1) / g->seg_elems;
+}
+
+DDP_API ddp_result_t ddp_ring_all_reduce(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                         size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    _ddp_ring_t g;
+    _ddp_ring_setup(&g, c, _DDP_RING_AR, sendbuf, recvbuf, dtype, op, count, 0);
+    if (c->nranks == 1) {
+        if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * g.es);
+        return DDP_SUCCESS;
+    }
+    g.shift = -1;
+    g.nsteps = 2 * (g.p - 1);
+    g.chunk_base = count / (size_t)g.p;
+    g.chunk_rem = count % (size_t)g.p;
+    g.nseg = _ddp_ring_nseg(&g);
+    return _ddp_ring_run(&g);
+}
+
+DDP_API ddp_result_t ddp_ring_reduce_scatter(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                             size_t recvcount, ddp_dtype_t dtype, ddp_op_t op) {
+    _ddp_ring_t g;
+    _ddp_ring_setup(&g, c, _DDP_RING_RS, sendbuf, recvbuf, dtype, op, recvcount, 0);
+    if (c->nranks == 1) {
+        if (recvcount && sendbuf != recvbuf) memmove(recvbuf, sendbuf, recvcount * g.es);
+        return DDP_SUCCESS;
+    }
+    g.shift = -1;
+    g.nsteps = g.p - 1;
+    g.chunk_base = recvcount;
+    g.nseg = _ddp_ring_nseg(&g);
+    return _ddp_ring_run(&g);
+}
+
+DDP_API ddp_result_t ddp_ring_all_gather(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                         size_t sendcount, ddp_dtype_t dtype) {
+    _ddp_ring_t g;
+    unsigned char *own;
+    _ddp_ring_setup(&g, c, _DDP_RING_AG, sendbuf, recvbuf, dtype, DDP_SUM, sendcount, 0);
+    own = g.recv + (size_t)c->rank * sendcount * g.es;
+    if (sendcount && (const unsigned char *)sendbuf != own) memmove(own, sendbuf, sendcount * g.es);
+    if (c->nranks == 1) return DDP_SUCCESS;
+    g.shift = 0;
+    g.nsteps = g.p - 1;
+    g.chunk_base = sendcount;
+    g.nseg = _ddp_ring_nseg(&g);
+    return _ddp_ring_run(&g);
+}
+
+DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                        size_t count, ddp_dtype_t dtype, int root) {
+    _ddp_ring_t g;
+    _ddp_ring_setup(&g, c, _DDP_RING_BCAST, sendbuf, recvbuf, dtype, DDP_SUM, count, root);
+    if (c->rank == root && count && sendbuf != recvbuf) memmove(recvbuf, sendbuf, count * g.es);
+    if (c->nranks == 1) return DDP_SUCCESS;
+    g.nsteps = 1;
+    g.chunk_base = count;
+    g.chunk_rem = 0;
+    g.p = 1; /* one chunk: segment geometry of the whole buffer */
+    g.nseg = _ddp_ring_nseg(&g);
+    g.p = c->nranks;
+    /* The chain forwards from recvbuf: the root's copy is already there. */
+    g.send = g.recv;
+    return _ddp_ring_run(&g);
+}
+
+#endif /* DDP_RING implementation */

@@ -1,0 +1,726 @@
+/* ddp_sampler.h — libddp: PyTorch's DistributedSampler, bit for bit, in C.        v0.1
+ *
+ * Every data-parallel job gives each rank a disjoint shard of the data, reshuffled every epoch,
+ * the same way on every rank without talking. This header does it exactly as
+ * torch.utils.data.DistributedSampler does, so a C trainer sees the same shards, in the same
+ * order, as a PyTorch run with the same (len, num_replicas, rank, shuffle, seed, drop_last,
+ * epoch): it can reproduce, resume or cross-check that run. It also exposes the generator torch
+ * uses (MT19937) with torch's ways of drawing from it (randperm, randint, rand, uniform_), for
+ * per-rank data augmentation that matches torch.Generator().manual_seed(seed + rank).
+ * It needs nothing else from libddp; with ddp.h the result type is shared.
+ *
+ * DO THIS in exactly one .c file of your program:
+ *
+ *     #define DDP_IMPLEMENTATION          // or DDP_SAMPLER_IMPLEMENTATION for this header only
+ *     #include "ddp_sampler.h"
+ *
+ * and link with -lm (ddp_torch_uniform_* use fma()). Every other file just includes it.
+ *
+ * BUILD OPTIONS (define before including)
+ *   DDP_IMPLEMENTATION           impl. file only  compile the implementation of every libddp
+ *                                                 header included after it in this file
+ *   DDP_SAMPLER_IMPLEMENTATION   impl. file only  compile this header's implementation only
+ *   DDP_STATIC                   global           make every public function static
+ *   DDP_MALLOC/DDP_FREE          impl. file only  allocator (shared with ddp.h); define both or
+ *                                                 neither. Used only by ddp_sampler_indices.
+ *   DDP_SAMPLER_UNFUSED_UNIFORM  impl. file only  ddp_torch_uniform_*: round x*(to-from) before
+ *                                                 adding from, as torch does when run with
+ *                                                 ATEN_CPU_CAPABILITY=default (see there)
+ *
+ * EXAMPLE (one rank of a 4-rank job; every rank runs the same code with its own rank)
+ *     ddp_sampler_t s;
+ *     if (ddp_sampler_init(&s, dataset_len, 4, rank, 1, 42, 0) != DDP_SUCCESS)
+ *         fprintf(stderr, "%s\n", ddp_sampler_last_error(&s));
+ *     uint64_t *idx = malloc(ddp_sampler_num_samples(&s) * sizeof *idx);
+ *     for (uint64_t epoch = 0; epoch < epochs; epoch++) {
+ *         ddp_sampler_set_epoch(&s, epoch);
+ *         ddp_sampler_indices(&s, idx);                     // = list(sampler) in torch
+ *         ddp_batch_iter_t it;
+ *         ddp_batch_iter_init(&it, idx, ddp_sampler_num_samples(&s), 32, 0);
+ *         const uint64_t *batch; uint64_t len;
+ *         while ((len = ddp_batch_iter_next(&it, &batch)) != 0) train_step(batch, len);
+ *     }
+ *     // augmentation: the stream of torch.Generator().manual_seed(1234 + rank)
+ *     ddp_mt19937_t g; ddp_mt19937_seed_rank(&g, 1234, rank);
+ *     float u[8]; ddp_torch_rand_f32(&g, u, 8);           // = torch.rand(8, generator=g)
+ *
+ * RULES
+ *   - What torch does (torch/utils/data/distributed.py, the same from 1.x to 2.x):
+ *     num_samples = ceil(n / W), or floor(n / W) when drop_last and n % W != 0;
+ *     total_size = num_samples * W. With shuffle the base order is
+ *     torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)), else 0..n-1.
+ *     Without drop_last the base is padded cyclically to total_size (also when W > n); with it
+ *     the base is cut to total_size. Rank r takes positions r, r + W, r + 2W, ...
+ *   - randperm changed in torch 2.7 for n >= 214748364 (UINT32_MAX / 20): the default here is
+ *     current torch; ddp_sampler_set_randperm(s, DDP_RANDPERM_TORCH_LEGACY) gives torch <= 2.6.
+ *     Below that n both are the same. The >= 2.7 branch is tested against an independent
+ *     re-implementation (tests/sampler_ref.py), not against torch itself.
+ *   - seed + epoch wraps modulo 2^64 (torch raises OverflowError from 2^64 on); only its low 32
+ *     bits reach the generator, as in torch. num_samples is exact integer arithmetic; torch
+ *     divides in double, which differs only for n > 2^53.
+ *   - ddp_sampler_indices writes num_samples entries to out. With shuffle and W > 1 it needs a
+ *     scratch permutation of n entries (4 bytes each while n <= 2^32, else 8), which it
+ *     allocates and frees per call; ddp_sampler_indices_ws takes that scratch from the caller
+ *     and never allocates. W == 1 or shuffle == 0 needs no scratch.
+ *   - Errors: calls return ddp_result_t; invalid arguments give DDP_ERR_INVALID_ARGUMENT and
+ *     change nothing, except a failed ddp_sampler_init, which leaves an empty sampler (0
+ *     samples) with ddp_sampler_last_error() saying why (torch's ValueError text for the
+ *     rank). Nothing here calls abort() or exit(). No global state: any number of samplers
+ *     and generators, each used by one thread at a time.
+ */
+#ifndef DDP_SAMPLER_H_INCLUDED
+#define DDP_SAMPLER_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef DDP_API
+#ifdef DDP_STATIC
+#define DDP_API static
+#else
+#define DDP_API extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Shared with ddp.h: whichever comes first defines it. */
+#ifndef DDP_RESULT_DEFINED
+#define DDP_RESULT_DEFINED
+typedef enum { DDP_SUCCESS = 0, DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_USAGE, DDP_ERR_SYSTEM,
+               DDP_ERR_REMOTE, DDP_ERR_TIMEOUT, DDP_ERR_ABORTED, DDP_ERR_OUT_OF_MEMORY,
+               DDP_ERR_MISMATCH, DDP_ERR_AUTH, DDP_ERR_UNSUPPORTED, DDP_ERR_INTERNAL } ddp_result_t;
+#endif
+
+/* ---------------------------------------------------------------- MT19937, as torch draws it */
+/* The generator behind every torch.Generator on CPU (ATen/core/MT19937RNGEngine.h): standard
+ * MT19937, the same stream as C++ std::mt19937. Fields are private; the struct is public only so
+ * it can live on the stack. 2.5 KB. */
+typedef struct ddp_mt19937 {
+    uint32_t state[624];
+    uint32_t next; /* index of the next word of state to temper; 624 = twist first */
+} ddp_mt19937_t;
+
+/* torch.Generator().manual_seed(seed): only the low 32 bits matter. A negative Python seed is
+ * its two's complement, which is what converting an int64_t to uint64_t gives. */
+DDP_API ddp_result_t ddp_mt19937_seed(ddp_mt19937_t *g, uint64_t seed);
+/* manual_seed(seed + rank): the per-rank augmentation stream trainers use. rank >= 0. */
+DDP_API ddp_result_t ddp_mt19937_seed_rank(ddp_mt19937_t *g, int64_t seed, int rank);
+/* One draw: torch's CPUGeneratorImpl::random(). g == NULL returns 0. */
+DDP_API uint32_t ddp_mt19937_next_u32(ddp_mt19937_t *g);
+/* torch's random64(): two draws, the first one is the high half. */
+DDP_API uint64_t ddp_mt19937_next_u64(ddp_mt19937_t *g);
+/* count draws of next_u32, faster than calling it count times. */
+DDP_API ddp_result_t ddp_mt19937_fill_u32(ddp_mt19937_t *g, uint32_t *out, size_t count);
+
+/* What torch's CPU kernels draw, element by element in memory order, for a contiguous tensor:
+ *   ddp_torch_rand_f32     torch.rand(count, generator=g)                     one draw each
+ *   ddp_torch_rand_f64     torch.rand(count, dtype=torch.float64, generator=g) two draws each
+ *   ddp_torch_uniform_f32  torch.empty(count).uniform_(from, to, generator=g); from <= to
+ *   ddp_torch_uniform_f64  the same in float64
+ *   ddp_torch_randint      torch.randint(low, high, (count,), generator=g) (int64); low < high.
+ *                          One draw each while high - low < 2^32, else two.
+ * count == 0 allows out == NULL. The generator advances exactly as torch's would. */
+DDP_API ddp_result_t ddp_torch_rand_f32(ddp_mt19937_t *g, float *out, size_t count);
+DDP_API ddp_result_t ddp_torch_rand_f64(ddp_mt19937_t *g, double *out, size_t count);
+DDP_API ddp_result_t ddp_torch_uniform_f32(ddp_mt19937_t *g, float from, float to, float *out,
+                                           size_t count);
+DDP_API ddp_result_t ddp_torch_uniform_f64(ddp_mt19937_t *g, double from, double to,
+                                           double *out, size_t count);
+DDP_API ddp_result_t ddp_torch_randint(ddp_mt19937_t *g, int64_t low, int64_t high, int64_t *out,
+                                       size_t count);
+
+/* Which of torch's randperm loops to run (aten/src/ATen/native/TensorFactories.cpp). */
+typedef enum ddp_randperm_algo {
+    DDP_RANDPERM_TORCH = 0,    /* torch >= 2.7: swap loop below DDP_RANDPERM_LARGE_N, else the
+                                  inside-out loop with 64-bit draws. The default. */
+    DDP_RANDPERM_TORCH_LEGACY, /* torch <= 2.6 (1.13 included): the swap loop for every n */
+    DDP_RANDPERM_INSIDE_OUT    /* the >= 2.7 large-n loop for every n. torch never does this
+                                  for small n; it exists to test that loop at a size a test
+                                  can afford. */
+} ddp_randperm_algo_t;
+#define DDP_RANDPERM_LARGE_N 214748364u /* UINT32_MAX / 20, torch's own threshold */
+
+/* torch.randperm(n, generator=g) (int64). n < 2^63. n == 0 allows out == NULL. */
+DDP_API ddp_result_t ddp_torch_randperm(ddp_mt19937_t *g, uint64_t n, uint64_t *out,
+                                        ddp_randperm_algo_t algo);
+/* The same permutation in half the memory; n <= 2^32. */
+DDP_API ddp_result_t ddp_torch_randperm_u32(ddp_mt19937_t *g, uint64_t n, uint32_t *out,
+                                            ddp_randperm_algo_t algo);
+
+/* ---------------------------------------------------------------- the sampler */
+/* Fields are private (read them through the functions); public so it can be a plain value. */
+typedef struct ddp_sampler {
+    uint64_t dataset_len, num_samples, total_size, epoch;
+    int64_t seed;
+    int num_replicas, rank, shuffle, drop_last;
+    ddp_randperm_algo_t algo;
+    char error[96];
+} ddp_sampler_t;
+
+/* DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last); epoch 0.
+ * Needs 0 <= rank < num_replicas and dataset_len < 2^63. */
+DDP_API ddp_result_t ddp_sampler_init(ddp_sampler_t *s, uint64_t dataset_len, int num_replicas,
+                                      int rank, int shuffle, int64_t seed, int drop_last);
+DDP_API void ddp_sampler_set_epoch(ddp_sampler_t *s, uint64_t epoch);
+/* DDP_RANDPERM_TORCH_LEGACY reproduces torch <= 2.6 for n >= DDP_RANDPERM_LARGE_N. */
+DDP_API ddp_result_t ddp_sampler_set_randperm(ddp_sampler_t *s, ddp_randperm_algo_t algo);
+DDP_API uint64_t ddp_sampler_num_samples(const ddp_sampler_t *s); /* len(sampler); 0 if NULL */
+DDP_API uint64_t ddp_sampler_total_size(const ddp_sampler_t *s);
+DDP_API const char *ddp_sampler_last_error(const ddp_sampler_t *s); /* "" if none; never NULL */
+/* list(iter(sampler)) for the current epoch: num_samples entries into out. */
+DDP_API ddp_result_t ddp_sampler_indices(const ddp_sampler_t *s, uint64_t *out);
+/* The same without allocating: workspace holds ddp_sampler_workspace_size(s) bytes, aligned
+ * for uint64_t (malloc's alignment will do). SIZE_MAX means no workspace can be big enough. */
+DDP_API size_t ddp_sampler_workspace_size(const ddp_sampler_t *s);
+DDP_API ddp_result_t ddp_sampler_indices_ws(const ddp_sampler_t *s, uint64_t *out,
+                                            void *workspace, size_t workspace_bytes);
+
+/* ---------------------------------------------------------------- batches */
+/* torch.utils.data.BatchSampler(sampler, batch_size, drop_last) over an index list: batches of
+ * batch_size in order, the last one shorter unless drop_last. The iterator points into
+ * indices; it copies nothing. */
+typedef struct ddp_batch_iter {
+    const uint64_t *indices;
+    uint64_t count, batch_size, pos;
+    int drop_last;
+} ddp_batch_iter_t;
+
+DDP_API ddp_result_t ddp_batch_iter_init(ddp_batch_iter_t *it, const uint64_t *indices,
+                                         uint64_t count, uint64_t batch_size, int drop_last);
+DDP_API uint64_t ddp_batch_iter_num_batches(const ddp_batch_iter_t *it); /* len(BatchSampler) */
+/* Points *batch at the next batch and returns its length; 0 (and *batch = NULL) when done. */
+DDP_API uint64_t ddp_batch_iter_next(ddp_batch_iter_t *it, const uint64_t **batch);
+DDP_API void ddp_batch_iter_reset(ddp_batch_iter_t *it);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDP_SAMPLER_H_INCLUDED */
+
+/* ============================================================================================
+ * IMPLEMENTATION
+ * ========================================================================================== */
+#if (defined(DDP_IMPLEMENTATION) || defined(DDP_SAMPLER_IMPLEMENTATION)) && \
+    !defined(DDP_SAMPLER_IMPL_INCLUDED)
+#define DDP_SAMPLER_IMPL_INCLUDED
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(DDP_MALLOC) && defined(DDP_FREE)
+#elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
+#define DDP_MALLOC(sz) malloc(sz)
+#define DDP_FREE(p) free(p)
+#else
+#error "libddp: define both DDP_MALLOC and DDP_FREE, or neither"
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define _DDP_SAMPLER_PRIVATE static __attribute__((unused))
+/* Write intent: the prefetched slot is about to be swapped. */
+#define _DDP_SAMPLER_PREFETCH(addr) __builtin_prefetch((const void *)(addr), 1)
+#else
+#define _DDP_SAMPLER_PRIVATE static
+#define _DDP_SAMPLER_PREFETCH(addr) ((void)(addr))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- MT19937
+ * Matsumoto & Nishimura, "Mersenne Twister: a 623-dimensionally equidistributed uniform
+ * pseudo-random number generator", ACM TOMACS 8(1), 1998: degree 624, middle word 397, twist
+ * matrix 0x9908b0df, tempering (11, 7/0x9d2c5680, 15/0xefc60000, 18), Knuth's 1812433253
+ * seeding. C++11 [rand.predef] pins the stream: the 10000th draw after seed 5489 is 4123659995.
+ * torch seeds with init_with_uint32(seed & 0xffffffff) and twists before the first draw
+ * (ATen/core/MT19937RNGEngine.h), which is what next == 624 does here. */
+#define _DDP_MT_N 624
+#define _DDP_MT_M 397
+
+_DDP_SAMPLER_PRIVATE uint32_t _ddp_mt_mix(uint32_t upper_from, uint32_t lower_from) {
+    uint32_t y = (upper_from & 0x80000000u) | (lower_from & 0x7fffffffu);
+    return (y >> 1) ^ ((0u - (y & 1u)) & 0x9908b0dfu);
+}
+
+/* The recurrence x[k+624] = x[k+397] ^ mix(x[k], x[k+1]) run in place over the whole state. Split
+ * in three so no index needs a modulo: the first 227 words read x[k+397] not yet overwritten,
+ * the rest read the words this pass already produced, and the last wraps to the new x[0]. */
+_DDP_SAMPLER_PRIVATE void _ddp_mt_twist(uint32_t *x) {
+    int k;
+    for (k = 0; k < _DDP_MT_N - _DDP_MT_M; k++) x[k] = x[k + _DDP_MT_M] ^ _ddp_mt_mix(x[k], x[k + 1]);
+    for (; k < _DDP_MT_N - 1; k++) x[k] = x[k + _DDP_MT_M - _DDP_MT_N] ^ _ddp_mt_mix(x[k], x[k + 1]);
+    x[_DDP_MT_N - 1] = x[_DDP_MT_M - 1] ^ _ddp_mt_mix(x[_DDP_MT_N - 1], x[0]);
+}
+
+_DDP_SAMPLER_PRIVATE uint32_t _ddp_mt_temper(uint32_t y) {
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+
+_DDP_SAMPLER_PRIVATE void _ddp_mt_seed(ddp_mt19937_t *g, uint64_t seed) {
+    uint32_t k;
+    g->state[0] = (uint32_t)(seed & 0xffffffffu);
+    for (k = 1; k < _DDP_MT_N; k++) {
+        uint32_t prev = g->state[k - 1];
+        g->state[k] = (uint32_t)(1812433253u * (prev ^ (prev >> 30)) + k);
+    }
+    g->next = _DDP_MT_N;
+}
+
+_DDP_SAMPLER_PRIVATE uint32_t _ddp_mt_u32(ddp_mt19937_t *g) {
+    if (g->next >= _DDP_MT_N) {
+        _ddp_mt_twist(g->state);
+        g->next = 0;
+    }
+    return _ddp_mt_temper(g->state[g->next++]);
+}
+
+_DDP_SAMPLER_PRIVATE uint64_t _ddp_mt_u64(ddp_mt19937_t *g) {
+    uint64_t hi = _ddp_mt_u32(g); /* sequenced: the first draw is the high half */
+    return (hi << 32) | _ddp_mt_u32(g);
+}
+
+/* Whole runs of the state at a time: the tempering loop has no dependencies and vectorises. */
+_DDP_SAMPLER_PRIVATE void _ddp_mt_fill(ddp_mt19937_t *g, uint32_t *out, size_t count) {
+    while (count) {
+        size_t k, run;
+        const uint32_t *src;
+        if (g->next >= _DDP_MT_N) {
+            _ddp_mt_twist(g->state);
+            g->next = 0;
+        }
+        run = _DDP_MT_N - g->next;
+        if (run > count) run = count;
+        src = g->state + g->next;
+        for (k = 0; k < run; k++) out[k] = _ddp_mt_temper(src[k]);
+        g->next += (uint32_t)run;
+        out += run;
+        count -= run;
+    }
+}
+
+DDP_API ddp_result_t ddp_mt19937_seed(ddp_mt19937_t *g, uint64_t seed) {
+    if (!g) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_mt_seed(g, seed);
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_mt19937_seed_rank(ddp_mt19937_t *g, int64_t seed, int rank) {
+    if (!g || rank < 0) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_mt_seed(g, (uint64_t)seed + (uint64_t)rank);
+    return DDP_SUCCESS;
+}
+
+DDP_API uint32_t ddp_mt19937_next_u32(ddp_mt19937_t *g) { return g ? _ddp_mt_u32(g) : 0; }
+DDP_API uint64_t ddp_mt19937_next_u64(ddp_mt19937_t *g) { return g ? _ddp_mt_u64(g) : 0; }
+
+DDP_API ddp_result_t ddp_mt19937_fill_u32(ddp_mt19937_t *g, uint32_t *out, size_t count) {
+    if (!g || (!out && count)) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_mt_fill(g, out, count);
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- torch's draws
+ * ATen/core/DistributionsHelper.h + TransformationHelper.h: uniform_real_distribution<float>
+ * takes one draw and keeps its low 24 bits, <double> takes random64() and keeps its low 53,
+ * x = bits * 2^-digits, result x * (to - from) + from in the same type. */
+#define _DDP_SAMPLER_BLOCK 256
+
+_DDP_SAMPLER_PRIVATE float _ddp_unit_f32(uint32_t r) {
+    return (float)(r & 0xffffffu) * (1.0f / 16777216.0f); /* exact: 24 bits, power-of-two scale */
+}
+_DDP_SAMPLER_PRIVATE double _ddp_unit_f64(uint64_t r) {
+    return (double)(r & 0x1fffffffffffffu) * (1.0 / 9007199254740992.0);
+}
+
+/* torch's uniform kernel is compiled once per CPU capability and GCC contracts
+ * x * (to - from) + from into one FMA in the AVX2/AVX-512 builds. Measured with Debian's torch
+ * 1.13 on x86-64: the default run (AVX2) matches fma() on 80000/80000 draws and the unfused
+ * expression on 56467; ATEN_CPU_CAPABILITY=default matches the unfused one. For [0, 1) the two
+ * agree (x * 1 + 0 is exact). The volatile keeps a compiler from fusing the unfused variant. */
+_DDP_SAMPLER_PRIVATE float _ddp_affine_f32(float x, float range, float from) {
+#ifdef DDP_SAMPLER_UNFUSED_UNIFORM
+    volatile float prod = x * range;
+    return prod + from;
+#else
+    return fmaf(x, range, from);
+#endif
+}
+_DDP_SAMPLER_PRIVATE double _ddp_affine_f64(double x, double range, double from) {
+#ifdef DDP_SAMPLER_UNFUSED_UNIFORM
+    volatile double prod = x * range;
+    return prod + from;
+#else
+    return fma(x, range, from);
+#endif
+}
+
+DDP_API ddp_result_t ddp_torch_rand_f32(ddp_mt19937_t *g, float *out, size_t count) {
+    uint32_t r[_DDP_SAMPLER_BLOCK];
+    if (!g || (!out && count)) return DDP_ERR_INVALID_ARGUMENT;
+    while (count) {
+        size_t k, b = count < _DDP_SAMPLER_BLOCK ? count : _DDP_SAMPLER_BLOCK;
+        _ddp_mt_fill(g, r, b);
+        for (k = 0; k < b; k++) out[k] = _ddp_unit_f32(r[k]);
+        out += b;
+        count -= b;
+    }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_torch_rand_f64(ddp_mt19937_t *g, double *out, size_t count) {
+    size_t k;
+    if (!g || (!out && count)) return DDP_ERR_INVALID_ARGUMENT;
+    for (k = 0; k < count; k++) out[k] = _ddp_unit_f64(_ddp_mt_u64(g));
+    return DDP_SUCCESS;
+}
+
+/* torch checks from <= to and to - from <= max (DistributionsHelper.h); NaN fails the first. */
+DDP_API ddp_result_t ddp_torch_uniform_f32(ddp_mt19937_t *g, float from, float to, float *out,
+                                           size_t count) {
+    float range;
+    size_t k;
+    if (!g || (!out && count) || !(from <= to)) return DDP_ERR_INVALID_ARGUMENT;
+    range = to - from;
+    if (!(range <= FLT_MAX)) return DDP_ERR_INVALID_ARGUMENT; /* an infinite range fails */
+    for (k = 0; k < count; k++) out[k] = _ddp_affine_f32(_ddp_unit_f32(_ddp_mt_u32(g)), range, from);
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_torch_uniform_f64(ddp_mt19937_t *g, double from, double to,
+                                           double *out, size_t count) {
+    double range;
+    size_t k;
+    if (!g || (!out && count) || !(from <= to)) return DDP_ERR_INVALID_ARGUMENT;
+    range = to - from;
+    if (!(range <= DBL_MAX)) return DDP_ERR_INVALID_ARGUMENT;
+    for (k = 0; k < count; k++) out[k] = _ddp_affine_f64(_ddp_unit_f64(_ddp_mt_u64(g)), range, from);
+    return DDP_SUCCESS;
+}
+
+/* uniform_int_from_to_distribution<int64_t>: range = high - low as uint64; random64() when
+ * range >= 2^32 else random(); value = low + draw % range, wrapping like torch's int64 cast. */
+DDP_API ddp_result_t ddp_torch_randint(ddp_mt19937_t *g, int64_t low, int64_t high, int64_t *out,
+                                       size_t count) {
+    uint64_t range, base;
+    size_t k;
+    if (!g || (!out && count) || !(low < high)) return DDP_ERR_INVALID_ARGUMENT;
+    range = (uint64_t)high - (uint64_t)low;
+    base = (uint64_t)low;
+    for (k = 0; k < count; k++) {
+        uint64_t draw = range >= ((uint64_t)1 << 32) ? _ddp_mt_u64(g) : (uint64_t)_ddp_mt_u32(g);
+        uint64_t v = draw % range + base;
+        /* two's complement back to int64 without implementation-defined conversion */
+        out[k] = v <= (uint64_t)INT64_MAX ? (int64_t)v : -(int64_t)(~v) - 1;
+    }
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- randperm
+ * torch's randperm_cpu (aten/src/ATen/native/TensorFactories.cpp), two loops:
+ *   swap loop (every n before 2.7, n < UINT32_MAX / 20 since): p = 0..n-1; for i in 0..n-2:
+ *       z = random() % (n - i); swap p[i], p[i + z]
+ *   inside-out loop (2.7+, n >= UINT32_MAX / 20): for i in 0..n-1:
+ *       z = random64() % (i + 1); p[i] = p[z]; p[z] = i
+ * A slot's neighbour is random, so on a big n every swap is a cache miss. The draws do not depend
+ * on the array, so targets are computed a block ahead and prefetched while the previous block's
+ * swaps run; the swaps themselves stay in torch's order, so the result is the same. */
+#define _DDP_PERM_BLOCK 64
+
+/* Swap targets i + z for steps [i, i + b) of the swap loop over n elements. */
+_DDP_SAMPLER_PRIVATE void _ddp_swap_targets(ddp_mt19937_t *g, uint64_t n, uint64_t i, uint64_t b,
+                                            uint64_t *target) {
+    uint32_t r[_DDP_PERM_BLOCK];
+    uint64_t k;
+    _ddp_mt_fill(g, r, (size_t)b);
+    if (n - i <= 0xffffffffu) { /* every modulus fits 32 bits: the cheaper division */
+        uint32_t m = (uint32_t)(n - i);
+        for (k = 0; k < b; k++, m--) target[k] = i + k + r[k] % m;
+    } else { /* torch computes random() % (n - i) in 64 bits: a modulus >= 2^32 keeps the draw */
+        for (k = 0; k < b; k++) {
+            uint64_t m = n - i - k;
+            target[k] = i + k + (m > 0xffffffffu ? r[k] : r[k] % m);
+        }
+    }
+}
+
+/* Where steps [i, i + b) of the inside-out loop read from. */
+_DDP_SAMPLER_PRIVATE void _ddp_inside_out_targets(ddp_mt19937_t *g, uint64_t i, uint64_t b,
+                                                  uint64_t *target) {
+    uint32_t r[2 * _DDP_PERM_BLOCK];
+    uint64_t k;
+    _ddp_mt_fill(g, r, (size_t)(2 * b));
+    for (k = 0; k < b; k++) target[k] = (((uint64_t)r[2 * k] << 32) | r[2 * k + 1]) % (i + k + 1);
+}
+
+/* One definition per element type: uint32_t halves the memory traffic where n allows it. */
+#define _DDP_DEFINE_RANDPERM(SUFFIX, T)                                                           \
+    _DDP_SAMPLER_PRIVATE void _ddp_randperm_swap_##SUFFIX(ddp_mt19937_t *g, T *p, uint64_t n) {   \
+        uint64_t ta[_DDP_PERM_BLOCK], tb[_DDP_PERM_BLOCK], *cur = ta, *nxt = tb, *tmp;             \
+        uint64_t i, k, b, nb, steps;                                                              \
+        for (i = 0; i < n; i++) p[i] = (T)i;                                                      \
+        if (n < 2) return;                                                                        \
+        steps = n - 1;                                                                            \
+        b = steps < _DDP_PERM_BLOCK ? steps : _DDP_PERM_BLOCK;                                    \
+        _ddp_swap_targets(g, n, 0, b, cur);                                                       \
+        for (i = 0; i < steps; i += b, b = nb) {                                                  \
+            nb = steps - (i + b) < _DDP_PERM_BLOCK ? steps - (i + b) : _DDP_PERM_BLOCK;           \
+            if (nb) {                                                                             \
+                _ddp_swap_targets(g, n, i + b, nb, nxt);                                          \
+                for (k = 0; k < nb; k++) _DDP_SAMPLER_PREFETCH(p + nxt[k]);                       \
+            }                                                                                     \
+            for (k = 0; k < b; k++) {                                                             \
+                T t = p[i + k];                                                                   \
+                p[i + k] = p[cur[k]];                                                             \
+                p[cur[k]] = t;                                                                    \
+            }                                                                                     \
+            tmp = cur, cur = nxt, nxt = tmp;                                                      \
+        }                                                                                         \
+    }                                                                                             \
+    _DDP_SAMPLER_PRIVATE void _ddp_randperm_inside_out_##SUFFIX(ddp_mt19937_t *g, T *p,           \
+                                                                 uint64_t n) {                    \
+        uint64_t ta[_DDP_PERM_BLOCK], tb[_DDP_PERM_BLOCK], *cur = ta, *nxt = tb, *tmp;             \
+        uint64_t i, k, b, nb;                                                                     \
+        if (n == 0) return;                                                                       \
+        b = n < _DDP_PERM_BLOCK ? n : _DDP_PERM_BLOCK;                                            \
+        _ddp_inside_out_targets(g, 0, b, cur);                                                    \
+        for (i = 0; i < n; i += b, b = nb) {                                                      \
+            nb = n - (i + b) < _DDP_PERM_BLOCK ? n - (i + b) : _DDP_PERM_BLOCK;                   \
+            if (nb) {                                                                             \
+                _ddp_inside_out_targets(g, i + b, nb, nxt);                                       \
+                for (k = 0; k < nb; k++) _DDP_SAMPLER_PREFETCH(p + nxt[k]);                       \
+            }                                                                                     \
+            for (k = 0; k < b; k++) { /* torch writes p[i] = i first: z == i reads it back */     \
+                p[i + k] = (T)(i + k);                                                            \
+                p[i + k] = p[cur[k]];                                                             \
+                p[cur[k]] = (T)(i + k);                                                           \
+            }                                                                                     \
+            tmp = cur, cur = nxt, nxt = tmp;                                                      \
+        }                                                                                         \
+    }
+
+_DDP_DEFINE_RANDPERM(u32, uint32_t)
+_DDP_DEFINE_RANDPERM(u64, uint64_t)
+
+/* 1 where torch (as algo says) runs the inside-out loop for this n. */
+_DDP_SAMPLER_PRIVATE int _ddp_randperm_uses_inside_out(uint64_t n, ddp_randperm_algo_t algo) {
+    return algo == DDP_RANDPERM_INSIDE_OUT || (algo == DDP_RANDPERM_TORCH && n >= DDP_RANDPERM_LARGE_N);
+}
+
+_DDP_SAMPLER_PRIVATE int _ddp_randperm_algo_valid(ddp_randperm_algo_t algo) {
+    return algo == DDP_RANDPERM_TORCH || algo == DDP_RANDPERM_TORCH_LEGACY ||
+           algo == DDP_RANDPERM_INSIDE_OUT;
+}
+
+DDP_API ddp_result_t ddp_torch_randperm(ddp_mt19937_t *g, uint64_t n, uint64_t *out,
+                                        ddp_randperm_algo_t algo) {
+    if (!g || (!out && n) || n > (uint64_t)INT64_MAX || !_ddp_randperm_algo_valid(algo))
+        return DDP_ERR_INVALID_ARGUMENT;
+    if (_ddp_randperm_uses_inside_out(n, algo)) _ddp_randperm_inside_out_u64(g, out, n);
+    else _ddp_randperm_swap_u64(g, out, n);
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_torch_randperm_u32(ddp_mt19937_t *g, uint64_t n, uint32_t *out,
+                                            ddp_randperm_algo_t algo) {
+    if (!g || (!out && n) || n > ((uint64_t)1 << 32) || !_ddp_randperm_algo_valid(algo))
+        return DDP_ERR_INVALID_ARGUMENT;
+    if (_ddp_randperm_uses_inside_out(n, algo)) _ddp_randperm_inside_out_u32(g, out, n);
+    else _ddp_randperm_swap_u32(g, out, n);
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- the sampler
+ * torch/utils/data/distributed.py, DistributedSampler.__init__ / __iter__. */
+DDP_API ddp_result_t ddp_sampler_init(ddp_sampler_t *s, uint64_t dataset_len, int num_replicas,
+                                      int rank, int shuffle, int64_t seed, int drop_last) {
+    uint64_t w;
+    if (!s) return DDP_ERR_INVALID_ARGUMENT;
+    memset(s, 0, sizeof *s);
+    if (num_replicas < 1) {
+        snprintf(s->error, sizeof s->error, "num_replicas must be at least 1, got %d",
+                 num_replicas);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (rank < 0 || rank >= num_replicas) { /* torch's ValueError, word for word */
+        snprintf(s->error, sizeof s->error,
+                 "Invalid rank %d, rank should be in the interval [0, %d]", rank,
+                 num_replicas - 1);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (dataset_len > (uint64_t)INT64_MAX) { /* torch.randperm takes an int64 */
+        snprintf(s->error, sizeof s->error, "dataset_len %llu does not fit in int64",
+                 (unsigned long long)dataset_len);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    w = (uint64_t)num_replicas;
+    /* torch: ceil((n - W) / W) when drop_last and W does not divide n, which is floor(n / W),
+     * 0 included for n < W; else ceil(n / W). */
+    s->num_samples = dataset_len / w + (!drop_last && dataset_len % w != 0);
+    if (s->num_samples > UINT64_MAX / w) { /* unreachable for n < 2^63, W < 2^31; kept honest */
+        s->num_samples = 0;
+        snprintf(s->error, sizeof s->error, "num_samples * num_replicas overflows");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    s->total_size = s->num_samples * w;
+    s->dataset_len = dataset_len;
+    s->num_replicas = num_replicas;
+    s->rank = rank;
+    s->shuffle = shuffle != 0;
+    s->seed = seed;
+    s->drop_last = drop_last != 0;
+    s->algo = DDP_RANDPERM_TORCH;
+    return DDP_SUCCESS;
+}
+
+DDP_API void ddp_sampler_set_epoch(ddp_sampler_t *s, uint64_t epoch) {
+    if (s) s->epoch = epoch;
+}
+
+DDP_API ddp_result_t ddp_sampler_set_randperm(ddp_sampler_t *s, ddp_randperm_algo_t algo) {
+    if (!s || !_ddp_randperm_algo_valid(algo)) return DDP_ERR_INVALID_ARGUMENT;
+    s->algo = algo;
+    return DDP_SUCCESS;
+}
+
+DDP_API uint64_t ddp_sampler_num_samples(const ddp_sampler_t *s) { return s ? s->num_samples : 0; }
+DDP_API uint64_t ddp_sampler_total_size(const ddp_sampler_t *s) { return s ? s->total_size : 0; }
+DDP_API const char *ddp_sampler_last_error(const ddp_sampler_t *s) {
+    return s ? s->error : "ddp_sampler_last_error: sampler is NULL";
+}
+
+/* The scratch permutation is needed only when shuffling for more than one rank: with one rank
+ * out itself has n entries and holds the permutation. */
+DDP_API size_t ddp_sampler_workspace_size(const ddp_sampler_t *s) {
+    uint64_t n;
+    if (!s || !s->shuffle || s->num_replicas <= 1 || s->num_samples == 0) return 0;
+    n = s->dataset_len;
+    if (n <= ((uint64_t)1 << 32)) return n > SIZE_MAX / 4 ? SIZE_MAX : (size_t)n * 4;
+    return n > SIZE_MAX / 8 ? SIZE_MAX : (size_t)n * 8;
+}
+
+/* out[k] = padded[rank + k * W] with padded[p] = base[p mod n]: without drop_last that is
+ * torch's cyclic padding, with it total_size <= n and the modulo never bites. */
+#define _DDP_DEFINE_GATHER(SUFFIX, T)                                                             \
+    _DDP_SAMPLER_PRIVATE void _ddp_gather_##SUFFIX(const ddp_sampler_t *s, const T *base,         \
+                                                   uint64_t *out) {                               \
+        uint64_t n = s->dataset_len, step = (uint64_t)s->num_replicas % n, k;                    \
+        uint64_t pos = (uint64_t)s->rank % n;                                                     \
+        for (k = 0; k < s->num_samples; k++) {                                                    \
+            out[k] = base[pos];                                                                   \
+            pos += step;                                                                          \
+            if (pos >= n) pos -= n;                                                               \
+        }                                                                                         \
+    }
+_DDP_DEFINE_GATHER(u32, uint32_t)
+_DDP_DEFINE_GATHER(u64, uint64_t)
+
+DDP_API ddp_result_t ddp_sampler_indices_ws(const ddp_sampler_t *s, uint64_t *out,
+                                            void *workspace, size_t workspace_bytes) {
+    ddp_mt19937_t g;
+    uint64_t n, k;
+    size_t need;
+    if (!s) return DDP_ERR_INVALID_ARGUMENT;
+    if (s->num_replicas < 1) return DDP_ERR_INVALID_USAGE; /* never initialised, or init failed */
+    if (s->num_samples == 0) return DDP_SUCCESS;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    n = s->dataset_len;
+    if (!s->shuffle) {
+        uint64_t step = (uint64_t)s->num_replicas % n, pos = (uint64_t)s->rank % n;
+        for (k = 0; k < s->num_samples; k++) {
+            out[k] = pos;
+            pos += step;
+            if (pos >= n) pos -= n;
+        }
+        return DDP_SUCCESS;
+    }
+    _ddp_mt_seed(&g, (uint64_t)s->seed + s->epoch);
+    if (s->num_replicas == 1) { /* num_samples == n */
+        if (_ddp_randperm_uses_inside_out(n, s->algo)) _ddp_randperm_inside_out_u64(&g, out, n);
+        else _ddp_randperm_swap_u64(&g, out, n);
+        return DDP_SUCCESS;
+    }
+    need = ddp_sampler_workspace_size(s);
+    if (!workspace || need == SIZE_MAX || workspace_bytes < need) return DDP_ERR_INVALID_ARGUMENT;
+    if (n <= ((uint64_t)1 << 32)) {
+        uint32_t *p = (uint32_t *)workspace;
+        if ((uintptr_t)workspace % sizeof *p) return DDP_ERR_INVALID_ARGUMENT;
+        if (_ddp_randperm_uses_inside_out(n, s->algo)) _ddp_randperm_inside_out_u32(&g, p, n);
+        else _ddp_randperm_swap_u32(&g, p, n);
+        _ddp_gather_u32(s, p, out);
+    } else {
+        uint64_t *p = (uint64_t *)workspace;
+        if ((uintptr_t)workspace % sizeof *p) return DDP_ERR_INVALID_ARGUMENT;
+        if (_ddp_randperm_uses_inside_out(n, s->algo)) _ddp_randperm_inside_out_u64(&g, p, n);
+        else _ddp_randperm_swap_u64(&g, p, n);
+        _ddp_gather_u64(s, p, out);
+    }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_sampler_indices(const ddp_sampler_t *s, uint64_t *out) {
+    size_t need = ddp_sampler_workspace_size(s);
+    void *ws;
+    ddp_result_t r;
+    if (need == 0) return ddp_sampler_indices_ws(s, out, NULL, 0);
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    if (need == SIZE_MAX) return DDP_ERR_OUT_OF_MEMORY;
+    ws = DDP_MALLOC(need);
+    if (!ws) return DDP_ERR_OUT_OF_MEMORY;
+    r = ddp_sampler_indices_ws(s, out, ws, need);
+    DDP_FREE(ws);
+    return r;
+}
+
+/* ---------------------------------------------------------------- batches
+ * torch/utils/data/sampler.py, BatchSampler: len = count // bs if drop_last else ceil. */
+DDP_API ddp_result_t ddp_batch_iter_init(ddp_batch_iter_t *it, const uint64_t *indices,
+                                         uint64_t count, uint64_t batch_size, int drop_last) {
+    if (!it) return DDP_ERR_INVALID_ARGUMENT;
+    memset(it, 0, sizeof *it); /* a refused iterator yields nothing rather than garbage */
+    if ((!indices && count) || batch_size == 0) return DDP_ERR_INVALID_ARGUMENT;
+    it->indices = indices;
+    it->count = count;
+    it->batch_size = batch_size;
+    it->pos = 0;
+    it->drop_last = drop_last != 0;
+    return DDP_SUCCESS;
+}
+
+DDP_API uint64_t ddp_batch_iter_num_batches(const ddp_batch_iter_t *it) {
+    if (!it || it->batch_size == 0) return 0;
+    return it->count / it->batch_size + (!it->drop_last && it->count % it->batch_size != 0);
+}
+
+DDP_API uint64_t ddp_batch_iter_next(ddp_batch_iter_t *it, const uint64_t **batch) {
+    uint64_t left, len;
+    if (batch) *batch = NULL;
+    if (!it || !batch || it->batch_size == 0 || it->pos >= it->count) return 0;
+    left = it->count - it->pos;
+    len = left < it->batch_size ? left : it->batch_size;
+    if (len < it->batch_size && it->drop_last) return 0;
+    *batch = it->indices + it->pos;
+    it->pos += len;
+    return len;
+}
+
+DDP_API void ddp_batch_iter_reset(ddp_batch_iter_t *it) {
+    if (it) it->pos = 0;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDP_SAMPLER_IMPLEMENTATION */
