@@ -746,6 +746,7 @@ _DDP_PRIVATE int _ddp_store_serve(ddp_store_t *s, _ddp_store_client_t *c) {
     v2 = v1 + rq.v1len;
     if (!c->authed) {
         size_t sl = strlen(s->secret), i;
+        c->in_len = 0;
         unsigned diff = (unsigned)(sl != rq.v1len);
         if (rq.op != _DDP_ST_HELLO) {
             _ddp_store_log(s, DDP_LOG_WARN, "store: client %s sent op %u before HELLO; dropped",
