@@ -293,6 +293,7 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char 
 #include <unistd.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <sched.h>
 
 #if defined(DDP_MALLOC) && defined(DDP_FREE)
 #elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
@@ -314,6 +315,7 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char 
 
 #define _DDP_DEFAULT_TIMEOUT_MS 600000
 #define _DDP_DEFAULT_PORT 29500
+#define _DDP_DEFAULT_SPIN_US 50
 #define _DDP_MAX_TRANSPORTS 8
 #define _DDP_COMM_MAGIC 0x44445043u /* "DDPC" */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
@@ -629,6 +631,7 @@ struct ddp_store {
     char host[256];
     int port;
     int timeout_ms;
+    int quick;                /* failure reporting: short waits, no reconnecting to a dead master */
     int log_level, log_rank;
     char secret[256];
     char last_error[512];
@@ -1025,6 +1028,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t f
     int rc;
     ddp_result_t r;
     if (s->fd < 0 && op != _DDP_ST_HELLO) {
+        if (s->quick) return DDP_ERR_REMOTE;
         r = _ddp_store_connect(s);
         if (r != DDP_SUCCESS) return r;
     }
@@ -1526,6 +1530,14 @@ _DDP_PRIVATE ddp_result_t _ddp_ranks_from_env(_ddp_env_ranks_t *e) {
     return DDP_ERR_INVALID_ARGUMENT;
 }
 
+/* While reporting a failure the store must not become a second wait: short timeouts and no
+ * reconnecting (the master may be the rank that died). */
+_DDP_PRIVATE void _ddp_store_quick(ddp_store_t *s, int on) {
+    static const int quick_ms = 1000;
+    if (on && !s->quick) { s->quick = s->timeout_ms; s->timeout_ms = quick_ms; }
+    else if (!on && s->quick) { s->timeout_ms = s->quick; s->quick = 0; }
+}
+
 /* Publishes the first failure of this communicator so that ranks which only see a closed
  * connection can tell the user where it started. Best effort, short timeout. */
 _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
@@ -1533,24 +1545,21 @@ _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
     size_t curlen = 0;
     if (!c->store) return;
     _ddp_key(c, key, sizeof key, "abort");
-    {
-        int saved = c->store->timeout_ms;
-        c->store->timeout_ms = 2000;
-        ddp_store_compare_set(c->store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
-                              sizeof cur, &curlen);
-        c->store->timeout_ms = saved;
-    }
+    _ddp_store_quick(c->store, 1);
+    ddp_store_compare_set(c->store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
+                          sizeof cur, &curlen);
+    _ddp_store_quick(c->store, 0);
 }
 
-/* Appends the first failure published by another rank, if any, to this rank's error. */
-_DDP_PRIVATE void _ddp_add_root_cause(ddp_comm_t *c) {
+/* Appends the first failure published by another rank, if any, to this rank's error.
+ * Returns 1 if there was one. */
+_DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     char key[256], why[512];
     size_t len = 0;
-    int exists = 0, saved;
-    if (!c->store) return;
+    int exists = 0;
+    if (!c->store) return 0;
     _ddp_key(c, key, sizeof key, "abort");
-    saved = c->store->timeout_ms;
-    c->store->timeout_ms = 1000;
+    _ddp_store_quick(c->store, 1);
     if (ddp_store_check(c->store, key, &exists) == DDP_SUCCESS && exists &&
         ddp_store_get(c->store, key, why, sizeof why - 1, &len) == DDP_SUCCESS) {
         size_t n = strlen(c->last_error);
@@ -1558,7 +1567,8 @@ _DDP_PRIVATE void _ddp_add_root_cause(ddp_comm_t *c) {
         if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
             snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
     }
-    c->store->timeout_ms = saved;
+    _ddp_store_quick(c->store, 0);
+    return exists;
 }
 
 _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
@@ -1575,8 +1585,7 @@ _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
  * every neighbour with EOF at once instead of after a timeout), and say where it started. */
 _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
     if (r == DDP_SUCCESS) return r;
-    if (r == DDP_ERR_REMOTE) _ddp_add_root_cause(c);
-    else _ddp_publish_failure(c);
+    if (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c)) _ddp_publish_failure(c);
     c->error = r;
     _ddp_close_peers(c);
     _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
@@ -1809,9 +1818,9 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     c->spin_us = d->spin_us ? d->spin_us : -2;
     if (c->spin_us == -2) {
         s = getenv("DDP_SPIN_US");
-        c->spin_us = (s && _ddp_parse_long(s, -1, 10000000, &v) == 0) ? (int)v : 50;
+        c->spin_us = (s && _ddp_parse_long(s, -1, 10000000, &v) == 0) ? (int)v : -3;
     }
-    if (c->spin_us < 0) c->spin_us = 0;
+    if (c->spin_us < 0 && c->spin_us != -3) c->spin_us = 0;
     c->segment_bytes = d->segment_bytes ? d->segment_bytes : _ddp_parse_size(getenv("DDP_SEGMENT_BYTES"));
     if (!c->segment_bytes) c->segment_bytes = 512u << 10;
     if (c->segment_bytes < 4096) c->segment_bytes = 4096;
@@ -1906,6 +1915,15 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
                  ddp_comm_transport_name(c, ring[1]));
         r = _ddp_connect_peers(c, ring, ring[0] == ring[1] ? 1 : 2);
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); goto fail; }
+    }
+    if (c->spin_us == -3) {
+        /* More ranks on this host than CPUs we may run on: a spinning rank would only steal
+         * the CPU its peer needs to make the progress it waits for, so sleep at once. */
+        cpu_set_t set;
+        int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        c->spin_us = c->local_size > ncpu ? 0 : _DDP_DEFAULT_SPIN_US;
+        _DDP_LOG(c, DDP_LOG_INFO, "wait policy: spin %d us then sleep (%d ranks on this host, %d "
+                 "CPUs; DDP_SPIN_US overrides)", c->spin_us, c->local_size, ncpu);
     }
     _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
     *out = c;
