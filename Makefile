@@ -39,7 +39,7 @@ $(B)/%: examples/%.c $(HEADERS) | $(B)
 headers: | $(B)/hdr
 	@set -e; for h in $(HEADERS); do \
 	  for mode in decl impl; do \
-	    def=""; [ $$mode = impl ] && def="#define _GNU_SOURCE\n#define DDP_IMPLEMENTATION\n"; \
+	    def=""; [ $$mode = impl ] && def="#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#define DDP_IMPLEMENTATION\n"; \
 	    case $$h in transports/*) pre='#include "ddp.h"\n';; *) pre="";; esac; \
 	    printf "$$def$$pre#include \"$$h\"\nint main(void){return 0;}\n" > $(B)/hdr/t.c; \
 	    cp $(B)/hdr/t.c $(B)/hdr/t.cpp; \
