@@ -1392,6 +1392,50 @@ struct ddp_comm {
     size_t scratch_bytes;
 };
 
+/* Live communicators, so that a call on a destroyed one is an error instead of a use after
+ * free. Several communicators may live at once; the list is only touched at init/destroy and
+ * read (under the lock) at the start of each collective. */
+static pthread_mutex_t _ddp_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static const ddp_comm_t **_ddp_live;
+static size_t _ddp_nlive, _ddp_live_cap;
+
+_DDP_PRIVATE int _ddp_live_add(const ddp_comm_t *c) {
+    int ok = 1;
+    pthread_mutex_lock(&_ddp_live_mu);
+    if (_ddp_nlive == _ddp_live_cap) {
+        size_t cap = _ddp_live_cap ? _ddp_live_cap * 2 : 16;
+        const ddp_comm_t **n = (const ddp_comm_t **)DDP_MALLOC(cap * sizeof *n);
+        if (n) {
+            if (_ddp_nlive) memcpy(n, _ddp_live, _ddp_nlive * sizeof *n);
+            DDP_FREE(_ddp_live);
+            _ddp_live = n;
+            _ddp_live_cap = cap;
+        } else {
+            ok = 0;
+        }
+    }
+    if (ok) _ddp_live[_ddp_nlive++] = c;
+    pthread_mutex_unlock(&_ddp_live_mu);
+    return ok;
+}
+
+/* Removes c if present; returns whether it was live. */
+_DDP_PRIVATE int _ddp_live_check(const ddp_comm_t *c, int remove) {
+    size_t i;
+    int found = 0;
+    pthread_mutex_lock(&_ddp_live_mu);
+    for (i = 0; i < _ddp_nlive; i++) {
+        if (_ddp_live[i] == c) {
+            found = 1;
+            if (remove) _ddp_live[i] = _ddp_live[--_ddp_nlive];
+            break;
+        }
+    }
+    if (remove && _ddp_nlive == 0) { DDP_FREE(_ddp_live); _ddp_live = NULL; _ddp_live_cap = 0; }
+    pthread_mutex_unlock(&_ddp_live_mu);
+    return found;
+}
+
 DDP_API void ddp_comm_log(const ddp_comm_t *c, ddp_log_level_t level, const char *fmt, ...) {
     va_list ap;
     if (!c || c->log_level < (int)level || level == DDP_LOG_NONE) return;
@@ -1449,13 +1493,13 @@ DDP_API const char *ddp_comm_host_id(const ddp_comm_t *c, int peer) {
     if (!c || !c->host_ids || peer < 0 || peer >= c->nranks) return "";
     return c->host_ids + (size_t)peer * _DDP_HOST_ID_LEN;
 }
-DDP_API int ddp_comm_rank(const ddp_comm_t *c) { return c ? c->rank : -1; }
-DDP_API int ddp_comm_size(const ddp_comm_t *c) { return c ? c->nranks : -1; }
-DDP_API int ddp_comm_local_rank(const ddp_comm_t *c) { return c ? c->local_rank : -1; }
-DDP_API int ddp_comm_local_size(const ddp_comm_t *c) { return c ? c->local_size : -1; }
+DDP_API int ddp_comm_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->rank : -1; }
+DDP_API int ddp_comm_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->nranks : -1; }
+DDP_API int ddp_comm_local_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->local_rank : -1; }
+DDP_API int ddp_comm_local_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->local_size : -1; }
 DDP_API const char *ddp_comm_last_error(const ddp_comm_t *c) {
     if (!c) return "NULL communicator";
-    if (c->magic != _DDP_COMM_MAGIC) return "communicator was destroyed";
+    if (!_ddp_live_check(c, 0)) return "not a live communicator (destroyed, or never created)";
     return c->last_error;
 }
 DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c ? c->store : NULL; }
@@ -1635,7 +1679,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     int i;
     ddp_allocator_t a;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
-    if (c->magic != _DDP_COMM_MAGIC) return DDP_ERR_INVALID_USAGE;
+    if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;
     _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator");
     _ddp_close_peers(c);
     for (i = 0; i < c->ntinst; i++)
@@ -1803,6 +1847,7 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     c = (ddp_comm_t *)_ddp_calloc(d->allocator, sizeof *c);
     if (!c) return DDP_ERR_OUT_OF_MEMORY;
     c->magic = _DDP_COMM_MAGIC;
+    if (!_ddp_live_add(c)) { _ddp_free(d->allocator, c); return DDP_ERR_OUT_OF_MEMORY; }
     if (d->allocator) c->alloc = *d->allocator;
     c->rank = rank;
     c->nranks = nranks;
@@ -2010,7 +2055,7 @@ _DDP_PRIVATE uint64_t _ddp_coll_tag(ddp_comm_t *c, int kind, ddp_dtype_t dtype, 
 /* ---------------------------------------------------------------- collectives: checks */
 _DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
-    if (c->magic != _DDP_COMM_MAGIC) return DDP_ERR_INVALID_USAGE;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
     if (c->error != DDP_SUCCESS) return c->error;
     return DDP_SUCCESS;
 }
