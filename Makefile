@@ -49,6 +49,15 @@ headers: | $(B)/hdr
 	    echo "ok: $$h ($$mode) compiles alone as C99, C11, C++17"; \
 	  done; \
 	done
+	@# One implementation file plus a C++ file that only includes the headers link together;
+	@# DDP_STATIC makes a private copy.
+	@printf '#define _GNU_SOURCE\n#define DDP_IMPLEMENTATION\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "ddp_sampler.h"\n' > $(B)/hdr/impl.c
+	@printf '#include "ddp.h"\n#include "ddp_sampler.h"\n#include <cstdio>\nint main(){ std::puts(ddp_strerror(DDP_ERR_TIMEOUT)); return ddp_dtype_size(DDP_BFLOAT16) == 2 ? 0 : 1; }\n' > $(B)/hdr/user.cpp
+	$(CC) -std=c99 $(WARN) $(INC) -c $(B)/hdr/impl.c -o $(B)/hdr/impl.o
+	$(CXX) -std=c++17 $(WARN) $(INC) -c $(B)/hdr/user.cpp -o $(B)/hdr/user.o
+	$(CXX) $(B)/hdr/impl.o $(B)/hdr/user.o -o $(B)/hdr/linked -pthread && $(B)/hdr/linked >/dev/null
+	$(CC) -std=c99 $(WARN) $(INC) -DDDP_STATIC -c $(B)/hdr/impl.c -o $(B)/hdr/static.o
+	@echo "ok: implementation + C++ user link; DDP_STATIC builds"
 
 test-plain: $(TESTS)
 	prove -f $(TESTS) $(TEST_SH)

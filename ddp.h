@@ -57,7 +57,9 @@
 #include <stdint.h>
 
 #ifndef DDP_API
-#ifdef DDP_STATIC
+#if defined(DDP_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#define DDP_API static __attribute__((unused))
+#elif defined(DDP_STATIC)
 #define DDP_API static
 #else
 #define DDP_API extern
