@@ -1865,9 +1865,11 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     c->spin_us = d->spin_us ? d->spin_us : -2;
     if (c->spin_us == -2) {
         s = getenv("DDP_SPIN_US");
-        c->spin_us = (s && _ddp_parse_long(s, -1, 10000000, &v) == 0) ? (int)v : -3;
+        /* Measured (README): polling with sched_yield beats sleeping at once even with 4 ranks
+         * on 2 CPUs, because the yield hands the CPU to the peer we wait for. */
+        c->spin_us = (s && _ddp_parse_long(s, -1, 10000000, &v) == 0) ? (int)v : _DDP_DEFAULT_SPIN_US;
     }
-    if (c->spin_us < 0 && c->spin_us != -3) c->spin_us = 0;
+    if (c->spin_us < 0) c->spin_us = 0;
     c->segment_bytes = d->segment_bytes ? d->segment_bytes : _ddp_parse_size(getenv("DDP_SEGMENT_BYTES"));
     if (!c->segment_bytes) c->segment_bytes = 512u << 10;
     if (c->segment_bytes < 4096) c->segment_bytes = 4096;
@@ -1963,14 +1965,11 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
         r = _ddp_connect_peers(c, ring, ring[0] == ring[1] ? 1 : 2);
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); goto fail; }
     }
-    if (c->spin_us == -3) {
-        /* More ranks on this host than CPUs we may run on: a spinning rank would only steal
-         * the CPU its peer needs to make the progress it waits for, so sleep at once. */
+    {
         cpu_set_t set;
         int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-        c->spin_us = c->local_size > ncpu ? 0 : _DDP_DEFAULT_SPIN_US;
-        _DDP_LOG(c, DDP_LOG_INFO, "wait policy: spin %d us then sleep (%d ranks on this host, %d "
-                 "CPUs; DDP_SPIN_US overrides)", c->spin_us, c->local_size, ncpu);
+        _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
+                 "sleep in the kernel; %d ranks on this host, %d CPUs", c->spin_us, c->local_size, ncpu);
     }
     _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
     *out = c;
