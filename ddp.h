@@ -643,7 +643,7 @@ struct ddp_store {
     int wake[2];
     pthread_t thread;
     int thread_started;
-    volatile int stop;
+    int stop;                 /* set once by ddp_store_close; atomic access */
     pthread_mutex_t srv_mu;   /* guards nclients for ddp_store_close */
     int nclients;
     _ddp_store_client_t *clients;
@@ -889,7 +889,7 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
     ddp_store_t *s = (ddp_store_t *)arg;
     struct pollfd *pfds = NULL;
     int pcap = 0;
-    while (!s->stop) {
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         int i, n = 0, changed = 0;
         if (pcap < s->clients_cap + 2) {
             DDP_FREE(pfds);
@@ -1201,7 +1201,7 @@ DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
             if (n <= 0 || _ddp_ms_left(deadline) == 0) break;
             usleep(2000);
         }
-        s->stop = 1;
+        __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
         if (write(s->wake[1], "x", 1) < 0) {}
         pthread_join(s->thread, NULL);
     }
