@@ -1708,7 +1708,7 @@ _DDP_PRIVATE uint64_t _ddp_random64(void) {
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
-    char key[256], val[64], host[_DDP_HOST_ID_LEN];
+    char key[256], val[64], host[_DDP_HOST_ID_LEN], why_none[512] = "";
     size_t len = 0;
     int64_t joined = 0, n;
     ddp_result_t r;
@@ -1754,9 +1754,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         r = t->init(c, &state);
         if (r != DDP_SUCCESS) {
             if (forced) return r;
-            _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable (%s); not using it",
-                     t->name, c->last_error);
-            c->last_error[0] = 0;
+            _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable; not using it", t->name);
+            _ddp_strlcpy(why_none, c->last_error, sizeof why_none);
             continue;
         }
         c->tinst[c->ntinst].t = t;
@@ -1764,7 +1763,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         c->ntinst++;
     }
     if (c->ntinst == 0 && c->nranks > 1)
-        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport");
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport (%s)",
+                             why_none[0] ? why_none : "none compiled in: include transports/ddp_tcp.h");
 
     _ddp_key(c, key, sizeof key, "joined");
     if ((r = ddp_store_add(c->store, key, 1, &joined)) != DDP_SUCCESS)
@@ -1975,6 +1975,8 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     *out = c;
     return DDP_SUCCESS;
 fail:
+    /* Ranks waiting in the rendezvous learn at once instead of at their timeout. */
+    if (c->store) _ddp_publish_failure(c);
     /* The caller gets no communicator to ask, so keep the story per thread. */
     _ddp_strlcpy(_ddp_init_error, c->last_error, sizeof _ddp_init_error);
     ddp_comm_destroy(c);
