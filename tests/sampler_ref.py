@@ -17,6 +17,9 @@ torch.randint, Tensor.uniform_ on a torch.Generator). Two things torch cannot an
     same way is checked against torch.randperm first, so the re-implementation shares
     everything with a checked path but the loop itself.
 
+The golden file needs a torch whose uniform_ fuses its multiply-add (see uniform_is_fused); any
+x86-64 torch with AVX2 does, and the script refuses otherwise.
+
 Every line is `tag field...`, whitespace separated, integers in decimal, floats as the hex of
 their IEEE bits, 64-bit hashes in hex. A hash is FNV-1a over 64-bit words (h ^= w; h *= prime),
 words = for each list: its length, then its elements.
@@ -117,6 +120,17 @@ def bits32(x):
 
 def bits64(x):
     return "%016x" % int(np.array([x], dtype=np.float64).view(np.uint64)[0])
+
+
+def uniform_is_fused():
+    """torch's uniform_ kernel computes x * (to - from) + from; its AVX2/AVX-512 builds fuse that
+    into one FMA, ATEN_CPU_CAPABILITY=default does not (measured). ddp_sampler.h follows the
+    fused default, so the golden file must come from a fused torch."""
+    t = torch.empty(2000).uniform_(-0.5, 0.3, generator=gen(3)).numpy()
+    r = np.random.RandomState(3).randint(0, 1 << 32, size=2000, dtype=np.uint32)
+    x = (r & 0xFFFFFF).astype(np.float32) * np.float32(2.0 ** -24)
+    plain = x * (np.float32(0.3) - np.float32(-0.5)) + np.float32(-0.5)
+    return not np.array_equal(plain.view(np.uint32), t.view(np.uint32))
 
 
 def self_check():
@@ -257,8 +271,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--random", type=int, metavar="SEED", help="only random sampler cases")
     ap.add_argument("--count", type=int, default=20)
+    ap.add_argument("--probe-fused", action="store_true", help="print fused or unfused, exit")
+    ap.add_argument("--allow-unfused", action="store_true",
+                    help="write the golden file even from an unfused torch (for comparing the rest)")
     args = ap.parse_args()
+    if args.probe_fused:
+        print("fused" if uniform_is_fused() else "unfused")
+        return
     self_check()
+    if args.random is None and not args.allow_unfused and not uniform_is_fused():
+        sys.exit("sampler_ref.py: this torch does not fuse uniform_'s multiply-add "
+                 "(ATEN_CPU_CAPABILITY=default, or a CPU without AVX2); the golden file needs one that does")
     out = sys.stdout
 
     def put(*fields):
