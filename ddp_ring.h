@@ -11,8 +11,8 @@
  *   all-gather      the second half alone.
  *   broadcast       a pipelined chain root -> root+1 -> ... (every link carries the buffer once).
  * Chunks are cut into segments (DDP_SEGMENT_BYTES) and up to DDP_RING_WINDOW segments are in
- * flight per direction, so sending, receiving and reducing overlap. A segment travels all steps
- * before the next one starts its own, so the scratch needed is the window, never the message.
+ * flight per direction, so sending, receiving and reducing overlap; a step streams its chunk
+ * while the previous step's data is still arriving. Scratch is the window, never the message.
  * Each chunk is reduced in one fixed order along the ring and then copied out, so every rank ends
  * with the same bits, run after run.
  *
@@ -238,10 +238,14 @@ DDP_API void ddp_divide_local(void *x, size_t n, ddp_dtype_t dtype, int divisor)
 }
 
 /* ---------------------------------------------------------------- the ring engine
- * Work items are (segment k, step t), numbered i = k * nsteps + t and posted in that order in
- * both directions. Step t sends chunk (r - t + shift) mod p to the next rank and receives chunk
- * (r - t - 1 + shift) mod p from the previous one; the send of item i (t > 0) forwards what the
- * receive of item i - 1 produced, so it waits for it. */
+ * Work items are (step t, segment k). Step t sends chunk (r - t + shift) mod p to the next rank
+ * and receives chunk (r - t - 1 + shift) mod p from the previous one; the send of (t, k), t > 0,
+ * forwards what the receive of (t - 1, k) produced, so it waits for it.
+ * Items are posted in the order (group, t, k): a group of G segments goes through every step
+ * before the next group starts. With G = all segments (all-reduce, all-gather, broadcast) each
+ * step streams its whole chunk while the previous step's data is still arriving, so the pipe
+ * stays full. Reduce-scatter parks each partial sum in scratch until it is forwarded, so it uses
+ * groups of W/2 segments: the scratch needed is bounded by the window, not the message. */
 enum { _DDP_RING_AR, _DDP_RING_RS, _DDP_RING_AG, _DDP_RING_BCAST };
 static const char *const _ddp_ring_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
 
@@ -250,7 +254,7 @@ typedef struct {
     int kind, p, r, next, prev, shift, nsteps, root;
     const unsigned char *send;
     unsigned char *recv;
-    size_t es, chunk_base, chunk_rem, seg_elems, nseg;
+    size_t es, chunk_base, chunk_rem, seg_elems, nseg, group;
     ddp_dtype_t dtype;
     ddp_op_t op;
     uint64_t tag;
@@ -267,7 +271,16 @@ static inline size_t _ddp_ring_mod(const _ddp_ring_t *g, long v) {
     return (size_t)(m < 0 ? m + g->p : m);
 }
 
-/* Elements [*off, *off + *len) of the whole buffer that item i's segment covers in chunk ch. */
+/* Item number -> (step, segment); *gsize = segments in its group. */
+static inline void _ddp_ring_item(const _ddp_ring_t *g, size_t i, int *t, size_t *k, size_t *gsize) {
+    size_t per = g->group * (size_t)g->nsteps, b = i / per, rem = i % per;
+    size_t gs = (b + 1) * g->group <= g->nseg ? g->group : g->nseg - b * g->group;
+    *t = (int)(rem / gs);
+    *k = b * g->group + rem % gs;
+    *gsize = gs;
+}
+
+/* Elements [*off, *off + *len) of the whole buffer that segment k of chunk ch covers. */
 static inline void _ddp_ring_seg(const _ddp_ring_t *g, size_t ch, size_t k, size_t *off, size_t *len) {
     size_t clen = g->chunk_base + (ch < g->chunk_rem ? 1 : 0);
     size_t coff = ch * g->chunk_base + (ch < g->chunk_rem ? ch : g->chunk_rem);
@@ -281,12 +294,13 @@ static inline int _ddp_ring_reduces(const _ddp_ring_t *g, int t) {
 }
 
 static void _ddp_ring_where(const _ddp_ring_t *g, size_t item, char *out, size_t cap) {
-    int t = (int)(item % (size_t)g->nsteps);
-    size_t k = item / (size_t)g->nsteps;
-    const char *phase = g->kind == _DDP_RING_BCAST ? "chain"
-                      : _ddp_ring_reduces(g, t) ? "reduce-scatter" : "all-gather";
-    int step = (g->kind == _DDP_RING_AR && t >= g->p - 1) ? t - (g->p - 1) : t;
-    int steps = g->kind == _DDP_RING_BCAST ? 1 : g->p - 1;
+    int t, step, steps;
+    size_t k, gs;
+    const char *phase;
+    _ddp_ring_item(g, item, &t, &k, &gs);
+    phase = g->kind == _DDP_RING_BCAST ? "chain" : _ddp_ring_reduces(g, t) ? "reduce-scatter" : "all-gather";
+    step = (g->kind == _DDP_RING_AR && t >= g->p - 1) ? t - (g->p - 1) : t;
+    steps = g->kind == _DDP_RING_BCAST ? 1 : g->p - 1;
     snprintf(out, cap, "%s #%u, phase %s step %d/%d, segment %zu/%zu", _ddp_ring_names[g->kind],
              (unsigned)(g->tag & 0xffffffffu), phase, step + 1, steps, k + 1, g->nseg);
 }
@@ -314,7 +328,9 @@ static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
     const size_t total = g->nseg * (size_t)g->nsteps, W = DDP_RING_WINDOW;
     _ddp_ring_op_t sq[DDP_RING_WINDOW], rq[DDP_RING_WINDOW];
     int free_slots[DDP_RING_WINDOW], nfree = 0;
-    int slot_of_recv[DDP_RING_WINDOW]; /* RS: slot of recv item j kept for send j+1, by j % W */
+    /* Reduce-scatter: slots holding partial sums, in the order their forwarding sends come. */
+    int parked[DDP_RING_WINDOW];
+    size_t park_head = 0, park_tail = 0;
     size_t ns = 0, nr = 0, ds = 0, dr = 0;
     int64_t last = _ddp_now_us(), spin_until;
     int peers[2];
@@ -323,7 +339,7 @@ static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
     const int sends = !bcast || pos != g->p - 1, recvs = !bcast || pos != 0;
     ddp_result_t r;
     int i;
-    for (i = 0; i < DDP_RING_WINDOW; i++) { free_slots[nfree++] = i; slot_of_recv[i] = -1; }
+    for (i = 0; i < DDP_RING_WINDOW; i++) free_slots[nfree++] = i;
     peers[0] = g->next;
     peers[1] = g->prev;
     if (!sends) ds = ns = total;
@@ -333,12 +349,11 @@ static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
     while (ds < total || dr < total) {
         int progressed = 0;
         /* Post receives while the window and the scratch allow. */
-        /* Receives run at most W-1 items ahead of sends: a partial sum parked for forwarding
-         * (slot_of_recv) is then always taken before its entry is reused. */
-        while (nr < total && nr - dr < W && (!sends || nr + 1 < ns + W)) {
-            int t = (int)(nr % (size_t)g->nsteps);
-            size_t k = nr / (size_t)g->nsteps, ch, off, len;
+        while (nr < total && nr - dr < W) {
+            int t;
+            size_t k, gs, ch, off, len;
             _ddp_ring_op_t *o = &rq[nr % W];
+            _ddp_ring_item(g, nr, &t, &k, &gs);
             ch = bcast ? 0 : _ddp_ring_mod(g, (long)g->r - t - 1 + g->shift);
             _ddp_ring_seg(g, ch, k, &off, &len);
             o->item = nr;
@@ -360,20 +375,25 @@ static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
         }
         /* Post sends whose data is ready. */
         while (ns < total && ns - ds < W) {
-            int t = (int)(ns % (size_t)g->nsteps);
-            size_t k = ns / (size_t)g->nsteps, ch, off, len;
+            int t;
+            size_t k, gs, ch, off, len;
             const unsigned char *src;
             _ddp_ring_op_t *o = &sq[ns % W];
-            if (t > 0 || (bcast && pos != 0)) { if (dr <= (bcast ? ns : ns - 1)) break; }
+            _ddp_ring_item(g, ns, &t, &k, &gs);
+            if (bcast && pos != 0) { if (dr <= ns) break; }       /* forward what arrived */
+            else if (t > 0 && dr <= ns - gs) break;               /* needs recv (t - 1, k) */
             ch = bcast ? 0 : _ddp_ring_mod(g, (long)g->r - t + g->shift);
             _ddp_ring_seg(g, ch, k, &off, &len);
             o->item = ns;
             o->req = NULL;
             o->slot = -1;
             if (g->kind == _DDP_RING_RS && t > 0) {
-                o->slot = slot_of_recv[(ns - 1) % W];   /* the partial sum lives in scratch */
-                slot_of_recv[(ns - 1) % W] = -1;
-                src = o->slot >= 0 ? c->scratch + (size_t)o->slot * c->segment_bytes : NULL;
+                if (len) {
+                    o->slot = parked[park_head++ % W];            /* the partial sum */
+                    src = c->scratch + (size_t)o->slot * c->segment_bytes;
+                } else {
+                    src = NULL;
+                }
             } else if (t == 0 && !(bcast && pos != 0)) {
                 src = g->kind == _DDP_RING_AG ? g->send + (off - (size_t)g->r * g->chunk_base) * g->es
                                               : g->send + off * g->es;
@@ -400,26 +420,27 @@ static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
         /* Retire completed receives, in order, reducing as they land. */
         while (dr < nr) {
             _ddp_ring_op_t *o = &rq[dr % W];
-            int done = 1, t = (int)(o->item % (size_t)g->nsteps);
+            int done = 1;
             if (o->req && (r = _ddp_test(c, g->prev, o->req, &done)) != DDP_SUCCESS)
                 return _ddp_ring_fail(g, r, o->item);
             if (!done) break;
             if (o->slot >= 0) {
-                size_t k = o->item / (size_t)g->nsteps, off, len, ch;
+                int t;
+                size_t k, gs, off, len, ch;
                 unsigned char *scr = c->scratch + (size_t)o->slot * c->segment_bytes;
-                const int last_rs = t == g->p - 2;
+                _ddp_ring_item(g, o->item, &t, &k, &gs);
                 ch = _ddp_ring_mod(g, (long)g->r - t - 1 + g->shift);
                 _ddp_ring_seg(g, ch, k, &off, &len);
-                if (g->kind == _DDP_RING_AR || last_rs) {
+                if (g->kind == _DDP_RING_AR || t == g->p - 2) {
+                    /* All-reduce accumulates in recvbuf; reduce-scatter's last step is our chunk. */
                     unsigned char *dst = g->kind == _DDP_RING_AR ? g->recv + off * g->es
-                                   : g->recv; /* RS: the last step's chunk is ours */
-                    if (g->kind == _DDP_RING_RS) dst += (off - (size_t)g->r * g->chunk_base) * g->es;
+                                       : g->recv + (off - (size_t)g->r * g->chunk_base) * g->es;
                     ddp_reduce_local(dst, scr, g->send + off * g->es, len, g->dtype, g->op);
-                    if (last_rs && g->op == DDP_AVG) ddp_divide_local(dst, len, g->dtype, g->p);
+                    if (t == g->p - 2 && g->op == DDP_AVG) ddp_divide_local(dst, len, g->dtype, g->p);
                     free_slots[nfree++] = o->slot;
                 } else {
                     ddp_reduce_local(scr, scr, g->send + off * g->es, len, g->dtype, g->op);
-                    slot_of_recv[o->item % W] = o->slot;   /* freed once forwarded */
+                    parked[park_tail++ % W] = o->slot;            /* freed once forwarded */
                 }
             }
             dr++;
@@ -434,7 +455,7 @@ static ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
             int64_t now = _ddp_now_us();
             if (c->timeout_ms >= 0 && now - last > (int64_t)c->timeout_ms * 1000) {
                 char where[160];
-                int waiting_recv = dr < nr || dr < total;
+                int waiting_recv = dr < total;
                 _ddp_ring_where(g, waiting_recv ? dr : ds, where, sizeof where);
                 return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "%s: no progress for %d ms: %s rank %d "
                                      "(alive but stuck, or not calling the same collective?)",
@@ -498,6 +519,7 @@ DDP_API ddp_result_t ddp_ring_all_reduce(ddp_comm_t *c, const void *sendbuf, voi
     g.chunk_base = count / (size_t)g.p;
     g.chunk_rem = count % (size_t)g.p;
     g.nseg = _ddp_ring_nseg(&g);
+    g.group = g.nseg ? g.nseg : 1;
     return _ddp_ring_run(&g);
 }
 
@@ -513,6 +535,7 @@ DDP_API ddp_result_t ddp_ring_reduce_scatter(ddp_comm_t *c, const void *sendbuf,
     g.nsteps = g.p - 1;
     g.chunk_base = recvcount;
     g.nseg = _ddp_ring_nseg(&g);
+    g.group = DDP_RING_WINDOW / 2;
     return _ddp_ring_run(&g);
 }
 
@@ -528,6 +551,7 @@ DDP_API ddp_result_t ddp_ring_all_gather(ddp_comm_t *c, const void *sendbuf, voi
     g.nsteps = g.p - 1;
     g.chunk_base = sendcount;
     g.nseg = _ddp_ring_nseg(&g);
+    g.group = g.nseg ? g.nseg : 1;
     return _ddp_ring_run(&g);
 }
 
@@ -542,6 +566,7 @@ DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *c, const void *sendbuf, void
     g.chunk_rem = 0;
     g.p = 1; /* one chunk: segment geometry of the whole buffer */
     g.nseg = _ddp_ring_nseg(&g);
+    g.group = g.nseg ? g.nseg : 1;
     g.p = c->nranks;
     /* The chain forwards from recvbuf: the root's copy is already there. */
     g.send = g.recv;
