@@ -62,9 +62,11 @@ DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *comm, const void *sendbuf, v
 #if defined(DDP_IMPLEMENTATION) && defined(DDP_IMPL_INCLUDED) && !defined(DDP_RING_IMPL_INCLUDED)
 #define DDP_RING_IMPL_INCLUDED
 
-#if defined(__F16C__) && (defined(__x86_64__) || defined(__i386__))
+/* x86: fp16 conversion uses the F16C instructions when the CPU has them (every x86-64 CPU since
+ * 2012), chosen at run time, so a binary built without -march=native still gets them. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define _DDP_HAVE_F16C 1
+#define _DDP_F16C_DISPATCH 1
 #endif
 
 /* ---------------------------------------------------------------- half / bfloat16
@@ -144,59 +146,107 @@ _DDP_KERNELS(u64, uint64_t, uint64_t)
 _DDP_KERNELS(f32, float, float)
 _DDP_KERNELS(f64, double, double)
 
-/* fp16 / bf16: widen a block to fp32, combine, round back. */
-#define _DDP_KERNEL16(name, load, store, expr)                                                \
-    static void name(void *dst_, const void *a_, const void *b_, size_t n) {                 \
+/* fp16 / bf16: widen a block to fp32, combine, round back. Full blocks go through fixed-size
+ * loops of branch-free conversions (vectorisable); the tail uses the scalar ones. */
+#define _DDP_NOATTR
+/* bf16 <-> fp32 without branches (masks), so a loop of them vectorises. */
+static inline float _ddp_bf2f_v(uint16_t h) { return _ddp_bits_f32((uint32_t)h << 16); }
+static inline uint16_t _ddp_f2bf_v(float f) {
+    uint32_t v = _ddp_f32_bits(f), rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
+    uint32_t nan = 0u - (uint32_t)((v & 0x7fffffffu) > 0x7f800000u);
+    return (uint16_t)((rounded & ~nan) | (((v >> 16) | 0x40u) & nan));
+}
+/* One fused loop per block (widen, combine, round) with the values kept in registers. */
+#define _DDP_KERNEL_BF16(name, attr, expr)                                                    \
+    attr static void name(void *dst_, const void *a_, const void *b_, size_t n) {            \
         uint16_t *d = (uint16_t *)dst_;                                                       \
         const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
         size_t i = 0;                                                                         \
-        while (i < n) {                                                                       \
-            float x[_DDP_KB], y[_DDP_KB];                                                     \
-            size_t m = n - i < _DDP_KB ? n - i : _DDP_KB, j;                                  \
-            load(x, a + i, m);                                                                \
-            load(y, b + i, m);                                                                \
-            for (j = 0; j < m; j++) { float p = x[j], q = y[j]; x[j] = (expr); }             \
-            store(d + i, x, m);                                                               \
-            i += m;                                                                           \
+        for (; i + _DDP_KB <= n; i += _DDP_KB) {                                              \
+            uint16_t o[_DDP_KB];                                                              \
+            int j;                                                                            \
+            for (j = 0; j < _DDP_KB; j++) {                                                   \
+                float p = _ddp_bf2f_v(a[i + (size_t)j]), q = _ddp_bf2f_v(b[i + (size_t)j]);  \
+                o[j] = _ddp_f2bf_v(expr);                                                     \
+            }                                                                                 \
+            memcpy(d + i, o, sizeof o);                                                       \
         }                                                                                     \
+        for (; i < n; i++) { float p = _ddp_bf2f(a[i]), q = _ddp_bf2f(b[i]); d[i] = _ddp_f2bf(expr); } \
     }
+#define _DDP_KERNELS_BF16(sfx, attr)                                                          \
+    _DDP_KERNEL_BF16(_ddp_sum_##sfx, attr, p + q)                                             \
+    _DDP_KERNEL_BF16(_ddp_prod_##sfx, attr, p * q)                                            \
+    _DDP_KERNEL_BF16(_ddp_max_##sfx, attr, p > q ? p : q)                                     \
+    _DDP_KERNEL_BF16(_ddp_min_##sfx, attr, p < q ? p : q)
+_DDP_KERNELS_BF16(bf16, _DDP_NOATTR)
 
-static inline void _ddp_load_h(float *x, const uint16_t *h, size_t m) {
-#ifdef _DDP_HAVE_F16C
-    if (m == _DDP_KB) {
-        _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h)));
-        _mm256_storeu_ps(x + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + 8))));
-        return;
+static inline void _ddp_load_h(float *x, const uint16_t *h) {
+    int j;
+    for (j = 0; j < _DDP_KB; j++) x[j] = _ddp_h2f(h[j]);
+}
+static inline void _ddp_store_h(uint16_t *h, const float *x) {
+    int j;
+    for (j = 0; j < _DDP_KB; j++) h[j] = _ddp_f2h(x[j]);
+}
+
+#define _DDP_KERNEL16(name, attr, load, store, sload, sstore, expr)                           \
+    attr static void name(void *dst_, const void *a_, const void *b_, size_t n) {            \
+        uint16_t *d = (uint16_t *)dst_;                                                       \
+        const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
+        size_t i = 0;                                                                         \
+        for (; i + _DDP_KB <= n; i += _DDP_KB) {                                              \
+            float x[_DDP_KB], y[_DDP_KB];                                                     \
+            int j;                                                                            \
+            load(x, a + i);                                                                   \
+            load(y, b + i);                                                                   \
+            for (j = 0; j < _DDP_KB; j++) { float p = x[j], q = y[j]; x[j] = (expr); }       \
+            store(d + i, x);                                                                  \
+        }                                                                                     \
+        for (; i < n; i++) { float p = sload(a[i]), q = sload(b[i]); d[i] = sstore(expr); }   \
     }
-#endif
-    { size_t j; for (j = 0; j < m; j++) x[j] = _ddp_h2f(h[j]); }
-}
-static inline void _ddp_store_h(uint16_t *h, const float *x, size_t m) {
-#ifdef _DDP_HAVE_F16C
-    if (m == _DDP_KB) {
-        _mm_storeu_si128((__m128i *)(void *)h, _mm256_cvtps_ph(_mm256_loadu_ps(x), _MM_FROUND_TO_NEAREST_INT));
-        _mm_storeu_si128((__m128i *)(void *)(h + 8), _mm256_cvtps_ph(_mm256_loadu_ps(x + 8), _MM_FROUND_TO_NEAREST_INT));
-        return;
+#define _DDP_KERNELS16(sfx, attr, load, store, sload, sstore)                                 \
+    _DDP_KERNEL16(_ddp_sum_##sfx, attr, load, store, sload, sstore, p + q)                    \
+    _DDP_KERNEL16(_ddp_prod_##sfx, attr, load, store, sload, sstore, p * q)                   \
+    _DDP_KERNEL16(_ddp_max_##sfx, attr, load, store, sload, sstore, p > q ? p : q)            \
+    _DDP_KERNEL16(_ddp_min_##sfx, attr, load, store, sload, sstore, p < q ? p : q)
+_DDP_KERNELS16(f16, _DDP_NOATTR, _ddp_load_h, _ddp_store_h, _ddp_h2f, _ddp_f2h)
+
+#ifdef _DDP_F16C_DISPATCH
+#include <cpuid.h>
+/* Bit 0: F16C usable (CPUID.1:ECX F16C 29, AVX 28, OSXSAVE 27, and the OS saves YMM state:
+ * XCR0 bits 1-2); bit 1: AVX2 usable (CPUID.7.0:EBX bit 5, same OS condition). Asked once:
+ * CPUID traps to the hypervisor in a VM. (Intel SDM vol. 2A, CPUID.) */
+static int _ddp_cpu_features(void) {
+    static int cached; /* 0 unknown, else features + 4 */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!v) {
+        unsigned a, b, c, d, lo = 0, hi = 0;
+        v = 4;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 28)) && (c & (1u << 27))) {
+            __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            if ((lo & 6u) == 6u) {
+                if (c & (1u << 29)) v |= 1;
+                if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 5))) v |= 2;
+            }
+        }
+        (void)hi;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
+    return v & 3;
+}
+#define _DDP_F16C_ATTR __attribute__((target("avx,f16c")))
+_DDP_F16C_ATTR static inline void _ddp_load_h_f16c(float *x, const uint16_t *h) {
+    _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h)));
+    _mm256_storeu_ps(x + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + 8))));
+}
+_DDP_F16C_ATTR static inline void _ddp_store_h_f16c(uint16_t *h, const float *x) {
+    _mm_storeu_si128((__m128i *)(void *)h, _mm256_cvtps_ph(_mm256_loadu_ps(x), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128((__m128i *)(void *)(h + 8), _mm256_cvtps_ph(_mm256_loadu_ps(x + 8), _MM_FROUND_TO_NEAREST_INT));
+}
+_DDP_KERNELS16(f16c, _DDP_F16C_ATTR, _ddp_load_h_f16c, _ddp_store_h_f16c, _ddp_h2f, _ddp_f2h)
+/* bf16 has no conversion instructions before AVX-512: the same C, vectorised 8 wide. */
+_DDP_KERNELS_BF16(bf16_avx2, __attribute__((target("avx2"))))
 #endif
-    { size_t j; for (j = 0; j < m; j++) h[j] = _ddp_f2h(x[j]); }
-}
-static inline void _ddp_load_bf(float *x, const uint16_t *h, size_t m) {
-    size_t j;
-    for (j = 0; j < m; j++) x[j] = _ddp_bf2f(h[j]);
-}
-static inline void _ddp_store_bf(uint16_t *h, const float *x, size_t m) {
-    size_t j;
-    for (j = 0; j < m; j++) h[j] = _ddp_f2bf(x[j]);
-}
-_DDP_KERNEL16(_ddp_sum_f16, _ddp_load_h, _ddp_store_h, p + q)
-_DDP_KERNEL16(_ddp_prod_f16, _ddp_load_h, _ddp_store_h, p * q)
-_DDP_KERNEL16(_ddp_max_f16, _ddp_load_h, _ddp_store_h, p > q ? p : q)
-_DDP_KERNEL16(_ddp_min_f16, _ddp_load_h, _ddp_store_h, p < q ? p : q)
-_DDP_KERNEL16(_ddp_sum_bf16, _ddp_load_bf, _ddp_store_bf, p + q)
-_DDP_KERNEL16(_ddp_prod_bf16, _ddp_load_bf, _ddp_store_bf, p * q)
-_DDP_KERNEL16(_ddp_max_bf16, _ddp_load_bf, _ddp_store_bf, p > q ? p : q)
-_DDP_KERNEL16(_ddp_min_bf16, _ddp_load_bf, _ddp_store_bf, p < q ? p : q)
 
 typedef void (*_ddp_kernel_fn)(void *, const void *, const void *, size_t);
 
@@ -217,7 +267,21 @@ static const _ddp_kernel_fn _ddp_kernels[DDP_NUM_DTYPES][4] = {
 DDP_API void ddp_reduce_local(void *dst, const void *a, const void *b, size_t count,
                               ddp_dtype_t dtype, ddp_op_t op) {
     if ((unsigned)dtype >= DDP_NUM_DTYPES || (unsigned)op >= DDP_NUM_OPS || !count) return;
-    _ddp_kernels[dtype][op == DDP_AVG ? DDP_SUM : op](dst, a, b, count);
+    if (op == DDP_AVG) op = DDP_SUM;
+#ifdef _DDP_F16C_DISPATCH
+    if (dtype == DDP_FLOAT16 && (_ddp_cpu_features() & 1)) {
+        static const _ddp_kernel_fn f16c[4] = {_ddp_sum_f16c, _ddp_prod_f16c, _ddp_max_f16c, _ddp_min_f16c};
+        f16c[op](dst, a, b, count);
+        return;
+    }
+    if (dtype == DDP_BFLOAT16 && (_ddp_cpu_features() & 2)) {
+        static const _ddp_kernel_fn avx2[4] = {_ddp_sum_bf16_avx2, _ddp_prod_bf16_avx2,
+                                               _ddp_max_bf16_avx2, _ddp_min_bf16_avx2};
+        avx2[op](dst, a, b, count);
+        return;
+    }
+#endif
+    _ddp_kernels[dtype][op](dst, a, b, count);
 }
 
 DDP_API void ddp_divide_local(void *x, size_t n, ddp_dtype_t dtype, int divisor) {
