@@ -21,7 +21,10 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san headers demo bench clean
-all: $(TESTS) $(EXAMPLES)
+all: $(B)/ddprun $(TESTS) $(EXAMPLES)
+
+$(B)/ddprun: tools/ddprun.c | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
 
 $(B) $(B)/san $(B)/hdr:
 	mkdir -p $@
@@ -59,7 +62,7 @@ headers: | $(B)/hdr
 	$(CC) -std=c99 $(WARN) $(INC) -DDDP_STATIC -c $(B)/hdr/impl.c -o $(B)/hdr/static.o
 	@echo "ok: implementation + C++ user link; DDP_STATIC builds"
 
-test-plain: $(TESTS)
+test-plain: $(TESTS) $(B)/ddprun
 	prove -f $(TESTS) $(TEST_SH)
 
 test-san: $(TESTS_SAN)
@@ -67,12 +70,8 @@ test-san: $(TESTS_SAN)
 
 test: headers test-plain test-san
 
-demo: $(B)/train_demo
-	@port=$$(( 20000 + $$$$ % 20000 )); pids=""; \
-	for r in $$(seq 0 $$(( $(NP) - 1 ))); do \
-	  RANK=$$r WORLD_SIZE=$(NP) LOCAL_RANK=$$r LOCAL_WORLD_SIZE=$(NP) MASTER_ADDR=127.0.0.1 MASTER_PORT=$$port \
-	    $(B)/train_demo & pids="$$pids $$!"; \
-	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
+demo: $(B)/train_demo $(B)/ddprun
+	$(B)/ddprun -n $(NP) $(B)/train_demo
 
 bench:
 	bash bench/compare.sh

@@ -558,16 +558,28 @@ static void _ddp_ring_setup(_ddp_ring_t *g, ddp_comm_t *c, int kind, const void 
     g->dtype = dtype;
     g->op = op;
     g->es = ddp_dtype_size(dtype);
-    g->seg_elems = c->segment_bytes / g->es;
     g->root = root;
     g->tag = _ddp_coll_tag(c, kind, dtype, op, count, root);
 }
 
-/* Number of segments of the largest chunk (empty segments of smaller chunks are skipped on
- * both sides, which compute the same geometry). */
-static inline size_t _ddp_ring_nseg(const _ddp_ring_t *g) {
-    size_t maxc = g->chunk_base + (g->chunk_rem ? 1 : 0);
-    return (maxc + g->seg_elems - 1) / g->seg_elems;
+/* Chunk geometry and segment size. A chunk is cut into at least _DDP_RING_MIN_SEGS segments when
+ * that keeps them >= 64 KiB, so that mid-size messages pipeline too (a chunk sent as one segment
+ * cannot be forwarded before it has fully arrived); never above DDP_SEGMENT_BYTES, the scratch
+ * slot size. Every rank derives the same numbers from (count, dtype, p, DDP_SEGMENT_BYTES). */
+#define _DDP_RING_MIN_SEGS 4
+#define _DDP_RING_MIN_SEG_BYTES (64u << 10)
+static void _ddp_ring_plan(_ddp_ring_t *g, size_t chunk_base, size_t chunk_rem, size_t group) {
+    size_t maxc = chunk_base + (chunk_rem ? 1 : 0), cap = g->c->segment_bytes;
+    size_t want = (maxc * g->es / _DDP_RING_MIN_SEGS + 4095) & ~(size_t)4095;
+    size_t lo = _DDP_RING_MIN_SEG_BYTES < cap ? _DDP_RING_MIN_SEG_BYTES : cap;
+    size_t seg = want < lo ? lo : want > cap ? cap : want;
+    g->chunk_base = chunk_base;
+    g->chunk_rem = chunk_rem;
+    g->seg_elems = seg / g->es;
+    /* Number of segments of the largest chunk (empty segments of smaller chunks are skipped on
+     * both sides, which compute the same geometry). */
+    g->nseg = (maxc + g->seg_elems - 1) / g->seg_elems;
+    g->group = group ? group : (g->nseg ? g->nseg : 1);
 }
 
 DDP_API ddp_result_t ddp_ring_all_reduce(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
@@ -580,10 +592,7 @@ DDP_API ddp_result_t ddp_ring_all_reduce(ddp_comm_t *c, const void *sendbuf, voi
     }
     g.shift = -1;
     g.nsteps = 2 * (g.p - 1);
-    g.chunk_base = count / (size_t)g.p;
-    g.chunk_rem = count % (size_t)g.p;
-    g.nseg = _ddp_ring_nseg(&g);
-    g.group = g.nseg ? g.nseg : 1;
+    _ddp_ring_plan(&g, count / (size_t)g.p, count % (size_t)g.p, 0);
     return _ddp_ring_run(&g);
 }
 
@@ -597,9 +606,7 @@ DDP_API ddp_result_t ddp_ring_reduce_scatter(ddp_comm_t *c, const void *sendbuf,
     }
     g.shift = -1;
     g.nsteps = g.p - 1;
-    g.chunk_base = recvcount;
-    g.nseg = _ddp_ring_nseg(&g);
-    g.group = DDP_RING_WINDOW / 2;
+    _ddp_ring_plan(&g, recvcount, 0, DDP_RING_WINDOW / 2);
     return _ddp_ring_run(&g);
 }
 
@@ -613,9 +620,7 @@ DDP_API ddp_result_t ddp_ring_all_gather(ddp_comm_t *c, const void *sendbuf, voi
     if (c->nranks == 1) return DDP_SUCCESS;
     g.shift = 0;
     g.nsteps = g.p - 1;
-    g.chunk_base = sendcount;
-    g.nseg = _ddp_ring_nseg(&g);
-    g.group = g.nseg ? g.nseg : 1;
+    _ddp_ring_plan(&g, sendcount, 0, 0);
     return _ddp_ring_run(&g);
 }
 
@@ -626,12 +631,7 @@ DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *c, const void *sendbuf, void
     if (c->rank == root && count && sendbuf != recvbuf) memmove(recvbuf, sendbuf, count * g.es);
     if (c->nranks == 1) return DDP_SUCCESS;
     g.nsteps = 1;
-    g.chunk_base = count;
-    g.chunk_rem = 0;
-    g.p = 1; /* one chunk: segment geometry of the whole buffer */
-    g.nseg = _ddp_ring_nseg(&g);
-    g.group = g.nseg ? g.nseg : 1;
-    g.p = c->nranks;
+    _ddp_ring_plan(&g, count, 0, 0);   /* one chunk: the whole buffer */
     /* The chain forwards from recvbuf: the root's copy is already there. */
     g.send = g.recv;
     return _ddp_ring_run(&g);

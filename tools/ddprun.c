@@ -1,0 +1,1046 @@
+/* ddprun.c — launcher for libddp jobs: starts the ranks of one host, the way torchrun does.
+ *
+ *     cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror tools/ddprun.c -o build/ddprun
+ *     build/ddprun -n 4 ./prog args...
+ *
+ * The interface to the ranks is the environment (below); ddprun does not include ddp.h, so it
+ * launches torchrun-style programs (PyTorch's init_process_group("env://")) just as well.
+ * `ddprun --help` is the manual; this comment records why things are the way they are.
+ *
+ * ENVIRONMENT CONTRACT. What torchrun gives each worker, checked against PyTorch's source:
+ * torch/distributed/elastic/agent/server/local_elastic_agent.py, LocalElasticAgent._start_workers
+ * (worker_env: RANK GROUP_RANK ROLE_RANK ROLE_NAME LOCAL_WORLD_SIZE WORLD_SIZE GROUP_WORLD_SIZE
+ * ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS
+ * TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE TORCH_NCCL_ASYNC_ERROR_HANDLING, LOCAL_RANK in
+ * _set_local_rank_env, OMP_NUM_THREADS passed through), and torch/distributed/run.py (the
+ * "environment variables" list of its docstring; config_from_args sets OMP_NUM_THREADS=1 when it is
+ * unset and nproc_per_node > 1; --role defaults to "default", --rdzv-id to "none", --standalone
+ * uses a fresh uuid4 as run id). Differences, on purpose:
+ *   - TORCHELASTIC_USE_AGENT_STORE is "False": torchrun's static rendezvous hosts a TCPStore in
+ *     the agent at MASTER_PORT and says "True"; ddprun runs no store, so rank 0 must create it
+ *     (that is what libddp does, and what torch does when it reads "False").
+ *   - DDP_JOB_SECRET is added (libddp's rendezvous refuses ranks that do not present it).
+ *   - Not set: TORCHELASTIC_ERROR_FILE (torchrun's error-file protocol) and the file-timer
+ *     watchdog variables; ddprun has neither feature.
+ *
+ * PROCESS GROUPS. Every rank starts a new session (setsid), so it leads its own process group, and
+ * every signal ddprun sends goes to the whole group (killpg): a rank that is a shell script, or
+ * that forked workers, is stopped completely, and nothing is left holding the output pipes.
+ * Current torchrun does the same (SubprocessHandler: Popen(start_new_session=True), os.killpg).
+ * The cost: Ctrl-C in the terminal reaches only ddprun, which forwards it (below). A rank also gets
+ * PR_SET_PDEATHSIG=SIGKILL, so a ddprun killed with SIGKILL does not leave ranks behind.
+ * Exited ranks are not reaped (waitid with WNOWAIT) until the whole group is down: a zombie keeps
+ * its pid, so its process-group id cannot be reused by an unrelated process while ddprun may
+ * still signal that group.
+ *
+ * RESTARTS. As torchrun (run.py, "Failure Modes"): when any rank fails, the whole group is stopped
+ * and started again, up to --max-restarts times, with TORCHELASTIC_RESTART_COUNT = restarts so
+ * far and the same TORCHELASTIC_RUN_ID. A port that ddprun chose, and a secret it made, are new for
+ * every attempt: a straggler of the failed attempt cannot join the new rendezvous, and the old
+ * port may still be in TIME_WAIT. A --master-port given by the user stays (the other hosts
+ * know only that one), as with torchrun's static rendezvous. A job stopped by a signal to ddprun
+ * is not restarted (in torchrun a SignalException ends the run, too).
+ *
+ * NEVER HANG. The only unbounded wait is for ranks that are running normally. Once ddprun stops a
+ * group (a rank failed, or ddprun got a signal) it waits at most the grace period before SIGKILL,
+ * then at most KILL_WAIT_MS for the kernel to deliver it, and after the last rank has exited it
+ * reads the pipes for at most DRAIN_MS (an escaped grandchild may hold them open forever).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pipe2, dprintf, NSIG, PR_SET_PDEATHSIG */
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+enum {
+    MAX_NPROC = 1024,
+    TAIL_LINES = 10,      /* stderr lines kept per rank for the failure summary */
+    TAIL_BYTES = 512,     /* longer lines are cut in the summary (not in the output) */
+    LINE_CAP = 16384,     /* a line longer than this is passed on in pieces of this size */
+    KILL_WAIT_MS = 5000,  /* after SIGKILL: how long to wait for the kernel to deliver it */
+    DRAIN_MS = 1000       /* after the last rank exited: how long to read pipes still open */
+};
+#define DEFAULT_GRACE_S 5.0
+#if defined(__GNUC__) || defined(__clang__)
+#define PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+#else
+#define PRINTF_LIKE(f, a)
+#endif
+#define USAGE "usage: ddprun [options] [-n NPROC] prog [args...]   (ddprun --help for the manual)"
+
+/* One string per line: ISO C99 only promises string literals of 4095 characters. */
+static const char *const k_help[] = {
+    "NAME\n",
+    "    ddprun - start the ranks of a libddp (or torchrun-style) job on this host\n",
+    "\n",
+    "SYNOPSIS\n",
+    "    ddprun [-n NPROC] [options] prog [args...]\n",
+    "    ddprun -n NPROC --nnodes N --node-rank R --master-addr HOST --master-port PORT\n",
+    "           [options] prog [args...]\n",
+    "\n",
+    "DESCRIPTION\n",
+    "    Starts NPROC copies of prog on this host, one per rank, with the environment\n",
+    "    torchrun gives its workers (see ENVIRONMENT), so programs that call\n",
+    "    ddp_comm_init_env() and torchrun-style programs both find their rank, the world\n",
+    "    size and the rendezvous address.\n",
+    "\n",
+    "    On one host (--nnodes 1, the default) ddprun picks a free TCP port for the\n",
+    "    rendezvous itself unless --master-port is given, so concurrent jobs do not\n",
+    "    collide. On several hosts, run one ddprun per host with the same -n, --nnodes,\n",
+    "    --master-addr and --master-port, and each its own --node-rank; ranks are\n",
+    "    numbered RANK = node_rank * NPROC + LOCAL_RANK.\n",
+    "\n",
+    "    Each line a rank writes to stdout or stderr goes to ddprun's stdout or stderr\n",
+    "    with the prefix \"[rank N] \", written whole, so lines of different ranks never mix;\n",
+    "    an unfinished last line is passed on when the rank exits.\n",
+    "\n",
+    "    Fail-fast: when a rank exits with a non-zero code or is killed by a signal, every\n",
+    "    other rank gets SIGTERM, and SIGKILL if it is still running after the grace period.\n",
+    "    ddprun then prints one summary to stderr naming the first rank that failed, its exit\n",
+    "    code or signal, and its last stderr lines, and exits with that rank's status (see\n",
+    "    EXIT STATUS). With --max-restarts N the whole group is started again instead, up to\n",
+    "    N times, with TORCHELASTIC_RESTART_COUNT counting the restarts.\n",
+    "\n",
+    "    SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to ddprun are forwarded to every rank,\n",
+    "    then the same grace period and SIGKILL apply; a second such signal sends SIGKILL at\n",
+    "    once. A job stopped by a signal is not restarted. SIGINT, SIGHUP or SIGQUIT that\n",
+    "    were ignored when ddprun started (nohup; a script's background job) stay ignored,\n",
+    "    by ddprun and by the ranks.\n",
+    "\n",
+    "    Each rank leads its own process group (a new session), and signals go to the whole\n",
+    "    group, so processes a rank started are stopped with it. When the job ends, whatever\n",
+    "    is left in those groups gets SIGTERM (SIGKILL if the job was being stopped). If\n",
+    "    ddprun itself is killed by SIGKILL, the ranks get SIGKILL (Linux parent-death\n",
+    "    signal). stdin is inherited.\n",
+    "\n",
+    "OPTIONS\n",
+    "    Options end at the first argument that is not an option, or at \"--\". Each long\n",
+    "    option also accepts torchrun's spelling with underscores (--nproc_per_node) and\n",
+    "    the form --option=value.\n",
+    "\n",
+    "    -n NPROC, --nproc-per-node NPROC\n",
+    "        Ranks on this host, 1..1024, or \"cpu\"/\"auto\" for the number of online CPUs.\n",
+    "        Default 1.\n",
+    "    --nnodes N\n",
+    "        Number of hosts (each runs its own ddprun). Default 1. Elastic ranges\n",
+    "        (MIN:MAX) are not supported.\n",
+    "    --node-rank R\n",
+    "        This host's index, 0..N-1. Default 0.\n",
+    "    --master-addr HOST\n",
+    "        Host of rank 0, where the rendezvous listens. Default 127.0.0.1.\n",
+    "    --master-port PORT\n",
+    "        Rendezvous port on the master. Required when --nnodes > 1. On one host the\n",
+    "        default (or 0) is a free port that ddprun chooses, a new one for each restart.\n",
+    "    --max-restarts N\n",
+    "        Restart the whole group up to N times after a failure. Default 0.\n",
+    "    --grace-period SECONDS\n",
+    "        Time between SIGTERM and SIGKILL when stopping ranks (may be fractional).\n",
+    "        Default 5.\n",
+    "    --no-prefix\n",
+    "        Pass output lines on without the \"[rank N] \" prefix (still whole lines).\n",
+    "    --log-dir DIR\n",
+    "        Write each rank's output, unprefixed, to DIR/rank_N.out and DIR/rank_N.err\n",
+    "        (N: global rank; DIR is created; files are truncated when ddprun starts and\n",
+    "        appended to by restarts) instead of the terminal.\n",
+    "    --tee\n",
+    "        With --log-dir: also pass the output on to ddprun's stdout and stderr.\n",
+    "    --role NAME\n",
+    "        ROLE_NAME for the ranks. Default \"default\".\n",
+    "    --rdzv-id ID\n",
+    "        TORCHELASTIC_RUN_ID. Default: a random UUID on one host, \"none\" (torchrun's\n",
+    "        default) on several.\n",
+    "    --standalone\n",
+    "        Accepted for torchrun compatibility: one host, free port (the default).\n",
+    "    -h, --help\n",
+    "        Print this manual and exit.\n",
+    "\n",
+    "ENVIRONMENT\n",
+    "    Set for every rank (torchrun's names and values):\n",
+    "      RANK, WORLD_SIZE            global rank, NPROC * N\n",
+    "      LOCAL_RANK, LOCAL_WORLD_SIZE  rank on this host, NPROC\n",
+    "      GROUP_RANK, GROUP_WORLD_SIZE  --node-rank, --nnodes\n",
+    "      ROLE_RANK, ROLE_WORLD_SIZE  same as RANK, WORLD_SIZE (one role)\n",
+    "      ROLE_NAME                   --role\n",
+    "      MASTER_ADDR, MASTER_PORT    the rendezvous (rank 0's store)\n",
+    "      TORCHELASTIC_RESTART_COUNT  restarts so far (0 on the first attempt)\n",
+    "      TORCHELASTIC_MAX_RESTARTS   --max-restarts\n",
+    "      TORCHELASTIC_RUN_ID         --rdzv-id\n",
+    "      TORCHELASTIC_USE_AGENT_STORE  \"False\": ddprun runs no store, rank 0 does\n",
+    "      TORCH_NCCL_ASYNC_ERROR_HANDLING  kept if set, else \"1\" (as torchrun)\n",
+    "      OMP_NUM_THREADS             kept if set, else \"1\" when NPROC > 1 (as torchrun)\n",
+    "      DDP_JOB_SECRET              rendezvous secret. Kept if set in ddprun's\n",
+    "                                  environment; else, on one host, 32 random hex\n",
+    "                                  digits from /dev/urandom, new for each restart. On\n",
+    "                                  several hosts export the same value on each (else\n",
+    "                                  the rendezvous is not authenticated).\n",
+    "    Everything else in ddprun's environment is passed on unchanged.\n",
+    "\n",
+    "EXIT STATUS\n",
+    "    0        every rank exited with code 0\n",
+    "    1..255   the exit code of the first rank that failed\n",
+    "    128+S    the first rank that failed was killed by signal S, or ddprun got\n",
+    "             signal S and forwarded it\n",
+    "    1        ddprun could not start the job (the message says why)\n",
+    "    2        bad command line\n",
+    "\n",
+    "EXAMPLES\n",
+    "    ddprun -n 4 build/train_demo\n",
+    "        Four ranks on this host, rendezvous on a free port.\n",
+    "    ddprun -n 4 --log-dir logs --max-restarts 2 ./train --epochs 10\n",
+    "        Output in logs/rank_0.out ...; restart the group up to twice.\n",
+    "    ddprun -n 8 --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 ./train\n",
+    "    ddprun -n 8 --nnodes 2 --node-rank 1 --master-addr node0 --master-port 29500 ./train\n",
+    "        Sixteen ranks on two hosts (run the first line on node0, the second on node1,\n",
+    "        after exporting the same DDP_JOB_SECRET on both).\n",
+};
+
+typedef struct {
+    int nproc, nnodes, node_rank;
+    const char *master_addr;
+    int master_port;          /* 0: choose a free one (one host only) */
+    int max_restarts;
+    double grace_s;
+    int prefix, tee;
+    const char *log_dir, *role, *run_id;
+    char **argv;              /* the program and its arguments */
+} opts_t;
+
+typedef struct {
+    int fd;                   /* read end of the rank's pipe; -1 after EOF */
+    int console_fd;           /* 1 or 2; -1 when the console does not get it */
+    int file_fd;              /* --log-dir file, or -1 */
+    int is_stderr;
+    size_t len;               /* bytes of an unfinished line in buf */
+    char *buf;                /* LINE_CAP bytes */
+} stream_t;
+
+typedef struct {
+    int rank, local_rank;
+    pid_t pid;                /* 0: not started this attempt */
+    int exited;               /* waitid saw it exit; still a zombie until the attempt ends */
+    int code, signo, core;    /* exit code, or the signal that killed it */
+    stream_t out, err;
+    char tail[TAIL_LINES][TAIL_BYTES];
+    int tail_n, tail_next;
+} rank_t;
+
+typedef struct {
+    opts_t o;
+    rank_t *ranks;
+    int world_size;
+    char run_id[64];
+    char *outbuf;             /* one prefixed line, assembled for one write(2) */
+    int console_dead[3];      /* stdout/stderr gone (EPIPE...): output is dropped, ranks go on */
+    int file_warned;
+} job_t;
+
+/* What ended an attempt. */
+typedef struct {
+    int failed;               /* index of the first failed rank, or -1 */
+    int signo;                /* ddprun got this signal and forwarded it, or 0 */
+    int spawn_error;          /* ddprun could not start every rank */
+    int stopped;              /* ranks still running when the group was stopped */
+    int killed;               /* of those, still running at the end of the grace period */
+    int stuck;                /* still running even after SIGKILL (left behind) */
+} outcome_t;
+
+/* The signal handlers' state: the only globals, since a handler has no other way to talk. */
+static int g_wake_w = -1;                       /* self-pipe: a byte per signal wakes poll() */
+static volatile sig_atomic_t g_sig_count[NSIG]; /* deliveries per signal number */
+static int g_ignored[NSIG];                     /* ignored when ddprun started: left ignored */
+
+static const int k_forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+static void on_signal(int s) {
+    int saved = errno;
+    char b = (char)s;
+    if (s > 0 && s < NSIG) g_sig_count[s]++;
+    if (g_wake_w >= 0 && write(g_wake_w, &b, 1) < 0) { /* pipe full: poll wakes anyway */ }
+    errno = saved;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+PRINTF_LIKE(2, 3) static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    char msg[1024];
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ddprun: %s\n", msg);
+    exit(code);
+}
+
+PRINTF_LIKE(1, 2) static void usage_error(const char *fmt, ...) {
+    va_list ap;
+    char msg[1024];
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ddprun: %s\n%s\n", msg, USAGE);
+    exit(2);
+}
+
+static const char *signal_name(int s) {
+    switch (s) {
+    case SIGHUP: return "SIGHUP";     case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";   case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";   case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";     case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";   case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";   case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";   case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";   case SIGCHLD: return "SIGCHLD";
+    case SIGCONT: return "SIGCONT";   case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";   case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";   case SIGURG: return "SIGURG";
+    case SIGXCPU: return "SIGXCPU";   case SIGXFSZ: return "SIGXFSZ";
+    case SIGVTALRM: return "SIGVTALRM"; case SIGPROF: return "SIGPROF";
+    case SIGSYS: return "SIGSYS";
+    default: return "a real-time or unknown signal";
+    }
+}
+
+/* ---- command line -------------------------------------------------------------------------- */
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v;
+    if (!s || !*s) return -1;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int int_arg(const char *opt, const char *v, long lo, long hi) {
+    long x;
+    if (parse_long(v, lo, hi, &x) != 0)
+        usage_error("%s: '%s' is not a whole number from %ld to %ld", opt, v, lo, hi);
+    return (int)x;
+}
+
+enum { O_NPROC, O_NNODES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_MAX_RESTARTS, O_GRACE,
+       O_LOG_DIR, O_TEE, O_NO_PREFIX, O_ROLE, O_RDZV_ID, O_STANDALONE, O_HELP };
+
+static const struct { const char *name; int id, has_arg; } k_opts[] = {
+    {"--nproc-per-node", O_NPROC, 1},      {"--nnodes", O_NNODES, 1},
+    {"--node-rank", O_NODE_RANK, 1},       {"--master-addr", O_MASTER_ADDR, 1},
+    {"--master-port", O_MASTER_PORT, 1},   {"--max-restarts", O_MAX_RESTARTS, 1},
+    {"--grace-period", O_GRACE, 1},        {"--log-dir", O_LOG_DIR, 1},
+    {"--tee", O_TEE, 0},                   {"--no-prefix", O_NO_PREFIX, 0},
+    {"--role", O_ROLE, 1},                 {"--rdzv-id", O_RDZV_ID, 1},
+    {"--standalone", O_STANDALONE, 0},     {"--help", O_HELP, 0},
+};
+
+static void parse_args(int argc, char **argv, opts_t *o) {
+    int i = 1, standalone = 0;
+    memset(o, 0, sizeof *o);
+    o->nproc = 1;
+    o->nnodes = 1;
+    o->master_addr = "127.0.0.1";
+    o->grace_s = DEFAULT_GRACE_S;
+    o->prefix = 1;
+    o->role = "default";
+    while (i < argc && argv[i][0] == '-' && argv[i][1]) {
+        const char *a = argv[i], *val = NULL, *eq;
+        char name[64];
+        size_t k, n;
+        int id = -1, has_arg = 0;
+        if (strcmp(a, "--") == 0) { i++; break; }
+        if (a[1] == 'n' && a[2] != '-') {                 /* -n N, -nN */
+            id = O_NPROC; has_arg = 1;
+            if (a[2]) val = a + 2;
+            snprintf(name, sizeof name, "-n");
+        } else if (strcmp(a, "-h") == 0) {
+            id = O_HELP;
+            snprintf(name, sizeof name, "-h");
+        } else if (a[1] == '-') {
+            eq = strchr(a, '=');
+            n = eq ? (size_t)(eq - a) : strlen(a);
+            if (n >= sizeof name) usage_error("unknown option '%s'", a);
+            for (k = 0; k < n; k++) name[k] = (char)(k > 1 && a[k] == '_' ? '-' : a[k]);
+            name[n] = 0;
+            for (k = 0; k < sizeof k_opts / sizeof k_opts[0]; k++)
+                if (strcmp(name, k_opts[k].name) == 0) { id = k_opts[k].id; has_arg = k_opts[k].has_arg; }
+            if (id < 0) usage_error("unknown option '%s'", a);
+            if (eq && !has_arg) usage_error("option '%s' takes no value", name);
+            if (eq) val = eq + 1;
+        } else {
+            usage_error("unknown option '%s'", a);
+        }
+        if (has_arg && !val) {
+            if (i + 1 >= argc) usage_error("option '%s' needs a value", name);
+            val = argv[++i];
+        }
+        i++;
+        switch (id) {
+        case O_NPROC:
+            if (strcmp(val, "cpu") == 0 || strcmp(val, "auto") == 0) {
+                long c = sysconf(_SC_NPROCESSORS_ONLN);
+                o->nproc = c < 1 ? 1 : c > MAX_NPROC ? MAX_NPROC : (int)c;
+            } else {
+                o->nproc = int_arg(name, val, 1, MAX_NPROC);
+            }
+            break;
+        case O_NNODES:
+            if (strchr(val, ':')) usage_error("%s: elastic ranges ('%s') are not supported; give one number", name, val);
+            o->nnodes = int_arg(name, val, 1, 1 << 20);
+            break;
+        case O_NODE_RANK: o->node_rank = int_arg(name, val, 0, (1 << 20) - 1); break;
+        case O_MASTER_ADDR:
+            if (!*val) usage_error("%s: empty host", name);
+            o->master_addr = val;
+            break;
+        case O_MASTER_PORT: o->master_port = int_arg(name, val, 0, 65535); break;
+        case O_MAX_RESTARTS: o->max_restarts = int_arg(name, val, 0, 1000000); break;
+        case O_GRACE: {
+            char *end;
+            errno = 0;
+            o->grace_s = strtod(val, &end);
+            if (errno || end == val || *end || !(o->grace_s >= 0 && o->grace_s <= 86400))
+                usage_error("%s: '%s' is not a number of seconds from 0 to 86400", name, val);
+            break;
+        }
+        case O_LOG_DIR:
+            if (!*val) usage_error("%s: empty directory name", name);
+            o->log_dir = val;
+            break;
+        case O_TEE: o->tee = 1; break;
+        case O_NO_PREFIX: o->prefix = 0; break;
+        case O_ROLE: o->role = val; break;
+        case O_RDZV_ID: o->run_id = val; break;
+        case O_STANDALONE: standalone = 1; break;
+        case O_HELP:
+            for (k = 0; k < sizeof k_help / sizeof k_help[0]; k++) fputs(k_help[k], stdout);
+            exit(0);
+        }
+    }
+    if (i >= argc) usage_error("no program to run");
+    o->argv = argv + i;
+    if (o->node_rank >= o->nnodes)
+        usage_error("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
+    if (standalone && o->nnodes > 1) usage_error("--standalone means one host, but --nnodes is %d", o->nnodes);
+    if (o->nnodes > 1 && o->master_port == 0)
+        usage_error("--nnodes %d needs --master-port (every host must name the same port)", o->nnodes);
+    if ((long)o->nnodes * o->nproc > INT_MAX) usage_error("--nnodes x --nproc-per-node is too large");
+    if (o->tee && !o->log_dir) usage_error("--tee needs --log-dir");
+}
+
+/* ---- randomness, port ---------------------------------------------------------------------- */
+
+static void random_bytes(unsigned char *b, size_t n) {
+    size_t got = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) die(1, "cannot open /dev/urandom for the job secret: %s", strerror(errno));
+    while (got < n) {
+        ssize_t r = read(fd, b + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die(1, "cannot read /dev/urandom for the job secret: %s", r < 0 ? strerror(errno) : "end of file");
+        got += (size_t)r;
+    }
+    close(fd);
+}
+
+static void random_hex(char *out, size_t nbytes) {
+    unsigned char b[64];
+    size_t i;
+    random_bytes(b, nbytes);
+    for (i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+/* A port that is free on every address of this host, for rank 0's rendezvous.
+ *
+ * The classic way (bind port 0, read the port, close) leaves a race: between the close and rank
+ * 0's bind, anything else on the host may be handed the same port. So the port is kept reserved:
+ * we bind it on the wildcard address with SO_REUSEADDR, connect to it once over loopback and close
+ * the accepted end first. That end then sits in TIME_WAIT (60 s on Linux), which keeps the port out
+ * of the kernel's choice for every bind(port 0) and every connect() on the host, while a
+ * server that sets SO_REUSEADDR (libddp's store, torch's TCPStore, most servers) can still bind
+ * it. What remains is another program binding this very port number explicitly within that
+ * minute: the same exposure as any fixed --master-port, which is acceptable.
+ * If the loopback handshake fails we fall back to the plain bind-and-close. */
+static int reserve_free_port(void) {
+    struct sockaddr_in a;
+    socklen_t al = sizeof a;
+    int one = 1, port, l, c = -1, s = -1;
+    l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (l < 0) return -1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, (struct sockaddr *)&a, &al) != 0) {
+        close(l);
+        return -1;
+    }
+    port = ntohs(a.sin_port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0)
+        s = accept(l, NULL, NULL);
+    if (s >= 0) close(s); /* the server side closes first: it is the one left in TIME_WAIT */
+    if (c >= 0) close(c);
+    close(l);
+    return port;
+}
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+/* One write(2) per line when it can; the loop only finishes a partial write (a signal or a full
+ * pipe), and ddprun is the only writer, so a line is still never split by another's. */
+static void write_all(job_t *j, int fd, const char *p, size_t n) {
+    while (n > 0 && !j->console_dead[fd]) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) { j->console_dead[fd] = 1; return; }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void tail_push(rank_t *r, const char *line, size_t n) {
+    char *t = r->tail[r->tail_next];
+    if (n >= TAIL_BYTES) {
+        memcpy(t, line, TAIL_BYTES - 4);
+        memcpy(t + TAIL_BYTES - 4, "...", 4);
+    } else {
+        memcpy(t, line, n);
+        t[n] = 0;
+    }
+    r->tail_next = (r->tail_next + 1) % TAIL_LINES;
+    if (r->tail_n < TAIL_LINES) r->tail_n++;
+}
+
+static void emit_line(job_t *j, rank_t *r, stream_t *s, const char *line, size_t n) {
+    if (s->is_stderr) tail_push(r, line, n);
+    if (s->console_fd >= 0 && !j->console_dead[s->console_fd]) {
+        int k = j->o.prefix ? sprintf(j->outbuf, "[rank %d] ", r->rank) : 0;
+        memcpy(j->outbuf + k, line, n);
+        j->outbuf[k + (int)n] = '\n';
+        write_all(j, s->console_fd, j->outbuf, (size_t)k + n + 1);
+    }
+}
+
+static void file_write(job_t *j, stream_t *s, const char *p, size_t n) {
+    while (n > 0 && s->file_fd >= 0) {
+        ssize_t w = write(s->file_fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+            if (!j->file_warned++) fprintf(stderr, "ddprun: writing to --log-dir failed: %s (log files stop here)\n", strerror(errno));
+            close(s->file_fd);
+            s->file_fd = -1;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Reads what the pipe has; passes complete lines on. Returns 0 at end of file. */
+static int stream_read(job_t *j, rank_t *r, stream_t *s) {
+    ssize_t got;
+    size_t start = 0, i;
+    for (;;) {
+        got = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
+        if (got >= 0 || errno != EINTR) break;
+    }
+    if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : 0;
+    if (got == 0) {
+        if (s->len) emit_line(j, r, s, s->buf, s->len); /* the unfinished last line */
+        s->len = 0;
+        return 0;
+    }
+    file_write(j, s, s->buf + s->len, (size_t)got);
+    for (i = s->len; i < s->len + (size_t)got; i++) {
+        if (s->buf[i] == '\n') {
+            emit_line(j, r, s, s->buf + start, i - start);
+            start = i + 1;
+        }
+    }
+    s->len += (size_t)got;
+    if (start == 0 && s->len == LINE_CAP) { /* a line longer than the buffer: pass on a piece */
+        emit_line(j, r, s, s->buf, s->len);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+    return 1;
+}
+
+static void stream_close(stream_t *s) {
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    s->len = 0;
+}
+
+/* ---- ranks --------------------------------------------------------------------------------- */
+
+static void setenv_int(const char *k, long v) {
+    char b[32];
+    snprintf(b, sizeof b, "%ld", v);
+    setenv(k, b, 1);
+}
+
+/* In the child, between fork and exec. ddprun is single-threaded, so setenv is safe here. */
+static void child_exec(const job_t *j, const rank_t *r, int attempt, int port, const char *secret,
+                       int outw, int errw, const sigset_t *mask, pid_t parent) {
+    const opts_t *o = &j->o;
+    size_t k;
+    for (k = 0; k < sizeof k_forwarded / sizeof k_forwarded[0]; k++)
+        if (!g_ignored[k_forwarded[k]]) signal(k_forwarded[k], SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL); /* ddprun ignores it; an ignored signal would stay ignored past exec */
+    setsid();
+#ifdef __linux__
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127); /* ddprun died before the line above */
+#else
+    (void)parent;
+#endif
+    if (dup2(outw, 1) < 0 || dup2(errw, 2) < 0) _exit(127);
+    setenv_int("RANK", r->rank);
+    setenv_int("LOCAL_RANK", r->local_rank);
+    setenv_int("WORLD_SIZE", j->world_size);
+    setenv_int("LOCAL_WORLD_SIZE", o->nproc);
+    setenv_int("GROUP_RANK", o->node_rank);
+    setenv_int("GROUP_WORLD_SIZE", o->nnodes);
+    setenv_int("ROLE_RANK", r->rank);
+    setenv_int("ROLE_WORLD_SIZE", j->world_size);
+    setenv("ROLE_NAME", o->role, 1);
+    setenv("MASTER_ADDR", o->master_addr, 1);
+    setenv_int("MASTER_PORT", port);
+    setenv_int("TORCHELASTIC_RESTART_COUNT", attempt);
+    setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+    setenv("TORCHELASTIC_RUN_ID", j->run_id, 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
+    if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
+    if (secret) setenv("DDP_JOB_SECRET", secret, 1);
+    sigprocmask(SIG_SETMASK, mask, NULL);
+    execvp(o->argv[0], o->argv);
+    dprintf(2, "ddprun: cannot run '%s': %s\n", o->argv[0], strerror(errno));
+    _exit(errno == ENOENT ? 127 : 126); /* the shell's codes for "not found", "not runnable" */
+}
+
+static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *secret, char *err, size_t errcap) {
+    int outp[2], errp[2];
+    sigset_t all, old;
+    pid_t pid, self = getpid();
+    if (pipe2(outp, O_CLOEXEC) != 0) { snprintf(err, errcap, "pipe: %s", strerror(errno)); return -1; }
+    if (pipe2(errp, O_CLOEXEC) != 0) {
+        snprintf(err, errcap, "pipe: %s", strerror(errno));
+        close(outp[0]); close(outp[1]);
+        return -1;
+    }
+    /* Signals stay blocked across fork until the child has reset ddprun's handlers; otherwise a
+     * SIGTERM landing in between would run ddprun's handler in the child. */
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid = fork();
+    if (pid == 0) child_exec(j, r, attempt, port, secret, outp[1], errp[1], &old, self);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(outp[1]);
+    close(errp[1]);
+    if (pid < 0) {
+        snprintf(err, errcap, "fork: %s", strerror(errno));
+        close(outp[0]); close(errp[0]);
+        return -1;
+    }
+    fcntl(outp[0], F_SETFL, O_NONBLOCK);
+    fcntl(errp[0], F_SETFL, O_NONBLOCK);
+    r->pid = pid;
+    r->exited = r->code = r->signo = r->core = 0;
+    r->tail_n = r->tail_next = 0;
+    r->out.fd = outp[0];
+    r->err.fd = errp[0];
+    r->out.len = r->err.len = 0;
+    return 0;
+}
+
+/* To the rank's whole process group. Until the child has called setsid() the group does not
+ * exist yet (ESRCH); then the signal goes to the child itself. */
+static void signal_rank(const rank_t *r, int sig) {
+    if (r->pid <= 0) return;
+    if (kill(-r->pid, sig) != 0 && errno == ESRCH) kill(r->pid, sig);
+}
+
+static int signal_all(job_t *j, int sig) {
+    int i, running = 0;
+    for (i = 0; i < j->o.nproc; i++) {
+        signal_rank(&j->ranks[i], sig);
+        running += j->ranks[i].pid > 0 && !j->ranks[i].exited;
+    }
+    return running;
+}
+
+/* Notes ranks that have exited, without reaping them. Returns the first that failed, or -1. */
+static int scan_exits(job_t *j, int *alive) {
+    int i, first = -1;
+    for (i = 0; i < j->o.nproc; i++) {
+        rank_t *r = &j->ranks[i];
+        siginfo_t si;
+        if (r->pid <= 0 || r->exited) continue;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)r->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != r->pid) continue;
+        r->exited = 1;
+        (*alive)--;
+        if (si.si_code == CLD_EXITED) r->code = si.si_status;
+        else { r->signo = si.si_status; r->core = si.si_code == CLD_DUMPED; }
+        if ((r->code || r->signo) && first < 0) first = i;
+    }
+    return first;
+}
+
+/* ---- one attempt --------------------------------------------------------------------------- */
+
+static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *seen) {
+    const opts_t *o = &j->o;
+    outcome_t oc;
+    int i, alive = 0, started = 0, port = o->master_port, phase = 0; /* 0 running, 1 TERM sent, 2 KILL sent */
+    int leftovers_killed = 0;
+    double kill_at = 0, giveup_at = 0, drain_until = 0;
+    char secret_buf[65], err[256] = "";
+    const char *secret = getenv("DDP_JOB_SECRET");
+    struct pollfd *pfd;
+    rank_t **owner;
+    stream_t **which;
+
+    memset(&oc, 0, sizeof oc);
+    oc.failed = -1;
+    if (port == 0) {
+        port = reserve_free_port();
+        if (port <= 0) die(1, "cannot find a free port for the rendezvous: %s (give --master-port)", strerror(errno));
+    }
+    if (secret && !*secret) secret = NULL; /* set but empty: as if unset */
+    if (!secret && o->nnodes == 1) { /* several hosts: only the user can give them one secret */
+        random_hex(secret_buf, 16);
+        secret = secret_buf;
+    }
+    for (i = 0; i < o->nproc; i++) j->ranks[i].pid = 0; /* none of the last attempt's pids is ours */
+    pfd = (struct pollfd *)calloc((size_t)o->nproc * 2 + 1, sizeof *pfd);
+    owner = (rank_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *owner);
+    which = (stream_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *which);
+    if (!pfd || !owner || !which) die(1, "out of memory");
+
+    for (i = 0; i < o->nproc; i++) {
+        if (spawn_rank(j, &j->ranks[i], attempt, port, secret, err, sizeof err) != 0) break;
+        started++;
+        alive++;
+    }
+    if (started < o->nproc) { /* stop what did start, by the usual policy */
+        oc.spawn_error = 1;
+        fprintf(stderr, "ddprun: cannot start rank %d: %s; stopping the %d started\n", j->ranks[started].rank, err, started);
+        oc.stopped = signal_all(j, SIGTERM);
+        phase = 1;
+        kill_at = now_s() + o->grace_s;
+    }
+
+    for (;;) {
+        double now = now_s(), next = -1;
+        int n = 0, timeout, open_streams = 0, failed;
+        size_t k;
+        char drain[64];
+
+        for (i = 0; i < started; i++) open_streams += (j->ranks[i].out.fd >= 0) + (j->ranks[i].err.fd >= 0);
+        if (alive == 0) {
+            if (open_streams == 0) break;
+            if (phase > 0 && !leftovers_killed) {
+                /* Every rank has exited, but something in their process groups still holds the
+                 * pipes: a child that ignored the signal (a shell's background job ignores
+                 * SIGINT). The job is being stopped, so it goes now. */
+                signal_all(j, SIGKILL);
+                leftovers_killed = 1;
+            }
+            if (drain_until == 0) drain_until = now + DRAIN_MS / 1000.0;
+            else if (now >= drain_until) break;
+            next = drain_until;
+        }
+        if (phase == 1 && now >= kill_at) {
+            oc.killed = signal_all(j, SIGKILL);
+            phase = 2;
+            giveup_at = now + KILL_WAIT_MS / 1000.0;
+        }
+        if (phase == 2 && alive > 0 && now >= giveup_at) {
+            oc.stuck = alive;
+            break;
+        }
+        if (phase == 1 && (next < 0 || kill_at < next)) next = kill_at;
+        if (phase == 2 && alive > 0 && (next < 0 || giveup_at < next)) next = giveup_at;
+        timeout = next < 0 ? -1 : next <= now ? 0 : (int)((next - now) * 1000.0) + 1;
+
+        pfd[n].fd = wake_r;
+        pfd[n].events = POLLIN;
+        n++;
+        for (i = 0; i < started; i++) {
+            rank_t *r = &j->ranks[i];
+            stream_t *ss[2];
+            int m;
+            ss[0] = &r->out;
+            ss[1] = &r->err;
+            for (m = 0; m < 2; m++) {
+                if (ss[m]->fd < 0) continue;
+                pfd[n].fd = ss[m]->fd;
+                pfd[n].events = POLLIN;
+                owner[n] = r;
+                which[n] = ss[m];
+                n++;
+            }
+        }
+        if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR) die(1, "poll: %s", strerror(errno));
+
+        for (k = 1; k < (size_t)n; k++)
+            if (pfd[k].revents && !stream_read(j, owner[k], which[k])) stream_close(which[k]);
+        while (read(wake_r, drain, sizeof drain) > 0) { }
+
+        for (k = 0; k < sizeof k_forwarded / sizeof k_forwarded[0]; k++) {
+            int s = k_forwarded[k];
+            if (g_sig_count[s] == seen[s]) continue;
+            seen[s] = g_sig_count[s];
+            if (phase == 0) {
+                oc.signo = s;
+                oc.stopped = signal_all(j, s);
+                phase = 1;
+                kill_at = now_s() + o->grace_s;
+            } else if (phase == 1) { /* asked twice: no more waiting */
+                oc.killed = signal_all(j, SIGKILL);
+                phase = 2;
+                giveup_at = now_s() + KILL_WAIT_MS / 1000.0;
+            }
+        }
+        failed = -1;
+        if (g_sig_count[SIGCHLD] != seen[SIGCHLD]) { /* read the count first: a later SIGCHLD wakes us again */
+            seen[SIGCHLD] = g_sig_count[SIGCHLD];
+            failed = scan_exits(j, &alive);
+        }
+        if (failed >= 0 && phase == 0) {
+            oc.failed = failed;
+            oc.stopped = signal_all(j, SIGTERM);
+            phase = 1;
+            kill_at = now_s() + o->grace_s;
+        }
+    }
+
+    /* The end of a rank is the end of its process group: SIGTERM to whatever is left, as torchrun
+     * does at the end of every run (PContext.close). The zombie leaders keep the group ids ours
+     * until the waitpid below. */
+    signal_all(j, SIGTERM);
+    for (i = 0; i < started; i++) {
+        rank_t *r = &j->ranks[i];
+        if (r->exited) waitpid(r->pid, NULL, 0); /* a zombie already: returns at once */
+        else waitpid(r->pid, NULL, WNOHANG);
+        stream_close(&r->out);
+        stream_close(&r->err);
+    }
+    free(pfd);
+    free(owner);
+    free(which);
+    return oc;
+}
+
+/* ---- reporting ----------------------------------------------------------------------------- */
+
+/* snprintf at b[*k], never past cap (a cut message rather than an overflow). */
+PRINTF_LIKE(4, 5) static void appendf(char *b, size_t cap, size_t *k, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    if (*k + 1 >= cap) return;
+    va_start(ap, fmt);
+    n = vsnprintf(b + *k, cap - *k, fmt, ap);
+    va_end(ap);
+    if (n > 0) *k = *k + (size_t)n < cap ? *k + (size_t)n : cap - 1;
+}
+
+static void describe_exit(const rank_t *r, char *out, size_t cap) {
+    if (r->signo)
+        snprintf(out, cap, "was killed by %s (signal %d%s)", signal_name(r->signo), r->signo, r->core ? ", core dumped" : "");
+    else
+        snprintf(out, cap, "exited with code %d", r->code);
+}
+
+static int exit_status(const rank_t *r) { return r->signo ? 128 + r->signo : r->code; }
+
+/* How the other ranks were stopped, as the end of a sentence. */
+static void describe_stop(const job_t *j, const outcome_t *oc, const char *sig, char *out, size_t cap) {
+    size_t k = 0;
+    out[0] = 0;
+    if (oc->stopped == 0) { appendf(out, cap, &k, "no other rank was still running"); return; }
+    appendf(out, cap, &k, "%s sent to the %d rank%s still running", sig, oc->stopped, oc->stopped == 1 ? "" : "s");
+    if (oc->killed)
+        appendf(out, cap, &k, "; %d did not exit within the %g s grace period and got SIGKILL", oc->killed, j->o.grace_s);
+    if (oc->stuck)
+        appendf(out, cap, &k, "; %d still had not exited %d s after SIGKILL and were left behind", oc->stuck, KILL_WAIT_MS / 1000);
+}
+
+/* The one summary of a failed job: a single write, so it is never interleaved. */
+static void print_failure(const job_t *j, const outcome_t *oc, int attempt) {
+    const rank_t *r = &j->ranks[oc->failed];
+    size_t cap = (size_t)(TAIL_LINES + 4) * (TAIL_BYTES + 64), k = 0;
+    char *b = (char *)malloc(cap), how[128], stop[512], att[64] = "";
+    int i;
+    if (!b) return;
+    describe_exit(r, how, sizeof how);
+    describe_stop(j, oc, "SIGTERM", stop, sizeof stop);
+    if (j->o.max_restarts) snprintf(att, sizeof att, " (attempt %d of %d)", attempt + 1, j->o.max_restarts + 1);
+    appendf(b, cap, &k, "ddprun: FAILED: rank %d (local rank %d, pid %ld) %s%s; %s\n",
+            r->rank, r->local_rank, (long)r->pid, how, att, stop);
+    if (r->tail_n == 0) {
+        appendf(b, cap, &k, "ddprun: rank %d wrote nothing to stderr\n", r->rank);
+    } else {
+        appendf(b, cap, &k, "ddprun: last %d stderr line%s of rank %d:\n", r->tail_n, r->tail_n == 1 ? "" : "s", r->rank);
+        for (i = 0; i < r->tail_n; i++)
+            appendf(b, cap, &k, "[rank %d] %s\n", r->rank, r->tail[(r->tail_next - r->tail_n + i + TAIL_LINES) % TAIL_LINES]);
+    }
+    if (write(2, b, k) < 0) { /* nowhere left to report to */ }
+    free(b);
+}
+
+/* A forwarded signal that arrived after the last attempt looked: no restart then. */
+static int pending_signal(const sig_atomic_t *seen) {
+    size_t k;
+    for (k = 0; k < sizeof k_forwarded / sizeof k_forwarded[0]; k++)
+        if (g_sig_count[k_forwarded[k]] != seen[k_forwarded[k]]) return 1;
+    return 0;
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    job_t j;
+    int i, attempt, wake[2], fd;
+    sig_atomic_t seen[NSIG];
+    struct sigaction sa;
+    size_t k;
+
+    /* With fd 0, 1 or 2 closed, a pipe could land there and be mistaken for the console. */
+    for (fd = open("/dev/null", O_RDWR); fd >= 0 && fd <= 2; fd = open("/dev/null", O_RDWR)) { }
+    if (fd > 2) close(fd);
+
+    memset(&j, 0, sizeof j);
+    parse_args(argc, argv, &j.o);
+    j.world_size = j.o.nnodes * j.o.nproc;
+    if (j.o.run_id) snprintf(j.run_id, sizeof j.run_id, "%.63s", j.o.run_id);
+    else if (j.o.nnodes > 1) snprintf(j.run_id, sizeof j.run_id, "none");
+    else { /* a random UUID, version 4, like torchrun --standalone */
+        unsigned char u[16];
+        random_bytes(u, sizeof u);
+        u[6] = (unsigned char)((u[6] & 0x0f) | 0x40);
+        u[8] = (unsigned char)((u[8] & 0x3f) | 0x80);
+        snprintf(j.run_id, sizeof j.run_id, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    }
+
+    j.ranks = (rank_t *)calloc((size_t)j.o.nproc, sizeof *j.ranks);
+    j.outbuf = (char *)malloc(LINE_CAP + 64);
+    if (!j.ranks || !j.outbuf) die(1, "out of memory");
+    if (j.o.log_dir) { /* mkdir -p */
+        char path[4096];
+        size_t len = (size_t)snprintf(path, sizeof path, "%s", j.o.log_dir);
+        if (len >= sizeof path) die(1, "--log-dir: path too long");
+        for (k = 1; k <= len; k++) {
+            if (path[k] != '/' && path[k] != 0) continue;
+            path[k] = 0;
+            if (mkdir(path, 0777) != 0 && errno != EEXIST)
+                die(1, "--log-dir: cannot create %s: %s", path, strerror(errno));
+            if (k < len) path[k] = '/';
+        }
+    }
+    for (i = 0; i < j.o.nproc; i++) {
+        rank_t *r = &j.ranks[i];
+        r->local_rank = i;
+        r->rank = j.o.node_rank * j.o.nproc + i;
+        r->out.fd = r->err.fd = r->out.file_fd = r->err.file_fd = -1;
+        r->err.is_stderr = 1;
+        r->out.console_fd = j.o.log_dir && !j.o.tee ? -1 : 1;
+        r->err.console_fd = j.o.log_dir && !j.o.tee ? -1 : 2;
+        r->out.buf = (char *)malloc(LINE_CAP);
+        r->err.buf = (char *)malloc(LINE_CAP);
+        if (!r->out.buf || !r->err.buf) die(1, "out of memory");
+        if (j.o.log_dir) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/rank_%d.out", j.o.log_dir, r->rank);
+            r->out.file_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+            if (r->out.file_fd < 0) die(1, "--log-dir: cannot create %s: %s", path, strerror(errno));
+            snprintf(path, sizeof path, "%s/rank_%d.err", j.o.log_dir, r->rank);
+            r->err.file_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+            if (r->err.file_fd < 0) die(1, "--log-dir: cannot create %s: %s", path, strerror(errno));
+        }
+    }
+
+    if (j.o.nnodes > 1 && !(getenv("DDP_JOB_SECRET") && *getenv("DDP_JOB_SECRET")))
+        fprintf(stderr, "ddprun: note: DDP_JOB_SECRET is not set, so the rendezvous is not authenticated "
+                        "(export the same value on every host)\n");
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) die(1, "pipe: %s", strerror(errno));
+    g_wake_w = wake[1];
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigemptyset(&sa.sa_mask);
+    /* A signal ignored when ddprun started stays ignored, for ddprun and the ranks, as for any
+     * program: nohup ignores SIGHUP, a script's background job SIGINT and SIGQUIT. SIGTERM is
+     * always handled: it is how a supervisor stops the job. */
+    for (k = 0; k < sizeof k_forwarded / sizeof k_forwarded[0]; k++) {
+        struct sigaction cur;
+        int s = k_forwarded[k];
+        if (s != SIGTERM && sigaction(s, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN) g_ignored[s] = 1;
+        else sigaction(s, &sa, NULL);
+    }
+    sigaction(SIGCHLD, &sa, NULL);
+    { /* an inherited mask that blocks these would hide exits and stop requests */
+        sigset_t m;
+        sigemptyset(&m);
+        for (k = 0; k < sizeof k_forwarded / sizeof k_forwarded[0]; k++) sigaddset(&m, k_forwarded[k]);
+        sigaddset(&m, SIGCHLD);
+        sigprocmask(SIG_UNBLOCK, &m, NULL);
+    }
+    signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill ddprun while ranks run */
+    for (i = 0; i < NSIG; i++) seen[i] = 0;
+
+    for (attempt = 0;; attempt++) {
+        outcome_t oc = run_attempt(&j, attempt, wake[0], seen);
+        char stop[512];
+        if (oc.spawn_error) return 1;
+        if (oc.signo) {
+            describe_stop(&j, &oc, signal_name(oc.signo), stop, sizeof stop);
+            fprintf(stderr, "ddprun: got %s: %s\n", signal_name(oc.signo), stop);
+            return 128 + oc.signo;
+        }
+        if (oc.failed < 0) {
+            if (oc.stuck) fprintf(stderr, "ddprun: %d ranks did not exit after SIGKILL\n", oc.stuck);
+            return oc.stuck ? 1 : 0;
+        }
+        if (attempt < j.o.max_restarts && !pending_signal(seen)) {
+            char how[128];
+            describe_exit(&j.ranks[oc.failed], how, sizeof how);
+            fprintf(stderr, "ddprun: rank %d %s; restarting all %d ranks (restart %d of %d)\n",
+                    j.ranks[oc.failed].rank, how, j.o.nproc, attempt + 1, j.o.max_restarts);
+            continue;
+        }
+        print_failure(&j, &oc, attempt);
+        return exit_status(&j.ranks[oc.failed]);
+    }
+}
