@@ -318,6 +318,8 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char 
 #define _DDP_DEFAULT_TIMEOUT_MS 600000
 #define _DDP_DEFAULT_PORT 29500
 #define _DDP_DEFAULT_SPIN_US 50
+#define _DDP_RD_MAX_BYTES_P2 (4u << 10)
+#define _DDP_RD_MAX_BYTES (256u << 10)
 #define _DDP_MAX_TRANSPORTS 8
 #define _DDP_COMM_MAGIC 0x44445043u /* "DDPC" */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
@@ -1392,7 +1394,10 @@ struct ddp_comm {
     uint32_t seq;                  /* collectives issued: part of every message tag */
     unsigned char *scratch;        /* bounded, allocated once: _DDP_MAX_SLOTS segments */
     size_t scratch_bytes;
+    int algo;                      /* _DDP_ALGO_*: DDP_ALGO, else chosen by size */
+    size_t rd_max_bytes;           /* auto: recursive doubling up to this many bytes */
 };
+enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
 
 /* Live communicators, so that a call on a destroyed one is an error instead of a use after
  * free. Several communicators may live at once; the list is only touched at init/destroy and
@@ -1875,6 +1880,18 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     if (c->segment_bytes < 4096) c->segment_bytes = 4096;
     if (c->segment_bytes > (64u << 20)) c->segment_bytes = 64u << 20;
     c->segment_bytes &= ~(size_t)63;
+    s = getenv("DDP_ALGO");
+    c->algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "ring") ? _DDP_ALGO_RING
+            : !strcmp(s, "rd") || !strcmp(s, "recursive_doubling") ? _DDP_ALGO_RD : -1;
+    if (c->algo < 0) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring "
+                          "or rd", s);
+        goto fail;
+    }
+    /* Measured crossover (README, bench/): below it the ring's 2(p-1) hops cost more than
+     * recursive doubling's extra bytes. */
+    c->rd_max_bytes = _ddp_parse_size(getenv("DDP_RD_MAX_BYTES"));
+    if (!c->rd_max_bytes) c->rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2 : _DDP_RD_MAX_BYTES;
     _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
     s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
     _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
@@ -1956,13 +1973,33 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
                  c->tinst[best].t->name);
     }
     if (nranks > 1) {
-        int ring[2];
-        ring[0] = (rank + 1) % nranks;
-        ring[1] = (rank + nranks - 1) % nranks;
-        _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s",
-                 ring[0], ddp_comm_transport_name(c, ring[0]), ring[1],
-                 ddp_comm_transport_name(c, ring[1]));
-        r = _ddp_connect_peers(c, ring, ring[0] == ring[1] ? 1 : 2);
+        /* Ring neighbours, and the partners of recursive doubling: r ^ 2^i within the largest
+         * power of two, r +- 2^k for the folded extra ranks. */
+        int list[2 + 2 + 32], n = 0, p2 = 1, k, j;
+        list[n++] = (rank + 1) % nranks;
+        list[n++] = (rank + nranks - 1) % nranks;
+        while (p2 * 2 <= nranks) p2 *= 2;
+        if (rank >= p2) list[n++] = rank - p2;
+        else {
+            if (rank + p2 < nranks) list[n++] = rank + p2;
+            for (k = 1; k < p2; k <<= 1) list[n++] = rank ^ k;
+        }
+        for (k = 0, j = 0; k < n; k++) {   /* dedupe */
+            int seen = 0, m;
+            for (m = 0; m < j; m++) if (list[m] == list[k]) seen = 1;
+            if (!seen) list[j++] = list[k];
+        }
+        _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s; "
+                 "%d peers connected in all", list[0], ddp_comm_transport_name(c, list[0]), list[1],
+                 ddp_comm_transport_name(c, list[1]), j);
+        if (c->algo != _DDP_ALGO_AUTO)
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s",
+                     c->algo == _DDP_ALGO_RING ? "ring (DDP_ALGO)"
+                     : "recursive doubling up to the scratch size, ring above (DDP_ALGO)");
+        else
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: recursive doubling up to %zu bytes, "
+                     "ring above (DDP_ALGO, DDP_RD_MAX_BYTES override)", c->rd_max_bytes);
+        r = _ddp_connect_peers(c, list, j);
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); goto fail; }
     }
     {
@@ -2084,14 +2121,25 @@ _DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
     return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
 }
 
+/* The algorithm depends only on (bytes, world size, settings): the same on every rank. */
+_DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                               size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    size_t bytes = count * ddp_dtype_size(dtype);
+    int rd = bytes <= c->scratch_bytes &&
+             (c->algo == _DDP_ALGO_RD || (c->algo == _DDP_ALGO_AUTO && bytes <= c->rd_max_bytes));
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s", c->seq + 1, count,
+             ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place",
+             rd ? "recursive doubling" : "ring");
+    return rd ? ddp_rd_all_reduce(c, sendbuf, recvbuf, count, dtype, op)
+              : ddp_ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
+}
+
 DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
                                     ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
     if ((r = _ddp_check_args(c, "all_reduce", sendbuf, recvbuf, count, 1, dtype, 1, op)) != DDP_SUCCESS) return r;
-    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, ring", c->seq + 1, count,
-             ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place");
-    return _ddp_finish(c, ddp_ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op));
+    return _ddp_finish(c, _ddp_all_reduce_algo(c, sendbuf, recvbuf, count, dtype, op));
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
@@ -2134,8 +2182,8 @@ DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
     ddp_result_t r = _ddp_check_comm(c);
     unsigned char token = 0;
     if (r != DDP_SUCCESS) return r;
-    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u", c->seq + 1);
-    return _ddp_finish(c, ddp_ring_all_reduce(c, &token, &token, 1, DDP_UINT8, DDP_MAX));
+    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->seq + 1);
+    return _ddp_finish(c, _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX));
 }
 
 /* Now that the communicator's internals are defined, build the ring algorithms. */

@@ -51,6 +51,10 @@ DDP_API ddp_result_t ddp_ring_all_gather(ddp_comm_t *comm, const void *sendbuf, 
                                          size_t sendcount, ddp_dtype_t dtype);
 DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
                                         size_t count, ddp_dtype_t dtype, int root);
+/* Recursive doubling (log2 p hops of the whole buffer): for small all-reduces. The buffer must
+ * fit the communicator's scratch (DDP_RING_WINDOW x DDP_SEGMENT_BYTES). */
+DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, ddp_dtype_t dtype, ddp_op_t op);
 
 #ifdef __cplusplus
 }
@@ -635,6 +639,95 @@ DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *c, const void *sendbuf, void
     /* The chain forwards from recvbuf: the root's copy is already there. */
     g.send = g.recv;
     return _ddp_ring_run(&g);
+}
+
+/* ---------------------------------------------------------------- recursive doubling
+ * Small all-reduces are latency-bound: the ring's 2(p-1) hops cost more than its bandwidth saves.
+ * Recursive doubling takes log2(p) hops, each exchanging the whole buffer with rank r ^ 2^i
+ * (Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations in MPICH",
+ * IJHPCA 2005). A non-power-of-two world first folds its extra ranks r >= 2^k into r - 2^k and
+ * hands them the result at the end. Both partners of a pair combine (lower rank's data, higher
+ * rank's data) in that order, so every rank ends with the same bits. The buffer must fit the
+ * scratch (the caller checks). */
+static ddp_result_t _ddp_p2p_wait(ddp_comm_t *c, const int *peers, void **reqs, int n,
+                                  const char *what) {
+    int64_t last = _ddp_now_us();
+    ddp_result_t r;
+    for (;;) {
+        int i, pending = 0, progressed = 0;
+        for (i = 0; i < n; i++) {
+            int done = 1;
+            if (!reqs[i]) continue;
+            if ((r = _ddp_test(c, peers[i], reqs[i], &done)) != DDP_SUCCESS) {
+                char prev[1024];
+                _ddp_strlcpy(prev, c->last_error, sizeof prev);
+                return ddp_comm_fail(c, r, "%s: %s", what, prev);
+            }
+            if (done) { reqs[i] = NULL; progressed = 1; } else pending++;
+        }
+        if (!pending) return DDP_SUCCESS;
+        {
+            int64_t now = _ddp_now_us();
+            if (progressed) { last = now; continue; }
+            if (c->timeout_ms >= 0 && now - last > (int64_t)c->timeout_ms * 1000)
+                return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "%s: no progress for %d ms waiting for "
+                                     "rank %d", what, c->timeout_ms, reqs[0] ? peers[0] : peers[n - 1]);
+            if (now - last < c->spin_us) sched_yield();
+            else if ((r = _ddp_block(c, peers, n, 100)) != DDP_SUCCESS) return r;
+        }
+    }
+}
+
+DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                       size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    const int p = c->nranks, r = c->rank;
+    const size_t bytes = count * ddp_dtype_size(dtype);
+    const uint64_t tag = _ddp_coll_tag(c, 10, dtype, op, count, 0);
+    unsigned char *buf = (unsigned char *)recvbuf, *tmp = c->scratch;
+    int p2 = 1, extra, mask, peers[2];
+    void *reqs[2];
+    char what[128];
+    ddp_result_t e;
+    if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
+    if (p == 1 || !count) return DDP_SUCCESS;
+    while (p2 * 2 <= p) p2 *= 2;
+    extra = p - p2;
+    snprintf(what, sizeof what, "all_reduce #%u (recursive doubling)", (unsigned)(tag & 0xffffffffu));
+    if (r >= p2) {          /* folded: give our data to r - p2, get the result back */
+        peers[0] = peers[1] = r - p2;
+        reqs[1] = NULL;
+        if ((e = _ddp_isend(c, r - p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS ||
+            (e = _ddp_irecv(c, r - p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS)
+            return e;
+        return DDP_SUCCESS;
+    }
+    if (r < extra) {
+        peers[0] = r + p2;
+        if ((e = _ddp_irecv(c, r + p2, tmp, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS)
+            return e;
+        ddp_reduce_local(buf, buf, tmp, count, dtype, op);
+    }
+    for (mask = 1; mask < p2; mask <<= 1) {
+        int partner = r ^ mask;
+        peers[0] = peers[1] = partner;
+        if ((e = _ddp_irecv(c, partner, tmp, bytes, tag, &reqs[1])) != DDP_SUCCESS ||
+            (e = _ddp_isend(c, partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+            (e = _ddp_p2p_wait(c, peers, reqs, 2, what)) != DDP_SUCCESS)
+            return e;
+        if (r < partner) ddp_reduce_local(buf, buf, tmp, count, dtype, op);
+        else ddp_reduce_local(buf, tmp, buf, count, dtype, op);
+    }
+    if (op == DDP_AVG) ddp_divide_local(buf, count, dtype, p);
+    if (r < extra) {
+        peers[0] = r + p2;
+        if ((e = _ddp_isend(c, r + p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS)
+            return e;
+    }
+    return DDP_SUCCESS;
 }
 
 #endif /* DDP_RING implementation */
