@@ -715,7 +715,7 @@ _DDP_PRIVATE void _ddp_client_out(_ddp_store_client_t *c, uint32_t status, int64
     if (need > c->out_cap) {
         size_t cap = need * 2;
         unsigned char *p = (unsigned char *)DDP_MALLOC(cap);
-        if (!p) { c->waiting = 0; close(c->fd); c->fd = -1; return; }
+        if (!p) { shutdown(c->fd, SHUT_RDWR); return; }   /* the poll loop drops it */
         if (c->out_len) memcpy(p, c->out, c->out_len);
         DDP_FREE(c->out);
         c->out = p;
@@ -774,6 +774,9 @@ _DDP_PRIVATE int _ddp_store_serve(ddp_store_t *s, _ddp_store_client_t *c) {
             return 0;
         }
         c->authed = 1;
+        pthread_mutex_lock(&s->srv_mu);
+        s->nclients++;
+        pthread_mutex_unlock(&s->srv_mu);
         _ddp_client_out(c, DDP_SUCCESS, 0, NULL, 0);
         return 0;
     }
@@ -843,15 +846,17 @@ _DDP_PRIVATE int _ddp_store_serve(ddp_store_t *s, _ddp_store_client_t *c) {
 }
 
 _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_client_t *c) {
+    if (c->authed) {
+        pthread_mutex_lock(&s->srv_mu);
+        s->nclients--;
+        pthread_mutex_unlock(&s->srv_mu);
+    }
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     DDP_FREE(c->in); DDP_FREE(c->out);
     c->in = c->out = NULL;
     c->in_len = c->in_cap = c->out_len = c->out_cap = c->out_off = 0;
     c->waiting = c->authed = 0;
-    pthread_mutex_lock(&s->srv_mu);
-    s->nclients--;
-    pthread_mutex_unlock(&s->srv_mu);
 }
 
 /* Reads what is available; runs the request once complete. -1 = drop the client. */
@@ -904,7 +909,7 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
         for (i = 0; i < s->clients_cap; i++) {
             _ddp_store_client_t *c = &s->clients[i];
             pfds[n].fd = c->fd;
-            pfds[n].events = (short)((c->waiting ? 0 : POLLIN) | (c->out_len > c->out_off ? POLLOUT : 0));
+            pfds[n].events = (short)(POLLIN | (c->out_len > c->out_off ? POLLOUT : 0));
             pfds[n].revents = 0;
             n++;
         }
@@ -931,9 +936,6 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
                 }
                 s->clients[slot].fd = fd;
                 _ddp_sockaddr_str((struct sockaddr *)&ss, s->clients[slot].addr, sizeof s->clients[slot].addr);
-                pthread_mutex_lock(&s->srv_mu);
-                s->nclients++;
-                pthread_mutex_unlock(&s->srv_mu);
                 _ddp_store_log(s, DDP_LOG_TRACE, "store: client connected from %s", s->clients[slot].addr);
             }
             continue; /* the client array may have moved; poll again */
@@ -950,7 +952,13 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
             }
             if (re & (POLLIN | POLLHUP | POLLERR)) {
                 size_t before = c->out_len;
-                if (c->waiting && (re & (POLLHUP | POLLERR))) { _ddp_store_drop(s, c); continue; }
+                if (c->waiting) {
+                    /* A parked client speaks only after its answer: readable now means it hung
+                     * up (its own timeout ran out) or broke the protocol. Either way, drop it. */
+                    _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
+                    _ddp_store_drop(s, c);
+                    continue;
+                }
                 if (!c->waiting && _ddp_store_read(s, c) < 0) { _ddp_store_drop(s, c); continue; }
                 if (c->out_len != before || !c->waiting) changed = 1;
             }
@@ -1606,17 +1614,23 @@ _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
  * Returns 1 if there was one. */
 _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     char key[256], why[512];
-    size_t len = 0;
+    size_t len = 0, n = strlen(c->last_error);
     int exists = 0;
+    ddp_result_t r;
     if (!c->store) return 0;
     _ddp_key(c, key, sizeof key, "abort");
     _ddp_store_quick(c->store, 1);
-    if (ddp_store_check(c->store, key, &exists) == DDP_SUCCESS && exists &&
+    r = ddp_store_check(c->store, key, &exists);
+    if (r == DDP_SUCCESS && exists &&
         ddp_store_get(c->store, key, why, sizeof why - 1, &len) == DDP_SUCCESS) {
-        size_t n = strlen(c->last_error);
         why[len < sizeof why - 1 ? len : sizeof why - 1] = 0;
         if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
             snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
+    } else if (r == DDP_ERR_REMOTE && c->rank != 0 && n + 32 < sizeof c->last_error) {
+        /* The store lives in rank 0: losing it too means rank 0 is gone, most likely first. */
+        snprintf(c->last_error + n, sizeof c->last_error - n, "; rank 0 is gone as well (its "
+                 "rendezvous store no longer answers): it probably failed first");
+        exists = 1;
     }
     _ddp_store_quick(c->store, 0);
     return exists;
