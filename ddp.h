@@ -1543,7 +1543,7 @@ _DDP_PRIVATE void _ddp_host_id(char *out, size_t cap) {
     gethostname(host, sizeof host - 1);
     n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
     ns[n > 0 ? n : 0] = 0;
-    snprintf(out, cap, "%s|%s|%s", host, boot, ns);
+    snprintf(out, cap, "%.63s|%.40s|%.40s", host, boot, ns);
 }
 
 /* Reads an integer environment variable; 1 if present and valid, 0 if absent, -1 if malformed. */
