@@ -1,0 +1,673 @@
+/* tests/test_collectives.c — every collective x dtype x op x count x world size, in place and out
+ * of place, on real processes over loopback TCP, against a sequential reference. Prints TAP.
+ *
+ *   build/test_collectives            (DDP_TEST_QUICK=1: world sizes 1, 2, 3 and 5 only)
+ *
+ * WHAT IS CHECKED, per case (one communicator per world size per child; all cases run in it):
+ *   - the result, bit for bit, against a reference computed sequentially from every rank's
+ *     input (each rank regenerates the others' inputs from the case's seed). Inputs are chosen
+ *     so that every reduction order gives the same bits: integers wrap (SUM/PROD use full-range
+ *     random values, which is exact modulo 2^n in any order) except for AVG (small values: the
+ *     sum must not wrap before the division); floating SUM/AVG use values on a grid coarse
+ *     enough that every partial sum is exact (fp16/bf16: integers in [-16, 15]); PROD uses
+ *     +-{0.5, 1, 2}; MAX/MIN use random bit patterns (subnormals and infinities included; no
+ *     NaN and no zero, whose -0/+0 order would make max/min order-dependent). The AVG reference
+ *     is the exact sum divided once: truncating for integers, IEEE for fp32/fp64, fp32 then
+ *     round-to-nearest-even for fp16/bf16 (ddp_float_to_half / ddp_float_to_bfloat16, which
+ *     test_kernels checks exhaustively).
+ *   - all-gather and broadcast move random bit patterns (NaN payloads included): exact copies.
+ *   - "random" cases (fp16, bf16, fp32, fp64 x SUM/PROD/AVG, uniform data): the result is
+ *     within (p+1) unit roundoffs of a double-precision reference, the same bits on every rank,
+ *     and the same bits when the call is repeated (determinism).
+ *   - the results of all-reduce, all-gather and broadcast hash to the same value on every rank
+ *     (the parent compares the hashes children leave in shared memory).
+ *   - out of place: sendbuf is unchanged; the receive buffer starts poisoned; count 0 is called
+ *     with NULL buffers. Guard bytes before and after every buffer are untouched.
+ *   - barrier: nobody leaves before the last rank (which sleeps first) has arrived.
+ *
+ * WHAT RUNS (this machine has 2 cores and the suite also runs under ASan+UBSan):
+ *   - world sizes 1..8 with the library's default segment size: counts {0, 1, 3, 1000} for
+ *     every collective x dtype x op, in and out of place. The (1<<20)+7 count runs for every
+ *     dtype x op at p = 2, 3, 5, 8 (even, odd, prime, the largest); at p = 1, 4, 6, 7 it runs
+ *     for one op per dtype ((dtype + op) % 5 == 0, so each op is met at some dtype). Big cases
+ *     are in place when dtype + op is odd, out of place otherwise: the in/out-of-place paths do
+ *     not depend on the size (the small counts run both), and the reference of a big case is
+ *     what costs the time here (p x (1<<20) inputs regenerated per case). For reduce-scatter and all-gather the count is per rank, and
+ *     the "big" one is ceil(((1<<20)+7) / p), so the whole buffer is the all-reduce's size
+ *     (p x (1<<20) per rank would cost p times the memory and time for no new path).
+ *   - p = 2, 3, 8 again with segment_bytes = 4096 (the minimum) and DDP_ALGO=ring, counts
+ *     {0, 1, 3, 1000, 100003}: the ring also for the small all-reduces that the library would
+ *     otherwise give to recursive doubling (counts below the world size: empty chunks), chunks
+ *     of many segments, more segments than the pipeline window (DDP_RING_WINDOW), segments
+ *     split unevenly between ranks.
+ *   - all-reduce alone with DDP_ALGO=rd at p = 4 (a power of two) and p = 7 (three ranks folded
+ *     in), counts {1, 3, 1000, 100003}: recursive doubling well above its automatic threshold.
+ *     (The default runs already use it for their small counts.)
+ * AR/AG/BC results are verified in full by one rank per big case (rotating) and by every
+ * rank for small ones; the hash comparison then covers the other ranks. */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "tests/ddp_test.h"
+
+#include <math.h>
+
+enum { C_AR, C_RS, C_AG, C_BC, C_BARRIER };
+static const char *const coll_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+enum { K_EXACT, K_RANDOM };
+
+#define BIG ((size_t)(1u << 20) + 7)
+#define MID 100003
+#define GUARD 64
+#define MAXC 4096
+#define FULL_CHECK_MAX 100003   /* up to this many output elements every rank checks in full */
+
+typedef struct {
+    unsigned char coll, dtype, op, inplace, kind;
+    int root;
+    size_t count;       /* AR/BC: elements; RS: recvcount; AG: sendcount */
+    uint64_t seed;
+} tcase_t;
+
+enum { BIG_NONE, BIG_ALL, BIG_SUBSET };
+typedef struct {
+    int p;
+    size_t segment_bytes;  /* 0: the library's default */
+    const char *algo;      /* DDP_ALGO for the children (NULL: unset, the library's choice) */
+    size_t counts[6];
+    int ncounts;
+    int big;               /* BIG_*: the (1<<20)+7 count for every dtype x op, or a subset */
+    int ar_only;
+} run_cfg_t;
+
+typedef struct {
+    int ncases;
+    int progress[T_MAX_RANKS];        /* cases completed */
+    int init_failed[T_MAX_RANKS];
+    int barrier_arrived[T_MAX_RANKS];
+    int msg_claimed[MAXC];
+    unsigned char fail[MAXC];
+    unsigned char ran[T_MAX_RANKS][MAXC];
+    uint64_t hash[T_MAX_RANKS][MAXC];
+    char msg[MAXC][200];
+    char init_msg[T_MAX_RANKS][400];
+} coll_shm_t;
+
+static coll_shm_t *S;
+static tcase_t cases[MAXC];
+
+/* ------------------------------------------------------------------------- case list */
+static int is_int(int dt) { return dt <= DDP_UINT64; }
+static int is_signed_int(int dt) { return dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64; }
+
+static int add_case(int n, int coll, int dt, int op, size_t count, int inplace, int kind, int root) {
+    tcase_t *c;
+    if (n >= MAXC) t_bail("too many cases");
+    c = &cases[n];
+    c->coll = (unsigned char)coll; c->dtype = (unsigned char)dt; c->op = (unsigned char)op;
+    c->count = count; c->inplace = (unsigned char)inplace; c->kind = (unsigned char)kind;
+    c->root = root;
+    c->seed = t_mix64(0x5eed0000ull + (uint64_t)n * 7919u);
+    return n + 1;
+}
+
+static size_t per_rank(size_t total, int p) { return (total + (size_t)p - 1) / (size_t)p; }
+
+static int build_cases(const run_cfg_t *cfg) {
+    const int p = cfg->p;
+    const size_t top = cfg->counts[cfg->ncounts - 1];
+    int n = 0, coll, dt, op, ci, ip, ri;
+    for (coll = C_AR; coll <= (cfg->ar_only ? C_AR : C_BC); coll++) {
+        int nops = (coll == C_AR || coll == C_RS) ? DDP_NUM_OPS : (coll == C_BC ? (p > 1 ? 2 : 1) : 1);
+        for (dt = 0; dt < DDP_NUM_DTYPES; dt++) {
+            for (op = 0; op < nops; op++) {
+                int root = coll == C_BC ? (op == 0 ? 0 : p - 1) : 0;
+                int rop = coll == C_BC ? root : op;  /* the broadcast "op" slot is the root */
+                for (ci = 0; ci < cfg->ncounts; ci++) {
+                    size_t cnt = cfg->counts[ci];
+                    if ((coll == C_RS || coll == C_AG) && cnt > 1000) cnt = per_rank(cnt, p);
+                    for (ip = 0; ip < 2; ip++) n = add_case(n, coll, dt, rop, cnt, ip, K_EXACT, root);
+                }
+                if (cfg->big != BIG_NONE) {
+                    size_t cnt = (coll == C_RS || coll == C_AG) ? per_rank(BIG, p) : BIG;
+                    if (cfg->big == BIG_ALL || (dt + op) % 5 == 0)
+                        n = add_case(n, coll, dt, rop, cnt, (dt + op) % 2, K_EXACT, root);
+                }
+            }
+        }
+    }
+    /* Random data: rounding behaviour, cross-rank identity and determinism. */
+    for (coll = C_AR; coll <= (cfg->ar_only ? C_AR : C_RS); coll++) {
+        static const int fdts[] = {DDP_FLOAT16, DDP_BFLOAT16, DDP_FLOAT32, DDP_FLOAT64};
+        static const int fops[] = {DDP_SUM, DDP_PROD, DDP_AVG};
+        for (dt = 0; dt < 4; dt++)
+            for (op = 0; op < 3; op++)
+                for (ri = 0; ri < 2; ri++) {
+                    size_t cnt = ri == 0 ? 1000 : (cfg->big != BIG_NONE ? BIG : top);
+                    if (ri == 1 && cfg->big == BIG_SUBSET && (dt + op) % 3 != 0) continue;
+                    if (ri == 1 && cnt <= 1000) continue;
+                    if (coll == C_RS && cnt > 1000) cnt = per_rank(cnt, p);
+                    n = add_case(n, coll, fdts[dt], fops[op], cnt, (dt + op + ri) % 2, K_RANDOM, 0);
+                }
+    }
+    if (!cfg->ar_only) n = add_case(n, C_BARRIER, DDP_UINT8, 0, 0, 0, K_EXACT, 0);
+    return n;
+}
+
+static void case_str(const tcase_t *c, char *out, size_t cap) {
+    if (c->coll == C_BARRIER) { snprintf(out, cap, "barrier"); return; }
+    snprintf(out, cap, "%s %s%s%s count %zu %s%s%s", coll_names[c->coll], ddp_dtype_name((ddp_dtype_t)c->dtype),
+             (c->coll == C_AR || c->coll == C_RS) ? " " : "",
+             (c->coll == C_AR || c->coll == C_RS) ? ddp_op_name((ddp_op_t)c->op) : "", c->count,
+             c->inplace ? "in-place" : "out-of-place", c->kind == K_RANDOM ? " random" : "",
+             c->coll == C_BC ? (c->root == 0 ? " root 0" : " root last") : "");
+}
+
+/* ------------------------------------------------------------------------- inputs */
+static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) {
+    return t_mix64(c->seed ^ ((uint64_t)(rank + 1) << 52) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull));
+}
+
+static inline uint16_t f16_of(double v) { return ddp_float_to_half((float)v); }
+static inline uint16_t bf16_of(double v) { return ddp_float_to_bfloat16((float)v); }
+static inline uint64_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline uint64_t f64_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+
+static inline uint64_t enc_float(int dt, double v) {
+    switch (dt) {
+    case DDP_FLOAT16: return f16_of(v);
+    case DDP_BFLOAT16: return bf16_of(v);
+    case DDP_FLOAT32: return f32_bits((float)v);
+    default: return f64_bits(v);
+    }
+}
+
+static inline double dec_float(int dt, uint64_t b) {
+    switch (dt) {
+    case DDP_FLOAT16: return ddp_half_to_float((uint16_t)b);
+    case DDP_BFLOAT16: return ddp_bfloat16_to_float((uint16_t)b);
+    case DDP_FLOAT32: { uint32_t u = (uint32_t)b; float f; memcpy(&f, &u, 4); return f; }
+    default: { double d; memcpy(&d, &b, 8); return d; }
+    }
+}
+
+/* Sign- or zero-extends the low bits of an integer element. */
+static inline uint64_t ext_int(int dt, uint64_t b) {
+    switch (dt) {
+    case DDP_INT8: return (uint64_t)(int64_t)(int8_t)(uint8_t)b;
+    case DDP_UINT8: return (uint8_t)b;
+    case DDP_INT32: return (uint64_t)(int64_t)(int32_t)(uint32_t)b;
+    case DDP_UINT32: return (uint32_t)b;
+    default: return b;
+    }
+}
+
+/* A random non-NaN, non-zero bit pattern of a floating dtype. */
+static inline uint64_t rand_float_bits(int dt, uint64_t u) {
+    switch (dt) {
+    case DDP_FLOAT16: { uint64_t b = u & 0xffff; if ((b & 0x7fff) > 0x7c00) b = (b & 0x8000) | 0x7c00; if (!(b & 0x7fff)) b |= 1; return b; }
+    case DDP_BFLOAT16: { uint64_t b = u & 0xffff; if ((b & 0x7fff) > 0x7f80) b = (b & 0x8000) | 0x7f80; if (!(b & 0x7fff)) b |= 1; return b; }
+    case DDP_FLOAT32: { uint64_t b = u & 0xffffffffu; if ((b & 0x7fffffffu) > 0x7f800000u) b = (b & 0x80000000u) | 0x7f800000u; if (!(b & 0x7fffffffu)) b |= 1; return b; }
+    default: { uint64_t b = u; if ((b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull) b = (b & 0x8000000000000000ull) | 0x7ff0000000000000ull; if (!(b & 0x7fffffffffffffffull)) b |= 1; return b; }
+    }
+}
+
+/* Element i of rank's input for case c, as raw bits (low dtype-size bytes). */
+static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
+    uint64_t u = rnd(c, rank, i);
+    int dt = c->dtype;
+    if (c->coll == C_AG || c->coll == C_BC) return u;     /* copies: any bits at all */
+    if (c->kind == K_RANDOM) {
+        double frac = (double)(u >> 11) * (1.0 / 9007199254740992.0), v;
+        double sign = (u & 1) ? -1.0 : 1.0;
+        if (c->op == DDP_PROD) v = sign * (0.5 + 1.5 * frac);
+        else v = sign * (0.001 + 0.999 * frac);
+        return enc_float(dt, v);
+    }
+    if (is_int(dt)) {
+        if (c->op != DDP_AVG) return u;                   /* wraps exactly, in any order */
+        /* AVG: the sum of 8 must not wrap. Top bits of u, no division: this runs a lot. */
+        switch (dt) {
+        case DDP_INT8: return (uint64_t)((int64_t)(u >> 59) - 16);           /* [-16, 15] */
+        case DDP_UINT8: return u >> 59;                                      /* [0, 31] */
+        case DDP_INT32: return (uint64_t)((int64_t)(u >> 43) - (1 << 20));
+        case DDP_UINT32: return u >> 43;
+        case DDP_INT64: return (uint64_t)((int64_t)(u >> 23) - ((int64_t)1 << 40));
+        default: return u >> 23;
+        }
+    }
+    switch (c->op) {
+    case DDP_SUM: case DDP_AVG:
+        /* Grids on which every partial sum of 8 values is exact. */
+        if (dt == DDP_FLOAT16 || dt == DDP_BFLOAT16) return enc_float(dt, (double)((int64_t)(u >> 59) - 16));
+        if (dt == DDP_FLOAT32) return enc_float(dt, (double)((int64_t)(u >> 43) - (1 << 20)) * (1.0 / 1024));
+        return enc_float(dt, (double)((int64_t)(u >> 23) - ((int64_t)1 << 40)) * (1.0 / 1048576));
+    case DDP_PROD: {
+        static const double vals[8] = {0.5, 1.0, 2.0, -0.5, -1.0, -2.0, 1.0, -1.0};
+        return enc_float(dt, vals[u >> 61]);
+    }
+    default:
+        return rand_float_bits(dt, u);
+    }
+}
+
+static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
+    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
+    switch (es) {
+    case 1: for (i = 0; i < n; i++) buf[i] = (unsigned char)gen_bits(c, rank, lo + i); break;
+    case 2: for (i = 0; i < n; i++) { uint16_t v = (uint16_t)gen_bits(c, rank, lo + i); memcpy(buf + 2 * i, &v, 2); } break;
+    case 4: for (i = 0; i < n; i++) { uint32_t v = (uint32_t)gen_bits(c, rank, lo + i); memcpy(buf + 4 * i, &v, 4); } break;
+    default: for (i = 0; i < n; i++) { uint64_t v = gen_bits(c, rank, lo + i); memcpy(buf + 8 * i, &v, 8); } break;
+    }
+}
+
+static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) {
+    uint64_t v = 0;
+    memcpy(&v, buf + i * es, es);   /* little-endian: the low bytes */
+    return v;
+}
+
+/* ------------------------------------------------------------------------- reference */
+/* Expected bits of reduction element `gi` (global index) of an exact case. */
+static uint64_t ref_exact(const tcase_t *c, int p, size_t gi) {
+    int dt = c->dtype, op = c->op, r;
+    if (is_int(dt)) {
+        uint64_t acc = ext_int(dt, gen_bits(c, 0, gi));
+        for (r = 1; r < p; r++) {
+            uint64_t v = ext_int(dt, gen_bits(c, r, gi));
+            switch (op) {
+            case DDP_SUM: case DDP_AVG: acc += v; break;
+            case DDP_PROD: acc *= v; break;
+            case DDP_MAX: if (is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
+            case DDP_MIN: if (is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
+            }
+        }
+        if (op == DDP_AVG) {
+            acc = ext_int(dt, acc);   /* the sum as the dtype holds it */
+            if (is_signed_int(dt)) acc = (uint64_t)((int64_t)acc / p);
+            else acc /= (uint64_t)p;
+        }
+        return acc;
+    } else {
+        uint64_t b0 = gen_bits(c, 0, gi), win = b0;
+        double acc = dec_float(dt, b0), best = acc;
+        for (r = 1; r < p; r++) {
+            uint64_t b = gen_bits(c, r, gi);
+            double v = dec_float(dt, b);
+            switch (op) {
+            case DDP_SUM: case DDP_AVG: acc += v; break;
+            case DDP_PROD: acc *= v; break;
+            case DDP_MAX: if (v > best) { best = v; win = b; } break;
+            case DDP_MIN: if (v < best) { best = v; win = b; } break;
+            }
+        }
+        if (op == DDP_MAX || op == DDP_MIN) return win;
+        if (op == DDP_AVG) {
+            if (dt == DDP_FLOAT64) return f64_bits(acc / (double)p);
+            {
+                float q = (float)acc / (float)p;
+                if (dt == DDP_FLOAT32) return f32_bits(q);
+                return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
+            }
+        }
+        return enc_float(dt, acc);
+    }
+}
+
+static double unit_roundoff(int dt) {
+    switch (dt) {
+    case DDP_FLOAT16: return ldexp(1.0, -11);
+    case DDP_BFLOAT16: return ldexp(1.0, -8);
+    case DDP_FLOAT32: return ldexp(1.0, -24);
+    default: return ldexp(1.0, -53);
+    }
+}
+
+/* ------------------------------------------------------------------------- checking */
+static void case_fail(int k, const char *fmt, ...) T_PRINTF(2, 3);
+static void case_fail(int k, const char *fmt, ...) {
+    va_list ap;
+    S->fail[k] = 1;
+    if (__atomic_exchange_n(&S->msg_claimed[k], 1, __ATOMIC_SEQ_CST)) return;
+    {
+        char m[180];
+        va_start(ap, fmt);
+        vsnprintf(m, sizeof m, fmt, ap);
+        va_end(ap);
+        snprintf(S->msg[k], sizeof S->msg[k], "rank %d: %s", t_rank, m);
+    }
+}
+
+static void guard_set(unsigned char *region, size_t bytes) {
+    size_t i;
+    for (i = 0; i < GUARD; i++) {
+        region[i] = (unsigned char)(0xa5 ^ i);
+        region[GUARD + bytes + i] = (unsigned char)(0x5a ^ i);
+    }
+}
+
+static int guard_ok(const unsigned char *region, size_t bytes) {
+    size_t i;
+    for (i = 0; i < GUARD; i++)
+        if (region[i] != (unsigned char)(0xa5 ^ i) || region[GUARD + bytes + i] != (unsigned char)(0x5a ^ i)) return 0;
+    return 1;
+}
+
+/* Compares n output elements (global indices lo..) of a reduction with the reference. */
+static void check_reduction(int k, const tcase_t *c, int p, const unsigned char *out, size_t lo, size_t n) {
+    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i, bad = 0, first = 0;
+    uint64_t got_first = 0, exp_first = 0;
+    double tol_first = 0;
+    int dt = c->dtype;
+    for (i = 0; i < n; i++) {
+        uint64_t got = load_elem(out, i, es);
+        if (c->kind == K_EXACT) {
+            uint64_t exp = ref_exact(c, p, lo + i);
+            uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
+            if ((got & mask) != (exp & mask)) { if (!bad++) { first = i; got_first = got; exp_first = exp & mask; } }
+        } else {
+            double sum = 0, abssum = 0, prod = 1, ref, tol, g = dec_float(dt, got), u = unit_roundoff(dt);
+            int r;
+            for (r = 0; r < p; r++) {
+                double v = dec_float(dt, gen_bits(c, r, lo + i));
+                sum += v; abssum += fabs(v); prod *= v;
+            }
+            if (c->op == DDP_PROD) { ref = prod; tol = (2 * p + 2) * u * fabs(prod); }
+            else if (c->op == DDP_AVG) { ref = sum / p; tol = (p + 1) * u * abssum / p + 2 * u * fabs(ref); }
+            else { ref = sum; tol = (p + 1) * u * abssum; }
+            if (!(fabs(g - ref) <= tol)) {
+                if (!bad++) { first = i; got_first = got; exp_first = f64_bits(ref); tol_first = tol; }
+            }
+        }
+    }
+    if (bad) {
+        if (c->kind == K_EXACT)
+            case_fail(k, "%zu of %zu elements wrong; first at output index %zu: got 0x%llx, expected 0x%llx",
+                      bad, n, first, (unsigned long long)got_first, (unsigned long long)exp_first);
+        else
+            case_fail(k, "%zu of %zu elements off; first at %zu: got %.9g, reference %.9g, tolerance %.3g",
+                      bad, n, first, dec_float(dt, got_first), dec_float(DDP_FLOAT64, exp_first), tol_first);
+    }
+}
+
+/* Output element j of a copy collective: rank src's input element si. */
+static void check_copy(int k, const tcase_t *c, const unsigned char *out, int src, size_t si, size_t n, size_t oi) {
+    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
+    uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
+    for (i = 0; i < n; i++) {
+        uint64_t got = load_elem(out, oi + i, es), exp = gen_bits(c, src, si + i) & mask;
+        if (got != exp) {
+            case_fail(k, "output element %zu wrong (from rank %d element %zu): got 0x%llx, expected 0x%llx",
+                      oi + i, src, si + i, (unsigned long long)got, (unsigned long long)exp);
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- running a case */
+typedef struct {
+    unsigned char *sreg, *rreg, *copy, *rep;   /* regions: GUARD + bytes + GUARD */
+    size_t cap;                                /* bytes of the largest buffer */
+} bufs_t;
+
+/* Returns the library's result (anything else than DDP_SUCCESS stops the run). */
+static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *b, int rank, int p) {
+    const ddp_dtype_t dt = (ddp_dtype_t)c->dtype;
+    const ddp_op_t op = (ddp_op_t)c->op;
+    const size_t es = ddp_dtype_size(dt), n = c->count;
+    size_t sbytes = 0, rbytes = 0, out_elems = 0;
+    unsigned char *send = b->sreg + GUARD, *recv = b->rreg + GUARD, *sendp, *recvp, *out;
+    ddp_result_t r = DDP_SUCCESS;
+    int checker;
+
+    if (c->coll == C_BARRIER) {
+        int it, q;
+        for (it = 1; it <= 3; it++) {
+            if (rank == it % p) t_sleep_ms(30);
+            __atomic_store_n(&S->barrier_arrived[rank], it, __ATOMIC_SEQ_CST);
+            r = ddp_barrier(comm);
+            if (r != DDP_SUCCESS) { case_fail(k, "ddp_barrier: %s: %s", ddp_strerror(r), ddp_comm_last_error(comm)); return r; }
+            for (q = 0; q < p; q++)
+                if (__atomic_load_n(&S->barrier_arrived[q], __ATOMIC_SEQ_CST) < it)
+                    case_fail(k, "left barrier %d before rank %d arrived", it, q);
+        }
+        return r;
+    }
+    switch (c->coll) {
+    case C_AR: case C_BC: sbytes = rbytes = n * es; out_elems = n; break;
+    case C_RS: sbytes = (size_t)p * n * es; rbytes = n * es; out_elems = n; break;
+    case C_AG: sbytes = n * es; rbytes = (size_t)p * n * es; out_elems = (size_t)p * n; break;
+    }
+    if (c->inplace) {
+        /* One region holds both: NCCL's in-place layouts. */
+        size_t bytes = c->coll == C_RS ? sbytes : rbytes;
+        unsigned char *base = recv;
+        guard_set(b->rreg, bytes);
+        memset(base, 0xcd, bytes);
+        switch (c->coll) {
+        case C_AR: fill(base, c, rank, 0, n); sendp = recvp = base; break;
+        case C_RS: fill(base, c, rank, 0, (size_t)p * n); sendp = base; recvp = base + (size_t)rank * n * es; break;
+        case C_AG: fill(base + (size_t)rank * n * es, c, rank, 0, n); recvp = base; sendp = base + (size_t)rank * n * es; break;
+        default: if (rank == c->root) fill(base, c, rank, 0, n); sendp = recvp = base; break;
+        }
+        if (n == 0 && (k & 1)) sendp = recvp = NULL;    /* count 0: NULL is fine too */
+        out = recvp;
+    } else {
+        guard_set(b->sreg, sbytes);
+        guard_set(b->rreg, rbytes);
+        memset(recv, 0xcd, rbytes);
+        if (c->coll == C_RS) fill(send, c, rank, 0, (size_t)p * n);
+        else if (c->coll != C_BC || rank == c->root) fill(send, c, rank, 0, n);
+        else memset(send, 0x3c, sbytes);  /* a non-root's sendbuf: must be left alone */
+        memcpy(b->copy, send, sbytes);
+        sendp = send;
+        recvp = recv;
+        if (c->coll == C_BC && rank != c->root && (k & 2)) sendp = NULL;   /* NCCL: unused */
+        if (n == 0) sendp = recvp = NULL;
+        out = recv;
+    }
+
+    switch (c->coll) {
+    case C_AR: r = ddp_all_reduce(sendp, recvp, n, dt, op, comm); break;
+    case C_RS: r = ddp_reduce_scatter(sendp, recvp, n, dt, op, comm); break;
+    case C_AG: r = ddp_all_gather(sendp, recvp, n, dt, comm); break;
+    default: r = ddp_broadcast(sendp, recvp, n, dt, c->root, comm); break;
+    }
+    if (r != DDP_SUCCESS) {
+        case_fail(k, "returned %s: %s", ddp_strerror(r), ddp_comm_last_error(comm));
+        return r;
+    }
+    if (c->inplace) {
+        if (!guard_ok(b->rreg, c->coll == C_RS ? sbytes : rbytes)) case_fail(k, "guard bytes around the buffer overwritten");
+    } else {
+        if (!guard_ok(b->sreg, sbytes)) case_fail(k, "guard bytes around sendbuf overwritten");
+        if (!guard_ok(b->rreg, rbytes)) case_fail(k, "guard bytes around recvbuf overwritten");
+        if (memcmp(send, b->copy, sbytes) != 0) case_fail(k, "out-of-place call modified sendbuf");
+    }
+    S->hash[rank][k] = t_hash(out ? out : (const unsigned char *)"", out_elems * es);
+
+    checker = out_elems <= FULL_CHECK_MAX || c->coll == C_RS || k % p == rank;
+    if (checker && n) {
+        switch (c->coll) {
+        case C_AR: check_reduction(k, c, p, out, 0, n); break;
+        case C_RS: check_reduction(k, c, p, out, (size_t)rank * n, n); break;
+        case C_AG: { int q; for (q = 0; q < p; q++) check_copy(k, c, out, q, 0, n, (size_t)q * n); } break;
+        default: check_copy(k, c, out, c->root, 0, n, 0); break;
+        }
+    }
+    /* Determinism: the same call again gives the same bits. */
+    if (c->kind == K_RANDOM && n) {
+        uint64_t h1 = S->hash[rank][k];
+        unsigned char *again = b->rep + GUARD;
+        if (c->coll == C_AR) {
+            fill(send, c, rank, 0, n);
+            r = ddp_all_reduce(send, again, n, dt, op, comm);
+        } else {
+            fill(send, c, rank, 0, (size_t)p * n);
+            r = ddp_reduce_scatter(send, again, n, dt, op, comm);
+        }
+        if (r != DDP_SUCCESS) { case_fail(k, "repeat returned %s: %s", ddp_strerror(r), ddp_comm_last_error(comm)); return r; }
+        if (t_hash(again, out_elems * es) != h1) case_fail(k, "repeating the call gave different bits (not deterministic)");
+    }
+    return DDP_SUCCESS;
+}
+
+static size_t case_max_bytes(const tcase_t *c, int p) {
+    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype);
+    if (c->coll == C_RS || c->coll == C_AG) return (size_t)p * c->count * es;
+    return c->count * es;
+}
+
+static int child(int rank, int p, void *arg) {
+    const run_cfg_t *cfg = (const run_cfg_t *)arg;
+    ddp_comm_desc_t d;
+    ddp_comm_t *comm = NULL;
+    ddp_result_t r;
+    bufs_t b;
+    size_t cap = 64;
+    int k, status = 0;
+    /* The run's settings, whatever the environment says. */
+    if (cfg->algo) setenv("DDP_ALGO", cfg->algo, 1); else unsetenv("DDP_ALGO");
+    unsetenv("DDP_RD_MAX_BYTES");
+    unsetenv("DDP_SEGMENT_BYTES");
+    t_desc(&d, 60000);
+    d.segment_bytes = cfg->segment_bytes;
+    t_where("ddp_comm_init");
+    r = ddp_comm_init(&comm, p, rank, &d);
+    if (r != DDP_SUCCESS) {
+        S->init_failed[rank] = 1;
+        snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "%s: %.360s", ddp_strerror(r), ddp_last_init_error());
+        return 2;
+    }
+    if (ddp_comm_rank(comm) != rank || ddp_comm_size(comm) != p) {
+        S->init_failed[rank] = 1;
+        snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "ddp_comm_rank/size say %d/%d",
+                 ddp_comm_rank(comm), ddp_comm_size(comm));
+    }
+    for (k = 0; k < S->ncases; k++) { size_t m = case_max_bytes(&cases[k], p); if (m > cap) cap = m; }
+    b.cap = cap;
+    b.sreg = (unsigned char *)malloc(cap + 2 * GUARD);
+    b.rreg = (unsigned char *)malloc(cap + 2 * GUARD);
+    b.rep = (unsigned char *)malloc(cap + 2 * GUARD);
+    b.copy = (unsigned char *)malloc(cap);
+    if (!b.sreg || !b.rreg || !b.rep || !b.copy) { ddp_comm_destroy(comm); return 3; }
+    for (k = 0; k < S->ncases; k++) {
+        char what[160];
+        case_str(&cases[k], what, sizeof what);
+        t_where("case %d: %s", k, what);
+        r = run_case(k, &cases[k], comm, &b, rank, p);
+        S->ran[rank][k] = 1;
+        if (r != DDP_SUCCESS) { status = 4; break; }
+        S->progress[rank] = k + 1;
+    }
+    t_where("ddp_comm_destroy");
+    if (ddp_comm_destroy(comm) != DDP_SUCCESS) status = 5;
+    free(b.sreg); free(b.rreg); free(b.rep); free(b.copy);
+    return status;
+}
+
+/* ------------------------------------------------------------------------- the parent */
+static void report_run(const run_cfg_t *cfg, int nbad) {
+    const int p = cfg->p;
+    int k = 0, r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "p=%d%s%s%s", p, cfg->segment_bytes ? " seg=4096" : "", cfg->algo ? " algo=" : "",
+             cfg->algo ? cfg->algo : "");
+    for (r = 0; r < p; r++)
+        if (S->init_failed[r]) diag("%s rank %d init: %s", tag, r, S->init_msg[r]);
+    ok(nbad == 0, "%s: every rank ran all %d cases and exited cleanly (%.1f s)", tag, S->ncases, t_last_run.seconds);
+    while (k < S->ncases) {
+        /* A group: the same collective, dtype, op (root) and kind; its counts and in/out. */
+        int g0 = k, g1, bad = 0, shown = 0, notrun = 0;
+        char counts[128] = "", what[160];
+        size_t off = 0, lastc = (size_t)-1;
+        while (k < S->ncases && cases[k].coll == cases[g0].coll && cases[k].dtype == cases[g0].dtype &&
+               cases[k].op == cases[g0].op && cases[k].kind == cases[g0].kind) k++;
+        g1 = k;
+        for (k = g0; k < g1; k++) {
+            int fail = S->fail[k], ranks_ran = 1, same = 1;
+            const tcase_t *c = &cases[k];
+            if (c->count != lastc && off + 24 < sizeof counts) {
+                off += (size_t)snprintf(counts + off, sizeof counts - off, "%s%zu", off ? "," : "", c->count);
+                lastc = c->count;
+            }
+            for (r = 0; r < p; r++) if (!S->ran[r][k] || S->progress[r] <= k) ranks_ran = 0;
+            if (!ranks_ran && !fail) { notrun++; fail = 1; }
+            if (ranks_ran && c->coll != C_RS && c->coll != C_BARRIER)
+                for (r = 1; r < p; r++) if (S->hash[r][k] != S->hash[0][k]) same = 0;
+            if (!same) fail = 1;
+            if (fail) {
+                bad++;
+                if (shown < 3) {
+                    case_str(c, what, sizeof what);
+                    if (!same) diag("  %s: results differ between ranks (hash rank 0 %016llx)", what, (unsigned long long)S->hash[0][k]);
+                    if (S->fail[k]) diag("  %s: %s", what, S->msg[k]);
+                    else if (!ranks_ran) diag("  %s: not run by every rank", what);
+                    shown++;
+                }
+            }
+        }
+        k = g1;
+        {
+            const tcase_t *c = &cases[g0];
+            if (c->coll == C_BARRIER)
+                ok(!bad, "%s barrier: nobody leaves before everyone arrived", tag);
+            else if (c->coll == C_AR || c->coll == C_RS)
+                ok(!bad, "%s %s %s %s%s: counts {%s}, in/out of place%s", tag, coll_names[c->coll],
+                   ddp_dtype_name((ddp_dtype_t)c->dtype), ddp_op_name((ddp_op_t)c->op),
+                   c->kind == K_RANDOM ? " random data" : "", counts, notrun ? " (some not run)" : "");
+            else
+                ok(!bad, "%s %s %s%s: counts {%s}, in/out of place%s", tag, coll_names[c->coll],
+                   ddp_dtype_name((ddp_dtype_t)c->dtype),
+                   c->coll == C_BC ? (c->root == 0 ? " root 0" : " root last") : "", counts,
+                   notrun ? " (some not run)" : "");
+        }
+    }
+}
+
+static run_cfg_t *add_run(run_cfg_t *runs, int *n, int p, size_t seg, const char *algo, int big, int ar_only,
+                           const size_t *counts, int ncounts) {
+    run_cfg_t *c = &runs[(*n)++];
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    c->segment_bytes = seg;
+    c->algo = algo;
+    c->big = big;
+    c->ar_only = ar_only;
+    memcpy(c->counts, counts, sizeof *counts * (size_t)ncounts);
+    c->ncounts = ncounts;
+    return c;
+}
+
+int main(void) {
+    static const size_t base_counts[] = {0, 1, 3, 1000};
+    static const size_t ring_counts[] = {0, 1, 3, 1000, MID};
+    static const size_t rd_counts[] = {1, 3, 1000, MID};
+    run_cfg_t runs[24];
+    int nruns = 0, i, quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
+    double t0;
+    t_init();
+    if (sizeof(coll_shm_t) > T_USER_BYTES) t_bail("coll_shm_t too big");
+    for (i = 1; i <= 8; i++) {
+        if (quick && i != 1 && i != 2 && i != 3 && i != 5) continue;
+        add_run(runs, &nruns, i, 0, NULL, (i == 2 || i == 3 || i == 5 || i == 8) ? BIG_ALL : BIG_SUBSET, 0, base_counts, 4);
+    }
+    for (i = 0; i < 3; i++) {
+        static const int ps[3] = {2, 3, 8};
+        if (quick && ps[i] == 8) continue;
+        add_run(runs, &nruns, ps[i], 4096, "ring", BIG_NONE, 0, ring_counts, 5);
+    }
+    add_run(runs, &nruns, 4, 0, "rd", BIG_NONE, 1, rd_counts, 4);
+    add_run(runs, &nruns, quick ? 3 : 7, 0, "rd", BIG_NONE, 1, rd_counts, 4);
+    t0 = t_now();
+    for (i = 0; i < nruns; i++) {
+        int nbad;
+        S = (coll_shm_t *)t_shm_user(sizeof(coll_shm_t));
+        S->ncases = build_cases(&runs[i]);
+        nbad = run_ranks(runs[i].p, child, &runs[i], 300);
+        report_run(&runs[i], nbad);
+    }
+    diag("total %.1f s", t_now() - t0);
+    return t_done();
+}

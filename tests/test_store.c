@@ -1,0 +1,751 @@
+/* tests/test_store.c — the rendezvous key-value store (ddp_store_*), c10d TCPStore semantics,
+ * with clients in several real processes over loopback TCP. Prints TAP.
+ *
+ *   build/test_store
+ *
+ * - set/get (binary values with NUL bytes, empty and 1 MiB values, a get into a smaller buffer
+ *   copies what fits and reports the full length), add (concurrent from 4 processes and from
+ *   4 threads sharing one handle), compare_set (missing key, wrong/right expected value, a
+ *   lock-free counter from 4 processes), check, delete, wait on several keys.
+ * - get and wait block until another process sets the key; a wait or get that times out
+ *   returns DDP_ERR_TIMEOUT promptly and the handle keeps working afterwards.
+ * - job secret: wrong, missing or prefix secret -> DDP_ERR_AUTH at once; the right one, or the
+ *   same one from DDP_JOB_SECRET, is accepted; communicators with different secrets fail.
+ * - strangers: garbage, a request before the handshake, an absurd length, a half request left
+ *   hanging: each is dropped (or ignored) while real clients go on being served; an idle
+ *   stranger must not keep the server's close waiting for the whole timeout.
+ * - a port another listener holds: ddp_store_open and ddp_comm_init fail at once with an error
+ *   that says the port is in use; nobody listening: a client times out when told to.
+ * - the server dying under a blocked client: the client gets DDP_ERR_REMOTE promptly; writing
+ *   1 MiB to the dead server is an error, not SIGPIPE.
+ * - invalid arguments: NULL store/key/value, bad ports, over-long keys and values.
+ * - two communicators per process over one store the user opened (desc.store, store_prefix),
+ *   local ranks from DDP_HOST_ID; the user's store outlives them. */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "tests/ddp_test.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+
+typedef struct {
+    int port;                 /* published by the server rank */
+    int server_dead;
+    int strangers_ready, client_done;
+    double t_set[3];          /* when "late", "w/a", "w/b" were set (CLOCK_MONOTONIC) */
+} store_shm_t;
+
+static store_shm_t *S;
+
+/* Waits (polling shared memory) for rank 0 to publish its store's port. */
+static int wait_port(void) {
+    double t0 = t_now();
+    while (!__atomic_load_n(&S->port, __ATOMIC_SEQ_CST)) {
+        if (t_now() - t0 > 20) return 0;
+        t_sleep_ms(2);
+    }
+    return S->port;
+}
+
+static ddp_store_desc_t sdesc(int timeout_ms, const char *secret, int quiet) {
+    ddp_store_desc_t d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = timeout_ms;
+    d.secret = secret;
+    d.log_level = quiet ? 1 : 0;
+    d.log_rank = t_rank + 1;
+    return d;
+}
+
+/* Rank 0 opens the server on port 0 (any) and publishes it; others connect to it. */
+static ddp_store_t *open_store(int rank, int timeout_ms, const char *secret) {
+    ddp_store_t *s = NULL;
+    ddp_store_desc_t d = sdesc(timeout_ms, secret, 0);
+    ddp_result_t r;
+    if (rank == 0) {
+        r = ddp_store_open(&s, NULL, 0, 1, &d);
+        if (!ok(r == DDP_SUCCESS && s && ddp_store_port(s) > 0, "server ddp_store_open on port 0 -> %s, port %d",
+                ddp_strerror(r), s ? ddp_store_port(s) : -1))
+            return NULL;
+        __atomic_store_n(&S->port, ddp_store_port(s), __ATOMIC_SEQ_CST);
+    } else {
+        int port = wait_port();
+        if (!port) { ok(0, "the server never published its port"); return NULL; }
+        r = ddp_store_open(&s, "127.0.0.1", port, 0, &d);
+        if (!ok(r == DDP_SUCCESS && s, "client ddp_store_open 127.0.0.1:%d -> %s", port, ddp_strerror(r))) return NULL;
+    }
+    return s;
+}
+
+/* A barrier among p store clients, by key. */
+static int sbarrier(ddp_store_t *s, const char *name, int p) {
+    char key[128], go[140];
+    int64_t v = 0;
+    const char *keys[1];
+    snprintf(key, sizeof key, "barrier/%s", name);
+    snprintf(go, sizeof go, "barrier/%s/go", name);
+    if (ddp_store_add(s, key, 1, &v) != DDP_SUCCESS) return 0;
+    if (v == p && ddp_store_set(s, go, "1", 1) != DDP_SUCCESS) return 0;
+    keys[0] = go;
+    return ddp_store_wait(s, keys, 1, 0) == DDP_SUCCESS;
+}
+
+static int get_str(ddp_store_t *s, const char *key, char *buf, size_t cap) {
+    size_t len = 0;
+    if (ddp_store_get(s, key, buf, cap - 1, &len) != DDP_SUCCESS) return 0;
+    buf[len < cap - 1 ? len : cap - 1] = 0;
+    return 1;
+}
+
+/* ----------------------------------------------------------------- basic semantics, 4 procs */
+typedef struct { ddp_store_t *s; int n; int fails; } adder_t;
+static void *adder(void *arg) {
+    adder_t *a = (adder_t *)arg;
+    int i;
+    for (i = 0; i < a->n; i++) if (ddp_store_add(a->s, "tcounter", 1, NULL) != DDP_SUCCESS) a->fails++;
+    return NULL;
+}
+
+static int basic(int rank, int p, void *arg) {
+    ddp_store_t *s;
+    char buf[256];
+    size_t len = 0;
+    int64_t v = 0;
+    int i;
+    ddp_result_t r;
+    (void)arg;
+    t_where("open");
+    s = open_store(rank, 8000, NULL);   /* also what the server's close may wait, at most */
+    if (!s) return 1;
+    t_where("own keys");
+    {   /* every rank: a binary value under its own key; then everyone reads everyone's */
+        unsigned char val[16], got[16];
+        char key[32];
+        const char *keys[T_MAX_RANKS] = {0};
+        char names[T_MAX_RANKS][32];
+        int q, good = 1;
+        for (i = 0; i < 16; i++) val[i] = (unsigned char)(i % 3 == 0 ? 0 : rank * 16 + i);
+        snprintf(key, sizeof key, "rank/%d", rank);
+        ok(ddp_store_set(s, key, val, sizeof val) == DDP_SUCCESS, "set %s (16 bytes with NULs)", key);
+        for (q = 0; q < p; q++) { snprintf(names[q], sizeof names[q], "rank/%d", q); keys[q] = names[q]; }
+        r = ddp_store_wait(s, keys, p, 0);
+        ok(r == DDP_SUCCESS, "wait for all %d ranks' keys -> %s", p, ddp_strerror(r));
+        for (q = 0; q < p; q++) {
+            len = 0;
+            memset(got, 0, sizeof got);
+            if (ddp_store_get(s, names[q], got, sizeof got, &len) != DDP_SUCCESS || len != 16) { good = 0; continue; }
+            for (i = 0; i < 16; i++) if (got[i] != (unsigned char)(i % 3 == 0 ? 0 : q * 16 + i)) good = 0;
+        }
+        ok(good, "every rank's binary value reads back exactly, NUL bytes included");
+    }
+    if (rank == 0) {
+        t_where("rank 0 single-client checks");
+        ok(ddp_store_set(s, "greeting", "hello", 5) == DDP_SUCCESS, "set greeting");
+        memset(buf, 0, sizeof buf);
+        r = ddp_store_get(s, "greeting", buf, 3, &len);
+        ok(r == DDP_SUCCESS && len == 5 && !memcmp(buf, "hel", 3) && buf[3] == 0,
+           "get into a 3-byte buffer copies 3 bytes and reports the full length 5 (len %zu)", len);
+        ok(get_str(s, "greeting", buf, sizeof buf) && !strcmp(buf, "hello"), "the connection is still in step after a short read");
+        ok(ddp_store_set(s, "greeting", "bye", 3) == DDP_SUCCESS && get_str(s, "greeting", buf, sizeof buf) && !strcmp(buf, "bye"),
+           "set overwrites");
+        ok(ddp_store_set(s, "empty", NULL, 0) == DDP_SUCCESS, "set an empty value");
+        len = 99;
+        r = ddp_store_get(s, "empty", buf, sizeof buf, &len);
+        ok(r == DDP_SUCCESS && len == 0, "get an empty value -> %s, len %zu", ddp_strerror(r), len);
+        len = 99;
+        r = ddp_store_get(s, "greeting", NULL, 0, &len);
+        ok(r == DDP_SUCCESS && len == 3, "get with no buffer (cap 0) just reports the length (%zu)", len);
+        {
+            int ex = -1, del = -1;
+            ok(ddp_store_check(s, "greeting", &ex) == DDP_SUCCESS && ex == 1, "check: an existing key exists");
+            ok(ddp_store_check(s, "no-such-key", &ex) == DDP_SUCCESS && ex == 0, "check: a missing key does not");
+            ok(ddp_store_delete(s, "greeting", &del) == DDP_SUCCESS && del == 1, "delete an existing key -> deleted 1");
+            ok(ddp_store_check(s, "greeting", &ex) == DDP_SUCCESS && ex == 0, "check after delete: gone");
+            ok(ddp_store_delete(s, "greeting", &del) == DDP_SUCCESS && del == 0, "delete it again -> deleted 0");
+        }
+        {   /* compare_set */
+            char actual[64];
+            size_t alen = 0;
+            r = ddp_store_compare_set(s, "cas", NULL, 0, "one", 3, actual, sizeof actual, &alen);
+            ok(r == DDP_SUCCESS && alen == 3 && !memcmp(actual, "one", 3), "compare_set on a missing key with expected_len 0 sets it");
+            r = ddp_store_compare_set(s, "cas", "xxx", 3, "two", 3, actual, sizeof actual, &alen);
+            ok(r == DDP_SUCCESS && alen == 3 && !memcmp(actual, "one", 3), "compare_set with a wrong expected value changes nothing, returns the current");
+            r = ddp_store_compare_set(s, "cas", NULL, 0, "two", 3, actual, sizeof actual, &alen);
+            ok(r == DDP_SUCCESS && alen == 3 && !memcmp(actual, "one", 3), "compare_set expecting 'missing' on an existing key changes nothing");
+            r = ddp_store_compare_set(s, "cas", "one", 3, "three", 5, actual, sizeof actual, &alen);
+            ok(r == DDP_SUCCESS && alen == 5 && !memcmp(actual, "three", 5), "compare_set with the right expected value swaps");
+            ok(get_str(s, "cas", buf, sizeof buf) && !strcmp(buf, "three"), "get sees the swapped value");
+        }
+        {   /* add */
+            ok(ddp_store_add(s, "n", 5, &v) == DDP_SUCCESS && v == 5, "add to a missing key starts from 0 (5)");
+            ok(ddp_store_add(s, "n", -7, &v) == DDP_SUCCESS && v == -2, "add a negative delta (-2)");
+            ok(ddp_store_add(s, "n", 0, &v) == DDP_SUCCESS && v == -2 && get_str(s, "n", buf, sizeof buf) && !strcmp(buf, "-2"),
+               "add 0 reads the counter; get sees it as decimal text");
+            ok(ddp_store_add(s, "n", INT64_MAX, &v) == DDP_SUCCESS && v == INT64_MAX - 2, "add a large delta (64-bit)");
+        }
+        {   /* a 1 MiB value */
+            size_t n = 1 << 20;
+            unsigned char *big = (unsigned char *)malloc(n), *back = (unsigned char *)malloc(n);
+            for (i = 0; i < (int)n; i++) big[i] = (unsigned char)(i * 7 + (i >> 11));
+            ok(ddp_store_set(s, "big", big, n) == DDP_SUCCESS, "set a 1 MiB value");
+            len = 0;
+            ok(ddp_store_get(s, "big", back, n, &len) == DDP_SUCCESS && len == n && !memcmp(big, back, n), "get it back intact");
+            free(big);
+            free(back);
+        }
+    }
+    t_where("concurrent add");
+    for (i = 0; i < 100; i++) if (ddp_store_add(s, "counter", 1, NULL) != DDP_SUCCESS) break;
+    ok(i == 100, "100 concurrent adds of 1 from this process");
+    t_where("concurrent compare_set");
+    {   /* A lock-free counter: read "n:writer", compare_set it to "n+1:me:seq", retry on
+         * conflict. Every written value is unique, so "actual == desired" means we won. */
+        int done = 0, tries = 0;
+        while (done < 25 && tries < 100000) {
+            char cur[64], nxt[64], actual[64];
+            size_t clen = 0, alen = 0;
+            int exists = 0;
+            long val = 0;
+            tries++;
+            if (ddp_store_check(s, "cas_counter", &exists) != DDP_SUCCESS) break;
+            if (exists) {
+                if (ddp_store_get(s, "cas_counter", cur, sizeof cur - 1, &clen) != DDP_SUCCESS) break;
+                cur[clen] = 0;
+                val = atol(cur);
+            } else {
+                clen = 0;
+            }
+            snprintf(nxt, sizeof nxt, "%ld:%d:%d", val + 1, rank, tries);
+            if (ddp_store_compare_set(s, "cas_counter", cur, clen, nxt, strlen(nxt), actual, sizeof actual, &alen) != DDP_SUCCESS) break;
+            if (alen == strlen(nxt) && !memcmp(actual, nxt, alen)) done++;
+        }
+        ok(done == 25, "25 increments through compare_set (%d tries)", tries);
+    }
+    if (rank == p - 1) {   /* 4 threads sharing this process's handle */
+        pthread_t th[4];
+        adder_t a[4];
+        int fails = 0;
+        for (i = 0; i < 4; i++) { a[i].s = s; a[i].n = 50; a[i].fails = 0; pthread_create(&th[i], NULL, adder, &a[i]); }
+        for (i = 0; i < 4; i++) { pthread_join(th[i], NULL); fails += a[i].fails; }
+        ok(fails == 0, "4 threads x 50 adds through one handle");
+    }
+    ok(sbarrier(s, "counted", p), "store barrier");
+    ok(ddp_store_add(s, "counter", 0, &v) == DDP_SUCCESS && v == 100 * p, "concurrent adds from %d processes add up (%lld)", p, (long long)v);
+    ok(get_str(s, "cas_counter", buf, sizeof buf) && atol(buf) == 25L * p, "compare_set counter from %d processes is exact (%s)", p, buf);
+    ok(ddp_store_add(s, "tcounter", 0, &v) == DDP_SUCCESS && v == 200, "adds from 4 threads on one handle add up (%lld)", (long long)v);
+
+    /* get and wait block until another process sets */
+    t_where("blocking get");
+    ok(sbarrier(s, "before-late", p), "store barrier");
+    if (rank == 1) {
+        int good = get_str(s, "late", buf, sizeof buf);
+        double back = t_now();
+        ok(good && !strcmp(buf, "finally"), "get blocks until another process sets the key (got '%s')", good ? buf : "?");
+        ok(S->t_set[0] > 0 && back >= S->t_set[0] && back - S->t_set[0] < 5,
+           "... and returns once it is set (%.3f s after the set)", back - S->t_set[0]);
+    } else if (rank == 2) {
+        t_sleep_ms(300);
+        S->t_set[0] = t_now();
+        ok(ddp_store_set(s, "late", "finally", 7) == DDP_SUCCESS, "set the key another process waits for");
+    } else if (rank == 3) {
+        const char *keys[2] = {"w/a", "w/b"};
+        double back;
+        r = ddp_store_wait(s, keys, 2, 0);
+        back = t_now();
+        ok(r == DDP_SUCCESS && S->t_set[1] > 0 && S->t_set[2] > 0 && back >= S->t_set[1] && back >= S->t_set[2],
+           "wait for two keys returns after both were set by two other processes -> %s", ddp_strerror(r));
+    }
+    if (rank == 1) { t_sleep_ms(200); S->t_set[1] = t_now(); ddp_store_set(s, "w/a", "1", 1); }
+    if (rank == 2) { t_sleep_ms(200); S->t_set[2] = t_now(); ddp_store_set(s, "w/b", "1", 1); }
+    if (rank == 0) {
+        const char *keys[1] = {"never"};
+        double t0 = t_now(), dt;
+        t_where("wait timeout");
+        r = ddp_store_wait(s, keys, 1, 300);
+        dt = t_now() - t0;
+        ok(r == DDP_ERR_TIMEOUT, "wait(timeout 300 ms) on a key nobody sets -> %s", ddp_strerror(r));
+        ok(dt >= 0.25 && dt < 2.0, "... promptly (%.3f s)", dt);
+        ok(ddp_store_set(s, "after-timeout", "x", 1) == DDP_SUCCESS && get_str(s, "after-timeout", buf, sizeof buf) &&
+           !strcmp(buf, "x"), "the handle works after a timed-out wait");
+    }
+    if (rank == 1) {   /* a client whose own timeout is short: get times out */
+        ddp_store_t *s2 = NULL;
+        ddp_store_desc_t d = sdesc(400, NULL, 1);
+        double t0, dt;
+        t_where("get timeout");
+        r = ddp_store_open(&s2, "127.0.0.1", S->port, 0, &d);
+        ok(r == DDP_SUCCESS, "second client with timeout 400 ms");
+        if (s2) {
+            t0 = t_now();
+            r = ddp_store_get(s2, "never2", buf, sizeof buf, &len);
+            dt = t_now() - t0;
+            ok(r == DDP_ERR_TIMEOUT && dt >= 0.3 && dt < 2.5, "get on a key nobody sets -> %s after %.3f s (timeout 0.4 s)",
+               ddp_strerror(r), dt);
+            ok(ddp_store_get(s2, "after-timeout", buf, sizeof buf, &len) == DDP_SUCCESS || ddp_store_set(s2, "k2", "v", 1) == DDP_SUCCESS,
+               "the handle works after a timed-out get");
+            ok(ddp_store_last_error(s2)[0] != 0, "ddp_store_last_error says why: %s", ddp_store_last_error(s2));
+            ok(ddp_store_close(s2) == DDP_SUCCESS, "close the second client");
+        }
+    }
+    t_where("final barrier");
+    ok(sbarrier(s, "end", p), "store barrier at the end");
+    ok(ddp_store_port(s) == S->port, "ddp_store_port is the server's port on every handle");
+    if (rank == 0) {
+        double t0 = t_now();
+        /* the clients close right after the barrier; the server then closes */
+        r = ddp_store_close(s);
+        ok(r == DDP_SUCCESS && t_now() - t0 < 3, "server close returns once the clients are gone, including those whose "
+           "get/wait timed out (%.3f s; store timeout 8 s)", t_now() - t0);
+    } else {
+        ok(ddp_store_close(s) == DDP_SUCCESS, "client close");
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- job secret */
+static int auth(int rank, int p, void *arg) {
+    ddp_store_t *s = NULL, *c = NULL;
+    ddp_result_t r;
+    char buf[32];
+    (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (rank == 0) {
+        ddp_store_desc_t d = sdesc(20000, "s3cret", 1);
+        r = ddp_store_open(&s, NULL, 0, 1, &d);
+        if (!ok(r == DDP_SUCCESS, "server with a job secret")) return 1;
+        __atomic_store_n(&S->port, ddp_store_port(s), __ATOMIC_SEQ_CST);
+        ok(ddp_store_set(s, "k", "v", 1) == DDP_SUCCESS, "the server's own handle knows the secret");
+        while (!__atomic_load_n(&S->server_dead, __ATOMIC_SEQ_CST)) t_sleep_ms(5);   /* "client done" */
+        ddp_store_close(s);
+        return 0;
+    } else {
+        static const char *const wrong[] = {"wrong", NULL, "s3cre", "s3cret!", ""};
+        int port = wait_port(), i;
+        for (i = 0; i < 5; i++) {
+            ddp_store_desc_t d = sdesc(20000, wrong[i], 1);
+            double t0 = t_now();
+            c = NULL;
+            r = ddp_store_open(&c, "127.0.0.1", port, 0, &d);
+            ok(r == DDP_ERR_AUTH && c == NULL && t_now() - t0 < 3, "secret %s%s%s -> %s (%.3f s)", wrong[i] ? "'" : "",
+               wrong[i] ? wrong[i] : "NULL (none)", wrong[i] ? "'" : "", ddp_strerror(r), t_now() - t0);
+            if (c) ddp_store_close(c);
+        }
+        {
+            ddp_store_desc_t d = sdesc(20000, "s3cret", 1);
+            c = NULL;
+            r = ddp_store_open(&c, "127.0.0.1", port, 0, &d);
+            ok(r == DDP_SUCCESS && c && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"), "the right secret is accepted -> %s", ddp_strerror(r));
+            if (c) ddp_store_close(c);
+        }
+        {
+            ddp_store_desc_t d = sdesc(20000, NULL, 1);
+            setenv("DDP_JOB_SECRET", "s3cret", 1);
+            c = NULL;
+            r = ddp_store_open(&c, "127.0.0.1", port, 0, &d);
+            ok(r == DDP_SUCCESS && c, "the secret from DDP_JOB_SECRET is used when the desc has none -> %s", ddp_strerror(r));
+            if (c) ddp_store_close(c);
+            unsetenv("DDP_JOB_SECRET");
+        }
+        __atomic_store_n(&S->server_dead, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+}
+
+/* Communicators whose ranks were given different secrets. */
+static int comm_auth(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *comm = NULL;
+    ddp_result_t r;
+    double t0;
+    (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    t_desc(&d, 1500);
+    d.job_secret = rank == 0 ? "alpha" : "beta";
+    d.log_level = 1;
+    t0 = t_now();
+    r = ddp_comm_init(&comm, p, rank, &d);
+    if (rank == 1) {
+        ok(r == DDP_ERR_AUTH, "rank with the wrong job secret: ddp_comm_init -> %s", ddp_strerror(r));
+        ok(strstr(ddp_last_init_error(), "secret") != NULL, "the message says it is the secret: %s", ddp_last_init_error());
+        ok(t_now() - t0 < 1.4, "... at once (%.3f s, timeout 1.5 s)", t_now() - t0);
+    } else {
+        ok(r != DDP_SUCCESS && t_now() - t0 < 5, "rank 0, whose peer was refused, fails too (%s) within %.3f s", ddp_strerror(r), t_now() - t0);
+    }
+    if (comm) ddp_comm_destroy(comm);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- strangers */
+static int raw_connect(int port) {
+    struct sockaddr_in a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { close(fd); return -1; }
+    return fd;
+}
+
+/* 1 if the peer closes the connection within ms (reading and discarding whatever comes). */
+static int closed_within(int fd, int ms) {
+    double t0 = t_now();
+    char b[256];
+    for (;;) {
+        struct pollfd pfd;
+        int left = ms - (int)((t_now() - t0) * 1000);
+        ssize_t n;
+        if (left <= 0) return 0;
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, left) <= 0) continue;
+        n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
+    }
+}
+
+static int strangers(int rank, int p, void *arg) {
+    ddp_store_t *s;
+    char buf[64];
+    int i;
+    (void)arg; (void)p;
+    if (rank == 2) {   /* the stranger */
+        int port = wait_port(), fd, silent;
+        unsigned char junk[256];
+        uint32_t hdr[8];
+        for (i = 0; i < (int)sizeof junk; i++) junk[i] = (unsigned char)(i * 37 + 11);
+        fd = raw_connect(port);
+        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && closed_within(fd, 3000),
+           "a stranger sending 256 bytes of garbage is disconnected");
+        if (fd >= 0) close(fd);
+        /* The store's wire header: {u32 magic, op, klen, v1len, v2len, flags; i64 arg}. */
+        memset(hdr, 0, sizeof hdr);
+        hdr[0] = 0x44445053u;      /* "DDPS" */
+        hdr[1] = 2;                /* SET, without the HELLO handshake first */
+        hdr[2] = 1; hdr[3] = 1;
+        fd = raw_connect(port);
+        ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && send(fd, "kv", 2, MSG_NOSIGNAL) == 2 &&
+           closed_within(fd, 3000), "a stranger sending a request before the handshake is disconnected");
+        if (fd >= 0) close(fd);
+        hdr[1] = 1;                /* HELLO with an absurd key length */
+        hdr[2] = 0xffffff00u;
+        fd = raw_connect(port);
+        ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && closed_within(fd, 3000),
+           "a stranger announcing a 4 GiB key is disconnected (no allocation of that size)");
+        if (fd >= 0) close(fd);
+        /* Half a header, then silence, while rank 1 works; then an idle connection that stays
+         * open until the server closes (the server's close must not wait for it). */
+        fd = raw_connect(port);
+        ok(fd >= 0 && send(fd, hdr, 10, MSG_NOSIGNAL) == 10, "a stranger sends half a header and goes quiet");
+        silent = raw_connect(port);
+        __atomic_store_n(&S->strangers_ready, 1, __ATOMIC_SEQ_CST);          /* "strangers in place" */
+        while (!__atomic_load_n(&S->client_done, __ATOMIC_SEQ_CST)) t_sleep_ms(5);   /* rank 1 done */
+        if (fd >= 0) close(fd);
+        /* keep `silent` open until the server is gone (or 10 s) */
+        if (silent >= 0) { closed_within(silent, 10000); close(silent); }
+        return 0;
+    }
+    s = open_store(rank, 8000, NULL);
+    if (!s) return 1;
+    if (rank == 1) {
+        int good = 1;
+        double t0 = t_now();
+        while (!__atomic_load_n(&S->strangers_ready, __ATOMIC_SEQ_CST) && t_now() - t0 < 20) t_sleep_ms(5);
+        for (i = 0; i < 200 && good; i++) {
+            char key[32], val[32];
+            snprintf(key, sizeof key, "k%d", i);
+            snprintf(val, sizeof val, "v%d", i * i);
+            good = ddp_store_set(s, key, val, strlen(val)) == DDP_SUCCESS && get_str(s, key, buf, sizeof buf) && !strcmp(buf, val);
+        }
+        ok(good, "a real client is served normally while strangers misbehave (200 set/get)");
+        __atomic_store_n(&S->client_done, 1, __ATOMIC_SEQ_CST);
+        ddp_store_close(s);
+        return 0;
+    }
+    /* rank 0, the server */
+    while (!__atomic_load_n(&S->client_done, __ATOMIC_SEQ_CST)) t_sleep_ms(5);
+    t_sleep_ms(100);   /* rank 1's close reaches the server */
+    {
+        double t0 = t_now();
+        ddp_result_t r = ddp_store_close(s);
+        double dt = t_now() - t0;
+        ok(r == DDP_SUCCESS && dt < 3, "server close is not held up by an idle unauthenticated connection (%.3f s; store timeout 8 s)", dt);
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- ports */
+static int listen_on(const char *ip, int port) {
+    struct sockaddr_in a;
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, ip, &a.sin_addr);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 16) != 0) { close(fd); return -1; }
+    return fd;
+}
+
+/* Runs f with fd 2 captured; returns what was written to it (static buffer). */
+static const char *captured;
+static ddp_result_t with_stderr_captured(ddp_result_t (*f)(void *), void *arg) {
+    static char out[4096];
+    int pfd[2], saved = dup(2);
+    ssize_t n;
+    ddp_result_t r;
+    out[0] = 0;
+    if (pipe(pfd) != 0) return f(arg);
+    fflush(stderr);
+    dup2(pfd[1], 2);
+    r = f(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(pfd[1]);
+    fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+    n = read(pfd[0], out, sizeof out - 1);
+    out[n > 0 ? n : 0] = 0;
+    close(pfd[0]);
+    captured = out;
+    return r;
+}
+
+static int held_port;
+static ddp_result_t open_server_on_held(void *arg) {
+    ddp_store_t **s = (ddp_store_t **)arg;
+    ddp_store_desc_t d = sdesc(3000, NULL, 0);
+    d.log_level = DDP_LOG_WARN + 1;
+    return ddp_store_open(s, NULL, held_port, 1, &d);
+}
+
+static int ports(int rank, int p, void *arg) {
+    static const char *const ips[2] = {"0.0.0.0", "127.0.0.1"};
+    int i;
+    (void)rank; (void)p; (void)arg;
+    for (i = 0; i < 2; i++) {
+        int port = t_free_port(), fd = listen_on(ips[i], port);
+        ddp_store_t *s = NULL;
+        ddp_result_t r;
+        double t0;
+        if (!ok(fd >= 0, "hold port %d on %s", port, ips[i])) continue;
+        held_port = port;
+        t0 = t_now();
+        r = with_stderr_captured(open_server_on_held, &s);
+        ok(r != DDP_SUCCESS && s == NULL && t_now() - t0 < 2, "ddp_store_open(server) on a port %s holds -> %s (%.3f s)",
+           ips[i], ddp_strerror(r), t_now() - t0);
+        ok(strstr(captured, "in use") != NULL && t_mentions_int(captured, port), "the warning says port %d is in use: %.200s", port, captured);
+        if (s) ddp_store_close(s);
+        {
+            ddp_comm_desc_t d;
+            ddp_comm_t *comm = NULL;
+            t_desc(&d, 3000);
+            d.master_port = port;
+            d.log_level = 1;
+            t0 = t_now();
+            r = ddp_comm_init(&comm, 1, 0, &d);
+            ok(r != DDP_SUCCESS && comm == NULL && t_now() - t0 < 2, "ddp_comm_init as rank 0 on a port %s holds -> %s (%.3f s)",
+               ips[i], ddp_strerror(r), t_now() - t0);
+            ok(strstr(ddp_last_init_error(), "in use") != NULL && t_mentions_int(ddp_last_init_error(), port),
+               "ddp_last_init_error says port %d is in use: %s", port, ddp_last_init_error());
+            if (comm) ddp_comm_destroy(comm);
+        }
+        close(fd);
+    }
+    {   /* nobody listening: a client gives up after its timeout */
+        int port = t_free_port();
+        ddp_store_t *s = NULL;
+        ddp_store_desc_t d = sdesc(500, NULL, 1);
+        double t0 = t_now(), dt;
+        ddp_result_t r = ddp_store_open(&s, "127.0.0.1", port, 0, &d);
+        dt = t_now() - t0;
+        ok(r == DDP_ERR_TIMEOUT && s == NULL, "client to a port nobody listens on -> %s", ddp_strerror(r));
+        ok(dt >= 0.4 && dt < 3, "... after its timeout of 0.5 s (%.3f s)", dt);
+    }
+    {   /* two servers on one port: the second fails */
+        ddp_store_t *a = NULL, *b = NULL;
+        ddp_store_desc_t d = sdesc(3000, NULL, 1);
+        ddp_result_t r = ddp_store_open(&a, NULL, 0, 1, &d);
+        if (ok(r == DDP_SUCCESS, "server on port 0")) {
+            r = ddp_store_open(&b, NULL, ddp_store_port(a), 1, &d);
+            ok(r != DDP_SUCCESS && b == NULL, "a second server on the same port -> %s", ddp_strerror(r));
+            if (b) ddp_store_close(b);
+            ddp_store_close(a);
+        }
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- the server dies */
+static int server_dies(int rank, int p, void *arg) {
+    ddp_store_t *s;
+    (void)p; (void)arg;
+    s = open_store(rank, 20000, NULL);
+    if (!s) return 1;
+    if (rank == 0) {
+        t_sleep_ms(400);
+        __atomic_store_n(&S->server_dead, 1, __ATOMIC_SEQ_CST);
+        _exit(0);   /* no close: the kernel drops the connections, as when a process crashes */
+    } else {
+        char buf[16];
+        size_t len;
+        double t0 = t_now(), dt;
+        ddp_result_t r = ddp_store_get(s, "never", buf, sizeof buf, &len);
+        dt = t_now() - t0;
+        ok(r == DDP_ERR_REMOTE, "a get blocked on a server that dies -> %s", ddp_strerror(r));
+        ok(dt < 5, "... promptly (%.3f s; timeout 20 s)", dt);
+        ok(strstr(ddp_store_last_error(s), "127.0.0.1") != NULL, "the error names the master: %s", ddp_store_last_error(s));
+        ddp_store_close(s);
+    }
+    return 0;
+}
+
+/* A client writing 1 MiB to a server that is gone: an error, not SIGPIPE. */
+static int dead_write(int rank, int p, void *arg) {
+    ddp_store_t *s;
+    (void)p; (void)arg;
+    s = open_store(rank, 2000, NULL);
+    if (!s) return 1;
+    if (rank == 0) {
+        while (!__atomic_load_n(&S->server_dead, __ATOMIC_SEQ_CST)) t_sleep_ms(2);  /* client ready */
+        _exit(0);
+    } else {
+        size_t n = 1 << 20, i;
+        unsigned char *big = (unsigned char *)malloc(n);
+        ddp_result_t r;
+        for (i = 0; i < n; i++) big[i] = (unsigned char)i;
+        ok(ddp_store_set(s, "x", "y", 1) == DDP_SUCCESS, "client connected");
+        __atomic_store_n(&S->server_dead, 1, __ATOMIC_SEQ_CST);
+        t_sleep_ms(300);   /* the server has exited */
+        r = ddp_store_set(s, "big", big, n);
+        ok(r != DDP_SUCCESS, "set of 1 MiB to a dead server -> %s (and this process is still alive)", ddp_strerror(r));
+        free(big);
+        ddp_store_close(s);
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- communicators on a user's store */
+/* Two communicators per process rendezvous through one store the user opened (rank 0 serves
+ * it), told apart by store_prefix; DDP_HOST_ID fakes two hosts, so local ranks are per host.
+ * Destroying the communicators must leave the user's store open and working. */
+static int user_store(int rank, int p, void *arg) {
+    ddp_store_t *s;
+    ddp_comm_t *a = NULL, *b = NULL;
+    ddp_comm_desc_t d;
+    ddp_result_t ra, rb;
+    int32_t x[64], y[64];
+    int i, good, lr_expect = rank / 2, ls_expect = (p + 1 - rank % 2) / 2;
+    char buf[16];
+    (void)arg;
+    setenv("DDP_HOST_ID", rank % 2 ? "host-odd" : "host-even", 1);
+    s = open_store(rank, 20000, NULL);
+    if (!s) return 1;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 20000;
+    d.store = s;
+    d.store_prefix = "job-a";
+    ra = ddp_comm_init(&a, p, rank, &d);
+    d.store_prefix = "job-b";
+    rb = ddp_comm_init(&b, p, (rank + 1) % p, &d);   /* another rank order in the second one */
+    if (!ok(ra == DDP_SUCCESS && rb == DDP_SUCCESS, "two communicators on the user's store, prefixes job-a and job-b -> %s, %s",
+            ddp_strerror(ra), ddp_strerror(rb)))
+        return 1;
+    ok(ddp_comm_store(a) == s, "ddp_comm_store is the user's store");
+    ok(ddp_comm_local_rank(a) == lr_expect && ddp_comm_local_size(a) == ls_expect,
+       "DDP_HOST_ID: local rank %d of %d on this fake host (want %d of %d)", ddp_comm_local_rank(a), ddp_comm_local_size(a),
+       lr_expect, ls_expect);
+    for (i = 0; i < 64; i++) { x[i] = rank; y[i] = 10 * rank; }
+    ra = ddp_all_reduce(x, x, 64, DDP_INT32, DDP_SUM, a);
+    rb = ddp_all_reduce(y, y, 64, DDP_INT32, DDP_MAX, b);
+    for (i = 0, good = ra == DDP_SUCCESS && rb == DDP_SUCCESS; i < 64 && good; i++)
+        good = x[i] == p * (p - 1) / 2 && y[i] == 10 * (p - 1);
+    ok(good, "all_reduce on both, interleaved (%s, %s)", ddp_strerror(ra), ddp_strerror(rb));
+    ok(ddp_comm_destroy(a) == DDP_SUCCESS && ddp_comm_destroy(b) == DDP_SUCCESS, "destroy both");
+    ok(ddp_store_set(s, "mine", "still", 5) == DDP_SUCCESS && get_str(s, "mine", buf, sizeof buf) && !strcmp(buf, "still"),
+       "the user's store still works after the communicators are gone");
+    ok(sbarrier(s, "end", p), "store barrier");
+    ok(ddp_store_close(s) == DDP_SUCCESS, "close the user's store");
+    return 0;
+}
+
+/* ----------------------------------------------------------------- invalid arguments */
+static int invalid(int rank, int p, void *arg) {
+    ddp_store_t *s = NULL, *x = NULL;
+    ddp_store_desc_t d = sdesc(3000, NULL, 1);
+    char key[DDP_STORE_MAX_KEY + 2], buf[8];
+    size_t len;
+    int ex;
+    int64_t v;
+    const char *keys[2];
+    (void)rank; (void)p; (void)arg;
+    ok(ddp_store_open(NULL, NULL, 0, 1, &d) == DDP_ERR_INVALID_ARGUMENT, "ddp_store_open(NULL out) -> INVALID_ARGUMENT");
+    ok(ddp_store_open(&x, NULL, -1, 1, &d) == DDP_ERR_INVALID_ARGUMENT && !x, "server port -1 -> INVALID_ARGUMENT");
+    ok(ddp_store_open(&x, NULL, 65536, 1, &d) == DDP_ERR_INVALID_ARGUMENT && !x, "server port 65536 -> INVALID_ARGUMENT");
+    ok(ddp_store_open(&x, "127.0.0.1", 0, 0, &d) == DDP_ERR_INVALID_ARGUMENT && !x, "client port 0 -> INVALID_ARGUMENT");
+    ok(ddp_store_open(&x, NULL, 29500, 0, &d) == DDP_ERR_INVALID_ARGUMENT && !x, "client host NULL -> INVALID_ARGUMENT");
+    ok(ddp_store_open(&x, "", 29500, 0, &d) == DDP_ERR_INVALID_ARGUMENT && !x, "client host \"\" -> INVALID_ARGUMENT");
+    ok(ddp_store_set(NULL, "k", "v", 1) == DDP_ERR_INVALID_ARGUMENT, "set on a NULL store");
+    ok(ddp_store_get(NULL, "k", buf, sizeof buf, &len) == DDP_ERR_INVALID_ARGUMENT, "get on a NULL store");
+    ok(ddp_store_add(NULL, "k", 1, &v) == DDP_ERR_INVALID_ARGUMENT, "add on a NULL store");
+    ok(ddp_store_check(NULL, "k", &ex) == DDP_ERR_INVALID_ARGUMENT, "check on a NULL store");
+    ok(ddp_store_delete(NULL, "k", &ex) == DDP_ERR_INVALID_ARGUMENT, "delete on a NULL store");
+    keys[0] = "k";
+    ok(ddp_store_wait(NULL, keys, 1, 10) == DDP_ERR_INVALID_ARGUMENT, "wait on a NULL store");
+    ok(ddp_store_compare_set(NULL, "k", NULL, 0, "v", 1, NULL, 0, NULL) == DDP_ERR_INVALID_ARGUMENT, "compare_set on a NULL store");
+    ok(ddp_store_close(NULL) == DDP_ERR_INVALID_ARGUMENT, "ddp_store_close(NULL)");
+    ok(ddp_store_port(NULL) == -1, "ddp_store_port(NULL) == -1");
+    ok(ddp_store_last_error(NULL) != NULL, "ddp_store_last_error(NULL) is not NULL");
+    if (!ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS, "a server to misuse")) return 1;
+    ok(ddp_store_set(s, NULL, "v", 1) == DDP_ERR_INVALID_ARGUMENT, "set with a NULL key");
+    ok(ddp_store_set(s, "", "v", 1) == DDP_ERR_INVALID_ARGUMENT, "set with an empty key");
+    memset(key, 'k', sizeof key);
+    key[DDP_STORE_MAX_KEY + 1] = 0;
+    ok(ddp_store_set(s, key, "v", 1) == DDP_ERR_INVALID_ARGUMENT, "set with a %d-byte key (max %d)", DDP_STORE_MAX_KEY + 1, DDP_STORE_MAX_KEY);
+    key[DDP_STORE_MAX_KEY] = 0;
+    ok(ddp_store_set(s, key, "v", 1) == DDP_SUCCESS && ddp_store_get(s, key, buf, sizeof buf, &len) == DDP_SUCCESS && len == 1,
+       "a key of exactly %d bytes works", DDP_STORE_MAX_KEY);
+    ok(ddp_store_set(s, "k", NULL, 5) == DDP_ERR_INVALID_ARGUMENT, "set with a NULL value of length 5");
+    ok(ddp_store_set(s, "k", buf, (size_t)DDP_STORE_MAX_VALUE + 1) == DDP_ERR_INVALID_ARGUMENT, "set with a value over DDP_STORE_MAX_VALUE (not read)");
+    ok(ddp_store_set(s, "k", buf, SIZE_MAX) == DDP_ERR_INVALID_ARGUMENT, "set with a SIZE_MAX length (not read)");
+    ok(ddp_store_get(s, "k", NULL, 4, &len) == DDP_ERR_INVALID_ARGUMENT, "get with a NULL buffer and cap 4");
+    ok(ddp_store_get(s, NULL, buf, sizeof buf, &len) == DDP_ERR_INVALID_ARGUMENT, "get with a NULL key");
+    ok(ddp_store_add(s, NULL, 1, &v) == DDP_ERR_INVALID_ARGUMENT, "add with a NULL key");
+    ok(ddp_store_wait(s, keys, -1, 10) == DDP_ERR_INVALID_ARGUMENT, "wait with nkeys -1");
+    ok(ddp_store_wait(s, NULL, 1, 10) == DDP_ERR_INVALID_ARGUMENT, "wait with NULL keys");
+    keys[0] = "k"; keys[1] = NULL;
+    ok(ddp_store_wait(s, keys, 2, 10) == DDP_ERR_INVALID_ARGUMENT, "wait with a NULL key in the list");
+    ok(ddp_store_wait(s, keys, 0, 10) == DDP_SUCCESS, "wait for no keys returns at once");
+    ok(ddp_store_compare_set(s, "k", NULL, 3, "v", 1, NULL, 0, NULL) == DDP_ERR_INVALID_ARGUMENT, "compare_set with a NULL expected of length 3");
+    ok(ddp_store_compare_set(s, "k", NULL, 0, NULL, 1, NULL, 0, NULL) == DDP_ERR_INVALID_ARGUMENT, "compare_set with a NULL desired of length 1");
+    ok(ddp_store_compare_set(s, "k", NULL, 0, "v", 1, NULL, 4, &len) == DDP_ERR_INVALID_ARGUMENT, "compare_set with a NULL actual and cap 4");
+    ok(ddp_store_set(s, "still", "ok", 2) == DDP_SUCCESS && ddp_store_get(s, "still", buf, sizeof buf, &len) == DDP_SUCCESS && len == 2,
+       "the store still works after all that");
+    ok(ddp_store_close(s) == DDP_SUCCESS, "close");
+    return 0;
+}
+
+static void run(const char *name, int p, int (*fn)(int, int, void *), int timeout_s) {
+    int bad;
+    S = (store_shm_t *)t_shm_user(sizeof *S);
+    diag("--- %s (%d processes)", name, p);
+    bad = run_ranks(p, fn, NULL, timeout_s);
+    ok(bad == 0, "%s: every process exited cleanly (%.1f s)", name, t_last_run.seconds);
+}
+
+int main(void) {
+    t_init();
+    run("basic semantics", 4, basic, 120);
+    run("job secret", 2, auth, 60);
+    run("communicators with different job secrets", 2, comm_auth, 60);
+    run("strangers on the store port", 3, strangers, 60);
+    run("ports in use / nobody listening", 1, ports, 60);
+    run("server dies under a blocked get", 2, server_dies, 60);
+    run("writing to a dead server", 2, dead_write, 60);
+    run("invalid arguments", 1, invalid, 60);
+    run("communicators on a user's store (store_prefix, DDP_HOST_ID)", 3, user_store, 60);
+    return t_done();
+}
