@@ -20,7 +20,7 @@ TESTS_SAN := $(patsubst tests/%.c,$(B)/san/%,$(TEST_SRCS))
 TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
-.PHONY: all test test-plain test-san headers demo bench clean
+.PHONY: all test test-plain test-san test-tsan headers demo bench clean
 all: $(B)/ddprun $(TESTS) $(EXAMPLES)
 
 $(B)/ddprun: tools/ddprun.c | $(B)
@@ -70,7 +70,16 @@ test-plain: $(TESTS) $(B)/ddprun
 test-san: $(TESTS_SAN)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(TESTS_SAN)
 
-test: headers test-plain test-san
+# ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
+TSAN_TESTS := $(B)/tsan/test_store
+$(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+	@mkdir -p $(B)/tsan
+	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+test-tsan: $(TSAN_TESTS)
+	TSAN_OPTIONS=halt_on_error=1 prove -f $(TSAN_TESTS)
+
+test: headers test-plain test-san test-tsan
 
 demo: $(B)/train_demo $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_demo

@@ -1068,7 +1068,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t f
             take += n;
         }
     }
-    if (outlen) *outlen = resp->vlen;
+    if (outlen) *outlen = rc == 0 ? resp->vlen : 0;
     if (rc != 0) {
         /* The stream is out of step now: drop it; the next call reconnects. */
         close(s->fd);

@@ -659,9 +659,12 @@ static ddp_result_t _ddp_p2p_wait(ddp_comm_t *c, const int *peers, void **reqs, 
             int done = 1;
             if (!reqs[i]) continue;
             if ((r = _ddp_test(c, peers[i], reqs[i], &done)) != DDP_SUCCESS) {
-                char prev[1024];
+                /* Re-word the transport's message: "rank R: <what>: <transport detail>". */
+                char prev[1024], *detail = prev, *tail;
                 _ddp_strlcpy(prev, c->last_error, sizeof prev);
-                return ddp_comm_fail(c, r, "%s: %s", what, prev);
+                if (!strncmp(prev, "rank ", 5) && strstr(prev, ": ")) detail = strstr(prev, ": ") + 2;
+                if ((tail = strstr(detail, " [")) != NULL) *tail = 0;
+                return ddp_comm_fail(c, r, "%s: %s", what, detail);
             }
             if (done) { reqs[i] = NULL; progressed = 1; } else pending++;
         }
@@ -678,6 +681,8 @@ static ddp_result_t _ddp_p2p_wait(ddp_comm_t *c, const int *peers, void **reqs, 
     }
 }
 
+static int _ddp_log2(int v) { int k = 0; while ((1 << k) < v) k++; return k; }
+
 DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
                                        size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     const int p = c->nranks, r = c->rank;
@@ -692,7 +697,8 @@ DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void 
     if (p == 1 || !count) return DDP_SUCCESS;
     while (p2 * 2 <= p) p2 *= 2;
     extra = p - p2;
-    snprintf(what, sizeof what, "all_reduce #%u (recursive doubling)", (unsigned)(tag & 0xffffffffu));
+    snprintf(what, sizeof what, "all_reduce #%u, recursive doubling %s rank %d",
+             (unsigned)(tag & 0xffffffffu), r >= p2 ? "fold into" : "fold from", r >= p2 ? r - p2 : r + p2);
     if (r >= p2) {          /* folded: give our data to r - p2, get the result back */
         peers[0] = peers[1] = r - p2;
         reqs[1] = NULL;
@@ -711,7 +717,10 @@ DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void 
         ddp_reduce_local(buf, buf, tmp, count, dtype, op);
     }
     for (mask = 1; mask < p2; mask <<= 1) {
-        int partner = r ^ mask;
+        int partner = r ^ mask, step = 0;
+        while ((1 << step) < mask) step++;
+        snprintf(what, sizeof what, "all_reduce #%u, recursive doubling step %d/%d with rank %d",
+                 (unsigned)(tag & 0xffffffffu), step + 1, _ddp_log2(p2), partner);
         peers[0] = peers[1] = partner;
         if ((e = _ddp_irecv(c, partner, tmp, bytes, tag, &reqs[1])) != DDP_SUCCESS ||
             (e = _ddp_isend(c, partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
@@ -721,6 +730,8 @@ DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void 
         else ddp_reduce_local(buf, tmp, buf, count, dtype, op);
     }
     if (op == DDP_AVG) ddp_divide_local(buf, count, dtype, p);
+    snprintf(what, sizeof what, "all_reduce #%u, recursive doubling result to rank %d",
+             (unsigned)(tag & 0xffffffffu), r + p2);
     if (r < extra) {
         peers[0] = r + p2;
         if ((e = _ddp_isend(c, r + p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||

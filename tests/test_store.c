@@ -619,7 +619,23 @@ static int dead_write(int rank, int p, void *arg) {
         for (i = 0; i < n; i++) big[i] = (unsigned char)i;
         ok(ddp_store_set(s, "x", "y", 1) == DDP_SUCCESS, "client connected");
         __atomic_store_n(&S->server_dead, 1, __ATOMIC_SEQ_CST);
-        t_sleep_ms(300);   /* the server has exited */
+        /* Wait until the server really is gone (its port refuses connections): a fixed sleep
+         * was too short under TSan, whose exit path is slow. */
+        {
+            int tries;
+            for (tries = 0; tries < 500; tries++) {
+                struct sockaddr_in a;
+                int fd = socket(AF_INET, SOCK_STREAM, 0), rc;
+                memset(&a, 0, sizeof a);
+                a.sin_family = AF_INET;
+                a.sin_port = htons((uint16_t)S->port);
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+                close(fd);
+                if (rc != 0) break;
+                t_sleep_ms(20);
+            }
+        }
         r = ddp_store_set(s, "big", big, n);
         ok(r != DDP_SUCCESS, "set of 1 MiB to a dead server -> %s (and this process is still alive)", ddp_strerror(r));
         free(big);
