@@ -1,0 +1,99 @@
+/* bench/mpi_allreduce_bench.c — the same sweep, method and rows as allreduce_bench.c, timing
+ * MPI_Allreduce instead of ddp_all_reduce, so the two can be put side by side.
+ *
+ *   mpicc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/mpi_allreduce_bench.c \
+ *         -o build/mpi_allreduce_bench -lm
+ *   mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl self,tcp \
+ *          --mca btl_tcp_if_include lo --mca mpi_yield_when_idle 1 \
+ *          ./build/mpi_allreduce_bench -b 8 -e 64M -f 2 -n 20 -w 5
+ *
+ * The rank count comes from mpirun (-p is ignored). half/bfloat16 and avg have no MPI
+ * equivalent and are refused.
+ */
+#define _GNU_SOURCE
+#include <mpi.h>
+
+#include "bench_common.h"
+
+static MPI_Datatype mpib_type(int dtype) {
+    switch (dtype) {
+    case BENCH_INT8: return MPI_INT8_T;
+    case BENCH_UINT8: return MPI_UINT8_T;
+    case BENCH_INT32: return MPI_INT32_T;
+    case BENCH_UINT32: return MPI_UINT32_T;
+    case BENCH_INT64: return MPI_INT64_T;
+    case BENCH_UINT64: return MPI_UINT64_T;
+    case BENCH_FLOAT32: return MPI_FLOAT;
+    case BENCH_FLOAT64: return MPI_DOUBLE;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpib_op(int op) {
+    switch (op) {
+    case BENCH_SUM: return MPI_SUM;
+    case BENCH_PROD: return MPI_PROD;
+    case BENCH_MAX: return MPI_MAX;
+    case BENCH_MIN: return MPI_MIN;
+    default: return MPI_OP_NULL;
+    }
+}
+
+static int mpib_supports(int dtype, int op) {
+    return mpib_type(dtype) != MPI_DATATYPE_NULL && mpib_op(op) != MPI_OP_NULL;
+}
+
+static int mpib_allreduce(void *ctx, const void *s, void *r, size_t count, int dtype, int op,
+                          char *err, size_t errcap) {
+    int rc, len = 0;
+    char msg[MPI_MAX_ERROR_STRING];
+    (void)ctx;
+    if (count > 0x7fffffff) { snprintf(err, errcap, "count %zu > INT_MAX", count); return 1; }
+    rc = MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, (int)count, mpib_type(dtype), mpib_op(op),
+                       MPI_COMM_WORLD);
+    if (rc == MPI_SUCCESS) return 0;
+    MPI_Error_string(rc, msg, &len);
+    snprintf(err, errcap, "MPI_Allreduce: %s", msg);
+    return 1;
+}
+
+static int mpib_barrier(void *ctx) { (void)ctx; return MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS; }
+
+static int mpib_reduce_doubles(void *ctx, double *v, int n, int op) {
+    (void)ctx;
+    return MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, op == BENCH_MAX ? MPI_MAX : MPI_SUM,
+                         MPI_COMM_WORLD) != MPI_SUCCESS;
+}
+
+static int mpib_bcast_int(void *ctx, int *v) {
+    (void)ctx;
+    return MPI_Bcast(v, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS;
+}
+
+int main(int argc, char **argv) {
+    bench_opts_t o;
+    bench_backend_t b;
+    char descr[MPI_MAX_LIBRARY_VERSION_STRING + 64], ver[MPI_MAX_LIBRARY_VERSION_STRING];
+    int rc, len = 0;
+    char *nl;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    memset(&b, 0, sizeof b);
+    MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &b.nranks);
+    if (bench_parse_args(argc, argv, &o, 0)) { MPI_Finalize(); return 2; }
+    MPI_Get_library_version(ver, &len);
+    if ((nl = strchr(ver, '\n'))) *nl = 0;
+    if ((nl = strchr(ver, ','))) *nl = 0;
+    snprintf(descr, sizeof descr, "MPI_Allreduce, %s", ver);
+    b.name = "mpi";
+    b.description = descr;
+    b.allreduce = mpib_allreduce;
+    b.barrier = mpib_barrier;
+    b.reduce_doubles = mpib_reduce_doubles;
+    b.bcast_int = mpib_bcast_int;
+    b.supports = mpib_supports;
+    rc = o.mem_mode ? bench_main_mem(&o, &b) : bench_main_sweep(&o, &b);
+    MPI_Finalize();
+    return rc;
+}
