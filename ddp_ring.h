@@ -116,24 +116,67 @@ DDP_API float ddp_bfloat16_to_float(uint16_t h) { return _ddp_bf2f(h); }
 DDP_API uint16_t ddp_float_to_bfloat16(float f) { return _ddp_f2bf(f); }
 
 /* ---------------------------------------------------------------- kernels
- * Blocks of 16 through local arrays: the inner loop has a constant trip count and no aliasing
- * question (dst may equal a or b), which is what GCC's and Clang's vectorisers want. */
+ * dst may be a, b, or neither (never a partial overlap). Each kernel comes in three versions
+ * whose pointers cannot alias (restrict): dst = dst op b, dst = a op dst, dst = a op b; the
+ * plain loops then vectorise at -O2 with no stack round trips. Operand order is kept, so max/min
+ * of NaNs and signed zeros give the same bits whichever buffer is the destination. Blocks of a
+ * constant 16 iterations are what GCC's -O2 ("very cheap") vectoriser accepts. */
+#if defined(__cplusplus)
+#define _DDP_RESTRICT __restrict
+#else
+#define _DDP_RESTRICT restrict
+#endif
+#define _DDP_NOATTR
 #define _DDP_KB 16
-#define _DDP_KERNEL(name, T, expr)                                                            \
-    static void name(void *dst_, const void *a_, const void *b_, size_t n) {                 \
-        T *d = (T *)dst_;                                                                     \
-        const T *a = (const T *)a_, *b = (const T *)b_;                                       \
-        size_t i = 0;                                                                         \
-        for (; i + _DDP_KB <= n; i += _DDP_KB) {                                              \
-            T x[_DDP_KB], y[_DDP_KB];                                                         \
-            int j;                                                                            \
-            memcpy(x, a + i, sizeof x);                                                       \
-            memcpy(y, b + i, sizeof y);                                                       \
-            for (j = 0; j < _DDP_KB; j++) { T p = x[j], q = y[j]; x[j] = (T)(expr); }        \
-            memcpy(d + i, x, sizeof x);                                                       \
-        }                                                                                     \
-        for (; i < n; i++) { T p = a[i], q = b[i]; d[i] = (T)(expr); }                        \
+#define _DDP_KERNEL_VARIANTS(name, attr, T, LOAD, STORE, expr)                                \
+    attr static void name##_ab(T *_DDP_RESTRICT d, const T *_DDP_RESTRICT a,                       \
+                          const T *_DDP_RESTRICT b, size_t n) {                               \
+        size_t i = 0, j;                                                                      \
+        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                \
+            for (j = 0; j < _DDP_KB; j++) {                                                   \
+                size_t k = i + j;                                                             \
+                LOAD(p, a[k]); LOAD(q, b[k]); d[k] = STORE(expr);                              \
+            }                                                                                 \
+        for (; i < n; i++) { size_t k = i; LOAD(p, a[k]); LOAD(q, b[k]); d[k] = STORE(expr); } \
+    }                                                                                         \
+    attr static void name##_da(T *_DDP_RESTRICT d, const T *_DDP_RESTRICT b, size_t n) {           \
+        size_t i = 0, j;                                                                      \
+        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                \
+            for (j = 0; j < _DDP_KB; j++) {                                                   \
+                size_t k = i + j;                                                             \
+                LOAD(p, d[k]); LOAD(q, b[k]); d[k] = STORE(expr);                              \
+            }                                                                                 \
+        for (; i < n; i++) { size_t k = i; LOAD(p, d[k]); LOAD(q, b[k]); d[k] = STORE(expr); } \
+    }                                                                                         \
+    attr static void name##_db(T *_DDP_RESTRICT d, const T *_DDP_RESTRICT a, size_t n) {           \
+        size_t i = 0, j;                                                                      \
+        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                \
+            for (j = 0; j < _DDP_KB; j++) {                                                   \
+                size_t k = i + j;                                                             \
+                LOAD(p, a[k]); LOAD(q, d[k]); d[k] = STORE(expr);                              \
+            }                                                                                 \
+        for (; i < n; i++) { size_t k = i; LOAD(p, a[k]); LOAD(q, d[k]); d[k] = STORE(expr); } \
+    }                                                                                         \
+    attr static void name(void *d, const void *a, const void *b, size_t n) {                 \
+        if (a == b) { /* both inputs the same buffer: no restrict version fits */             \
+            T *x = (T *)d;                                                                    \
+            const T *y = (const T *)a;                                                        \
+            size_t i;                                                                         \
+            for (i = 0; i < n; i++) { LOAD(p, y[i]); LOAD(q, y[i]); x[i] = STORE(expr); }     \
+        } else if (d == a) name##_da((T *)d, (const T *)b, n);                                \
+        else if (d == b) name##_db((T *)d, (const T *)a, n);                                  \
+        else name##_ab((T *)d, (const T *)a, (const T *)b, n);                                \
     }
+#define _DDP_KERNEL(name, T, expr)                                                            \
+    _DDP_KERNEL_VARIANTS(name, _DDP_NOATTR, T, _DDP_LD_##T, (T), expr)
+#define _DDP_LD_uint8_t(v, x) uint8_t v = (x)
+#define _DDP_LD_int8_t(v, x) int8_t v = (x)
+#define _DDP_LD_uint32_t(v, x) uint32_t v = (x)
+#define _DDP_LD_int32_t(v, x) int32_t v = (x)
+#define _DDP_LD_uint64_t(v, x) uint64_t v = (x)
+#define _DDP_LD_int64_t(v, x) int64_t v = (x)
+#define _DDP_LD_float(v, x) float v = (x)
+#define _DDP_LD_double(v, x) double v = (x)
 #define _DDP_KERNELS(sfx, T, U)                                                               \
     _DDP_KERNEL(_ddp_sum_##sfx, U, p + q)                                                     \
     _DDP_KERNEL(_ddp_prod_##sfx, U, p * q)                                                    \
@@ -150,70 +193,22 @@ _DDP_KERNELS(u64, uint64_t, uint64_t)
 _DDP_KERNELS(f32, float, float)
 _DDP_KERNELS(f64, double, double)
 
-/* fp16 / bf16: widen a block to fp32, combine, round back. Full blocks go through fixed-size
- * loops of branch-free conversions (vectorisable); the tail uses the scalar ones. */
-#define _DDP_NOATTR
-/* bf16 <-> fp32 without branches (masks), so a loop of them vectorises. */
+/* bf16 <-> fp32 without branches (masks), so loops of them vectorise. */
 static inline float _ddp_bf2f_v(uint16_t h) { return _ddp_bits_f32((uint32_t)h << 16); }
 static inline uint16_t _ddp_f2bf_v(float f) {
     uint32_t v = _ddp_f32_bits(f), rounded = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
     uint32_t nan = 0u - (uint32_t)((v & 0x7fffffffu) > 0x7f800000u);
     return (uint16_t)((rounded & ~nan) | (((v >> 16) | 0x40u) & nan));
 }
-/* One fused loop per block (widen, combine, round) with the values kept in registers. */
-#define _DDP_KERNEL_BF16(name, attr, expr)                                                    \
-    attr static void name(void *dst_, const void *a_, const void *b_, size_t n) {            \
-        uint16_t *d = (uint16_t *)dst_;                                                       \
-        const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
-        size_t i = 0;                                                                         \
-        for (; i + _DDP_KB <= n; i += _DDP_KB) {                                              \
-            uint16_t o[_DDP_KB];                                                              \
-            int j;                                                                            \
-            for (j = 0; j < _DDP_KB; j++) {                                                   \
-                float p = _ddp_bf2f_v(a[i + (size_t)j]), q = _ddp_bf2f_v(b[i + (size_t)j]);  \
-                o[j] = _ddp_f2bf_v(expr);                                                     \
-            }                                                                                 \
-            memcpy(d + i, o, sizeof o);                                                       \
-        }                                                                                     \
-        for (; i < n; i++) { float p = _ddp_bf2f(a[i]), q = _ddp_bf2f(b[i]); d[i] = _ddp_f2bf(expr); } \
-    }
-#define _DDP_KERNELS_BF16(sfx, attr)                                                          \
-    _DDP_KERNEL_BF16(_ddp_sum_##sfx, attr, p + q)                                             \
-    _DDP_KERNEL_BF16(_ddp_prod_##sfx, attr, p * q)                                            \
-    _DDP_KERNEL_BF16(_ddp_max_##sfx, attr, p > q ? p : q)                                     \
-    _DDP_KERNEL_BF16(_ddp_min_##sfx, attr, p < q ? p : q)
-_DDP_KERNELS_BF16(bf16, _DDP_NOATTR)
-
-static inline void _ddp_load_h(float *x, const uint16_t *h) {
-    int j;
-    for (j = 0; j < _DDP_KB; j++) x[j] = _ddp_h2f(h[j]);
-}
-static inline void _ddp_store_h(uint16_t *h, const float *x) {
-    int j;
-    for (j = 0; j < _DDP_KB; j++) h[j] = _ddp_f2h(x[j]);
-}
-
-#define _DDP_KERNEL16(name, attr, load, store, sload, sstore, expr)                           \
-    attr static void name(void *dst_, const void *a_, const void *b_, size_t n) {            \
-        uint16_t *d = (uint16_t *)dst_;                                                       \
-        const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
-        size_t i = 0;                                                                         \
-        for (; i + _DDP_KB <= n; i += _DDP_KB) {                                              \
-            float x[_DDP_KB], y[_DDP_KB];                                                     \
-            int j;                                                                            \
-            load(x, a + i);                                                                   \
-            load(y, b + i);                                                                   \
-            for (j = 0; j < _DDP_KB; j++) { float p = x[j], q = y[j]; x[j] = (expr); }       \
-            store(d + i, x);                                                                  \
-        }                                                                                     \
-        for (; i < n; i++) { float p = sload(a[i]), q = sload(b[i]); d[i] = sstore(expr); }   \
-    }
-#define _DDP_KERNELS16(sfx, attr, load, store, sload, sstore)                                 \
-    _DDP_KERNEL16(_ddp_sum_##sfx, attr, load, store, sload, sstore, p + q)                    \
-    _DDP_KERNEL16(_ddp_prod_##sfx, attr, load, store, sload, sstore, p * q)                   \
-    _DDP_KERNEL16(_ddp_max_##sfx, attr, load, store, sload, sstore, p > q ? p : q)            \
-    _DDP_KERNEL16(_ddp_min_##sfx, attr, load, store, sload, sstore, p < q ? p : q)
-_DDP_KERNELS16(f16, _DDP_NOATTR, _ddp_load_h, _ddp_store_h, _ddp_h2f, _ddp_f2h)
+#define _DDP_LD_BF16(v, x) float v = _ddp_bf2f_v(x)
+#define _DDP_LD_F16(v, x) float v = _ddp_h2f(x)
+#define _DDP_KERNELS_16(sfx, attr, LOAD, STORE)                                               \
+    _DDP_KERNEL_VARIANTS(_ddp_sum_##sfx, attr, uint16_t, LOAD, STORE, p + q)                  \
+    _DDP_KERNEL_VARIANTS(_ddp_prod_##sfx, attr, uint16_t, LOAD, STORE, p * q)                 \
+    _DDP_KERNEL_VARIANTS(_ddp_max_##sfx, attr, uint16_t, LOAD, STORE, p > q ? p : q)          \
+    _DDP_KERNEL_VARIANTS(_ddp_min_##sfx, attr, uint16_t, LOAD, STORE, p < q ? p : q)
+_DDP_KERNELS_16(bf16, _DDP_NOATTR, _DDP_LD_BF16, _ddp_f2bf_v)
+_DDP_KERNELS_16(f16, _DDP_NOATTR, _DDP_LD_F16, _ddp_f2h)
 
 #ifdef _DDP_F16C_DISPATCH
 #include <cpuid.h>
@@ -238,18 +233,29 @@ static int _ddp_cpu_features(void) {
     }
     return v & 3;
 }
-#define _DDP_F16C_ATTR __attribute__((target("avx,f16c")))
-_DDP_F16C_ATTR static inline void _ddp_load_h_f16c(float *x, const uint16_t *h) {
-    _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h)));
-    _mm256_storeu_ps(x + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + 8))));
-}
-_DDP_F16C_ATTR static inline void _ddp_store_h_f16c(uint16_t *h, const float *x) {
-    _mm_storeu_si128((__m128i *)(void *)h, _mm256_cvtps_ph(_mm256_loadu_ps(x), _MM_FROUND_TO_NEAREST_INT));
-    _mm_storeu_si128((__m128i *)(void *)(h + 8), _mm256_cvtps_ph(_mm256_loadu_ps(x + 8), _MM_FROUND_TO_NEAREST_INT));
-}
-_DDP_KERNELS16(f16c, _DDP_F16C_ATTR, _ddp_load_h_f16c, _ddp_store_h_f16c, _ddp_h2f, _ddp_f2h)
+/* fp16 with F16C: 8 lanes widened to fp32, combined, rounded to nearest even. MAXPS(p, q) is
+ * exactly p > q ? p : q and MINPS(p, q) is p < q ? p : q (Intel SDM, MAXPS/MINPS), so results
+ * match the scalar path bit for bit. dst may equal a or b: each block is loaded before stored. */
+#define _DDP_KERNEL_F16C(name, vexpr, expr)                                                   \
+    __attribute__((target("avx,f16c"))) static void name(void *dst_, const void *a_,         \
+                                                         const void *b_, size_t n) {         \
+        uint16_t *d = (uint16_t *)dst_;                                                       \
+        const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
+        size_t i = 0;                                                                         \
+        for (; i + 8 <= n; i += 8) {                                                          \
+            __m256 p = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(a + i))); \
+            __m256 q = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(b + i))); \
+            _mm_storeu_si128((__m128i *)(void *)(d + i),                                      \
+                             _mm256_cvtps_ph(vexpr, _MM_FROUND_TO_NEAREST_INT));              \
+        }                                                                                     \
+        for (; i < n; i++) { float p = _ddp_h2f(a[i]), q = _ddp_h2f(b[i]); d[i] = _ddp_f2h(expr); } \
+    }
+_DDP_KERNEL_F16C(_ddp_sum_f16c, _mm256_add_ps(p, q), p + q)
+_DDP_KERNEL_F16C(_ddp_prod_f16c, _mm256_mul_ps(p, q), p * q)
+_DDP_KERNEL_F16C(_ddp_max_f16c, _mm256_max_ps(p, q), p > q ? p : q)
+_DDP_KERNEL_F16C(_ddp_min_f16c, _mm256_min_ps(p, q), p < q ? p : q)
 /* bf16 has no conversion instructions before AVX-512: the same C, vectorised 8 wide. */
-_DDP_KERNELS_BF16(bf16_avx2, __attribute__((target("avx2"))))
+_DDP_KERNELS_16(bf16_avx2, __attribute__((target("avx2"))), _DDP_LD_BF16, _ddp_f2bf_v)
 #endif
 
 typedef void (*_ddp_kernel_fn)(void *, const void *, const void *, size_t);
