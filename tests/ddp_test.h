@@ -46,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <arpa/inet.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -462,6 +464,22 @@ static T_UNUSED uint64_t t_mix64(uint64_t x) {   /* splitmix64's finaliser */
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
+}
+
+/* 1 if the peer closes fd (EOF or error) within ms: how tests see a stranger being dropped. */
+static T_UNUSED int closed_within(int fd, int ms) {
+    double t0 = t_now();
+    char b[256];
+    for (;;) {
+        struct pollfd pfd;
+        int left = ms - (int)((t_now() - t0) * 1000);
+        ssize_t n;
+        if (left <= 0) return 0;
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, left) <= 0) continue;
+        n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
+    }
 }
 
 #endif /* DDP_TEST_H */

@@ -474,20 +474,6 @@ static int raw_connect_port(int port) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     return raw_connect_addr((struct sockaddr *)&a, sizeof a);
 }
-static int closed_within(int fd, int ms) {
-    double t0 = t_now();
-    char b[256];
-    for (;;) {
-        struct pollfd pfd;
-        int left = ms - (int)((t_now() - t0) * 1000);
-        ssize_t n;
-        if (left <= 0) return 0;
-        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
-        if (poll(&pfd, 1, left) <= 0) continue;
-        n = recv(fd, b, sizeof b, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
-    }
-}
 
 static int strangers(int idx, int nproc, void *arg) {
     const int p = nproc - 1;

@@ -392,20 +392,6 @@ static int raw_connect(int port) {
 }
 
 /* 1 if the peer closes the connection within ms (reading and discarding whatever comes). */
-static int closed_within(int fd, int ms) {
-    double t0 = t_now();
-    char b[256];
-    for (;;) {
-        struct pollfd pfd;
-        int left = ms - (int)((t_now() - t0) * 1000);
-        ssize_t n;
-        if (left <= 0) return 0;
-        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
-        if (poll(&pfd, 1, left) <= 0) continue;
-        n = recv(fd, b, sizeof b, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
-    }
-}
 
 static int strangers(int rank, int p, void *arg) {
     ddp_store_t *s;
