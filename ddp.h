@@ -115,7 +115,7 @@ typedef struct ddp_comm_desc {
     size_t segment_bytes;         /* 0: DDP_SEGMENT_BYTES, else measured default */
     int spin_us;                  /* 0: DDP_SPIN_US, else measured default; < 0 = never spin */
     int log_level;                /* 0: DDP_DEBUG; else a ddp_log_level_t + 1 (1 = silence) */
-    const ddp_allocator_t *allocator;
+    const ddp_allocator_t *allocator; /* communicator + transport memory (the store: DDP_MALLOC) */
 } ddp_comm_desc_t;
 
 DDP_API const char *ddp_strerror(ddp_result_t r);                   /* never NULL */
@@ -240,6 +240,9 @@ DDP_API ddp_result_t ddp_comm_publish(ddp_comm_t *comm, const char *transport, c
 DDP_API ddp_result_t ddp_comm_lookup(ddp_comm_t *comm, const char *transport, int peer,
                                      void *addr, size_t cap, size_t *len);
 DDP_API uint64_t ddp_comm_id(const ddp_comm_t *comm);          /* random per communicator */
+/* The communicator's allocator (desc.allocator, else DDP_MALLOC/DDP_FREE); calloc zeroes. */
+DDP_API void *ddp_comm_calloc(ddp_comm_t *comm, size_t size);
+DDP_API void ddp_comm_free(ddp_comm_t *comm, void *ptr);
 DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *comm);
 DDP_API const char *ddp_comm_ifname(const ddp_comm_t *comm);   /* DDP_SOCKET_IFNAME or NULL */
 DDP_API const char *ddp_comm_master_addr(const ddp_comm_t *comm);
@@ -1505,6 +1508,8 @@ DDP_API ddp_result_t ddp_comm_lookup(ddp_comm_t *c, const char *transport, int p
 }
 
 DDP_API uint64_t ddp_comm_id(const ddp_comm_t *c) { return c ? c->id : 0; }
+DDP_API void *ddp_comm_calloc(ddp_comm_t *c, size_t n) { return _ddp_calloc(c ? &c->alloc : NULL, n); }
+DDP_API void ddp_comm_free(ddp_comm_t *c, void *p) { _ddp_free(c ? &c->alloc : NULL, p); }
 DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *c) { return c ? c->timeout_ms : 0; }
 DDP_API const char *ddp_comm_ifname(const ddp_comm_t *c) { return (c && c->ifname[0]) ? c->ifname : NULL; }
 DDP_API const char *ddp_comm_master_addr(const ddp_comm_t *c) { return c ? c->master_addr : NULL; }

@@ -187,13 +187,13 @@ static ddp_result_t _ddp_tcp_init(ddp_comm_t *c, void **state) {
     int n = ddp_comm_size(c), i;
     const char *bs = getenv("DDP_SOCKET_BUFSIZE");
     *state = NULL;
-    tp = (_ddp_tcp_t *)_ddp_calloc(NULL, sizeof *tp);
+    tp = (_ddp_tcp_t *)ddp_comm_calloc(c, sizeof *tp);
     if (!tp) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init");
     tp->comm = c;
     tp->listen_fd = -1;
     tp->bufsize = bs ? (int)_ddp_parse_size(bs) : 0;
-    tp->ready = (_ddp_tcp_conn_t **)_ddp_calloc(NULL, (size_t)n * sizeof *tp->ready);
-    tp->dial = (_ddp_tcp_dial_t *)_ddp_calloc(NULL, (size_t)n * sizeof *tp->dial);
+    tp->ready = (_ddp_tcp_conn_t **)ddp_comm_calloc(c, (size_t)n * sizeof *tp->ready);
+    tp->dial = (_ddp_tcp_dial_t *)ddp_comm_calloc(c, (size_t)n * sizeof *tp->dial);
     if (!tp->ready || !tp->dial) { _ddp_tcp_finalize(tp); return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init"); }
     for (i = 0; i < n; i++) tp->dial[i].fd = -1;
     if ((r = _ddp_tcp_pick_addr(tp, &ss, &sl)) != DDP_SUCCESS) { _ddp_tcp_finalize(tp); return r; }
@@ -222,7 +222,7 @@ static ddp_result_t _ddp_tcp_init(ddp_comm_t *c, void **state) {
 static int _ddp_tcp_reachable(void *state, int peer) { (void)state; (void)peer; return 1; }
 
 static _ddp_tcp_conn_t *_ddp_tcp_new_conn(_ddp_tcp_t *tp, int fd, int peer) {
-    _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)_ddp_calloc(NULL, sizeof *k);
+    _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)ddp_comm_calloc(tp->comm, sizeof *k);
     int i;
     if (!k) return NULL;
     k->fd = fd;
@@ -552,7 +552,7 @@ static ddp_result_t _ddp_tcp_close(void *conn) {
     _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)conn;
     if (!k) return DDP_SUCCESS;
     if (k->fd >= 0) close(k->fd);
-    DDP_FREE(k);
+    ddp_comm_free(k->tp->comm, k);
     return DDP_SUCCESS;
 }
 
@@ -565,9 +565,9 @@ static ddp_result_t _ddp_tcp_finalize(void *state) {
     for (i = 0; i < tp->npending; i++) close(tp->pending[i].fd);
     for (i = 0; tp->ready && i < n; i++) _ddp_tcp_close(tp->ready[i]);
     for (i = 0; tp->dial && i < n; i++) if (tp->dial[i].fd >= 0) close(tp->dial[i].fd);
-    DDP_FREE(tp->ready);
-    DDP_FREE(tp->dial);
-    DDP_FREE(tp);
+    ddp_comm_free(tp->comm, tp->ready);
+    ddp_comm_free(tp->comm, tp->dial);
+    ddp_comm_free(tp->comm, tp);
     return DDP_SUCCESS;
 }
 
