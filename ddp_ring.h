@@ -655,8 +655,19 @@ DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *c, const void *sendbuf, void
  * hands them the result at the end. Both partners of a pair combine (lower rank's data, higher
  * rank's data) in that order, so every rank ends with the same bits. The buffer must fit the
  * scratch (the caller checks). */
+/* Where a recursive-doubling wait is, formatted only if it fails (no snprintf per step). */
+typedef struct { unsigned seq; int step, steps, partner; const char *stage; } _ddp_rd_where_t;
+static void _ddp_rd_where(const _ddp_rd_where_t *w, char *out, size_t cap) {
+    if (w->steps)
+        snprintf(out, cap, "all_reduce #%u, recursive doubling step %d/%d with rank %d", w->seq,
+                 w->step, w->steps, w->partner);
+    else
+        snprintf(out, cap, "all_reduce #%u, recursive doubling %s rank %d", w->seq, w->stage, w->partner);
+}
+
 static ddp_result_t _ddp_p2p_wait(ddp_comm_t *c, const int *peers, void **reqs, int n,
-                                  const char *what) {
+                                  const _ddp_rd_where_t *where) {
+    char what[160];
     int64_t last = _ddp_now_us();
     ddp_result_t r;
     for (;;) {
@@ -670,6 +681,7 @@ static ddp_result_t _ddp_p2p_wait(ddp_comm_t *c, const int *peers, void **reqs, 
                 _ddp_strlcpy(prev, c->last_error, sizeof prev);
                 if (!strncmp(prev, "rank ", 5) && strstr(prev, ": ")) detail = strstr(prev, ": ") + 2;
                 if ((tail = strstr(detail, " [")) != NULL) *tail = 0;
+                _ddp_rd_where(where, what, sizeof what);
                 return ddp_comm_fail(c, r, "%s: %s", what, detail);
             }
             if (done) { reqs[i] = NULL; progressed = 1; } else pending++;
@@ -678,9 +690,11 @@ static ddp_result_t _ddp_p2p_wait(ddp_comm_t *c, const int *peers, void **reqs, 
         {
             int64_t now = _ddp_now_us();
             if (progressed) { last = now; continue; }
-            if (c->timeout_ms >= 0 && now - last > (int64_t)c->timeout_ms * 1000)
+            if (c->timeout_ms >= 0 && now - last > (int64_t)c->timeout_ms * 1000) {
+                _ddp_rd_where(where, what, sizeof what);
                 return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "%s: no progress for %d ms waiting for "
                                      "rank %d", what, c->timeout_ms, reqs[0] ? peers[0] : peers[n - 1]);
+            }
             if (now - last < c->spin_us) sched_yield();
             else if ((r = _ddp_block(c, peers, n, 100)) != DDP_SUCCESS) return r;
         }
@@ -697,51 +711,55 @@ DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void 
     unsigned char *buf = (unsigned char *)recvbuf, *tmp = c->scratch;
     int p2 = 1, extra, mask, peers[2];
     void *reqs[2];
-    char what[128];
+    _ddp_rd_where_t w;
     ddp_result_t e;
     if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
     if (p == 1 || !count) return DDP_SUCCESS;
     while (p2 * 2 <= p) p2 *= 2;
     extra = p - p2;
-    snprintf(what, sizeof what, "all_reduce #%u, recursive doubling %s rank %d",
-             (unsigned)(tag & 0xffffffffu), r >= p2 ? "fold into" : "fold from", r >= p2 ? r - p2 : r + p2);
+    w.seq = (unsigned)(tag & 0xffffffffu);
+    w.step = w.steps = 0;
+    w.stage = r >= p2 ? "fold into" : "fold from";
+    w.partner = r >= p2 ? r - p2 : r + p2;
     if (r >= p2) {          /* folded: give our data to r - p2, get the result back */
         peers[0] = peers[1] = r - p2;
         reqs[1] = NULL;
         if ((e = _ddp_isend(c, r - p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
-            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS ||
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, &w)) != DDP_SUCCESS ||
             (e = _ddp_irecv(c, r - p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
-            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS)
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return e;
         return DDP_SUCCESS;
     }
     if (r < extra) {
         peers[0] = r + p2;
         if ((e = _ddp_irecv(c, r + p2, tmp, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
-            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS)
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return e;
         ddp_reduce_local(buf, buf, tmp, count, dtype, op);
     }
     for (mask = 1; mask < p2; mask <<= 1) {
         int partner = r ^ mask, step = 0;
         while ((1 << step) < mask) step++;
-        snprintf(what, sizeof what, "all_reduce #%u, recursive doubling step %d/%d with rank %d",
-                 (unsigned)(tag & 0xffffffffu), step + 1, _ddp_log2(p2), partner);
+        w.step = step + 1;
+        w.steps = _ddp_log2(p2);
+        w.partner = partner;
         peers[0] = peers[1] = partner;
         if ((e = _ddp_irecv(c, partner, tmp, bytes, tag, &reqs[1])) != DDP_SUCCESS ||
             (e = _ddp_isend(c, partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
-            (e = _ddp_p2p_wait(c, peers, reqs, 2, what)) != DDP_SUCCESS)
+            (e = _ddp_p2p_wait(c, peers, reqs, 2, &w)) != DDP_SUCCESS)
             return e;
         if (r < partner) ddp_reduce_local(buf, buf, tmp, count, dtype, op);
         else ddp_reduce_local(buf, tmp, buf, count, dtype, op);
     }
     if (op == DDP_AVG) ddp_divide_local(buf, count, dtype, p);
-    snprintf(what, sizeof what, "all_reduce #%u, recursive doubling result to rank %d",
-             (unsigned)(tag & 0xffffffffu), r + p2);
+    w.steps = 0;
+    w.stage = "result to";
+    w.partner = r + p2;
     if (r < extra) {
         peers[0] = r + p2;
         if ((e = _ddp_isend(c, r + p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
-            (e = _ddp_p2p_wait(c, peers, reqs, 1, what)) != DDP_SUCCESS)
+            (e = _ddp_p2p_wait(c, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return e;
     }
     return DDP_SUCCESS;
