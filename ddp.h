@@ -2037,8 +2037,9 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     *out = c;
     return DDP_SUCCESS;
 fail:
-    /* Ranks waiting in the rendezvous learn at once instead of at their timeout. */
-    if (c->store) _ddp_publish_failure(c);
+    /* Ranks waiting in the rendezvous learn at once instead of at their timeout; a rank that
+     * only saw a peer go away says why that peer went, if it told the store. */
+    if (c->store && (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c))) _ddp_publish_failure(c);
     /* The caller gets no communicator to ask, so keep the story per thread. */
     _ddp_strlcpy(_ddp_init_error, c->last_error, sizeof _ddp_init_error);
     ddp_comm_destroy(c);
