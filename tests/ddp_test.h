@@ -482,4 +482,15 @@ static T_UNUSED int closed_within(int fd, int ms) {
     }
 }
 
+/* Sign- or zero-extends the low bits of an integer element (ddp.h's dtype values). */
+static T_UNUSED uint64_t ext_int(int dt, uint64_t b) {
+    switch (dt) {
+    case 0 /* DDP_INT8 */: return (uint64_t)(int64_t)(int8_t)(uint8_t)b;
+    case 1 /* DDP_UINT8 */: return (uint8_t)b;
+    case 2 /* DDP_INT32 */: return (uint64_t)(int64_t)(int32_t)(uint32_t)b;
+    case 3 /* DDP_UINT32 */: return (uint32_t)b;
+    default: return b;
+    }
+}
+
 #endif /* DDP_TEST_H */

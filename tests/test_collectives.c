@@ -192,17 +192,6 @@ static inline double dec_float(int dt, uint64_t b) {
     }
 }
 
-/* Sign- or zero-extends the low bits of an integer element. */
-static inline uint64_t ext_int(int dt, uint64_t b) {
-    switch (dt) {
-    case DDP_INT8: return (uint64_t)(int64_t)(int8_t)(uint8_t)b;
-    case DDP_UINT8: return (uint8_t)b;
-    case DDP_INT32: return (uint64_t)(int64_t)(int32_t)(uint32_t)b;
-    case DDP_UINT32: return (uint32_t)b;
-    default: return b;
-    }
-}
-
 /* A random non-NaN, non-zero bit pattern of a floating dtype. */
 static inline uint64_t rand_float_bits(int dt, uint64_t u) {
     switch (dt) {

@@ -341,15 +341,6 @@ static double as_double(int dt, uint64_t b) {
     }
 }
 
-static uint64_t sext(int dt, uint64_t b) {
-    switch (dt) {
-    case DDP_INT8: return (uint64_t)(int64_t)(int8_t)(uint8_t)b;
-    case DDP_UINT8: return (uint8_t)b;
-    case DDP_INT32: return (uint64_t)(int64_t)(int32_t)(uint32_t)b;
-    case DDP_UINT32: return (uint32_t)b;
-    default: return b;
-    }
-}
 
 /* The reference of one element: 1 = exact bits in *out; 0 = "any NaN" (*out unused);
  * 2 = "either input" (max/min with NaN or with +0/-0, which the spec leaves open; a NaN input
@@ -359,7 +350,7 @@ static int ref_op(int dt, int op, uint64_t a, uint64_t b, uint64_t *out) {
     if (op == DDP_AVG) op = DDP_SUM;   /* the kernel sums; the division is ddp_divide_local's */
     if (dt <= DDP_UINT64) {
         int sgn = dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64;
-        uint64_t x = sext(dt, a), y = sext(dt, b), r;
+        uint64_t x = ext_int(dt, a), y = ext_int(dt, b), r;
         switch (op) {
         case DDP_SUM: r = x + y; break;
         case DDP_PROD: r = x * y; break;
