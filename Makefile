@@ -1,5 +1,5 @@
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
-#   make demo    data-parallel training demo: 4 ranks on this host, over TCP
+#   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
 #   make test    every test (plain, then ASan+UBSan), header checks as C99/C11/C++17
 #   make bench   the all-reduce benchmark side by side with Open MPI and the loopback limit
 CC      ?= cc
@@ -11,7 +11,7 @@ INC     := -I.
 LDLIBS  := -pthread -lm
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 B       := build
-HEADERS := ddp.h ddp_ring.h ddp_sampler.h transports/ddp_tcp.h
+HEADERS := ddp.h ddp_ring.h ddp_sampler.h transports/ddp_tcp.h transports/ddp_shm.h
 NP      ?= 4
 
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -81,8 +81,9 @@ test-tsan: $(TSAN_TESTS)
 
 test: headers test-plain test-san test-tsan
 
-demo: $(B)/train_demo $(B)/ddprun
-	$(B)/ddprun -n $(NP) $(B)/train_demo
+# The MLP demo (examples/train_mlp.c); build/train_demo, the linear-model example, is built by `all`.
+demo: $(B)/train_mlp $(B)/ddprun
+	$(B)/ddprun -n $(NP) $(B)/train_mlp
 
 bench:
 	bash bench/compare.sh

@@ -203,6 +203,10 @@ typedef struct ddp_coll_provider {
                                ddp_dtype_t dtype);
     ddp_result_t (*broadcast)(void *state, const void *sendbuf, void *recvbuf, size_t count,
                               ddp_dtype_t dtype, int root);
+    ddp_result_t (*barrier)(void *state);
+    /* Called once every peer is connected through this transport (and only then): DDP_SUCCESS
+     * to take over the collectives, anything else to leave them to the ring. */
+    ddp_result_t (*enable)(void *state);
 } ddp_coll_provider_t;
 
 typedef struct ddp_transport {
@@ -1410,6 +1414,8 @@ struct ddp_comm {
     unsigned char *scratch;        /* bounded, allocated once: _DDP_MAX_SLOTS segments */
     size_t scratch_bytes;
     int algo;                      /* _DDP_ALGO_*: DDP_ALGO, else chosen by size */
+    const ddp_coll_provider_t *coll; /* a transport that runs the collectives itself, or NULL */
+    void *coll_state;
     size_t rd_max_bytes;           /* auto: recursive doubling up to this many bytes */
 };
 enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
@@ -1675,7 +1681,7 @@ _DDP_PRIVATE ddp_result_t _ddp_connect_peers(ddp_comm_t *c, const int *list, int
         int progressed = 0;
         pending = 0;
         for (i = 0; i < n; i++) {
-            int peer = list[i];
+            int peer = list ? list[i] : i;   /* NULL: everyone */
             _ddp_peer_t *p = &c->peers[peer];
             const ddp_transport_t *t;
             ddp_result_t r;
@@ -1695,9 +1701,11 @@ _DDP_PRIVATE ddp_result_t _ddp_connect_peers(ddp_comm_t *c, const int *list, int
         if (_ddp_ms_left(deadline) == 0) {
             char who[256] = "";
             size_t off = 0;
-            for (i = 0; i < n && off + 12 < sizeof who; i++)
-                if (!c->peers[list[i]].conn && list[i] != c->rank)
-                    off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", off ? "," : "", list[i]);
+            for (i = 0; i < n && off + 12 < sizeof who; i++) {
+                int peer = list ? list[i] : i;
+                if (!c->peers[peer].conn && peer != c->rank)
+                    off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", off ? "," : "", peer);
+            }
             return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: no connection with rank(s) %s after "
                                  "%d ms (phase connect)", who, c->timeout_ms);
         }
@@ -2014,10 +2022,29 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
             for (m = 0; m < j; m++) if (list[m] == list[k]) seen = 1;
             if (!seen) list[j++] = list[k];
         }
+        /* One transport reaches everyone and can run the collectives itself (shared memory on
+         * one host): it needs every peer connected. */
+        {
+            int same = c->peers[rank == 0 ? 1 : 0].tinst;
+            for (k = 0; k < nranks; k++) if (k != rank && c->peers[k].tinst != same) same = -1;
+            if (same >= 0 && c->algo == _DDP_ALGO_AUTO && c->tinst[same].t->coll &&
+                c->tinst[same].t->coll->enable) {
+                r = _ddp_connect_peers(c, NULL, nranks);
+                if (r != DDP_SUCCESS) { _ddp_publish_failure(c); goto fail; }
+                if (c->tinst[same].t->coll->enable(c->tinst[same].state) == DDP_SUCCESS) {
+                    c->coll = c->tinst[same].t->coll;
+                    c->coll_state = c->tinst[same].state;
+                }
+            }
+        }
         _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s; "
                  "%d peers connected in all", list[0], ddp_comm_transport_name(c, list[0]), list[1],
                  ddp_comm_transport_name(c, list[1]), j);
-        if (c->algo != _DDP_ALGO_AUTO)
+        if (c->coll)
+            _DDP_LOG(c, DDP_LOG_INFO, "collectives: run by the %s transport itself (all %d ranks "
+                     "reach each other through it); DDP_ALGO=ring or rd to use those instead",
+                     c->tinst[c->peers[list[0]].tinst].t->name, nranks);
+        else if (c->algo != _DDP_ALGO_AUTO)
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s",
                      c->algo == _DDP_ALGO_RING ? "ring (DDP_ALGO)"
                      : "recursive doubling up to the scratch size, ring above (DDP_ALGO)");
@@ -2165,6 +2192,11 @@ DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t c
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
     if ((r = _ddp_check_args(c, "all_reduce", sendbuf, recvbuf, count, 1, dtype, 1, op)) != DDP_SUCCESS) return r;
+    if (c->coll) {
+        _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", ++c->seq,
+                 count, ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place");
+        return _ddp_finish(c, c->coll->all_reduce(c->coll_state, sendbuf, recvbuf, count, dtype, op));
+    }
     return _ddp_finish(c, _ddp_all_reduce_algo(c, sendbuf, recvbuf, count, dtype, op));
 }
 
@@ -2176,6 +2208,10 @@ DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size
                              dtype, 1, op)) != DDP_SUCCESS) return r;
     _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, ring", c->seq + 1,
              recvcount, ddp_dtype_name(dtype), ddp_op_name(op));
+    if (c->coll) {
+        c->seq++;
+        return _ddp_finish(c, c->coll->reduce_scatter(c->coll_state, sendbuf, recvbuf, recvcount, dtype, op));
+    }
     return _ddp_finish(c, ddp_ring_reduce_scatter(c, sendbuf, recvbuf, recvcount, dtype, op));
 }
 
@@ -2187,6 +2223,10 @@ DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t s
                              dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
     _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, ring", c->seq + 1, sendcount,
              ddp_dtype_name(dtype));
+    if (c->coll) {
+        c->seq++;
+        return _ddp_finish(c, c->coll->all_gather(c->coll_state, sendbuf, recvbuf, sendcount, dtype));
+    }
     return _ddp_finish(c, ddp_ring_all_gather(c, sendbuf, recvbuf, sendcount, dtype));
 }
 
@@ -2201,6 +2241,10 @@ DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t co
                              dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
     _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, pipelined chain",
              c->seq + 1, count, ddp_dtype_name(dtype), root);
+    if (c->coll) {
+        c->seq++;
+        return _ddp_finish(c, c->coll->broadcast(c->coll_state, sendbuf, recvbuf, count, dtype, root));
+    }
     return _ddp_finish(c, ddp_ring_broadcast(c, sendbuf, recvbuf, count, dtype, root));
 }
 
@@ -2208,6 +2252,10 @@ DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
     ddp_result_t r = _ddp_check_comm(c);
     unsigned char token = 0;
     if (r != DDP_SUCCESS) return r;
+    if (c->coll) {
+        _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", ++c->seq);
+        return _ddp_finish(c, c->coll->barrier(c->coll_state));
+    }
     _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->seq + 1);
     return _ddp_finish(c, _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX));
 }

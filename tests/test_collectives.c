@@ -49,6 +49,7 @@
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
 #include "tests/ddp_test.h"
 
 #include <math.h>
@@ -79,6 +80,7 @@ typedef struct {
     int ncounts;
     int big;               /* BIG_*: the (1<<20)+7 count for every dtype x op, or a subset */
     int ar_only;
+    const char *mode;      /* transport set-up: see mode_setup() */
 } run_cfg_t;
 
 typedef struct {
@@ -508,6 +510,37 @@ static size_t case_max_bytes(const tcase_t *c, int p) {
     return c->count * es;
 }
 
+/* The children's transport environment for a run (whatever the caller's environment says):
+ *   tcp        every peer over TCP loopback (DDP_TRANSPORT=tcp)
+ *   shm        all ranks on one host: shared memory, collectives run by the shm transport
+ *   shm-small  the same with 4 KiB staging chunks and the two-step all-reduce from 64 bytes:
+ *              many chunks, slices of 0 or 1 element, uneven slices
+ *   shm-p2p    shared memory as a point-to-point transport under the ring / recursive doubling
+ *              (DDP_SHM_COLL=0), with tiny queues (2 cells of 256 bytes): every message is
+ *              fragmented and the sender waits for room
+ *   mixed      two fake hosts (DDP_HOST_ID): shm inside each, TCP between them, one ring */
+static void mode_setup(const char *mode, int rank, int p) {
+    static const char *const vars[] = {"DDP_TRANSPORT", "DDP_HOST_ID", "DDP_SHM_COLL", "DDP_SHM_CHUNK",
+                                       "DDP_SHM_SMALL_MAX", "DDP_SHM_CELLS", "DDP_SHM_CELL_BYTES"};
+    size_t i;
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    if (!strcmp(mode, "tcp")) setenv("DDP_TRANSPORT", "tcp", 1);
+    if (!strcmp(mode, "shm-small")) { setenv("DDP_SHM_CHUNK", "4096", 1); setenv("DDP_SHM_SMALL_MAX", "64", 1); }
+    if (!strcmp(mode, "shm-p2p")) {
+        setenv("DDP_SHM_COLL", "0", 1);
+        setenv("DDP_SHM_CELLS", "2", 1);
+        setenv("DDP_SHM_CELL_BYTES", "256", 1);
+    }
+    if (!strcmp(mode, "mixed")) setenv("DDP_HOST_ID", rank < (p + 1) / 2 ? "fake-host-a" : "fake-host-b", 1);
+}
+
+/* The transport each peer must be using in this mode ("" = don't care). */
+static const char *mode_expect(const char *mode, int rank, int peer, int p) {
+    if (!strcmp(mode, "tcp")) return "tcp";
+    if (!strcmp(mode, "mixed")) return (rank < (p + 1) / 2) == (peer < (p + 1) / 2) ? "shm" : "tcp";
+    return "shm";
+}
+
 static int child(int rank, int p, void *arg) {
     const run_cfg_t *cfg = (const run_cfg_t *)arg;
     ddp_comm_desc_t d;
@@ -518,6 +551,7 @@ static int child(int rank, int p, void *arg) {
     int k, status = 0;
     /* The run's settings, whatever the environment says. */
     if (cfg->algo) setenv("DDP_ALGO", cfg->algo, 1); else unsetenv("DDP_ALGO");
+    mode_setup(cfg->mode, rank, p);
     unsetenv("DDP_RD_MAX_BYTES");
     unsetenv("DDP_SEGMENT_BYTES");
     t_desc(&d, 60000);
@@ -533,6 +567,14 @@ static int child(int rank, int p, void *arg) {
         S->init_failed[rank] = 1;
         snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "ddp_comm_rank/size say %d/%d",
                  ddp_comm_rank(comm), ddp_comm_size(comm));
+    }
+    for (k = 0; k < p; k++) {
+        const char *want = mode_expect(cfg->mode, rank, k, p), *got = ddp_comm_transport_name(comm, k);
+        if (k == rank || !strcmp(want, got)) continue;
+        S->init_failed[rank] = 1;
+        snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "peer %d uses transport '%s', "
+                 "expected '%s' in mode %s", k, got, want, cfg->mode);
+        break;
     }
     for (k = 0; k < S->ncases; k++) { size_t m = case_max_bytes(&cases[k], p); if (m > cap) cap = m; }
     b.cap = cap;
@@ -561,8 +603,8 @@ static void report_run(const run_cfg_t *cfg, int nbad) {
     const int p = cfg->p;
     int k = 0, r;
     char tag[64];
-    snprintf(tag, sizeof tag, "p=%d%s%s%s", p, cfg->segment_bytes ? " seg=4096" : "", cfg->algo ? " algo=" : "",
-             cfg->algo ? cfg->algo : "");
+    snprintf(tag, sizeof tag, "%s p=%d%s%s%s", cfg->mode, p, cfg->segment_bytes ? " seg=4096" : "",
+             cfg->algo ? " algo=" : "", cfg->algo ? cfg->algo : "");
     for (r = 0; r < p; r++)
         if (S->init_failed[r]) diag("%s rank %d init: %s", tag, r, S->init_msg[r]);
     ok(nbad == 0, "%s: every rank ran all %d cases and exited cleanly (%.1f s)", tag, S->ncases, t_last_run.seconds);
@@ -615,10 +657,11 @@ static void report_run(const run_cfg_t *cfg, int nbad) {
     }
 }
 
-static run_cfg_t *add_run(run_cfg_t *runs, int *n, int p, size_t seg, const char *algo, int big, int ar_only,
-                           const size_t *counts, int ncounts) {
+static run_cfg_t *add_run(run_cfg_t *runs, int *n, const char *mode, int p, size_t seg, const char *algo,
+                           int big, int ar_only, const size_t *counts, int ncounts) {
     run_cfg_t *c = &runs[(*n)++];
     memset(c, 0, sizeof *c);
+    c->mode = mode;
     c->p = p;
     c->segment_bytes = seg;
     c->algo = algo;
@@ -633,22 +676,40 @@ int main(void) {
     static const size_t base_counts[] = {0, 1, 3, 1000};
     static const size_t ring_counts[] = {0, 1, 3, 1000, MID};
     static const size_t rd_counts[] = {1, 3, 1000, MID};
-    run_cfg_t runs[24];
+    run_cfg_t runs[64];
     int nruns = 0, i, quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
     double t0;
     t_init();
     if (sizeof(coll_shm_t) > T_USER_BYTES) t_bail("coll_shm_t too big");
+    /* TCP: everything. */
     for (i = 1; i <= 8; i++) {
         if (quick && i != 1 && i != 2 && i != 3 && i != 5) continue;
-        add_run(runs, &nruns, i, 0, NULL, (i == 2 || i == 3 || i == 5 || i == 8) ? BIG_ALL : BIG_SUBSET, 0, base_counts, 4);
+        add_run(runs, &nruns, "tcp", i, 0, NULL, (i == 2 || i == 3 || i == 5 || i == 8) ? BIG_ALL : BIG_SUBSET, 0, base_counts, 4);
     }
     for (i = 0; i < 3; i++) {
         static const int ps[3] = {2, 3, 8};
         if (quick && ps[i] == 8) continue;
-        add_run(runs, &nruns, ps[i], 4096, "ring", BIG_NONE, 0, ring_counts, 5);
+        add_run(runs, &nruns, "tcp", ps[i], 4096, "ring", BIG_NONE, 0, ring_counts, 5);
     }
-    add_run(runs, &nruns, 4, 0, "rd", BIG_NONE, 1, rd_counts, 4);
-    add_run(runs, &nruns, quick ? 3 : 7, 0, "rd", BIG_NONE, 1, rd_counts, 4);
+    add_run(runs, &nruns, "tcp", 4, 0, "rd", BIG_NONE, 1, rd_counts, 4);
+    add_run(runs, &nruns, "tcp", quick ? 3 : 7, 0, "rd", BIG_NONE, 1, rd_counts, 4);
+    /* Shared memory: its own collectives at every world size (the big count for every
+     * dtype x op where TCP has it too), with tiny chunks, and as the ring's transport. */
+    for (i = 2; i <= 8; i++) {
+        if (quick && i != 2 && i != 3 && i != 5) continue;
+        add_run(runs, &nruns, "shm", i, 0, NULL, (i == 2 || i == 3 || i == 5 || i == 8) ? BIG_ALL : BIG_SUBSET, 0, base_counts, 4);
+    }
+    for (i = 0; i < 3; i++) {
+        static const int ps[3] = {2, 3, 8};
+        if (quick && ps[i] == 8) continue;
+        add_run(runs, &nruns, "shm-small", ps[i], 0, NULL, BIG_NONE, 0, ring_counts, 5);
+        add_run(runs, &nruns, "shm-p2p", ps[i], 4096, "ring", BIG_NONE, 0, ring_counts, 5);
+    }
+    add_run(runs, &nruns, "shm-p2p", 5, 0, NULL, BIG_NONE, 1, rd_counts, 4);
+    /* Two fake hosts: shm and TCP in one ring. */
+    add_run(runs, &nruns, "mixed", 3, 4096, NULL, BIG_NONE, 0, ring_counts, 5);
+    add_run(runs, &nruns, "mixed", 4, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
+    if (!quick) add_run(runs, &nruns, "mixed", 8, 0, NULL, BIG_NONE, 0, ring_counts, 5);
     t0 = t_now();
     for (i = 0; i < nruns; i++) {
         int nbad;

@@ -1,0 +1,90 @@
+#!/bin/sh
+# tests/test_demo.sh — `make demo` (examples/train_mlp.c under build/ddprun), end to end. Run from
+# the repository root (prove tests/test_demo.sh); prints TAP. Builds build/train_mlp and
+# build/ddprun through make. Checks that the demo passes on 4 ranks and on 3 (8192 samples do
+# not split evenly: DistributedSampler pads), that it fails when the gradient all-reduce is
+# switched off (DDP_DEMO_SKIP_ALLREDUCE=1, its test hook), and that the example compiles as C++.
+# Each run is bounded; the whole file takes ~10 s on a busy 2-core machine.
+set -u
+
+CXX=${CXX:-g++}
+D=build/ddprun
+M=build/train_mlp
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/demo_test.XXXXXX") || { echo "Bail out! mktemp failed"; exit 1; }
+trap 'rm -rf "$tmp"' EXIT
+unset DDP_DEMO_SKIP_ALLREDUCE DDP_JOB_SECRET RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
+
+echo "1..6"
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() { n=$((n + 1)); echo "not ok $n - $1"; }
+# check DESCRIPTION COMMAND...: ok when the command succeeds; else what it left in $tmp/why as a
+# diagnostic.
+check() {
+    d=$1; shift
+    rm -f "$tmp/why"
+    if "$@"; then ok "$d"; else
+        notok "$d"
+        [ -s "$tmp/why" ] && sed 's/^/#   /' "$tmp/why"
+    fi
+}
+why() { printf '%s\n' "$*" >> "$tmp/why"; }
+T="timeout -k 2 60"
+
+# --- 1-2: build ---------------------------------------------------------------------------------
+build() { make -s "$M" "$D" > "$tmp/why" 2>&1; }
+check "make builds build/train_mlp (C99, -Wall -Wextra -Wpedantic -Werror) and build/ddprun" build
+[ -x "$M" ] && [ -x "$D" ] || { echo "Bail out! no $M or $D"; exit 1; }
+
+if command -v "$CXX" > /dev/null 2>&1; then
+    cxx() { "$CXX" -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -I. -fsyntax-only examples/train_mlp.c > "$tmp/why" 2>&1; }
+    check "examples/train_mlp.c compiles as C++17 (-Wall -Wextra -Wpedantic -Werror)" cxx
+else
+    ok "# SKIP no C++ compiler ($CXX)"
+fi
+
+# run NAME CMD...: runs the demo command, output (stdout + stderr) in $tmp/NAME.out, exit status
+# in $tmp/NAME.rc; prints the wall time as a diagnostic.
+run() {
+    name=$1; shift
+    t0=$(date +%s.%N)
+    $T "$@" > "$tmp/$name.out" 2>&1
+    echo $? > "$tmp/$name.rc"
+    echo "# $name: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+}
+# has NAME PATTERN: rank 0's output of run NAME has a line matching the extended regex PATTERN.
+has() { grep -Eq "^\[rank 0\] $2" "$tmp/$1.out" || { why "no line matching '$2' in:"; cat "$tmp/$1.out" >> "$tmp/why"; return 1; }; }
+rc_is() { [ "$(cat "$tmp/$1.rc")" "$2" 0 ] || { why "exit status $(cat "$tmp/$1.rc")"; cat "$tmp/$1.out" >> "$tmp/why"; return 1; }; }
+# accuracy NAME EPOCH: the accuracy percentage that rank 0 printed for EPOCH.
+accuracy() { sed -n "s/^\[rank 0\] epoch $2\/[0-9]* .*accuracy *\([0-9.]*\)%.*/\1/p" "$tmp/$1.out"; }
+
+# --- 3: make demo (4 ranks) -----------------------------------------------------------------------
+run demo4 make -s demo
+demo4() {
+    rc_is demo4 -eq && has demo4 "train_mlp: PASS$" &&
+        has demo4 "replicas bitwise identical on all 4 ranks: yes$" &&
+        has demo4 "max relative difference to the reference: [0-9.e+-]+ in [A-Za-z0-9]+ \(limit 1e-05\): equal$" &&
+        has demo4 "epoch 8/8 .* samples/s$" || return 1
+    a1=$(accuracy demo4 1) a8=$(accuracy demo4 8)
+    awk -v a="$a1" -v b="$a8" 'BEGIN { exit !(a != "" && b >= 80 && b > a + 10) }' ||
+        { why "accuracy should rise (epoch 1: '$a1'%, epoch 8: '$a8'%)"; return 1; }
+}
+check "make demo: 4 ranks, replicas identical, equal to the single-process run, accuracy rises, PASS, exit 0" demo4
+
+# --- 4: 3 ranks: the sampler pads 8192 to 8193 -----------------------------------------------------
+run demo3 "$D" -n 3 "$M"
+demo3() {
+    rc_is demo3 -eq && has demo3 "train_mlp: each rank's shard: 2731 samples .* 1 repeated as padding" &&
+        has demo3 "replicas bitwise identical on all 3 ranks: yes$" && has demo3 "train_mlp: PASS$"
+}
+check "ddprun -n 3 (uneven shards, one padding duplicate): PASS, exit 0" demo3
+
+# --- 5-6: the all-reduce switched off must be caught -------------------------------------------------
+run skip env DDP_DEMO_SKIP_ALLREDUCE=1 "$D" -n 4 "$M"
+skip() {
+    rc_is skip -ne && has skip "train_mlp: FAIL$" &&
+        has skip "max relative difference to the reference: .*: DIFFERENT$"
+}
+check "DDP_DEMO_SKIP_ALLREDUCE=1: the equivalence check prints FAIL, exit non-zero" skip
+skip_replicas() { has skip "replicas bitwise identical on all 4 ranks: NO$"; }
+check "DDP_DEMO_SKIP_ALLREDUCE=1: the replicas are reported as different" skip_replicas

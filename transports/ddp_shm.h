@@ -1,0 +1,1129 @@
+/* transports/ddp_shm.h — libddp's shared-memory transport for ranks on the same host.
+ *
+ * Include after ddp.h; in the file that defines DDP_IMPLEMENTATION this compiles the transport
+ * and registers it, so ddp_comm_init uses it for every peer on this host (priority 20, above
+ * TCP's 10; peers on other hosts still go over TCP or RDMA in the same communicator):
+ *
+ *     #define _GNU_SOURCE
+ *     #define DDP_IMPLEMENTATION
+ *     #include "ddp.h"
+ *     #include "transports/ddp_tcp.h"
+ *     #include "transports/ddp_shm.h"
+ *
+ * Needs Linux (memfd_create, futex, SCM_RIGHTS); nothing beyond libc + pthreads.
+ *
+ * MEMORY. Each rank owns one anonymous memfd, never a name in /dev/shm, so a crash leaves
+ * nothing behind: the kernel frees it when the last mapping and descriptor go. Same-host ranks
+ * pass their memfds to each other over Unix sockets in the abstract namespace (no files either);
+ * the socket stays open as a liveness wire: a peer that dies closes it, and a waiting rank sees
+ * the hang-up. A region holds: a header (progress counter, wake-up word), one single-producer
+ * queue per same-host peer (point-to-point messages, DDP_SHM_CELLS x DDP_SHM_CELL_BYTES), and two
+ * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
+ * message sizes.
+ *
+ * COLLECTIVES. When every rank of a communicator is on this host, the transport runs the
+ * collectives itself (ddp_coll_provider_t) instead of the ring:
+ *   all-reduce, small   each rank copies its data to its staging buffer and publishes it; every
+ *                       rank reduces all p buffers in rank order (one synchronisation).
+ *   all-reduce, large   per chunk: copy in and publish; rank r reduces slice r of the chunk
+ *                       from every staging buffer and publishes the result in place; every rank
+ *                       copies the p slices out (two synchronisations per chunk). Each element
+ *                       is reduced by one rank only, so all ranks get the same bits.
+ *   reduce-scatter      per chunk: publish the blocks the others own; reduce your own block.
+ *   all-gather          per chunk: publish your block; copy everyone's.
+ *   broadcast           per chunk: the root publishes; everyone copies.
+ * Staging buffers alternate by chunk, and every rank waits for every other at each step, so a
+ * buffer is rewritten only after all readers of its previous contents have moved on. The
+ * working set stays in cache: main-memory traffic is about one read of the input and one write
+ * of the output, as for memcpy.
+ *
+ * WAITING. Spin (a pause loop, then sched_yield when there are more ranks than CPUs), then
+ * sleep on a futex in the waiter's own header; a rank that publishes progress wakes peers
+ * that said they sleep. Sleeps are cut into 50 ms slices to check the peers' sockets, so a
+ * dead peer is DDP_ERR_REMOTE naming it within ~50 ms, never a hang.
+ *
+ * ENVIRONMENT
+ *   DDP_SHM_COLL=0          point-to-point only (the communicator's ring/recursive doubling run
+ *                           over shared memory), for testing and comparison.
+ *   DDP_SHM_CHUNK           staging buffer bytes (default 512K; 4K..64M).
+ *   DDP_SHM_SMALL_MAX       all-reduce up to this many bytes: every rank reduces everything
+ *                           (default 4096, measured: README).
+ *   DDP_SHM_CELL_BYTES, DDP_SHM_CELLS   point-to-point queue geometry (default 64K x 8).
+ *   DDP_SHM_SPIN_US         spin before sleeping (default: DDP_SPIN_US if set, else 2000 when
+ *                           each rank has a CPU, 50 when oversubscribed).
+ */
+#ifndef DDP_SHM_H_INCLUDED
+#define DDP_SHM_H_INCLUDED
+#ifndef DDP_H_INCLUDED
+#error "transports/ddp_shm.h: include ddp.h first"
+#endif
+#ifdef __cplusplus
+extern "C" {
+#endif
+DDP_API const ddp_transport_t *ddp_transport_shm(void);
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_SHM_H_INCLUDED */
+
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPL_INCLUDED)
+#define DDP_SHM_IMPL_INCLUDED
+
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+
+#define _DDP_SHM_MAGIC 0x44445348u      /* "DDSH": region header and handshake */
+#define _DDP_SHM_VERSION 1u
+#define _DDP_SHM_POOL 32                /* requests per connection, as TCP */
+#define _DDP_SHM_HDR_BYTES 4096
+#define _DDP_SHM_SLICE_MS 50            /* longest sleep between liveness checks */
+
+/* The published signature of one collective step, so a rank that called something else is
+ * named (DDP_ERR_MISMATCH) instead of reading the wrong bytes. */
+typedef struct { int32_t kind, dtype, op, root; uint64_t count; } _ddp_shm_sig_t;
+
+/* One rank's region header. Each line has one writer, except the wake-up line. */
+typedef struct {
+    uint32_t magic, version;          /* line 0: set once */
+    uint64_t comm_id;
+    int32_t rank, pid;
+    uint64_t region_bytes;
+    unsigned char pad0[64 - 32];
+    uint64_t phase;                   /* line 1: steps published (owner writes) */
+    _ddp_shm_sig_t sig[2];            /* signature of step n in sig[n & 1] */
+    unsigned char pad1[64 - 8 - 2 * sizeof(_ddp_shm_sig_t)];
+    uint32_t doorbell, sleeping;      /* line 2: futex word (anyone bumps it); owner sleeps */
+    unsigned char pad2[64 - 8];
+    uint32_t closed;                  /* line 3: the owner closed its connections */
+    unsigned char pad3[64 - 4];
+} _ddp_shm_hdr_t;
+
+typedef struct { uint64_t head; unsigned char pad[56]; uint64_t tail; unsigned char pad2[56]; } _ddp_shm_qctl_t;
+typedef struct { uint64_t tag, total, off; uint32_t len, pad; unsigned char pad2[32]; } _ddp_shm_cell_t;
+
+struct _ddp_shm_conn;
+typedef struct _ddp_shm_req {
+    struct _ddp_shm_req *next;
+    struct _ddp_shm_conn *conn;
+    unsigned char *buf;
+    size_t len, done;
+    uint64_t tag;
+    int complete, is_send;
+} _ddp_shm_req_t;
+
+typedef struct _ddp_shm_conn {
+    struct _ddp_shm *sp;
+    int peer, fd, peer_pid;
+    unsigned char *base;              /* the peer's region, mapped */
+    size_t base_bytes;
+    _ddp_shm_hdr_t *hdr;              /* = base */
+    _ddp_shm_qctl_t *sq, *rq;         /* our queue to it (in our region), its queue to us */
+    unsigned char *scells, *rcells;
+    uint64_t shead, rtail;            /* our copies of the counters we write */
+    _ddp_shm_req_t *sqh, *sqt, *rqh, *rqt, *free_list;
+    ddp_result_t err;
+    int64_t next_check_us;
+    _ddp_shm_req_t pool[_DDP_SHM_POOL];
+} _ddp_shm_conn_t;
+
+typedef struct {                      /* an accepted socket whose hello has not arrived yet */
+    int fd;
+    int64_t deadline;
+} _ddp_shm_pending_t;
+
+typedef struct { char name[56]; int32_t pid; uint32_t pad; } _ddp_shm_addr_t;
+typedef struct { uint32_t magic, version; uint64_t comm_id; int32_t from, to, pid, status;
+                 uint64_t region_bytes; } _ddp_shm_hello_t;
+
+typedef struct _ddp_shm {
+    ddp_comm_t *comm;
+    int rank, nranks, nlocal, my_local;
+    int *local_of;                    /* rank -> index among this host's ranks, or -1 */
+    int memfd, listen_fd;
+    unsigned char *mine;
+    size_t region_bytes, chunk, cell_bytes, small_max;
+    int ncells, coll_off, spin_us, oversubscribed;
+    size_t q_off, q_stride, stage_off;
+    _ddp_shm_hdr_t *me;
+    _ddp_shm_addr_t addr;
+    _ddp_shm_conn_t **conns;          /* by rank: connected, and not yet closed */
+    _ddp_shm_conn_t **ready;          /* accepted, until accept() hands it over */
+    int *dialing;                     /* by rank: fd of our connect in progress, or -1 */
+    _ddp_shm_pending_t pending[64];
+    int npending;
+    /* collectives */
+    uint64_t phase;                   /* steps published by this rank */
+    uint64_t nchunk;                  /* staging buffer uses (alternate buffers) */
+    int coll_enabled;
+    _ddp_shm_conn_t **ring;           /* the other ranks' connections, in rank order */
+} _ddp_shm_t;
+
+/* ---------------------------------------------------------------- small helpers */
+static inline void _ddp_shm_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void _ddp_shm_futex_wait(uint32_t *addr, uint32_t val, int ms) {
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    /* Not FUTEX_PRIVATE: the word lives in memory shared between processes. */
+    syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+/* Wakes the owner of h if it said it sleeps. The caller published its progress with a
+ * sequentially consistent store first: with the waiter's sleeping = 1 (seq_cst) then re-check,
+ * one of the two always sees the other (Dekker). */
+static inline void _ddp_shm_wake(_ddp_shm_hdr_t *h) {
+    if (__atomic_load_n(&h->sleeping, __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch(&h->doorbell, 1u, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, &h->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+static size_t _ddp_shm_env_size(const char *name, size_t def, size_t lo, size_t hi) {
+    const char *s = getenv(name);
+    size_t v = s ? _ddp_parse_size(s) : 0;
+    if (!v) return def;
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+static ddp_result_t _ddp_shm_fail(_ddp_shm_t *sp, ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static ddp_result_t _ddp_shm_fail(_ddp_shm_t *sp, ddp_result_t r, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ddp_comm_fail(sp->comm, r, "shm: %s", msg);
+}
+
+/* 1 when the peer closed its end (it exited, crashed, or failed and closed its connections). */
+static int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
+    struct pollfd pfd;
+    if (__atomic_load_n(&k->hdr->closed, __ATOMIC_ACQUIRE)) return 1;
+    if (k->fd < 0) return 1;
+    pfd.fd = k->fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, 0) > 0) {
+        char b;
+        if (pfd.revents & (POLLHUP | POLLERR)) return 1;
+        if (recv(k->fd, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 0) return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- setup */
+static ddp_result_t _ddp_shm_init(ddp_comm_t *c, void **state) {
+    _ddp_shm_t *sp;
+    struct sockaddr_un sa;
+    socklen_t sl;
+    uint64_t rnd = _ddp_random64();
+    *state = NULL;
+    sp = (_ddp_shm_t *)ddp_comm_calloc(c, sizeof *sp);
+    if (!sp) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: init");
+    sp->comm = c;
+    sp->memfd = sp->listen_fd = -1;
+    sp->rank = c->rank;
+    sp->nranks = c->nranks;
+    sp->memfd = (int)syscall(SYS_memfd_create, "ddp-shm", 1u /* MFD_CLOEXEC */);
+    if (sp->memfd < 0) {
+        ddp_result_t r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: memfd_create: %s", strerror(errno));
+        ddp_comm_free(c, sp);
+        return r;
+    }
+    /* An abstract-namespace name (leading NUL): nothing on disk to leave behind; only this
+     * network namespace sees it, and the host identity includes the namespace. */
+    sp->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sp->addr.name, sizeof sp->addr.name, "ddp-shm.%d.%016llx", (int)getpid(),
+             (unsigned long long)rnd);
+    memcpy(sa.sun_path + 1, sp->addr.name, strlen(sp->addr.name));
+    sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sp->addr.name));
+    if (sp->listen_fd < 0 || bind(sp->listen_fd, (struct sockaddr *)&sa, sl) != 0 ||
+        listen(sp->listen_fd, 128) != 0) {
+        ddp_result_t r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: unix socket @%s: %s",
+                                       sp->addr.name, strerror(errno));
+        if (sp->listen_fd >= 0) close(sp->listen_fd);
+        close(sp->memfd);
+        ddp_comm_free(c, sp);
+        return r;
+    }
+    sp->addr.pid = (int32_t)getpid();
+    {
+        ddp_result_t r = ddp_comm_publish(c, "shm", &sp->addr, sizeof sp->addr);
+        if (r != DDP_SUCCESS) {
+            close(sp->listen_fd);
+            close(sp->memfd);
+            ddp_comm_free(c, sp);
+            return r;
+        }
+    }
+    _DDP_LOG(c, DDP_LOG_INFO, "shm: listening on unix socket @%s", sp->addr.name);
+    *state = sp;
+    return DDP_SUCCESS;
+}
+
+/* After the rendezvous (host ids known): size, map and fill this rank's region. Called by the
+ * first reachable(). */
+static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
+    ddp_comm_t *c = sp->comm;
+    const char *mine = ddp_comm_host_id(c, sp->rank);
+    int i, n = sp->nranks;
+    size_t cells;
+    cpu_set_t set;
+    int ncpu;
+    const char *s;
+    sp->local_of = (int *)ddp_comm_calloc(c, sizeof(int) * (size_t)n);
+    sp->conns = (_ddp_shm_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
+    sp->ready = (_ddp_shm_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
+    sp->ring = (_ddp_shm_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
+    sp->dialing = (int *)ddp_comm_calloc(c, sizeof(int) * (size_t)n);
+    if (!sp->local_of || !sp->conns || !sp->ready || !sp->ring || !sp->dialing)
+        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: setup");
+    for (i = 0; i < n; i++) {
+        sp->dialing[i] = -1;
+        sp->local_of[i] = !strcmp(ddp_comm_host_id(c, i), mine) ? sp->nlocal++ : -1;
+    }
+    sp->my_local = sp->local_of[sp->rank];
+    sp->chunk = _ddp_shm_env_size("DDP_SHM_CHUNK", 512u << 10, 4096, 64u << 20) & ~(size_t)63;
+    sp->cell_bytes = _ddp_shm_env_size("DDP_SHM_CELL_BYTES", 64u << 10, 256, 16u << 20) & ~(size_t)63;
+    cells = _ddp_shm_env_size("DDP_SHM_CELLS", 8, 2, 1024);
+    sp->ncells = (int)cells;
+    sp->small_max = _ddp_shm_env_size("DDP_SHM_SMALL_MAX", 4096, 1, 64u << 20);
+    if (sp->small_max > sp->chunk) sp->small_max = sp->chunk;
+    ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    sp->oversubscribed = sp->nlocal > ncpu;
+    s = getenv("DDP_SHM_SPIN_US");
+    {
+        long v;
+        if (s && _ddp_parse_long(s, 0, 10000000, &v) == 0) sp->spin_us = (int)v;
+        else if (getenv("DDP_SPIN_US") || c->spin_us != _DDP_DEFAULT_SPIN_US) sp->spin_us = c->spin_us;
+        /* With a CPU each, spinning costs nothing the peer needs, and a futex wake-up across
+         * CPUs costs ~50 us here: spin long. Oversubscribed, spinning steals the peer's CPU. */
+        else sp->spin_us = sp->oversubscribed ? 50 : 2000;
+    }
+    sp->q_off = _DDP_SHM_HDR_BYTES;
+    sp->q_stride = sizeof(_ddp_shm_qctl_t) + cells * (sizeof(_ddp_shm_cell_t) + sp->cell_bytes);
+    sp->stage_off = (sp->q_off + sp->q_stride * (size_t)sp->nlocal + 4095) & ~(size_t)4095;
+    sp->region_bytes = sp->stage_off + 2 * sp->chunk;
+    if (ftruncate(sp->memfd, (off_t)sp->region_bytes) != 0)
+        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: sizing the %zu-byte region: %s",
+                             sp->region_bytes, strerror(errno));
+    sp->mine = (unsigned char *)mmap(NULL, sp->region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                     sp->memfd, 0);
+    if (sp->mine == MAP_FAILED) {
+        sp->mine = NULL;
+        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: mapping the %zu-byte region: %s",
+                             sp->region_bytes, strerror(errno));
+    }
+    sp->me = (_ddp_shm_hdr_t *)(void *)sp->mine;
+    sp->me->magic = _DDP_SHM_MAGIC;
+    sp->me->version = _DDP_SHM_VERSION;
+    sp->me->comm_id = ddp_comm_id(c);
+    sp->me->rank = sp->rank;
+    sp->me->pid = (int32_t)getpid();
+    sp->me->region_bytes = sp->region_bytes;
+    _DDP_LOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
+             "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,
+             sp->ncells, sp->cell_bytes >> 10, sp->chunk >> 10, sp->spin_us,
+             sp->oversubscribed ? " (more ranks than CPUs: yielding while spinning)" : "");
+    return DDP_SUCCESS;
+}
+
+static int _ddp_shm_reachable(void *state, int peer) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    if (!sp->mine && _ddp_shm_setup(sp) != DDP_SUCCESS) return 0;
+    return sp->local_of[peer] >= 0;
+}
+
+/* Sends our hello and memfd (SCM_RIGHTS). Returns 0 or an errno. */
+static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, int to, int32_t status) {
+    _ddp_shm_hello_t h;
+    struct msghdr m;
+    struct iovec iov;
+    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    struct cmsghdr *cm;
+    memset(&h, 0, sizeof h);
+    memset(&m, 0, sizeof m);
+    memset(&u, 0, sizeof u);
+    h.magic = _DDP_SHM_MAGIC;
+    h.version = _DDP_SHM_VERSION;
+    h.comm_id = ddp_comm_id(sp->comm);
+    h.from = sp->rank;
+    h.to = to;
+    h.pid = (int32_t)getpid();
+    h.status = status;
+    h.region_bytes = sp->region_bytes;
+    iov.iov_base = &h;
+    iov.iov_len = sizeof h;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    if (status == 0) {
+        m.msg_control = u.buf;
+        m.msg_controllen = sizeof u.buf;
+        cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &sp->memfd, sizeof(int));
+    }
+    if (sendmsg(fd, &m, MSG_NOSIGNAL) != (ssize_t)sizeof h) return errno ? errno : EIO;
+    return 0;
+}
+
+/* Receives a hello and its memfd. 1 = got it, 0 = not yet (EAGAIN), -1 = bad/closed. */
+static int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
+    struct msghdr m;
+    struct iovec iov;
+    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int) * 4)]; } u;
+    struct cmsghdr *cm;
+    ssize_t got;
+    *memfd = -1;
+    memset(&m, 0, sizeof m);
+    iov.iov_base = h;
+    iov.iov_len = sizeof *h;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = u.buf;
+    m.msg_controllen = sizeof u.buf;
+    got = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+    for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), j;
+            int fds[4];
+            memcpy(fds, CMSG_DATA(cm), nfd * sizeof(int) > sizeof fds ? sizeof fds : nfd * sizeof(int));
+            for (j = 0; j < nfd && j < 4; j++) {
+                if (*memfd < 0) *memfd = fds[j];
+                else close(fds[j]);        /* a stranger sending extra descriptors */
+            }
+        }
+    }
+    /* Hellos are tiny and sent with one sendmsg: a short read is a stranger, not a split. */
+    if (got != (ssize_t)sizeof *h || h->magic != _DDP_SHM_MAGIC) {
+        if (*memfd >= 0) close(*memfd);
+        *memfd = -1;
+        return -1;
+    }
+    return 1;
+}
+
+/* Maps the peer's region and builds the connection. Takes ownership of fd (socket); closes
+ * memfd. */
+static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int memfd,
+                                       const _ddp_shm_hello_t *h, _ddp_shm_conn_t **out) {
+    ddp_comm_t *c = sp->comm;
+    _ddp_shm_conn_t *k;
+    unsigned char *base;
+    size_t bytes = (size_t)h->region_bytes;
+    int i, pl = sp->local_of[peer];
+    *out = NULL;
+    if (bytes != sp->region_bytes) {
+        close(memfd);
+        close(fd);
+        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d has a %zu-byte region, this rank "
+                             "%zu: the ranks use different DDP_SHM_* settings", peer, bytes,
+                             sp->region_bytes);
+    }
+    base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    close(memfd);
+    if (base == MAP_FAILED) {
+        close(fd);
+        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: mapping rank %d's region: %s", peer,
+                             strerror(errno));
+    }
+    {
+        _ddp_shm_hdr_t *ph = (_ddp_shm_hdr_t *)(void *)base;
+        if (ph->magic != _DDP_SHM_MAGIC || ph->comm_id != ddp_comm_id(c) || ph->rank != peer) {
+            munmap(base, bytes);
+            close(fd);
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d's region does not belong to "
+                                 "this communicator", peer);
+        }
+    }
+    k = (_ddp_shm_conn_t *)ddp_comm_calloc(c, sizeof *k);
+    if (!k) {
+        munmap(base, bytes);
+        close(fd);
+        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: connection");
+    }
+    k->sp = sp;
+    k->peer = peer;
+    k->fd = fd;
+    k->peer_pid = h->pid;
+    k->base = base;
+    k->base_bytes = bytes;
+    k->hdr = (_ddp_shm_hdr_t *)(void *)base;
+    k->sq = (_ddp_shm_qctl_t *)(void *)(sp->mine + sp->q_off + sp->q_stride * (size_t)pl);
+    k->scells = (unsigned char *)(k->sq + 1);
+    k->rq = (_ddp_shm_qctl_t *)(void *)(base + sp->q_off + sp->q_stride * (size_t)sp->my_local);
+    k->rcells = (unsigned char *)(k->rq + 1);
+    k->shead = __atomic_load_n(&k->sq->head, __ATOMIC_RELAXED);
+    k->rtail = __atomic_load_n(&k->rq->tail, __ATOMIC_RELAXED);
+    k->err = DDP_SUCCESS;
+    for (i = 0; i < _DDP_SHM_POOL; i++) {
+        k->pool[i].next = k->free_list;
+        k->free_list = &k->pool[i];
+    }
+    *out = k;
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    ddp_comm_t *c = sp->comm;
+    *conn = NULL;
+    if (sp->dialing[peer] < 0) {
+        _ddp_shm_addr_t a;
+        struct sockaddr_un sa;
+        size_t len = 0;
+        int fd, e;
+        ddp_result_t r = ddp_comm_lookup(c, "shm", peer, &a, sizeof a, &len);
+        if (r != DDP_SUCCESS) return r;
+        if (len != sizeof a) return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d published a "
+                                                  "malformed address", peer);
+        a.name[sizeof a.name - 1] = 0;
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        memcpy(sa.sun_path + 1, a.name, strlen(a.name));
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: socket: %s", strerror(errno));
+        /* A blocking connect to a listening Unix socket returns at once (the backlog queues it). */
+        if (connect(fd, (struct sockaddr *)&sa,
+                    (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.name))) != 0 ||
+            (e = _ddp_shm_send_hello(sp, fd, peer, 0)) != 0) {
+            e = errno;
+            close(fd);
+            return ddp_comm_fail(c, DDP_ERR_REMOTE, "shm: connecting to rank %d at @%s: %s",
+                                 peer, a.name, strerror(e));
+        }
+        sp->dialing[peer] = fd;
+        _DDP_LOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, a.name);
+    }
+    {
+        _ddp_shm_hello_t h;
+        int memfd, got = _ddp_shm_recv_hello(sp->dialing[peer], &h, &memfd), fd = sp->dialing[peer];
+        _ddp_shm_conn_t *k;
+        ddp_result_t r;
+        if (got == 0) return DDP_SUCCESS;
+        sp->dialing[peer] = -1;
+        if (got < 0 || h.status != 0 || memfd < 0 || h.from != peer || h.to != sp->rank ||
+            h.comm_id != ddp_comm_id(c)) {
+            if (memfd >= 0) close(memfd);
+            close(fd);
+            return ddp_comm_fail(c, DDP_ERR_REMOTE, "shm: rank %d refused or broke the handshake"
+                                 "%s", peer, got > 0 && h.status ? " (it is not on this host, or "
+                                 "belongs to another job)" : "");
+        }
+        r = _ddp_shm_make_conn(sp, peer, fd, memfd, &h, &k);
+        if (r != DDP_SUCCESS) return r;
+        sp->conns[peer] = k;
+        *conn = k;
+    }
+    return DDP_SUCCESS;
+}
+
+/* Accepts everyone waiting on the listener, checks their hellos, answers with our memfd. */
+static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
+    ddp_comm_t *c = sp->comm;
+    int i;
+    for (;;) {
+        int fd = accept4(sp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        if (sp->npending == (int)(sizeof sp->pending / sizeof sp->pending[0])) {
+            _DDP_LOG(c, DDP_LOG_WARN, "shm: too many unidentified connections; dropping one");
+            close(fd);
+            continue;
+        }
+        sp->pending[sp->npending].fd = fd;
+        sp->pending[sp->npending].deadline = _ddp_now_us() + 10000 * 1000LL;
+        sp->npending++;
+    }
+    for (i = 0; i < sp->npending; i++) {
+        _ddp_shm_pending_t *pd = &sp->pending[i];
+        _ddp_shm_hello_t h;
+        int memfd, got = _ddp_shm_recv_hello(pd->fd, &h, &memfd), drop = 0, keep = 0;
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        if (got == 0) {
+            if (_ddp_now_us() > pd->deadline) {
+                _DDP_LOG(c, DDP_LOG_WARN, "shm: a connection sent no hello within 10 s; dropped");
+                drop = 1;
+            } else {
+                continue;
+            }
+        } else if (got < 0) {
+            _DDP_LOG(c, DDP_LOG_WARN, "shm: dropped a connection that is not a libddp shm peer "
+                     "(malformed hello)");
+            drop = 1;
+        } else if (h.comm_id != ddp_comm_id(c) || h.to != sp->rank || h.from < 0 ||
+                   h.from >= sp->nranks || h.from >= sp->rank || sp->local_of[h.from] < 0 ||
+                   sp->ready[h.from] || sp->conns[h.from]) {
+            _DDP_LOG(c, DDP_LOG_WARN, "shm: dropped a hello from 'rank %d' of communicator %016llx "
+                     "(this is rank %d of %016llx): another job, or a stranger", (int)h.from,
+                     (unsigned long long)h.comm_id, sp->rank, (unsigned long long)ddp_comm_id(c));
+            _ddp_shm_send_hello(sp, pd->fd, h.from, 1);
+            drop = 1;
+        } else if (getsockopt(pd->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+                   cred.uid != geteuid()) {
+            _DDP_LOG(c, DDP_LOG_WARN, "shm: dropped a hello from another user's process");
+            drop = 1;
+        } else if (_ddp_shm_send_hello(sp, pd->fd, h.from, 0) != 0) {
+            _DDP_LOG(c, DDP_LOG_WARN, "shm: rank %d went away during the handshake", (int)h.from);
+            drop = 1;
+        } else {
+            _ddp_shm_conn_t *k;
+            int fl = fcntl(pd->fd, F_GETFL);
+            if (fl >= 0) fcntl(pd->fd, F_SETFL, fl & ~O_NONBLOCK);
+            {
+                ddp_result_t r = _ddp_shm_make_conn(sp, h.from, pd->fd, memfd, &h, &k);
+                memfd = -1;
+                sp->pending[i] = sp->pending[--sp->npending];
+                i--;
+                if (r != DDP_SUCCESS) return r;
+            }
+            sp->ready[h.from] = k;
+            keep = 1;
+        }
+        if (memfd >= 0) close(memfd);
+        if (drop) {
+            close(pd->fd);
+            sp->pending[i] = sp->pending[--sp->npending];
+            i--;
+        }
+        (void)keep;
+    }
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    ddp_result_t r;
+    *conn = NULL;
+    if (!sp->ready[peer] && (r = _ddp_shm_poll_listener(sp)) != DDP_SUCCESS) return r;
+    if (sp->ready[peer]) {
+        sp->conns[peer] = sp->ready[peer];
+        sp->ready[peer] = NULL;
+        *conn = sp->conns[peer];
+    }
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- point-to-point */
+static ddp_result_t _ddp_shm_broken(_ddp_shm_conn_t *k, ddp_result_t r, const char *what) {
+    if (k->err == DDP_SUCCESS)
+        k->err = ddp_comm_fail(k->sp->comm, r, "shm: %s rank %d (pid %d)", what, k->peer, k->peer_pid);
+    return k->err;
+}
+
+static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
+    _ddp_shm_t *sp = k->sp;
+    const size_t cstride = sizeof(_ddp_shm_cell_t) + sp->cell_bytes;
+    const uint64_t nc = (uint64_t)sp->ncells;
+    int moved = 0, freed = 0;
+    if (k->err != DDP_SUCCESS) return k->err;
+    /* Send: fill free cells. */
+    if (k->sqh) {
+        uint64_t tail = __atomic_load_n(&k->sq->tail, __ATOMIC_ACQUIRE);
+        while (k->sqh && k->shead - tail < nc) {
+            _ddp_shm_req_t *q = k->sqh;
+            _ddp_shm_cell_t *cell = (_ddp_shm_cell_t *)(void *)(k->scells + (k->shead % nc) * cstride);
+            size_t n = q->len - q->done;
+            if (n > sp->cell_bytes) n = sp->cell_bytes;
+            cell->tag = q->tag;
+            cell->total = q->len;
+            cell->off = q->done;
+            cell->len = (uint32_t)n;
+            if (n) memcpy(cell + 1, q->buf + q->done, n);
+            q->done += n;
+            k->shead++;
+            __atomic_store_n(&k->sq->head, k->shead, __ATOMIC_SEQ_CST);
+            moved = 1;
+            if (q->done == q->len) {
+                q->complete = 1;
+                k->sqh = q->next;
+                if (!k->sqh) k->sqt = NULL;
+            }
+        }
+    }
+    /* Receive: drain filled cells into the posted receives, in order. */
+    if (k->rqh) {
+        uint64_t head = __atomic_load_n(&k->rq->head, __ATOMIC_ACQUIRE);
+        while (k->rqh && k->rtail < head) {
+            _ddp_shm_req_t *q = k->rqh;
+            const _ddp_shm_cell_t *cell =
+                (const _ddp_shm_cell_t *)(const void *)(k->rcells + (k->rtail % nc) * cstride);
+            if (cell->tag != q->tag || cell->total != q->len || cell->off != q->done ||
+                cell->len > q->len - q->done || cell->len > sp->cell_bytes) {
+                if (cell->off != q->done || cell->len > sp->cell_bytes)
+                    return _ddp_shm_broken(k, DDP_ERR_MISMATCH, "malformed queue contents from");
+                k->err = ddp_comm_fail(sp->comm, DDP_ERR_MISMATCH, "shm: rank %d sent collective "
+                    "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) "
+                    "of %zu bytes: the ranks called different collectives, dtypes, ops, roots or "
+                    "counts", k->peer, (unsigned)(cell->tag & 0xffffffffu),
+                    (unsigned)(cell->tag >> 32), (unsigned long long)cell->total,
+                    (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32), q->len);
+                return k->err;
+            }
+            if (cell->len) memcpy(q->buf + q->done, cell + 1, cell->len);
+            q->done += cell->len;
+            k->rtail++;
+            __atomic_store_n(&k->rq->tail, k->rtail, __ATOMIC_SEQ_CST);
+            freed = 1;
+            if (q->done == q->len) {
+                q->complete = 1;
+                k->rqh = q->next;
+                if (!k->rqh) k->rqt = NULL;
+            }
+        }
+    }
+    if (moved || freed) {
+        _ddp_shm_wake(k->hdr);
+    } else if (k->sqh || k->rqh) {
+        /* Nothing moved: now and then, make sure the peer is still there. */
+        int64_t now = _ddp_now_us();
+        if (now >= k->next_check_us) {
+            k->next_check_us = now + 1000;
+            if (_ddp_shm_peer_gone(k)) {
+                /* It may have published its last words just before going. */
+                uint64_t head = __atomic_load_n(&k->rq->head, __ATOMIC_ACQUIRE);
+                if (!(k->rqh && k->rtail < head))
+                    return _ddp_shm_broken(k, DDP_ERR_REMOTE, "lost");
+            }
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_post(_ddp_shm_conn_t *k, int is_send, void *buf, size_t len,
+                                  uint64_t tag, void **req) {
+    _ddp_shm_req_t *q = k->free_list;
+    if (k->err != DDP_SUCCESS) return k->err;
+    if (!q) return ddp_comm_fail(k->sp->comm, DDP_ERR_INTERNAL, "shm: more than %d requests "
+                                 "outstanding to rank %d", _DDP_SHM_POOL, k->peer);
+    k->free_list = q->next;
+    q->next = NULL;
+    q->conn = k;
+    q->buf = (unsigned char *)buf;
+    q->len = len;
+    q->done = 0;
+    q->tag = tag;
+    q->complete = 0;
+    q->is_send = is_send;
+    if (is_send) {
+        if (k->sqt) k->sqt->next = q; else k->sqh = q;
+        k->sqt = q;
+    } else {
+        if (k->rqt) k->rqt->next = q; else k->rqh = q;
+        k->rqt = q;
+    }
+    *req = q;
+    /* Start at once: a send copies what fits, so the peer can begin. */
+    return _ddp_shm_progress(k);
+}
+
+static ddp_result_t _ddp_shm_isend(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
+                                   void **req) {
+    (void)mr;
+    return _ddp_shm_post((_ddp_shm_conn_t *)conn, 1, (void *)(uintptr_t)buf, len, tag, req);
+}
+
+static ddp_result_t _ddp_shm_irecv(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req) {
+    (void)mr;
+    return _ddp_shm_post((_ddp_shm_conn_t *)conn, 0, buf, len, tag, req);
+}
+
+static ddp_result_t _ddp_shm_test(void *req, int *done) {
+    _ddp_shm_req_t *q = (_ddp_shm_req_t *)req;
+    _ddp_shm_conn_t *k = q->conn;
+    *done = 0;
+    if (!q->complete) {
+        ddp_result_t r = _ddp_shm_progress(k);
+        if (r != DDP_SUCCESS) return r;
+    }
+    if (q->complete) {
+        q->next = k->free_list;
+        k->free_list = q;
+        *done = 1;
+    }
+    return DDP_SUCCESS;
+}
+
+/* 1 if a connection can move something now. */
+static int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
+    if (k->err != DDP_SUCCESS) return 1;
+    if (k->sqh && k->shead - __atomic_load_n(&k->sq->tail, __ATOMIC_SEQ_CST) < (uint64_t)k->sp->ncells)
+        return 1;
+    if (k->rqh && k->rtail < __atomic_load_n(&k->rq->head, __ATOMIC_SEQ_CST)) return 1;
+    return 0;
+}
+
+static ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int timeout_ms) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    uint32_t bell;
+    int i, ms = timeout_ms < 0 || timeout_ms > _DDP_SHM_SLICE_MS ? _DDP_SHM_SLICE_MS : timeout_ms;
+    __atomic_store_n(&sp->me->sleeping, 1u, __ATOMIC_SEQ_CST);
+    bell = __atomic_load_n(&sp->me->doorbell, __ATOMIC_SEQ_CST);
+    for (i = 0; i < n; i++) {
+        _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)conns[i];
+        if (_ddp_shm_can_progress(k) || _ddp_shm_peer_gone(k)) { ms = 0; break; }
+    }
+    if (ms > 0) _ddp_shm_futex_wait(&sp->me->doorbell, bell, ms);
+    __atomic_store_n(&sp->me->sleeping, 0u, __ATOMIC_SEQ_CST);
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_close(void *conn) {
+    _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)conn;
+    _ddp_shm_t *sp;
+    if (!k) return DDP_SUCCESS;
+    sp = k->sp;
+    /* Tell every peer at once (the flag is ours, in our header) and wake it. */
+    __atomic_store_n(&sp->me->closed, 1u, __ATOMIC_SEQ_CST);
+    _ddp_shm_wake(k->hdr);
+    if (k->fd >= 0) close(k->fd);
+    if (k->base) munmap(k->base, k->base_bytes);
+    if (sp->conns[k->peer] == k) sp->conns[k->peer] = NULL;
+    sp->coll_enabled = 0;
+    ddp_comm_free(sp->comm, k);
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_finalize(void *state) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    int i;
+    if (!sp) return DDP_SUCCESS;
+    if (sp->listen_fd >= 0) close(sp->listen_fd);
+    for (i = 0; i < sp->npending; i++) close(sp->pending[i].fd);
+    for (i = 0; sp->ready && i < sp->nranks; i++) if (sp->ready[i]) _ddp_shm_close(sp->ready[i]);
+    for (i = 0; sp->conns && i < sp->nranks; i++) if (sp->conns[i]) _ddp_shm_close(sp->conns[i]);
+    for (i = 0; sp->dialing && i < sp->nranks; i++) if (sp->dialing[i] >= 0) close(sp->dialing[i]);
+    if (sp->mine) munmap(sp->mine, sp->region_bytes);
+    if (sp->memfd >= 0) close(sp->memfd);
+    ddp_comm_free(sp->comm, sp->local_of);
+    ddp_comm_free(sp->comm, sp->conns);
+    ddp_comm_free(sp->comm, sp->ready);
+    ddp_comm_free(sp->comm, sp->ring);
+    ddp_comm_free(sp->comm, sp->dialing);
+    ddp_comm_free(sp->comm, sp);
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- collectives */
+enum { _DDP_SHM_AR = 1, _DDP_SHM_RS, _DDP_SHM_AG, _DDP_SHM_BC, _DDP_SHM_BARRIER };
+static const char *const _ddp_shm_kind_names[] = {"?", "all_reduce", "reduce_scatter",
+                                                  "all_gather", "broadcast", "barrier"};
+
+static void _ddp_shm_sig_str(const _ddp_shm_sig_t *g, char *out, size_t cap) {
+    int k = g->kind >= 1 && g->kind <= _DDP_SHM_BARRIER ? g->kind : 0;
+    snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_shm_kind_names[k],
+             (unsigned long long)g->count, ddp_dtype_name((ddp_dtype_t)g->dtype),
+             k == _DDP_SHM_AR || k == _DDP_SHM_RS ? ", " : "",
+             k == _DDP_SHM_AR || k == _DDP_SHM_RS ? ddp_op_name((ddp_op_t)g->op) : "", g->root);
+}
+
+/* Publishes this rank's next step. */
+static inline void _ddp_shm_signal(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig) {
+    int i, n = sp->nranks - 1;
+    uint64_t next = sp->phase + 1;
+    sp->me->sig[next & 1] = *sig;
+    __atomic_store_n(&sp->me->phase, next, __ATOMIC_SEQ_CST);
+    sp->phase = next;
+    for (i = 0; i < n; i++) _ddp_shm_wake(sp->ring[i]->hdr);
+}
+
+/* Waits until every other rank has published step sp->phase, and checks it is the same step. */
+static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig, const char *step,
+                                      size_t chunk, size_t nchunks) {
+    const uint64_t target = sp->phase;
+    const int n = sp->nranks - 1;
+    int i = 0, spins = 0;
+    int64_t start = 0, now, deadline = 0, next_check = 0;
+    while (i < n) {
+        _ddp_shm_conn_t *k = sp->ring[i];
+        if (__atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) >= target) {
+            const _ddp_shm_sig_t *g = &k->hdr->sig[target & 1];
+            if (g->kind != sig->kind || g->dtype != sig->dtype || g->op != sig->op ||
+                g->root != sig->root || g->count != sig->count) {
+                char theirs[160], ours[160];
+                _ddp_shm_sig_t copy = *g;
+                _ddp_shm_sig_str(&copy, theirs, sizeof theirs);
+                _ddp_shm_sig_str(sig, ours, sizeof ours);
+                return _ddp_shm_fail(sp, DDP_ERR_MISMATCH, "rank %d called %s, this rank %s: the "
+                                     "ranks called different collectives, dtypes, ops, roots or "
+                                     "counts", k->peer, theirs, ours);
+            }
+            i++;
+            continue;
+        }
+        /* Spin, then yield, then sleep; look at the clock only now and then. */
+        if (++spins < 64 && !sp->oversubscribed) { _ddp_shm_pause(); continue; }
+        now = _ddp_now_us();
+        if (!start) {
+            start = now;
+            deadline = sp->comm->timeout_ms < 0 ? 0 : now + (int64_t)sp->comm->timeout_ms * 1000;
+            next_check = now + 1000;
+        }
+        if (now >= next_check) {
+            next_check = now + 1000;
+            if (_ddp_shm_peer_gone(k) &&
+                __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
+                return _ddp_shm_fail(sp, DDP_ERR_REMOTE, "rank %d (pid %d) is gone: it exited, "
+                                     "crashed or failed during %s (step %s, chunk %zu of %zu)",
+                                     k->peer, k->peer_pid, _ddp_shm_kind_names[sig->kind], step,
+                                     chunk + 1, nchunks);
+            if (deadline && now >= deadline)
+                return _ddp_shm_fail(sp, DDP_ERR_TIMEOUT, "%s (step %s, chunk %zu of %zu): rank %d "
+                                     "did not arrive within %d ms", _ddp_shm_kind_names[sig->kind],
+                                     step, chunk + 1, nchunks, k->peer, sp->comm->timeout_ms);
+        }
+        if (now - start < sp->spin_us) {
+            if (sp->oversubscribed) sched_yield();
+            else { int j; for (j = 0; j < 32; j++) _ddp_shm_pause(); }
+            continue;
+        }
+        {
+            uint32_t bell;
+            __atomic_store_n(&sp->me->sleeping, 1u, __ATOMIC_SEQ_CST);
+            bell = __atomic_load_n(&sp->me->doorbell, __ATOMIC_SEQ_CST);
+            if (__atomic_load_n(&k->hdr->phase, __ATOMIC_SEQ_CST) < target)
+                _ddp_shm_futex_wait(&sp->me->doorbell, bell, _DDP_SHM_SLICE_MS);
+            __atomic_store_n(&sp->me->sleeping, 0u, __ATOMIC_SEQ_CST);
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+static inline unsigned char *_ddp_shm_stage(_ddp_shm_t *sp, unsigned char *base, uint64_t which) {
+    return base + sp->stage_off + (which & 1) * sp->chunk;
+}
+
+/* Staging buffer `which` of rank q (this rank included). */
+static inline const unsigned char *_ddp_shm_peer_stage(_ddp_shm_t *sp, int q, uint64_t which) {
+    return q == sp->rank ? _ddp_shm_stage(sp, sp->mine, which)
+                         : _ddp_shm_stage(sp, sp->conns[q]->base, which);
+}
+
+static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *recvbuf,
+                                        size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    const size_t es = ddp_dtype_size(dtype), bytes = count * es;
+    const int p = sp->nranks, me = sp->rank;
+    const unsigned char *src = (const unsigned char *)sendbuf;
+    unsigned char *dst = (unsigned char *)recvbuf;
+    _ddp_shm_sig_t sig;
+    ddp_result_t r;
+    int q;
+    sig.kind = _DDP_SHM_AR; sig.dtype = (int32_t)dtype; sig.op = (int32_t)op; sig.root = 0;
+    sig.count = count;
+    if (bytes <= sp->small_max) {
+        /* One step: everyone reduces everything, in rank order (the same bits everywhere). */
+        unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+        if (bytes) memcpy(mine, src, bytes);
+        _ddp_shm_signal(sp, &sig);
+        if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", 0, 1)) != DDP_SUCCESS) return r;
+        if (bytes) {
+            ddp_reduce_local(dst, _ddp_shm_peer_stage(sp, 0, sp->nchunk),
+                             _ddp_shm_peer_stage(sp, 1, sp->nchunk), count, dtype, op);
+            for (q = 2; q < p; q++)
+                ddp_reduce_local(dst, dst, _ddp_shm_peer_stage(sp, q, sp->nchunk), count, dtype, op);
+            if (op == DDP_AVG) ddp_divide_local(dst, count, dtype, p);
+        }
+        sp->nchunk++;
+        return DDP_SUCCESS;
+    }
+    {
+        /* Chunks of whole elements; slice q of a chunk = elements [q*n/p, (q+1)*n/p). */
+        const size_t per = sp->chunk / es, nchunks = (count + per - 1) / per;
+        size_t ci;
+        for (ci = 0; ci < nchunks; ci++) {
+            const size_t off = ci * per, n = count - off < per ? count - off : per;
+            const size_t lo = n * (size_t)me / (size_t)p, hi = n * (size_t)(me + 1) / (size_t)p;
+            unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+            memcpy(mine, src + off * es, n * es);
+            _ddp_shm_signal(sp, &sig);
+            if ((r = _ddp_shm_wait_all(sp, &sig, "copy-in", ci, nchunks)) != DDP_SUCCESS) return r;
+            if (hi > lo) {
+                unsigned char *acc = mine + lo * es;
+                for (q = 0; q < p; q++)
+                    if (q != me)
+                        ddp_reduce_local(acc, acc, _ddp_shm_peer_stage(sp, q, sp->nchunk) + lo * es,
+                                         hi - lo, dtype, op);
+                if (op == DDP_AVG) ddp_divide_local(acc, hi - lo, dtype, p);
+            }
+            _ddp_shm_signal(sp, &sig);
+            if (hi > lo) memcpy(dst + (off + lo) * es, mine + lo * es, (hi - lo) * es);
+            if ((r = _ddp_shm_wait_all(sp, &sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
+            for (q = 0; q < p; q++) {
+                size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
+                if (q == me || qh == ql) continue;
+                memcpy(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
+                       (qh - ql) * es);
+            }
+            sp->nchunk++;
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendbuf, void *recvbuf,
+                                            size_t rc, ddp_dtype_t dtype, ddp_op_t op) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    const size_t es = ddp_dtype_size(dtype);
+    const int p = sp->nranks, me = sp->rank;
+    const size_t per = sp->chunk / es / (size_t)p, nchunks = rc ? (rc + per - 1) / per : 1;
+    const unsigned char *src = (const unsigned char *)sendbuf;
+    unsigned char *dst = (unsigned char *)recvbuf;
+    _ddp_shm_sig_t sig;
+    ddp_result_t r;
+    size_t ci;
+    int q;
+    sig.kind = _DDP_SHM_RS; sig.dtype = (int32_t)dtype; sig.op = (int32_t)op; sig.root = 0;
+    sig.count = rc;
+    for (ci = 0; ci < nchunks; ci++) {
+        const size_t off = ci * per, n = rc - off < per ? rc - off : per;
+        unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+        /* Staging holds [block q][n]: publish the parts the others own. */
+        for (q = 0; q < p; q++)
+            if (q != me && n) memcpy(mine + (size_t)q * n * es, src + ((size_t)q * rc + off) * es, n * es);
+        _ddp_shm_signal(sp, &sig);
+        if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
+        if (n) {
+            /* Our own part comes straight from sendbuf, first: in place, recvbuf is our block
+             * of sendbuf (NCCL's layout), so it must be read before it is written. */
+            const unsigned char *in = src + ((size_t)me * rc + off) * es;
+            unsigned char *out = dst + off * es;
+            for (q = 0; q < p; q++) {
+                if (q == me) continue;
+                ddp_reduce_local(out, in, _ddp_shm_peer_stage(sp, q, sp->nchunk) + (size_t)me * n * es,
+                                 n, dtype, op);
+                in = out;
+            }
+            if (op == DDP_AVG) ddp_divide_local(out, n, dtype, p);
+        }
+        sp->nchunk++;
+    }
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *recvbuf,
+                                        size_t sc, ddp_dtype_t dtype) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    const size_t es = ddp_dtype_size(dtype);
+    const int p = sp->nranks, me = sp->rank;
+    const size_t per = sp->chunk / es, nchunks = sc ? (sc + per - 1) / per : 1;
+    const unsigned char *src = (const unsigned char *)sendbuf;
+    unsigned char *dst = (unsigned char *)recvbuf;
+    _ddp_shm_sig_t sig;
+    ddp_result_t r;
+    size_t ci;
+    int q;
+    sig.kind = _DDP_SHM_AG; sig.dtype = (int32_t)dtype; sig.op = 0; sig.root = 0; sig.count = sc;
+    for (ci = 0; ci < nchunks; ci++) {
+        const size_t off = ci * per, n = sc - off < per ? sc - off : per;
+        unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+        if (n) memcpy(mine, src + off * es, n * es);
+        _ddp_shm_signal(sp, &sig);
+        if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
+        for (q = 0; q < p && n; q++) {
+            unsigned char *out = dst + ((size_t)q * sc + off) * es;
+            const unsigned char *from = q == me ? src + off * es : _ddp_shm_peer_stage(sp, q, sp->nchunk);
+            if (out != from) memmove(out, from, n * es);   /* in place: NCCL's recvbuf + rank*sc */
+        }
+        sp->nchunk++;
+    }
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *recvbuf,
+                                       size_t count, ddp_dtype_t dtype, int root) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    const size_t es = ddp_dtype_size(dtype);
+    const size_t per = sp->chunk / es, nchunks = count ? (count + per - 1) / per : 1;
+    _ddp_shm_sig_t sig;
+    ddp_result_t r;
+    size_t ci;
+    sig.kind = _DDP_SHM_BC; sig.dtype = (int32_t)dtype; sig.op = 0; sig.root = root; sig.count = count;
+    for (ci = 0; ci < nchunks; ci++) {
+        const size_t off = ci * per, n = count - off < per ? count - off : per;
+        if (sp->rank == root && n) {
+            memcpy(_ddp_shm_stage(sp, sp->mine, sp->nchunk), (const unsigned char *)sendbuf + off * es, n * es);
+            if (recvbuf != sendbuf)
+                memcpy((unsigned char *)recvbuf + off * es, (const unsigned char *)sendbuf + off * es, n * es);
+        }
+        _ddp_shm_signal(sp, &sig);
+        if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
+        if (sp->rank != root && n)
+            memcpy((unsigned char *)recvbuf + off * es, _ddp_shm_peer_stage(sp, root, sp->nchunk), n * es);
+        sp->nchunk++;
+    }
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_shm_barrier(void *state) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    _ddp_shm_sig_t sig;
+    memset(&sig, 0, sizeof sig);
+    sig.kind = _DDP_SHM_BARRIER;
+    _ddp_shm_signal(sp, &sig);
+    return _ddp_shm_wait_all(sp, &sig, "arrive", 0, 1);
+}
+
+/* The communicator asks once every peer is connected through this transport. */
+static ddp_result_t _ddp_shm_enable(void *state) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    const char *s = getenv("DDP_SHM_COLL");
+    int i, n = 0;
+    if (s && !strcmp(s, "0")) {
+        _DDP_LOG(sp->comm, DDP_LOG_INFO, "shm: collectives over point-to-point (DDP_SHM_COLL=0)");
+        return DDP_ERR_UNSUPPORTED;
+    }
+    for (i = 0; i < sp->nranks; i++) {
+        if (i == sp->rank) continue;
+        if (!sp->conns[i]) return DDP_ERR_UNSUPPORTED;
+        sp->ring[n++] = sp->conns[i];
+    }
+    sp->coll_enabled = 1;
+    _DDP_LOG(sp->comm, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
+             "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
+             "%zu-byte staging chunks (2 steps per chunk); DDP_SHM_COLL=0 for the ring",
+             sp->small_max, sp->chunk);
+    return DDP_SUCCESS;
+}
+
+static const ddp_coll_provider_t _ddp_shm_coll = {
+    _ddp_shm_all_reduce, _ddp_shm_reduce_scatter, _ddp_shm_all_gather, _ddp_shm_broadcast,
+    _ddp_shm_barrier, _ddp_shm_enable,
+};
+
+static const ddp_transport_t _ddp_shm_transport = {
+    DDP_TRANSPORT_VERSION, "shm", 20,
+    _ddp_shm_init, _ddp_shm_reachable, _ddp_shm_connect, _ddp_shm_accept,
+    NULL, NULL, _ddp_shm_isend, _ddp_shm_irecv, _ddp_shm_test, _ddp_shm_wait,
+    _ddp_shm_close, _ddp_shm_finalize, &_ddp_shm_coll,
+};
+
+DDP_API const ddp_transport_t *ddp_transport_shm(void) { return &_ddp_shm_transport; }
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((constructor)) static void _ddp_shm_register(void) {
+    ddp_transport_register(&_ddp_shm_transport);
+}
+#else
+#error "transports/ddp_shm.h: registration needs a constructor (GCC/Clang)"
+#endif
+
+#endif /* DDP_SHM implementation */
