@@ -1,7 +1,7 @@
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
 #   make test    every test (plain, then ASan+UBSan), header checks as C99/C11/C++17
-#   make bench   the all-reduce benchmark side by side with Open MPI and the loopback limit
+#   make bench   ddp-bench sweep (every collective, p = 2 and 4, every transport) -> bench/results/*.json, busbw.svg
 CC      ?= cc
 CXX     ?= g++
 WARN    := -Wall -Wextra -Wpedantic -Werror
@@ -21,7 +21,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES)
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -71,7 +71,7 @@ test-san: $(TESTS_SAN)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
-TSAN_TESTS := $(B)/tsan/test_store
+TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm
 $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(B)/tsan
 	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
@@ -85,7 +85,23 @@ test: headers test-plain test-san test-tsan
 demo: $(B)/train_mlp $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_mlp
 
-bench:
+# ddp-bench (bench/ddp_bench.c) compiles in every transports/*.h present; svg_chart draws its JSON.
+$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h $(HEADERS) $(wildcard transports/*.h) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+$(B)/svg_chart: bench/svg_chart.c | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -lm
+
+# 8 B .. 64 MiB, p = 2 and 4, every collective and transport (2-4 minutes on 2 cores; knobs in
+# bench/sweep.sh): bench/results/<collective>_<transport>_p<N>.json and busbw.svg.
+bench: $(B)/ddp-bench $(B)/svg_chart
+	bash bench/sweep.sh
+
+# libddp vs Open MPI vs Gloo all-reduce, side by side in one run (~10 minutes on 2 cores; knobs in
+# bench/compare.sh); needs libopenmpi-dev openmpi-bin libgloo-dev (a missing peer is skipped):
+# bench/results/compare.json and compare.md.
+.PHONY: compare
+compare:
 	bash bench/compare.sh
 
 clean:

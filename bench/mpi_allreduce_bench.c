@@ -1,13 +1,21 @@
-/* bench/mpi_allreduce_bench.c — the same sweep, method and rows as allreduce_bench.c, timing
- * MPI_Allreduce instead of ddp_all_reduce, so the two can be put side by side.
+/* bench/mpi_allreduce_bench.c — the same sweep, method, rows and JSON as ddp_bench.c (ddp-bench),
+ * timing MPI's collectives instead of libddp's, so the two can be put side by side. (The name is
+ * historical: it runs every collective ddp-bench does, -o all_reduce by default.)
  *
  *   mpicc -std=c99 -O2 -Wall -Wextra -Wpedantic bench/mpi_allreduce_bench.c \
  *         -o build/mpi_allreduce_bench -lm
  *   mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl self,tcp \
  *          --mca btl_tcp_if_include lo --mca mpi_yield_when_idle 1 \
- *          ./build/mpi_allreduce_bench -b 8 -e 64M -f 2 -n 20 -w 5
+ *          ./build/mpi_allreduce_bench -o all_reduce -b 8 -e 64M -f 2 -n 20 -w 5
  *
- * The rank count comes from mpirun (-p is ignored). half/bfloat16 and avg have no MPI
+ *   all_reduce      MPI_Allreduce (in place: MPI_IN_PLACE)
+ *   reduce_scatter  MPI_Reduce_scatter_block (in place: MPI_IN_PLACE; MPI leaves the result at the
+ *                   start of the buffer, not at rank * recvcount as NCCL; the check knows)
+ *   all_gather      MPI_Allgather (in place: MPI_IN_PLACE, data at rank * sendcount, as NCCL)
+ *   broadcast       MPI_Bcast, which is in place by nature: out of place, the root first copies
+ *                   send to recv (what ncclBroadcast and ddp_broadcast do for the root too)
+ *
+ * The rank count comes from mpirun (-p is ignored, -t too). half/bfloat16 and avg have no MPI
  * equivalent and are refused.
  */
 #define _GNU_SOURCE
@@ -39,21 +47,51 @@ static MPI_Op mpib_op(int op) {
     }
 }
 
-static int mpib_supports(int dtype, int op) {
-    return mpib_type(dtype) != MPI_DATATYPE_NULL && mpib_op(op) != MPI_OP_NULL;
+static int mpib_supports(int coll, int dtype, int op) {
+    if (mpib_type(dtype) == MPI_DATATYPE_NULL) return 0;
+    return !bench_colls[coll].has_op || mpib_op(op) != MPI_OP_NULL;
 }
 
-static int mpib_allreduce(void *ctx, const void *s, void *r, size_t count, int dtype, int op,
-                          char *err, size_t errcap) {
-    int rc, len = 0;
+static int mpib_coll(void *ctx, int coll, const void *s, void *r, size_t count, int dtype, int op,
+                     int root, char *err, size_t errcap) {
+    int rc = MPI_SUCCESS, len = 0, me = 0, n = (int)count;
     char msg[MPI_MAX_ERROR_STRING];
+    MPI_Datatype t = mpib_type(dtype);
     (void)ctx;
     if (count > 0x7fffffff) { snprintf(err, errcap, "count %zu > INT_MAX", count); return 1; }
-    rc = MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, (int)count, mpib_type(dtype), mpib_op(op),
-                       MPI_COMM_WORLD);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    switch (coll) {
+    case BENCH_ALL_REDUCE:
+        rc = MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, n, t, mpib_op(op), MPI_COMM_WORLD);
+        break;
+    case BENCH_REDUCE_SCATTER: {
+        /* NCCL's in place: recv == send + rank * recvcount; MPI's: the whole input in recv */
+        size_t es = bench_dtype_bytes[dtype];
+        if ((const unsigned char *)s + (size_t)me * count * es == (unsigned char *)r)
+            rc = MPI_Reduce_scatter_block(MPI_IN_PLACE, (void *)s, n, t, mpib_op(op), MPI_COMM_WORLD);
+        else
+            rc = MPI_Reduce_scatter_block(s, r, n, t, mpib_op(op), MPI_COMM_WORLD);
+        break;
+    }
+    case BENCH_ALL_GATHER: {
+        size_t es = bench_dtype_bytes[dtype];
+        if ((const unsigned char *)r + (size_t)me * count * es == (const unsigned char *)s)
+            rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r, n, t, MPI_COMM_WORLD);
+        else
+            rc = MPI_Allgather(s, n, t, r, n, t, MPI_COMM_WORLD);
+        break;
+    }
+    case BENCH_BROADCAST:
+        if (me == root && s != r) memcpy(r, s, count * bench_dtype_bytes[dtype]);
+        rc = MPI_Bcast(r, n, t, root, MPI_COMM_WORLD);
+        break;
+    default:
+        snprintf(err, errcap, "collective %d not implemented", coll);
+        return 1;
+    }
     if (rc == MPI_SUCCESS) return 0;
     MPI_Error_string(rc, msg, &len);
-    snprintf(err, errcap, "MPI_Allreduce: %s", msg);
+    snprintf(err, errcap, "MPI %s: %s", bench_colls[coll].name, msg);
     return 1;
 }
 
@@ -85,10 +123,12 @@ int main(int argc, char **argv) {
     MPI_Get_library_version(ver, &len);
     if ((nl = strchr(ver, '\n'))) *nl = 0;
     if ((nl = strchr(ver, ','))) *nl = 0;
-    snprintf(descr, sizeof descr, "MPI_Allreduce, %s", ver);
+    snprintf(descr, sizeof descr, "MPI, %s", ver);
     b.name = "mpi";
+    b.transport = "mpi";
     b.description = descr;
-    b.allreduce = mpib_allreduce;
+    b.coll = mpib_coll;
+    b.rs_inplace_result_at_start = 1;
     b.barrier = mpib_barrier;
     b.reduce_doubles = mpib_reduce_doubles;
     b.bcast_int = mpib_bcast_int;

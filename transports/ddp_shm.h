@@ -97,7 +97,8 @@ typedef struct {
     uint32_t doorbell, sleeping;      /* line 2: futex word (anyone bumps it); owner sleeps */
     unsigned char pad2[64 - 8];
     uint32_t closed;                  /* line 3: the owner closed its connections */
-    unsigned char pad3[64 - 4];
+    uint32_t users;                   /* threads of one process sharing this mapping */
+    unsigned char pad3[64 - 8];
 } _ddp_shm_hdr_t;
 
 typedef struct { uint64_t head; unsigned char pad[56]; uint64_t tail; unsigned char pad2[56]; } _ddp_shm_qctl_t;
@@ -135,7 +136,7 @@ typedef struct {                      /* an accepted socket whose hello has not 
 
 typedef struct { char name[56]; int32_t pid; uint32_t pad; } _ddp_shm_addr_t;
 typedef struct { uint32_t magic, version; uint64_t comm_id; int32_t from, to, pid, status;
-                 uint64_t region_bytes; } _ddp_shm_hello_t;
+                 uint64_t region_bytes, addr; } _ddp_shm_hello_t;
 
 typedef struct _ddp_shm {
     ddp_comm_t *comm;
@@ -222,6 +223,14 @@ static int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
         if (recv(k->fd, &b, 1, MSG_DONTWAIT | MSG_PEEK) == 0) return 1;
     }
     return 0;
+}
+
+/* Drops one user of a mapping (a region mapped once per process); the last unmaps it. */
+static void _ddp_shm_unmap(unsigned char *base, size_t bytes) {
+    _ddp_shm_hdr_t *h = (_ddp_shm_hdr_t *)(void *)base;
+    /* Another process's region: our own mapping, not counted. */
+    if (h->pid != (int32_t)getpid() || __atomic_sub_fetch(&h->users, 1u, __ATOMIC_ACQ_REL) == 0)
+        munmap(base, bytes);
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -336,6 +345,7 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     sp->me->rank = sp->rank;
     sp->me->pid = (int32_t)getpid();
     sp->me->region_bytes = sp->region_bytes;
+    sp->me->users = 1;
     _DDP_LOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
              "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,
              sp->ncells, sp->cell_bytes >> 10, sp->chunk >> 10, sp->spin_us,
@@ -367,6 +377,7 @@ static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, int to, int32_t status) {
     h.pid = (int32_t)getpid();
     h.status = status;
     h.region_bytes = sp->region_bytes;
+    h.addr = (uint64_t)(uintptr_t)sp->mine;
     iov.iov_base = &h;
     iov.iov_len = sizeof h;
     m.msg_iov = &iov;
@@ -438,7 +449,15 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
                              "%zu: the ranks use different DDP_SHM_* settings", peer, bytes,
                              sp->region_bytes);
     }
-    base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    /* A rank in this same process (threads as ranks): use its mapping, so both sides work on
+     * the same addresses (ThreadSanitizer then sees the whole protocol); the last user of a
+     * mapping unmaps it. Otherwise map the peer's memfd. */
+    if (h->pid == (int32_t)getpid() && h->addr) {
+        base = (unsigned char *)(uintptr_t)h->addr;
+        __atomic_add_fetch(&((_ddp_shm_hdr_t *)(void *)base)->users, 1u, __ATOMIC_ACQ_REL);
+    } else {
+        base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    }
     close(memfd);
     if (base == MAP_FAILED) {
         close(fd);
@@ -448,7 +467,7 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     {
         _ddp_shm_hdr_t *ph = (_ddp_shm_hdr_t *)(void *)base;
         if (ph->magic != _DDP_SHM_MAGIC || ph->comm_id != ddp_comm_id(c) || ph->rank != peer) {
-            munmap(base, bytes);
+            _ddp_shm_unmap(base, bytes);
             close(fd);
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d's region does not belong to "
                                  "this communicator", peer);
@@ -456,7 +475,7 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     }
     k = (_ddp_shm_conn_t *)ddp_comm_calloc(c, sizeof *k);
     if (!k) {
-        munmap(base, bytes);
+        _ddp_shm_unmap(base, bytes);
         close(fd);
         return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: connection");
     }
@@ -795,7 +814,7 @@ static ddp_result_t _ddp_shm_close(void *conn) {
     __atomic_store_n(&sp->me->closed, 1u, __ATOMIC_SEQ_CST);
     _ddp_shm_wake(k->hdr);
     if (k->fd >= 0) close(k->fd);
-    if (k->base) munmap(k->base, k->base_bytes);
+    if (k->base) _ddp_shm_unmap(k->base, k->base_bytes);
     if (sp->conns[k->peer] == k) sp->conns[k->peer] = NULL;
     sp->coll_enabled = 0;
     ddp_comm_free(sp->comm, k);
@@ -811,7 +830,7 @@ static ddp_result_t _ddp_shm_finalize(void *state) {
     for (i = 0; sp->ready && i < sp->nranks; i++) if (sp->ready[i]) _ddp_shm_close(sp->ready[i]);
     for (i = 0; sp->conns && i < sp->nranks; i++) if (sp->conns[i]) _ddp_shm_close(sp->conns[i]);
     for (i = 0; sp->dialing && i < sp->nranks; i++) if (sp->dialing[i] >= 0) close(sp->dialing[i]);
-    if (sp->mine) munmap(sp->mine, sp->region_bytes);
+    if (sp->mine) _ddp_shm_unmap(sp->mine, sp->region_bytes);
     if (sp->memfd >= 0) close(sp->memfd);
     ddp_comm_free(sp->comm, sp->local_of);
     ddp_comm_free(sp->comm, sp->conns);
@@ -882,11 +901,11 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig,
             if (_ddp_shm_peer_gone(k) &&
                 __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
                 return _ddp_shm_fail(sp, DDP_ERR_REMOTE, "rank %d (pid %d) is gone: it exited, "
-                                     "crashed or failed during %s (step %s, chunk %zu of %zu)",
+                                     "crashed or failed during %s (phase %s, chunk %zu of %zu)",
                                      k->peer, k->peer_pid, _ddp_shm_kind_names[sig->kind], step,
                                      chunk + 1, nchunks);
             if (deadline && now >= deadline)
-                return _ddp_shm_fail(sp, DDP_ERR_TIMEOUT, "%s (step %s, chunk %zu of %zu): rank %d "
+                return _ddp_shm_fail(sp, DDP_ERR_TIMEOUT, "%s (phase %s, chunk %zu of %zu): rank %d "
                                      "did not arrive within %d ms", _ddp_shm_kind_names[sig->kind],
                                      step, chunk + 1, nchunks, k->peer, sp->comm->timeout_ms);
         }

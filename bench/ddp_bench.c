@@ -1,0 +1,220 @@
+/* bench/ddp_bench.c — ddp-bench: libddp's collectives over a size sweep, nccl-tests style.
+ *
+ *   make build/ddp-bench         (or: cc -std=c99 -O2 -I. -pthread bench/ddp_bench.c -o build/ddp-bench -lm)
+ *   build/ddprun -n 4 build/ddp-bench -o all_reduce -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -d float -t tcp
+ *   build/ddp-bench -p 4 -o all_gather -b 8 -e 64M        # forks 4 ranks on this host itself
+ *   build/ddp-bench -p 2 -m                               # peak RSS of a 256 MiB all_reduce
+ *   build/ddp-bench --list-transports                     # the transports compiled in
+ *
+ * Without a launcher's variables in the environment the program forks -p ranks itself; each
+ * calls ddp_comm_init with master 127.0.0.1 and a port that was free a moment before. With
+ * RANK and WORLD_SIZE (torchrun, ddprun), OMPI_COMM_WORLD_RANK/SIZE (mpirun) or PMI_RANK/SIZE
+ * it is one rank of the launcher's job and calls ddp_comm_init_env (MASTER_ADDR/MASTER_PORT,
+ * default 127.0.0.1:29500). Slurm's variables are not taken as a sign: sbatch sets them for a
+ * script that is not a rank.
+ * Method, columns and JSON: bench/bench_common.h and bench/README.md. All flags: -h.
+ */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+/* Every transport header present is compiled in (including one is what registers it). */
+#if defined(__has_include)
+#if __has_include("transports/ddp_shm.h")
+#include "transports/ddp_shm.h"
+#define DDPB_HAVE_SHM 1
+#endif
+#endif
+
+#include "bench/bench_common.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+/* The transport headers this file includes, by the name each registers. */
+static const char *const ddpb_transport_names[] = {
+    "tcp",
+#ifdef DDPB_HAVE_SHM
+    "shm",
+#endif
+};
+#define DDPB_NTRANSPORTS (sizeof ddpb_transport_names / sizeof ddpb_transport_names[0])
+
+static int ddpb_coll(void *ctx, int coll, const void *s, void *r, size_t count, int dtype, int op,
+                     int root, char *err, size_t errcap) {
+    ddp_comm_t *c = (ddp_comm_t *)ctx;
+    ddp_result_t rc = DDP_ERR_INVALID_ARGUMENT;
+    switch (coll) {
+    case BENCH_ALL_REDUCE: rc = ddp_all_reduce(s, r, count, (ddp_dtype_t)dtype, (ddp_op_t)op, c); break;
+    case BENCH_REDUCE_SCATTER: rc = ddp_reduce_scatter(s, r, count, (ddp_dtype_t)dtype, (ddp_op_t)op, c); break;
+    case BENCH_ALL_GATHER: rc = ddp_all_gather(s, r, count, (ddp_dtype_t)dtype, c); break;
+    case BENCH_BROADCAST: rc = ddp_broadcast(s, r, count, (ddp_dtype_t)dtype, root, c); break;
+    default: break;
+    }
+    if (rc == DDP_SUCCESS) return 0;
+    snprintf(err, errcap, "%s: %s", ddp_strerror(rc), ddp_comm_last_error(c));
+    return 1;
+}
+
+static int ddpb_barrier(void *ctx) { return ddp_barrier((ddp_comm_t *)ctx) != DDP_SUCCESS; }
+
+static int ddpb_reduce_doubles(void *ctx, double *v, int n, int op) {
+    return ddp_all_reduce(v, v, (size_t)n, DDP_FLOAT64, op == BENCH_MAX ? DDP_MAX : DDP_SUM,
+                          (ddp_comm_t *)ctx) != DDP_SUCCESS;
+}
+
+static int ddpb_bcast_int(void *ctx, int *v) {
+    return ddp_broadcast(v, v, 1, DDP_INT32, 0, (ddp_comm_t *)ctx) != DDP_SUCCESS;
+}
+
+/* The transports this rank uses to reach its peers, distinct, joined by '+' ("tcp", "shm+tcp");
+ * "self" for a world of one. */
+static void ddpb_transports_used(const ddp_comm_t *c, char *out, size_t cap) {
+    int p = ddp_comm_size(c), me = ddp_comm_rank(c), k;
+    size_t off = 0;
+    out[0] = 0;
+    for (k = 0; k < p; k++) {
+        const char *t = ddp_comm_transport_name(c, k), *hit;
+        size_t tl = strlen(t);
+        if (k == me || !*t || !strcmp(t, "none")) continue;
+        hit = strstr(out, t);
+        if (hit && (hit == out || hit[-1] == '+') && (hit[tl] == 0 || hit[tl] == '+')) continue;
+        off += (size_t)snprintf(out + off, off < cap ? cap - off : 0, "%s%s", off ? "+" : "", t);
+    }
+    if (!out[0]) snprintf(out, cap, "%s", p == 1 ? "self" : "none");
+}
+
+static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
+    ddp_comm_t *c = NULL;
+    ddp_comm_desc_t desc;
+    bench_backend_t b;
+    char descr[256], used[64];
+    ddp_result_t r;
+    int rc;
+    memset(&desc, 0, sizeof desc);
+    desc.transport = o->transport;
+    if (port) {
+        desc.master_addr = "127.0.0.1";
+        desc.master_port = port;
+        /* a crashed sibling should not keep the others waiting the default 10 minutes */
+        if (!getenv("DDP_TIMEOUT_MS")) desc.timeout_ms = 120000;
+        r = ddp_comm_init(&c, nranks, rank, &desc);
+    } else {
+        r = ddp_comm_init_env(&c, &desc);
+    }
+    if (r != DDP_SUCCESS) {
+        fprintf(stderr, "rank %d: ddp_comm_init failed: %s: %s\n", rank, ddp_strerror(r),
+                ddp_last_init_error());
+        return 1;
+    }
+    memset(&b, 0, sizeof b);
+    b.name = "libddp";
+    b.ctx = c;
+    b.rank = ddp_comm_rank(c);
+    b.nranks = ddp_comm_size(c);
+    b.coll = ddpb_coll;
+    b.barrier = ddpb_barrier;
+    b.reduce_doubles = ddpb_reduce_doubles;
+    b.bcast_int = ddpb_bcast_int;
+    ddpb_transports_used(c, used, sizeof used);
+    b.transport = used;
+    snprintf(descr, sizeof descr, "libddp %d.%d, transport %s, %s", DDP_VERSION_MAJOR,
+             DDP_VERSION_MINOR, used,
+             port ? "ranks forked by the bench (-p)" : "one rank per process (launcher environment)");
+    b.description = descr;
+    rc = o->mem_mode ? bench_main_mem(o, &b) : bench_main_sweep(o, &b);
+    r = ddp_comm_destroy(c);
+    if (r != DDP_SUCCESS) {
+        fprintf(stderr, "rank %d: ddp_comm_destroy: %s\n", b.rank, ddp_strerror(r));
+        rc = 1;
+    }
+    return rc;
+}
+
+/* A port on 127.0.0.1 that nobody listened on a moment ago (the kernel's pick for port 0). */
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    if (fd < 0) return 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+int main(int argc, char **argv) {
+    bench_opts_t o;
+    pid_t *pids;
+    int rank, port, failed = 0, left;
+    double deadline = 0;
+    size_t k;
+    if (bench_parse_args(argc, argv, &o, 1)) return 2;
+    if (o.list_transports) {
+        for (k = 0; k < DDPB_NTRANSPORTS; k++)
+            if (ddp_transport_find(ddpb_transport_names[k])) printf("%s\n", ddpb_transport_names[k]);
+        return 0;
+    }
+    if (o.transport && !ddp_transport_find(o.transport)) {
+        fprintf(stderr, "ddp-bench: transport '%s' is not compiled in (--list-transports)\n", o.transport);
+        return 2;
+    }
+    if ((getenv("RANK") && getenv("WORLD_SIZE")) ||
+        (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) ||
+        (getenv("PMI_RANK") && getenv("PMI_SIZE")))
+        return run_rank(&o, 0, 0, 0);
+    if (!(port = free_port())) { perror("ddp-bench: no free port on 127.0.0.1"); return 1; }
+    pids = (pid_t *)calloc((size_t)o.nranks, sizeof *pids);
+    if (!pids) return 1;
+    fflush(stdout);
+    fflush(stderr);
+    for (rank = 0; rank < o.nranks; rank++) {
+        pid_t pid = fork();
+        if (pid < 0) { perror("fork"); failed = 1; break; }
+        if (pid == 0) {
+            int rc = run_rank(&o, o.nranks, rank, port);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(rc);
+        }
+        pids[rank] = pid;
+    }
+    left = rank;
+    while (left > 0) {
+        int st, j;
+        pid_t pid = waitpid(-1, &st, failed ? WNOHANG : 0);
+        if (pid < 0) { if (errno == EINTR) continue; break; }
+        if (pid == 0) {
+            /* A rank failed: the others normally notice within milliseconds (libddp fails every
+             * survivor of a dead peer); a rank stuck at rendezvous gets 10 s, then SIGTERM. */
+            if (bench_now_s() > deadline) {
+                for (j = 0; j < o.nranks; j++) if (pids[j] > 0) kill(pids[j], SIGTERM);
+                deadline = 1e300;
+            }
+            usleep(10000);
+            continue;
+        }
+        for (j = 0; j < o.nranks; j++) {
+            if (pids[j] != pid) continue;
+            pids[j] = 0;
+            left--;
+            if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+            /* status 1 is a failed check or call, already reported by the rank itself */
+            if (WIFSIGNALED(st))
+                fprintf(stderr, "ddp-bench: rank %d killed by signal %d\n", j, WTERMSIG(st));
+            else if (WEXITSTATUS(st) != 1)
+                fprintf(stderr, "ddp-bench: rank %d exited with status %d\n", j, WEXITSTATUS(st));
+            if (!failed) deadline = bench_now_s() + 10.0;
+            failed = 1;
+        }
+    }
+    free(pids);
+    return failed;
+}

@@ -1,0 +1,224 @@
+#!/bin/sh
+# tests/test_bench.sh — ddp-bench (bench/ddp_bench.c), its chart writer and the `make bench`
+# script, end to end with tiny sizes. Run from the repository root (prove tests/test_bench.sh);
+# prints TAP. Uses build/ddp-bench and build/svg_chart when they are newer than their sources,
+# else compiles private copies. Every run is bounded by timeout; the file takes a few seconds.
+set -u
+
+CC=${CC:-cc}
+CFLAGS_T="-std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I."
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench_test.XXXXXX") || { echo "Bail out! mktemp failed"; exit 1; }
+trap 'rm -rf "$tmp"' EXIT
+unset DDP_BENCH_CORRUPT DDP_TRANSPORT RANK WORLD_SIZE OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE \
+      PMI_RANK PMI_SIZE
+T="timeout -k 2 30"
+
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() { n=$((n + 1)); echo "not ok $n - $1"; }
+check() {
+    d=$1; shift
+    rm -f "$tmp/why"
+    if "$@"; then ok "$d"; else
+        notok "$d"
+        [ -s "$tmp/why" ] && sed 's/^/#   /' "$tmp/why"
+    fi
+}
+why() { printf '%s\n' "$*" >> "$tmp/why"; }
+# newer TARGET SOURCES...: TARGET exists and is newer than every source
+newer() { t=$1; shift; [ -x "$t" ] || return 1; for s in "$@"; do [ "$t" -nt "$s" ] || return 1; done; }
+
+# --- build ----------------------------------------------------------------------------------
+B=build/ddp-bench
+C=build/svg_chart
+build_bench() {
+    # shellcheck disable=SC2046
+    newer "$B" bench/ddp_bench.c bench/bench_common.h ddp.h ddp_ring.h $(ls transports/*.h) && return 0
+    B=$tmp/ddp-bench
+    $CC $CFLAGS_T bench/ddp_bench.c -o "$B" -pthread -lm 2> "$tmp/why"
+}
+build_chart() {
+    newer "$C" bench/svg_chart.c && return 0
+    C=$tmp/svg_chart
+    $CC $CFLAGS_T bench/svg_chart.c -o "$C" -lm 2> "$tmp/why"
+}
+check "ddp-bench builds (C99, -Wall -Wextra -Wpedantic -Werror)" build_bench
+check "svg_chart builds (C99, -Wall -Wextra -Wpedantic -Werror)" build_chart
+[ -x "$B" ] && [ -x "$C" ] || { echo "Bail out! no ddp-bench or svg_chart"; exit 1; }
+
+TRANSPORTS=$($B --list-transports)
+list_ok() {
+    echo "$TRANSPORTS" | grep -qx tcp || { why "--list-transports: '$TRANSPORTS'"; return 1; }
+    if [ -e transports/ddp_shm.h ]; then
+        echo "$TRANSPORTS" | grep -qx shm || { why "ddp_shm.h exists but shm is not listed"; return 1; }
+    fi
+}
+check "--list-transports names every transport compiled in ($(echo $TRANSPORTS))" list_ok
+
+# run NAME ARGS...: ddp-bench ARGS with its stdout in $tmp/NAME.out, exit status in $rc
+run() { name=$1; shift; $T "$B" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; rc=$?; }
+# rows FILE: the data rows (not comments)
+rows() { grep -v '^#' "$1"; }
+# col FILE K: the K-th field of every row
+col() { rows "$1" | awk -v k="$2" '{ print $k }'; }
+
+# --- a clean run: nccl-tests' layout, #wrong 0, exit 0 ----------------------------------------
+clean_ok() {
+    run clean -p 2 -t tcp -o all_reduce -b 8 -e 64K -f 8 -n 5 -w 1 -c 1 -d float -J "$tmp/clean.json"
+    [ "$rc" = 0 ] || { why "exit $rc"; cat "$tmp/clean.err" >> "$tmp/why"; return 1; }
+    for w in size count type redop root time algbw busbw '#wrong' out-of-place in-place p50 p99; do
+        grep '^#' "$tmp/clean.out" | grep -q -- "$w" || { why "header lacks '$w'"; return 1; }
+    done
+    grep -q '^# Out of bounds values : 0 OK$' "$tmp/clean.out" || { why "no '# Out of bounds values : 0 OK'"; return 1; }
+    grep -q '^# Avg bus bandwidth    : ' "$tmp/clean.out" || { why "no '# Avg bus bandwidth' footer"; return 1; }
+    grep -q 'averaged over ranks' "$tmp/clean.out" || { why "the header does not say how time is averaged"; return 1; }
+    # size count type redop root | time algbw busbw #wrong (out-of-place) | the same (in-place)
+    [ "$(rows "$tmp/clean.out" | wc -l)" = 5 ] || { why "want 5 rows (8 B .. 32 KiB x8)"; return 1; }
+    bad=$(rows "$tmp/clean.out" | awk '$3 != "float" || $4 != "sum" || $5 != -1 || $9 != 0 || $13 != 0')
+    [ -z "$bad" ] || { why "rows with wrong fields: $bad"; return 1; }
+}
+check "clean run: nccl-tests header/rows/footer, #wrong 0 in both placements, exit 0" clean_ok
+
+# --- the corrupted result is seen ---------------------------------------------------------------
+corrupt_ok() {
+    name=corrupt_$1; shift
+    DDP_BENCH_CORRUPT=1 $T "$B" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; rc=$?
+    [ "$rc" != 0 ] || { why "exit status 0 with a corrupted result"; return 1; }
+    grep -Eq '^# Out of bounds values : [1-9][0-9]* FAILED$' "$tmp/$name.out" ||
+        { why "no '# Out of bounds values : N FAILED'"; grep '^# Out' "$tmp/$name.out" >> "$tmp/why"; return 1; }
+    # one element of rank 0's result per checked call: #wrong is exactly 1 in every row
+    bad=$(rows "$tmp/$name.out" | awk '$9 != 1 || $13 != 1')
+    [ -z "$bad" ] || { why "rows without #wrong 1: $bad"; return 1; }
+}
+check "DDP_BENCH_CORRUPT=1: all_reduce #wrong 1 per row, '# Out of bounds values : N FAILED', exit != 0" \
+    corrupt_ok ar -p 2 -t tcp -o all_reduce -s 8,4K -n 2 -w 0
+check "DDP_BENCH_CORRUPT=1: all_gather (int8) the same" corrupt_ok ag -p 3 -t tcp -o all_gather -d int8 -s 96,4K -n 2 -w 0
+check "DDP_BENCH_CORRUPT=1: broadcast (bfloat16) the same" corrupt_ok bc -p 2 -t tcp -o broadcast -d bf16 -s 64 -n 2 -w 0 -r 1
+
+# --- every collective at p = 1, 2, 3 on every transport, checked ---------------------------------
+for tr in $TRANSPORTS; do
+    for coll in all_reduce reduce_scatter all_gather broadcast; do
+        for p in 1 2 3; do
+            coll_ok() {
+                run "c_${tr}_${coll}_$p" -p "$p" -t "$tr" -o "$coll" -r $(($p - 1)) -s 8,100,4K,40K -n 2 -w 1
+                f="$tmp/c_${tr}_${coll}_$p.out"
+                [ "$rc" = 0 ] || { why "exit $rc:"; cat "$f" "$tmp/c_${tr}_${coll}_$p.err" | tail -8 >> "$tmp/why"; return 1; }
+                grep -q '^# Out of bounds values : 0 OK$' "$f" || { why "not '0 OK'"; return 1; }
+                [ "$(rows "$f" | wc -l)" = 4 ] || { why "want 4 rows"; return 1; }
+            }
+            check "$coll p=$p over $tr: every element right, both placements" coll_ok
+        done
+    done
+done
+
+# --- sizes and counts as nccl-tests counts them --------------------------------------------------
+geometry_ok() {
+    run ag4 -p 4 -t tcp -o all_gather -s 1K -n 1 -w 0
+    set -- $(rows "$tmp/ag4.out")
+    [ "$1 $2 $4 $5" = "1024 64 none -1" ] || { why "all_gather p=4 1K: got '$1 $2 $4 $5', want '1024 64 none -1'"; return 1; }
+    run rs3 -p 3 -t tcp -o reduce_scatter -s 1K -n 1 -w 0
+    set -- $(rows "$tmp/rs3.out")
+    [ "$1 $2 $4" = "1020 85 sum" ] || { why "reduce_scatter p=3 1K: got '$1 $2 $4', want '1020 85 sum'"; return 1; }
+    run bc3 -p 3 -t tcp -o broadcast -r 2 -d double -s 1K -n 1 -w 0
+    set -- $(rows "$tmp/bc3.out")
+    [ "$1 $2 $3 $4 $5" = "1024 128 double none 2" ] || { why "broadcast: got '$1 $2 $3 $4 $5'"; return 1; }
+}
+check "size = biggest buffer, count = the call's count (all_gather/reduce_scatter per rank), redop none, root" geometry_ok
+
+# --- busbw factors (nccl-tests doc/PERFORMANCE.md) ---------------------------------------------
+factor_ok() {
+    for pair in all_reduce:1.500000 reduce_scatter:0.750000 all_gather:0.750000 broadcast:1.000000; do
+        coll=${pair%%:*}; want=${pair#*:}
+        run "f_$coll" -p 4 -t tcp -o "$coll" -s 64K -n 3 -w 1 -J "$tmp/f_$coll.json"
+        grep -q "\"busbw_factor\": $want" "$tmp/f_$coll.json" || { why "$coll: busbw_factor is not $want"; return 1; }
+        # every row's busbw = algbw * factor
+        bad=$(tr ',{}' '\n\n\n' < "$tmp/f_$coll.json" | awk -v f="$want" '
+            /"algbw_GBs"/ { split($0, a, ": "); alg = a[2] }
+            /"busbw_GBs"/ { split($0, b, ": "); d = b[2] - alg * f; if (d < 0) d = -d; if (d > 1e-5 + 1e-5 * b[2]) print alg, b[2] }')
+        [ -z "$bad" ] || { why "$coll: busbw != algbw * $want: $bad"; return 1; }
+    done
+}
+check "busbw = algbw x 2(p-1)/p, (p-1)/p, (p-1)/p, 1 at p=4 (JSON)" factor_ok
+
+# --- JSON --------------------------------------------------------------------------------------
+json_ok() {
+    j=$tmp/clean.json
+    [ -s "$j" ] || { why "no JSON file"; return 1; }
+    for k in '"schema": "ddp-bench/1"' '"collective": "all_reduce"' '"impl": "libddp"' \
+             '"transport": "tcp"' '"nranks": 2' '"dtype": "float"' '"op": "sum"' '"date": "' \
+             '"host": {"name": ' '"nproc": ' '"placements": \["out-of-place", "in-place"\]' \
+             '"wrong": 0' '"results": \['; do
+        grep -q "$k" "$j" || { why "JSON lacks $k"; return 1; }
+    done
+    for k in placement inplace bytes count iters time_us algbw_GBs busbw_GBs p50_us p99_us cpu_cores wrong; do
+        [ "$(grep -c "\"$k\": " "$j")" -ge 10 ] || { why "JSON rows lack \"$k\""; return 1; }
+    done
+    [ "$(grep -c '"placement": "in-place"' "$j")" = 5 ] || { why "want 5 in-place rows"; return 1; }
+    if command -v python3 > /dev/null 2>&1; then
+        python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert len(d["results"]) == 10' "$j" \
+            2>> "$tmp/why" || { why "python3 cannot load it"; return 1; }
+    fi
+}
+check "-J: one JSON file with the run's header and a row per size and placement" json_ok
+
+# --- options -------------------------------------------------------------------------------------
+options_ok() {
+    run only_in -p 2 -t tcp -s 64 -n 1 -w 0 -i 1 -o max
+    [ "$rc" = 0 ] || { why "-i 1 -o max: exit $rc"; return 1; }
+    grep -q 'out-of-place' "$tmp/only_in.out" && { why "-i 1 still prints out-of-place"; return 1; }
+    [ "$(col "$tmp/only_in.out" 4)" = max ] || { why "-o max (nccl-tests' redop flag) not taken"; return 1; }
+    run op_long -p 1 -o reduce_scatter --op min -s 64 -n 1 -w 0
+    [ "$(col "$tmp/op_long.out" 4)" = min ] || { why "--op min not taken"; return 1; }
+    run bad_o -o nonsense
+    [ "$rc" = 2 ] || { why "-o nonsense: exit $rc, want 2"; return 1; }
+    run bad_t -t nonsense -p 1
+    [ "$rc" = 2 ] || { why "-t nonsense: exit $rc, want 2"; return 1; }
+    run nocheck -p 2 -t tcp -s 64 -n 1 -w 0 -c 0
+    [ "$rc" = 0 ] && grep -q 'N/A' "$tmp/nocheck.out" || { why "-c 0: exit $rc or no N/A"; return 1; }
+}
+check "-i 1, -o as redop, --op, bad -o/-t refused (exit 2), -c 0 prints N/A" options_ok
+
+# --- the chart ---------------------------------------------------------------------------------
+chart_ok() {
+    $T "$C" -o "$tmp/c.svg" "$tmp/clean.json" "$tmp/f_all_reduce.json=custom <label>" 2> "$tmp/why" || return 1
+    for k in '<svg ' '<polyline' 'libddp tcp p=2' 'custom &lt;label&gt;' '>8B<' '>1K<' '>64K<' \
+             'bus bandwidth' 'message size' '</svg>'; do
+        grep -q -- "$k" "$tmp/c.svg" || { why "SVG lacks $k"; return 1; }
+    done
+    [ "$(grep -c '<polyline' "$tmp/c.svg")" = 2 ] || { why "want 2 lines"; return 1; }
+    echo '{"results": 3}' > "$tmp/bad.json"
+    $T "$C" -o "$tmp/bad.svg" "$tmp/bad.json" 2> /dev/null && { why "accepted a file without a results array"; return 1; }
+    return 0
+}
+check "svg_chart: a line per file, legend labels (escaped), size labels, axis titles" chart_ok
+
+# --- make bench's script, tiny --------------------------------------------------------------------
+sweep_ok() {
+    COLLS="all_reduce broadcast" NP=2 TRANSPORTS=tcp MAXBYTES=1K FACTOR=8 TARGET_S=0.01 WARMUP=1 \
+        BENCH=$B CHART=$C OUT=$tmp/res $T bash bench/sweep.sh > "$tmp/sweep.out" 2>&1 ||
+        { why "sweep.sh failed"; tail -5 "$tmp/sweep.out" >> "$tmp/why"; return 1; }
+    for f in all_reduce_tcp_p2.json all_reduce_tcp_p2.txt broadcast_tcp_p2.json busbw.svg \
+             busbw_all_reduce.svg busbw_broadcast.svg; do
+        [ -s "$tmp/res/$f" ] || { why "no $f"; return 1; }
+    done
+}
+check "bench/sweep.sh (make bench) writes <coll>_<transport>_p<N>.json and busbw.svg" sweep_ok
+
+# --- the Open MPI peer builds from the same header and checks alike (skipped without mpicc) ----
+if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
+    mpi_ok() {
+        mpicc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror bench/mpi_allreduce_bench.c \
+            -o "$tmp/mpi_bench" -lm 2> "$tmp/why" || return 1
+        for coll in all_reduce reduce_scatter all_gather broadcast; do
+            $T mpirun --allow-run-as-root --oversubscribe -np 3 --mca pml ob1 --mca btl self,tcp \
+                --mca btl_tcp_if_include lo --mca mpi_yield_when_idle 1 "$tmp/mpi_bench" -o "$coll" \
+                -r 1 -s 96,4K -n 1 -w 0 > "$tmp/mpi_$coll.out" 2>&1 || { why "$coll: exit $?"; tail -5 "$tmp/mpi_$coll.out" >> "$tmp/why"; return 1; }
+            grep -q '^# Out of bounds values : 0 OK$' "$tmp/mpi_$coll.out" || { why "$coll: not 0 OK"; return 1; }
+        done
+    }
+    check "mpi_allreduce_bench: every collective at p=3, both placements, every element right" mpi_ok
+else
+    n=$((n + 1)); echo "ok $n # skip no mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
+fi
+
+echo "1..$n"
