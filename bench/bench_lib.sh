@@ -1,4 +1,5 @@
 # bench/bench_lib.sh — shell helpers shared by compare.sh and knobs.sh (bash; source it).
+# shellcheck shell=bash
 # The machine is small (2 cores) and shared, so every run records how much CPU other processes
 # used meanwhile; the summaries prefer the undisturbed runs.
 
@@ -8,8 +9,8 @@ HZ=$(getconf CLK_TCK)
 # With tick accounting a softirq tick is also charged to the interrupted process's stime, so
 # this is comparable to what /usr/bin/time reports for our own processes.
 jiffies_busy() {
-    local _cpu a b c d e f g _rest
-    read -r _cpu a b c d e f g _rest < /proc/stat
+    local _cpu a b c _d _e f g _rest
+    read -r _cpu a b c _d _e f g _rest < /proc/stat
     echo $((a + b + c + f + g))
 }
 

@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""bench/compare_summary.py — the summary table of bench/compare.sh, from its raw results.
+"""bench/compare_summary.py — the tables of `make compare` (bench/compare.sh), from its raw results.
 
 Run by compare.sh (which sets the environment below); can be re-run by hand on an old run:
-    RAW=build/compare_raw OUT=bench/results.json python3 bench/compare_summary.py
+    RAW=build/compare_raw OUT=bench/results/compare.json python3 bench/compare_summary.py
+
+One table per world size: rows = sizes; for each implementation busbw (GB/s) and latency (us:
+the per-call p50 up to 64 KiB, the mean time per call above); then the ratios libddp/peer. Reads
+the JSON of ddp-bench / allreduce_bench, mpi_allreduce_bench and gloo_bench (bench_common.h's
+schema, old or new: only all_reduce, in-place rows are used). Writes OUT (JSON, every raw result
+included) and the markdown table next to it (compare.md) for the README.
 
 A run during which other processes used more than CLEAN_CORES (default 0.25) cores is
-"disturbed": the medians use only the undisturbed runs of each (impl, p) when there are any,
-and mark the cell with '!' when there are none.
+"disturbed": the medians use only the undisturbed runs of each (configuration, p) when there are
+any, and mark the cell with '!' when there are none.
 """
+import datetime
 import glob
+import hashlib
 import json
 import os
 import platform
@@ -17,9 +25,25 @@ import statistics
 import subprocess
 
 env = os.environ.get
-raw, out = env("RAW", "build/compare_raw"), env("OUT", "bench/results.json")
+raw, out = env("RAW", "build/compare_raw"), env("OUT", "bench/results/compare.json")
+md_path = os.path.join(os.path.dirname(out) or ".", "compare.md")
 nps = [int(x) for x in env("NP", "2 4").split()]
 clean_cores = float(env("CLEAN_CORES", "0.25"))
+LAT_MAX = 64 << 10   # latency = p50 up to here (what the benches print p50 for), mean time above
+
+IMPLS = [  # key, label, what the bench's own description leaves out
+    ("ddp_tcp", "libddp tcp", ""),
+    ("mpi_tcp", "Open MPI tcp", "pml ob1, btl self,tcp over lo"),
+    ("gloo_tcp", "Gloo tcp", ""),
+    ("ddp_shm", "libddp shm", ""),
+    ("mpi_vader", "Open MPI vader", "pml ob1, btl self,vader (shared memory)"),
+]
+LABEL = {k: l for k, l, _ in IMPLS}
+RATIOS = [  # (libddp, peer, short header)
+    ("ddp_tcp", "mpi_tcp", "ddp/MPI tcp"),
+    ("ddp_tcp", "gloo_tcp", "ddp/Gloo tcp"),
+    ("ddp_shm", "mpi_vader", "ddp shm/vader"),
+]
 
 
 def load_json(path):
@@ -30,208 +54,192 @@ def load_json(path):
 runs, loads = {}, {}
 for path in sorted(glob.glob(raw + "/*.json")):
     name = os.path.basename(path)[:-5]
-    runs[name] = load_json(path)
+    try:
+        runs[name] = load_json(path)
+    except (OSError, ValueError) as e:
+        print("compare_summary: skipping %s: %s" % (path, e))
+        continue
     lp = os.path.join(raw, name + ".load")
     if os.path.exists(lp):
         e, mine, other = (float(x) for x in open(lp).read().split())
         loads[name] = {"elapsed_s": e, "own_cores": mine, "other_cores": other}
 
-stream = runs["tcp_stream"]
-stream_at = {r["bytes"]: r["GBs"] for r in stream["stream"]}
-limit = max(stream_at.values())
-limit_size = max(stream_at, key=stream_at.get)
+
+def sweep_rows(d):
+    """The in-place all_reduce rows of one bench JSON, old schema (no placement) or new."""
+    if d.get("mode", "sweep") != "sweep" or d.get("collective", d.get("bench", "all_reduce")) != "all_reduce":
+        return []
+    return [r for r in d.get("results", []) if r.get("inplace", d.get("inplace", 1)) in (1, True)]
+
+
+def latency(r):
+    return r["p50_us"] if r["bytes"] <= LAT_MAX else r["time_us"]
 
 
 def collect(impl, p):
     """bytes -> (rows of the undisturbed runs or, if none, of all runs; disturbed?)"""
     clean, every = {}, {}
     for name, d in runs.items():
-        m = re.match(r"%s_p%d_r\d+$" % (impl, p), name)
-        if not m:
+        if not re.match(r"%s_p%d_r\d+$" % (impl, p), name):
             continue
         ok = loads.get(name, {}).get("other_cores", 0.0) <= clean_cores
-        for r in d["results"]:
+        for r in sweep_rows(d):
             every.setdefault(r["bytes"], []).append(r)
             if ok:
                 clean.setdefault(r["bytes"], []).append(r)
     return {b: (clean[b], False) if b in clean else (rs, True) for b, rs in every.items()}
 
 
-table = {}
-for impl in ("ddp", "mpi", "ddpnative"):
-    for p in nps:
+present = [k for k, _, _ in IMPLS if any(re.match(r"%s_p\d+_r\d+$" % k, n) for n in runs)]
+ratios = [(a, b, h) for a, b, h in RATIOS if a in present and b in present]
+tables = {}   # p -> bytes -> impl -> cell
+for p in nps:
+    t = tables.setdefault(p, {})
+    for impl in present:
         for b, (rs, disturbed) in collect(impl, p).items():
-            t = table.setdefault(b, {})
-            k = "%s_p%d" % (impl, p)
-            for key in ("busbw_GBs", "time_us", "p50_us", "p99_us", "cpu_cores"):
-                t["%s_%s" % (k, key)] = statistics.median(r[key] for r in rs)
-            t[k + "_n"] = len(rs)
-            t[k + "_disturbed"] = disturbed
-            t[k + "_all_busbw"] = [r["busbw_GBs"] for r in rs]
+            t.setdefault(b, {})[impl] = {
+                "busbw_GBs": statistics.median(r["busbw_GBs"] for r in rs),
+                "lat_us": statistics.median(latency(r) for r in rs),
+                "lat_is": "p50" if b <= LAT_MAX else "mean",
+                "time_us": statistics.median(r["time_us"] for r in rs),
+                "p50_us": statistics.median(r["p50_us"] for r in rs),
+                "p99_us": statistics.median(r["p99_us"] for r in rs),
+                "cpu_cores": statistics.median(r.get("cpu_cores", 0.0) for r in rs),
+                "n": len(rs), "disturbed": disturbed,
+                "wrong": max(r.get("wrong", 0) for r in rs),
+                "all_busbw": [r["busbw_GBs"] for r in rs], "all_lat_us": [latency(r) for r in rs]}
 
 
-LAT_BYTES = 4096   # rows below this show the time per call (us) instead of busbw
-
-
-def val(t, k, b):
-    return t.get(k + ("_time_us" if b < LAT_BYTES else "_busbw_GBs"))
-
-
-def cell(t, k, b, w=9):
-    v = val(t, k, b)
-    if v is None:
-        return "%*s" % (w, "-")
-    s = ("%.1fus" % v) if b < LAT_BYTES else ("%.3f" % v)
-    return "%*s%s" % (w - 1, s, "!" if t.get(k + "_disturbed") else " ")
-
-
-def rfmt(v, t, k1, k2, w=6):
-    """a ratio, '!' when either side was measured under other load"""
-    if v is None:
-        return "%*s" % (w, "-")
-    bad = t.get(k1 + "_disturbed") or t.get(k2 + "_disturbed")
-    return "%*.2f%s" % (w - 1 if bad else w, v, "!" if bad else "")
-
-
-def fmt(v, w=7, d=3):
-    return ("%*.*f" % (w, d, v)) if isinstance(v, (int, float)) else "%*s" % (w, "-")
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
+def ratio_of(cells, a, b):
+    """busbw: a/b; latency: b's time / a's time: > 1 means a (libddp) is faster in both."""
+    ca, cb = cells.get(a), cells.get(b)
+    if not ca or not cb:
+        return None
+    return {"busbw": ca["busbw_GBs"] / cb["busbw_GBs"] if cb["busbw_GBs"] > 0 else None,
+            "latency": cb["lat_us"] / ca["lat_us"] if ca["lat_us"] > 0 else None,
+            "disturbed": ca["disturbed"] or cb["disturbed"]}
 
 
 def human(b):
-    for s, n in (("M", 1 << 20), ("K", 1 << 10)):
+    for s, n in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= n and b % n == 0:
-            return "%d%s" % (b // n, s)
-    return "%dB" % b
+            return "%d %s" % (b // n, s)
+    return "%d B" % b
 
 
-p2, p4 = (nps + [nps[-1], nps[-1]])[:2]
-lines = ["busbw (GB/s), median of the undisturbed runs ('!': every run was disturbed by other load;",
-         "a ratio with '!' compares numbers of which one or both were disturbed: do not trust it);",
-         "rows under %d B show the time per call in us instead; ratio = libddp/MPI busbw (for those rows"
-         " MPI time/libddp time): > 1 means libddp is faster;" % LAT_BYTES,
-         "loopback = single-connection TCP stream with messages of that size; ddp/loop = libddp p=%d / "
-         "loopback;" % p2,
-         "ddp O3n = libddp built with -O3 -march=native (one run)", ""]
-hdr = ("%6s | %9s %9s %6s | %9s %9s %6s | %8s %8s | %9s %9s"
-       % ("size", "ddp p=%d" % p2, "MPI p=%d" % p2, "ratio", "ddp p=%d" % p4, "MPI p=%d" % p4,
-          "ratio", "loopback", "ddp/loop", "O3n p=%d" % p2, "O3n p=%d" % p4))
-lines += [hdr, "-" * len(hdr)]
-summary = []
-for b in sorted(table):
-    t = table[b]
-    g = lambda k: t.get(k + "_busbw_GBs")
-    lb = stream_at.get(b)
+def fbw(v):
+    return "%.3f" % v if v < 10 else "%.2f" % v
 
-    def speedup(k1, k2):
-        if b < LAT_BYTES:
-            return ratio(t.get(k2 + "_time_us"), t.get(k1 + "_time_us"))
-        return ratio(g(k1), g(k2))
 
-    row = {"bytes": b,
-           "ddp_p%d_busbw" % p2: g("ddp_p%d" % p2), "mpi_p%d_busbw" % p2: g("mpi_p%d" % p2),
-           "ddp_p%d_time_us" % p2: t.get("ddp_p%d_time_us" % p2),
-           "mpi_p%d_time_us" % p2: t.get("mpi_p%d_time_us" % p2),
-           "ratio_p%d" % p2: speedup("ddp_p%d" % p2, "mpi_p%d" % p2),
-           "ddp_p%d_busbw" % p4: g("ddp_p%d" % p4), "mpi_p%d_busbw" % p4: g("mpi_p%d" % p4),
-           "ddp_p%d_time_us" % p4: t.get("ddp_p%d_time_us" % p4),
-           "mpi_p%d_time_us" % p4: t.get("mpi_p%d_time_us" % p4),
-           "ratio_p%d" % p4: speedup("ddp_p%d" % p4, "mpi_p%d" % p4),
-           "loopback_GBs": lb, "ddp_p%d_over_loopback" % p2: ratio(g("ddp_p%d" % p2), lb),
-           "ddp_p%d_over_loopback_limit" % p2: ratio(g("ddp_p%d" % p2), limit),
-           "ddp_native_p%d_busbw" % p2: g("ddpnative_p%d" % p2),
-           "ddp_native_p%d_busbw" % p4: g("ddpnative_p%d" % p4),
-           "runs": {k: t[k + "_all_busbw"] for k in ("%s_p%d" % (i, p) for i in ("ddp", "mpi", "ddpnative")
-                                                     for p in nps) if k + "_all_busbw" in t}}
-    summary.append(row)
-    lines.append("%6s | %s %s %6s | %s %s %6s | %8s %8s | %s %s" % (
-        human(b), cell(t, "ddp_p%d" % p2, b), cell(t, "mpi_p%d" % p2, b),
-        rfmt(row["ratio_p%d" % p2], t, "ddp_p%d" % p2, "mpi_p%d" % p2),
-        cell(t, "ddp_p%d" % p4, b), cell(t, "mpi_p%d" % p4, b),
-        rfmt(row["ratio_p%d" % p4], t, "ddp_p%d" % p4, "mpi_p%d" % p4),
-        fmt(lb, 8), fmt(row["ddp_p%d_over_loopback" % p2], 8, 2),
-        cell(t, "ddpnative_p%d" % p2, b), cell(t, "ddpnative_p%d" % p4, b)))
+def flat(v):
+    return "%.2f" % v if v < 100 else "%.1f" % v if v < 10000 else "%.0f" % v
 
-lines.append("")
-lines.append("TCP loopback stream limit: %.3f GB/s (best message size, %s); with 64 MiB messages: %s GB/s"
-             % (limit, human(limit_size), fmt(stream_at.get(64 << 20), 5)))
-for bd in stream.get("bidir", []):
-    lines.append("  both directions at once (the 2-rank ring's traffic), %s messages: %.3f GB/s per direction"
-                 % (human(bd["bytes"]), bd["GBs_per_direction"]))
-lines.append("memcpy 64 MiB: %.2f GB/s; memcpy 512 KiB: %.2f GB/s; c = a + b, float, 64 MiB: %.2f GB/s"
-             % (stream["memcpy_64MiB_GBs"], stream["memcpy_512KiB_GBs"], stream["add_float_64MiB_GBs"]))
 
-kernels = {}
-for build in ("O2", "native"):
-    path = os.path.join(raw, "reduce_%s.txt" % build)
-    if not os.path.exists(path):
+def fr(v):
+    return "-" if v is None else "%.2f" % v if v < 10 else "%.1f" % v if v < 100 else "%.0f" % v
+
+
+def description(k):
+    return next((runs[n].get("description") for n in sorted(runs) if re.match(r"%s_p\d+_r\d+$" % k, n)), None)
+
+
+# ---- terminal tables ----
+W_BW, W_LAT, W_R = 7, 8, 6
+lines = []
+nrounds = env("ROUNDS", "?")
+for p in nps:
+    t = tables[p]
+    if not t:
         continue
-    for l in open(path):
-        f = l.split()
-        if len(f) >= 3 and not l.startswith("#") and f[1].endswith("K"):
-            kernels.setdefault(build, {})["%s %s" % (f[0], f[1])] = {
-                "ddp_GBs": float(f[2]), "plain_GBs": float(f[3]) if len(f) > 3 and f[3] != "-" else None}
-if kernels:
-    lines.append("reduction kernel ddp_reduce_local(dst == a, sum), GB/s of result (plain restrict loop in"
-                 " parentheses):")
-    for build, label in (("O2", "-O2"), ("native", "-O3 -march=native")):
-        ks = kernels.get(build, {})
-        lines.append("  %-18s " % label + "  ".join(
-            "%s %.1f%s" % (k.replace("65536K", "64M"), v["ddp_GBs"],
-                           " (%.1f)" % v["plain_GBs"] if v["plain_GBs"] else "")
-            for k, v in ks.items() if k.split()[0] in ("float32", "bfloat16", "float16")))
+    head1 = "%8s |" % ("p = %d" % p)
+    head2 = "%8s |" % "size"
+    for k in present:
+        head1 += " %-*s |" % (W_BW + W_LAT + 1, LABEL[k])
+        head2 += " %*s %*s |" % (W_BW, "GB/s", W_LAT, "us")
+    for a, b, h in ratios:
+        head1 += " %-*s |" % (2 * W_R + 2, h)
+        head2 += " %*s %*s |" % (W_R, "bw", W_R + 1, "lat")
+    lines += [head1, head2, "-" * len(head2)]
+    for b in sorted(t):
+        row = "%8s |" % human(b).replace(" ", "")
+        for k in present:
+            c = t[b].get(k)
+            if not c:
+                row += " %*s %*s |" % (W_BW, "-", W_LAT, "-")
+                continue
+            mark = "!" if c["disturbed"] else " "
+            row += " %*s %*s%s|" % (W_BW, fbw(c["busbw_GBs"]), W_LAT, flat(c["lat_us"]), mark)
+        for a, bb, h in ratios:
+            r = ratio_of(t[b], a, bb)
+            if not r:
+                row += " %*s %*s |" % (W_R, "-", W_R + 1, "-")
+                continue
+            mark = "!" if r["disturbed"] else " "
+            row += " %*s %*s%s|" % (W_R, fr(r["busbw"]), W_R + 1, fr(r["latency"]), mark)
+        lines.append(row)
+    lines.append("")
 
-small = min(table)
-lat = {}
-lines.append("")
-lines.append("%s all-reduce latency, us (median of runs): time = mean per call; p50 / p99 per call; cpu"
-             " = cores busy during the calls" % human(small))
-for impl, label in (("ddp", "libddp"), ("mpi", "Open MPI"), ("ddpnative", "libddp -O3 -march=native")):
-    for p in nps:
-        t, k = table[small], "%s_p%d" % (impl, p)
-        if t.get(k + "_time_us") is None:
-            continue
-        lat[k] = {key: t[k + "_" + key] for key in ("time_us", "p50_us", "p99_us", "cpu_cores")}
-        lines.append("  %-25s p=%d: time %8.2f  p50 %8.2f  p99 %8.2f  cpu %.2f%s"
-                     % (label, p, lat[k]["time_us"], lat[k]["p50_us"], lat[k]["p99_us"],
-                        lat[k]["cpu_cores"], "  (disturbed)" if t[k + "_disturbed"] else ""))
+legend = [
+    "all_reduce, float sum, in place, -O2; median over the undisturbed runs of %s round(s)" % nrounds,
+    "  ('!': every run of that cell was disturbed by other load, or a ratio uses such a cell: do not trust it).",
+    "GB/s = busbw = algbw * 2(p-1)/p, GB = 1e9 B. us = latency per call: p50 for sizes <= 64 KiB,",
+    "  mean time per call above. Ratios, both oriented so that > 1 means libddp is faster:",
+    "  bw = libddp busbw / peer busbw;  lat = peer latency / libddp latency.",
+]
+for k, l, what in IMPLS:
+    if k in present:
+        legend.append("  %-15s %s" % (l + ":", "; ".join(x for x in (description(k), what) if x)))
+missing = env("MISSING", "").split()
+build_failed = env("BUILD_FAILED", "").split()
+for peer, name in (("mpi", "Open MPI"), ("gloo", "Gloo")):
+    if peer in missing:
+        legend.append("  %s: not installed, not measured (%s)" % (name, env("NEEDS", "")))
+    if peer in build_failed:
+        legend.append("  %s: its peer program did not build, not measured (build/compare_raw/build_%s.log)"
+                      % (name, peer))
+if "ddp_shm" not in present:
+    legend.append("  libddp shm: not measured (no shared-memory transport in the libddp bench)")
+lines = legend + [""] + lines
 
-lines.append("")
-lines.append("CPU during the timed calls (cores busy, all ranks together; the machine has %d):"
-             % os.cpu_count())
-for b in sorted(table):
-    t = table[b]
-    lines.append("  %6s  " % human(b) + "  ".join(
-        "%s p=%d %s" % (impl, p, fmt(t.get("%s_p%d_cpu_cores" % (impl, p)), 4, 2))
-        for impl in ("ddp", "mpi") for p in nps))
-
+# loopback, memory, load
+extra = []
+stream = runs.get("tcp_stream")
+loop = {}
+if stream:
+    stream_at = {r["bytes"]: r["GBs"] for r in stream.get("stream", [])}
+    if stream_at:
+        best = max(stream_at, key=stream_at.get)
+        loop = {"best_GBs": stream_at[best], "best_bytes": best, "at_64MiB_GBs": stream_at.get(64 << 20),
+                "bidir": stream.get("bidir", [])}
+        extra.append("For scale: one TCP loopback stream %.2f GB/s at its best message size (%s), %s GB/s "
+                     "with 64 MiB messages" % (stream_at[best], human(best),
+                                               fr(stream_at.get(64 << 20))))
+        for bd in stream.get("bidir", []):
+            extra.append("  both directions at once, %s messages: %.2f GB/s per direction"
+                         % (human(bd["bytes"]), bd["GBs_per_direction"]))
 mem = {}
-lines.append("")
-for name in sorted(runs):
-    if "_mem_" not in name:
+order = {k: i for i, (k, _, _) in enumerate(IMPLS)}
+for name in sorted(runs, key=lambda n: (order.get(n.split("_mem_")[0], 99), n)):
+    m = re.match(r"(\w+)_mem_p(\d+)$", name)
+    if not m:
         continue
     d = runs[name]
-    mem[name] = {k: d[k] for k in ("bytes", "nranks", "peak_rss_kib", "rss_before_kib",
-                                   "peak_minus_buffer_mib", "time_s", "target_met")}
-    lines.append("%-11s %d MiB in-place all-reduce, p=%d: peak RSS %.1f MiB = buffer + %.1f MiB "
-                 "(target: buffer + 32 MiB, %s), %.2f s"
-                 % (name, d["bytes"] >> 20, d["nranks"], d["peak_rss_kib"] / 1024.0,
-                    d["peak_minus_buffer_mib"], "met" if d["target_met"] else "NOT met", d["time_s"]))
-
-lines.append("")
-lines.append("other load (cores used by other processes during each run; > %.2f = disturbed):" % clean_cores)
-lines.append("  " + "  ".join("%s %.2f" % (n, l["other_cores"]) for n, l in sorted(loads.items())))
+    mem[name] = {k: d.get(k) for k in ("bytes", "nranks", "peak_rss_kib", "rss_before_kib",
+                                       "peak_minus_buffer_mib", "time_s", "wrong")}
+    extra.append("Peak RSS, %d MiB in-place all-reduce, p=%d, %-14s buffer + %.1f MiB"
+                 % (d["bytes"] >> 20, d["nranks"], LABEL.get(m.group(1), m.group(1)) + ":",
+                    d["peak_minus_buffer_mib"]))
+extra.append("Other load (cores used by other processes during each run; > %.2f = disturbed):" % clean_cores)
+extra.append("  " + "  ".join("%s %.2f" % (n, l["other_cores"]) for n, l in sorted(loads.items())))
 if env("BUSY_BEFORE"):
-    lines.append("before the run: %s cores busy, loadavg %s; after: %s cores, loadavg %s; run took %s s"
+    extra.append("Before the run: %s cores busy, loadavg %s; after: %s cores, loadavg %s; the run took %s s"
                  % (env("BUSY_BEFORE"), env("LOAD_BEFORE"), env("BUSY_AFTER"), env("LOAD_AFTER"),
                     int(env("T_END", "0")) - int(env("T_START", "0"))))
 if env("FAILED", "").split():
-    lines.append("FAILED runs: " + env("FAILED"))
-text = "\n".join(lines)
-print("\n== summary\n" + text)
+    extra.append("FAILED runs: " + env("FAILED") + " (their output: build/compare_raw/NAME.txt)")
+wrong = sorted({n for n, d in runs.items() for r in sweep_rows(d) if r.get("wrong", 0) > 0})
+if wrong:
+    extra.append("WRONG RESULTS (#wrong > 0) in: " + " ".join(wrong))
 
 
 def first_line(cmd):
@@ -241,15 +249,9 @@ def first_line(cmd):
         return ""
 
 
-cpu = ""
-try:
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
-except OSError:
-    pass
 def library_version():
     """The libddp that was measured: a commit (LIBDDP_REF), or HEAD plus whether the working
     tree's headers differed from it."""
-    import hashlib
     ref = env("LIBDDP_REF", "")
     root = "build/libddp_ref" if ref else "."
     files = ["ddp.h", "ddp_ring.h"] + sorted(os.path.relpath(f, root) for f in glob.glob(root + "/transports/*.h"))
@@ -257,6 +259,7 @@ def library_version():
          "subject": first_line(["git", "log", "-1", "--format=%s", ref or "HEAD"]),
          "source": "git archive of that commit" if ref else "working tree",
          "modified_headers": [] if ref else [f for f in files if subprocess.run(
+             ["git", "ls-files", "--error-unmatch", f], capture_output=True).returncode != 0 or subprocess.run(
              ["git", "diff", "--quiet", "HEAD", "--", f]).returncode != 0],
          "sha256": {}}
     for f in files:
@@ -267,40 +270,114 @@ def library_version():
     return v
 
 
+def deb_version(pkg):
+    return first_line(["dpkg-query", "-W", "-f", "${Version}", pkg])
+
+
+cpu = ""
+try:
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+except OSError:
+    pass
 libv = library_version()
 libv_line = "libddp measured: %s %s%s" % (libv["commit"][:10], libv["subject"],
     " (+ uncommitted changes to %s)" % ", ".join(libv["modified_headers"]) if libv["modified_headers"] else "")
-print(libv_line)
-text += "\n" + libv_line
+date = env("DATE") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+command = env("COMMAND", "bench/compare.sh")
+host = {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
+        "os": first_line(["sh", "-c", ". /etc/os-release && echo \"$PRETTY_NAME\""])}
+versions = {"cc": first_line([env("CC", "cc"), "--version"]), "cxx": first_line([env("CXX", "g++"), "--version"]),
+            "mpicc": first_line([env("MPICC", "mpicc"), "--version"]) if "mpi" not in missing else "",
+            "mpirun": first_line(["mpirun", "--version"]) if "mpi" not in missing else "",
+            "libopenmpi-dev": deb_version("libopenmpi-dev"), "libgloo-dev": deb_version("libgloo-dev")}
+
+text = "\n".join(lines + extra + [libv_line,
+                                  "%s; host: %d cores, %s; command: %s" % (date, os.cpu_count(), cpu, command)])
+print("\n== summary\n" + text)
+
+# ---- markdown (for the README) ----
+md = ["## all_reduce: libddp vs Open MPI vs Gloo", "",
+      "Measured %s on %s (%d cores, %s), libddp commit %s%s, with `%s`."
+      % (date[:10], host["os"] or "Linux", os.cpu_count(), cpu, libv["commit"][:10],
+         " + uncommitted changes to " + ", ".join(libv["modified_headers"]) if libv["modified_headers"] else "",
+         command),
+      "Open MPI %s (`%s`; `btl self,vader` for shared memory), Gloo %s (Debian libgloo-dev; gloo::allreduce, "
+      "a ring, over its TCP transport), libddp built with `-O2`; float sum, in place; every run in the same "
+      "session, interleaved; medians of the undisturbed runs of %s round(s)."
+      % (deb_version("libopenmpi-dev") or "?",
+         env("MPIRUN_TCP", "--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo --mca mpi_yield_when_idle 1")
+         .replace("--allow-run-as-root --oversubscribe ", ""),
+         deb_version("libgloo-dev") or "?", nrounds), "",
+      "Each cell: busbw in GB/s (algbw x 2(p-1)/p, GB = 1e9 B), then the latency per call in us (p50 up to "
+      "64 KiB, the mean time above). Ratios, bw then lat, are oriented so that **> 1 means libddp is "
+      "faster**: bw = libddp busbw / peer busbw, lat = peer latency / libddp latency. `!` marks a cell for "
+      "which every run was disturbed by other load.", ""]
+for p in nps:
+    t = tables[p]
+    if not t:
+        continue
+    md.append("**p = %d**" % p)
+    md.append("")
+    hdr = ["size"] + [LABEL[k] + "<br>GB/s, us" for k in present] + \
+          [h.replace("ddp", "libddp", 1) + "<br>bw, lat" for _, _, h in ratios]
+    md.append("| " + " | ".join(hdr) + " |")
+    md.append("|---|" + "---:|" * (len(hdr) - 1))
+    for b in sorted(t):
+        cells = [human(b)]
+        for k in present:
+            c = t[b].get(k)
+            m = "!" if c and c["disturbed"] else ""
+            cells.append("%s, %s%s" % (fbw(c["busbw_GBs"]), flat(c["lat_us"]), m) if c else "-")
+        for a, bb, h in ratios:
+            r = ratio_of(t[b], a, bb)
+            m = "!" if r and r["disturbed"] else ""
+            cells.append("%s, %s%s" % (fr(r["busbw"]), fr(r["latency"]), m) if r else "-")
+        md.append("| " + " | ".join(cells) + " |")
+    md.append("")
+for l in extra:
+    if l.startswith(("For scale", "  both", "Peak RSS")):
+        md.append(l.strip() + "  ")
+md = "\n".join(md) + "\n"
+
+summary = {}
+for p in nps:
+    rows = []
+    for b in sorted(tables[p]):
+        rows.append({"bytes": b, **{k: tables[p][b][k] for k in present if k in tables[p][b]},
+                     "ratios": {"%s/%s" % (a, bb): ratio_of(tables[p][b], a, bb) for a, bb, _ in ratios}})
+    summary[str(p)] = rows
 result = {
+    "what": "all_reduce: libddp (tcp%s) vs Open MPI (tcp, vader) vs Gloo (tcp), measured side by side in one "
+            "run by bench/compare.sh" % (", shm" if "ddp_shm" in present else ""),
+    "date": date,
+    "command": command,
     "libddp": libv,
-    "what": "libddp ring all-reduce over TCP vs Open MPI MPI_Allreduce (ob1, tcp btl over lo) vs the "
-            "TCP loopback stream, measured side by side in one run",
-    "command": "bench/compare.sh " + out,
-    "host": {"nproc": os.cpu_count(), "kernel": platform.release(), "cpu": cpu},
-    "compilers": {"cc": first_line([env("CC", "cc"), "--version"]),
-                  "mpicc": first_line([env("MPICC", "mpicc"), "--version"]),
-                  "mpirun": first_line(["mpirun", "--version"])},
-    "flags": {"libddp": "%s -I. -pthread bench/allreduce_bench.c -lm" % env("CFLAGS_USER", ""),
-              "libddp_native": "%s -I. -pthread bench/allreduce_bench.c -lm" % env("CFLAGS_NATIVE", ""),
-              "mpi": "mpicc %s bench/mpi_allreduce_bench.c -lm" % env("CFLAGS_USER", ""),
-              "mpirun": env("MPIRUN_FLAGS", "").split()},
-    "method": {"sizes": env("SIZES"), "iters": env("ITERS"), "warmup": env("WARMUP"),
-               "target_s": env("TARGET_S"), "repeats": env("REPEATS"), "rounds": env("ROUNDS"), "nranks": nps,
-               "dtype": "float", "op": "sum", "inplace": True,
-               "summary": "median over the undisturbed repeats (other processes <= %.2f cores)" % clean_cores},
-    "env": {k: v for k, v in os.environ.items() if k.startswith("DDP_")},
-    "loopback_limit_GBs": limit,
-    "summary": summary,
-    "latency": lat,
+    "libddp_bench": {"source": env("DDPB_SRC"), "transport_flag": env("DDP_T_TCP", "")},
+    "host": host,
+    "versions": versions,
+    "flags": {"cc": env("CFLAGS_USER"), "gloo_cxx": env("CXXFLAGS_GLOO"),
+              "mpirun_tcp": env("MPIRUN_TCP", "").split(), "mpirun_vader": env("MPIRUN_VADER", "").split()},
+    "method": {"sizes": env("SIZES"), "iters": env("ITERS"), "warmup": env("WARMUP"), "target_s": env("TARGET_S"),
+               "repeats": env("REPEATS"), "rounds": nrounds, "nranks": nps, "dtype": "float", "op": "sum",
+               "inplace": True, "latency": "p50 per call for sizes <= 64 KiB, mean time per call above",
+               "summary": "median over the undisturbed runs (other processes <= %.2f cores)" % clean_cores,
+               "ratios": "busbw: libddp/peer; latency: peer/libddp; > 1 means libddp is faster"},
+    "configurations": {k: {"label": LABEL[k], "description": description(k)} for k in present},
+    "missing_peers": missing, "build_failed": build_failed,
+    "env": {k: v for k, v in os.environ.items() if k.startswith(("DDP_", "GLOO_")) and k != "DDP_JOB_SECRET"},
+    "tables": summary,
+    "loopback": loop,
     "memory": mem,
-    "reduce_kernels": kernels,
     "load": {"per_run": loads, "busy_cores_before": env("BUSY_BEFORE"), "busy_cores_after": env("BUSY_AFTER"),
              "loadavg_before": env("LOAD_BEFORE"), "loadavg_after": env("LOAD_AFTER")},
     "failed_runs": env("FAILED", "").split(),
     "summary_text": text,
+    "markdown": md,
     "raw": runs,
 }
+os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 with open(out, "w") as f:
     json.dump(result, f, indent=1)
-print("\nwrote " + out)
+with open(md_path, "w") as f:
+    f.write(md)
+print("\nwrote %s and %s" % (out, md_path))
