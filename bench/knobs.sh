@@ -41,8 +41,8 @@ fi
 echo "== libddp: $LIBDDP_VERSION"
 if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
 set -x
-$CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. -pthread bench/allreduce_bench.c \
-    -o build/allreduce_bench -lm
+$CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. -pthread bench/ddp_bench.c \
+    -o build/ddp-bench -lm
 set +x
 unset DDP_SEGMENT_BYTES DDP_SPIN_US DDP_SOCKET_BUFSIZE
 wait_idle "$WAIT_IDLE" || true
@@ -56,7 +56,7 @@ while [ "$r" -le "$REPEATS" ]; do
             [ "$s" != default ] && IFS=, read -r -a envset <<< "$s"
             name=${s//=/_}
             name=${name//,/+}
-            run "${name}_p${p}_r$r" env "${envset[@]}" ./build/allreduce_bench -p "$p" -s "$SIZES" \
+            run "${name}_p${p}_r$r" env "${envset[@]}" ./build/ddp-bench -p "$p" -i 1 -t "${TRANSPORT:-tcp}" -s "$SIZES" \
                 -n "$ITERS" -w "$WARMUP" -T "$TARGET_S" -L "$s" -J "$RAW/${name}_p${p}_r$r.json"
         done
     done
