@@ -32,6 +32,7 @@
 #include "ddp.h"
 #include "ddp_sampler.h"
 #include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
 
 #include <math.h>
 #include <stdio.h>
