@@ -150,6 +150,9 @@ typedef struct _ddp_shm {
     int memfd, listen_fd;
     unsigned char *mine;
     size_t region_bytes, chunk, cell_bytes, small_max, stream_min;
+    int copyin_mode;                  /* -1: measure; 0 ordinary, 1 streaming stores */
+    unsigned copyin_tries;
+    double copyin_cost[2];            /* ns per byte of copy-in + reduce, by way */
     int ncells, coll_off, spin_us, oversubscribed;
     size_t q_off, q_stride, stage_off;
     _ddp_shm_hdr_t *me;
@@ -322,6 +325,8 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     sp->small_max = _ddp_shm_env_size("DDP_SHM_SMALL_MAX", sp->nranks == 2 ? 512 : 8192, 1, 64u << 20);
     if (sp->small_max > sp->chunk) sp->small_max = sp->chunk;
     sp->stream_min = _ddp_shm_env_size("DDP_SHM_STREAM_MIN", 8u << 20, 1, (size_t)1 << 40);
+    s = getenv("DDP_SHM_COPYIN");
+    sp->copyin_mode = s && !strcmp(s, "0") ? 0 : s && !strcmp(s, "1") ? 1 : -1;
     ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     sp->oversubscribed = sp->nlocal > ncpu;
     s = getenv("DDP_SHM_SPIN_US");
@@ -965,6 +970,37 @@ static void _ddp_shm_copy_out(unsigned char *dst, const unsigned char *src, size
 static void _ddp_shm_stream_fence(void) {}
 #endif
 
+/* Copy-in with ordinary or streaming stores? Between cores that share a cache, ordinary stores
+ * win (the peer reads our lines from that cache: 256 KiB all-reduce, p=2, 12 vs 8 GB/s here).
+ * Between cores that do not (other CCX/CCD/socket, and on this VM whenever the host puts the
+ * two vCPUs apart), rewriting lines the peer still caches costs an invalidation each, and
+ * streaming stores win by 1.5-2x. The topology is not ours to see, so measure: keep the cost per
+ * byte of copy-in + reduce for both ways (exponential average), use the cheaper one, and try
+ * the other every 32nd chunk. A local choice: it never changes results. */
+static int64_t _ddp_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static int _ddp_shm_copyin_pick(_ddp_shm_t *sp) {
+    int best;
+    if (sp->copyin_mode >= 0) return sp->copyin_mode;       /* DDP_SHM_COPYIN=0|1 */
+    if (sp->copyin_cost[0] == 0) return 0;                  /* not measured yet */
+    if (sp->copyin_cost[1] == 0) return 1;
+    best = sp->copyin_cost[1] < sp->copyin_cost[0];
+    return (++sp->copyin_tries & 31) == 0 ? !best : best;
+}
+static void _ddp_shm_copyin_learn(_ddp_shm_t *sp, int way, int64_t ns, size_t bytes) {
+    double c = (double)ns / (double)bytes, *e = &sp->copyin_cost[way];
+    int before = sp->copyin_cost[1] != 0 && sp->copyin_cost[1] < sp->copyin_cost[0];
+    if (sp->copyin_mode >= 0 || ns <= 0) return;
+    *e = *e == 0 ? c : 0.75 * *e + 0.25 * c;
+    if (sp->copyin_cost[0] != 0 && sp->copyin_cost[1] != 0 &&
+        before != (sp->copyin_cost[1] < sp->copyin_cost[0]))
+        _DDP_LOG(sp->comm, DDP_LOG_TRACE, "shm: copy-in now with %s stores (%.3f vs %.3f ns/byte)",
+                 before ? "ordinary" : "streaming", sp->copyin_cost[0], sp->copyin_cost[1]);
+}
+
 static inline unsigned char *_ddp_shm_stage(_ddp_shm_t *sp, unsigned char *base, uint64_t which) {
     return base + sp->stage_off + (which & 1) * sp->chunk;
 }
@@ -1016,10 +1052,15 @@ static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *
             const size_t off = ci * per, n = count - off < per ? count - off : per;
             const size_t lo = n * (size_t)me / (size_t)p, hi = n * (size_t)(me + 1) / (size_t)p;
             unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
-            if (lo) memcpy(mine, src + off * es, lo * es);
-            if (hi < n) memcpy(mine + hi * es, src + (off + hi) * es, (n - hi) * es);
+            const int way = n * es >= (64u << 10) ? _ddp_shm_copyin_pick(sp) : -1;
+            int64_t t0 = way >= 0 ? _ddp_now_ns() : 0, t1;
+            if (lo) _ddp_shm_copy_out(mine, src + off * es, lo * es, way == 1);
+            if (hi < n) _ddp_shm_copy_out(mine + hi * es, src + (off + hi) * es, (n - hi) * es, way == 1);
+            if (way == 1) _ddp_shm_stream_fence();   /* before the signal: peers read it next */
+            t1 = way >= 0 ? _ddp_now_ns() : 0;
             _ddp_shm_signal(sp, &sig);
             if ((r = _ddp_shm_wait_all(sp, &sig, "copy-in", ci, nchunks)) != DDP_SUCCESS) return r;
+            t0 -= _ddp_now_ns() - t1;                /* the wait does not count */
             if (hi > lo) {
                 unsigned char *acc = mine + lo * es;
                 const unsigned char *in = src + (off + lo) * es;
@@ -1031,6 +1072,7 @@ static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *
                 }
                 if (op == DDP_AVG) ddp_divide_local(acc, hi - lo, dtype, p);
             }
+            if (way >= 0) _ddp_shm_copyin_learn(sp, way, _ddp_now_ns() - t0, n * es);
             _ddp_shm_signal(sp, &sig);
             if (hi > lo) _ddp_shm_copy_out(dst + (off + lo) * es, mine + lo * es, (hi - lo) * es, stream);
             if ((r = _ddp_shm_wait_all(sp, &sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
