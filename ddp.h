@@ -127,6 +127,10 @@ DDP_API const char *ddp_op_name(ddp_op_t op);                       /* "sum", ..
 DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **comm, int nranks, int rank,
                                    const ddp_comm_desc_t *desc);
 DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **comm, const ddp_comm_desc_t *desc);
+/* Threads as ranks: n communicators in this process, comms[i] of rank i, each for one thread
+ * (collectives on them must run concurrently, one thread per rank). Rendezvous through a
+ * private store; shared memory between the ranks when transports/ddp_shm.h is compiled in. */
+DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_comm_desc_t *desc);
 DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *comm);
 /* Why the last ddp_comm_init/ddp_comm_init_env of the calling thread failed ("" if none). */
 DDP_API const char *ddp_last_init_error(void);
@@ -148,6 +152,70 @@ DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t s
 DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
                                    ddp_dtype_t dtype, int root, ddp_comm_t *comm);
 DDP_API ddp_result_t ddp_barrier(ddp_comm_t *comm);
+/* Rooted collectives (NCCL's): recvbuf matters at the root only (NULL elsewhere is fine) for
+ * reduce and gather; sendbuf at the root only for scatter. In place: reduce send == recv;
+ * gather send == recv + rank*sendcount*size; scatter recv == send + rank*recvcount*size. */
+DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                ddp_op_t op, int root, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                ddp_dtype_t dtype, int root, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 ddp_dtype_t dtype, int root, ddp_comm_t *comm);
+/* Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (count elements each).
+ * Not in place: sendbuf == recvbuf is DDP_ERR_INVALID_ARGUMENT (as NCCL) unless count is 0. */
+DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_comm_t *comm);
+/* Point-to-point: only the two ranks call. Counts and dtypes must agree (else DDP_ERR_MISMATCH).
+ * Outside a group each call blocks until its buffer is handed over; peer == self only inside a
+ * group (a local copy; outside one it would wait for itself: DDP_ERR_INVALID_USAGE). */
+DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer,
+                              ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *comm);
+/* Calls between group_start and group_end (nestable) are queued and return DDP_SUCCESS; the
+ * outermost group_end runs them: the collectives in call order, then every send and receive
+ * at once, so exchanges that would deadlock one by one (a ring shift) complete. Buffers must
+ * stay valid until group_end. Failures come back from group_end; a call with invalid arguments
+ * also returns its error at once, and then group_end runs nothing and returns that error. */
+DDP_API ddp_result_t ddp_group_start(ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_group_end(ddp_comm_t *comm);
+
+/* ---- asynchronous collectives ----
+ * Same arguments as the blocking calls plus a request the caller owns. The first async call
+ * starts the communicator's progress thread, which runs operations one after another in issue
+ * order (the same order on every rank), while the caller computes. Buffers belong to the
+ * library until the request completes. Errors surface at ddp_wait/ddp_test (and poison the
+ * communicator, as a blocking call would). A blocking call on the same communicator first waits
+ * for everything issued before it. At most DDP_MAX_REQUESTS may be outstanding (uncollected). */
+#define DDP_MAX_REQUESTS 64
+typedef struct ddp_request { ddp_comm_t *comm; uint64_t id; } ddp_request_t;  /* zero = none */
+DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm,
+                                          ddp_request_t *req);
+DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                              ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm,
+                                              ddp_request_t *req);
+DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                          ddp_dtype_t dtype, ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
+                                         ddp_dtype_t dtype, int root, ddp_comm_t *comm,
+                                         ddp_request_t *req);
+DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *comm, ddp_request_t *req);
+/* *done = 1 once complete; then the request is collected (zeroed) and its result returned. */
+DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done);
+DDP_API ddp_result_t ddp_wait(ddp_request_t *req);           /* waits, collects, returns result */
+
+/* ---- abort, split ----
+ * ddp_comm_abort, from any thread: every call blocked on comm returns DDP_ERR_ABORTED (within
+ * ~100 ms), and so does every later call; the peers learn it (their calls fail with
+ * DDP_ERR_REMOTE naming this rank). The communicator still has to be destroyed (by one thread,
+ * once no call on it is running). ddp_comm_get_async_error: the communicator's error state,
+ * safe from any thread (a watchdog's poll). */
+DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *async_error);
+/* MPI_Comm_split / ncclCommSplit: collective over comm; ranks with the same color form a new
+ * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
+#define DDP_SPLIT_NOCOLOR (-1)
+DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *comm, int color, int key, ddp_comm_t **newcomm);
 
 /* ---- key-value store (c10d TCPStore semantics) ----
  * One server (rank 0 of a communicator, or whoever creates it with is_server = 1); every
@@ -1411,12 +1479,29 @@ struct ddp_comm {
     ddp_result_t error;            /* sticky: set by a failed collective */
     char last_error[1024];
     uint32_t seq;                  /* collectives issued: part of every message tag */
+    /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
+     * if no abort came first; abort poisons the communicator itself only if nothing runs). */
+    int aborted, busy, abort_claimed;
+    pthread_mutex_t amu;           /* the request ring and the progress thread's state */
+    pthread_cond_t acv;            /* something queued, or stop */
+    pthread_cond_t adone;          /* an operation finished */
+    int async_init, progress_on, progress_stop;
+    pthread_t progress;
+    struct _ddp_op *ops;           /* DDP_MAX_REQUESTS slots; op number n lives in slot n % max */
+    uint64_t issued, started, finished; /* operations submitted / taken / done by the thread */
+    uint32_t splits;               /* ddp_comm_split calls: part of the child's store prefix */
+    ddp_store_t *extra_store;      /* ddp_comm_init_threads' private store server (rank 0) */
     unsigned char *scratch;        /* bounded, allocated once: _DDP_MAX_SLOTS segments */
     size_t scratch_bytes;
     int algo;                      /* _DDP_ALGO_*: DDP_ALGO, else chosen by size */
     const ddp_coll_provider_t *coll; /* a transport that runs the collectives itself, or NULL */
     void *coll_state;
     size_t rd_max_bytes;           /* auto: recursive doubling up to this many bytes */
+    uint32_t *p2p;                 /* 4 per peer: ddp_send/ddp_recv messages sent to it and received
+                                    * from it (the sequence in their tags); group_end's in flight */
+    int group_depth, group_n, group_cap; /* ddp_group_start nesting; calls queued, room */
+    void *group_ops;               /* the queued calls (_ddp_call_t), grown on demand, kept */
+    ddp_result_t group_err;        /* first failure of a call made inside the group */
 };
 enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
 
@@ -1666,7 +1751,7 @@ _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
 _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
     if (r == DDP_SUCCESS) return r;
     if (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c)) _ddp_publish_failure(c);
-    c->error = r;
+    __atomic_store_n(&c->error, r, __ATOMIC_SEQ_CST);
     _ddp_close_peers(c);
     _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
     return r;
@@ -1717,16 +1802,35 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     int i;
     ddp_allocator_t a;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
-    if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
     _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator");
+    if (c->progress_on) {
+        /* Requests still queued run first (the peers run them too); then the thread ends. */
+        pthread_mutex_lock(&c->amu);
+        c->progress_stop = 1;
+        pthread_cond_signal(&c->acv);
+        pthread_mutex_unlock(&c->amu);
+        pthread_join(c->progress, NULL);
+        c->progress_on = 0;
+    }
+    if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
     _ddp_close_peers(c);
     for (i = 0; i < c->ntinst; i++)
         if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
     if (c->store && c->own_store) ddp_store_close(c->store);
+    if (c->extra_store) ddp_store_close(c->extra_store);
     a = c->alloc;
     _ddp_free(&a, c->peers);
+    _ddp_free(&a, c->p2p);
+    _ddp_free(&a, c->group_ops);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->scratch);
+    _ddp_free(&a, c->ops);
+    if (c->async_init) {
+        pthread_mutex_destroy(&c->amu);
+        pthread_cond_destroy(&c->acv);
+        pthread_cond_destroy(&c->adone);
+    }
     c->magic = 0;
     _ddp_free(&a, c);
     return DDP_SUCCESS;
@@ -1885,6 +1989,10 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     c = (ddp_comm_t *)_ddp_calloc(d->allocator, sizeof *c);
     if (!c) return DDP_ERR_OUT_OF_MEMORY;
     c->magic = _DDP_COMM_MAGIC;
+    pthread_mutex_init(&c->amu, NULL);
+    pthread_cond_init(&c->acv, NULL);
+    pthread_cond_init(&c->adone, NULL);
+    c->async_init = 1;
     if (!_ddp_live_add(c)) { _ddp_free(d->allocator, c); return DDP_ERR_OUT_OF_MEMORY; }
     if (d->allocator) c->alloc = *d->allocator;
     c->rank = rank;
@@ -1958,9 +2066,10 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
         goto fail;
     }
     c->peers = (_ddp_peer_t *)_ddp_calloc(&c->alloc, sizeof *c->peers * (size_t)nranks);
+    c->p2p = (uint32_t *)_ddp_calloc(&c->alloc, sizeof *c->p2p * 4 * (size_t)nranks);
     c->scratch_bytes = c->segment_bytes * _DDP_MAX_SLOTS;
     c->scratch = (unsigned char *)_ddp_alloc(&c->alloc, c->scratch_bytes);
-    if (!c->peers || !c->scratch) { r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating"); goto fail; }
+    if (!c->peers || !c->scratch || !c->p2p) { r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating"); goto fail; }
     for (i = 0; i < nranks; i++) c->peers[i].tinst = -1;
     _DDP_LOG(c, DDP_LOG_INFO, "init: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
              "segment %zu bytes, transport %s", rank, nranks, c->master_addr, c->master_port,
@@ -2073,6 +2182,122 @@ fail:
     return r;
 }
 
+/* ---------------------------------------------------------------- threads as ranks
+ * n communicators in this process, one per thread (the C answer to nn.DataParallel). A private
+ * store on 127.0.0.1 (a free port the kernel picks) does the rendezvous; each rank has its own
+ * client of it. Ranks talk through the shared-memory transport when it is compiled in: ranks of
+ * one process share its mappings, so no socket is involved and a small all-reduce costs well
+ * under a microsecond. */
+typedef struct {
+    ddp_comm_t **out;
+    int rank, n, port;
+    const ddp_comm_desc_t *desc;
+    const char *transport;
+    ddp_result_t r;
+    char err[1024];
+} _ddp_thread_init_t;
+
+static void *_ddp_thread_init_main(void *arg) {
+    _ddp_thread_init_t *t = (_ddp_thread_init_t *)arg;
+    ddp_comm_desc_t d = *t->desc;
+    ddp_store_desc_t sd;
+    ddp_store_t *client = NULL;
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = d.timeout_ms;
+    sd.log_level = d.log_level;
+    sd.log_rank = t->rank + 1;
+    sd.secret = "";
+    t->r = ddp_store_open(&client, "127.0.0.1", t->port, 0, &sd);
+    if (t->r != DDP_SUCCESS) {
+        snprintf(t->err, sizeof t->err, "init_threads: rank %d: store: %s", t->rank, "cannot reach the private store");
+        return NULL;
+    }
+    d.store = client;
+    d.store_prefix = "threads";
+    d.transport = t->transport;
+    d.master_addr = "127.0.0.1";
+    d.master_port = t->port;
+    t->r = ddp_comm_init(t->out, t->n, t->rank, &d);
+    if (t->r != DDP_SUCCESS) {
+        _ddp_strlcpy(t->err, ddp_last_init_error(), sizeof t->err);
+        ddp_store_close(client);
+        return NULL;
+    }
+    (*t->out)->own_store = 1;          /* destroy closes this rank's client */
+    return NULL;
+}
+
+DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_comm_desc_t *desc) {
+    ddp_comm_desc_t zero;
+    ddp_store_desc_t sd;
+    ddp_store_t *srv = NULL;
+    _ddp_thread_init_t *t;
+    pthread_t *th;
+    ddp_result_t r = DDP_SUCCESS;
+    int i, started = 0;
+    if (!comms || n < 1) {
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init_threads: %s",
+                 comms ? "n must be >= 1" : "NULL comms");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    for (i = 0; i < n; i++) comms[i] = NULL;
+    if (!desc) { memset(&zero, 0, sizeof zero); desc = &zero; }
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = desc->timeout_ms;
+    sd.log_level = desc->log_level;
+    sd.secret = "";
+    r = ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd);
+    if (r != DDP_SUCCESS) {
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init_threads: private store: %s",
+                 srv ? ddp_store_last_error(srv) : ddp_strerror(r));
+        return r;
+    }
+    t = (_ddp_thread_init_t *)DDP_MALLOC(sizeof *t * (size_t)n);
+    th = (pthread_t *)DDP_MALLOC(sizeof *th * (size_t)n);
+    if (!t || !th) {
+        DDP_FREE(t);
+        DDP_FREE(th);
+        ddp_store_close(srv);
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init_threads: out of memory");
+        return DDP_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].out = &comms[i];
+        t[i].rank = i;
+        t[i].n = n;
+        t[i].port = ddp_store_port(srv);
+        t[i].desc = desc;
+        t[i].transport = desc->transport ? desc->transport
+                       : getenv("DDP_TRANSPORT") ? NULL : ddp_transport_find("shm") ? "shm" : NULL;
+        if (pthread_create(&th[i], NULL, _ddp_thread_init_main, &t[i]) != 0) {
+            t[i].r = DDP_ERR_SYSTEM;
+            snprintf(t[i].err, sizeof t[i].err, "init_threads: pthread_create: %s", strerror(errno));
+            break;
+        }
+        started++;
+    }
+    for (i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (i = 0; i < n; i++) {
+        if (i >= started || t[i].r != DDP_SUCCESS) {
+            if (r == DDP_SUCCESS) {
+                r = i >= started ? DDP_ERR_SYSTEM : t[i].r;
+                _ddp_strlcpy(_ddp_init_error, i >= started ? "init_threads: a thread did not start"
+                                                           : t[i].err, sizeof _ddp_init_error);
+            }
+        }
+    }
+    if (r != DDP_SUCCESS) {
+        for (i = 0; i < n; i++) if (comms[i]) { ddp_comm_destroy(comms[i]); comms[i] = NULL; }
+        ddp_store_close(srv);
+    } else {
+        comms[0]->extra_store = srv;    /* the server lives as long as rank 0's communicator */
+    }
+    DDP_FREE(t);
+    DDP_FREE(th);
+    return r;
+}
+
 DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *d) {
     _ddp_env_ranks_t e;
     ddp_result_t r;
@@ -2122,6 +2347,10 @@ _DDP_PRIVATE ddp_result_t _ddp_test(ddp_comm_t *c, int peer, void *req, int *don
 _DDP_PRIVATE ddp_result_t _ddp_block(ddp_comm_t *c, const int *peers, int n, int timeout_ms) {
     void *conns[8];
     int i, k = 0, ti = -1;
+    /* Every stalled wait passes here at least every 100 ms: where ddp_comm_abort is seen. */
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
+        return ddp_comm_fail(c, DDP_ERR_ABORTED, "ddp_comm_abort was called on this rank");
+    if (timeout_ms < 0 || timeout_ms > 100) timeout_ms = 100;
     for (i = 0; i < n && k < 8; i++) {
         _ddp_peer_t *p = &c->peers[peers[i]];
         if (!p->conn) continue;
@@ -2149,8 +2378,7 @@ _DDP_PRIVATE uint64_t _ddp_coll_tag(ddp_comm_t *c, int kind, ddp_dtype_t dtype, 
 _DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
-    if (c->error != DDP_SUCCESS) return c->error;
-    return DDP_SUCCESS;
+    return (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const void *sendbuf,
@@ -2174,6 +2402,227 @@ _DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
     return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
 }
 
+/* ---------------------------------------------------------------- operations, async, abort
+ * Every collective is an operation record. A blocking call runs it on the caller's thread; an
+ * async call queues it for the communicator's progress thread, which runs the queue in issue
+ * order. Only one thread runs operations at a time: a blocking call first waits until the
+ * queue is empty. The slots are allocated once, at the first async call: no allocation per
+ * call. */
+enum { _DDP_OP_ALL_REDUCE = 1, _DDP_OP_REDUCE_SCATTER, _DDP_OP_ALL_GATHER, _DDP_OP_BROADCAST,
+       _DDP_OP_BARRIER };
+typedef struct _ddp_op {
+    int kind, root, state;            /* state: 0 free, 1 queued, 2 running, 3 done */
+    const void *send;
+    void *recv;
+    size_t count;
+    ddp_dtype_t dtype;
+    ddp_op_t op;
+    uint64_t id;                      /* issue number, from 1 */
+    ddp_result_t result;
+} _ddp_op_t;
+
+static _ddp_op_t _ddp_op_make(int kind, const void *send, void *recv, size_t count,
+                              ddp_dtype_t dtype, ddp_op_t op, int root) {
+    _ddp_op_t o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind; o.send = send; o.recv = recv; o.count = count; o.dtype = dtype; o.op = op;
+    o.root = root;
+    return o;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o);
+
+/* Abort's poisoning happens once, by whichever thread gets there first. */
+_DDP_PRIVATE ddp_result_t _ddp_abort_poison(ddp_comm_t *c) {
+    int expect = 0;
+    if (__atomic_compare_exchange_n(&c->abort_claimed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+        __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_SUCCESS) {
+        ddp_comm_fail(c, DDP_ERR_ABORTED, "ddp_comm_abort was called on this rank");
+        _ddp_comm_poison(c, DDP_ERR_ABORTED);
+    }
+    return DDP_ERR_ABORTED;
+}
+
+/* Marks an operation running, unless an abort came first (Dekker with ddp_comm_abort). */
+_DDP_PRIVATE ddp_result_t _ddp_begin(ddp_comm_t *c) {
+    ddp_result_t e;
+    __atomic_store_n(&c->busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+        return _ddp_abort_poison(c);
+    }
+    e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (e != DDP_SUCCESS) __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+    return e;
+}
+_DDP_PRIVATE void _ddp_end(ddp_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST); }
+
+/* A blocking call: wait for everything issued before it, then run it here. */
+_DDP_PRIVATE ddp_result_t _ddp_enter(ddp_comm_t *c) {
+    if (c->progress_on) {
+        pthread_mutex_lock(&c->amu);
+        while (c->finished < c->issued) pthread_cond_wait(&c->adone, &c->amu);
+        pthread_mutex_unlock(&c->amu);
+    }
+    return _ddp_begin(c);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
+    ddp_result_t r = _ddp_enter(c);
+    if (r != DDP_SUCCESS) return r;
+    r = _ddp_run_op(c, o);
+    _ddp_end(c);
+    return r;
+}
+
+static void *_ddp_progress_main(void *arg) {
+    ddp_comm_t *c = (ddp_comm_t *)arg;
+    pthread_mutex_lock(&c->amu);
+    for (;;) {
+        _ddp_op_t *o;
+        ddp_result_t r;
+        while (c->started == c->issued && !c->progress_stop) pthread_cond_wait(&c->acv, &c->amu);
+        if (c->started == c->issued) break;
+        o = &c->ops[c->started % DDP_MAX_REQUESTS];
+        o->state = 2;
+        c->started++;
+        pthread_mutex_unlock(&c->amu);
+        r = _ddp_begin(c);
+        if (r == DDP_SUCCESS) {
+            r = _ddp_run_op(c, o);
+            _ddp_end(c);
+        }
+        pthread_mutex_lock(&c->amu);
+        o->result = r;
+        o->state = 3;
+        c->finished++;
+        pthread_cond_broadcast(&c->adone);
+    }
+    pthread_mutex_unlock(&c->amu);
+    return NULL;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _ddp_op_t *o,
+                                      ddp_request_t *req) {
+    _ddp_op_t *slot;
+    if (!c->progress_on) {
+        if (!c->ops) {
+            c->ops = (_ddp_op_t *)_ddp_calloc(&c->alloc, sizeof *c->ops * DDP_MAX_REQUESTS);
+            if (!c->ops) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "%s: request slots", what);
+        }
+        if (pthread_create(&c->progress, NULL, _ddp_progress_main, c) != 0)
+            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "%s: starting the progress thread: %s", what,
+                                 strerror(errno));
+        c->progress_on = 1;
+        _DDP_LOG(c, DDP_LOG_INFO, "async: progress thread started (operations run in issue order)");
+    }
+    pthread_mutex_lock(&c->amu);
+    slot = &c->ops[c->issued % DDP_MAX_REQUESTS];
+    if (slot->state != 0) {
+        pthread_mutex_unlock(&c->amu);
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: %d requests outstanding already: "
+                             "ddp_wait or ddp_test the oldest first", what, DDP_MAX_REQUESTS);
+    }
+    *slot = *o;
+    slot->state = 1;
+    slot->id = ++c->issued;
+    pthread_cond_signal(&c->acv);
+    pthread_mutex_unlock(&c->amu);
+    req->comm = c;
+    req->id = slot->id;
+    _DDP_LOG(c, DDP_LOG_TRACE, "async: %s queued as request %llu", what, (unsigned long long)slot->id);
+    return DDP_SUCCESS;
+}
+
+/* The slot of a live request, or NULL (the message says why). Called with amu held. */
+_DDP_PRIVATE _ddp_op_t *_ddp_req_slot(ddp_request_t *req, const char *what, ddp_result_t *err) {
+    ddp_comm_t *c = req->comm;
+    _ddp_op_t *slot = &c->ops[(req->id - 1) % DDP_MAX_REQUESTS];
+    if (slot->id != req->id || slot->state == 0) {
+        *err = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: request %llu was already collected",
+                             what, (unsigned long long)req->id);
+        return NULL;
+    }
+    return slot;
+}
+
+/* 1: a live request, go on; 0: *r is the answer (the null request, or misuse). */
+_DDP_PRIVATE int _ddp_req_check(ddp_request_t *req, const char *what, ddp_result_t *r) {
+    *r = DDP_SUCCESS;
+    if (!req) { *r = DDP_ERR_INVALID_ARGUMENT; return 0; }
+    if (!req->comm || !req->id) return 0;                        /* the null request */
+    if (!_ddp_live_check(req->comm, 0)) { *r = DDP_ERR_INVALID_USAGE; return 0; }
+    if (!req->comm->ops) {
+        *r = ddp_comm_fail(req->comm, DDP_ERR_INVALID_USAGE, "%s: not a request of this "
+                           "communicator", what);
+        return 0;
+    }
+    return 1;
+}
+
+DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
+    ddp_result_t r;
+    ddp_comm_t *c;
+    _ddp_op_t *slot;
+    if (!_ddp_req_check(req, "ddp_wait", &r)) return r;
+    c = req->comm;
+    pthread_mutex_lock(&c->amu);
+    if ((slot = _ddp_req_slot(req, "ddp_wait", &r)) != NULL) {
+        while (slot->state != 3) pthread_cond_wait(&c->adone, &c->amu);
+        r = slot->result;
+        slot->state = 0;
+    }
+    pthread_mutex_unlock(&c->amu);
+    if (slot) { req->comm = NULL; req->id = 0; }
+    return r;
+}
+
+DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
+    ddp_result_t r;
+    ddp_comm_t *c;
+    _ddp_op_t *slot;
+    if (!done) return DDP_ERR_INVALID_ARGUMENT;
+    *done = 0;
+    if (!_ddp_req_check(req, "ddp_test", &r)) { if (r == DDP_SUCCESS) *done = 1; return r; }
+    c = req->comm;
+    pthread_mutex_lock(&c->amu);
+    r = DDP_SUCCESS;
+    if ((slot = _ddp_req_slot(req, "ddp_test", &r)) != NULL && slot->state == 3) {
+        r = slot->result;
+        slot->state = 0;
+        *done = 1;
+    }
+    pthread_mutex_unlock(&c->amu);
+    if (*done) { req->comm = NULL; req->id = 0; }
+    return r;
+}
+
+DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
+    _DDP_LOG(c, DDP_LOG_WARN, "ddp_comm_abort: every call on this communicator now returns "
+             "DDP_ERR_ABORTED");
+    /* Nothing running: tell the peers now (closing our connections). Something running: it
+     * sees the flag at its next wait and does it. */
+    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) _ddp_abort_poison(c);
+    if (c->async_init) {
+        pthread_mutex_lock(&c->amu);
+        pthread_cond_broadcast(&c->acv);
+        pthread_mutex_unlock(&c->amu);
+    }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
+    if (!c || !e) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    *e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (*e == DDP_SUCCESS && __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
+    return DDP_SUCCESS;
+}
+
+
 /* The algorithm depends only on (bytes, world size, settings): the same on every rank. */
 _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
                                                size_t count, ddp_dtype_t dtype, ddp_op_t op) {
@@ -2187,77 +2636,369 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
               : ddp_ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
 }
 
-DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
-                                    ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
+/* Argument checks, shared by the blocking and async entry points. */
+_DDP_PRIVATE ddp_result_t _ddp_prep(ddp_comm_t *c, _ddp_op_t *o) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, "all_reduce", sendbuf, recvbuf, count, 1, dtype, 1, op)) != DDP_SUCCESS) return r;
-    if (c->coll) {
-        _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", ++c->seq,
-                 count, ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place");
-        return _ddp_finish(c, c->coll->all_reduce(c->coll_state, sendbuf, recvbuf, count, dtype, op));
+    switch (o->kind) {
+    case _DDP_OP_ALL_REDUCE:
+        return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
+    case _DDP_OP_REDUCE_SCATTER:
+        return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->nranks,
+                               o->dtype, 1, o->op);
+    case _DDP_OP_ALL_GATHER:
+        return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->nranks,
+                               o->dtype, 0, DDP_SUM);
+    case _DDP_OP_BROADCAST:
+        if (o->root < 0 || o->root >= c->nranks)
+            return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d",
+                                 o->root, c->nranks - 1);
+        /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+        return _ddp_check_args(c, "broadcast", c->rank == o->root ? o->send : o->recv, o->recv,
+                               o->count, 1, o->dtype, 0, DDP_SUM);
+    default:
+        return DDP_SUCCESS;
     }
-    return _ddp_finish(c, _ddp_all_reduce_algo(c, sendbuf, recvbuf, count, dtype, op));
+}
+
+/* Runs one operation on the calling thread (the caller's, or the progress thread). */
+_DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
+    ddp_result_t r;
+    unsigned char token = 0;
+    switch (o->kind) {
+    case _DDP_OP_ALL_REDUCE:
+        if (c->coll) {
+            _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", ++c->seq,
+                     o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
+                     o->send == o->recv ? "in place" : "out of place");
+            r = c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+        } else {
+            r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op);
+        }
+        break;
+    case _DDP_OP_REDUCE_SCATTER:
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->seq + 1,
+                 o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), c->coll ? "by the transport" : "ring");
+        if (c->coll) {
+            c->seq++;
+            r = c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+        } else {
+            r = ddp_ring_reduce_scatter(c, o->send, o->recv, o->count, o->dtype, o->op);
+        }
+        break;
+    case _DDP_OP_ALL_GATHER:
+        _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->seq + 1, o->count,
+                 ddp_dtype_name(o->dtype), c->coll ? "by the transport" : "ring");
+        if (c->coll) {
+            c->seq++;
+            r = c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
+        } else {
+            r = ddp_ring_all_gather(c, o->send, o->recv, o->count, o->dtype);
+        }
+        break;
+    case _DDP_OP_BROADCAST:
+        _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->seq + 1, o->count,
+                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "pipelined chain");
+        if (c->coll) {
+            c->seq++;
+            r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
+        } else {
+            r = ddp_ring_broadcast(c, o->send, o->recv, o->count, o->dtype, o->root);
+        }
+        break;
+    case _DDP_OP_BARRIER:
+        if (c->coll) {
+            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", ++c->seq);
+            r = c->coll->barrier(c->coll_state);
+        } else {
+            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->seq + 1);
+            r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX);
+        }
+        break;
+    default:
+        r = ddp_comm_fail(c, DDP_ERR_INTERNAL, "unknown operation %d", o->kind);
+    }
+    return r;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
+    return _ddp_finish(c, _ddp_run_op_raw(c, o));
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_group_queue_op(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
+
+_DDP_PRIVATE ddp_result_t _ddp_blocking(ddp_comm_t *c, _ddp_op_t o) {
+    ddp_result_t r = _ddp_prep(c, &o);
+    if (r != DDP_SUCCESS) return r;
+    if (c->group_depth) return _ddp_group_queue_op(c, &o);     /* runs at group_end, in order */
+    return _ddp_exec(c, &o);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *what, ddp_request_t *req) {
+    ddp_result_t r;
+    if (req) { req->comm = NULL; req->id = 0; }
+    if ((r = _ddp_prep(c, &o)) != DDP_SUCCESS) return r;
+    if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
+    return _ddp_submit(c, what, &o, req);
+}
+
+DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0));
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                         ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    ddp_result_t r = _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, "reduce_scatter", sendbuf, recvbuf, recvcount, (size_t)c->nranks,
-                             dtype, 1, op)) != DDP_SUCCESS) return r;
-    _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, ring", c->seq + 1,
-             recvcount, ddp_dtype_name(dtype), ddp_op_name(op));
-    if (c->coll) {
-        c->seq++;
-        return _ddp_finish(c, c->coll->reduce_scatter(c->coll_state, sendbuf, recvbuf, recvcount, dtype, op));
-    }
-    return _ddp_finish(c, ddp_ring_reduce_scatter(c, sendbuf, recvbuf, recvcount, dtype, op));
+    return _ddp_blocking(c, _ddp_op_make(_DDP_OP_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
 }
 
 DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                     ddp_dtype_t dtype, ddp_comm_t *c) {
-    ddp_result_t r = _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, "all_gather", sendbuf, recvbuf, sendcount, (size_t)c->nranks,
-                             dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
-    _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, ring", c->seq + 1, sendcount,
-             ddp_dtype_name(dtype));
-    if (c->coll) {
-        c->seq++;
-        return _ddp_finish(c, c->coll->all_gather(c->coll_state, sendbuf, recvbuf, sendcount, dtype));
-    }
-    return _ddp_finish(c, ddp_ring_all_gather(c, sendbuf, recvbuf, sendcount, dtype));
+    return _ddp_blocking(c, _ddp_op_make(_DDP_OP_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0));
 }
 
 DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
                                    ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    ddp_result_t r = _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if (root < 0 || root >= c->nranks)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d", root, c->nranks - 1);
-    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, "broadcast", c->rank == root ? sendbuf : recvbuf, recvbuf, count, 1,
-                             dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
-    _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, pipelined chain",
-             c->seq + 1, count, ddp_dtype_name(dtype), root);
-    if (c->coll) {
-        c->seq++;
-        return _ddp_finish(c, c->coll->broadcast(c->coll_state, sendbuf, recvbuf, count, dtype, root));
-    }
-    return _ddp_finish(c, ddp_ring_broadcast(c, sendbuf, recvbuf, count, dtype, root));
+    return _ddp_blocking(c, _ddp_op_make(_DDP_OP_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root));
 }
 
 DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_OP_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0));
+}
+
+DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
+                                          ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_OP_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
+                      "all_reduce_async", req);
+}
+
+DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                              ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
+                                              ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_OP_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
+                      "reduce_scatter_async", req);
+}
+
+DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_OP_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
+                      "all_gather_async", req);
+}
+
+DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
+                                         ddp_dtype_t dtype, int root, ddp_comm_t *c,
+                                         ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_OP_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
+                      "broadcast_async", req);
+}
+
+DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *c, ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_OP_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
+                      "barrier_async", req);
+}
+
+/* ---------------------------------------------------------------- split
+ * The members exchange (color, key) over the parent, then build a communicator of their own
+ * through the parent's store, under a prefix unique to this split and color. Its connections
+ * are new ones (sharing the parent's would interleave two communicators' messages on one
+ * stream, and their progress threads could race on it). */
+DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_t **out) {
     ddp_result_t r = _ddp_check_comm(c);
-    unsigned char token = 0;
+    int32_t mine[2], *all;
+    int i, n = 0, me = 0;
+    char prefix[192];
+    ddp_comm_desc_t d;
     if (r != DDP_SUCCESS) return r;
-    if (c->coll) {
-        _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", ++c->seq);
-        return _ddp_finish(c, c->coll->barrier(c->coll_state));
+    if (!out) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_split: NULL newcomm");
+    *out = NULL;
+    if (color < 0 && color != DDP_SPLIT_NOCOLOR)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_split: color %d (colors are >= 0, "
+                             "or DDP_SPLIT_NOCOLOR)", color);
+    all = (int32_t *)_ddp_alloc(&c->alloc, sizeof *all * 2 * (size_t)c->nranks);
+    if (!all) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "comm_split");
+    mine[0] = color;
+    mine[1] = key;
+    r = ddp_all_gather(mine, all, 2, DDP_INT32, c);
+    c->splits++;
+    if (r == DDP_SUCCESS && color != DDP_SPLIT_NOCOLOR) {
+        for (i = 0; i < c->nranks; i++) {
+            if (all[2 * i] != color) continue;
+            n++;
+            if (all[2 * i + 1] < key || (all[2 * i + 1] == key && i < c->rank)) me++;
+        }
     }
-    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->seq + 1);
-    return _ddp_finish(c, _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX));
+    _ddp_free(&c->alloc, all);
+    if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) return r;
+    snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->prefix, c->splits, color);
+    memset(&d, 0, sizeof d);
+    d.master_addr = c->master_addr;
+    d.master_port = c->master_port;
+    d.timeout_ms = c->timeout_ms;
+    d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
+    d.store = c->store;
+    d.store_prefix = prefix;
+    d.segment_bytes = c->segment_bytes;
+    d.spin_us = c->spin_us ? c->spin_us : -1;
+    d.log_level = c->log_level + 1;
+    d.allocator = c->alloc.alloc ? &c->alloc : NULL;
+    _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
+             color, key, me, n, prefix);
+    r = ddp_comm_init(out, n, me, &d);
+    if (r != DDP_SUCCESS)
+        ddp_comm_fail(c, r, "comm_split: the new communicator (color %d, rank %d of %d): %s",
+                      color, me, n, ddp_last_init_error());
+    return r;
+}
+
+/* ---------------------------------------------------------------- reduce, gather, scatter,
+ * all-to-all, send/recv, groups: the checks. The algorithms and the group queue are in
+ * ddp_ring.h (built below), over point-to-point even when a transport runs the collectives. */
+enum { _DDP_CALL_REDUCE = 20, _DDP_CALL_GATHER, _DDP_CALL_SCATTER, _DDP_CALL_ALL_TO_ALL,
+       _DDP_CALL_SEND, _DDP_CALL_RECV };   /* also the kind in their message tags */
+typedef struct {
+    int kind;                      /* _DDP_CALL_* */
+    const void *send;
+    void *recv;
+    size_t count;
+    ddp_dtype_t dtype;
+    ddp_op_t op;
+    int root;                      /* the root, or the peer of a send/recv */
+    int state;                     /* group_end: 0 queued, 1 posted, 2 done */
+    void *req;
+    uint64_t tag;
+} _ddp_call_t;
+_DDP_PRIVATE ddp_result_t _ddp_call_run(ddp_comm_t *c, _ddp_call_t *k);           /* ddp_ring.h */
+_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_call_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c);
+
+/* Queued inside a group; else run now (a failure poisons the communicator). */
+_DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, void *recv,
+                                    size_t count, ddp_dtype_t dtype, ddp_op_t op, int root) {
+    _ddp_call_t k;
+    memset(&k, 0, sizeof k);
+    k.kind = kind; k.send = send; k.recv = recv; k.count = count;
+    k.dtype = dtype; k.op = op; k.root = root;
+    if (c->group_depth) return _ddp_group_queue(c, &k);
+    {
+        ddp_result_t r = _ddp_enter(c);     /* after queued async requests; not after an abort */
+        if (r != DDP_SUCCESS) return r;
+        r = _ddp_finish(c, _ddp_call_run(c, &k));
+        _ddp_end(c);
+        return r;
+    }
+}
+
+/* The original collectives (all_reduce ... barrier) inside a group: queued as calls too, with
+ * kind _DDP_CALL_OP + their operation kind; _ddp_call_run hands them back to _ddp_run_op_raw. */
+#define _DDP_CALL_OP 100
+_DDP_PRIVATE ddp_result_t _ddp_group_queue_op(ddp_comm_t *c, const _ddp_op_t *o) {
+    _ddp_call_t k;
+    memset(&k, 0, sizeof k);
+    k.kind = _DDP_CALL_OP + o->kind; k.send = o->send; k.recv = o->recv; k.count = o->count;
+    k.dtype = o->dtype; k.op = o->op; k.root = o->root;
+    return _ddp_group_queue(c, &k);
+}
+
+/* Bad arguments inside a group also fail its group_end (NCCL). */
+_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
+    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
+    return r;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const char *role, int v) {
+    if (v >= 0 && v < c->nranks) return DDP_SUCCESS;
+    return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %d not in 0..%d",
+                                             what, role, v, c->nranks - 1));
+}
+
+DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                ddp_op_t op, int root, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, "reduce", "root", root)) != DDP_SUCCESS) return r;
+    /* Only the root writes recvbuf (NCCL): others may pass NULL. */
+    if ((r = _ddp_check_args(c, "reduce", sendbuf, c->rank == root ? recvbuf : sendbuf, count, 1,
+                             dtype, 1, op)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    return _ddp_call(c, _DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
+}
+
+DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, "gather", "root", root)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, "gather", sendbuf, c->rank == root ? recvbuf : sendbuf, sendcount,
+                             (size_t)c->nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    return _ddp_call(c, _DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root);
+}
+
+DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, "scatter", "root", root)) != DDP_SUCCESS) return r;
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    if ((r = _ddp_check_args(c, "scatter", c->rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
+                             (size_t)c->nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    return _ddp_call(c, _DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root);
+}
+
+DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, "all_to_all", sendbuf, recvbuf, count, (size_t)c->nranks, dtype, 0,
+                             DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    if (count && sendbuf == recvbuf)
+        return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "all_to_all: sendbuf "
+                                "== recvbuf: in place is not supported (as NCCL); use two buffers"));
+    return _ddp_call(c, _DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *send, void *recv,
+                                        size_t count, ddp_dtype_t dtype, int peer) {
+    const char *what = kind == _DDP_CALL_SEND ? "send" : "recv";
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "peer", peer)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, kind == _DDP_CALL_SEND ? send : recv, kind == _DDP_CALL_SEND ?
+                             send : recv, count, 1, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    if (peer == c->rank && !c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
+                             "it would wait for itself; put the send and the recv between "
+                             "ddp_group_start and ddp_group_end (a local copy)", what, peer);
+    return _ddp_call(c, kind, send, recv, count, dtype, DDP_SUM, peer);
+}
+
+DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
+    return _ddp_p2p_call(c, _DDP_CALL_SEND, buf, NULL, count, dtype, peer);
+}
+
+DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
+    return _ddp_p2p_call(c, _DDP_CALL_RECV, NULL, buf, count, dtype, peer);
+}
+
+DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if (c->group_depth++ == 0) { c->group_n = 0; c->group_err = DDP_SUCCESS; }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
+    ddp_result_t r;
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if (c->group_depth == 0)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "group_end without a group_start");
+    if (--c->group_depth) return DDP_SUCCESS;
+    if (c->error != DDP_SUCCESS) { c->group_n = 0; return c->error; }
+    if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group_n = 0; return r; }
+    r = _ddp_group_run(c);   /* empties the queue */
+    r = r == DDP_SUCCESS || c->group_err != DDP_SUCCESS ? r : _ddp_finish(c, r);
+    _ddp_end(c);
+    return r;
 }
 
 /* Now that the communicator's internals are defined, build the ring algorithms. */

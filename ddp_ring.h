@@ -10,6 +10,18 @@
  *   reduce-scatter  the first half alone; rank r ends with chunk r (NCCL's layout).
  *   all-gather      the second half alone.
  *   broadcast       a pipelined chain root -> root+1 -> ... (every link carries the buffer once).
+ *   reduce          small: a binomial tree towards the root (log2 p hops; every rank adds its
+ *                   children's partial results in rank order); large: a pipelined chain
+ *                   root+p-1 -> ... -> root+1 -> root, each rank adding its own data to the
+ *                   segment passing through (every link carries the buffer once).
+ *   gather/scatter  small: a binomial tree (log2 p hops, subtrees staged in scratch); large:
+ *                   linear, the root exchanging with every rank at once, buffer to buffer.
+ *   all-to-all      pairwise exchange: step k sends block r+k to rank r+k and receives block
+ *                   r-k from rank r-k, DDP_RING_WINDOW steps in flight, buffer to buffer.
+ *   send/recv       direct; a group posts all of its sends and receives together (per peer
+ *                   and direction DDP_RING_WINDOW in flight) and progresses them all.
+ * Small means: reduce up to _DDP_TREE_MAX_BYTES (64 KiB) when (1 + log2 p) buffers fit the
+ * scratch; gather/scatter up to 64 KiB for the whole p-block buffer, p > 2.
  * Chunks are cut into segments (DDP_SEGMENT_BYTES) and up to DDP_RING_WINDOW segments are in
  * flight per direction, so sending, receiving and reducing overlap; a step streams its chunk
  * while the previous step's data is still arriving. Scratch is the window, never the message.
@@ -55,6 +67,24 @@ DDP_API ddp_result_t ddp_ring_broadcast(ddp_comm_t *comm, const void *sendbuf, v
  * fit the communicator's scratch (DDP_RING_WINDOW x DDP_SEGMENT_BYTES). */
 DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
                                        size_t count, ddp_dtype_t dtype, ddp_op_t op);
+/* Rooted collectives and all-to-all (ddp.h's ddp_reduce, ddp_gather, ddp_scatter and
+ * ddp_all_to_all choose among them). The tree versions stage data in the scratch: reduce needs
+ * (1 + log2 p) buffers of count elements to fit, gather/scatter p blocks; else
+ * DDP_ERR_INVALID_ARGUMENT. */
+DDP_API ddp_result_t ddp_tree_reduce(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, ddp_dtype_t dtype, ddp_op_t op, int root);
+DDP_API ddp_result_t ddp_chain_reduce(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, ddp_dtype_t dtype, ddp_op_t op, int root);
+DDP_API ddp_result_t ddp_tree_gather(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                     size_t sendcount, ddp_dtype_t dtype, int root);
+DDP_API ddp_result_t ddp_linear_gather(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                       size_t sendcount, ddp_dtype_t dtype, int root);
+DDP_API ddp_result_t ddp_tree_scatter(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                      size_t recvcount, ddp_dtype_t dtype, int root);
+DDP_API ddp_result_t ddp_linear_scatter(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t recvcount, ddp_dtype_t dtype, int root);
+DDP_API ddp_result_t ddp_pairwise_all_to_all(ddp_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                             size_t count, ddp_dtype_t dtype);
 
 #ifdef __cplusplus
 }
@@ -763,6 +793,670 @@ DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void 
             return e;
     }
     return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- reduce, gather, scatter,
+ * all-to-all, send/recv, groups
+ * Every message of a collective carries its _ddp_coll_tag (a digest of kind, dtype, op, count,
+ * root, and the collective's number), so ranks calling different things fail with
+ * DDP_ERR_MISMATCH at the first message that reaches the wrong call. A send/recv carries a
+ * digest of (dtype, count) and its number among the messages of that direction of that pair:
+ * only the two ranks take part, so the collectives' sequence (c->seq) stays untouched. Peers
+ * beyond the ring and recursive-doubling partners are connected on first use: both sides of a
+ * pair ask for each other in the same call. */
+#define _DDP_TREE_MAX_BYTES (64u << 10)   /* not yet measured: recursive doubling's folded crossover */
+#define _DDP_LINEAR_FAN 32                /* requests a linear root keeps posted */
+
+/* "rank R: <where>: <the transport's detail>" (the transport said "rank R: <detail> [...]"). */
+static ddp_result_t _ddp_x_fail(ddp_comm_t *c, ddp_result_t r, const char *where) {
+    char prev[1024], *tail;
+    const char *msg = c->last_error, *colon;
+    size_t skip = 0;
+    if (!strncmp(msg, "rank ", 5) && (colon = strstr(msg, ": ")) != NULL) skip = (size_t)(colon + 2 - msg);
+    _ddp_strlcpy(prev, msg + skip, sizeof prev);
+    if ((tail = strstr(prev, " [")) != NULL) *tail = 0;
+    return ddp_comm_fail(c, r, "%s: %s", where, prev[0] ? prev : ddp_strerror(r));
+}
+
+/* Nothing moved since `last`: yield while spinning, then sleep in the transport; a timeout
+ * names the call and the peer it waits for. */
+static ddp_result_t _ddp_x_idle(ddp_comm_t *c, int64_t last, const int *peers, int n,
+                                const char *what, unsigned seq, const char *waiting, int peer) {
+    int64_t now = _ddp_now_us();
+    if (c->timeout_ms >= 0 && now - last > (int64_t)c->timeout_ms * 1000)
+        return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "%s #%u: no progress for %d ms %s rank %d (alive "
+                             "but stuck, or not calling the same collective?)", what, seq,
+                             c->timeout_ms, waiting, peer);
+    if (now - last < c->spin_us) { sched_yield(); return DDP_SUCCESS; }
+    {
+        int ms = 100;
+        if (c->timeout_ms >= 0) {
+            int64_t left = (int64_t)c->timeout_ms * 1000 - (now - last);
+            if (left / 1000 + 1 < ms) ms = (int)(left / 1000) + 1;
+        }
+        return _ddp_block(c, peers, n < 8 ? n : 8, ms);
+    }
+}
+
+typedef struct { int peer, is_send; void *req; } _ddp_xop_t;
+typedef struct { ddp_comm_t *c; const char *what, *algo; unsigned seq; } _ddp_x_t;
+
+static void _ddp_x_setup(_ddp_x_t *x, ddp_comm_t *c, const char *what, const char *algo, uint64_t tag) {
+    x->c = c; x->what = what; x->algo = algo; x->seq = (unsigned)(tag & 0xffffffffu);
+}
+
+static ddp_result_t _ddp_x_post(const _ddp_x_t *x, _ddp_xop_t *o, int peer, int is_send,
+                                const void *buf, size_t len, uint64_t tag, const char *phase) {
+    ddp_result_t r;
+    o->peer = peer;
+    o->is_send = is_send;
+    o->req = NULL;
+    r = is_send ? _ddp_isend(x->c, peer, buf, len, tag, &o->req)
+                : _ddp_irecv(x->c, peer, (void *)(uintptr_t)buf, len, tag, &o->req);
+    if (r != DDP_SUCCESS) {
+        char where[200];
+        snprintf(where, sizeof where, "%s #%u (%s), %s, %s rank %d", x->what, x->seq, x->algo, phase,
+                 is_send ? "sending to" : "receiving from", peer);
+        return _ddp_x_fail(x->c, r, where);
+    }
+    return DDP_SUCCESS;
+}
+
+/* Waits for every posted request of ops[0..n). */
+static ddp_result_t _ddp_x_waitall(const _ddp_x_t *x, _ddp_xop_t *ops, int n, const char *phase) {
+    ddp_comm_t *c = x->c;
+    int64_t last = _ddp_now_us();
+    ddp_result_t r;
+    for (;;) {
+        int i, pending = 0, progressed = 0, peers[8], first = -1;
+        for (i = 0; i < n; i++) {
+            int done = 1;
+            if (!ops[i].req) continue;
+            if ((r = _ddp_test(c, ops[i].peer, ops[i].req, &done)) != DDP_SUCCESS) {
+                char where[200];
+                snprintf(where, sizeof where, "%s #%u (%s), %s, %s rank %d", x->what, x->seq,
+                         x->algo, phase, ops[i].is_send ? "sending to" : "receiving from", ops[i].peer);
+                return _ddp_x_fail(c, r, where);
+            }
+            if (done) { ops[i].req = NULL; progressed = 1; continue; }
+            if (pending < 8) peers[pending] = ops[i].peer;
+            if (first < 0) first = i;
+            pending++;
+        }
+        if (!pending) return DDP_SUCCESS;
+        if (progressed) { last = _ddp_now_us(); continue; }
+        {
+            char what[96];
+            snprintf(what, sizeof what, "%s (%s), %s", x->what, x->algo, phase);
+            r = _ddp_x_idle(c, last, peers, pending, what, x->seq,
+                            ops[first].is_send ? "waiting to send to" : "waiting for data from",
+                            ops[first].peer);
+            if (r != DDP_SUCCESS) return r;
+        }
+    }
+}
+
+static ddp_result_t _ddp_x_connect(const _ddp_x_t *x, const int *list, int n) {
+    ddp_result_t r = _ddp_connect_peers(x->c, list, n);
+    if (r != DDP_SUCCESS) {
+        char where[160];
+        snprintf(where, sizeof where, "%s #%u (%s), phase connect", x->what, x->seq, x->algo);
+        return _ddp_x_fail(x->c, r, where);
+    }
+    return DDP_SUCCESS;
+}
+
+static int _ddp_pow2_ceil(int v) { int k = 1; while (k < v) k <<= 1; return k; }
+
+/* Binomial tree over ranks relative to the root (v = rank - root mod p): v's children are
+ * v + k for k = 1, 2, 4, ... below lowbit(v) (below p for the root), child v + k heads the
+ * subtree [v + k, v + 2k); v's parent is v - lowbit(v). Returns the number of children; list
+ * gets their ranks, then the parent's (if any). */
+static int _ddp_tree(const ddp_comm_t *c, int root, int *list, int *nlist, int *span) {
+    const int p = c->nranks, v = (c->rank - root + p) % p;
+    int k, n = 0, nchild;
+    *span = v ? (v & -v) : _ddp_pow2_ceil(p);
+    for (k = 1; k < *span && v + k < p; k <<= 1) list[n++] = (v + k + root) % p;
+    nchild = n;
+    if (v) list[n++] = (v - *span + root) % p;
+    *nlist = n;
+    return nchild;
+}
+
+static size_t _ddp_tree_blocks(int p, int v, int k) {   /* blocks in the subtree of v + k */
+    return (size_t)(p - v - k < k ? p - v - k : k);
+}
+
+DDP_API ddp_result_t ddp_tree_reduce(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                     size_t count, ddp_dtype_t dtype, ddp_op_t op, int root) {
+    const int p = c->nranks, v = (c->rank - root + p) % p;
+    const size_t es = ddp_dtype_size(dtype), bytes = count * es;
+    int list[34] = {0}, n, nchild, span, i;
+    _ddp_xop_t ops[34];
+    unsigned char *acc, *in;
+    uint64_t tag;
+    _ddp_x_t x;
+    ddp_result_t r;
+    if (bytes && bytes > c->scratch_bytes / (size_t)(1 + _ddp_log2(p)))
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "reduce: binomial tree: %d x %zu bytes "
+                             "do not fit the %zu-byte scratch", 1 + _ddp_log2(p), bytes, c->scratch_bytes);
+    tag = _ddp_coll_tag(c, _DDP_CALL_REDUCE, dtype, op, count, root);
+    _ddp_x_setup(&x, c, "reduce", "binomial tree", tag);
+    if (p == 1 || !count) {
+        if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
+        return DDP_SUCCESS;
+    }
+    nchild = _ddp_tree(c, root, list, &n, &span);
+    if ((r = _ddp_x_connect(&x, list, n)) != DDP_SUCCESS) return r;
+    /* The root accumulates in recvbuf, the others in scratch; children's data lands after it. */
+    acc = v == 0 ? (unsigned char *)recvbuf : c->scratch;
+    in = v == 0 ? c->scratch : c->scratch + bytes;
+    for (i = 0; i < nchild; i++)
+        if ((r = _ddp_x_post(&x, &ops[i], list[i], 0, in + (size_t)i * bytes, bytes, tag,
+                             "phase receive from children")) != DDP_SUCCESS) return r;
+    if (acc != (const unsigned char *)sendbuf) memcpy(acc, sendbuf, bytes);
+    if ((r = _ddp_x_waitall(&x, ops, nchild, "phase receive from children")) != DDP_SUCCESS) return r;
+    /* Own data, then the subtrees v+1, v+2.., v+4.. : rank order, the same bits every run. */
+    for (i = 0; i < nchild; i++) ddp_reduce_local(acc, acc, in + (size_t)i * bytes, count, dtype, op);
+    if (v == 0) {
+        if (op == DDP_AVG) ddp_divide_local(acc, count, dtype, p);
+        return DDP_SUCCESS;
+    }
+    if ((r = _ddp_x_post(&x, &ops[0], list[nchild], 1, acc, bytes, tag, "phase send to parent")) != DDP_SUCCESS)
+        return r;
+    return _ddp_x_waitall(&x, ops, 1, "phase send to parent");
+}
+
+/* Segment size for streaming count elements: >= 4 segments of >= 64 KiB when the message allows
+ * (so the chain pipelines), never above DDP_SEGMENT_BYTES (a scratch slot). */
+static size_t _ddp_x_seg_elems(const ddp_comm_t *c, size_t count, size_t es) {
+    size_t cap = c->segment_bytes, want = (count * es / 4 + 4095) & ~(size_t)4095;
+    size_t lo = (size_t)(64u << 10) < cap ? (size_t)(64u << 10) : cap;
+    size_t seg = want < lo ? lo : want > cap ? cap : want;
+    return seg / es;
+}
+
+DDP_API ddp_result_t ddp_chain_reduce(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                      size_t count, ddp_dtype_t dtype, ddp_op_t op, int root) {
+    const int p = c->nranks, v = (c->rank - root + p) % p, W = DDP_RING_WINDOW;
+    const int from = (c->rank + 1) % p, to = (c->rank + p - 1) % p;
+    const int head = v == p - 1, is_root = v == 0;
+    const size_t es = ddp_dtype_size(dtype);
+    const unsigned char *send = (const unsigned char *)sendbuf;
+    unsigned char *recv = (unsigned char *)recvbuf;
+    size_t seg, nseg, ns = 0, ds = 0, nr = 0, dr = 0, nsend, nrecv;
+    void *sreq[DDP_RING_WINDOW], *rreq[DDP_RING_WINDOW];
+    int sslot[DDP_RING_WINDOW], rslot[DDP_RING_WINDOW], free_slots[DDP_RING_WINDOW], nfree = 0, i;
+    int peers[2];
+    int64_t last;
+    uint64_t tag = _ddp_coll_tag(c, _DDP_CALL_REDUCE, dtype, op, count, root);
+    char where[200];
+    _ddp_x_t x;
+    ddp_result_t r;
+    _ddp_x_setup(&x, c, "reduce", "pipelined chain", tag);
+    if (p == 1 || !count) {
+        if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * es);
+        return DDP_SUCCESS;
+    }
+    peers[0] = from; peers[1] = to;
+    if ((r = _ddp_x_connect(&x, head ? &to : is_root ? &from : peers, head || is_root ? 1 : 2)) != DDP_SUCCESS)
+        return r;
+    seg = _ddp_x_seg_elems(c, count, es);
+    nseg = (count + seg - 1) / seg;
+    nsend = is_root ? 0 : nseg;
+    nrecv = head ? 0 : nseg;
+    for (i = 0; i < W; i++) free_slots[nfree++] = i;
+    last = _ddp_now_us();
+    while (ds < nsend || dr < nrecv) {
+        int progressed = 0, done;
+        /* The head of the chain streams its own data. */
+        while (head && ns < nsend && ns - ds < (size_t)W) {
+            size_t off = ns * seg, len = count - off < seg ? count - off : seg;
+            sslot[ns % W] = -1;
+            if ((r = _ddp_isend(c, to, send + off * es, len * es, tag, &sreq[ns % W])) != DDP_SUCCESS) goto fail_send;
+            ns++;
+        }
+        while (nr < nrecv && nr - dr < (size_t)W && nfree) {
+            size_t off = nr * seg, len = count - off < seg ? count - off : seg;
+            int s = free_slots[--nfree];
+            rslot[nr % W] = s;
+            if ((r = _ddp_irecv(c, from, c->scratch + (size_t)s * c->segment_bytes, len * es, tag,
+                                &rreq[nr % W])) != DDP_SUCCESS) goto fail_recv;
+            nr++;
+        }
+        while (ds < ns) {
+            if ((r = _ddp_test(c, to, sreq[ds % W], &done)) != DDP_SUCCESS) goto fail_send;
+            if (!done) break;
+            if (sslot[ds % W] >= 0) free_slots[nfree++] = sslot[ds % W];
+            ds++;
+            progressed = 1;
+        }
+        while (dr < nr) {
+            size_t off = dr * seg, len = count - off < seg ? count - off : seg;
+            int s = rslot[dr % W];
+            unsigned char *scr = c->scratch + (size_t)s * c->segment_bytes;
+            if ((r = _ddp_test(c, from, rreq[dr % W], &done)) != DDP_SUCCESS) goto fail_recv;
+            if (!done) break;
+            if (is_root) {
+                ddp_reduce_local(recv + off * es, send + off * es, scr, len, dtype, op);
+                if (op == DDP_AVG) ddp_divide_local(recv + off * es, len, dtype, p);
+                free_slots[nfree++] = s;
+            } else {
+                /* Add our data and pass it on; the slot is free once the send is done (a send
+                 * holds a slot that a receive had, so at most W sends are in flight). */
+                ddp_reduce_local(scr, send + off * es, scr, len, dtype, op);
+                sslot[ns % W] = s;
+                if ((r = _ddp_isend(c, to, scr, len * es, tag, &sreq[ns % W])) != DDP_SUCCESS) goto fail_send;
+                ns++;
+            }
+            dr++;
+            progressed = 1;
+        }
+        if (progressed) { last = _ddp_now_us(); continue; }
+        snprintf(where, sizeof where, "reduce (pipelined chain), segment %zu/%zu", (dr < nrecv ? dr : ds) + 1, nseg);
+        r = _ddp_x_idle(c, last, head ? &to : is_root ? &from : peers, head || is_root ? 1 : 2, where,
+                        x.seq, dr < nrecv ? "waiting for data from" : "waiting to send to",
+                        dr < nrecv ? from : to);
+        if (r != DDP_SUCCESS) return r;
+    }
+    return DDP_SUCCESS;
+fail_send:
+    snprintf(where, sizeof where, "reduce #%u (pipelined chain), segment %zu/%zu, sending to rank %d",
+             x.seq, ds + 1, nseg, to);
+    return _ddp_x_fail(c, r, where);
+fail_recv:
+    snprintf(where, sizeof where, "reduce #%u (pipelined chain), segment %zu/%zu, receiving from rank %d",
+             x.seq, dr + 1, nseg, from);
+    return _ddp_x_fail(c, r, where);
+}
+
+DDP_API ddp_result_t ddp_tree_gather(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                     size_t sendcount, ddp_dtype_t dtype, int root) {
+    const int p = c->nranks, v = (c->rank - root + p) % p;
+    const size_t bytes = sendcount * ddp_dtype_size(dtype);
+    int list[34] = {0}, n, nchild, span, i, j;
+    _ddp_xop_t ops[34];
+    size_t mine;
+    uint64_t tag;
+    _ddp_x_t x;
+    ddp_result_t r;
+    if (bytes > c->scratch_bytes / (size_t)p)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "gather: binomial tree: %d x %zu bytes do "
+                             "not fit the %zu-byte scratch", p, bytes, c->scratch_bytes);
+    tag = _ddp_coll_tag(c, _DDP_CALL_GATHER, dtype, DDP_SUM, sendcount, root);
+    _ddp_x_setup(&x, c, "gather", "binomial tree", tag);
+    if (p == 1 || !sendcount) {
+        unsigned char *own = (unsigned char *)recvbuf + (size_t)c->rank * bytes;
+        if (sendcount && own != sendbuf) memmove(own, sendbuf, bytes);
+        return DDP_SUCCESS;
+    }
+    nchild = _ddp_tree(c, root, list, &n, &span);
+    if ((r = _ddp_x_connect(&x, list, n)) != DDP_SUCCESS) return r;
+    /* Scratch holds our subtree's blocks in relative order: ours first. */
+    for (i = 0, j = 1; i < nchild; i++, j <<= 1)
+        if ((r = _ddp_x_post(&x, &ops[i], list[i], 0, c->scratch + (size_t)j * bytes,
+                             _ddp_tree_blocks(p, v, j) * bytes, tag, "phase receive from children")) != DDP_SUCCESS)
+            return r;
+    memcpy(c->scratch, sendbuf, bytes);
+    if ((r = _ddp_x_waitall(&x, ops, nchild, "phase receive from children")) != DDP_SUCCESS) return r;
+    if (v) {
+        mine = (size_t)(p - v < span ? p - v : span);
+        if ((r = _ddp_x_post(&x, &ops[0], list[nchild], 1, c->scratch, mine * bytes, tag,
+                             "phase send to parent")) != DDP_SUCCESS) return r;
+        return _ddp_x_waitall(&x, ops, 1, "phase send to parent");
+    }
+    for (j = 0; j < p; j++)
+        memcpy((unsigned char *)recvbuf + (size_t)((j + root) % p) * bytes, c->scratch + (size_t)j * bytes, bytes);
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_tree_scatter(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                      size_t recvcount, ddp_dtype_t dtype, int root) {
+    const int p = c->nranks, v = (c->rank - root + p) % p;
+    const size_t bytes = recvcount * ddp_dtype_size(dtype);
+    int list[34] = {0}, n, nchild, span, i, j;
+    _ddp_xop_t ops[34];
+    uint64_t tag;
+    _ddp_x_t x;
+    ddp_result_t r;
+    if (bytes > c->scratch_bytes / (size_t)p)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "scatter: binomial tree: %d x %zu bytes do "
+                             "not fit the %zu-byte scratch", p, bytes, c->scratch_bytes);
+    tag = _ddp_coll_tag(c, _DDP_CALL_SCATTER, dtype, DDP_SUM, recvcount, root);
+    _ddp_x_setup(&x, c, "scatter", "binomial tree", tag);
+    if (p == 1 || !recvcount) {
+        const unsigned char *own = (const unsigned char *)sendbuf + (size_t)c->rank * bytes;
+        if (recvcount && own != recvbuf) memmove(recvbuf, own, bytes);
+        return DDP_SUCCESS;
+    }
+    nchild = _ddp_tree(c, root, list, &n, &span);
+    if ((r = _ddp_x_connect(&x, list, n)) != DDP_SUCCESS) return r;
+    if (v == 0) {
+        for (j = 0; j < p; j++)
+            memcpy(c->scratch + (size_t)j * bytes, (const unsigned char *)sendbuf + (size_t)((j + root) % p) * bytes, bytes);
+    } else {
+        size_t mine = (size_t)(p - v < span ? p - v : span);
+        if ((r = _ddp_x_post(&x, &ops[0], list[nchild], 0, c->scratch, mine * bytes, tag,
+                             "phase receive from parent")) != DDP_SUCCESS ||
+            (r = _ddp_x_waitall(&x, ops, 1, "phase receive from parent")) != DDP_SUCCESS)
+            return r;
+    }
+    for (i = 0, j = 1; i < nchild; i++, j <<= 1)
+        if ((r = _ddp_x_post(&x, &ops[i], list[i], 1, c->scratch + (size_t)j * bytes,
+                             _ddp_tree_blocks(p, v, j) * bytes, tag, "phase send to children")) != DDP_SUCCESS)
+            return r;
+    if (recvbuf != c->scratch) memcpy(recvbuf, c->scratch, bytes);
+    return _ddp_x_waitall(&x, ops, nchild, "phase send to children");
+}
+
+/* The root exchanges with every other rank directly, _DDP_LINEAR_FAN requests at a time. */
+static ddp_result_t _ddp_linear(ddp_comm_t *c, int is_gather, const void *sendbuf, void *recvbuf,
+                                size_t count, ddp_dtype_t dtype, int root) {
+    const int p = c->nranks;
+    const size_t bytes = count * ddp_dtype_size(dtype);
+    const char *phase = c->rank == root ? "phase root, every rank at once" : "phase to/from the root";
+    _ddp_xop_t ops[_DDP_LINEAR_FAN];
+    uint64_t tag = _ddp_coll_tag(c, is_gather ? _DDP_CALL_GATHER : _DDP_CALL_SCATTER, dtype, DDP_SUM, count, root);
+    _ddp_x_t x;
+    ddp_result_t r;
+    int q, n;
+    _ddp_x_setup(&x, c, is_gather ? "gather" : "scatter", "linear", tag);
+    if (c->rank == root) {
+        unsigned char *own = is_gather ? (unsigned char *)recvbuf + (size_t)root * bytes
+                                       : (unsigned char *)(uintptr_t)sendbuf + (size_t)root * bytes;
+        if (count && own != (is_gather ? sendbuf : recvbuf)) {
+            if (is_gather) memmove(own, sendbuf, bytes); else memmove(recvbuf, own, bytes);
+        }
+        if (p == 1 || !count) return DDP_SUCCESS;
+        if ((r = _ddp_x_connect(&x, NULL, p)) != DDP_SUCCESS) return r;
+        for (q = 0, n = 0; q < p; q++) {
+            if (q == root) continue;
+            r = _ddp_x_post(&x, &ops[n++], q, !is_gather,
+                            is_gather ? (const unsigned char *)recvbuf + (size_t)q * bytes
+                                      : (const unsigned char *)sendbuf + (size_t)q * bytes, bytes, tag, phase);
+            if (r == DDP_SUCCESS && n == _DDP_LINEAR_FAN) { r = _ddp_x_waitall(&x, ops, n, phase); n = 0; }
+            if (r != DDP_SUCCESS) return r;
+        }
+        return _ddp_x_waitall(&x, ops, n, phase);
+    }
+    if (!count) return DDP_SUCCESS;
+    if ((r = _ddp_x_connect(&x, &root, 1)) != DDP_SUCCESS ||
+        (r = _ddp_x_post(&x, &ops[0], root, is_gather, is_gather ? sendbuf : recvbuf, bytes, tag, phase)) != DDP_SUCCESS)
+        return r;
+    return _ddp_x_waitall(&x, ops, 1, phase);
+}
+
+DDP_API ddp_result_t ddp_linear_gather(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                       size_t sendcount, ddp_dtype_t dtype, int root) {
+    return _ddp_linear(c, 1, sendbuf, recvbuf, sendcount, dtype, root);
+}
+
+DDP_API ddp_result_t ddp_linear_scatter(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                        size_t recvcount, ddp_dtype_t dtype, int root) {
+    return _ddp_linear(c, 0, sendbuf, recvbuf, recvcount, dtype, root);
+}
+
+DDP_API ddp_result_t ddp_pairwise_all_to_all(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                             size_t count, ddp_dtype_t dtype) {
+    const int p = c->nranks, me = c->rank, W = DDP_RING_WINDOW;
+    const size_t bytes = count * ddp_dtype_size(dtype);
+    const unsigned char *send = (const unsigned char *)sendbuf;
+    unsigned char *recv = (unsigned char *)recvbuf;
+    void *sreq[DDP_RING_WINDOW], *rreq[DDP_RING_WINDOW];
+    uint64_t tag = _ddp_coll_tag(c, _DDP_CALL_ALL_TO_ALL, dtype, DDP_SUM, count, 0);
+    int ns = 1, ds = 1, peers[2];
+    int64_t last;
+    char where[200];
+    ddp_result_t r = DDP_SUCCESS;
+    _ddp_x_t x;
+    _ddp_x_setup(&x, c, "all_to_all", "pairwise exchange", tag);
+    if (count) memcpy(recv + (size_t)me * bytes, send + (size_t)me * bytes, bytes);
+    if (p == 1 || !count) return DDP_SUCCESS;
+    if ((r = _ddp_x_connect(&x, NULL, p)) != DDP_SUCCESS) return r;
+    last = _ddp_now_us();
+    while (ds < p) {
+        int progressed = 0, to, from;
+        /* Step k: block me+k to rank me+k, block me-k from rank me-k. */
+        while (ns < p && ns - ds < W) {
+            to = (me + ns) % p;
+            from = (me - ns + p) % p;
+            if ((r = _ddp_irecv(c, from, recv + (size_t)from * bytes, bytes, tag, &rreq[ns % W])) != DDP_SUCCESS) {
+                snprintf(where, sizeof where, "all_to_all #%u (pairwise exchange), step %d/%d, receiving from rank %d", x.seq, ns, p - 1, from);
+                return _ddp_x_fail(c, r, where);
+            }
+            if ((r = _ddp_isend(c, to, send + (size_t)to * bytes, bytes, tag, &sreq[ns % W])) != DDP_SUCCESS) {
+                snprintf(where, sizeof where, "all_to_all #%u (pairwise exchange), step %d/%d, sending to rank %d", x.seq, ns, p - 1, to);
+                return _ddp_x_fail(c, r, where);
+            }
+            ns++;
+        }
+        while (ds < ns) {
+            int done;
+            to = (me + ds) % p;
+            from = (me - ds + p) % p;
+            if (rreq[ds % W]) {
+                if ((r = _ddp_test(c, from, rreq[ds % W], &done)) != DDP_SUCCESS) {
+                    snprintf(where, sizeof where, "all_to_all #%u (pairwise exchange), step %d/%d, receiving from rank %d", x.seq, ds, p - 1, from);
+                    return _ddp_x_fail(c, r, where);
+                }
+                if (done) { rreq[ds % W] = NULL; progressed = 1; }
+            }
+            if (sreq[ds % W]) {
+                if ((r = _ddp_test(c, to, sreq[ds % W], &done)) != DDP_SUCCESS) {
+                    snprintf(where, sizeof where, "all_to_all #%u (pairwise exchange), step %d/%d, sending to rank %d", x.seq, ds, p - 1, to);
+                    return _ddp_x_fail(c, r, where);
+                }
+                if (done) { sreq[ds % W] = NULL; progressed = 1; }
+            }
+            if (rreq[ds % W] || sreq[ds % W]) break;
+            ds++;
+        }
+        if (progressed || ds == p) { last = _ddp_now_us(); continue; }
+        peers[0] = (me - ds + p) % p;
+        peers[1] = (me + ds) % p;
+        snprintf(where, sizeof where, "all_to_all (pairwise exchange), step %d/%d", ds, p - 1);
+        r = _ddp_x_idle(c, last, peers, 2, where, x.seq, rreq[ds % W] ? "waiting for data from" :
+                        "waiting to send to", rreq[ds % W] ? peers[0] : peers[1]);
+        if (r != DDP_SUCCESS) return r;
+    }
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- send/recv and groups */
+static uint64_t _ddp_p2p_tag(ddp_dtype_t dtype, size_t count, uint32_t seq) {
+    int64_t fields[5];
+    fields[0] = _DDP_CALL_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
+    return (_ddp_fnv1a(fields, sizeof fields, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq;
+}
+
+static void _ddp_p2p_where(const ddp_comm_t *c, const _ddp_call_t *k, int n, char *out, size_t cap) {
+    size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == _DDP_CALL_SEND ? "send" : "recv",
+             (unsigned)(k->tag & 0xffffffffu), k->kind == _DDP_CALL_SEND ? "to" : "from", k->root,
+             bytes, n > 1 ? ", in a group" : "");
+    (void)c;
+}
+
+/* Runs the sends and receives of ops[0..n) together (other calls are skipped). Per peer and
+ * direction, messages go in call order, DDP_RING_WINDOW in flight; c->p2p[4 peer + 2/3] count
+ * them. A send to this rank is the next receive from this rank: a copy. */
+static ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_call_t *ops, int n) {
+    const uint32_t W = DDP_RING_WINDOW;
+    int i, j, lo = 0, npeers = 0, *list = (int *)(void *)c->scratch;
+    const int list_cap = (int)(c->scratch_bytes / sizeof(int));
+    int64_t last;
+    char where[200];
+    ddp_result_t r = DDP_SUCCESS;
+    for (i = 0; i < n; i++) {
+        _ddp_call_t *k = &ops[i];
+        int peer = k->root, is_send = k->kind == _DDP_CALL_SEND;
+        if (k->kind != _DDP_CALL_SEND && k->kind != _DDP_CALL_RECV) { k->state = 2; continue; }
+        k->state = 0;
+        k->req = NULL;
+        if (peer == c->rank) { k->tag = 0; continue; }
+        k->tag = _ddp_p2p_tag(k->dtype, k->count, ++c->p2p[4 * peer + (is_send ? 0 : 1)]);
+        if (c->log_level >= DDP_LOG_TRACE) {
+            _ddp_p2p_where(c, k, n, where, sizeof where);
+            _DDP_LOG(c, DDP_LOG_TRACE, "%s: %zu x %s, direct", where, k->count, ddp_dtype_name(k->dtype));
+        }
+        /* Peers to connect, each once (the in-flight counters are zero here: marks). */
+        if (!c->p2p[4 * peer + 2]) {
+            c->p2p[4 * peer + 2] = 1;
+            if (npeers < list_cap) list[npeers] = peer;
+            npeers++;
+        }
+    }
+    for (i = 0; i < n; i++) if (ops[i].state == 0 && ops[i].root != c->rank) c->p2p[4 * ops[i].root + 2] = 0;
+    /* Sends to self, matched in order with receives from self. */
+    for (i = 0, j = 0; i < n; i++) {
+        _ddp_call_t *k = &ops[i];
+        size_t sb;
+        if (k->state != 0 || k->root != c->rank || k->kind != _DDP_CALL_SEND) continue;
+        while (j < n && !(ops[j].state == 0 && ops[j].root == c->rank && ops[j].kind == _DDP_CALL_RECV)) j++;
+        if (j == n)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
+                                 "has no matching recv from itself in the group", k->count, ddp_dtype_name(k->dtype));
+        sb = k->count * ddp_dtype_size(k->dtype);
+        if (ops[j].dtype != k->dtype || ops[j].count != k->count)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: send to itself of %zu x %s, but its recv "
+                                 "from itself expects %zu x %s", k->count, ddp_dtype_name(k->dtype),
+                                 ops[j].count, ddp_dtype_name(ops[j].dtype));
+        if (sb && ops[j].recv != k->send) memmove(ops[j].recv, k->send, sb);
+        k->state = ops[j].state = 2;
+    }
+    for (i = 0; i < n; i++)
+        if (ops[i].state == 0 && ops[i].root == c->rank)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a recv from this rank (itself, %zu x %s) "
+                                 "has no matching send to itself in the group", ops[i].count,
+                                 ddp_dtype_name(ops[i].dtype));
+    if (npeers) {
+        r = _ddp_connect_peers(c, npeers <= list_cap ? list : NULL, npeers <= list_cap ? npeers : c->nranks);
+        if (r != DDP_SUCCESS) return _ddp_x_fail(c, r, n > 1 ? "group, phase connect" : "send/recv, phase connect");
+    }
+    last = _ddp_now_us();
+    for (;;) {
+        int progressed = 0, pending = 0, peers[8], first = -1;
+        while (lo < n && ops[lo].state == 2) lo++;
+        if (lo == n) break;
+        for (i = lo; i < n; i++) {
+            _ddp_call_t *k = &ops[i];
+            int is_send = k->kind == _DDP_CALL_SEND, done = 0;
+            uint32_t *inflight = &c->p2p[4 * k->root + (is_send ? 2 : 3)];
+            size_t bytes;
+            if (k->state == 2) continue;
+            bytes = k->count * ddp_dtype_size(k->dtype);
+            if (k->state == 0) {
+                if (*inflight >= W) continue;
+                r = is_send ? _ddp_isend(c, k->root, k->send, bytes, k->tag, &k->req)
+                            : _ddp_irecv(c, k->root, k->recv, bytes, k->tag, &k->req);
+                if (r != DDP_SUCCESS) goto fail;
+                k->state = 1;
+                (*inflight)++;
+            }
+            if ((r = _ddp_test(c, k->root, k->req, &done)) != DDP_SUCCESS) goto fail;
+            if (done) {
+                k->state = 2;
+                k->req = NULL;
+                (*inflight)--;
+                progressed = 1;
+                continue;
+            }
+            if (pending < 8) peers[pending] = k->root;
+            if (first < 0) first = i;
+            pending++;
+        }
+        if (progressed) { last = _ddp_now_us(); continue; }
+        if (first < 0) continue;
+        _ddp_p2p_where(c, &ops[first], n, where, sizeof where);
+        r = _ddp_x_idle(c, last, peers, pending, ops[first].kind == _DDP_CALL_SEND ? "send" : "recv",
+                        (unsigned)(ops[first].tag & 0xffffffffu),
+                        ops[first].kind == _DDP_CALL_SEND ? "waiting to send to" : "waiting for data from",
+                        ops[first].root);
+        if (r != DDP_SUCCESS) { i = -1; goto fail; }
+    }
+    return DDP_SUCCESS;
+fail:
+    for (j = 0; j < n; j++) if (ops[j].root != c->rank) c->p2p[4 * ops[j].root + 2] = c->p2p[4 * ops[j].root + 3] = 0;
+    if (i < 0) return r;
+    _ddp_p2p_where(c, &ops[i], n, where, sizeof where);
+    return _ddp_x_fail(c, r, where);
+}
+
+/* One call, now: the algorithm depends only on (bytes, world size, scratch), the same on every
+ * rank. */
+static ddp_result_t _ddp_call_run(ddp_comm_t *c, _ddp_call_t *k) {
+    const int p = c->nranks;
+    const size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    int tree;
+    switch (k->kind) {
+    case _DDP_CALL_REDUCE:
+        tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->scratch_bytes / (size_t)(1 + _ddp_log2(p));
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->seq + 1, k->count,
+                 ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
+                 k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
+        return tree ? ddp_tree_reduce(c, k->send, k->recv, k->count, k->dtype, k->op, k->root)
+                    : ddp_chain_reduce(c, k->send, k->recv, k->count, k->dtype, k->op, k->root);
+    case _DDP_CALL_GATHER: case _DDP_CALL_SCATTER: {
+        int gather = k->kind == _DDP_CALL_GATHER;
+        tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->scratch_bytes / (size_t)p;
+        _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
+                 c->seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
+        if (gather)
+            return tree ? ddp_tree_gather(c, k->send, k->recv, k->count, k->dtype, k->root)
+                        : ddp_linear_gather(c, k->send, k->recv, k->count, k->dtype, k->root);
+        return tree ? ddp_tree_scatter(c, k->send, k->recv, k->count, k->dtype, k->root)
+                    : ddp_linear_scatter(c, k->send, k->recv, k->count, k->dtype, k->root);
+    }
+    case _DDP_CALL_ALL_TO_ALL:
+        _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->seq + 1,
+                 k->count, ddp_dtype_name(k->dtype));
+        return ddp_pairwise_all_to_all(c, k->send, k->recv, k->count, k->dtype);
+    default:
+        if (k->kind > _DDP_CALL_OP) {       /* all_reduce ... barrier queued in a group */
+            _ddp_op_t o = _ddp_op_make(k->kind - _DDP_CALL_OP, k->send, k->recv, k->count,
+                                       k->dtype, k->op, k->root);
+            return _ddp_run_op_raw(c, &o);
+        }
+        return _ddp_p2p_batch(c, k, 1);
+    }
+}
+
+static ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_call_t *k) {
+    if (c->group_err != DDP_SUCCESS) return DDP_SUCCESS;   /* group_end reports the first */
+    if (c->group_n == c->group_cap) {
+        int cap = c->group_cap ? 2 * c->group_cap : 16;
+        _ddp_call_t *ops = (_ddp_call_t *)ddp_comm_calloc(c, sizeof *ops * (size_t)cap);
+        if (!ops) {
+            c->group_err = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group: queueing call %d", c->group_n + 1);
+            return c->group_err;
+        }
+        if (c->group_n) memcpy(ops, c->group_ops, sizeof *ops * (size_t)c->group_n);
+        ddp_comm_free(c, c->group_ops);
+        c->group_ops = ops;
+        c->group_cap = cap;
+    }
+    ((_ddp_call_t *)c->group_ops)[c->group_n++] = *k;
+    return DDP_SUCCESS;
+}
+
+/* The outermost group_end: the collectives in call order, then all sends and receives at once. */
+static ddp_result_t _ddp_group_run(ddp_comm_t *c) {
+    _ddp_call_t *ops = (_ddp_call_t *)c->group_ops;
+    int n = c->group_n, i, nsend = 0, nrecv = 0;
+    ddp_result_t r;
+    c->group_n = 0;
+    if (c->group_err != DDP_SUCCESS) {
+        _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls not run: one failed its checks", n);
+        return c->group_err;
+    }
+    for (i = 0; i < n; i++) nsend += ops[i].kind == _DDP_CALL_SEND, nrecv += ops[i].kind == _DDP_CALL_RECV;
+    _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls: %d collectives, then %d sends and %d receives together",
+             n, n - nsend - nrecv, nsend, nrecv);
+    for (i = 0; i < n; i++)
+        if (ops[i].kind != _DDP_CALL_SEND && ops[i].kind != _DDP_CALL_RECV &&
+            (r = _ddp_call_run(c, &ops[i])) != DDP_SUCCESS)
+            return r;
+    return nsend + nrecv ? _ddp_p2p_batch(c, ops, n) : DDP_SUCCESS;
 }
 
 #endif /* DDP_RING implementation */

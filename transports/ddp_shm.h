@@ -912,6 +912,10 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig,
         }
         if (now >= next_check) {
             next_check = now + 1000;
+            if (__atomic_load_n(&sp->comm->aborted, __ATOMIC_SEQ_CST))
+                return _ddp_shm_fail(sp, DDP_ERR_ABORTED, "%s (phase %s, chunk %zu of %zu): "
+                                     "ddp_comm_abort was called on this rank",
+                                     _ddp_shm_kind_names[sig->kind], step, chunk + 1, nchunks);
             if (_ddp_shm_peer_gone(k) &&
                 __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
                 return _ddp_shm_fail(sp, DDP_ERR_REMOTE, "rank %d (pid %d) is gone: it exited, "
@@ -924,7 +928,9 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig,
                                      step, chunk + 1, nchunks, k->peer, sp->comm->timeout_ms);
         }
         if (now - start < sp->spin_us) {
-            if (sp->oversubscribed) sched_yield();
+            /* Yield now and then even with a CPU per rank: other processes may want this CPU
+             * (a loaded machine), and sched_yield is ~0.3 us when nobody does. */
+            if (sp->oversubscribed || (spins & 7) == 0) sched_yield();
             else { int j; for (j = 0; j < 32; j++) _ddp_shm_pause(); }
             continue;
         }

@@ -1,0 +1,734 @@
+/* tests/test_collectives2.c — reduce, gather, scatter, all-to-all, send/recv and groups, on real
+ * processes, against a sequential reference. Prints TAP.
+ *
+ *   build/test_collectives2          (DDP_TEST_ONLY=substring runs the matching runs/scenarios)
+ *
+ * WHAT IS CHECKED, per case (one communicator per run; every case of the run goes through it):
+ *   - reduce: the root's result bit for bit against a reference computed from every rank's
+ *     input (inputs exact by construction, as in test_collectives.c: wrapping integers, float
+ *     grids where every partial sum is exact, +-{0.5,1,2} for PROD, random non-NaN non-zero bit
+ *     patterns for MAX/MIN); every dtype x op. Non-roots: recvbuf NULL or left untouched.
+ *   - gather, scatter, all-to-all: exact copies of random bit patterns, block by block.
+ *   - out of place: sendbuf unchanged; in place (NCCL's layouts: reduce send == recv, gather
+ *     send == recv + rank*count*size, scatter recv == send + rank*count*size): the rest of the
+ *     buffer unchanged; guard bytes around every buffer untouched; count 0 with NULL buffers.
+ *   - roots 0 and p-1, in and out of place, counts {0, 1, 3, 1000}; 100003 for one op per
+ *     dtype at p = 2, 3, 8 (the chain reduce and linear gather/scatter), also with 4 KiB
+ *     segments (many segments through the chain's window; the small-message thresholds fall).
+ * Transports: tcp (every world size 1..8), shm with its collective provider on (every world
+ * size 2..8: the new calls go point-to-point over its queues), shm-p2p (DDP_SHM_COLL=0, tiny
+ * queues: every message fragmented).
+ * SCENARIOS: a group that shifts 4 MiB around the ring (deadlocks one call at a time); a group
+ * of sends/recvs to every peer and to itself (all-to-all by hand, posted in a scrambled order);
+ * a group mixing collectives (reduce, all_to_all, gather, and an all_reduce) with a ring shift;
+ * plain send/recv outside groups, count 0 included; mismatches (reduce against gather, send
+ * against recv of another count) give DDP_ERR_MISMATCH and no hang; bad arguments (and inside a
+ * group) are rejected without poisoning the communicator. */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
+#include "tests/ddp_test.h"
+
+enum { C_REDUCE, C_GATHER, C_SCATTER, C_A2A, C_NCOLL };
+static const char *const coll_names[] = {"reduce", "gather", "scatter", "all_to_all"};
+
+#define MID 100003
+#define GUARD 64
+#define MAXC 3000
+
+typedef struct {
+    unsigned char coll, dtype, op, inplace;
+    int root;
+    size_t count;
+    uint64_t seed;
+} tcase_t;
+
+typedef struct {
+    const char *mode;
+    int p;
+    size_t segment_bytes;
+    int big;                    /* also 100003, one op per dtype */
+} run_cfg_t;
+
+typedef struct {
+    int ncases;
+    int progress[T_MAX_RANKS];
+    int init_failed[T_MAX_RANKS];
+    int msg_claimed[MAXC];
+    unsigned char fail[MAXC];
+    char msg[MAXC][200];
+    char init_msg[T_MAX_RANKS][300];
+    int rc[T_MAX_RANKS][16];
+    char emsg[T_MAX_RANKS][400];
+} shm_t;
+
+static shm_t *S;
+static tcase_t cases[MAXC];
+
+/* ------------------------------------------------------------------------- inputs, reference */
+static int is_int(int dt) { return dt <= DDP_UINT64; }
+static int is_signed_int(int dt) { return dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64; }
+static inline uint64_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline uint64_t f64_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+
+static inline uint64_t enc_float(int dt, double v) {
+    switch (dt) {
+    case DDP_FLOAT16: return ddp_float_to_half((float)v);
+    case DDP_BFLOAT16: return ddp_float_to_bfloat16((float)v);
+    case DDP_FLOAT32: return f32_bits((float)v);
+    default: return f64_bits(v);
+    }
+}
+
+static inline double dec_float(int dt, uint64_t b) {
+    switch (dt) {
+    case DDP_FLOAT16: return ddp_half_to_float((uint16_t)b);
+    case DDP_BFLOAT16: return ddp_bfloat16_to_float((uint16_t)b);
+    case DDP_FLOAT32: { uint32_t u = (uint32_t)b; float f; memcpy(&f, &u, 4); return f; }
+    default: { double d; memcpy(&d, &b, 8); return d; }
+    }
+}
+
+/* A random non-NaN, non-zero bit pattern (max/min are then order-independent). */
+static inline uint64_t rand_float_bits(int dt, uint64_t u) {
+    uint64_t b, sign, mag, inf;
+    switch (dt) {
+    case DDP_FLOAT16: b = u & 0xffff; sign = 0x8000; inf = 0x7c00; break;
+    case DDP_BFLOAT16: b = u & 0xffff; sign = 0x8000; inf = 0x7f80; break;
+    case DDP_FLOAT32: b = u & 0xffffffffu; sign = 0x80000000u; inf = 0x7f800000u; break;
+    default: b = u; sign = 0x8000000000000000ull; inf = 0x7ff0000000000000ull; break;
+    }
+    mag = b & ~sign;
+    if (mag > inf) b = (b & sign) | inf;
+    if (!(b & ~sign)) b |= 1;
+    return b;
+}
+
+static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) {
+    return t_mix64(c->seed ^ ((uint64_t)(rank + 1) << 52) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull));
+}
+
+/* Element i of rank's input, raw bits in the low dtype-size bytes. */
+static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
+    uint64_t u = rnd(c, rank, i);
+    int dt = c->dtype;
+    if (c->coll != C_REDUCE) return u;
+    if (is_int(dt)) {
+        if (c->op != DDP_AVG) return u;
+        switch (dt) {        /* AVG: the sum of 8 must not wrap */
+        case DDP_INT8: return (uint64_t)((int64_t)(u >> 59) - 16);
+        case DDP_UINT8: return u >> 59;
+        case DDP_INT32: return (uint64_t)((int64_t)(u >> 43) - (1 << 20));
+        case DDP_UINT32: return u >> 43;
+        case DDP_INT64: return (uint64_t)((int64_t)(u >> 23) - ((int64_t)1 << 40));
+        default: return u >> 23;
+        }
+    }
+    switch (c->op) {
+    case DDP_SUM: case DDP_AVG:
+        if (dt == DDP_FLOAT16 || dt == DDP_BFLOAT16) return enc_float(dt, (double)((int64_t)(u >> 59) - 16));
+        if (dt == DDP_FLOAT32) return enc_float(dt, (double)((int64_t)(u >> 43) - (1 << 20)) * (1.0 / 1024));
+        return enc_float(dt, (double)((int64_t)(u >> 23) - ((int64_t)1 << 40)) * (1.0 / 1048576));
+    case DDP_PROD: {
+        static const double vals[8] = {0.5, 1.0, 2.0, -0.5, -1.0, -2.0, 1.0, -1.0};
+        return enc_float(dt, vals[u >> 61]);
+    }
+    default:
+        return rand_float_bits(dt, u);
+    }
+}
+
+static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
+    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
+    for (i = 0; i < n; i++) { uint64_t v = gen_bits(c, rank, lo + i); memcpy(buf + es * i, &v, es); }
+}
+
+static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) {
+    uint64_t v = 0;
+    memcpy(&v, buf + i * es, es);
+    return v;
+}
+
+static uint64_t ref_reduce(const tcase_t *c, int p, size_t gi) {
+    int dt = c->dtype, op = c->op, r;
+    if (is_int(dt)) {
+        uint64_t acc = ext_int(dt, gen_bits(c, 0, gi));
+        for (r = 1; r < p; r++) {
+            uint64_t v = ext_int(dt, gen_bits(c, r, gi));
+            switch (op) {
+            case DDP_SUM: case DDP_AVG: acc += v; break;
+            case DDP_PROD: acc *= v; break;
+            case DDP_MAX: if (is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
+            default: if (is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
+            }
+        }
+        if (op == DDP_AVG) {
+            acc = ext_int(dt, acc);
+            acc = is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
+        }
+        return acc;
+    } else {
+        uint64_t b0 = gen_bits(c, 0, gi), win = b0;
+        double acc = dec_float(dt, b0), best = acc;
+        for (r = 1; r < p; r++) {
+            uint64_t b = gen_bits(c, r, gi);
+            double v = dec_float(dt, b);
+            switch (op) {
+            case DDP_SUM: case DDP_AVG: acc += v; break;
+            case DDP_PROD: acc *= v; break;
+            case DDP_MAX: if (v > best) { best = v; win = b; } break;
+            default: if (v < best) { best = v; win = b; } break;
+            }
+        }
+        if (op == DDP_MAX || op == DDP_MIN) return win;
+        if (op == DDP_AVG) {
+            if (dt == DDP_FLOAT64) return f64_bits(acc / (double)p);
+            {
+                float q = (float)acc / (float)p;
+                if (dt == DDP_FLOAT32) return f32_bits(q);
+                return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
+            }
+        }
+        return enc_float(dt, acc);
+    }
+}
+
+/* ------------------------------------------------------------------------- cases */
+static int add_case(int n, int coll, int dt, int op, int root, size_t count, int inplace) {
+    tcase_t *c;
+    if (n >= MAXC) t_bail("too many cases");
+    c = &cases[n];
+    c->coll = (unsigned char)coll; c->dtype = (unsigned char)dt; c->op = (unsigned char)op;
+    c->root = root; c->count = count; c->inplace = (unsigned char)inplace;
+    c->seed = t_mix64(0xc0112ull + (uint64_t)n * 7919u);
+    return n + 1;
+}
+
+static int build_cases(const run_cfg_t *cfg) {
+    static const size_t counts[] = {0, 1, 3, 1000};
+    const int p = cfg->p;
+    int n = 0, coll, dt, op, ri, ci, ip;
+    for (coll = 0; coll < C_NCOLL; coll++)
+        for (dt = 0; dt < DDP_NUM_DTYPES; dt++)
+            for (op = 0; op < (coll == C_REDUCE ? DDP_NUM_OPS : 1); op++) {
+                for (ri = 0; ri < (coll == C_A2A || p == 1 ? 1 : 2); ri++)
+                    for (ci = 0; ci < 4; ci++)
+                        for (ip = 0; ip < (coll == C_A2A ? 1 : 2); ip++) {
+                            /* With 4 KiB segments: the reduce ops once each, to save time. */
+                            if (cfg->segment_bytes && coll == C_REDUCE && (dt + op + ri + ip) % 3) continue;
+                            n = add_case(n, coll, dt, op, ri ? p - 1 : 0, counts[ci], ip);
+                        }
+                if (cfg->big && (coll != C_REDUCE || (dt + op) % DDP_NUM_OPS == 0))
+                    n = add_case(n, coll, dt, op, (dt & 1) ? p - 1 : 0, coll == C_REDUCE ? MID : MID / (size_t)p + 1,
+                                 coll != C_A2A && (dt & 2));
+            }
+    return n;
+}
+
+static void case_str(const tcase_t *c, char *out, size_t cap) {
+    snprintf(out, cap, "%s %s%s%s count %zu root %d %s", coll_names[c->coll],
+             ddp_dtype_name((ddp_dtype_t)c->dtype), c->coll == C_REDUCE ? " " : "",
+             c->coll == C_REDUCE ? ddp_op_name((ddp_op_t)c->op) : "", c->count, c->root,
+             c->inplace ? "in-place" : "out-of-place");
+}
+
+/* ------------------------------------------------------------------------- running a case */
+static void case_fail(int k, const char *fmt, ...) T_PRINTF(2, 3);
+static void case_fail(int k, const char *fmt, ...) {
+    va_list ap;
+    char m[180];
+    S->fail[k] = 1;
+    if (__atomic_exchange_n(&S->msg_claimed[k], 1, __ATOMIC_SEQ_CST)) return;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    snprintf(S->msg[k], sizeof S->msg[k], "rank %d: %s", t_rank, m);
+}
+
+static void guard_set(unsigned char *region, size_t bytes) {
+    size_t i;
+    for (i = 0; i < GUARD; i++) {
+        region[i] = (unsigned char)(0xa5 ^ i);
+        region[GUARD + bytes + i] = (unsigned char)(0x5a ^ i);
+    }
+}
+
+static int guard_ok(const unsigned char *region, size_t bytes) {
+    size_t i;
+    for (i = 0; i < GUARD; i++)
+        if (region[i] != (unsigned char)(0xa5 ^ i) || region[GUARD + bytes + i] != (unsigned char)(0x5a ^ i)) return 0;
+    return 1;
+}
+
+/* out[oi..oi+n) == rank src's input elements si.. */
+static void check_copy(int k, const tcase_t *c, const unsigned char *out, size_t oi, int src, size_t si, size_t n,
+                       const char *what) {
+    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
+    uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
+    for (i = 0; i < n; i++) {
+        uint64_t got = load_elem(out, oi + i, es), exp = gen_bits(c, src, si + i) & mask;
+        if (got != exp) {
+            case_fail(k, "%s: element %zu is 0x%llx, expected 0x%llx (rank %d's element %zu)", what,
+                      oi + i, (unsigned long long)got, (unsigned long long)exp, src, si + i);
+            return;
+        }
+    }
+}
+
+static int all_bytes(const unsigned char *b, size_t n, unsigned char v) {
+    size_t i;
+    for (i = 0; i < n; i++) if (b[i] != v) return 0;
+    return 1;
+}
+
+typedef struct { unsigned char *sreg, *rreg; } bufs_t;
+
+static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *b, int rank, int p) {
+    const ddp_dtype_t dt = (ddp_dtype_t)c->dtype;
+    const size_t es = ddp_dtype_size(dt), n = c->count, blk = n * es;
+    const int root = c->root, is_root = rank == root;
+    unsigned char *send = b->sreg + GUARD, *recv = b->rreg + GUARD, *sp, *rp;
+    size_t sbytes = 0, rbytes = 0, i;
+    ddp_result_t r;
+    switch (c->coll) {
+    case C_REDUCE: sbytes = rbytes = blk; break;
+    case C_GATHER: sbytes = blk; rbytes = (size_t)p * blk; break;
+    case C_SCATTER: sbytes = (size_t)p * blk; rbytes = blk; break;
+    default: sbytes = rbytes = (size_t)p * blk; break;
+    }
+    guard_set(b->sreg, sbytes);
+    guard_set(b->rreg, rbytes);
+    memset(recv, 0xcd, rbytes);
+    memset(send, 0x3c, sbytes);
+    sp = send;
+    rp = recv;
+    if (c->inplace) {
+        /* One buffer (the receive region, sized for the larger side), NCCL's layouts. */
+        switch (c->coll) {
+        case C_REDUCE: fill(recv, c, rank, 0, n); sp = rp = recv; break;
+        case C_GATHER:
+            if (is_root) { fill(recv + (size_t)rank * blk, c, rank, 0, n); sp = recv + (size_t)rank * blk; }
+            else { fill(send, c, rank, 0, n); rp = (k & 2) ? NULL : recv; }
+            break;
+        default: /* scatter */
+            if (is_root) { guard_set(b->rreg, sbytes); fill(recv, c, rank, 0, (size_t)p * n); sp = recv; rp = recv + (size_t)rank * blk; }
+            else sp = (k & 2) ? NULL : send;
+            break;
+        }
+    } else {
+        if (c->coll == C_SCATTER) { if (is_root) fill(send, c, rank, 0, (size_t)p * n); else if (k & 2) sp = NULL; }
+        else if (c->coll == C_A2A) fill(send, c, rank, 0, (size_t)p * n);
+        else fill(send, c, rank, 0, n);
+        if (!is_root && (c->coll == C_REDUCE || c->coll == C_GATHER) && (k & 2)) rp = NULL;
+    }
+    if (n == 0 && (k & 4)) sp = rp = NULL;
+    t_where("case %d", k);
+    switch (c->coll) {
+    case C_REDUCE: r = ddp_reduce(sp, rp, n, dt, (ddp_op_t)c->op, root, comm); break;
+    case C_GATHER: r = ddp_gather(sp, rp, n, dt, root, comm); break;
+    case C_SCATTER: r = ddp_scatter(sp, rp, n, dt, root, comm); break;
+    default: r = ddp_all_to_all(sp, rp, n, dt, comm); break;
+    }
+    if (r != DDP_SUCCESS) {
+        case_fail(k, "returned %s: %s", ddp_strerror(r), ddp_comm_last_error(comm));
+        return r;
+    }
+    if (n == 0) return DDP_SUCCESS;
+    /* Results. */
+    switch (c->coll) {
+    case C_REDUCE:
+        if (is_root) {
+            size_t bad = 0, first = 0;
+            uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1), g0 = 0, e0 = 0;
+            for (i = 0; i < n; i++) {
+                uint64_t got = load_elem(rp, i, es), exp = ref_reduce(c, p, i) & mask;
+                if (got != exp && !bad++) { first = i; g0 = got; e0 = exp; }
+            }
+            if (bad) case_fail(k, "%zu of %zu elements wrong; first %zu: got 0x%llx, expected 0x%llx", bad, n,
+                               first, (unsigned long long)g0, (unsigned long long)e0);
+        } else if (c->inplace) {
+            check_copy(k, c, recv, 0, rank, 0, n, "non-root's in-place buffer changed");
+        } else if (rp && !all_bytes(recv, rbytes, 0xcd)) {
+            case_fail(k, "non-root's recvbuf written");
+        }
+        break;
+    case C_GATHER:
+        if (is_root) { int q; for (q = 0; q < p; q++) check_copy(k, c, recv, (size_t)q * n, q, 0, n, "gathered"); }
+        else if (rp && !all_bytes(recv, rbytes, 0xcd)) case_fail(k, "non-root's recvbuf written");
+        break;
+    case C_SCATTER:
+        check_copy(k, c, rp, 0, root, (size_t)rank * n, n, "scattered");
+        if (is_root && c->inplace) check_copy(k, c, recv, 0, rank, 0, (size_t)p * n, "root's in-place buffer");
+        break;
+    default: { int q; for (q = 0; q < p; q++) check_copy(k, c, recv, (size_t)q * n, q, (size_t)rank * n, n, "all_to_all block"); }
+    }
+    /* Inputs unchanged, guards intact. */
+    if (!c->inplace) {
+        if (c->coll == C_SCATTER && !is_root) { if (sp && !all_bytes(send, sbytes, 0x3c)) case_fail(k, "non-root's sendbuf written"); }
+        else check_copy(k, c, send, 0, rank, 0, c->coll == C_SCATTER || c->coll == C_A2A ? (size_t)p * n : n, "sendbuf changed");
+        if (!guard_ok(b->sreg, sbytes)) case_fail(k, "guard bytes around sendbuf overwritten");
+    }
+    if (!guard_ok(b->rreg, c->inplace && c->coll == C_SCATTER && is_root ? sbytes : rbytes))
+        case_fail(k, "guard bytes around recvbuf overwritten");
+    return DDP_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------- transports */
+static void mode_setup(const char *mode) {
+    static const char *const vars[] = {"DDP_TRANSPORT", "DDP_HOST_ID", "DDP_SHM_COLL", "DDP_SHM_CHUNK",
+                                       "DDP_SHM_SMALL_MAX", "DDP_SHM_CELLS", "DDP_SHM_CELL_BYTES", "DDP_ALGO",
+                                       "DDP_SEGMENT_BYTES", "DDP_RD_MAX_BYTES"};
+    size_t i;
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    if (!strcmp(mode, "tcp")) setenv("DDP_TRANSPORT", "tcp", 1);
+    if (!strcmp(mode, "shm-p2p")) {
+        setenv("DDP_SHM_COLL", "0", 1);
+        setenv("DDP_SHM_CELLS", "2", 1);
+        setenv("DDP_SHM_CELL_BYTES", "256", 1);
+    }
+}
+
+static ddp_comm_t *init_comm(const char *mode, int rank, int p, size_t seg, int timeout_ms, int quiet) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *comm = NULL;
+    ddp_result_t r;
+    int k;
+    mode_setup(mode);
+    t_desc(&d, timeout_ms);
+    d.segment_bytes = seg;
+    d.log_level = quiet ? 1 : 0;
+    t_where("ddp_comm_init");
+    r = ddp_comm_init(&comm, p, rank, &d);
+    if (r != DDP_SUCCESS) {
+        S->init_failed[rank] = 1;
+        snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "%s: %.250s", ddp_strerror(r), ddp_last_init_error());
+        return NULL;
+    }
+    for (k = 0; k < p; k++) {
+        const char *want = !strcmp(mode, "tcp") ? "tcp" : "shm", *got = ddp_comm_transport_name(comm, k);
+        if (k == rank || !strcmp(want, got)) continue;
+        S->init_failed[rank] = 1;
+        snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "peer %d uses '%s', expected '%s'", k, got, want);
+        ddp_comm_destroy(comm);
+        return NULL;
+    }
+    return comm;
+}
+
+static int child(int rank, int p, void *arg) {
+    const run_cfg_t *cfg = (const run_cfg_t *)arg;
+    ddp_comm_t *comm = init_comm(cfg->mode, rank, p, cfg->segment_bytes, 60000, 0);
+    size_t cap = 64;
+    bufs_t b;
+    int k, status = 0;
+    if (!comm) return 2;
+    for (k = 0; k < S->ncases; k++) {
+        size_t m = cases[k].count * ddp_dtype_size((ddp_dtype_t)cases[k].dtype) * (cases[k].coll == C_REDUCE ? 1 : (size_t)p);
+        if (m > cap) cap = m;
+    }
+    b.sreg = (unsigned char *)malloc(cap + 2 * GUARD);
+    b.rreg = (unsigned char *)malloc(cap + 2 * GUARD);
+    if (!b.sreg || !b.rreg) { ddp_comm_destroy(comm); return 3; }
+    for (k = 0; k < S->ncases; k++) {
+        if (run_case(k, &cases[k], comm, &b, rank, p) != DDP_SUCCESS) { status = 4; break; }
+        S->progress[rank] = k + 1;
+    }
+    t_where("ddp_comm_destroy");
+    if (ddp_comm_destroy(comm) != DDP_SUCCESS) status = 5;
+    free(b.sreg);
+    free(b.rreg);
+    return status;
+}
+
+static void report_run(const run_cfg_t *cfg, int nbad) {
+    const int p = cfg->p;
+    int k = 0, r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s p=%d%s", cfg->mode, p, cfg->segment_bytes ? " seg=4096" : "");
+    for (r = 0; r < p; r++) if (S->init_failed[r]) diag("%s rank %d init: %s", tag, r, S->init_msg[r]);
+    ok(nbad == 0, "%s: every rank ran all %d cases and exited cleanly (%.1f s)", tag, S->ncases, t_last_run.seconds);
+    while (k < S->ncases) {
+        int g0 = k, bad = 0, shown = 0;
+        char what[160];
+        while (k < S->ncases && cases[k].coll == cases[g0].coll && cases[k].dtype == cases[g0].dtype) k++;
+        for (r = g0; r < k; r++) {
+            int q, ran = 1;
+            for (q = 0; q < p; q++) if (S->progress[q] <= r) ran = 0;
+            if (!S->fail[r] && ran) continue;
+            bad++;
+            if (shown++ < 3) {
+                case_str(&cases[r], what, sizeof what);
+                diag("  %s: %s", what, S->fail[r] ? S->msg[r] : "not run by every rank");
+            }
+        }
+        ok(!bad, "%s %s %s: %s, roots 0 and %d, in/out of place (%d cases)", tag, coll_names[cases[g0].coll],
+           ddp_dtype_name((ddp_dtype_t)cases[g0].dtype), cases[g0].coll == C_REDUCE ? "every op" : "copies",
+           p - 1, k - g0);
+    }
+}
+
+/* ------------------------------------------------------------------------- scenarios */
+typedef struct { const char *mode; int p; int which; } scen_t;
+enum { SC_SHIFT, SC_A2A_BY_HAND, SC_MIXED, SC_PLAIN, SC_MISMATCH_COLL, SC_MISMATCH_P2P, SC_ARGS };
+
+static uint32_t word(int from, int to, size_t i) { return (uint32_t)t_mix64(((uint64_t)from << 40) ^ ((uint64_t)to << 20) ^ i); }
+
+static int check_words(const uint32_t *buf, size_t n, int from, int to, const char *what) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (buf[i] != word(from, to, i))
+            return ok(0, "%s: word %zu from rank %d is 0x%08x, expected 0x%08x", what, i, from, buf[i], word(from, to, i));
+    return 1;
+}
+
+static int scenario(int rank, int p, void *arg) {
+    const scen_t *sc = (const scen_t *)arg;
+    const int next = (rank + 1) % p, prev = (rank + p - 1) % p;
+    int quiet = sc->which == SC_MISMATCH_COLL || sc->which == SC_MISMATCH_P2P || sc->which == SC_ARGS;
+    ddp_comm_t *comm = init_comm(sc->mode, rank, p, 0, quiet ? 10000 : 60000, quiet);
+    ddp_result_t r, r2;
+    int status = 0, q;
+    if (!comm) return 2;
+    t_where("scenario %d", sc->which);
+    switch (sc->which) {
+    case SC_SHIFT: {   /* 4 MiB to rank+1, from rank-1: one by one, every rank would wait in send */
+        const size_t n = (size_t)1 << 20;
+        uint32_t *out = (uint32_t *)malloc(n * 4), *in = (uint32_t *)malloc(n * 4);
+        size_t i;
+        for (i = 0; i < n; i++) out[i] = word(rank, next, i);
+        memset(in, 0, n * 4);
+        r = ddp_group_start(comm);
+        if (r == DDP_SUCCESS) r = ddp_send(out, n, DDP_UINT32, next, comm);
+        if (r == DDP_SUCCESS) r = ddp_recv(in, n, DDP_UINT32, prev, comm);
+        r2 = ddp_group_end(comm);
+        if (!ok(r == DDP_SUCCESS && r2 == DDP_SUCCESS, "ring shift of 4 MiB in a group: %s / %s %s",
+                ddp_strerror(r), ddp_strerror(r2), ddp_comm_last_error(comm))) status = 1;
+        else if (!check_words(in, n, prev, rank, "ring shift")) status = 1;
+        free(out); free(in);
+        break;
+    }
+    case SC_A2A_BY_HAND: {   /* every peer and itself; receives first, sends in the opposite order */
+        const size_t n = 30000;
+        uint32_t *out = (uint32_t *)malloc(n * 4 * (size_t)p), *in = (uint32_t *)malloc(n * 4 * (size_t)p);
+        size_t i;
+        for (q = 0; q < p; q++) for (i = 0; i < n; i++) out[(size_t)q * n + i] = word(rank, q, i);
+        memset(in, 0, n * 4 * (size_t)p);
+        r = ddp_group_start(comm);
+        for (q = 0; q < p && r == DDP_SUCCESS; q++) r = ddp_recv(in + (size_t)((rank + q) % p) * n, n, DDP_UINT32, (rank + q) % p, comm);
+        for (q = p; q > 0 && r == DDP_SUCCESS; q--) r = ddp_send(out + (size_t)((rank + q) % p) * n, n, DDP_UINT32, (rank + q) % p, comm);
+        r2 = ddp_group_end(comm);
+        if (!ok(r == DDP_SUCCESS && r2 == DDP_SUCCESS, "group of sends/recvs to every peer and itself: %s / %s %s",
+                ddp_strerror(r), ddp_strerror(r2), ddp_comm_last_error(comm))) status = 1;
+        else for (q = 0; q < p; q++) if (!check_words(in + (size_t)q * n, n, q, rank, "all-to-all by hand")) status = 1;
+        free(out); free(in);
+        break;
+    }
+    case SC_MIXED: {   /* collectives and a ring shift in one group */
+        const size_t n = 200000;
+        int64_t *red = (int64_t *)calloc(n, 8), *own = (int64_t *)malloc(n * 8);
+        uint32_t *a2s = (uint32_t *)malloc((size_t)p * 16), *a2r = (uint32_t *)calloc((size_t)p, 16);
+        uint32_t *out = (uint32_t *)malloc(n * 4), *in = (uint32_t *)calloc(n, 4);
+        int32_t *gat = (int32_t *)calloc((size_t)p, 4), mine = 100 + rank;
+        double ar = rank + 1.0;
+        size_t i;
+        for (i = 0; i < n; i++) { own[i] = (int64_t)(i * (size_t)(rank + 1)); out[i] = word(rank, next, i); }
+        for (q = 0; q < 4 * p; q++) a2s[q] = word(rank, q / 4, (size_t)q);
+        r = ddp_group_start(comm);
+        if (r == DDP_SUCCESS) r = ddp_send(out, n, DDP_UINT32, next, comm);
+        if (r == DDP_SUCCESS) r = ddp_reduce(own, red, n, DDP_INT64, DDP_SUM, p - 1, comm);
+        if (r == DDP_SUCCESS) r = ddp_all_to_all(a2s, a2r, 4, DDP_UINT32, comm);
+        if (r == DDP_SUCCESS) r = ddp_group_start(comm);   /* nested */
+        if (r == DDP_SUCCESS) r = ddp_recv(in, n, DDP_UINT32, prev, comm);
+        if (r == DDP_SUCCESS) r = ddp_gather(&mine, gat, 1, DDP_INT32, 0, comm);
+        if (r == DDP_SUCCESS) r = ddp_group_end(comm);
+        /* ddp.h's older collectives run at once even inside a group */
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(&ar, &ar, 1, DDP_FLOAT64, DDP_SUM, comm);
+        r2 = ddp_group_end(comm);
+        if (!ok(r == DDP_SUCCESS && r2 == DDP_SUCCESS, "group of send, reduce, all_to_all, nested group (recv, gather), "
+                "all_reduce: %s / %s %s", ddp_strerror(r), ddp_strerror(r2), ddp_comm_last_error(comm))) { status = 1; }
+        else {
+            int good = check_words(in, n, prev, rank, "mixed group's shift");
+            if (rank == p - 1)
+                for (i = 0; i < n && good; i++)
+                    if (red[i] != (int64_t)(i * (size_t)(p * (p + 1) / 2))) good = ok(0, "reduce in group: element %zu", i);
+            for (q = 0; q < 4 * p && good; q++)
+                if (a2r[q] != word(q / 4, rank, (size_t)(4 * rank + q % 4))) good = ok(0, "all_to_all in group: word %d", q);
+            if (rank == 0) for (q = 0; q < p && good; q++) if (gat[q] != 100 + q) good = ok(0, "gather in group: block %d", q);
+            if (ar != p * (p + 1) / 2.0) good = ok(0, "all_reduce in group: %g", ar);
+            if (!ok(good, "results of the mixed group")) status = 1;
+        }
+        free(red); free(own); free(a2s); free(a2r); free(out); free(in); free(gat);
+        break;
+    }
+    case SC_PLAIN: {   /* outside groups: rank 0 sends to each, each answers */
+        uint32_t buf[1000], back[1000];
+        size_t i;
+        int good = 1;
+        for (q = 1; q < p && good; q++) {
+            if (rank == 0) {
+                for (i = 0; i < 1000; i++) buf[i] = word(0, q, i);
+                good = ddp_send(buf, 1000, DDP_UINT32, q, comm) == DDP_SUCCESS &&
+                       ddp_send(NULL, 0, DDP_UINT32, q, comm) == DDP_SUCCESS &&
+                       ddp_recv(back, 1000, DDP_UINT32, q, comm) == DDP_SUCCESS &&
+                       check_words(back, 1000, q, 0, "answer");
+            } else if (rank == q) {
+                good = ddp_recv(buf, 1000, DDP_UINT32, 0, comm) == DDP_SUCCESS && check_words(buf, 1000, 0, q, "send") &&
+                       ddp_recv(NULL, 0, DDP_UINT32, 0, comm) == DDP_SUCCESS;
+                for (i = 0; i < 1000; i++) back[i] = word(q, 0, i);
+                good = good && ddp_send(back, 1000, DDP_UINT32, 0, comm) == DDP_SUCCESS;
+            }
+        }
+        if (!ok(good, "plain send/recv (count 0 too) between rank 0 and every rank: %s", ddp_comm_last_error(comm))) status = 1;
+        r = ddp_barrier(comm);
+        if (!ok(r == DDP_SUCCESS, "a barrier after them: %s", ddp_strerror(r))) status = 1;
+        break;
+    }
+    case SC_MISMATCH_COLL: {   /* rank 0 reduces, the others gather, to root 0 */
+        int32_t v[64], out[64 * 8];
+        double t0 = t_now();
+        memset(v, 0, sizeof v);
+        r = rank == 0 ? ddp_reduce(v, out, 64, DDP_INT32, DDP_SUM, 0, comm) : ddp_gather(v, out, 64, DDP_INT32, 0, comm);
+        r2 = ddp_barrier(comm);
+        S->rc[rank][0] = (int)r;
+        S->rc[rank][1] = (int)r2;
+        snprintf(S->emsg[rank], sizeof S->emsg[rank], "%.390s", ddp_comm_last_error(comm));
+        if (rank == 0) ok(r == DDP_ERR_MISMATCH, "reduce against gather: rank 0 gets %s (%.2f s): %s", ddp_strerror(r),
+                          t_now() - t0, ddp_comm_last_error(comm));
+        else ok(r2 != DDP_SUCCESS && (r == DDP_SUCCESS || r == DDP_ERR_MISMATCH || r == DDP_ERR_REMOTE),
+                "gather against reduce: %s, then the next call %s (no hang, %.2f s)", ddp_strerror(r), ddp_strerror(r2), t_now() - t0);
+        break;
+    }
+    case SC_MISMATCH_P2P: {   /* rank 1 expects 100 elements, rank 0 sends 99 */
+        uint32_t buf[100];
+        memset(buf, 0, sizeof buf);
+        if (rank == 0) {
+            r = ddp_send(buf, 99, DDP_UINT32, 1, comm);
+            r2 = ddp_barrier(comm);
+            ok(r2 != DDP_SUCCESS, "send of 99 against recv of 100: sender %s, then %s", ddp_strerror(r), ddp_strerror(r2));
+        } else if (rank == 1) {
+            r = ddp_recv(buf, 100, DDP_UINT32, 0, comm);
+            ok(r == DDP_ERR_MISMATCH && t_mentions_rank(ddp_comm_last_error(comm), 0),
+               "recv of 100 against send of 99: %s: %s", ddp_strerror(r), ddp_comm_last_error(comm));
+            ddp_barrier(comm);
+        } else {
+            ddp_barrier(comm);
+        }
+        break;
+    }
+    case SC_ARGS: {   /* every rank makes the same bad calls: rejected, and the comm still works */
+        int32_t a[8] = {0}, bb[64] = {0};
+        int good = 1;
+        good &= ok(ddp_reduce(a, bb, 8, DDP_INT32, DDP_SUM, p, comm) == DDP_ERR_INVALID_ARGUMENT, "reduce: root p rejected");
+        good &= ok(ddp_reduce(a, bb, 8, DDP_INT32, (ddp_op_t)9, 0, comm) == DDP_ERR_INVALID_ARGUMENT, "reduce: op 9 rejected");
+        good &= ok(ddp_reduce(NULL, bb, 8, DDP_INT32, DDP_SUM, 0, comm) == DDP_ERR_INVALID_ARGUMENT, "reduce: NULL sendbuf rejected");
+        good &= ok(ddp_reduce(a, NULL, 8, DDP_INT32, DDP_SUM, rank, comm) == DDP_ERR_INVALID_ARGUMENT, "reduce: NULL recvbuf at the root rejected");
+        good &= ok(ddp_gather(a, bb, 8, (ddp_dtype_t)77, 0, comm) == DDP_ERR_INVALID_ARGUMENT, "gather: dtype 77 rejected");
+        good &= ok(ddp_gather(a, bb, SIZE_MAX / 4, DDP_INT32, 0, comm) == DDP_ERR_INVALID_ARGUMENT, "gather: count x p x size overflow rejected");
+        good &= ok(ddp_scatter(NULL, bb, 1, DDP_INT32, rank, comm) == DDP_ERR_INVALID_ARGUMENT, "scatter: NULL sendbuf at the root rejected");
+        good &= ok(ddp_scatter(a, bb, 1, DDP_INT32, -1, comm) == DDP_ERR_INVALID_ARGUMENT, "scatter: root -1 rejected");
+        good &= ok(ddp_all_to_all(bb, bb, 1, DDP_INT32, comm) == DDP_ERR_INVALID_ARGUMENT &&
+                   strstr(ddp_comm_last_error(comm), "in place") != NULL, "all_to_all in place rejected: %s", ddp_comm_last_error(comm));
+        good &= ok(ddp_all_to_all(bb, bb, 0, DDP_INT32, comm) == DDP_SUCCESS, "all_to_all in place with count 0 is fine");
+        good &= ok(ddp_send(a, 8, DDP_INT32, p, comm) == DDP_ERR_INVALID_ARGUMENT, "send: peer p rejected");
+        good &= ok(ddp_recv(NULL, 8, DDP_INT32, 0, comm) == DDP_ERR_INVALID_ARGUMENT, "recv: NULL buffer rejected");
+        good &= ok(ddp_send(a, 8, DDP_INT32, rank, comm) == DDP_ERR_INVALID_USAGE, "send to itself outside a group: %s", ddp_comm_last_error(comm));
+        good &= ok(ddp_group_end(comm) == DDP_ERR_INVALID_USAGE, "group_end without group_start rejected");
+        /* A bad call inside a group: returned at once and by group_end, which runs nothing. */
+        r = ddp_group_start(comm);
+        r2 = ddp_send(a, 8, DDP_INT32, next, comm);
+        good &= ok(r == DDP_SUCCESS && r2 == DDP_SUCCESS, "a send inside a group is queued: %s", ddp_strerror(r2));
+        good &= ok(ddp_gather(a, bb, 8, DDP_INT32, p + 3, comm) == DDP_ERR_INVALID_ARGUMENT, "bad root inside a group rejected at once");
+        good &= ok(ddp_recv(bb, 8, DDP_INT32, prev, comm) == DDP_SUCCESS, "a later call still queues");
+        good &= ok(ddp_group_end(comm) == DDP_ERR_INVALID_ARGUMENT, "group_end returns the bad call's error");
+        /* Self send/recv inside a group: a copy. */
+        a[3] = 1234 + rank;
+        r = ddp_group_start(comm);
+        if (r == DDP_SUCCESS) r = ddp_recv(bb, 8, DDP_INT32, rank, comm);
+        if (r == DDP_SUCCESS) r = ddp_send(a, 8, DDP_INT32, rank, comm);
+        r2 = ddp_group_end(comm);
+        good &= ok(r == DDP_SUCCESS && r2 == DDP_SUCCESS && bb[3] == 1234 + rank, "send to itself inside a group: %s %s",
+                   ddp_strerror(r2), ddp_comm_last_error(comm));
+        r = ddp_barrier(comm);
+        good &= ok(r == DDP_SUCCESS, "the communicator still works after the rejected calls: %s %s", ddp_strerror(r), ddp_comm_last_error(comm));
+        if (!good) status = 1;
+        break;
+    }
+    }
+    t_where("ddp_comm_destroy");
+    ddp_comm_destroy(comm);
+    return status;
+}
+
+static void run_scenario(const char *mode, int p, int which, const char *name) {
+    scen_t sc;
+    char full[160];
+    int nbad;
+    snprintf(full, sizeof full, "%s %s p=%d", name, mode, p);
+    if (!t_selected(full)) return;
+    sc.mode = mode; sc.p = p; sc.which = which;
+    S = (shm_t *)t_shm_user(sizeof(shm_t));
+    nbad = run_ranks(p, scenario, &sc, 60);
+    ok(nbad == 0 || which == SC_MISMATCH_COLL || which == SC_MISMATCH_P2P, "%s: ranks exited cleanly (%.1f s)", full,
+       t_last_run.seconds);
+    if (which == SC_MISMATCH_COLL || which == SC_MISMATCH_P2P) {
+        int r;
+        for (r = 0; r < p; r++) if (t_last_run.killed_by_watchdog[r]) break;
+        ok(r == p, "%s: no rank hung", full);
+    }
+}
+
+int main(void) {
+    static const char *const modes[] = {"tcp", "shm", "shm-p2p"};
+    run_cfg_t runs[40];
+    int nruns = 0, i, m;
+    double t0;
+    t_init();
+    if (sizeof(shm_t) > T_USER_BYTES) t_bail("shm_t too big");
+    for (i = 1; i <= 8; i++) {
+        run_cfg_t *c = &runs[nruns++];
+        memset(c, 0, sizeof *c);
+        c->mode = "tcp"; c->p = i; c->big = i == 2 || i == 3 || i == 8;
+    }
+    for (i = 2; i <= 8; i++) {
+        run_cfg_t *c = &runs[nruns++];
+        memset(c, 0, sizeof *c);
+        c->mode = "shm"; c->p = i; c->big = i == 3;
+    }
+    {
+        static const struct { const char *mode; int p; size_t seg; int big; } extra[] = {
+            {"shm-p2p", 3, 0, 0}, {"shm-p2p", 4, 4096, 1}, {"tcp", 3, 4096, 1}, {"tcp", 5, 4096, 0}};
+        for (i = 0; i < 4; i++) {
+            run_cfg_t *c = &runs[nruns++];
+            memset(c, 0, sizeof *c);
+            c->mode = extra[i].mode; c->p = extra[i].p; c->segment_bytes = extra[i].seg; c->big = extra[i].big;
+        }
+    }
+    t0 = t_now();
+    for (i = 0; i < nruns; i++) {
+        char name[64];
+        int nbad;
+        snprintf(name, sizeof name, "matrix %s p=%d%s", runs[i].mode, runs[i].p, runs[i].segment_bytes ? " seg" : "");
+        if (!t_selected(name)) continue;
+        S = (shm_t *)t_shm_user(sizeof(shm_t));
+        S->ncases = build_cases(&runs[i]);
+        nbad = run_ranks(runs[i].p, child, &runs[i], 120);
+        report_run(&runs[i], nbad);
+    }
+    for (m = 0; m < 3; m++) {
+        run_scenario(modes[m], 4, SC_SHIFT, "group ring shift 4 MiB");
+        run_scenario(modes[m], m == 1 ? 3 : 5, SC_A2A_BY_HAND, "group all-to-all by send/recv");
+        run_scenario(modes[m], m == 2 ? 3 : 4, SC_MIXED, "group with collectives");
+        run_scenario(modes[m], 3, SC_PLAIN, "plain send/recv");
+    }
+    run_scenario("tcp", 2, SC_SHIFT, "group ring shift 4 MiB");
+    for (m = 0; m < 2; m++) {
+        run_scenario(modes[m], 2, SC_MISMATCH_COLL, "mismatch reduce/gather");
+        run_scenario(modes[m], 3, SC_MISMATCH_COLL, "mismatch reduce/gather");
+        run_scenario(modes[m], 2, SC_MISMATCH_P2P, "mismatch send/recv counts");
+        run_scenario(modes[m], 3, SC_ARGS, "bad arguments");
+    }
+    diag("total %.1f s", t_now() - t0);
+    return t_done();
+}
