@@ -560,7 +560,7 @@ static ddp_result_t _ddp_tcp_finalize(void *state) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
     int i, n;
     if (!tp) return DDP_SUCCESS;
-    n = ddp_comm_size(tp->comm);
+    n = tp->comm->nranks;   /* not ddp_comm_size: destroy has already unlisted the comm */
     if (tp->listen_fd >= 0) close(tp->listen_fd);
     for (i = 0; i < tp->npending; i++) close(tp->pending[i].fd);
     for (i = 0; tp->ready && i < n; i++) _ddp_tcp_close(tp->ready[i]);
