@@ -21,7 +21,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -73,7 +73,7 @@ test-san: $(TESTS_SAN)
 	DDP_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
-TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async
+TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer
 $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(B)/tsan
 	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
@@ -93,6 +93,11 @@ $(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h $(HEADERS) $(wildcard tra
 
 $(B)/svg_chart: bench/svg_chart.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -lm
+
+# ddp-overlap (bench/ddp_overlap.c): how much of the all-reduce the gradient bucket reducer hides
+# behind a simulated ResNet-50 backward, and the bucket-size sweep (run: build/ddp-overlap -p 2).
+$(B)/ddp-overlap: bench/ddp_overlap.c $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # 8 B .. 64 MiB, p = 2 and 4, every collective and transport (2-4 minutes on 2 cores; knobs in
 # bench/sweep.sh): bench/results/<collective>_<transport>_p<N>.json and busbw.svg.

@@ -4,11 +4,15 @@
  * MLP (32 -> 64 -> 64 -> 10, tanh (dense() says why not ReLU), softmax cross-entropy, 6922
  * parameters) and train it by SGD on their own shard of a synthetic 10-class dataset (8192
  * points, generated identically by every rank from a seed). Per step each rank computes the
- * mean gradient over its batch into one flat buffer (all parameters' gradients contiguous), one
- * ddp_all_reduce(DDP_AVG) averages it across ranks, and every replica takes the same step.
+ * mean gradient over its batch into one flat buffer (all parameters' gradients contiguous), and
+ * the gradient bucket reducer (ddp_reducer_*, PyTorch DDP's Reducer) averages it across ranks:
+ * the six tensors are registered in forward order, backward runs layer by layer and marks each
+ * tensor's gradient ready as soon as it is final, so the all-reduce of the last layers' bucket
+ * runs while the first layer's gradient is still being computed; ddp_reducer_finish waits for
+ * the rest before the SGD step, and every replica takes the same step.
  * Shards come from ddp_sampler.h, PyTorch's DistributedSampler (shuffle, set_epoch every epoch,
  * drop_last = 0: padded with duplicates when the world size does not divide 8192). Rank 0's
- * initial weights are broadcast first, as DDP does at construction.
+ * initial weights are broadcast first (ddp_broadcast_params), as DDP does at construction.
  *
  * Rank 0 prints loss, accuracy (over all ranks' samples) and throughput per epoch, then checks:
  *   1. the replicas are bitwise identical (a hash of every rank's weights, all-reduced with MAX
@@ -22,8 +26,9 @@
  * Run: make demo (4 ranks via build/ddprun), or build/ddprun -n N build/train_mlp for any N,
  * or under torchrun/mpirun/srun (ddp_comm_init_env reads their variables). No arguments.
  *
- * TEST HOOK: DDP_DEMO_SKIP_ALLREDUCE=1 skips the gradient all-reduce, so each rank trains on its
- * own shard alone; the checks must then print FAIL and exit non-zero (tests/test_demo.sh).
+ * TEST HOOK: DDP_DEMO_SKIP_ALLREDUCE=1 gives the reducer a communication hook that does nothing,
+ * so the gradients are not all-reduced and each rank trains on its own shard alone; the checks
+ * must then print FAIL and exit non-zero (tests/test_demo.sh).
  */
 #ifndef _GNU_SOURCE /* g++ defines it already */
 #define _GNU_SOURCE
@@ -141,16 +146,39 @@ static void back_tanh(const float *w, const float *d, const float *h, int nin, i
         din[i] *= 1 - h[i] * h[i];
 }
 
+/* Activations and deltas of a whole batch, so that backward can go layer by layer (as autograd
+ * does) and each layer's gradient is complete, over the whole batch, before the layer below is
+ * touched: that is when DDP can start reducing it. Sized for the largest batch (the reference's
+ * global one); allocated once. */
+typedef struct { float *h1, *h2, *d3, *d2, *d1; } workspace_t;
+static int workspace_alloc(workspace_t *w, size_t n) {
+    w->h1 = (float *)malloc(sizeof(float) * H1 * n);
+    w->h2 = (float *)malloc(sizeof(float) * H2 * n);
+    w->d3 = (float *)malloc(sizeof(float) * OUT * n);
+    w->d2 = (float *)malloc(sizeof(float) * H2 * n);
+    w->d1 = (float *)malloc(sizeof(float) * H1 * n);
+    return w->h1 && w->h2 && w->d3 && w->d2 && w->d1 ? 0 : -1;
+}
+static void workspace_free(workspace_t *w) { free(w->h1), free(w->h2), free(w->d3), free(w->d2), free(w->d1); }
+
+/* Called by backward as soon as tensor t's gradient is final (the reducer's grad_ready). */
+typedef int (*grad_ready_fn)(int tensor, void *ctx);
+
 /* The mean gradient of the cross-entropy over the n samples idx[0..n) into g (NPARAM floats);
- * adds the loss sum and the number of correct predictions to stats[0] and stats[1]. */
-static void batch_grad(const float *p, const float *data, const int *label, const uint64_t *idx,
-                       uint64_t n, float *g, double *stats) {
-    float h1[H1], h2[H2], z[OUT], d3[OUT], d2[H2], d1[H1];
+ * adds the loss sum and the number of correct predictions to stats[0] and stats[1]. Backward
+ * runs layer by layer over the whole batch (W3/b3, then W2/b2, then W1/b1) and reports each
+ * finished tensor to ready (may be NULL); every gradient element is still summed over the
+ * samples in the same order, then divided by n, so the numbers are those of a per-sample loop.
+ * Returns 0, or the first non-zero value ready returned. */
+static int batch_grad(const float *p, const float *data, const int *label, const uint64_t *idx,
+                      uint64_t n, float *g, double *stats, const workspace_t *w, grad_ready_fn ready,
+                      void *ctx) {
     uint64_t k;
-    int o;
+    int o, t, rc;
     memset(g, 0, sizeof(float) * NPARAM);
-    for (k = 0; k < n; k++) {
+    for (k = 0; k < n; k++) {   /* forward, and the loss gradient at the output */
         const float *x = data + idx[k] * IN;
+        float *h1 = w->h1 + k * H1, *h2 = w->h2 + k * H2, *d3 = w->d3 + k * OUT, z[OUT];
         int y = label[idx[k]], best = 0;
         float m, s = 0, lse;
         dense(p + OFF_W1, p + OFF_B1, x, IN, h1, H1, 1);
@@ -164,13 +192,33 @@ static void batch_grad(const float *p, const float *data, const int *label, cons
         stats[0] += lse - z[y];
         stats[1] += best == y;
         for (o = 0; o < OUT; o++) d3[o] = expf(z[o] - lse) - (o == y ? 1.0f : 0.0f);
-        outer_acc(g + OFF_W3, g + OFF_B3, d3, h2, H2, OUT);
-        back_tanh(p + OFF_W3, d3, h2, H2, OUT, d2);
-        outer_acc(g + OFF_W2, g + OFF_B2, d2, h1, H1, H2);
-        back_tanh(p + OFF_W2, d2, h1, H1, H2, d1);
-        outer_acc(g + OFF_W1, g + OFF_B1, d1, x, IN, H1);
     }
-    for (o = 0; o < NPARAM; o++) g[o] /= (float)n;
+    /* layer 3 */
+    for (k = 0; k < n; k++) {
+        outer_acc(g + OFF_W3, g + OFF_B3, w->d3 + k * OUT, w->h2 + k * H2, H2, OUT);
+        back_tanh(p + OFF_W3, w->d3 + k * OUT, w->h2 + k * H2, H2, OUT, w->d2 + k * H2);
+    }
+    for (o = OFF_W3; o < OFF_B3 + OUT; o++) g[o] /= (float)n;
+    if (ready) /* b3, W3: the reverse of registration order, as autograd produces them */
+        for (t = 5; t >= 4; t--)
+            if ((rc = ready(t, ctx)) != 0) return rc;
+    /* layer 2 */
+    for (k = 0; k < n; k++) {
+        outer_acc(g + OFF_W2, g + OFF_B2, w->d2 + k * H2, w->h1 + k * H1, H1, H2);
+        back_tanh(p + OFF_W2, w->d2 + k * H2, w->h1 + k * H1, H1, H2, w->d1 + k * H1);
+    }
+    for (o = OFF_W2; o < OFF_B2 + H2; o++) g[o] /= (float)n;
+    if (ready)
+        for (t = 3; t >= 2; t--)
+            if ((rc = ready(t, ctx)) != 0) return rc;
+    /* layer 1 */
+    for (k = 0; k < n; k++)
+        outer_acc(g + OFF_W1, g + OFF_B1, w->d1 + k * H1, data + idx[k] * IN, IN, H1);
+    for (o = OFF_W1; o < OFF_B1 + H1; o++) g[o] /= (float)n;
+    if (ready)
+        for (t = 1; t >= 0; t--)
+            if ((rc = ready(t, ctx)) != 0) return rc;
+    return 0;
 }
 
 static void sgd_step(float *p, const float *g) {
@@ -194,8 +242,9 @@ static int reference_run(float *p, int world, const float *data, const int *labe
     uint64_t nsamp = 0, *idx = NULL, *global = NULL;
     float *g = (float *)malloc(sizeof(float) * NPARAM);
     double stats[2] = {0, 0}; /* batch_grad's loss and accuracy sums, unused here */
+    workspace_t ws;
     int q, epoch, rc = -1;
-    if (!smp || !it || !g) goto out;
+    if (workspace_alloc(&ws, (size_t)BATCH * (size_t)world) != 0 || !smp || !it || !g) goto out;
     for (q = 0; q < world; q++)
         if (ddp_sampler_init(&smp[q], SAMPLES, world, q, 1, SAMPLER_SEED, 0) != DDP_SUCCESS) {
             fprintf(stderr, "train_mlp: reference sampler: %s\n", ddp_sampler_last_error(&smp[q]));
@@ -226,7 +275,7 @@ static int reference_run(float *p, int world, const float *data, const int *labe
                 memcpy(global + n, b, sizeof *b * len);
                 n += len;
             }
-            batch_grad(p, data, label, global, n, g, stats);
+            batch_grad(p, data, label, global, n, g, stats, &ws, NULL, NULL);
             sgd_step(p, g);
         }
     }
@@ -238,6 +287,7 @@ out:
     free(idx);
     free(global);
     free(g);
+    workspace_free(&ws);
     return rc;
 }
 
@@ -281,6 +331,36 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The demo's buckets: 27.7 KB of gradients would fit one bucket of DDP's default 25 MiB, so
+ * the caps are scaled down with the model (first 4 KiB, then 16 KiB): two buckets, {b3 W3 b2
+ * W2} reduced while layer 1's gradient is computed, then {b1 W1}. */
+#define FIRST_BUCKET_BYTES (4u << 10)
+#define BUCKET_CAP_BYTES (16u << 10)
+
+/* batch_grad's grad_ready_fn: hand the finished tensor to the reducer. */
+static int mark_ready(int tensor, void *reducer) {
+    return ddp_reducer_grad_ready((ddp_reducer_t *)reducer, tensor) != DDP_SUCCESS;
+}
+
+/* DDP_DEMO_SKIP_ALLREDUCE: a communication hook that leaves each bucket as it is (local). */
+static ddp_result_t skip_hook(void *state, ddp_comm_t *c, int bucket, void *buf, size_t count,
+                              ddp_dtype_t dtype, ddp_request_t *req) {
+    (void)state, (void)c, (void)bucket, (void)buf, (void)count, (void)dtype, (void)req;
+    return DDP_SUCCESS;
+}
+
+static void print_buckets(ddp_reducer_t *r, const char *when) {
+    int b, k, n, nb = ddp_reducer_num_buckets(r), ps[NTENSORS];
+    printf("train_mlp: gradient buckets %s:", when);
+    for (b = 0; b < nb; b++) {
+        n = ddp_reducer_bucket_info(r, b, ps, NTENSORS, NULL, NULL);
+        printf(" {");
+        for (k = 0; k < n; k++) printf("%s%s", k ? " " : "", tensors[ps[k]].name);
+        printf("}");
+    }
+    printf("\n");
+}
+
 static int comm_fail(const char *what, ddp_comm_t *c) {
     fprintf(stderr, "train_mlp: %s failed: %s\n", what, c ? ddp_comm_last_error(c) : ddp_last_init_error());
     if (c) ddp_comm_destroy(c);
@@ -289,6 +369,13 @@ static int comm_fail(const char *what, ddp_comm_t *c) {
 
 int main(int argc, char **argv) {
     ddp_comm_t *comm;
+    ddp_reducer_t *reducer;
+    ddp_reducer_desc_t rdesc;
+    workspace_t ws;
+    void *views[NTENSORS];
+    size_t counts[NTENSORS];
+    ddp_dtype_t dtypes[NTENSORS];
+    int t;
     ddp_sampler_t smp;
     ddp_batch_iter_t it;
     float *data, *p, *p0, *g;
@@ -319,7 +406,7 @@ int main(int argc, char **argv) {
     }
     nsamp = ddp_sampler_num_samples(&smp);
     idx = (uint64_t *)malloc(sizeof *idx * nsamp);
-    if (!data || !label || !p || !p0 || !g || !idx) {
+    if (!data || !label || !p || !p0 || !g || !idx || workspace_alloc(&ws, BATCH) != 0) {
         fprintf(stderr, "train_mlp: out of memory\n");
         return 1;
     }
@@ -327,8 +414,24 @@ int main(int argc, char **argv) {
 
     /* Different initial weights per rank on purpose: the broadcast must make them one. */
     init_params(p, 1000 + (uint64_t)rank);
-    if (ddp_broadcast(p, p, NPARAM, DDP_FLOAT32, 0, comm) != DDP_SUCCESS) return comm_fail("broadcast", comm);
+    for (t = 0; t < NTENSORS; t++) {
+        views[t] = p + tensors[t].off;
+        counts[t] = (size_t)tensors[t].len;
+        dtypes[t] = DDP_FLOAT32;
+    }
+    if (ddp_broadcast_params(comm, views, counts, dtypes, NTENSORS, 0) != DDP_SUCCESS)
+        return comm_fail("broadcast_params", comm);
     memcpy(p0, p, sizeof(float) * NPARAM);
+
+    /* The reducer: gradients registered in forward order (W1 b1 W2 b2 W3 b3). */
+    memset(&rdesc, 0, sizeof rdesc);
+    rdesc.first_bucket_bytes = FIRST_BUCKET_BYTES;
+    rdesc.bucket_cap_bytes = BUCKET_CAP_BYTES;
+    if (skip_allreduce) rdesc.comm_hook = skip_hook;
+    if (ddp_reducer_create(&reducer, comm, &rdesc) != DDP_SUCCESS) return comm_fail("reducer_create", comm);
+    for (t = 0; t < NTENSORS; t++)
+        if (ddp_reducer_add_param(reducer, g + tensors[t].off, (size_t)tensors[t].len, DDP_FLOAT32) != t)
+            return comm_fail("reducer_add_param", comm);
 
     if (rank == 0) {
         printf("train_mlp: MLP %d-%d-%d-%d (%d parameters), %d samples, %d ranks x batch %d = global "
@@ -341,6 +444,7 @@ int main(int argc, char **argv) {
             printf("train_mlp: DDP_DEMO_SKIP_ALLREDUCE set: gradients are NOT all-reduced (test "
                    "hook); the check must FAIL\n");
     }
+    if (rank == 0) print_buckets(reducer, "(reverse registration order)");
 
     for (epoch = 0; epoch < EPOCHS; epoch++) {
         const uint64_t *b;
@@ -355,10 +459,11 @@ int main(int argc, char **argv) {
         stats[0] = stats[1] = 0;
         stats[2] = (double)nsamp;
         while ((len = ddp_batch_iter_next(&it, &b)) != 0) {
-            batch_grad(p, data, label, b, len, g, stats);
-            if (!skip_allreduce &&
-                ddp_all_reduce(g, g, NPARAM, DDP_FLOAT32, DDP_AVG, comm) != DDP_SUCCESS)
-                return comm_fail("all_reduce (gradients)", comm);
+            if (batch_grad(p, data, label, b, len, g, stats, &ws, mark_ready, reducer) != 0 ||
+                ddp_reducer_finish(reducer) != DDP_SUCCESS) {
+                fprintf(stderr, "train_mlp: reducer: %s\n", ddp_reducer_last_error(reducer));
+                return comm_fail("gradient reduction", comm);
+            }
             sgd_step(p, g);
         }
         /* loss sum, correct, samples: summed over ranks (exact in float64 at these counts) */
@@ -370,6 +475,8 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("epoch %d/%d  loss %.4f  accuracy %5.1f%%  %6.0f samples/s\n", epoch + 1, EPOCHS,
                    stats[0] / stats[2], 100 * acc, stats[2] / dt);
+        if (rank == 0 && epoch == 0)
+            print_buckets(reducer, ddp_reducer_rebuilt(reducer) ? "(rebuilt in rank 0's ready order)" : "");
     }
 
     /* 1. Bitwise-identical replicas: the largest and the smallest hash across ranks agree. */
@@ -378,7 +485,9 @@ int main(int argc, char **argv) {
         ddp_all_reduce(&hash[1], &hash[1], 1, DDP_UINT64, DDP_MIN, comm) != DDP_SUCCESS)
         return comm_fail("all_reduce (hash)", comm);
     identical = hash[0] == hash[1];
+    ddp_reducer_destroy(reducer);   /* before its communicator */
     ddp_comm_destroy(comm);
+    workspace_free(&ws);
 
     pass = 1; /* rank 0 alone replays the training and gives the verdict; the others are done */
     if (rank == 0) {

@@ -1,0 +1,273 @@
+/* bench/ddp_overlap.c — ddp-overlap: how much of the gradient all-reduce the bucket reducer hides
+ * behind the backward pass (issue 8).
+ *
+ *   make build/ddp-overlap
+ *   build/ddp-overlap -p 2 -t tcp -c 300            # forks 2 ranks on this host itself
+ *   build/ddprun -n 4 build/ddp-overlap -c 300      # or one rank per process under a launcher
+ *
+ * The model is ResNet-50's list of parameter tensors (161 of them, 25.56 M floats), written
+ * down from its architecture (conv1 7x7; bottleneck stages of 3, 4, 6, 3 blocks, 1x1-3x3-1x1
+ * convs, a batch norm weight and bias after each conv, a 1x1 downsample on each stage's first
+ * block; fc 2048 -> 1000): real sizes, but no real compute. Backward is simulated: tensor i's
+ * gradient "takes" a share of -c milliseconds (half spread evenly over the 161 tensors, half in
+ * proportion to their size: a made-up cost model), then is marked ready. By default the compute
+ * is a sleep, i.e. an accelerator doing the work while the CPU is free for communication, as
+ * with GPUs; -m spin burns the CPU instead (a CPU-bound backward competing with the progress
+ * thread; on a machine with fewer cores than ranks x 2 that cannot overlap).
+ *
+ * Each iteration is timed from a barrier to the end of the step, the slowest rank counts, the
+ * median of -i iterations is reported (after one warm-up). Three ways to run an iteration:
+ *   compute      backward only, no communication                                  -> t_compute
+ *   no overlap   backward, then one ddp_all_reduce(AVG) of every gradient (flat)  -> t_no_overlap
+ *   reducer      backward marking each gradient ready, then ddp_reducer_finish    -> t_reducer
+ * hidden = (t_no_overlap - t_reducer) / (t_no_overlap - t_compute), the share of the
+ * communication taken off the critical path. Then the reducer again with bucket caps of 1, 5, 25
+ * and 100 MiB (DDP's bucket_cap_mb; 25 is the default), first bucket 1 MiB.
+ *
+ * Flags: -p ranks (fork mode, default 2)  -t transport (default tcp)  -c compute ms per backward
+ * (default 300)  -i iterations (default 5)  -m sleep|spin  -v gradient_as_bucket_view  -S no sweep
+ */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXT 256
+
+typedef struct {
+    int nranks, iters, spin, view, sweep;
+    double compute_ms;
+    const char *transport;
+} opts_t;
+
+static size_t sizes[MAXT];
+static int ntensors;
+static size_t total;
+
+static void add(size_t n) { sizes[ntensors++] = n; total += n; }
+static void conv_bn(size_t cin, size_t cout, size_t k) { add(cin * cout * k * k); add(cout); add(cout); }
+
+/* ResNet-50's parameter tensors, in forward (registration) order. */
+static void resnet50(void) {
+    static const size_t mid[4] = {64, 128, 256, 512}, blocks[4] = {3, 4, 6, 3};
+    size_t in = 64, s, b;
+    conv_bn(3, 64, 7);
+    for (s = 0; s < 4; s++) {
+        size_t out = mid[s] * 4;
+        for (b = 0; b < blocks[s]; b++) {
+            conv_bn(b ? out : in, mid[s], 1);
+            conv_bn(mid[s], mid[s], 3);
+            conv_bn(mid[s], out, 1);
+            if (b == 0) conv_bn(in, out, 1);      /* downsample */
+        }
+        in = out;
+    }
+    add(2048 * 1000);
+    add(1000);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void compute(double s, int spin) {
+    if (s <= 0) return;
+    if (spin) {
+        double end = now_s() + s;
+        while (now_s() < end) { }
+    } else {
+        struct timespec ts;
+        ts.tv_sec = (time_t)s;
+        ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) { }
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+enum { MODE_COMPUTE, MODE_NO_OVERLAP, MODE_REDUCER };
+
+/* Median over iterations of the slowest rank's iteration time, in ms; < 0 on failure. */
+static double run_mode(ddp_comm_t *c, const opts_t *o, int mode, size_t cap, float *flat, int *nbuckets) {
+    ddp_reducer_t *r = NULL;
+    double t[64], cost[MAXT];
+    int it, i, n = o->iters + 1;
+    if (n > 64) n = 64;
+    for (i = 0; i < ntensors; i++)
+        cost[i] = o->compute_ms * 1e-3 * (0.5 / ntensors + 0.5 * (double)sizes[i] / (double)total);
+    if (mode == MODE_REDUCER) {
+        ddp_reducer_desc_t d;
+        size_t off = 0;
+        memset(&d, 0, sizeof d);
+        d.bucket_cap_bytes = cap;
+        d.gradient_as_bucket_view = o->view;
+        if (ddp_reducer_create(&r, c, &d) != DDP_SUCCESS) return -1;
+        for (i = 0; i < ntensors; i++) {
+            ddp_reducer_add_param(r, flat + off, sizes[i], DDP_FLOAT32);
+            off += sizes[i];
+        }
+        *nbuckets = ddp_reducer_num_buckets(r);
+    }
+    for (it = 0; it < n; it++) {
+        double t0;
+        if (ddp_barrier(c) != DDP_SUCCESS) return -1;
+        t0 = now_s();
+        for (i = ntensors - 1; i >= 0; i--) {
+            compute(cost[i], o->spin);
+            if (mode == MODE_REDUCER && ddp_reducer_grad_ready(r, i) != DDP_SUCCESS) return -1;
+        }
+        if (mode == MODE_NO_OVERLAP && ddp_all_reduce(flat, flat, total, DDP_FLOAT32, DDP_AVG, c) != DDP_SUCCESS)
+            return -1;
+        if (mode == MODE_REDUCER && ddp_reducer_finish(r) != DDP_SUCCESS) {
+            fprintf(stderr, "ddp-overlap: %s\n", ddp_reducer_last_error(r));
+            return -1;
+        }
+        t[it] = now_s() - t0;
+        if (ddp_all_reduce(&t[it], &t[it], 1, DDP_FLOAT64, DDP_MAX, c) != DDP_SUCCESS) return -1;
+    }
+    if (r) ddp_reducer_destroy(r);
+    qsort(t + 1, (size_t)(n - 1), sizeof t[0], cmp_double);   /* t[0]: warm-up (and the rebuild) */
+    return t[1 + (n - 1) / 2] * 1e3;
+}
+
+static int run_rank(const opts_t *o, int nranks, int rank, int port) {
+    ddp_comm_t *c = NULL;
+    ddp_comm_desc_t d;
+    float *flat;
+    double tc, tn, tr;
+    int me, nb = 0, k;
+    ddp_result_t e;
+    memset(&d, 0, sizeof d);
+    d.transport = o->transport;
+    if (port) {
+        d.master_addr = "127.0.0.1";
+        d.master_port = port;
+        d.timeout_ms = 120000;
+        e = ddp_comm_init(&c, nranks, rank, &d);
+    } else {
+        e = ddp_comm_init_env(&c, &d);
+    }
+    if (e != DDP_SUCCESS) {
+        fprintf(stderr, "ddp-overlap: rank %d: init: %s\n", rank, ddp_last_init_error());
+        return 1;
+    }
+    me = ddp_comm_rank(c);
+    flat = (float *)calloc(total, sizeof(float));
+    if (!flat) return 1;
+    if (me == 0) {
+        printf("# ddp-overlap: ResNet-50's %d gradient tensors, %zu floats (%.1f MB); %d ranks, transport %s;\n"
+               "# backward compute %.0f ms (%s), median of %d iterations, slowest rank; timings on a shared "
+               "machine are noisy\n", ntensors, total, (double)total * 4 / 1e6, ddp_comm_size(c),
+               ddp_comm_transport_name(c, (me + 1) % ddp_comm_size(c)), o->compute_ms,
+               o->spin ? "spinning CPU" : "sleep: an accelerator's time", o->iters);
+        fflush(stdout);
+    }
+    tc = run_mode(c, o, MODE_COMPUTE, 0, flat, &nb);
+    tn = run_mode(c, o, MODE_NO_OVERLAP, 0, flat, &nb);
+    tr = run_mode(c, o, MODE_REDUCER, DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES, flat, &nb);
+    if (tc < 0 || tn < 0 || tr < 0) { fprintf(stderr, "ddp-overlap: rank %d: %s\n", me, ddp_comm_last_error(c)); return 1; }
+    if (me == 0) {
+        printf("%-34s %9s %8s\n", "# mode", "iter ms", "hidden");
+        printf("%-34s %9.1f\n", "compute only", tc);
+        printf("%-34s %9.1f   (all-reduce %.1f ms after backward)\n", "no overlap: all-reduce after", tn, tn - tc);
+        printf("%-34s %9.1f %7.0f%%   (%d buckets, %.1f ms exposed)\n", "reducer, 25 MiB buckets", tr,
+               100 * (tn - tr) / (tn - tc), nb, tr - tc);
+        fflush(stdout);
+    }
+    if (o->sweep) {
+        static const size_t caps[4] = {1, 5, 25, 100};
+        if (me == 0) printf("# bucket-size sweep (first bucket 1 MiB)\n%-34s %9s %8s\n", "# bucket cap", "iter ms", "hidden");
+        for (k = 0; k < 4; k++) {
+            double t = run_mode(c, o, MODE_REDUCER, caps[k] << 20, flat, &nb);
+            char label[64];
+            if (t < 0) { fprintf(stderr, "ddp-overlap: %s\n", ddp_comm_last_error(c)); return 1; }
+            snprintf(label, sizeof label, "reducer, %zu MiB buckets (%d)", caps[k], nb);
+            if (me == 0) { printf("%-34s %9.1f %7.0f%%\n", label, t, 100 * (tn - t) / (tn - tc)); fflush(stdout); }
+        }
+    }
+    free(flat);
+    ddp_comm_destroy(c);
+    return 0;
+}
+
+static int free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    if (fd < 0) return 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+int main(int argc, char **argv) {
+    opts_t o;
+    int i, port, failed = 0, r;
+    pid_t pids[64];
+    memset(&o, 0, sizeof o);
+    o.nranks = 2;
+    o.iters = 5;
+    o.compute_ms = 300;
+    o.transport = "tcp";
+    o.sweep = 1;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-v")) o.view = 1;
+        else if (!strcmp(a, "-S")) o.sweep = 0;
+        else if (v && !strcmp(a, "-p")) o.nranks = atoi(argv[++i]);
+        else if (v && !strcmp(a, "-i")) o.iters = atoi(argv[++i]);
+        else if (v && !strcmp(a, "-c")) o.compute_ms = atof(argv[++i]);
+        else if (v && !strcmp(a, "-t")) o.transport = strcmp(v, "auto") ? v : NULL, i++;
+        else if (v && !strcmp(a, "-m")) o.spin = !strcmp(argv[++i], "spin");
+        else {
+            fprintf(stderr, "usage: %s [-p ranks] [-t tcp|shm|auto] [-c compute_ms] [-i iters] [-m sleep|spin] "
+                            "[-v] [-S]\n  (see the comment at the top of bench/ddp_overlap.c)\n", argv[0]);
+            return 2;
+        }
+    }
+    if (o.nranks < 1 || o.nranks > 64 || o.iters < 1 || o.iters > 63 || o.compute_ms < 0) {
+        fprintf(stderr, "ddp-overlap: bad -p, -i or -c\n");
+        return 2;
+    }
+    resnet50();
+    if (getenv("RANK") && getenv("WORLD_SIZE")) return run_rank(&o, 0, 0, 0);
+    if (!(port = free_port())) return 1;
+    fflush(stdout);
+    for (r = 0; r < o.nranks; r++) {
+        pid_t pid = fork();
+        if (pid < 0) { perror("fork"); o.nranks = r; failed = 1; break; }
+        if (pid == 0) {
+            int rc = run_rank(&o, o.nranks, r, port);
+            fflush(stdout);
+            _exit(rc);
+        }
+        pids[r] = pid;
+    }
+    for (r = 0; r < o.nranks; r++) {
+        int st;
+        if (waitpid(pids[r], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) failed = 1;
+    }
+    return failed;
+}
