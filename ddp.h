@@ -3308,10 +3308,38 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_close(ddp_reducer_t *r) {
     return DDP_SUCCESS;
 }
 
+_DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e);
+
 /* Waits for bucket b's reduction, then finishes it (hook's done, or decompression). */
 _DDP_PRIVATE void _ddp_reducer_collect(ddp_reducer_t *r, int b) {
+    _ddp_reducer_post(r, b, ddp_wait(&r->buckets[b].req));
+}
+
+/* Copy mode without find_unused: a finished bucket's averages go back to the caller's
+ * gradients at once, while backward still runs, instead of all of them at finish. (With
+ * find_unused, finish must first learn which parameters no rank used.) */
+_DDP_PRIVATE void _ddp_reducer_copy_back(ddp_reducer_t *r, int b) {
+    const _ddp_rbucket_t *bk = &r->buckets[b];
+    int j;
+    for (j = 0; j < bk->n; j++) {
+        const _ddp_rparam_t *p = &r->params[r->params_of[bk->first + j]];
+        if (p->marked) memcpy(p->user, bk->buf + p->offset, p->bytes);
+    }
+}
+
+/* Collects the oldest buckets whose reductions are done, without waiting. */
+_DDP_PRIVATE void _ddp_reducer_poll(ddp_reducer_t *r) {
+    while (r->next_collect < r->next_launch) {
+        int done = 0, b = r->next_collect;
+        ddp_result_t e = ddp_test(&r->buckets[b].req, &done);
+        if (!done && e == DDP_SUCCESS) return;
+        r->next_collect++;
+        _ddp_reducer_post(r, b, e);
+    }
+}
+
+_DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e) {
     _ddp_rbucket_t *bk = &r->buckets[b];
-    ddp_result_t e = ddp_wait(&bk->req);
     size_t i;
     if (e != DDP_SUCCESS) { _ddp_reducer_comm_err(r, e, "all-reduce", b); return; }
     if (r->d.comm_hook) {
@@ -3332,6 +3360,8 @@ _DDP_PRIVATE void _ddp_reducer_collect(ddp_reducer_t *r, int b) {
                 x[i] = bf ? ddp_bfloat16_to_float(h[i]) : ddp_half_to_float(h[i]);
         }
     }
+    if (!r->d.gradient_as_bucket_view && !r->d.find_unused && r->iter_err == DDP_SUCCESS)
+        _ddp_reducer_copy_back(r, b);
 }
 
 /* Starts bucket b's reduction (b == next_launch). */
@@ -3380,6 +3410,7 @@ _DDP_PRIVATE void _ddp_reducer_launch(ddp_reducer_t *r, int b) {
 _DDP_PRIVATE void _ddp_reducer_launch_ready(ddp_reducer_t *r) {
     while (r->next_launch < r->nbuckets && r->buckets[r->next_launch].pending == 0)
         _ddp_reducer_launch(r, r->next_launch++);
+    _ddp_reducer_poll(r);
 }
 
 DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
@@ -3556,7 +3587,7 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     while (r->next_collect < r->next_launch) _ddp_reducer_collect(r, r->next_collect++);
     if ((e = ddp_wait(&ureq)) != DDP_SUCCESS)
         _ddp_reducer_comm_err(r, e, "all-reduce of the used-parameter map", -1);
-    if (!r->d.gradient_as_bucket_view && r->iter_err == DDP_SUCCESS) {
+    if (!r->d.gradient_as_bucket_view && r->d.find_unused && r->iter_err == DDP_SUCCESS) {
         for (k = 0; k < r->nparams; k++) {
             const _ddp_rparam_t *p = &r->params[k];
             /* unmarked: an error without find_unused; globally unused: left untouched */
