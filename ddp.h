@@ -1556,6 +1556,7 @@ struct ddp_comm {
     _ddp_peer_t *peers;
     ddp_allocator_t alloc;
     ddp_result_t error;            /* sticky: set by a failed collective */
+    int init_probe;                /* trying a transport under "auto": its failure is a notice */
     char last_error[1024];
     uint32_t seq;                  /* collectives issued: part of every message tag */
     /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
@@ -1645,7 +1646,7 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *c, ddp_result_t r, const char *fm
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(c->last_error, sizeof c->last_error, "rank %d: %s [%s]", c->rank, msg, ddp_strerror(r));
-    _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
+    if (!c->init_probe) _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
     return r;
 }
 
@@ -1970,11 +1971,16 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         const ddp_transport_t *t = _ddp_transports[i];
         void *state = NULL;
         if (forced && strcmp(forced, t->name) != 0) continue;
+        c->init_probe = !forced;
         r = t->init(c, &state);
+        c->init_probe = 0;
         if (r != DDP_SUCCESS) {
             if (forced) return r;
-            _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable; not using it", t->name);
+            /* One line, with the reason; the communicator goes on without it. */
+            _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable, using the others (%s): %s",
+                     t->name, "DDP_TRANSPORT=auto", c->last_error);
             _ddp_strlcpy(why_none, c->last_error, sizeof why_none);
+            c->last_error[0] = 0;   /* not this communicator's error: init goes on */
             continue;
         }
         c->tinst[c->ntinst].t = t;

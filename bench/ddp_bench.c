@@ -24,6 +24,11 @@
 #include "transports/ddp_shm.h"
 #define DDPB_HAVE_SHM 1
 #endif
+/* RDMA needs libibverbs: only in build/ddp-bench-ibverbs (-DDDP_BENCH_IBVERBS ... -libverbs). */
+#if defined(DDP_BENCH_IBVERBS) && __has_include("transports/ddp_ibverbs.h")
+#include "transports/ddp_ibverbs.h"
+#define DDPB_HAVE_IBVERBS 1
+#endif
 #endif
 
 #include "bench/bench_common.h"
@@ -39,6 +44,9 @@ static const char *const ddpb_transport_names[] = {
     "tcp",
 #ifdef DDPB_HAVE_SHM
     "shm",
+#endif
+#ifdef DDPB_HAVE_IBVERBS
+    "ibverbs",
 #endif
 };
 #define DDPB_NTRANSPORTS (sizeof ddpb_transport_names / sizeof ddpb_transport_names[0])
