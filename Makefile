@@ -1,7 +1,7 @@
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
 #   make test    every test (plain, then ASan+UBSan), header checks as C99/C11/C++17
-#   make bench   ddp-bench sweep (every collective, p = 2 and 4, every transport) -> bench/results/*.json, busbw.svg
+#   make bench   ddp-bench sweep (all_reduce, reduce_scatter, all_gather, broadcast; p = 2 and 4; every transport) -> bench/results/*.json, busbw.svg
 CC      ?= cc
 CXX     ?= g++
 WARN    := -Wall -Wextra -Wpedantic -Werror
@@ -148,7 +148,7 @@ $(B)/svg_chart: bench/svg_chart.c | $(B)
 $(B)/ddp-overlap: bench/ddp_overlap.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
-# 8 B .. 64 MiB, p = 2 and 4, every collective and transport (2-4 minutes on 2 cores; knobs in
+# 8 B .. 64 MiB, p = 2 and 4, the four ring collectives, every transport (2-4 minutes on 2 cores; knobs in
 # bench/sweep.sh): bench/results/<collective>_<transport>_p<N>.json and busbw.svg.
 bench: $(B)/ddp-bench $(B)/svg_chart
 	bash bench/sweep.sh

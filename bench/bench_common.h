@@ -8,15 +8,20 @@
  * WHAT IS MEASURED, as nccl-tests (github.com/NVIDIA/nccl-tests, src/common.cu and
  * doc/PERFORMANCE.md) so the numbers read the same:
  *   - size is the bytes of the biggest buffer of the call, the -b..-e sweep value rounded down to
- *     whole elements (and, for reduce_scatter/all_gather, to a multiple of p elements: nccl-tests
- *     prints max(sendBytes, recvBytes)); count is the count argument of the call (per rank for
- *     reduce_scatter's recvcount and all_gather's sendcount).
+ *     whole elements (and, for reduce_scatter/all_gather/gather/scatter/all_to_all, to a multiple
+ *     of p elements: nccl-tests prints max(sendBytes, recvBytes)); count is the count argument of
+ *     the call (per rank for reduce_scatter's recvcount, all_gather's and gather's sendcount,
+ *     scatter's recvcount and all_to_all's count per peer).
  *   - time is the mean time per call on each rank, averaged over ranks (nccl-tests' default,
- *     "-a 1"); algbw = size / time; busbw = algbw * factor (all_reduce 2(p-1)/p, reduce_scatter
- *     and all_gather (p-1)/p, broadcast 1: doc/PERFORMANCE.md); GB = 1e9 bytes.
+ *     "-a 1"); algbw = size / time; busbw = algbw * factor (see bench_colls below); GB = 1e9 B.
  *   - #wrong: elements that differ from the sequential reference (every element of every rank's
- *     result, -c times per size and placement), summed over ranks as nccl-tests does.
- *   - Each row has the out-of-place and the in-place call (-i 0 / -i 1 keep only one).
+ *     result, -c times per size and placement), summed over ranks as nccl-tests does. reduce and
+ *     gather have a result on the root only; the other ranks contribute 0.
+ *   - Each row has the out-of-place and the in-place call (-i 0 / -i 1 keep only one), except for
+ *     all_to_all and sendrecv, which have no in-place form in libddp (ddp_all_to_all refuses
+ *     send == recv, as NCCL; a send and a receive of one buffer in one group race): only their
+ *     out-of-place columns are printed. nccl-tests times those in-place calls anyway and prints
+ *     N/A for their errors (alltoall.cu, sendrecv.cu: "We don't support in-place ...").
  * Per size and placement: -c checks (fill a known pattern, call once, compare every element),
  * zero the buffers (repeated in-place sums stay finite and no denormals slow anything), -w warmup
  * calls, -T decides the number of timed calls (rank 0, from the warmup), barrier, the timed calls
@@ -24,7 +29,8 @@
  * benchmark and the OSU micro-benchmarks report for latency).
  *
  * TEST HOOK: DDP_BENCH_CORRUPT=1 in the environment flips the top bit of one element of rank 0's
- * result after every checked call, so a test can prove that #wrong sees a corrupted result.
+ * result (the root's for reduce and gather) after every checked call, so a test can prove that
+ * #wrong sees a corrupted result.
  *
  * Needs _GNU_SOURCE (or _POSIX_C_SOURCE >= 200809L) defined by the including file.
  */
@@ -51,19 +57,29 @@ enum { BENCH_INT8 = 0, BENCH_UINT8, BENCH_INT32, BENCH_UINT32, BENCH_INT64, BENC
        BENCH_FLOAT16, BENCH_FLOAT32, BENCH_FLOAT64, BENCH_BFLOAT16, BENCH_NUM_DTYPES };
 enum { BENCH_SUM = 0, BENCH_PROD, BENCH_MAX, BENCH_MIN, BENCH_AVG, BENCH_NUM_OPS };
 
-/* The collectives. To add one (reduce, all_to_all, ... as libddp gains them): a row here, its
- * buffer geometry in bench_geometry, its reference in bench_fill/bench_verify, and the call in
- * each backend. */
+/* The collectives. To add one (as libddp gains them): a row here, its buffer geometry in
+ * bench_geometry (and bench_pointers for its in-place rule), its reference in
+ * bench_fill/bench_verify, and the call in each backend.
+ *
+ * busbw factors, nccl-tests' (github.com/NVIDIA/nccl-tests): doc/PERFORMANCE.md's summary gives
+ * AllReduce 2(n-1)/n, ReduceScatter, AllGather and AlltoAll (n-1)/n, Broadcast and Reduce 1;
+ * src/gather.cu and src/scatter.cu (GatherGetBw/ScatterGetBw: size = count * nranks, the big
+ * buffer, times (n-1)/n) and src/sendrecv.cu (SendRecvGetBw: factor 1) give the others. */
 enum { BENCH_ALL_REDUCE = 0, BENCH_REDUCE_SCATTER, BENCH_ALL_GATHER, BENCH_BROADCAST,
+       BENCH_REDUCE, BENCH_GATHER, BENCH_SCATTER, BENCH_ALL_TO_ALL, BENCH_SENDRECV,
        BENCH_NUM_COLLS };
 typedef struct {
     const char *name;          /* ours and NCCL's function name without the prefix */
     int has_op, has_root;
     double busbw_num;          /* busbw = algbw * (p - 1) * busbw_num / p, or algbw when 0 */
+    int inplace_ok;            /* 0: no in-place form (only the out-of-place columns) */
+    int result_at_root;        /* only the root has a result (reduce, gather) */
 } bench_coll_t;
 static const bench_coll_t bench_colls[BENCH_NUM_COLLS] = {
-    {"all_reduce", 1, 0, 2.0}, {"reduce_scatter", 1, 0, 1.0}, {"all_gather", 0, 0, 1.0},
-    {"broadcast", 0, 1, 0.0}};
+    {"all_reduce", 1, 0, 2.0, 1, 0}, {"reduce_scatter", 1, 0, 1.0, 1, 0},
+    {"all_gather", 0, 0, 1.0, 1, 0}, {"broadcast", 0, 1, 0.0, 1, 0},
+    {"reduce", 1, 1, 0.0, 1, 1}, {"gather", 0, 1, 1.0, 1, 1}, {"scatter", 0, 1, 1.0, 1, 0},
+    {"all_to_all", 0, 0, 1.0, 0, 0}, {"sendrecv", 0, 0, 0.0, 0, 0}};
 
 static double bench_busbw_factor(int coll, int p) {
     const bench_coll_t *c = &bench_colls[coll];
@@ -179,10 +195,11 @@ static long bench_cur_rss_kib(void) {
 static void bench_usage(const char *prog, int libddp) {
     fprintf(stderr,
         "usage: %s [options]\n"
-        "  -o name       collective: all_reduce (default) reduce_scatter all_gather broadcast;\n"
+        "  -o name       collective: all_reduce (default) reduce_scatter all_gather broadcast\n"
+        "                reduce gather scatter all_to_all sendrecv;\n"
         "                or a reduction op (sum prod max min avg) as nccl-tests' -o\n"
         "  -R op, --op op  reduction op: sum (default) prod max min avg\n"
-        "  -r root       root of broadcast (default 0)\n"
+        "  -r root       root of broadcast, reduce, gather, scatter (default 0)\n"
         "  -b minbytes   smallest size (default 8; K/M/G suffixes, binary)\n"
         "  -e maxbytes   largest size (default 64M; with -m: the buffer, default 256M)\n"
         "  -f factor     multiply the size by this between rows (default 2)\n"
@@ -195,6 +212,7 @@ static void bench_usage(const char *prog, int libddp) {
         "  -d dtype      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 (default float)\n"
         "  -c N          check every element N times per size and placement (default 1; 0 = off)\n"
         "  -i 0|1        only out of place (0) or only in place (1); default both, as nccl-tests\n"
+        "                (all_to_all and sendrecv: out of place only)\n"
         "%s"
         "  -m            memory mode: one all_reduce of -e bytes (default 256M) in place; report\n"
         "                peak RSS minus the buffer\n"
@@ -318,6 +336,11 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp) 
     bad:
         fprintf(stderr, "%s: unknown option '%s'\n", argv[0], a);
         bench_usage(argv[0], libddp);
+        return 1;
+    }
+    if (o->inplace == 1 && !bench_colls[o->coll].inplace_ok) {
+        fprintf(stderr, "%s: %s has no in-place form (out of place only): drop -i 1\n", argv[0],
+                bench_colls[o->coll].name);
         return 1;
     }
     if (o->mem_mode && o->coll != BENCH_ALL_REDUCE) {
@@ -474,24 +497,39 @@ static void bench_corrupt(void *buf, size_t i, int dtype) {
 typedef struct {
     size_t count;         /* the call's count argument */
     size_t total;         /* elements of the biggest buffer: what size counts */
-    size_t in_elems;      /* elements this rank provides */
-    size_t out_elems;     /* elements of this rank's result */
+    size_t in_elems;      /* elements this rank provides (0: scatter off the root) */
+    size_t out_elems;     /* elements of this rank's result (0: reduce/gather off the root) */
 } bench_geom_t;
 
-static bench_geom_t bench_geometry(int coll, size_t bytes, size_t es, int p) {
+/* nccl-tests' *GetCollByteCount: reduce and sendrecv count = n; gather, scatter and all_to_all
+ * count = n / p per rank (or per peer), the big buffer count * p. */
+static bench_geom_t bench_geometry(int coll, size_t bytes, size_t es, int p, int me, int root) {
     bench_geom_t g;
     size_t n = bytes / es;
     switch (coll) {
     case BENCH_REDUCE_SCATTER:
         g.count = n / (size_t)p; g.total = g.count * (size_t)p;
         g.in_elems = g.total; g.out_elems = g.count; break;
-    case BENCH_ALL_GATHER:
+    case BENCH_ALL_GATHER: case BENCH_GATHER:
         g.count = n / (size_t)p; g.total = g.count * (size_t)p;
         g.in_elems = g.count; g.out_elems = g.total; break;
+    case BENCH_SCATTER:
+        g.count = n / (size_t)p; g.total = g.count * (size_t)p;
+        g.in_elems = g.total; g.out_elems = g.count; break;
+    case BENCH_ALL_TO_ALL:
+        g.count = n / (size_t)p; g.total = g.count * (size_t)p;
+        g.in_elems = g.out_elems = g.total; break;
     default:
         g.count = g.total = g.in_elems = g.out_elems = n; break;
     }
+    if (bench_colls[coll].result_at_root && me != root) g.out_elems = 0;
+    if (coll == BENCH_SCATTER && me != root) g.in_elems = 0;
     return g;
+}
+
+/* The rank whose result DDP_BENCH_CORRUPT flips: 0, or the root where only it has a result. */
+static int bench_corrupt_rank(const bench_opts_t *o) {
+    return bench_colls[o->coll].result_at_root ? o->root : 0;
 }
 
 /* The pointers of one call: NCCL's in-place rules (README: "in place when"). */
@@ -501,14 +539,18 @@ static void bench_pointers(int coll, int inplace, unsigned char *sendbuf, unsign
     *rp = recvbuf;
     if (!inplace) return;
     switch (coll) {
-    case BENCH_REDUCE_SCATTER: *sp = recvbuf; *rp = recvbuf + (size_t)me * count * es; break;
-    case BENCH_ALL_GATHER: *sp = recvbuf + (size_t)me * count * es; break;
-    default: *sp = recvbuf; break;
+    case BENCH_REDUCE_SCATTER: case BENCH_SCATTER:   /* recv == send + rank * recvcount */
+        *sp = recvbuf; *rp = recvbuf + (size_t)me * count * es; break;
+    case BENCH_ALL_GATHER: case BENCH_GATHER:        /* send == recv + rank * sendcount */
+        *sp = recvbuf + (size_t)me * count * es; break;
+    default: *sp = recvbuf; break;                   /* all_reduce, broadcast, reduce */
     }
 }
 
 /* Fills this rank's input of a checked call; the result area gets zeros, which the pattern never
- * holds, so an element the collective did not write is counted wrong. */
+ * holds, so an element the collective did not write is counted wrong. Rank r's input is the
+ * pattern of rank r over the whole input (all_to_all: block j, bound for rank j, is elements
+ * j*count.. of it; scatter: only the root has an input). */
 static void bench_fill(const bench_opts_t *o, const bench_geom_t *g, int me, int p,
                        unsigned char *sp, unsigned char *rp, size_t es) {
     size_t i;
@@ -537,10 +579,15 @@ static long bench_verify(const bench_opts_t *o, const bench_geom_t *g, int me, i
         for (i = 0; i < g->out_elems; i++)
             wrong += !bench_matches(res, i, o->dtype, &tab[(base + i) % per]);
         break;
-    case BENCH_ALL_GATHER: {
+    case BENCH_REDUCE:   /* the root's result only (out_elems is 0 elsewhere) */
+        per = bench_period(op, p);
+        for (k = 0; k < per; k++) tab[k] = bench_reference(o->dtype, op, k, p, 0);
+        for (i = 0; i < g->out_elems; i++) wrong += !bench_matches(res, i, o->dtype, &tab[i % per]);
+        break;
+    case BENCH_ALL_GATHER: case BENCH_GATHER: {   /* block r: rank r's input */
         int r;
         per = bench_period(BENCH_SUM, p);
-        for (r = 0; r < p; r++) {
+        for (r = 0; r < (g->out_elems ? p : 0); r++) {
             const unsigned char *blk = res + (size_t)r * g->count * bench_dtype_bytes[o->dtype];
             for (k = 0; k < per; k++) tab[k] = bench_reference(o->dtype, -1, k, p, r);
             for (i = 0; i < g->count; i++) wrong += !bench_matches(blk, i, o->dtype, &tab[i % per]);
@@ -550,6 +597,30 @@ static long bench_verify(const bench_opts_t *o, const bench_geom_t *g, int me, i
     case BENCH_BROADCAST:
         per = bench_period(BENCH_SUM, p);
         for (k = 0; k < per; k++) tab[k] = bench_reference(o->dtype, -1, k, p, o->root);
+        for (i = 0; i < g->out_elems; i++) wrong += !bench_matches(res, i, o->dtype, &tab[i % per]);
+        break;
+    case BENCH_SCATTER:   /* block me of the root's input */
+        base = (size_t)me * g->count;
+        per = bench_period(BENCH_SUM, p);
+        for (k = 0; k < per; k++) tab[k] = bench_reference(o->dtype, -1, k, p, o->root);
+        for (i = 0; i < g->out_elems; i++)
+            wrong += !bench_matches(res, i, o->dtype, &tab[(base + i) % per]);
+        break;
+    case BENCH_ALL_TO_ALL: {   /* block r: block me of rank r's input */
+        int r;
+        base = (size_t)me * g->count;
+        per = bench_period(BENCH_SUM, p);
+        for (r = 0; r < p; r++) {
+            const unsigned char *blk = res + (size_t)r * g->count * bench_dtype_bytes[o->dtype];
+            for (k = 0; k < per; k++) tab[k] = bench_reference(o->dtype, -1, k, p, r);
+            for (i = 0; i < g->count; i++)
+                wrong += !bench_matches(blk, i, o->dtype, &tab[(base + i) % per]);
+        }
+        break;
+    }
+    case BENCH_SENDRECV:   /* rank me - 1's input */
+        per = bench_period(BENCH_SUM, p);
+        for (k = 0; k < per; k++) tab[k] = bench_reference(o->dtype, -1, k, p, (me + p - 1) % p);
         for (i = 0; i < g->out_elems; i++) wrong += !bench_matches(res, i, o->dtype, &tab[i % per]);
         break;
     }
@@ -683,7 +754,13 @@ static void bench_header(const bench_opts_t *o, const bench_backend_t *b, const 
     bench_print_env(b);
     printf("# time = mean per call on each rank, averaged over ranks (nccl-tests' default); "
            "algbw = size / time; busbw = algbw * %s; GB = 1e9 B\n",
-           o->coll == BENCH_ALL_REDUCE ? "2(p-1)/p" : o->coll == BENCH_BROADCAST ? "1" : "(p-1)/p");
+           bench_colls[o->coll].busbw_num == 2.0 ? "2(p-1)/p" :
+           bench_colls[o->coll].busbw_num > 0 ? "(p-1)/p" : "1");
+    if (!bench_colls[o->coll].inplace_ok)
+        printf("# in-place: not run, %s has no in-place form (%s); out-of-place columns only "
+               "(nccl-tests times it anyway and prints N/A for its errors)\n", bench_colls[o->coll].name,
+               o->coll == BENCH_ALL_TO_ALL ? "ddp_all_to_all refuses send == recv, as NCCL"
+                                           : "a send and a receive of one buffer in one group race");
     printf("# p50/p99 = per-call latency percentiles (sizes <= %u KiB), averaged over ranks\n",
            BENCH_LAT_MAX_BYTES >> 10);
     if (o->corrupt) printf("# DDP_BENCH_CORRUPT set: rank 0 flips one element of every checked result\n");
@@ -774,7 +851,7 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
                      double *lat_sorted, bench_row_t *row, char *err, size_t errcap) {
     const size_t es = bench_dtype_bytes[o->dtype];
     const int p = b->nranks, me = b->rank;
-    bench_geom_t g = bench_geometry(o->coll, req_bytes, es, p);
+    bench_geom_t g = bench_geometry(o->coll, req_bytes, es, p, me, o->root);
     unsigned char *sp, *rp;
     int it, c, iters = o->iters;
     double t0, tw, sum = 0, u0, s0, u1, s1, stat[7], w[2];
@@ -789,7 +866,7 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
         bench_fill(o, &g, me, p, sp, rp, es);
         if (bench_call(b, o, sp, rp, g.count, err, errcap)) return 1;
         if (o->coll == BENCH_REDUCE_SCATTER && inplace && b->rs_inplace_result_at_start) res = sp;
-        if (o->corrupt && me == 0 && g.out_elems)
+        if (o->corrupt && me == bench_corrupt_rank(o) && g.out_elems)
             bench_corrupt((void *)res, g.out_elems / 2, o->dtype);
         wrong += bench_verify(o, &g, me, p, res);
     }
@@ -864,13 +941,13 @@ static int bench_main_sweep(const bench_opts_t *o, bench_backend_t *b) {
     char err[1024];
 
     if (o->inplace != 1) pl[npl++] = 0;
-    if (o->inplace != 0) pl[npl++] = 1;
+    if (o->inplace != 0 && bench_colls[o->coll].inplace_ok) pl[npl++] = 1;
     if (b->supports && !b->supports(o->coll, o->dtype, o->op)) {
         if (me == 0) fprintf(stderr, "%s: %s with dtype %s / op %s is not supported\n", b->name,
                              bench_colls[o->coll].name, bench_dtype_short[o->dtype], bench_op_names[o->op]);
         return 1;
     }
-    if (o->coll == BENCH_BROADCAST && o->root >= b->nranks) {
+    if (bench_colls[o->coll].has_root && o->root >= b->nranks) {
         if (me == 0) fprintf(stderr, "%s: root %d >= nranks %d\n", b->name, o->root, b->nranks);
         return 1;
     }
@@ -954,7 +1031,7 @@ static int bench_main_mem(const bench_opts_t *o, bench_backend_t *b) {
     }
     t = bench_now_s() - t;
     {
-        bench_geom_t g = bench_geometry(BENCH_ALL_REDUCE, bytes, es, b->nranks);
+        bench_geom_t g = bench_geometry(BENCH_ALL_REDUCE, bytes, es, b->nranks, b->rank, 0);
         v[3] = (double)bench_verify(o, &g, b->rank, b->nranks, buf);
     }
     v[0] = (double)bench_peak_rss_kib();

@@ -1,4 +1,6 @@
 /* bench/ddp_bench.c — ddp-bench: libddp's collectives over a size sweep, nccl-tests style.
+ * Collectives (-o): all_reduce reduce_scatter all_gather broadcast reduce gather scatter
+ * all_to_all sendrecv (the last two out of place only).
  *
  *   make build/ddp-bench         (or: cc -std=c99 -O2 -I. -pthread bench/ddp_bench.c -o build/ddp-bench -lm)
  *   build/ddprun -n 4 build/ddp-bench -o all_reduce -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -d float -t tcp
@@ -60,6 +62,23 @@ static int ddpb_coll(void *ctx, int coll, const void *s, void *r, size_t count, 
     case BENCH_REDUCE_SCATTER: rc = ddp_reduce_scatter(s, r, count, (ddp_dtype_t)dtype, (ddp_op_t)op, c); break;
     case BENCH_ALL_GATHER: rc = ddp_all_gather(s, r, count, (ddp_dtype_t)dtype, c); break;
     case BENCH_BROADCAST: rc = ddp_broadcast(s, r, count, (ddp_dtype_t)dtype, root, c); break;
+    case BENCH_REDUCE: rc = ddp_reduce(s, r, count, (ddp_dtype_t)dtype, (ddp_op_t)op, root, c); break;
+    case BENCH_GATHER: rc = ddp_gather(s, r, count, (ddp_dtype_t)dtype, root, c); break;
+    case BENCH_SCATTER: rc = ddp_scatter(s, r, count, (ddp_dtype_t)dtype, root, c); break;
+    case BENCH_ALL_TO_ALL: rc = ddp_all_to_all(s, r, count, (ddp_dtype_t)dtype, c); break;
+    case BENCH_SENDRECV: {
+        /* nccl-tests' sendrecv_perf: send to rank + 1, receive from rank - 1, in one group (one
+         * by one they would wait for each other around the ring). group_end closes the group
+         * even after a refused call, and returns that call's error. */
+        int p = ddp_comm_size(c), me = ddp_comm_rank(c);
+        ddp_result_t rs, rr;
+        if ((rc = ddp_group_start(c)) != DDP_SUCCESS) break;
+        rs = ddp_send(s, count, (ddp_dtype_t)dtype, (me + 1) % p, c);
+        rr = ddp_recv(r, count, (ddp_dtype_t)dtype, (me + p - 1) % p, c);
+        rc = ddp_group_end(c);
+        if (rc == DDP_SUCCESS) rc = rs != DDP_SUCCESS ? rs : rr;
+        break;
+    }
     default: break;
     }
     if (rc == DDP_SUCCESS) return 0;

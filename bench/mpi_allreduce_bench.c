@@ -14,6 +14,14 @@
  *   all_gather      MPI_Allgather (in place: MPI_IN_PLACE, data at rank * sendcount, as NCCL)
  *   broadcast       MPI_Bcast, which is in place by nature: out of place, the root first copies
  *                   send to recv (what ncclBroadcast and ddp_broadcast do for the root too)
+ *   reduce          MPI_Reduce (in place: MPI_IN_PLACE on the root; the other ranks pass their
+ *                   send buffer, MPI allows MPI_IN_PLACE only on the root)
+ *   gather          MPI_Gather (in place: MPI_IN_PLACE on the root, its block at root * sendcount
+ *                   of recv as NCCL)
+ *   scatter         MPI_Scatter (in place: MPI_IN_PLACE as the root's recv, its block staying at
+ *                   root * recvcount of send as NCCL)
+ *   all_to_all      MPI_Alltoall (out of place only, as ddp-bench)
+ *   sendrecv        MPI_Sendrecv to rank + 1, from rank - 1 (out of place only, as ddp-bench)
  *
  * The rank count comes from mpirun (-p is ignored, -t too). half/bfloat16 and avg have no MPI
  * equivalent and are refused.
@@ -85,6 +93,36 @@ static int mpib_coll(void *ctx, int coll, const void *s, void *r, size_t count, 
         if (me == root && s != r) memcpy(r, s, count * bench_dtype_bytes[dtype]);
         rc = MPI_Bcast(r, n, t, root, MPI_COMM_WORLD);
         break;
+    case BENCH_REDUCE:
+        rc = MPI_Reduce(me == root && s == r ? MPI_IN_PLACE : s, r, n, t, mpib_op(op), root,
+                        MPI_COMM_WORLD);
+        break;
+    case BENCH_GATHER: {
+        size_t es = bench_dtype_bytes[dtype];
+        if (me == root && (const unsigned char *)r + (size_t)me * count * es == (const unsigned char *)s)
+            rc = MPI_Gather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r, n, t, root, MPI_COMM_WORLD);
+        else
+            rc = MPI_Gather(s, n, t, r, n, t, root, MPI_COMM_WORLD);
+        break;
+    }
+    case BENCH_SCATTER: {
+        size_t es = bench_dtype_bytes[dtype];
+        if (me == root && (const unsigned char *)s + (size_t)me * count * es == (unsigned char *)r)
+            rc = MPI_Scatter(s, n, t, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, root, MPI_COMM_WORLD);
+        else
+            rc = MPI_Scatter(s, n, t, r, n, t, root, MPI_COMM_WORLD);
+        break;
+    }
+    case BENCH_ALL_TO_ALL:
+        rc = MPI_Alltoall(s, n, t, r, n, t, MPI_COMM_WORLD);
+        break;
+    case BENCH_SENDRECV: {
+        int p = 1;
+        MPI_Comm_size(MPI_COMM_WORLD, &p);
+        rc = MPI_Sendrecv(s, n, t, (me + 1) % p, 0, r, n, t, (me + p - 1) % p, 0, MPI_COMM_WORLD,
+                          MPI_STATUS_IGNORE);
+        break;
+    }
     default:
         snprintf(err, errcap, "collective %d not implemented", coll);
         return 1;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bench/sweep.sh — what `make bench` runs: ddp-bench over 8 B .. 64 MiB for p = 2 and 4, every
-# collective, every transport compiled in; one JSON file per run and the SVG charts.
+# bench/sweep.sh — what `make bench` runs: ddp-bench over 8 B .. 64 MiB for p = 2 and 4, the four
+# ring collectives (COLLS="reduce gather scatter" or, out of place, COLLS="all_to_all sendrecv"
+# PLACEMENT=out for the others), every transport compiled in; one JSON per run and SVG charts.
 #
 #   make bench                        (builds build/ddp-bench and build/svg_chart, then this)
 #   COLLS=all_reduce NP=4 bench/sweep.sh      (a subset; every knob below)

@@ -80,20 +80,33 @@ clean_ok() {
 check "clean run: nccl-tests header/rows/footer, #wrong 0 in both placements, exit 0" clean_ok
 
 # --- the corrupted result is seen ---------------------------------------------------------------
+# corrupt_ok NAME [cols=FIELDS] ARGS...: the #wrong fields to look at (default 9 13: out-of-place
+# and in-place; all_to_all and sendrecv have only the out-of-place one, field 9)
 corrupt_ok() {
     name=corrupt_$1; shift
+    cols="9 13"
+    case $1 in cols=*) cols=${1#cols=}; shift ;; esac
     DDP_BENCH_CORRUPT=1 $T "$B" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; rc=$?
     [ "$rc" != 0 ] || { why "exit status 0 with a corrupted result"; return 1; }
     grep -Eq '^# Out of bounds values : [1-9][0-9]* FAILED$' "$tmp/$name.out" ||
         { why "no '# Out of bounds values : N FAILED'"; grep '^# Out' "$tmp/$name.out" >> "$tmp/why"; return 1; }
-    # one element of rank 0's result per checked call: #wrong is exactly 1 in every row
-    bad=$(rows "$tmp/$name.out" | awk '$9 != 1 || $13 != 1')
+    # one element of rank 0's (the root's) result per checked call: #wrong is exactly 1 in every row
+    bad=$(rows "$tmp/$name.out" | awk -v cols="$cols" \
+        'BEGIN { n = split(cols, c, " ") } { for (k = 1; k <= n; k++) if ($c[k] != 1) { print; next } }')
     [ -z "$bad" ] || { why "rows without #wrong 1: $bad"; return 1; }
 }
 check "DDP_BENCH_CORRUPT=1: all_reduce #wrong 1 per row, '# Out of bounds values : N FAILED', exit != 0" \
     corrupt_ok ar -p 2 -t tcp -o all_reduce -s 8,4K -n 2 -w 0
 check "DDP_BENCH_CORRUPT=1: all_gather (int8) the same" corrupt_ok ag -p 3 -t tcp -o all_gather -d int8 -s 96,4K -n 2 -w 0
 check "DDP_BENCH_CORRUPT=1: broadcast (bfloat16) the same" corrupt_ok bc -p 2 -t tcp -o broadcast -d bf16 -s 64 -n 2 -w 0 -r 1
+check "DDP_BENCH_CORRUPT=1: reduce (root 2 of 3, max) the same" \
+    corrupt_ok red -p 3 -t tcp -o reduce -R max -r 2 -s 96,4K -n 2 -w 0
+check "DDP_BENCH_CORRUPT=1: all_to_all (p=3, out-of-place only) the same" \
+    corrupt_ok a2a cols=9 -p 3 -t tcp -o all_to_all -s 96,4K -n 2 -w 0
+check "DDP_BENCH_CORRUPT=1: gather, scatter (int32, root 1 of 3), sendrecv the same" eval \
+    'corrupt_ok ga -p 3 -t tcp -o gather -d int32 -r 1 -s 96,4K -n 1 -w 0 &&
+     corrupt_ok sc -p 3 -t tcp -o scatter -d int32 -r 1 -s 96,4K -n 1 -w 0 &&
+     corrupt_ok sr cols=9 -p 3 -t tcp -o sendrecv -s 96,4K -n 1 -w 0'
 
 # --- every collective at p = 1, 2, 3 on every transport, checked ---------------------------------
 for tr in $TRANSPORTS; do
@@ -109,7 +122,47 @@ for tr in $TRANSPORTS; do
             check "$coll p=$p over $tr: every element right, both placements" coll_ok
         done
     done
+    # the collectives added later (ddp_reduce ... ddp_send/recv in a group): p = 1 and 3
+    for coll in reduce gather scatter all_to_all sendrecv; do
+        for p in 1 3; do
+            check "$coll p=$p over $tr: every element right" coll_ok
+        done
+    done
 done
+
+# --- every dtype and op of reduce, other dtypes of the rest (p = 3, the last rank the root) -----
+dtypes_ok() {
+    set -- int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
+    for op in sum prod max min avg; do
+        for dt in "$@"; do
+            run "r_${op}_$dt" -p 3 -t tcp -o reduce -R "$op" -d "$dt" -r 2 -s 100,4K -n 1 -w 0
+            [ "$rc" = 0 ] || { why "reduce $op $dt: exit $rc"; tail -3 "$tmp/r_${op}_$dt.err" >> "$tmp/why"; return 1; }
+        done
+    done
+    for coll in gather scatter all_to_all sendrecv; do
+        for dt in int8 half bfloat16 double; do
+            run "d_${coll}_$dt" -p 3 -t tcp -o "$coll" -d "$dt" -r 2 -s 100,4K -n 1 -w 0
+            [ "$rc" = 0 ] || { why "$coll $dt: exit $rc"; tail -3 "$tmp/d_${coll}_$dt.err" >> "$tmp/why"; return 1; }
+        done
+    done
+}
+check "reduce: every dtype x every op right at p=3 root 2; gather/scatter/all_to_all/sendrecv in 4 dtypes" dtypes_ok
+
+# --- all_to_all and sendrecv have no in-place form: out-of-place columns only, -i 1 refused ------
+no_inplace_ok() {
+    for coll in all_to_all sendrecv; do
+        run "ni_$coll" -p 2 -t tcp -o "$coll" -s 64 -n 1 -w 0
+        [ "$rc" = 0 ] || { why "$coll: exit $rc"; return 1; }
+        grep -q "^# in-place: not run, $coll has no in-place form" "$tmp/ni_$coll.out" ||
+            { why "$coll: the header does not say in-place is not run"; return 1; }
+        grep -q 'in-place lat' "$tmp/ni_$coll.out" && { why "$coll: in-place columns printed"; return 1; }
+        # size count type redop root | time algbw busbw #wrong | p50 p99
+        [ "$(rows "$tmp/ni_$coll.out" | awk '{ print NF }')" = 11 ] || { why "$coll: want 11 fields"; return 1; }
+        run "ni1_$coll" -p 2 -t tcp -o "$coll" -s 64 -n 1 -w 0 -i 1
+        [ "$rc" = 2 ] || { why "$coll -i 1: exit $rc, want 2"; return 1; }
+    done
+}
+check "all_to_all, sendrecv: in-place not run (said in the header), -i 1 refused" no_inplace_ok
 
 # --- sizes and counts as nccl-tests counts them --------------------------------------------------
 geometry_ok() {
@@ -122,12 +175,22 @@ geometry_ok() {
     run bc3 -p 3 -t tcp -o broadcast -r 2 -d double -s 1K -n 1 -w 0
     set -- $(rows "$tmp/bc3.out")
     [ "$1 $2 $3 $4 $5" = "1024 128 double none 2" ] || { why "broadcast: got '$1 $2 $3 $4 $5'"; return 1; }
+    # nccl-tests: reduce and sendrecv count = size; gather, scatter, alltoall count = size / p
+    for want in "reduce 1024 256 sum 2" "gather 1020 85 none 2" "scatter 1020 85 none 2" \
+                "all_to_all 1020 85 none -1" "sendrecv 1024 256 none -1"; do
+        set -- $want
+        coll=$1; w="$2 $3 $4 $5"
+        run "g_$coll" -p 3 -t tcp -o "$coll" -r 2 -s 1K -n 1 -w 0
+        set -- $(rows "$tmp/g_$coll.out")
+        [ "$1 $2 $4 $5" = "$w" ] || { why "$coll p=3 1K: got '$1 $2 $4 $5', want '$w'"; return 1; }
+    done
 }
-check "size = biggest buffer, count = the call's count (all_gather/reduce_scatter per rank), redop none, root" geometry_ok
+check "size = biggest buffer, count = the call's count (per rank where NCCL's is), redop none, root" geometry_ok
 
 # --- busbw factors (nccl-tests doc/PERFORMANCE.md) ---------------------------------------------
 factor_ok() {
-    for pair in all_reduce:1.500000 reduce_scatter:0.750000 all_gather:0.750000 broadcast:1.000000; do
+    for pair in all_reduce:1.500000 reduce_scatter:0.750000 all_gather:0.750000 broadcast:1.000000 \
+                reduce:1.000000 gather:0.750000 scatter:0.750000 all_to_all:0.750000 sendrecv:1.000000; do
         coll=${pair%%:*}; want=${pair#*:}
         run "f_$coll" -p 4 -t tcp -o "$coll" -s 64K -n 3 -w 1 -J "$tmp/f_$coll.json"
         grep -q "\"busbw_factor\": $want" "$tmp/f_$coll.json" || { why "$coll: busbw_factor is not $want"; return 1; }
@@ -138,7 +201,7 @@ factor_ok() {
         [ -z "$bad" ] || { why "$coll: busbw != algbw * $want: $bad"; return 1; }
     done
 }
-check "busbw = algbw x 2(p-1)/p, (p-1)/p, (p-1)/p, 1 at p=4 (JSON)" factor_ok
+check "busbw = algbw x 2(p-1)/p, (p-1)/p, (p-1)/p, 1; reduce 1, gather/scatter/all_to_all (p-1)/p, sendrecv 1 at p=4 (JSON)" factor_ok
 
 # --- JSON --------------------------------------------------------------------------------------
 json_ok() {
@@ -209,14 +272,14 @@ if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
     mpi_ok() {
         mpicc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror bench/mpi_allreduce_bench.c \
             -o "$tmp/mpi_bench" -lm 2> "$tmp/why" || return 1
-        for coll in all_reduce reduce_scatter all_gather broadcast; do
+        for coll in all_reduce reduce_scatter all_gather broadcast reduce gather scatter all_to_all sendrecv; do
             $T mpirun --allow-run-as-root --oversubscribe -np 3 --mca pml ob1 --mca btl self,tcp \
                 --mca btl_tcp_if_include lo --mca mpi_yield_when_idle 1 "$tmp/mpi_bench" -o "$coll" \
                 -r 1 -s 96,4K -n 1 -w 0 > "$tmp/mpi_$coll.out" 2>&1 || { why "$coll: exit $?"; tail -5 "$tmp/mpi_$coll.out" >> "$tmp/why"; return 1; }
             grep -q '^# Out of bounds values : 0 OK$' "$tmp/mpi_$coll.out" || { why "$coll: not 0 OK"; return 1; }
         done
     }
-    check "mpi_allreduce_bench: every collective at p=3, both placements, every element right" mpi_ok
+    check "mpi_allreduce_bench: every collective at p=3 (root 1), both placements where there are two, every element right" mpi_ok
 else
     n=$((n + 1)); echo "ok $n # skip no mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)"
 fi
