@@ -51,6 +51,7 @@
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "tests/ddp_test.h"
+#include "tests/ddp_test_data.h"
 
 #include <math.h>
 
@@ -100,8 +101,6 @@ static coll_shm_t *S;
 static tcase_t cases[MAXC];
 
 /* ------------------------------------------------------------------------- case list */
-static int is_int(int dt) { return dt <= DDP_UINT64; }
-static int is_signed_int(int dt) { return dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64; }
 
 static int add_case(int n, int coll, int dt, int op, size_t count, int inplace, int kind, int root) {
     tcase_t *c;
@@ -167,42 +166,7 @@ static void case_str(const tcase_t *c, char *out, size_t cap) {
 }
 
 /* ------------------------------------------------------------------------- inputs */
-static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) {
-    return t_mix64(c->seed ^ ((uint64_t)(rank + 1) << 52) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull));
-}
-
-static inline uint16_t f16_of(double v) { return ddp_float_to_half((float)v); }
-static inline uint16_t bf16_of(double v) { return ddp_float_to_bfloat16((float)v); }
-static inline uint64_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline uint64_t f64_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
-
-static inline uint64_t enc_float(int dt, double v) {
-    switch (dt) {
-    case DDP_FLOAT16: return f16_of(v);
-    case DDP_BFLOAT16: return bf16_of(v);
-    case DDP_FLOAT32: return f32_bits((float)v);
-    default: return f64_bits(v);
-    }
-}
-
-static inline double dec_float(int dt, uint64_t b) {
-    switch (dt) {
-    case DDP_FLOAT16: return ddp_half_to_float((uint16_t)b);
-    case DDP_BFLOAT16: return ddp_bfloat16_to_float((uint16_t)b);
-    case DDP_FLOAT32: { uint32_t u = (uint32_t)b; float f; memcpy(&f, &u, 4); return f; }
-    default: { double d; memcpy(&d, &b, 8); return d; }
-    }
-}
-
-/* A random non-NaN, non-zero bit pattern of a floating dtype. */
-static inline uint64_t rand_float_bits(int dt, uint64_t u) {
-    switch (dt) {
-    case DDP_FLOAT16: { uint64_t b = u & 0xffff; if ((b & 0x7fff) > 0x7c00) b = (b & 0x8000) | 0x7c00; if (!(b & 0x7fff)) b |= 1; return b; }
-    case DDP_BFLOAT16: { uint64_t b = u & 0xffff; if ((b & 0x7fff) > 0x7f80) b = (b & 0x8000) | 0x7f80; if (!(b & 0x7fff)) b |= 1; return b; }
-    case DDP_FLOAT32: { uint64_t b = u & 0xffffffffu; if ((b & 0x7fffffffu) > 0x7f800000u) b = (b & 0x80000000u) | 0x7f800000u; if (!(b & 0x7fffffffu)) b |= 1; return b; }
-    default: { uint64_t b = u; if ((b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull) b = (b & 0x8000000000000000ull) | 0x7ff0000000000000ull; if (!(b & 0x7fffffffffffffffull)) b |= 1; return b; }
-    }
-}
+static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return case_rnd(c->seed, rank, i); }
 
 /* Element i of rank's input for case c, as raw bits (low dtype-size bytes). */
 static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
@@ -216,31 +180,7 @@ static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
         else v = sign * (0.001 + 0.999 * frac);
         return enc_float(dt, v);
     }
-    if (is_int(dt)) {
-        if (c->op != DDP_AVG) return u;                   /* wraps exactly, in any order */
-        /* AVG: the sum of 8 must not wrap. Top bits of u, no division: this runs a lot. */
-        switch (dt) {
-        case DDP_INT8: return (uint64_t)((int64_t)(u >> 59) - 16);           /* [-16, 15] */
-        case DDP_UINT8: return u >> 59;                                      /* [0, 31] */
-        case DDP_INT32: return (uint64_t)((int64_t)(u >> 43) - (1 << 20));
-        case DDP_UINT32: return u >> 43;
-        case DDP_INT64: return (uint64_t)((int64_t)(u >> 23) - ((int64_t)1 << 40));
-        default: return u >> 23;
-        }
-    }
-    switch (c->op) {
-    case DDP_SUM: case DDP_AVG:
-        /* Grids on which every partial sum of 8 values is exact. */
-        if (dt == DDP_FLOAT16 || dt == DDP_BFLOAT16) return enc_float(dt, (double)((int64_t)(u >> 59) - 16));
-        if (dt == DDP_FLOAT32) return enc_float(dt, (double)((int64_t)(u >> 43) - (1 << 20)) * (1.0 / 1024));
-        return enc_float(dt, (double)((int64_t)(u >> 23) - ((int64_t)1 << 40)) * (1.0 / 1048576));
-    case DDP_PROD: {
-        static const double vals[8] = {0.5, 1.0, 2.0, -0.5, -1.0, -2.0, 1.0, -1.0};
-        return enc_float(dt, vals[u >> 61]);
-    }
-    default:
-        return rand_float_bits(dt, u);
-    }
+    return exact_bits(dt, c->op, u);
 }
 
 static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {

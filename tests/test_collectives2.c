@@ -30,6 +30,7 @@
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "tests/ddp_test.h"
+#include "tests/ddp_test_data.h"
 
 enum { C_REDUCE, C_GATHER, C_SCATTER, C_A2A, C_NCOLL };
 static const char *const coll_names[] = {"reduce", "gather", "scatter", "all_to_all"};
@@ -68,76 +69,12 @@ static shm_t *S;
 static tcase_t cases[MAXC];
 
 /* ------------------------------------------------------------------------- inputs, reference */
-static int is_int(int dt) { return dt <= DDP_UINT64; }
-static int is_signed_int(int dt) { return dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64; }
-static inline uint64_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline uint64_t f64_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
-
-static inline uint64_t enc_float(int dt, double v) {
-    switch (dt) {
-    case DDP_FLOAT16: return ddp_float_to_half((float)v);
-    case DDP_BFLOAT16: return ddp_float_to_bfloat16((float)v);
-    case DDP_FLOAT32: return f32_bits((float)v);
-    default: return f64_bits(v);
-    }
-}
-
-static inline double dec_float(int dt, uint64_t b) {
-    switch (dt) {
-    case DDP_FLOAT16: return ddp_half_to_float((uint16_t)b);
-    case DDP_BFLOAT16: return ddp_bfloat16_to_float((uint16_t)b);
-    case DDP_FLOAT32: { uint32_t u = (uint32_t)b; float f; memcpy(&f, &u, 4); return f; }
-    default: { double d; memcpy(&d, &b, 8); return d; }
-    }
-}
-
-/* A random non-NaN, non-zero bit pattern (max/min are then order-independent). */
-static inline uint64_t rand_float_bits(int dt, uint64_t u) {
-    uint64_t b, sign, mag, inf;
-    switch (dt) {
-    case DDP_FLOAT16: b = u & 0xffff; sign = 0x8000; inf = 0x7c00; break;
-    case DDP_BFLOAT16: b = u & 0xffff; sign = 0x8000; inf = 0x7f80; break;
-    case DDP_FLOAT32: b = u & 0xffffffffu; sign = 0x80000000u; inf = 0x7f800000u; break;
-    default: b = u; sign = 0x8000000000000000ull; inf = 0x7ff0000000000000ull; break;
-    }
-    mag = b & ~sign;
-    if (mag > inf) b = (b & sign) | inf;
-    if (!(b & ~sign)) b |= 1;
-    return b;
-}
-
-static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) {
-    return t_mix64(c->seed ^ ((uint64_t)(rank + 1) << 52) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull));
-}
+static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return case_rnd(c->seed, rank, i); }
 
 /* Element i of rank's input, raw bits in the low dtype-size bytes. */
 static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
     uint64_t u = rnd(c, rank, i);
-    int dt = c->dtype;
-    if (c->coll != C_REDUCE) return u;
-    if (is_int(dt)) {
-        if (c->op != DDP_AVG) return u;
-        switch (dt) {        /* AVG: the sum of 8 must not wrap */
-        case DDP_INT8: return (uint64_t)((int64_t)(u >> 59) - 16);
-        case DDP_UINT8: return u >> 59;
-        case DDP_INT32: return (uint64_t)((int64_t)(u >> 43) - (1 << 20));
-        case DDP_UINT32: return u >> 43;
-        case DDP_INT64: return (uint64_t)((int64_t)(u >> 23) - ((int64_t)1 << 40));
-        default: return u >> 23;
-        }
-    }
-    switch (c->op) {
-    case DDP_SUM: case DDP_AVG:
-        if (dt == DDP_FLOAT16 || dt == DDP_BFLOAT16) return enc_float(dt, (double)((int64_t)(u >> 59) - 16));
-        if (dt == DDP_FLOAT32) return enc_float(dt, (double)((int64_t)(u >> 43) - (1 << 20)) * (1.0 / 1024));
-        return enc_float(dt, (double)((int64_t)(u >> 23) - ((int64_t)1 << 40)) * (1.0 / 1048576));
-    case DDP_PROD: {
-        static const double vals[8] = {0.5, 1.0, 2.0, -0.5, -1.0, -2.0, 1.0, -1.0};
-        return enc_float(dt, vals[u >> 61]);
-    }
-    default:
-        return rand_float_bits(dt, u);
-    }
+    return c->coll != C_REDUCE ? u : exact_bits(c->dtype, c->op, u);
 }
 
 static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
