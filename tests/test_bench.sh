@@ -13,18 +13,7 @@ unset DDP_BENCH_CORRUPT DDP_TRANSPORT RANK WORLD_SIZE OMPI_COMM_WORLD_RANK OMPI_
       PMI_RANK PMI_SIZE
 T="timeout -k 2 30"
 
-n=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() { n=$((n + 1)); echo "not ok $n - $1"; }
-check() {
-    d=$1; shift
-    rm -f "$tmp/why"
-    if "$@"; then ok "$d"; else
-        notok "$d"
-        [ -s "$tmp/why" ] && sed 's/^/#   /' "$tmp/why"
-    fi
-}
-why() { printf '%s\n' "$*" >> "$tmp/why"; }
+. "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 # newer TARGET SOURCES...: TARGET exists and is newer than every source
 newer() { t=$1; shift; [ -x "$t" ] || return 1; for s in "$@"; do [ "$t" -nt "$s" ] || return 1; done; }
 

@@ -15,20 +15,7 @@ ulimit -c 0 2>/dev/null # the SIGSEGV check must not write a core file
 unset OMP_NUM_THREADS DDP_JOB_SECRET TORCH_NCCL_ASYNC_ERROR_HANDLING
 
 echo "1..28"
-n=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() { n=$((n + 1)); echo "not ok $n - $1"; }
-# check DESCRIPTION COMMAND...: ok when the command succeeds; else its output file (if any) as a
-# diagnostic. Commands below leave what they saw in $tmp/why.
-check() {
-    d=$1; shift
-    rm -f "$tmp/why"
-    if "$@"; then ok "$d"; else
-        notok "$d"
-        [ -s "$tmp/why" ] && sed 's/^/#   /' "$tmp/why"
-    fi
-}
-why() { printf '%s\n' "$*" >> "$tmp/why"; }
+. "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now() { date +%s.%N; }
 elapsed_below() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN { exit !(b - a < lim) }'; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }

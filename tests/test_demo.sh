@@ -15,20 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 unset DDP_DEMO_SKIP_ALLREDUCE DDP_JOB_SECRET RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
 
 echo "1..6"
-n=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() { n=$((n + 1)); echo "not ok $n - $1"; }
-# check DESCRIPTION COMMAND...: ok when the command succeeds; else what it left in $tmp/why as a
-# diagnostic.
-check() {
-    d=$1; shift
-    rm -f "$tmp/why"
-    if "$@"; then ok "$d"; else
-        notok "$d"
-        [ -s "$tmp/why" ] && sed 's/^/#   /' "$tmp/why"
-    fi
-}
-why() { printf '%s\n' "$*" >> "$tmp/why"; }
+. "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 T="timeout -k 2 60"
 
 # --- 1-2: build ---------------------------------------------------------------------------------
