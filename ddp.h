@@ -233,8 +233,10 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *comm, int color, int key, ddp_co
  *     iteration (the one-time rebuild reallocates the buckets).
  *   - gradient_as_bucket_view = 1: the gradients live in the buckets (no copy in or out); get
  *     parameter i's storage with ddp_reducer_grad, again after the first finish (the rebuild
- *     moves it, values kept). Otherwise each gradient is copied into its bucket when marked
- *     ready and the result copied back at finish.
+ *     moves it, values kept). Otherwise the progress thread copies a bucket's gradients in
+ *     when the bucket launches and the averages back as soon as its all-reduce completes
+ *     (at finish with find_unused), so the training thread only marks: do not touch a gradient
+ *     between marking it ready and finish (autograd does not either).
  *   - find_unused = 1: parameters not marked ready by finish are reduced as zeros; one whose
  *     gradient no rank produced keeps its gradient untouched (PyTorch: globally unused). Without
  *     it an unmarked parameter is DDP_ERR_INVALID_USAGE at finish, naming it (the buckets are
@@ -2504,6 +2506,11 @@ typedef struct _ddp_op {
     ddp_op_t op;
     uint64_t id;                      /* issue number, from 1 */
     ddp_result_t result;
+    /* Work the progress thread does before the operation and, if it succeeded, after it (the
+     * reducer's copy in and out of a bucket: off the caller's thread, which is computing). */
+    void (*around)(void *arg, int index, int before);
+    void *around_arg;
+    int around_index;
 } _ddp_op_t;
 
 static _ddp_op_t _ddp_op_make(int kind, const void *send, void *recv, size_t count,
@@ -2574,8 +2581,10 @@ static void *_ddp_progress_main(void *arg) {
         pthread_mutex_unlock(&c->amu);
         r = _ddp_begin(c);
         if (r == DDP_SUCCESS) {
+            if (o->around) o->around(o->around_arg, o->around_index, 1);
             r = _ddp_run_op(c, o);
             _ddp_end(c);
+            if (r == DDP_SUCCESS && o->around) o->around(o->around_arg, o->around_index, 0);
         }
         pthread_mutex_lock(&c->amu);
         o->result = r;
@@ -3333,6 +3342,66 @@ _DDP_PRIVATE void _ddp_reducer_copy_back(ddp_reducer_t *r, int b) {
     }
 }
 
+/* Copy mode: the bucket gathers its gradients (unmarked ones are the zeros finish wrote). */
+_DDP_PRIVATE void _ddp_reducer_copy_in(ddp_reducer_t *r, int b) {
+    const _ddp_rbucket_t *bk = &r->buckets[b];
+    int j;
+    for (j = 0; j < bk->n; j++) {
+        const _ddp_rparam_t *p = &r->params[r->params_of[bk->first + j]];
+        if (p->marked) memcpy(bk->buf + p->offset, p->user, p->bytes);
+    }
+}
+
+/* fp16_compress_hook / bf16_compress_hook: divide by the world size before the cast (as they
+ * do, so that the sum cannot overflow fp16), sum in 16 bits, cast back. The division happens in
+ * the source precision, the cast rounds once. */
+_DDP_PRIVATE void _ddp_reducer_compress(ddp_reducer_t *r, const _ddp_rbucket_t *bk) {
+    uint16_t *h = (uint16_t *)bk->half;
+    int bf = r->d.compression == DDP_COMPRESS_BF16;
+    size_t i;
+    if (bk->dtype == DDP_FLOAT32) {
+        const float *x = (const float *)(const void *)bk->buf;
+        float inv = 1.0f / (float)r->world;
+        for (i = 0; i < bk->count; i++)
+            h[i] = bf ? ddp_float_to_bfloat16(x[i] * inv) : ddp_float_to_half(x[i] * inv);
+    } else {
+        const double *x = (const double *)(const void *)bk->buf;
+        for (i = 0; i < bk->count; i++) {
+            float v = (float)(x[i] / r->world);
+            h[i] = bf ? ddp_float_to_bfloat16(v) : ddp_float_to_half(v);
+        }
+    }
+}
+
+_DDP_PRIVATE void _ddp_reducer_decompress(ddp_reducer_t *r, const _ddp_rbucket_t *bk) {
+    const uint16_t *h = (const uint16_t *)bk->half;
+    int bf = r->d.compression == DDP_COMPRESS_BF16;
+    size_t i;
+    if (bk->dtype == DDP_FLOAT32) {
+        float *x = (float *)(void *)bk->buf;
+        for (i = 0; i < bk->count; i++) x[i] = bf ? ddp_bfloat16_to_float(h[i]) : ddp_half_to_float(h[i]);
+    } else {
+        double *x = (double *)(void *)bk->buf;
+        for (i = 0; i < bk->count; i++) x[i] = bf ? ddp_bfloat16_to_float(h[i]) : ddp_half_to_float(h[i]);
+    }
+}
+
+/* Run by the progress thread around bucket b's all-reduce, so that the training thread only
+ * marks gradients: copy in and compress before, decompress and copy back after. The caller
+ * promises not to touch a gradient between marking it ready and finish (as autograd does not),
+ * and the bucket's parameters were all marked (or zeroed by finish) before the launch. */
+_DDP_PRIVATE void _ddp_reducer_around(void *arg, int b, int before) {
+    ddp_reducer_t *r = (ddp_reducer_t *)arg;
+    const _ddp_rbucket_t *bk = &r->buckets[b];
+    if (before) {
+        if (!r->d.gradient_as_bucket_view) _ddp_reducer_copy_in(r, b);
+        if (bk->half) _ddp_reducer_compress(r, bk);
+    } else {
+        if (bk->half) _ddp_reducer_decompress(r, bk);
+        if (!r->d.gradient_as_bucket_view && !r->d.find_unused) _ddp_reducer_copy_back(r, b);
+    }
+}
+
 /* Collects the oldest buckets whose reductions are done, without waiting. */
 _DDP_PRIVATE void _ddp_reducer_poll(ddp_reducer_t *r) {
     while (r->next_collect < r->next_launch) {
@@ -3346,25 +3415,11 @@ _DDP_PRIVATE void _ddp_reducer_poll(ddp_reducer_t *r) {
 
 _DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e) {
     _ddp_rbucket_t *bk = &r->buckets[b];
-    size_t i;
     if (e != DDP_SUCCESS) { _ddp_reducer_comm_err(r, e, "all-reduce", b); return; }
-    if (r->d.comm_hook) {
-        if (r->d.comm_hook_done) {
-            e = r->d.comm_hook_done(r->d.comm_hook_state, r->comm, b, bk->buf, bk->count, bk->dtype);
-            if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "comm_hook_done", b);
-        }
-    } else if (bk->half) {
-        const uint16_t *h = (const uint16_t *)bk->half;
-        int bf = r->d.compression == DDP_COMPRESS_BF16;
-        if (bk->dtype == DDP_FLOAT32) {
-            float *x = (float *)(void *)bk->buf;
-            for (i = 0; i < bk->count; i++)
-                x[i] = bf ? ddp_bfloat16_to_float(h[i]) : ddp_half_to_float(h[i]);
-        } else {
-            double *x = (double *)(void *)bk->buf;
-            for (i = 0; i < bk->count; i++)
-                x[i] = bf ? ddp_bfloat16_to_float(h[i]) : ddp_half_to_float(h[i]);
-        }
+    if (!r->d.comm_hook) return;     /* the progress thread finished the bucket */
+    if (r->d.comm_hook_done) {
+        e = r->d.comm_hook_done(r->d.comm_hook_state, r->comm, b, bk->buf, bk->count, bk->dtype);
+        if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "comm_hook_done", b);
     }
     if (!r->d.gradient_as_bucket_view && !r->d.find_unused && r->iter_err == DDP_SUCCESS)
         _ddp_reducer_copy_back(r, b);
@@ -3374,7 +3429,6 @@ _DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e) {
 _DDP_PRIVATE void _ddp_reducer_launch(ddp_reducer_t *r, int b) {
     _ddp_rbucket_t *bk = &r->buckets[b];
     ddp_result_t e;
-    size_t i;
     /* Leave room in the communicator's request ring for the caller's own requests. */
     while (r->next_launch - r->next_collect >= _DDP_REDUCER_MAX_INFLIGHT)
         _ddp_reducer_collect(r, r->next_collect++);
@@ -3382,32 +3436,20 @@ _DDP_PRIVATE void _ddp_reducer_launch(ddp_reducer_t *r, int b) {
     bk->req.id = 0;
     _DDP_LOG(r->comm, DDP_LOG_TRACE, "reducer: launching bucket %d (%zu x %s)", b, bk->count,
              ddp_dtype_name(bk->dtype));
-    if (r->d.comm_hook) {
+    if (r->d.comm_hook) {   /* the user's code runs on the user's thread */
+        if (!r->d.gradient_as_bucket_view) _ddp_reducer_copy_in(r, b);
         e = r->d.comm_hook(r->d.comm_hook_state, r->comm, b, bk->buf, bk->count, bk->dtype, &bk->req);
         if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "comm_hook", b);
-    } else if (bk->half) {
-        /* fp16_compress_hook / bf16_compress_hook: divide by the world size before the cast
-         * (as they do, so that the sum cannot overflow fp16), sum in 16 bits, cast back at
-         * collect. The division happens in the source precision, the cast rounds once. */
-        uint16_t *h = (uint16_t *)bk->half;
-        int bf = r->d.compression == DDP_COMPRESS_BF16;
-        if (bk->dtype == DDP_FLOAT32) {
-            const float *x = (const float *)(const void *)bk->buf;
-            float inv = 1.0f / (float)r->world;
-            for (i = 0; i < bk->count; i++)
-                h[i] = bf ? ddp_float_to_bfloat16(x[i] * inv) : ddp_float_to_half(x[i] * inv);
-        } else {
-            const double *x = (const double *)(const void *)bk->buf;
-            for (i = 0; i < bk->count; i++) {
-                float v = (float)(x[i] / r->world);
-                h[i] = bf ? ddp_float_to_bfloat16(v) : ddp_float_to_half(v);
-            }
-        }
-        e = ddp_all_reduce_async(h, h, bk->count, bf ? DDP_BFLOAT16 : DDP_FLOAT16, DDP_SUM, r->comm,
-                                 &bk->req);
-        if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "all-reduce", b);
     } else {
-        e = ddp_all_reduce_async(bk->buf, bk->buf, bk->count, bk->dtype, DDP_AVG, r->comm, &bk->req);
+        void *data = bk->half ? bk->half : (void *)bk->buf;
+        int bf = r->d.compression == DDP_COMPRESS_BF16;
+        _ddp_op_t o = _ddp_op_make(_DDP_OP_ALL_REDUCE, data, data, bk->count,
+                                   bk->half ? (bf ? DDP_BFLOAT16 : DDP_FLOAT16) : bk->dtype,
+                                   bk->half ? DDP_SUM : DDP_AVG, 0);
+        o.around = _ddp_reducer_around;
+        o.around_arg = r;
+        o.around_index = b;
+        e = _ddp_async(r->comm, o, "reducer: bucket all-reduce", &bk->req);
         if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "all-reduce", b);
     }
 }
@@ -3506,7 +3548,6 @@ DDP_API ddp_result_t ddp_reducer_grad_ready(ddp_reducer_t *r, int i) {
     r->order[1 + r->nready++] = i;
     if (r->used) r->used[i] = 1;
     bk = &r->buckets[p->bucket];
-    if (!r->d.gradient_as_bucket_view) memcpy(bk->buf + p->offset, p->user, p->bytes);
     if (--bk->pending == 0) _ddp_reducer_launch_ready(r);
     return r->iter_err;
 }

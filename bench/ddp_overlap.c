@@ -106,9 +106,10 @@ static int cmp_double(const void *a, const void *b) {
 enum { MODE_COMPUTE, MODE_NO_OVERLAP, MODE_REDUCER };
 
 /* Median over iterations of the slowest rank's iteration time, in ms; < 0 on failure. */
-static double run_mode(ddp_comm_t *c, const opts_t *o, int mode, size_t cap, float *flat, int *nbuckets) {
+static double run_mode(ddp_comm_t *c, const opts_t *o, int mode, size_t cap, float *flat, int *nbuckets,
+                       double *backward_ms) {
     ddp_reducer_t *r = NULL;
-    double t[64], cost[MAXT];
+    double t[64], tb[64], cost[MAXT];
     int it, i, n = o->iters + 1;
     if (n > 64) n = 64;
     for (i = 0; i < ntensors; i++)
@@ -134,6 +135,7 @@ static double run_mode(ddp_comm_t *c, const opts_t *o, int mode, size_t cap, flo
             compute(cost[i], o->spin);
             if (mode == MODE_REDUCER && ddp_reducer_grad_ready(r, i) != DDP_SUCCESS) return -1;
         }
+        tb[it] = now_s() - t0;
         if (mode == MODE_NO_OVERLAP && ddp_all_reduce(flat, flat, total, DDP_FLOAT32, DDP_AVG, c) != DDP_SUCCESS)
             return -1;
         if (mode == MODE_REDUCER && ddp_reducer_finish(r) != DDP_SUCCESS) {
@@ -141,10 +143,13 @@ static double run_mode(ddp_comm_t *c, const opts_t *o, int mode, size_t cap, flo
             return -1;
         }
         t[it] = now_s() - t0;
-        if (ddp_all_reduce(&t[it], &t[it], 1, DDP_FLOAT64, DDP_MAX, c) != DDP_SUCCESS) return -1;
+        if (ddp_all_reduce(&t[it], &t[it], 1, DDP_FLOAT64, DDP_MAX, c) != DDP_SUCCESS ||
+            ddp_all_reduce(&tb[it], &tb[it], 1, DDP_FLOAT64, DDP_MAX, c) != DDP_SUCCESS) return -1;
     }
     if (r) ddp_reducer_destroy(r);
     qsort(t + 1, (size_t)(n - 1), sizeof t[0], cmp_double);   /* t[0]: warm-up (and the rebuild) */
+    qsort(tb + 1, (size_t)(n - 1), sizeof tb[0], cmp_double);
+    if (backward_ms) *backward_ms = tb[1 + (n - 1) / 2] * 1e3;
     return t[1 + (n - 1) / 2] * 1e3;
 }
 
@@ -152,7 +157,7 @@ static int run_rank(const opts_t *o, int nranks, int rank, int port) {
     ddp_comm_t *c = NULL;
     ddp_comm_desc_t d;
     float *flat;
-    double tc, tn, tr;
+    double tc, tn, tr, tb;
     int me, nb = 0, k;
     ddp_result_t e;
     memset(&d, 0, sizeof d);
@@ -180,27 +185,32 @@ static int run_rank(const opts_t *o, int nranks, int rank, int port) {
                o->spin ? "spinning CPU" : "sleep: an accelerator's time", o->iters);
         fflush(stdout);
     }
-    tc = run_mode(c, o, MODE_COMPUTE, 0, flat, &nb);
-    tn = run_mode(c, o, MODE_NO_OVERLAP, 0, flat, &nb);
-    tr = run_mode(c, o, MODE_REDUCER, DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES, flat, &nb);
+    tc = run_mode(c, o, MODE_COMPUTE, 0, flat, &nb, NULL);
+    tn = run_mode(c, o, MODE_NO_OVERLAP, 0, flat, &nb, NULL);
+    tr = run_mode(c, o, MODE_REDUCER, DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES, flat, &nb, &tb);
     if (tc < 0 || tn < 0 || tr < 0) { fprintf(stderr, "ddp-overlap: rank %d: %s\n", me, ddp_comm_last_error(c)); return 1; }
     if (me == 0) {
         printf("%-34s %9s %8s\n", "# mode", "iter ms", "hidden");
         printf("%-34s %9.1f\n", "compute only", tc);
         printf("%-34s %9.1f   (all-reduce %.1f ms after backward)\n", "no overlap: all-reduce after", tn, tn - tc);
-        printf("%-34s %9.1f %7.0f%%   (%d buckets, %.1f ms exposed)\n", "reducer, 25 MiB buckets", tr,
-               100 * (tn - tr) / (tn - tc), nb, tr - tc);
+        printf("%-34s %9.1f %7.0f%%   (%d buckets, %.1f ms exposed: backward slower by %.1f, "
+               "finish %.1f)\n", "reducer, 25 MiB buckets", tr, 100 * (tn - tr) / (tn - tc), nb, tr - tc,
+               tb - tc, tr - tb);
         fflush(stdout);
     }
     if (o->sweep) {
         static const size_t caps[4] = {1, 5, 25, 100};
         if (me == 0) printf("# bucket-size sweep (first bucket 1 MiB)\n%-34s %9s %8s\n", "# bucket cap", "iter ms", "hidden");
         for (k = 0; k < 4; k++) {
-            double t = run_mode(c, o, MODE_REDUCER, caps[k] << 20, flat, &nb);
+            double t = run_mode(c, o, MODE_REDUCER, caps[k] << 20, flat, &nb, &tb);
             char label[64];
             if (t < 0) { fprintf(stderr, "ddp-overlap: %s\n", ddp_comm_last_error(c)); return 1; }
             snprintf(label, sizeof label, "reducer, %zu MiB buckets (%d)", caps[k], nb);
-            if (me == 0) { printf("%-34s %9.1f %7.0f%%\n", label, t, 100 * (tn - t) / (tn - tc)); fflush(stdout); }
+            if (me == 0) {
+                printf("%-34s %9.1f %7.0f%%   (backward +%.1f, finish %.1f)\n", label, t,
+                       100 * (tn - t) / (tn - tc), tb - tc, t - tb);
+                fflush(stdout);
+            }
         }
     }
     free(flat);
