@@ -1583,6 +1583,7 @@ struct ddp_comm {
                                     * from it (the sequence in their tags); group_end's in flight */
     int group_depth, group_n, group_cap; /* ddp_group_start nesting; calls queued, room */
     void *group_ops;               /* the queued calls (_ddp_call_t), grown on demand, kept */
+    unsigned char *fuse_buf;       /* a group's small all-reduces packed together (lazy, kept) */
     ddp_result_t group_err;        /* first failure of a call made inside the group */
 };
 enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
@@ -1905,6 +1906,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->peers);
     _ddp_free(&a, c->p2p);
     _ddp_free(&a, c->group_ops);
+    _ddp_free(&a, c->fuse_buf);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->scratch);
     _ddp_free(&a, c->ops);
@@ -2549,9 +2551,26 @@ _DDP_PRIVATE ddp_result_t _ddp_begin(ddp_comm_t *c) {
 }
 _DDP_PRIVATE void _ddp_end(ddp_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST); }
 
+/* The hand-offs between the caller and the progress thread poll for the communicator's spin
+ * time (yielding the CPU between polls, as the transports do) before sleeping on a condition
+ * variable: a futex wake-up costs tens of microseconds on a busy machine, more than a small
+ * all-reduce. 1 when *word reached want in time; the caller still re-checks under the mutex. */
+_DDP_PRIVATE int _ddp_poll_u64(ddp_comm_t *c, const uint64_t *word, uint64_t want) {
+    int64_t until;
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return 1;
+    if (c->spin_us <= 0) return 0;
+    until = _ddp_now_us() + c->spin_us;
+    do {
+        sched_yield();
+        if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return 1;
+    } while (_ddp_now_us() < until);
+    return 0;
+}
+
 /* A blocking call: wait for everything issued before it, then run it here. */
 _DDP_PRIVATE ddp_result_t _ddp_enter(ddp_comm_t *c) {
     if (c->progress_on) {
+        _ddp_poll_u64(c, &c->finished, __atomic_load_n(&c->issued, __ATOMIC_ACQUIRE));
         pthread_mutex_lock(&c->amu);
         while (c->finished < c->issued) pthread_cond_wait(&c->adone, &c->amu);
         pthread_mutex_unlock(&c->amu);
@@ -2573,6 +2592,12 @@ static void *_ddp_progress_main(void *arg) {
     for (;;) {
         _ddp_op_t *o;
         ddp_result_t r;
+        if (c->started == c->issued && !c->progress_stop) {
+            uint64_t next = c->started + 1;
+            pthread_mutex_unlock(&c->amu);
+            _ddp_poll_u64(c, &c->issued, next);
+            pthread_mutex_lock(&c->amu);
+        }
         while (c->started == c->issued && !c->progress_stop) pthread_cond_wait(&c->acv, &c->amu);
         if (c->started == c->issued) break;
         o = &c->ops[c->started % DDP_MAX_REQUESTS];
@@ -2589,7 +2614,7 @@ static void *_ddp_progress_main(void *arg) {
         pthread_mutex_lock(&c->amu);
         o->result = r;
         o->state = 3;
-        c->finished++;
+        __atomic_store_n(&c->finished, c->finished + 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&c->adone);
     }
     pthread_mutex_unlock(&c->amu);
@@ -2619,7 +2644,8 @@ _DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _dd
     }
     *slot = *o;
     slot->state = 1;
-    slot->id = ++c->issued;
+    slot->id = c->issued + 1;
+    __atomic_store_n(&c->issued, slot->id, __ATOMIC_RELEASE);
     pthread_cond_signal(&c->acv);
     pthread_mutex_unlock(&c->amu);
     req->comm = c;
@@ -2662,6 +2688,11 @@ DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
     c = req->comm;
     pthread_mutex_lock(&c->amu);
     if ((slot = _ddp_req_slot(req, "ddp_wait", &r)) != NULL) {
+        if (c->finished < req->id) {   /* requests finish in issue order */
+            pthread_mutex_unlock(&c->amu);
+            _ddp_poll_u64(c, &c->finished, req->id);
+            pthread_mutex_lock(&c->amu);
+        }
         while (slot->state != 3) pthread_cond_wait(&c->adone, &c->amu);
         r = slot->result;
         slot->state = 0;
@@ -2762,7 +2793,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     switch (o->kind) {
     case _DDP_OP_ALL_REDUCE:
         if (c->coll) {
-            _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", ++c->seq,
+            c->seq++;   /* never inside _DDP_LOG: the count must not depend on the log level */
+            _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->seq,
                      o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
                      o->send == o->recv ? "in place" : "out of place");
             r = c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
@@ -2802,7 +2834,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
         break;
     case _DDP_OP_BARRIER:
         if (c->coll) {
-            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", ++c->seq);
+            c->seq++;
+            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->seq);
             r = c->coll->barrier(c->coll_state);
         } else {
             _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->seq + 1);

@@ -1439,6 +1439,66 @@ static ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_call_t *k) {
     return DDP_SUCCESS;
 }
 
+/* Tensor fusion (Horovod: Sergeev and Del Balso, "Horovod: fast and easy distributed deep
+ * learning in TensorFlow", 2018, section "Tensor Fusion") for a group's small all-reduces: a run
+ * of consecutive ones with the same dtype and op, at most _DDP_FUSE_BYTES together, is packed
+ * into one buffer, reduced once and unpacked: one latency instead of one per call. A group holds
+ * the same calls on every rank, so every rank packs the same way. A call whose buffers overlap
+ * an earlier member's is not fused (in order, it would see that member's result). */
+#define _DDP_FUSE_BYTES ((size_t)64 << 10)
+
+static int _ddp_fuse_overlap(const void *a, size_t alen, const void *b, size_t blen) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen && blen && x < y + blen && y < x + alen;
+}
+
+/* How many calls from ops[i] on can run as one fused all-reduce (1: just ops[i]). */
+static int _ddp_fuse_run_length(const _ddp_call_t *ops, int i, int n) {
+    const _ddp_call_t *a = &ops[i];
+    size_t es = ddp_dtype_size(a->dtype), total = a->count * es;
+    int j, m;
+    if (a->kind != _DDP_CALL_OP + _DDP_OP_ALL_REDUCE || total > _DDP_FUSE_BYTES) return 1;
+    for (j = i + 1; j < n; j++) {
+        const _ddp_call_t *b = &ops[j];
+        size_t bytes = b->count * es;
+        if (b->kind != a->kind || b->dtype != a->dtype || b->op != a->op ||
+            total + bytes > _DDP_FUSE_BYTES)
+            break;
+        for (m = i; m < j; m++) {
+            size_t mb = ops[m].count * es;
+            if (_ddp_fuse_overlap(b->recv, bytes, ops[m].send, mb) ||
+                _ddp_fuse_overlap(b->recv, bytes, ops[m].recv, mb) ||
+                _ddp_fuse_overlap(b->send, bytes, ops[m].recv, mb))
+                break;
+        }
+        if (m < j) break;
+        total += bytes;
+    }
+    return j - i;
+}
+
+static ddp_result_t _ddp_fused_all_reduce(ddp_comm_t *c, const _ddp_call_t *ops, int k) {
+    size_t es = ddp_dtype_size(ops[0].dtype), off = 0;
+    _ddp_op_t o;
+    ddp_result_t r;
+    int j;
+    if (!c->fuse_buf && !(c->fuse_buf = (unsigned char *)ddp_comm_calloc(c, _DDP_FUSE_BYTES)))
+        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group_end: the fusion buffer (%zu bytes)",
+                             (size_t)_DDP_FUSE_BYTES);
+    for (j = 0; j < k; j++) {
+        if (ops[j].count) memcpy(c->fuse_buf + off, ops[j].send, ops[j].count * es);
+        off += ops[j].count * es;
+    }
+    _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d all_reduces fused into one of %zu bytes", k, off);
+    o = _ddp_op_make(_DDP_OP_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
+    if ((r = _ddp_run_op_raw(c, &o)) != DDP_SUCCESS) return r;
+    for (off = 0, j = 0; j < k; j++) {
+        if (ops[j].count) memcpy(ops[j].recv, c->fuse_buf + off, ops[j].count * es);
+        off += ops[j].count * es;
+    }
+    return DDP_SUCCESS;
+}
+
 /* The outermost group_end: the collectives in call order, then all sends and receives at once. */
 static ddp_result_t _ddp_group_run(ddp_comm_t *c) {
     _ddp_call_t *ops = (_ddp_call_t *)c->group_ops;
@@ -1452,10 +1512,14 @@ static ddp_result_t _ddp_group_run(ddp_comm_t *c) {
     for (i = 0; i < n; i++) nsend += ops[i].kind == _DDP_CALL_SEND, nrecv += ops[i].kind == _DDP_CALL_RECV;
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls: %d collectives, then %d sends and %d receives together",
              n, n - nsend - nrecv, nsend, nrecv);
-    for (i = 0; i < n; i++)
-        if (ops[i].kind != _DDP_CALL_SEND && ops[i].kind != _DDP_CALL_RECV &&
-            (r = _ddp_call_run(c, &ops[i])) != DDP_SUCCESS)
-            return r;
+    for (i = 0; i < n; i++) {
+        int k;
+        if (ops[i].kind == _DDP_CALL_SEND || ops[i].kind == _DDP_CALL_RECV) continue;
+        k = _ddp_fuse_run_length(ops, i, n);
+        r = k > 1 ? _ddp_fused_all_reduce(c, ops + i, k) : _ddp_call_run(c, &ops[i]);
+        if (r != DDP_SUCCESS) return r;
+        i += k - 1;
+    }
     return nsend + nrecv ? _ddp_p2p_batch(c, ops, n) : DDP_SUCCESS;
 }
 

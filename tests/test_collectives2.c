@@ -408,7 +408,7 @@ static void report_run(const run_cfg_t *cfg, int nbad) {
 
 /* ------------------------------------------------------------------------- scenarios */
 typedef struct { const char *mode; int p; int which; } scen_t;
-enum { SC_SHIFT, SC_A2A_BY_HAND, SC_MIXED, SC_PLAIN, SC_MISMATCH_COLL, SC_MISMATCH_P2P, SC_ARGS };
+enum { SC_SHIFT, SC_A2A_BY_HAND, SC_MIXED, SC_FUSED, SC_PLAIN, SC_MISMATCH_COLL, SC_MISMATCH_P2P, SC_ARGS };
 
 static uint32_t word(int from, int to, size_t i) { return (uint32_t)t_mix64(((uint64_t)from << 40) ^ ((uint64_t)to << 20) ^ i); }
 
@@ -497,6 +497,55 @@ static int scenario(int rank, int p, void *arg) {
             if (!ok(good, "results of the mixed group")) status = 1;
         }
         free(red); free(own); free(a2s); free(a2r); free(out); free(in); free(gat);
+        break;
+    }
+    case SC_FUSED: {   /* a group's small all-reduces are fused (ddp_ring.h); results as one by one */
+        const size_t nbig = 20000;                     /* 80 KB: above the fusion limit, alone */
+        int32_t a1 = rank + 1, a1out = -1, a3[1000], *big = (int32_t *)malloc(nbig * 4);
+        float f4[7], f4out[7], f5[5], f6[3];
+        int64_t chain[4];
+        unsigned seq0 = comm->seq;
+        const int tri = p * (p + 1) / 2;
+        int good = 1;
+        size_t i;
+        for (i = 0; i < 1000; i++) a3[i] = (int32_t)(i + (size_t)rank);
+        for (i = 0; i < 7; i++) f4[i] = (float)(rank + (int)i);
+        for (i = 0; i < 5; i++) f5[i] = (float)(2 * rank);
+        for (i = 0; i < 3; i++) f6[i] = (float)(rank * 10 + (int)i);
+        for (i = 0; i < nbig; i++) big[i] = 1;
+        for (i = 0; i < 4; i++) chain[i] = rank + 1;
+        r = ddp_group_start(comm);
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(&a1, &a1out, 1, DDP_INT32, DDP_SUM, comm);   /* fused: */
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(&a1, &a1out, 0, DDP_INT32, DDP_SUM, comm);   /* count 0 */
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(a3, a3, 1000, DDP_INT32, DDP_SUM, comm);
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(f4, f4out, 7, DDP_FLOAT32, DDP_AVG, comm);   /* fused: */
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(f5, f5, 5, DDP_FLOAT32, DDP_AVG, comm);
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(f6, f6, 3, DDP_FLOAT32, DDP_MAX, comm);      /* other op */
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(big, big, nbig, DDP_INT32, DDP_SUM, comm);   /* too big */
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(chain, chain, 4, DDP_INT64, DDP_SUM, comm);
+        if (r == DDP_SUCCESS) r = ddp_all_reduce(chain, chain, 4, DDP_INT64, DDP_SUM, comm);  /* overlaps */
+        r2 = ddp_group_end(comm);
+        if (!ok(r == DDP_SUCCESS && r2 == DDP_SUCCESS, "group of 9 all_reduces: %s / %s %s", ddp_strerror(r),
+                ddp_strerror(r2), ddp_comm_last_error(comm))) { status = 1; free(big); break; }
+        if (a1out != tri) good = ok(0, "fused int32 sum: %d, expected %d", a1out, tri);
+        for (i = 0; i < 1000 && good; i++)
+            if (a3[i] != (int32_t)((size_t)p * i + (size_t)(tri - p))) good = ok(0, "fused in-place a3[%zu] = %d", i, a3[i]);
+        for (i = 0; i < 7 && good; i++)
+            if (f4out[i] != (float)(tri - p) / (float)p + (float)i) good = ok(0, "fused avg f4[%zu] = %g", i, f4out[i]);
+        for (i = 0; i < 5 && good; i++)
+            if (f5[i] != (float)(p - 1)) good = ok(0, "fused avg f5[%zu] = %g", i, f5[i]);
+        for (i = 0; i < 3 && good; i++)
+            if (f6[i] != (float)((p - 1) * 10 + (int)i)) good = ok(0, "max f6[%zu] = %g", i, f6[i]);
+        for (i = 0; i < nbig && good; i++) if (big[i] != p) good = ok(0, "big[%zu] = %d", i, big[i]);
+        for (i = 0; i < 4 && good; i++)   /* one by one: the second sums the first's results */
+            if (chain[i] != (int64_t)p * tri) good = ok(0, "chained in-place sums: %lld, expected %lld",
+                                                       (long long)chain[i], (long long)p * tri);
+        /* 9 calls, 6 reductions: (a1, empty, a3) (f4, f5) f6 big chain chain */
+        if (good && comm->seq - seq0 != 6)
+            good = ok(0, "the group used %u sequence numbers, expected 6 (fusion)", comm->seq - seq0);
+        if (!ok(good, "results of the fused group (3 + 2 fused, other op, too big, overlapping buffers apart)"))
+            status = 1;
+        free(big);
         break;
     }
     case SC_PLAIN: {   /* outside groups: rank 0 sends to each, each answers */
@@ -657,6 +706,7 @@ int main(void) {
         run_scenario(modes[m], 4, SC_SHIFT, "group ring shift 4 MiB");
         run_scenario(modes[m], m == 1 ? 3 : 5, SC_A2A_BY_HAND, "group all-to-all by send/recv");
         run_scenario(modes[m], m == 2 ? 3 : 4, SC_MIXED, "group with collectives");
+        run_scenario(modes[m], m == 1 ? 2 : 3, SC_FUSED, "group of small all-reduces fused");
         run_scenario(modes[m], 3, SC_PLAIN, "plain send/recv");
     }
     run_scenario("tcp", 2, SC_SHIFT, "group ring shift 4 MiB");
