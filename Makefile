@@ -21,7 +21,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -96,7 +96,7 @@ IB_HEADERS    := transports/ddp_ibverbs.h
 $(B)/test_rdma: tests/test_rdma.c tests/test_collectives.c $(IB_HEADERS) $(HEADERS) $(wildcard tests/*.h) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
-$(B)/ddp-bench-ibverbs: bench/ddp_bench.c bench/bench_common.h $(IB_HEADERS) $(HEADERS) $(wildcard transports/*.h) | $(B)
+$(B)/ddp-bench-ibverbs: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.h $(IB_HEADERS) $(HEADERS) $(wildcard transports/*.h) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) -DDDP_BENCH_IBVERBS $< -o $@ $(LDLIBS) -libverbs
 
 # The header alone, declarations / implementation linked (-libverbs) / implementation with
@@ -137,7 +137,7 @@ demo: $(B)/train_mlp $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_mlp
 
 # ddp-bench (bench/ddp_bench.c) compiles in every transports/*.h present; svg_chart draws its JSON.
-$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h $(HEADERS) $(wildcard transports/*.h) | $(B)
+$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.h $(HEADERS) $(wildcard transports/*.h) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 $(B)/svg_chart: bench/svg_chart.c | $(B)
@@ -145,7 +145,11 @@ $(B)/svg_chart: bench/svg_chart.c | $(B)
 
 # ddp-overlap (bench/ddp_overlap.c): how much of the all-reduce the gradient bucket reducer hides
 # behind a simulated ResNet-50 backward, and the bucket-size sweep (run: build/ddp-overlap -p 2).
-$(B)/ddp-overlap: bench/ddp_overlap.c $(HEADERS) | $(B)
+$(B)/ddp-overlap: bench/ddp_overlap.c bench/bench_fork.h $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).
+$(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # 8 B .. 64 MiB, p = 2 and 4, the four ring collectives, every transport (2-4 minutes on 2 cores; knobs in

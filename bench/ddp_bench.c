@@ -34,12 +34,7 @@
 #endif
 
 #include "bench/bench_common.h"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
+#include "bench/bench_fork.h"
 
 /* The transport headers this file includes, by the name each registers. */
 static const char *const ddpb_transport_names[] = {
@@ -161,27 +156,13 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     return rc;
 }
 
-/* A port on 127.0.0.1 that nobody listened on a moment ago (the kernel's pick for port 0). */
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    if (fd < 0) return 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+static int run_rank_forked(void *arg, int n, int rank, int port) {
+    return run_rank((const bench_opts_t *)arg, n, rank, port);
 }
 
 int main(int argc, char **argv) {
     bench_opts_t o;
-    pid_t *pids;
-    int rank, port, failed = 0, left;
-    double deadline = 0;
+    int port;
     size_t k;
     if (bench_parse_args(argc, argv, &o, 1)) return 2;
     if (o.list_transports) {
@@ -197,51 +178,6 @@ int main(int argc, char **argv) {
         (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) ||
         (getenv("PMI_RANK") && getenv("PMI_SIZE")))
         return run_rank(&o, 0, 0, 0);
-    if (!(port = free_port())) { perror("ddp-bench: no free port on 127.0.0.1"); return 1; }
-    pids = (pid_t *)calloc((size_t)o.nranks, sizeof *pids);
-    if (!pids) return 1;
-    fflush(stdout);
-    fflush(stderr);
-    for (rank = 0; rank < o.nranks; rank++) {
-        pid_t pid = fork();
-        if (pid < 0) { perror("fork"); failed = 1; break; }
-        if (pid == 0) {
-            int rc = run_rank(&o, o.nranks, rank, port);
-            fflush(stdout);
-            fflush(stderr);
-            _exit(rc);
-        }
-        pids[rank] = pid;
-    }
-    left = rank;
-    while (left > 0) {
-        int st, j;
-        pid_t pid = waitpid(-1, &st, failed ? WNOHANG : 0);
-        if (pid < 0) { if (errno == EINTR) continue; break; }
-        if (pid == 0) {
-            /* A rank failed: the others normally notice within milliseconds (libddp fails every
-             * survivor of a dead peer); a rank stuck at rendezvous gets 10 s, then SIGTERM. */
-            if (bench_now_s() > deadline) {
-                for (j = 0; j < o.nranks; j++) if (pids[j] > 0) kill(pids[j], SIGTERM);
-                deadline = 1e300;
-            }
-            usleep(10000);
-            continue;
-        }
-        for (j = 0; j < o.nranks; j++) {
-            if (pids[j] != pid) continue;
-            pids[j] = 0;
-            left--;
-            if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
-            /* status 1 is a failed check or call, already reported by the rank itself */
-            if (WIFSIGNALED(st))
-                fprintf(stderr, "ddp-bench: rank %d killed by signal %d\n", j, WTERMSIG(st));
-            else if (WEXITSTATUS(st) != 1)
-                fprintf(stderr, "ddp-bench: rank %d exited with status %d\n", j, WEXITSTATUS(st));
-            if (!failed) deadline = bench_now_s() + 10.0;
-            failed = 1;
-        }
-    }
-    free(pids);
-    return failed;
+    if (!(port = bench_free_port())) { perror("ddp-bench: no free port on 127.0.0.1"); return 1; }
+    return bench_fork_ranks(o.nranks, run_rank_forked, &o, "ddp-bench", port);
 }

@@ -33,17 +33,13 @@
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 
-#include <arpa/inet.h>
+#include "bench/bench_fork.h"
+
 #include <errno.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #define MAXT 256
 
@@ -218,24 +214,13 @@ static int run_rank(const opts_t *o, int nranks, int rank, int port) {
     return 0;
 }
 
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    if (fd < 0) return 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+static int run_rank_forked(void *arg, int n, int rank, int port) {
+    return run_rank((const opts_t *)arg, n, rank, port);
 }
 
 int main(int argc, char **argv) {
     opts_t o;
-    int i, port, failed = 0, r;
-    pid_t pids[64];
+    int i, port;
     memset(&o, 0, sizeof o);
     o.nranks = 2;
     o.iters = 5;
@@ -263,21 +248,6 @@ int main(int argc, char **argv) {
     }
     resnet50();
     if (getenv("RANK") && getenv("WORLD_SIZE")) return run_rank(&o, 0, 0, 0);
-    if (!(port = free_port())) return 1;
-    fflush(stdout);
-    for (r = 0; r < o.nranks; r++) {
-        pid_t pid = fork();
-        if (pid < 0) { perror("fork"); o.nranks = r; failed = 1; break; }
-        if (pid == 0) {
-            int rc = run_rank(&o, o.nranks, r, port);
-            fflush(stdout);
-            _exit(rc);
-        }
-        pids[r] = pid;
-    }
-    for (r = 0; r < o.nranks; r++) {
-        int st;
-        if (waitpid(pids[r], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) failed = 1;
-    }
-    return failed;
+    if (!(port = bench_free_port())) return 1;
+    return bench_fork_ranks(o.nranks, run_rank_forked, &o, "ddp-overlap", port);
 }
