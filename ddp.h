@@ -480,6 +480,13 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char 
 #define _DDP_RD_MAX_BYTES_P2 (16u << 10)
 #define _DDP_RD_MAX_BYTES_POW2 (256u << 10)
 #define _DDP_RD_MAX_BYTES_FOLDED (64u << 10)
+/* Async lanes (DDP_ASYNC_LANES): off by default. On the 2-core VM this was built on, two TCP
+ * connection sets carrying two 16 MiB all-reduces at once took 0.93-1.05x the time of one set
+ * carrying them in turn: loopback TCP there is CPU-bound (1.9 of 2 cores busy), so nothing can
+ * overlap. Where a NIC, not the CPU, is the limit, several streams are what NCCL and Gloo use
+ * (bench/ddp_async.c measures it: try DDP_ASYNC_LANES=2). */
+#define _DDP_DEFAULT_LANES 1
+#define _DDP_LANE_MIN_BYTES ((size_t)4 << 20)
 #define _DDP_MAX_TRANSPORTS 8
 #define _DDP_COMM_MAGIC 0x44445043u /* "DDPC" */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
@@ -1539,6 +1546,15 @@ typedef struct { int tinst; void *conn; } _ddp_peer_t;
 
 #define _DDP_HOST_ID_LEN 160
 #define _DDP_MAX_SLOTS 8
+#define _DDP_MAX_LANES 4
+
+/* A progress thread and the communicator it runs operations on (see "lanes" below). */
+typedef struct {
+    struct ddp_comm *owner, *exec;
+    int index;
+    pthread_t thread;
+    uint64_t cursor;               /* the last request this lane took */
+} _ddp_lane_t;
 
 struct ddp_comm {
     uint32_t magic;
@@ -1568,9 +1584,15 @@ struct ddp_comm {
     pthread_cond_t acv;            /* something queued, or stop */
     pthread_cond_t adone;          /* an operation finished */
     int async_init, progress_on, progress_stop;
-    pthread_t progress;
     struct _ddp_op *ops;           /* DDP_MAX_REQUESTS slots; op number n lives in slot n % max */
-    uint64_t issued, started, finished; /* operations submitted / taken / done by the thread */
+    uint64_t issued, finished;     /* requests submitted / done, all of 1..finished (issue order) */
+    _ddp_lane_t lanes[_DDP_MAX_LANES]; /* lane 0 runs on this communicator, the others on copies */
+    int nlanes, want_lanes;        /* running; DDP_ASYNC_LANES */
+    size_t lane_min_bytes;         /* DDP_LANE_MIN_BYTES: smaller requests all go to lane 0 */
+    uint64_t big_ops;              /* requests >= lane_min_bytes so far: picks their lane */
+    char transport_name[32];       /* desc.transport / DDP_TRANSPORT, "" for auto (for copies) */
+    ddp_result_t abort_code;       /* why it was aborted, when not by ddp_comm_abort */
+    char abort_reason[640];
     uint32_t splits;               /* ddp_comm_split calls: part of the child's store prefix */
     ddp_store_t *extra_store;      /* ddp_comm_init_threads' private store server (rank 0) */
     unsigned char *scratch;        /* bounded, allocated once: _DDP_MAX_SLOTS segments */
@@ -1888,14 +1910,16 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
     _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator");
     if (c->progress_on) {
-        /* Requests still queued run first (the peers run them too); then the thread ends. */
+        /* Requests still queued run first (the peers run them too); then the threads end. */
         pthread_mutex_lock(&c->amu);
         c->progress_stop = 1;
-        pthread_cond_signal(&c->acv);
+        pthread_cond_broadcast(&c->acv);
         pthread_mutex_unlock(&c->amu);
-        pthread_join(c->progress, NULL);
+        for (i = 0; i < c->nlanes; i++) pthread_join(c->lanes[i].thread, NULL);
         c->progress_on = 0;
     }
+    for (i = 1; i < c->nlanes; i++) ddp_comm_destroy(c->lanes[i].exec);
+    c->nlanes = 0;
     if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
     _ddp_close_peers(c);
     for (i = 0; i < c->ntinst; i++)
@@ -2063,7 +2087,17 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     return DDP_SUCCESS;
 }
 
+_DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c);
+
+_DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
+                                         int is_lane);
+
 DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
+    return _ddp_comm_init(out, nranks, rank, d, 0);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
+                                         int is_lane) {
     ddp_comm_desc_t zero;
     ddp_comm_t *c;
     ddp_result_t r;
@@ -2123,6 +2157,13 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
         c->rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
                         : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
     _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
+    {
+        long v;
+        s = getenv("DDP_ASYNC_LANES");
+        c->want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
+        c->lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
+        if (!c->lane_min_bytes) c->lane_min_bytes = _DDP_LANE_MIN_BYTES;
+    }
     s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
     _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
     s = d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
@@ -2144,6 +2185,7 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
     }
     forced = d->transport ? d->transport : getenv("DDP_TRANSPORT");
     if (forced && (!*forced || !strcmp(forced, "auto"))) forced = NULL;
+    if (forced) _ddp_strlcpy(c->transport_name, forced, sizeof c->transport_name);
     if (forced && !ddp_transport_find(forced)) {
         char names[128] = "";
         size_t off = 0;
@@ -2252,6 +2294,8 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
         r = _ddp_connect_peers(c, list, j);
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); goto fail; }
     }
+    c->nlanes = 1;
+    if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     {
         cpu_set_t set;
         int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -2513,6 +2557,7 @@ typedef struct _ddp_op {
     void (*around)(void *arg, int index, int before);
     void *around_arg;
     int around_index;
+    int lane;                         /* the progress thread that runs it */
 } _ddp_op_t;
 
 static _ddp_op_t _ddp_op_make(int kind, const void *send, void *recv, size_t count,
@@ -2526,15 +2571,23 @@ static _ddp_op_t _ddp_op_make(int kind, const void *send, void *recv, size_t cou
 
 _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o);
 
-/* Abort's poisoning happens once, by whichever thread gets there first. */
+/* Abort's poisoning happens once, by whichever thread gets there first. The reason is
+ * ddp_comm_abort's, or another async lane's failure (_ddp_abort_internal). */
 _DDP_PRIVATE ddp_result_t _ddp_abort_poison(ddp_comm_t *c) {
     int expect = 0;
+    ddp_result_t code = DDP_ERR_ABORTED;
+    char why[sizeof c->abort_reason];
+    pthread_mutex_lock(&c->amu);
+    _ddp_strlcpy(why, c->abort_reason[0] ? c->abort_reason : "ddp_comm_abort was called on this rank",
+                 sizeof why);
+    if (c->abort_reason[0]) code = c->abort_code;
+    pthread_mutex_unlock(&c->amu);
     if (__atomic_compare_exchange_n(&c->abort_claimed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
         __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_SUCCESS) {
-        ddp_comm_fail(c, DDP_ERR_ABORTED, "ddp_comm_abort was called on this rank");
-        _ddp_comm_poison(c, DDP_ERR_ABORTED);
+        ddp_comm_fail(c, code, "%s", why);
+        _ddp_comm_poison(c, code);
     }
-    return DDP_ERR_ABORTED;
+    return code;
 }
 
 /* Marks an operation running, unless an abort came first (Dekker with ddp_comm_abort). */
@@ -2586,55 +2639,202 @@ _DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
     return r;
 }
 
+/* ---- lanes
+ * Requests run on progress threads ("lanes"), each in issue order. Lane 0 runs on the
+ * communicator itself; with DDP_ASYNC_LANES > 1 (default 2) and the ring doing the
+ * collectives (no transport-run collectives: shared memory gains nothing), requests of
+ * DDP_LANE_MIN_BYTES or more take turns over the lanes, each lane > 0 running on its own copy
+ * of the communicator (own connections), so that several large requests are on the wire at
+ * once (NCCL's channels, Gloo's multiple pairs). Which lane runs a request depends only on the
+ * sequence of requests, the same on every rank. A request waits for earlier requests of other
+ * lanes whose buffers it would read or write while they write or read them, so the results are
+ * those of issue order; and requests complete, for ddp_wait/ddp_test, in issue order. A lane
+ * that fails aborts the others, which tells every peer. */
+_DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int recv_side) {
+    size_t b = o->count * ddp_dtype_size(o->dtype);
+    if (o->kind == _DDP_OP_REDUCE_SCATTER && !recv_side) b *= (size_t)c->nranks;
+    if (o->kind == _DDP_OP_ALL_GATHER && recv_side) b *= (size_t)c->nranks;
+    return o->kind == _DDP_OP_BARRIER ? 0 : b;
+}
+
+_DDP_PRIVATE int _ddp_ranges_meet(const void *a, size_t alen, const void *b, size_t blen) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return a && b && alen && blen && x < y + blen && y < x + alen;
+}
+
+/* 1 if o must wait for the earlier request e (another lane's): one writes what the other uses. */
+_DDP_PRIVATE int _ddp_op_depends(const ddp_comm_t *c, const _ddp_op_t *o, const _ddp_op_t *e) {
+    size_t os = _ddp_op_bytes(c, o, 0), orb = _ddp_op_bytes(c, o, 1);
+    size_t es = _ddp_op_bytes(c, e, 0), erb = _ddp_op_bytes(c, e, 1);
+    return _ddp_ranges_meet(o->send, os, e->recv, erb) || _ddp_ranges_meet(o->recv, orb, e->recv, erb) ||
+           _ddp_ranges_meet(o->recv, orb, e->send, es);
+}
+
+/* Called with amu held: the next request of lane l that may start, or NULL. */
+_DDP_PRIVATE _ddp_op_t *_ddp_lane_next(ddp_comm_t *c, _ddp_lane_t *l) {
+    uint64_t id, e;
+    for (id = l->cursor + 1; id <= c->issued; id++) {
+        _ddp_op_t *o = &c->ops[(id - 1) % DDP_MAX_REQUESTS];
+        if (o->lane != l->index) continue;
+        for (e = c->finished + 1; e < id; e++) {
+            const _ddp_op_t *q = &c->ops[(e - 1) % DDP_MAX_REQUESTS];
+            if (q->lane != l->index && q->state != 3 && _ddp_op_depends(c, o, q)) return NULL;
+        }
+        return o;
+    }
+    return NULL;
+}
+
+_DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const char *reason);
+
 static void *_ddp_progress_main(void *arg) {
-    ddp_comm_t *c = (ddp_comm_t *)arg;
+    _ddp_lane_t *l = (_ddp_lane_t *)arg;
+    ddp_comm_t *c = l->owner, *x = l->exec;
     pthread_mutex_lock(&c->amu);
     for (;;) {
-        _ddp_op_t *o;
+        _ddp_op_t *o = _ddp_lane_next(c, l);
         ddp_result_t r;
-        if (c->started == c->issued && !c->progress_stop) {
-            uint64_t next = c->started + 1;
-            pthread_mutex_unlock(&c->amu);
-            _ddp_poll_u64(c, &c->issued, next);
-            pthread_mutex_lock(&c->amu);
+        if (!o) {
+            int more = 0;
+            uint64_t id;
+            for (id = l->cursor + 1; id <= c->issued && !more; id++)
+                more = c->ops[(id - 1) % DDP_MAX_REQUESTS].lane == l->index;
+            if (c->progress_stop && !more) break;
+            if (!more) {   /* nothing of ours queued: lane 0 polls a while for a new request */
+                uint64_t next = c->issued + 1;
+                if (l->index == 0) {
+                    pthread_mutex_unlock(&c->amu);
+                    _ddp_poll_u64(c, &c->issued, next);
+                    pthread_mutex_lock(&c->amu);
+                    if (c->issued >= next || c->progress_stop) continue;   /* re-check both */
+                }
+                pthread_cond_wait(&c->acv, &c->amu);
+            } else {       /* ours, behind another lane's request it depends on */
+                pthread_cond_wait(&c->adone, &c->amu);
+            }
+            continue;
         }
-        while (c->started == c->issued && !c->progress_stop) pthread_cond_wait(&c->acv, &c->amu);
-        if (c->started == c->issued) break;
-        o = &c->ops[c->started % DDP_MAX_REQUESTS];
         o->state = 2;
-        c->started++;
+        l->cursor = o->id;
         pthread_mutex_unlock(&c->amu);
-        r = _ddp_begin(c);
+        r = _ddp_begin(x);
         if (r == DDP_SUCCESS) {
             if (o->around) o->around(o->around_arg, o->around_index, 1);
-            r = _ddp_run_op(c, o);
-            _ddp_end(c);
+            r = _ddp_run_op(x, o);
+            _ddp_end(x);
             if (r == DDP_SUCCESS && o->around) o->around(o->around_arg, o->around_index, 0);
+        }
+        if (r != DDP_SUCCESS && c->nlanes > 1 && !__atomic_load_n(&x->aborted, __ATOMIC_SEQ_CST)) {
+            char why[640];
+            int j;
+            snprintf(why, sizeof why, "async lane %d failed: %.560s", l->index, x->last_error);
+            for (j = 0; j < c->nlanes; j++)
+                if (j != l->index) _ddp_abort_internal(c->lanes[j].exec, r, why);
         }
         pthread_mutex_lock(&c->amu);
         o->result = r;
         o->state = 3;
-        __atomic_store_n(&c->finished, c->finished + 1, __ATOMIC_RELEASE);
+        while (c->finished < c->issued && c->ops[c->finished % DDP_MAX_REQUESTS].state == 3)
+            __atomic_store_n(&c->finished, c->finished + 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&c->adone);
     }
     pthread_mutex_unlock(&c->amu);
     return NULL;
 }
 
+/* At init, when lanes may help (the ring does the collectives: shared memory gains nothing):
+ * copies of the communicator with their own connections, every rank at the same point, so
+ * async and blocking calls stay interchangeable. Their threads start at the first async call. */
+_DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
+    int want = c->coll || c->nranks < 2 ? 1 : c->want_lanes, i;
+    ddp_comm_desc_t d;
+    ddp_store_desc_t sd;
+    char prefix[192];
+    ddp_result_t r;
+    c->lanes[0].owner = c->lanes[0].exec = c;
+    for (i = 1; i < want; i++) {
+        ddp_store_t *client = NULL;
+        snprintf(prefix, sizeof prefix, "%s/lane%d", c->prefix, i);
+        /* Its own client of the store: a store client serves one thread at a time, and the
+         * lanes report failures from their own threads. */
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = c->timeout_ms;
+        sd.secret = c->store->secret;
+        sd.log_level = c->log_level + 1;
+        sd.log_rank = c->rank + 1;
+        if ((r = ddp_store_open(&client, c->store->host, c->store->port, 0, &sd)) != DDP_SUCCESS) {
+            ddp_comm_fail(c, r, "init: async lane %d: connecting to the store at %s:%d: %.400s", i,
+                          c->store->host, c->store->port, client ? ddp_store_last_error(client) : "");
+            if (client) ddp_store_close(client);
+            return r;
+        }
+        memset(&d, 0, sizeof d);
+        d.master_addr = c->master_addr;
+        d.master_port = c->master_port;
+        d.timeout_ms = c->timeout_ms;
+        d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
+        d.store = client;
+        d.store_prefix = prefix;
+        d.transport = c->transport_name[0] ? c->transport_name : NULL;
+        d.segment_bytes = c->segment_bytes;
+        d.spin_us = c->spin_us ? c->spin_us : -1;
+        d.log_level = (c->log_level >= DDP_LOG_TRACE ? c->log_level : DDP_LOG_WARN) + 1;
+        d.allocator = c->alloc.alloc ? &c->alloc : NULL;
+        c->lanes[i].owner = c;
+        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->nranks, c->rank, &d, 1)) != DDP_SUCCESS) {
+            ddp_store_close(client);
+            return ddp_comm_fail(c, r, "init: the connections of async lane %d: %.600s", i,
+                                 ddp_last_init_error());
+        }
+        c->lanes[i].exec->own_store = 1;   /* destroy closes the client */
+        c->nlanes = i + 1;
+    }
+    _DDP_LOG(c, DDP_LOG_INFO, "async: %d lane%s: %s", want, want > 1 ? "s" : "",
+             want > 1 ? "async requests from DDP_LANE_MIN_BYTES up take turns, each lane with its "
+             "own connections (DDP_ASYNC_LANES=1: one)" : c->coll ? "collectives run by the "
+             "transport" : "one");
+    return DDP_SUCCESS;
+}
+
+/* The first async call: the lanes' progress threads. */
+_DDP_PRIVATE ddp_result_t _ddp_lanes_start(ddp_comm_t *c, const char *what) {
+    int i;
+    ddp_result_t r;
+    if (!c->ops) {
+        c->ops = (_ddp_op_t *)_ddp_calloc(&c->alloc, sizeof *c->ops * DDP_MAX_REQUESTS);
+        if (!c->ops) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "%s: request slots", what);
+    }
+    for (i = 0; i < c->nlanes; i++) {
+        c->lanes[i].index = i;
+        c->lanes[i].cursor = c->issued;
+        if (pthread_create(&c->lanes[i].thread, NULL, _ddp_progress_main, &c->lanes[i]) != 0) {
+            r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "%s: starting progress thread %d: %s", what, i,
+                              strerror(errno));
+            pthread_mutex_lock(&c->amu);
+            c->progress_stop = 1;
+            pthread_cond_broadcast(&c->acv);
+            pthread_mutex_unlock(&c->amu);
+            while (i-- > 0) pthread_join(c->lanes[i].thread, NULL);
+            c->progress_stop = 0;
+            return _ddp_comm_poison(c, r);   /* the peers may have queued theirs: fail them */
+        }
+    }
+    c->progress_on = 1;
+    _DDP_LOG(c, DDP_LOG_INFO, "async: %d progress thread%s started (each runs its requests in issue order)",
+             c->nlanes, c->nlanes > 1 ? "s" : "");
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _ddp_op_t *o,
                                       ddp_request_t *req) {
     _ddp_op_t *slot;
+    int lane = 0;
     if (!c->progress_on) {
-        if (!c->ops) {
-            c->ops = (_ddp_op_t *)_ddp_calloc(&c->alloc, sizeof *c->ops * DDP_MAX_REQUESTS);
-            if (!c->ops) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "%s: request slots", what);
-        }
-        if (pthread_create(&c->progress, NULL, _ddp_progress_main, c) != 0)
-            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "%s: starting the progress thread: %s", what,
-                                 strerror(errno));
-        c->progress_on = 1;
-        _DDP_LOG(c, DDP_LOG_INFO, "async: progress thread started (operations run in issue order)");
+        ddp_result_t r = _ddp_lanes_start(c, what);
+        if (r != DDP_SUCCESS) return r;
     }
+    if (c->nlanes > 1 && _ddp_op_bytes(c, o, 1) >= c->lane_min_bytes)
+        lane = (int)(c->big_ops++ % (uint64_t)c->nlanes);
     pthread_mutex_lock(&c->amu);
     slot = &c->ops[c->issued % DDP_MAX_REQUESTS];
     if (slot->state != 0) {
@@ -2644,13 +2844,15 @@ _DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _dd
     }
     *slot = *o;
     slot->state = 1;
+    slot->lane = lane;
     slot->id = c->issued + 1;
     __atomic_store_n(&c->issued, slot->id, __ATOMIC_RELEASE);
-    pthread_cond_signal(&c->acv);
+    pthread_cond_broadcast(&c->acv);
     pthread_mutex_unlock(&c->amu);
     req->comm = c;
     req->id = slot->id;
-    _DDP_LOG(c, DDP_LOG_TRACE, "async: %s queued as request %llu", what, (unsigned long long)slot->id);
+    _DDP_LOG(c, DDP_LOG_TRACE, "async: %s queued as request %llu (lane %d)", what,
+             (unsigned long long)req->id, lane);
     return DDP_SUCCESS;
 }
 
@@ -2693,7 +2895,7 @@ DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
             _ddp_poll_u64(c, &c->finished, req->id);
             pthread_mutex_lock(&c->amu);
         }
-        while (slot->state != 3) pthread_cond_wait(&c->adone, &c->amu);
+        while (c->finished < req->id) pthread_cond_wait(&c->adone, &c->amu);
         r = slot->result;
         slot->state = 0;
     }
@@ -2712,7 +2914,7 @@ DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
     c = req->comm;
     pthread_mutex_lock(&c->amu);
     r = DDP_SUCCESS;
-    if ((slot = _ddp_req_slot(req, "ddp_test", &r)) != NULL && slot->state == 3) {
+    if ((slot = _ddp_req_slot(req, "ddp_test", &r)) != NULL && c->finished >= req->id) {
         r = slot->result;
         slot->state = 0;
         *done = 1;
@@ -2722,20 +2924,33 @@ DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
     return r;
 }
 
+/* Sets the abort flag (with a reason, when not the user's ddp_comm_abort). Nothing running: it
+ * tells the peers now (closing our connections). Something running: that sees the flag at its
+ * next wait and does it. */
+_DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const char *reason) {
+    pthread_mutex_lock(&c->amu);
+    if (reason && !c->abort_reason[0] && !__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
+        _ddp_strlcpy(c->abort_reason, reason, sizeof c->abort_reason);
+        c->abort_code = code;
+    }
+    pthread_mutex_unlock(&c->amu);
+    __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) _ddp_abort_poison(c);
+    pthread_mutex_lock(&c->amu);
+    pthread_cond_broadcast(&c->acv);
+    pthread_cond_broadcast(&c->adone);
+    pthread_mutex_unlock(&c->amu);
+}
+
 DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
+    int i;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
-    __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
     _DDP_LOG(c, DDP_LOG_WARN, "ddp_comm_abort: every call on this communicator now returns "
              "DDP_ERR_ABORTED");
-    /* Nothing running: tell the peers now (closing our connections). Something running: it
-     * sees the flag at its next wait and does it. */
-    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) _ddp_abort_poison(c);
-    if (c->async_init) {
-        pthread_mutex_lock(&c->amu);
-        pthread_cond_broadcast(&c->acv);
-        pthread_mutex_unlock(&c->amu);
-    }
+    _ddp_abort_internal(c, DDP_ERR_ABORTED, NULL);
+    /* the lanes' copies (made at init) */
+    for (i = 1; i < c->nlanes; i++) _ddp_abort_internal(c->lanes[i].exec, DDP_ERR_ABORTED, NULL);
     return DDP_SUCCESS;
 }
 
@@ -2744,6 +2959,11 @@ DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
     *e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
     if (*e == DDP_SUCCESS && __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
+    {
+        int i;
+        for (i = 1; *e == DDP_SUCCESS && i < c->nlanes; i++)
+            *e = (ddp_result_t)__atomic_load_n(&c->lanes[i].exec->error, __ATOMIC_SEQ_CST);
+    }
     return DDP_SUCCESS;
 }
 
@@ -2965,6 +3185,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
     d.store = c->store;
     d.store_prefix = prefix;
+    d.transport = c->transport_name[0] ? c->transport_name : NULL;   /* as the parent's */
     d.segment_bytes = c->segment_bytes;
     d.spin_us = c->spin_us ? c->spin_us : -1;
     d.log_level = c->log_level + 1;
