@@ -182,10 +182,14 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *comm);
 /* ---- asynchronous collectives ----
  * Same arguments as the blocking calls plus a request the caller owns. The first async call
  * starts the communicator's progress thread, which runs operations one after another in issue
- * order (the same order on every rank), while the caller computes. Buffers belong to the
- * library until the request completes. Errors surface at ddp_wait/ddp_test (and poison the
+ * order (the same order on every rank), while the caller computes; with DDP_ASYNC_LANES=N,
+ * requests from DDP_LANE_MIN_BYTES up take turns over N threads with their own connections
+ * (results as in issue order). Buffers belong to the library until the request completes, and
+ * requests complete in issue order. Errors surface at ddp_wait/ddp_test (and poison the
  * communicator, as a blocking call would). A blocking call on the same communicator first waits
- * for everything issued before it. At most DDP_MAX_REQUESTS may be outstanding (uncollected). */
+ * for everything issued before it. At most DDP_MAX_REQUESTS may be outstanding (uncollected).
+ * Async calls are refused inside a group; several small blocking all-reduces in a group are
+ * fused into one (the cheapest way to reduce many scalars). */
 #define DDP_MAX_REQUESTS 64
 typedef struct ddp_request { ddp_comm_t *comm; uint64_t id; } ddp_request_t;  /* zero = none */
 DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
@@ -200,6 +204,15 @@ DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, siz
                                          ddp_dtype_t dtype, int root, ddp_comm_t *comm,
                                          ddp_request_t *req);
 DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                      ddp_dtype_t dtype, ddp_op_t op, int root, ddp_comm_t *comm,
+                                      ddp_request_t *req);
+DDP_API ddp_result_t ddp_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      ddp_dtype_t dtype, int root, ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddp_dtype_t dtype, int root, ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_comm_t *comm, ddp_request_t *req);
 /* *done = 1 once complete; then the request is collected (zeroed) and its result returned. */
 DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done);
 DDP_API ddp_result_t ddp_wait(ddp_request_t *req);           /* waits, collects, returns result */
@@ -2650,11 +2663,19 @@ _DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
  * lanes whose buffers it would read or write while they write or read them, so the results are
  * those of issue order; and requests complete, for ddp_wait/ddp_test, in issue order. A lane
  * that fails aborts the others, which tells every peer. */
+enum { _DDP_CALL_REDUCE = 20, _DDP_CALL_GATHER, _DDP_CALL_SCATTER, _DDP_CALL_ALL_TO_ALL,
+       _DDP_CALL_SEND, _DDP_CALL_RECV };   /* also the kind in their message tags */
+
+/* The bytes an operation reads (recv_side 0) or writes (1). */
 _DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int recv_side) {
-    size_t b = o->count * ddp_dtype_size(o->dtype);
-    if (o->kind == _DDP_OP_REDUCE_SCATTER && !recv_side) b *= (size_t)c->nranks;
-    if (o->kind == _DDP_OP_ALL_GATHER && recv_side) b *= (size_t)c->nranks;
-    return o->kind == _DDP_OP_BARRIER ? 0 : b;
+    size_t b = o->count * ddp_dtype_size(o->dtype), p = (size_t)c->nranks;
+    switch (o->kind) {
+    case _DDP_OP_BARRIER: return 0;
+    case _DDP_OP_REDUCE_SCATTER: case _DDP_CALL_SCATTER: return recv_side ? b : b * p;
+    case _DDP_OP_ALL_GATHER: case _DDP_CALL_GATHER: return recv_side ? b * p : b;
+    case _DDP_CALL_ALL_TO_ALL: return b * p;
+    default: return b;
+    }
 }
 
 _DDP_PRIVATE int _ddp_ranges_meet(const void *a, size_t alen, const void *b, size_t blen) {
@@ -3006,6 +3027,8 @@ _DDP_PRIVATE ddp_result_t _ddp_prep(ddp_comm_t *c, _ddp_op_t *o) {
     }
 }
 
+_DDP_PRIVATE ddp_result_t _ddp_run_call_op(ddp_comm_t *c, const _ddp_op_t *o);   /* below */
+
 /* Runs one operation on the calling thread (the caller's, or the progress thread). */
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     ddp_result_t r;
@@ -3062,8 +3085,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
             r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX);
         }
         break;
-    default:
-        r = ddp_comm_fail(c, DDP_ERR_INTERNAL, "unknown operation %d", o->kind);
+    default:   /* reduce, gather, scatter, all_to_all made async */
+        r = _ddp_run_call_op(c, o);
     }
     return r;
 }
@@ -3086,6 +3109,9 @@ _DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *wha
     if (req) { req->comm = NULL; req->id = 0; }
     if ((r = _ddp_prep(c, &o)) != DDP_SUCCESS) return r;
     if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
+    if (c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
+                             "calls (they run together at group_end)", what);
     return _ddp_submit(c, what, &o, req);
 }
 
@@ -3202,8 +3228,6 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
 /* ---------------------------------------------------------------- reduce, gather, scatter,
  * all-to-all, send/recv, groups: the checks. The algorithms and the group queue are in
  * ddp_ring.h (built below), over point-to-point even when a transport runs the collectives. */
-enum { _DDP_CALL_REDUCE = 20, _DDP_CALL_GATHER, _DDP_CALL_SCATTER, _DDP_CALL_ALL_TO_ALL,
-       _DDP_CALL_SEND, _DDP_CALL_RECV };   /* also the kind in their message tags */
 typedef struct {
     int kind;                      /* _DDP_CALL_* */
     const void *send;
@@ -3220,10 +3244,24 @@ _DDP_PRIVATE ddp_result_t _ddp_call_run(ddp_comm_t *c, _ddp_call_t *k);         
 _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_call_t *k);
 _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c);
 
-/* Queued inside a group; else run now (a failure poisons the communicator). */
-_DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, void *recv,
-                                    size_t count, ddp_dtype_t dtype, ddp_op_t op, int root) {
+_DDP_PRIVATE ddp_result_t _ddp_run_call_op(ddp_comm_t *c, const _ddp_op_t *o) {
     _ddp_call_t k;
+    memset(&k, 0, sizeof k);
+    k.kind = o->kind; k.send = o->send; k.recv = o->recv; k.count = o->count;
+    k.dtype = o->dtype; k.op = o->op; k.root = o->root;
+    return _ddp_call_run(c, &k);
+}
+
+/* With req: queued for the progress thread (ddp_reduce_async ...). Else queued inside a
+ * group, or run now (a failure poisons the communicator). */
+_DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, void *recv,
+                                    size_t count, ddp_dtype_t dtype, ddp_op_t op, int root,
+                                    const char *what, ddp_request_t *req) {
+    _ddp_call_t k;
+    if (req) {
+        _ddp_op_t o = _ddp_op_make(kind, send, recv, count, dtype, op, root);
+        return _ddp_submit(c, what, &o, req);
+    }
     memset(&k, 0, sizeof k);
     k.kind = kind; k.send = send; k.recv = recv; k.count = count;
     k.dtype = dtype; k.op = op; k.root = root;
@@ -3260,48 +3298,103 @@ _DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const
                                              what, role, v, c->nranks - 1));
 }
 
-DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
-                                ddp_op_t op, int root, ddp_comm_t *c) {
+/* The async forms check their arguments at once and refuse a group (the group would run its
+ * calls after this one: out of issue order). */
+_DDP_PRIVATE ddp_result_t _ddp_async_start(ddp_comm_t *c, const char *what, ddp_request_t *req) {
     ddp_result_t r = _ddp_check_comm(c);
+    if (req) { req->comm = NULL; req->id = 0; }
     if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, "reduce", "root", root)) != DDP_SUCCESS) return r;
+    if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
+    if (c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
+                             "calls (they run together at group_end)", what);
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                      ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "reduce_async" : "reduce";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
     /* Only the root writes recvbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, "reduce", sendbuf, c->rank == root ? recvbuf : sendbuf, count, 1,
+    if ((r = _ddp_check_args(c, what, sendbuf, c->rank == root ? recvbuf : sendbuf, count, 1,
                              dtype, 1, op)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
+    return _ddp_call(c, _DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, what, req);
 }
 
-DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
-                                ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    ddp_result_t r = _ddp_check_comm(c);
+_DDP_PRIVATE ddp_result_t _ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "gather_async" : "gather";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, "gather", "root", root)) != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, "gather", sendbuf, c->rank == root ? recvbuf : sendbuf, sendcount,
+    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, sendbuf, c->rank == root ? recvbuf : sendbuf, sendcount,
                              (size_t)c->nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root);
+    return _ddp_call(c, _DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root, what, req);
 }
 
-DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
-                                 ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    ddp_result_t r = _ddp_check_comm(c);
+_DDP_PRIVATE ddp_result_t _ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "scatter_async" : "scatter";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, "scatter", "root", root)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
     /* Only the root reads sendbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, "scatter", c->rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
+    if ((r = _ddp_check_args(c, what, c->rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
                              (size_t)c->nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root);
+    return _ddp_call(c, _DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root, what, req);
 }
 
-DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
-                                    ddp_dtype_t dtype, ddp_comm_t *c) {
-    ddp_result_t r = _ddp_check_comm(c);
+_DDP_PRIVATE ddp_result_t _ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "all_to_all_async" : "all_to_all";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, "all_to_all", sendbuf, recvbuf, count, (size_t)c->nranks, dtype, 0,
+    if ((r = _ddp_check_args(c, what, sendbuf, recvbuf, count, (size_t)c->nranks, dtype, 0,
                              DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
     if (count && sendbuf == recvbuf)
-        return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "all_to_all: sendbuf "
-                                "== recvbuf: in place is not supported (as NCCL); use two buffers"));
-    return _ddp_call(c, _DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0);
+        return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == "
+                                "recvbuf: in place is not supported (as NCCL); use two buffers", what));
+    return _ddp_call(c, _DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0, what, req);
+}
+
+DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                ddp_op_t op, int root, ddp_comm_t *c) {
+    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, NULL);
+}
+DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, NULL);
+}
+DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, NULL);
+}
+DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_comm_t *c) {
+    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, NULL);
+}
+/* A NULL req is refused by _ddp_async_start (a NULL req means "blocking" further down). */
+DDP_API ddp_result_t ddp_reduce_async(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                      ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "reduce_async", NULL);
+    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, req);
+}
+DDP_API ddp_result_t ddp_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "gather_async", NULL);
+    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, req);
+}
+DDP_API ddp_result_t ddp_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "scatter_async", NULL);
+    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, req);
+}
+DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "all_to_all_async", NULL);
+    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, req);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *send, void *recv,
@@ -3316,7 +3409,7 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *sen
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
                              "it would wait for itself; put the send and the recv between "
                              "ddp_group_start and ddp_group_end (a local copy)", what, peer);
-    return _ddp_call(c, kind, send, recv, count, dtype, DDP_SUM, peer);
+    return _ddp_call(c, kind, send, recv, count, dtype, DDP_SUM, peer, NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {

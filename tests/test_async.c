@@ -121,6 +121,42 @@ static int order(int rank, int p, void *arg) {
         free(x);
         free(y);
     }
+    {   /* The other collectives, async: reduce to the last rank, gather to 0, scatter from
+         * the last, all_to_all; queued together, collected in reverse. */
+        const size_t m = 1000;
+        int32_t *in = (int32_t *)malloc(m * (size_t)p * 4), *red = (int32_t *)calloc(m, 4);
+        int32_t *gat = (int32_t *)calloc(m * (size_t)p, 4), *sca = (int32_t *)calloc(m, 4);
+        int32_t *a2a = (int32_t *)calloc(m * (size_t)p, 4);
+        ddp_request_t q[5];
+        ddp_result_t rr[4];
+        size_t i;
+        int wrong = 0, j, f;
+        float one = 1;
+        for (i = 0; i < m * (size_t)p; i++) in[i] = (int32_t)(rank * 100000 + (int)i);
+        rr[0] = ddp_reduce_async(in, red, m, DDP_INT32, DDP_SUM, p - 1, c, &q[0]);
+        rr[1] = ddp_gather_async(in, gat, m, DDP_INT32, 0, c, &q[1]);
+        rr[2] = ddp_scatter_async(in, sca, m, DDP_INT32, p - 1, c, &q[2]);
+        rr[3] = ddp_all_to_all_async(in, a2a, m, DDP_INT32, c, &q[3]);
+        for (j = 0; j < 4; j++) if (rr[j] != DDP_SUCCESS) wrong = 10 + j;
+        for (j = 3; j >= 0 && !wrong; j--) if (ddp_wait(&q[j]) != DDP_SUCCESS) wrong = 20 + j;
+        for (i = 0; i < m && !wrong && rank == p - 1; i++)
+            if (red[i] != 100000 * (p * (p - 1) / 2) + p * (int)i) wrong = 1;
+        for (i = 0; i < m * (size_t)p && !wrong && rank == 0; i++)
+            if (gat[i] != (int32_t)((int)(i / m) * 100000 + (int)(i % m))) wrong = 2;
+        for (i = 0; i < m && !wrong; i++)
+            if (sca[i] != (int32_t)((p - 1) * 100000 + rank * (int)m + (int)i)) wrong = 3;
+        for (i = 0; i < m * (size_t)p && !wrong; i++)
+            if (a2a[i] != (int32_t)((int)(i / m) * 100000 + rank * (int)m + (int)(i % m))) wrong = 4;
+        ok(!wrong, "rank %d: reduce, gather, scatter, all_to_all async: right (%d)", rank, wrong);
+        ddp_group_start(c);
+        f = ddp_all_reduce_async(&one, &one, 1, DDP_FLOAT32, DDP_SUM, c, &q[4]) == DDP_ERR_INVALID_USAGE &&
+            ddp_gather_async(in, gat, 1, DDP_INT32, 0, c, &q[4]) == DDP_ERR_INVALID_USAGE && !q[4].comm;
+        ok(f && ddp_group_end(c) == DDP_SUCCESS, "rank %d: async calls refused inside a group: %s", rank,
+           ddp_comm_last_error(c));
+        ok(ddp_reduce_async(in, red, 1, DDP_INT32, DDP_SUM, 0, c, NULL) == DDP_ERR_INVALID_ARGUMENT,
+           "rank %d: reduce_async with a NULL request -> invalid argument", rank);
+        free(in); free(red); free(gat); free(sca); free(a2a);
+    }
     /* Overlap with computation: a big request is still running while we compute. */
     {
         ddp_request_t q;
