@@ -20,8 +20,8 @@
  *                   r-k from rank r-k, DDP_RING_WINDOW steps in flight, buffer to buffer.
  *   send/recv       direct; a group posts all of its sends and receives together (per peer
  *                   and direction DDP_RING_WINDOW in flight) and progresses them all.
- * Small means: reduce up to _DDP_TREE_MAX_BYTES (64 KiB) when (1 + log2 p) buffers fit the
- * scratch; gather/scatter up to 64 KiB for the whole p-block buffer, p > 2.
+ * Small means: reduce up to _DDP_TREE_MAX_BYTES (16 KiB) when (1 + log2 p) buffers fit the
+ * scratch; gather/scatter up to 16 KiB for the whole p-block buffer, p > 2.
  * Chunks are cut into segments (DDP_SEGMENT_BYTES) and up to DDP_RING_WINDOW segments are in
  * flight per direction, so sending, receiving and reducing overlap; a step streams its chunk
  * while the previous step's data is still arriving. Scratch is the window, never the message.
@@ -804,7 +804,13 @@ DDP_API ddp_result_t ddp_rd_all_reduce(ddp_comm_t *c, const void *sendbuf, void 
  * only the two ranks take part, so the collectives' sequence (c->seq) stays untouched. Peers
  * beyond the ring and recursive-doubling partners are connected on first use: both sides of a
  * pair ask for each other in the same call. */
-#define _DDP_TREE_MAX_BYTES (64u << 10)   /* not yet measured: recursive doubling's folded crossover */
+/* Measured over TCP at p = 3 and 4 on the 2-core VM (each call followed by a barrier, slowest
+ * rank, best of 3; tree forced with -D_DDP_TREE_MAX_BYTES=256M against chain/linear with 0):
+ * up to 16 KiB the two are within the noise (0.85-1.2x either way); from 64 KiB the chain and
+ * the linear forms win, 1.2-2.7x. -D overrides it for such a measurement. */
+#ifndef _DDP_TREE_MAX_BYTES
+#define _DDP_TREE_MAX_BYTES (16u << 10)
+#endif
 #define _DDP_LINEAR_FAN 32                /* requests a linear root keeps posted */
 
 /* "rank R: <where>: <the transport's detail>" (the transport said "rank R: <detail> [...]"). */
