@@ -11,7 +11,7 @@ INC     := -I.
 LDLIBS  := -pthread -lm
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 B       := build
-HEADERS := ddp.h ddp_ring.h ddp_sampler.h transports/ddp_tcp.h transports/ddp_shm.h
+HEADERS := ddp.h ddp_ring.h ddp_sampler.h transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h
 NP      ?= 4
 
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -73,7 +73,7 @@ test-san: $(TESTS_SAN)
 	DDP_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
-TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer
+TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads
 $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(B)/tsan
 	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)

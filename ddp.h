@@ -129,7 +129,8 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **comm, int nranks, int rank,
 DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **comm, const ddp_comm_desc_t *desc);
 /* Threads as ranks: n communicators in this process, comms[i] of rank i, each for one thread
  * (collectives on them must run concurrently, one thread per rank). Rendezvous through a
- * private store; shared memory between the ranks when transports/ddp_shm.h is compiled in. */
+ * private store; the ranks reduce straight from each other's buffers when
+ * transports/ddp_threads.h is compiled in, else share memory through transports/ddp_shm.h. */
 DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_comm_desc_t *desc);
 DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *comm);
 /* Why the last ddp_comm_init/ddp_comm_init_env of the calling thread failed ("" if none). */
@@ -2331,9 +2332,10 @@ fail:
 /* ---------------------------------------------------------------- threads as ranks
  * n communicators in this process, one per thread (the C answer to nn.DataParallel). A private
  * store on 127.0.0.1 (a free port the kernel picks) does the rendezvous; each rank has its own
- * client of it. Ranks talk through the shared-memory transport when it is compiled in: ranks of
- * one process share its mappings, so no socket is involved and a small all-reduce costs well
- * under a microsecond. */
+ * client of it. Ranks talk through transports/ddp_threads.h when it is compiled in (reducing
+ * straight from each other's buffers), else through the shared-memory transport (ranks of one
+ * process share its mappings), else the default: no socket is involved with either, and a small
+ * all-reduce costs well under a microsecond. desc->transport or DDP_TRANSPORT still decide. */
 typedef struct {
     ddp_comm_t **out;
     int rank, n, port;
@@ -2415,7 +2417,8 @@ DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_
         t[i].port = ddp_store_port(srv);
         t[i].desc = desc;
         t[i].transport = desc->transport ? desc->transport
-                       : getenv("DDP_TRANSPORT") ? NULL : ddp_transport_find("shm") ? "shm" : NULL;
+                       : getenv("DDP_TRANSPORT") ? NULL : ddp_transport_find("threads") ? "threads"
+                       : ddp_transport_find("shm") ? "shm" : NULL;
         if (pthread_create(&th[i], NULL, _ddp_thread_init_main, &t[i]) != 0) {
             t[i].r = DDP_ERR_SYSTEM;
             snprintf(t[i].err, sizeof t[i].err, "init_threads: pthread_create: %s", strerror(errno));

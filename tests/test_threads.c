@@ -1,0 +1,920 @@
+/* tests/test_threads.c — the in-process transport, transports/ddp_threads.h (issue 7). TAP.
+ *
+ *   build/test_threads      (DDP_TEST_ONLY=<scenario> runs one; DDP_TEST_QUICK=1, and the
+ *                            sanitizer builds, run fewer world sizes and smaller big cases;
+ *                            `make test-tsan` builds this file with -fsanitize=thread)
+ *
+ * Every rank is a thread of this process (ddp_comm_init_threads unless said otherwise), so the
+ * transport's whole protocol, both sides, is in view of the sanitizers.
+ *   results   n = 1..8: every peer is reached by "threads"; all-reduce (every dtype x op, avg
+ *             included), reduce-scatter, all-gather, broadcast (root 0 and last), barrier, for
+ *             counts 0, 1, 7, 128, 129, 1003 (128 x 8 bytes is the one-step threshold) and a big one
+ *             (2 MiB of 8-byte elements), in place and out of place, against a reference
+ *             computed element by element from every rank's input (inputs on which every
+ *             reduction order gives the same bits: tests/ddp_test_data.h). Out of place, the
+ *             send buffer is unchanged; guard bytes around every buffer are untouched; the
+ *             outputs of all-reduce, all-gather and broadcast are the same bytes on every rank.
+ *             Also with DDP_THREADS_SMALL_MAX=0 (every size zero-copy) and 256.
+ *   p2p       the same cases with DDP_THREADS_COLL=0: the ring, recursive doubling and their
+ *             many messages over the point-to-point channels (4 KiB segments: windows full).
+ *   rooted    ddp_reduce, ddp_gather, ddp_scatter (root 0 and last, tree and linear/chain
+ *             sizes, in and out of place), ddp_all_to_all, and a group of 12 ddp_send to the
+ *             next rank + 12 ddp_recv from the previous one (more than the window) + a send to
+ *             itself.
+ *   async     ddp_all_reduce_async x 6 (small and big) + an async broadcast, collected in
+ *             reverse order; a blocking call in between.
+ *   mismatch  a rank all-reduces another count (small and big), a rank broadcasts while the
+ *             others all-reduce, a send of 5 elements meets a recv of 6: DDP_ERR_MISMATCH (not a
+ *             hang), explained.
+ *   timeout   a rank never calls (all-reduce small and big, recv): DDP_ERR_TIMEOUT naming it,
+ *             at the timeout.
+ *   abort     ddp_comm_abort from another thread while rank 0 waits in an all-reduce (and in a
+ *             recv): DDP_ERR_ABORTED within 1 s; the peer then fails with DDP_ERR_REMOTE
+ *             naming rank 0.
+ *   closed    a rank destroys its communicator while the others wait for it: DDP_ERR_REMOTE
+ *             naming it, long before the timeout.
+ *   process   4 ranks in 2 processes of 2 threads (ddp_comm_init): the peer in the same process
+ *             is reached by "threads", the others by "shm"; collectives right (not under TSan).
+ */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
+#include "transports/ddp_threads.h"
+#include "tests/ddp_test.h"
+#include "tests/ddp_test_data.h"
+
+#include <pthread.h>
+
+#define MAXN 8
+#define GUARD 64
+#define BIG ((size_t)(1u << 18) + 3)      /* 2 MiB of 8-byte elements */
+#define NCOUNTS 6
+static const size_t small_counts[NCOUNTS] = {0, 1, 7, 128, 129, 1003};
+
+static int g_quick;
+
+/* ----------------------------------------------------------------- thread ranks */
+typedef struct world world_t;
+typedef struct {
+    world_t *w;
+    int rank, checks, bad;
+    char msg[700];
+    ddp_result_t rc;                      /* scenario-specific */
+    double t;
+    char err[1100];
+} rank_t;
+
+struct world {
+    int n;
+    ddp_comm_t *comms[MAXN];
+    pthread_barrier_t bar;
+    rank_t ranks[MAXN];
+    const unsigned char *out[MAXN];       /* each rank's output of the current case */
+    void (*body)(rank_t *);
+    const void *arg;
+    int flag;                             /* scenario-specific, atomic */
+};
+
+static void rfail(rank_t *r, const char *fmt, ...) T_PRINTF(2, 3);
+/* The first failure of a rank is kept; its communicator is aborted, so that the other ranks
+ * fail at once instead of waiting for it until the timeout in every later case. */
+static void rfail(rank_t *r, const char *fmt, ...) {
+    va_list ap;
+    if (r->bad++) return;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    if (r->w->comms[r->rank]) ddp_comm_abort(r->w->comms[r->rank]);
+}
+
+static void *rank_main(void *arg) {
+    rank_t *r = (rank_t *)arg;
+    r->w->body(r);
+    return NULL;
+}
+
+/* ddp_comm_init_threads(n) with desc, then body on n threads; 0 if init failed. Communicators
+ * that a body leaves non-NULL are destroyed here. */
+static int run_world(world_t *w, int n, const ddp_comm_desc_t *desc, void (*body)(rank_t *),
+                     const void *arg) {
+    pthread_t th[MAXN];
+    ddp_result_t r;
+    int i;
+    memset(w, 0, sizeof *w);
+    w->n = n;
+    w->body = body;
+    w->arg = arg;
+    r = ddp_comm_init_threads(w->comms, n, desc);
+    if (!ok(r == DDP_SUCCESS, "ddp_comm_init_threads(%d) -> %s %s", n, ddp_strerror(r),
+            r ? ddp_last_init_error() : ""))
+        return 0;
+    pthread_barrier_init(&w->bar, NULL, (unsigned)n);
+    for (i = 0; i < n; i++) {
+        w->ranks[i].w = w;
+        w->ranks[i].rank = i;
+        pthread_create(&th[i], NULL, rank_main, &w->ranks[i]);
+    }
+    for (i = 0; i < n; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&w->bar);
+    for (i = n - 1; i >= 0; i--)
+        if (w->comms[i] && ddp_comm_destroy(w->comms[i]) != DDP_SUCCESS)
+            ok(0, "destroy comm %d of %d", i, n);
+    return 1;
+}
+
+static void report_world(const world_t *w, const char *what) {
+    int i;
+    for (i = 0; i < w->n; i++)
+        ok(!w->ranks[i].bad, "%s, n = %d, rank %d: %d checks%s%s", what, w->n, i, w->ranks[i].checks,
+           w->ranks[i].bad ? ", first failure: " : ", all right", w->ranks[i].bad ? w->ranks[i].msg : "");
+}
+
+/* ----------------------------------------------------------------- cases */
+enum { C_AR, C_RS, C_AG, C_BC, C_BARRIER, C_REDUCE, C_GATHER, C_SCATTER, C_A2A, C_GROUP };
+static const char *const coll_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                         "barrier", "reduce", "gather", "scatter", "all_to_all", "group"};
+
+typedef struct {
+    int coll, dt, op, inplace, root;
+    size_t count;      /* AR/BC/reduce: elements; RS/scatter: per rank received; AG/gather: per rank
+                        * sent; all_to_all: per block; group: the first message's */
+    uint64_t seed;
+} tc_t;
+
+#define MAXCASES 4096
+typedef struct { int n; tc_t c[MAXCASES]; } caselist_t;
+
+static void add(caselist_t *L, int coll, int dt, int op, size_t count, int inplace, int root) {
+    tc_t *c;
+    if (L->n == MAXCASES) t_bail("too many cases");
+    c = &L->c[L->n++];
+    c->coll = coll; c->dt = dt; c->op = op; c->count = count; c->inplace = inplace; c->root = root;
+    c->seed = t_mix64(0x7468726561647300ull + (uint64_t)L->n);
+}
+
+static void case_str(const tc_t *c, int n, char *out, size_t cap) {
+    snprintf(out, cap, "%s %s %s count %zu %s root %d (n = %d)", coll_names[c->coll],
+             ddp_dtype_name((ddp_dtype_t)c->dt), ddp_op_name((ddp_op_t)c->op), c->count,
+             c->inplace ? "in place" : "out of place", c->root, n);
+}
+
+static int is_reduction(int coll) { return coll == C_AR || coll == C_RS || coll == C_REDUCE; }
+
+/* Element i of rank's input: reductions get order-independent values, copies any bits. */
+static uint64_t in_bits(const tc_t *c, int rank, size_t i) {
+    uint64_t u = case_rnd(c->seed, rank, i);
+    return is_reduction(c->coll) ? exact_bits(c->dt, c->op, u) : u;
+}
+
+static void fill(unsigned char *buf, const tc_t *c, int rank, size_t lo, size_t n) {
+    const size_t es = ddp_dtype_size((ddp_dtype_t)c->dt);
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint64_t v = in_bits(c, rank, lo + i);
+        memcpy(buf + i * es, &v, es);     /* little-endian: the low bytes */
+    }
+}
+
+static uint64_t load(const unsigned char *buf, size_t i, size_t es) {
+    uint64_t v = 0;
+    memcpy(&v, buf + i * es, es);
+    return v;
+}
+
+static uint64_t low_bits(uint64_t v, size_t es) { return es == 8 ? v : v & ((1ull << (8 * es)) - 1); }
+
+/* The expected bits of reduction element gi over p ranks. */
+static uint64_t ref_reduce(const tc_t *c, int p, size_t gi) {
+    const int dt = c->dt, op = c->op;
+    const size_t es = ddp_dtype_size((ddp_dtype_t)dt);
+    int r;
+    if (is_int(dt)) {
+        uint64_t acc = ext_int(dt, in_bits(c, 0, gi));
+        for (r = 1; r < p; r++) {
+            uint64_t v = ext_int(dt, in_bits(c, r, gi));
+            if (op == DDP_SUM || op == DDP_AVG) acc += v;
+            else if (op == DDP_PROD) acc *= v;
+            else if (op == DDP_MAX) { if (is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; }
+            else if (is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v;
+        }
+        if (op == DDP_AVG) {
+            acc = ext_int(dt, low_bits(acc, es));
+            acc = is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
+        }
+        return low_bits(acc, es);
+    } else {
+        uint64_t b = in_bits(c, 0, gi), win = b;
+        double acc = dec_float(dt, b), best = acc;
+        for (r = 1; r < p; r++) {
+            double v;
+            b = in_bits(c, r, gi);
+            v = dec_float(dt, b);
+            if (op == DDP_SUM || op == DDP_AVG) acc += v;
+            else if (op == DDP_PROD) acc *= v;
+            else if (op == DDP_MAX ? v > best : v < best) { best = v; win = b; }
+        }
+        if (op == DDP_MAX || op == DDP_MIN) return low_bits(win, es);
+        if (op == DDP_AVG) {
+            float q;
+            if (dt == DDP_FLOAT64) return f64_bits(acc / (double)p);
+            q = (float)acc / (float)p;
+            if (dt == DDP_FLOAT32) return f32_bits(q);
+            return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
+        }
+        return low_bits(enc_float(dt, acc), es);
+    }
+}
+
+static void guard_set(unsigned char *reg, size_t bytes) {
+    memset(reg, 0x5a, GUARD);
+    memset(reg + GUARD + bytes, 0x5a, GUARD);
+}
+static int guard_ok(const unsigned char *reg, size_t bytes) {
+    size_t i;
+    for (i = 0; i < GUARD; i++)
+        if (reg[i] != 0x5a || reg[GUARD + bytes + i] != 0x5a) return 0;
+    return 1;
+}
+
+/* Runs case c on this rank: fills, calls, checks; then (after everyone is done) compares the
+ * outputs that must be equal on every rank. sreg/rreg have room for the biggest case. */
+static void run_case(rank_t *R, const tc_t *c, unsigned char *sreg, unsigned char *rreg) {
+    world_t *w = R->w;
+    const int p = w->n, me = R->rank;
+    const size_t es = ddp_dtype_size((ddp_dtype_t)c->dt), n = c->count;
+    const ddp_dtype_t dt = (ddp_dtype_t)c->dt;
+    const ddp_op_t op = (ddp_op_t)c->op;
+    size_t in_n = n, out_n = n, i, lo = 0, hi;
+    unsigned char *sb = sreg + GUARD, *rb = rreg + GUARD;
+    const unsigned char *send = NULL;
+    unsigned char *recv = NULL, *out;
+    ddp_result_t r;
+    int same_everywhere;
+    char what[160];
+    if (c->coll == C_RS) in_n = n * (size_t)p;
+    if (c->coll == C_AG) out_n = n * (size_t)p;
+    guard_set(sreg, in_n * es);
+    guard_set(rreg, (in_n > out_n ? in_n : out_n) * es);
+    memset(rb, 0xa5, out_n * es);
+    switch (c->coll) {
+    case C_AR:
+        if (c->inplace) { fill(rb, c, me, 0, n); send = recv = rb; }
+        else { fill(sb, c, me, 0, n); send = sb; recv = rb; }
+        break;
+    case C_RS:
+        if (c->inplace) { fill(rb, c, me, 0, in_n); send = rb; recv = rb + (size_t)me * n * es; }
+        else { fill(sb, c, me, 0, in_n); send = sb; recv = rb; }
+        break;
+    case C_AG:
+        if (c->inplace) { fill(rb + (size_t)me * n * es, c, me, 0, n); send = rb + (size_t)me * n * es; }
+        else { fill(sb, c, me, 0, n); send = sb; }
+        recv = rb;
+        break;
+    default:   /* C_BC */
+        if (c->inplace) { if (me == c->root) fill(rb, c, me, 0, n); send = recv = rb; }
+        else { if (me == c->root) { fill(sb, c, me, 0, n); send = sb; } recv = rb; }
+        break;
+    }
+    if (!n && !c->inplace) { send = NULL; recv = NULL; }    /* count 0: NULL buffers are fine */
+    same_everywhere = (c->coll == C_AR || c->coll == C_AG || c->coll == C_BC) && out_n;
+    out = c->coll == C_RS && c->inplace ? rb + (size_t)me * n * es : rb;
+    if (R->bad) goto compare;   /* after a failure: no more calls, but the barriers below */
+    switch (c->coll) {
+    case C_AR: r = ddp_all_reduce(send, recv, n, dt, op, w->comms[me]); break;
+    case C_RS: r = ddp_reduce_scatter(send, recv, n, dt, op, w->comms[me]); break;
+    case C_AG: r = ddp_all_gather(send, recv, n, dt, w->comms[me]); break;
+    default: r = ddp_broadcast(send, recv, n, dt, c->root, w->comms[me]); break;
+    }
+    R->checks++;
+    if (r != DDP_SUCCESS) {
+        case_str(c, p, what, sizeof what);
+        rfail(R, "%s -> %s: %s", what, ddp_strerror(r), ddp_comm_last_error(w->comms[me]));
+        goto compare;
+    }
+    /* Verify: all of it for small cases; this rank's slice of a big all-reduce (the comparison
+     * between ranks below covers the rest). */
+    hi = out_n;
+    if (c->coll == C_AR && n > 10000) { lo = n * (size_t)me / (size_t)p; hi = n * (size_t)(me + 1) / (size_t)p; }
+    for (i = lo; i < hi; i++) {
+        uint64_t want, got = load(out, i, es);
+        switch (c->coll) {
+        case C_AR: want = ref_reduce(c, p, i); break;
+        case C_RS: want = ref_reduce(c, p, (size_t)me * n + i); break;
+        case C_AG: want = low_bits(in_bits(c, (int)(i / n), i % n), es); break;
+        default: want = low_bits(in_bits(c, c->root, i), es); break;
+        }
+        if (got != want) {
+            case_str(c, p, what, sizeof what);
+            rfail(R, "%s: element %zu is %llx, expected %llx", what, i, (unsigned long long)got,
+                  (unsigned long long)want);
+            break;
+        }
+    }
+    if (!c->inplace && send && (c->coll != C_BC || me == c->root)) {
+        for (i = 0; i < in_n; i++)
+            if (load(sb, i, es) != low_bits(in_bits(c, me, i), es)) break;
+        if (i < in_n) { case_str(c, p, what, sizeof what); rfail(R, "%s: send buffer changed at %zu", what, i); }
+    }
+    if (!guard_ok(sreg, in_n * es) || !guard_ok(rreg, (in_n > out_n ? in_n : out_n) * es)) {
+        case_str(c, p, what, sizeof what);
+        rfail(R, "%s: guard bytes around a buffer overwritten", what);
+    }
+compare:
+    /* Every rank passes both barriers of a case whatever happened, so nobody waits here for a
+     * rank that gave up. */
+    if (!same_everywhere) return;
+    w->out[me] = out;
+    pthread_barrier_wait(&w->bar);
+    if (!R->bad && !w->ranks[0].bad && memcmp(out, w->out[0], out_n * es) != 0) {
+        case_str(c, p, what, sizeof what);
+        rfail(R, "%s: this rank's output differs from rank 0's", what);
+    }
+    pthread_barrier_wait(&w->bar);        /* nobody reuses its buffer while others compare */
+}
+
+static void build_results(caselist_t *L, int p, int big_all) {
+    int dt, op, k, ip, root;
+    const size_t big = g_quick ? BIG / 4 : BIG;
+    L->n = 0;
+    for (dt = 0; dt < DDP_NUM_DTYPES; dt++)
+        for (op = 0; op < DDP_NUM_OPS; op++)
+            for (k = 0; k < NCOUNTS; k++)
+                for (ip = 0; ip < 2; ip++) {
+                    if (g_quick && (k == 3 || (ip && (dt + op + k) % 2))) continue;
+                    add(L, C_AR, dt, op, small_counts[k], ip, 0);
+                    if (!g_quick || (dt + op) % 3 == 0) add(L, C_RS, dt, op, small_counts[k], ip, 0);
+                }
+    for (dt = 0; dt < DDP_NUM_DTYPES; dt++)
+        for (k = 0; k < NCOUNTS; k++)
+            for (ip = 0; ip < 2; ip++) {
+                if (g_quick && dt % 3) continue;
+                add(L, C_AG, dt, DDP_SUM, small_counts[k], ip, 0);
+                for (root = 0; root < 2; root++) add(L, C_BC, dt, DDP_SUM, small_counts[k], ip, root ? p - 1 : 0);
+            }
+    /* Big: every dtype, one op each (all ops met), in place and out alternating; AVG again for
+     * the floating types. Reduce-scatter and all-gather: the same whole-buffer size. */
+    for (dt = 0; dt < DDP_NUM_DTYPES; dt++) {
+        if (!big_all && dt % 3) continue;
+        add(L, C_AR, dt, dt % DDP_NUM_OPS, big, dt & 1, 0);
+        if (!is_int(dt)) add(L, C_AR, dt, DDP_AVG, big + 1, !(dt & 1), 0);
+        add(L, C_RS, dt, (dt + 2) % DDP_NUM_OPS, (big + (size_t)p - 1) / (size_t)p, !(dt & 1), 0);
+        add(L, C_AG, dt, DDP_SUM, (big + (size_t)p - 1) / (size_t)p, dt & 1, 0);
+        add(L, C_BC, dt, DDP_SUM, big, dt & 1, dt % 2 ? p - 1 : 0);
+    }
+    add(L, C_BARRIER, 0, 0, 0, 0, 0);
+}
+
+static void results_body(rank_t *R) {
+    const caselist_t *L = (const caselist_t *)R->w->arg;
+    const size_t cap = (BIG + 2 * MAXN) * 8 + 2 * GUARD;
+    unsigned char *sreg = (unsigned char *)malloc(cap), *rreg = (unsigned char *)malloc(cap);
+    ddp_comm_t *c = R->w->comms[R->rank];
+    int k, q;
+    if (!sreg || !rreg) { rfail(R, "out of memory"); free(sreg); free(rreg); return; }
+    for (q = 0; q < R->w->n; q++) {
+        const char *name = ddp_comm_transport_name(c, q);
+        R->checks++;
+        if (strcmp(name, q == R->rank ? "self" : "threads") != 0)
+            rfail(R, "transport to rank %d is '%s', expected threads", q, name);
+    }
+    for (k = 0; k < L->n; k++) {
+        if (L->c[k].coll == C_BARRIER) {
+            R->checks++;
+            if (!R->bad && ddp_barrier(c) != DDP_SUCCESS) rfail(R, "barrier: %s", ddp_comm_last_error(c));
+            continue;
+        }
+        run_case(R, &L->c[k], sreg, rreg);
+    }
+    free(sreg);
+    free(rreg);
+}
+
+static caselist_t g_cases;
+
+static void run_results(const char *label, int n, size_t segment, int big_all) {
+    world_t w;
+    ddp_comm_desc_t d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 60000;
+    d.segment_bytes = segment;
+    build_results(&g_cases, n, big_all);
+    if (run_world(&w, n, &d, results_body, &g_cases)) {
+        char what[96];
+        snprintf(what, sizeof what, "%s (%d cases)", label, g_cases.n);
+        report_world(&w, what);
+    }
+}
+
+/* ----------------------------------------------------------------- rooted and p2p */
+static void rooted_body(rank_t *R) {
+    world_t *w = R->w;
+    ddp_comm_t *c = w->comms[R->rank];
+    const int p = w->n, me = R->rank;
+    static const int dts[4] = {DDP_FLOAT32, DDP_INT32, DDP_FLOAT16, DDP_UINT8};
+    static const int ops[4] = {DDP_AVG, DDP_SUM, DDP_SUM, DDP_MAX};
+    const size_t counts[5] = {0, 1, 7, 1003, g_quick ? 20011 : 100003};
+    size_t cap = 100003 * 4 * (size_t)p + 64 < (1u << 20) ? (1u << 20) : 100003 * 4 * (size_t)p + 64, i, es;
+    unsigned char *sb = (unsigned char *)malloc(cap), *rb = (unsigned char *)malloc(cap);
+    int di, k, root, ip, kind;
+    char what[200];
+    tc_t tc;
+    if (!sb || !rb) { rfail(R, "out of memory"); free(sb); free(rb); return; }
+    memset(&tc, 0, sizeof tc);
+    for (kind = C_REDUCE; kind <= C_A2A && !R->bad; kind++)
+        for (di = 0; di < 4 && !R->bad; di++)
+            for (k = 0; k < 5 && !R->bad; k++)
+                for (root = 0; root < (kind == C_A2A ? 1 : 2) && !R->bad; root++)
+                    for (ip = 0; ip < (kind == C_A2A ? 1 : 2) && !R->bad; ip++) {
+                        const size_t n = counts[k];
+                        const int rt = root ? p - 1 : 0, at_root = me == rt;
+                        ddp_result_t r;
+                        tc.coll = kind; tc.dt = dts[di]; tc.op = kind == C_REDUCE ? ops[di] : DDP_SUM;
+                        tc.count = n; tc.inplace = ip; tc.root = rt;
+                        tc.seed = t_mix64(0x726f6f746564ull + (uint64_t)(((kind * 4 + di) * 5 + k) * 4 + root * 2 + ip));
+                        es = ddp_dtype_size((ddp_dtype_t)tc.dt);
+                        memset(rb, 0xa5, n * es * (size_t)p);
+                        switch (kind) {
+                        case C_REDUCE:
+                            fill(ip && at_root ? rb : sb, &tc, me, 0, n);
+                            r = ddp_reduce(ip && at_root ? rb : sb, at_root ? rb : NULL, n,
+                                           (ddp_dtype_t)tc.dt, (ddp_op_t)tc.op, rt, c);
+                            break;
+                        case C_GATHER:
+                            fill(ip && at_root ? rb + (size_t)me * n * es : sb, &tc, me, 0, n);
+                            r = ddp_gather(ip && at_root ? rb + (size_t)me * n * es : sb, at_root ? rb : NULL, n,
+                                           (ddp_dtype_t)tc.dt, rt, c);
+                            break;
+                        case C_SCATTER:
+                            if (at_root) fill(ip ? rb : sb, &tc, me, 0, n * (size_t)p);
+                            r = ddp_scatter(at_root ? (ip ? rb : sb) : NULL,
+                                            ip && at_root ? rb + (size_t)me * n * es : rb, n, (ddp_dtype_t)tc.dt, rt, c);
+                            break;
+                        default:
+                            fill(sb, &tc, me, 0, n * (size_t)p);
+                            r = ddp_all_to_all(sb, rb, n, (ddp_dtype_t)tc.dt, c);
+                            break;
+                        }
+                        R->checks++;
+                        case_str(&tc, p, what, sizeof what);
+                        if (r != DDP_SUCCESS) { rfail(R, "%s -> %s: %s", what, ddp_strerror(r), ddp_comm_last_error(c)); break; }
+                        for (i = 0; i < n * (size_t)p; i++) {
+                            uint64_t want, got;
+                            const unsigned char *out = rb;
+                            size_t j = i;
+                            if (kind == C_REDUCE) { if (!at_root || i >= n) break; want = ref_reduce(&tc, p, i); }
+                            else if (kind == C_GATHER) { if (!at_root) break; want = low_bits(in_bits(&tc, (int)(i / n), i % n), es); }
+                            else if (kind == C_SCATTER) {
+                                if (i >= n) break;
+                                if (ip && at_root) out = rb + (size_t)me * n * es;
+                                want = low_bits(in_bits(&tc, rt, (size_t)me * n + i), es);
+                            } else want = low_bits(in_bits(&tc, (int)(i / n), (size_t)me * n + i % n), es);
+                            got = load(out, j, es);
+                            if (got != want) {
+                                rfail(R, "%s: element %zu is %llx, expected %llx", what, i,
+                                      (unsigned long long)got, (unsigned long long)want);
+                                break;
+                            }
+                        }
+                    }
+    /* A group: 12 messages to the next rank and 12 from the previous one (more than
+     * DDP_RING_WINDOW in flight per direction), sizes 1..~300000 bytes, and one to itself. */
+    if (!R->bad) {
+        const int next = (me + 1) % p, prev = (me + p - 1) % p, nmsg = 12;
+        size_t off[13], total = 0;
+        unsigned char *self_in = (unsigned char *)malloc(4096), *self_out = (unsigned char *)malloc(4096);
+        ddp_result_t r;
+        int m;
+        for (m = 0; m < nmsg; m++) { off[m] = total; total += (size_t)(m % 4 == 3 ? 70001 : m * 37 + 1); }
+        off[nmsg] = total;
+        if (total * 4 > cap || !self_in || !self_out) { rfail(R, "group: buffers"); free(self_in); free(self_out); goto out; }
+        memset(&tc, 0, sizeof tc);
+        tc.coll = C_GROUP; tc.dt = DDP_FLOAT32; tc.seed = 0x67726f7570ull;
+        fill(sb, &tc, me, 0, total);
+        memset(rb, 0xa5, total * 4);
+        for (i = 0; i < 1024; i++) { uint32_t v = (uint32_t)(i * 2654435761u) ^ (uint32_t)me; memcpy(self_in + 4 * i, &v, 4); }
+        ddp_group_start(c);
+        for (m = 0; m < nmsg; m++) {
+            if (p > 1) {
+                ddp_send(sb + off[m] * 4, off[m + 1] - off[m], DDP_FLOAT32, next, c);
+                ddp_recv(rb + off[m] * 4, off[m + 1] - off[m], DDP_FLOAT32, prev, c);
+            }
+        }
+        ddp_send(self_in, 1024, DDP_FLOAT32, me, c);
+        ddp_recv(self_out, 1024, DDP_FLOAT32, me, c);
+        r = ddp_group_end(c);
+        R->checks++;
+        if (r != DDP_SUCCESS) rfail(R, "group of %d sends + %d recvs -> %s: %s", nmsg, nmsg, ddp_strerror(r), ddp_comm_last_error(c));
+        else {
+            for (i = 0; p > 1 && i < total; i++)
+                if (load(rb, i, 4) != low_bits(in_bits(&tc, prev, i), 4)) {
+                    rfail(R, "group: element %zu from rank %d wrong", i, prev);
+                    break;
+                }
+            if (memcmp(self_in, self_out, 4096) != 0) rfail(R, "group: the send to itself arrived wrong");
+        }
+        free(self_in);
+        free(self_out);
+    }
+out:
+    free(sb);
+    free(rb);
+}
+
+static void run_rooted(int n) {
+    world_t w;
+    ddp_comm_desc_t d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 60000;
+    if (run_world(&w, n, &d, rooted_body, NULL)) report_world(&w, "reduce/gather/scatter/all_to_all/group");
+}
+
+/* ----------------------------------------------------------------- async */
+static void async_body(rank_t *R) {
+    world_t *w = R->w;
+    ddp_comm_t *c = w->comms[R->rank];
+    const int p = w->n;
+    enum { NA = 6 };
+    static const size_t counts[NA] = {1, 2, 100, 1000, 70001, 300000};
+    float *buf[NA], *bc;
+    ddp_request_t req[NA + 1];
+    ddp_result_t r;
+    int k;
+    size_t i;
+    for (k = 0; k < NA; k++) {
+        buf[k] = (float *)malloc(counts[k] * sizeof(float));
+        for (i = 0; i < counts[k]; i++) buf[k][i] = (float)(R->rank + 1) * (float)(i % 7 + k);
+    }
+    bc = (float *)malloc(5000 * sizeof(float));
+    for (i = 0; i < 5000; i++) bc[i] = R->rank == p - 1 ? (float)i : -1.0f;
+    for (k = 0; k < NA; k++) {
+        r = ddp_all_reduce_async(buf[k], buf[k], counts[k], DDP_FLOAT32, DDP_SUM, c, &req[k]);
+        if (r != DDP_SUCCESS) rfail(R, "all_reduce_async #%d -> %s", k, ddp_strerror(r));
+        if (k == 2) {   /* a blocking call waits for what was issued before it */
+            R->checks++;
+            if ((r = ddp_barrier(c)) != DDP_SUCCESS) rfail(R, "barrier between async calls -> %s", ddp_strerror(r));
+        }
+    }
+    r = ddp_broadcast_async(bc, bc, 5000, DDP_FLOAT32, p - 1, c, &req[NA]);
+    if (r != DDP_SUCCESS) rfail(R, "broadcast_async -> %s", ddp_strerror(r));
+    for (k = NA; k >= 0; k--) {
+        R->checks++;
+        if ((r = ddp_wait(&req[k])) != DDP_SUCCESS) rfail(R, "wait #%d -> %s: %s", k, ddp_strerror(r), ddp_comm_last_error(c));
+    }
+    for (k = 0; k < NA; k++) {
+        for (i = 0; i < counts[k]; i++)
+            if (buf[k][i] != (float)(p * (p + 1) / 2) * (float)(i % 7 + k)) {
+                rfail(R, "async all_reduce #%d (%zu floats): element %zu is %g", k, counts[k], i, (double)buf[k][i]);
+                break;
+            }
+        free(buf[k]);
+    }
+    for (i = 0; i < 5000; i++) if (bc[i] != (float)i) { rfail(R, "async broadcast: element %zu", i); break; }
+    free(bc);
+}
+
+/* ----------------------------------------------------------------- failures */
+typedef struct { int what; size_t count; } fail_arg_t;
+
+static void mismatch_body(rank_t *R) {
+    world_t *w = R->w;
+    const fail_arg_t *a = (const fail_arg_t *)w->arg;
+    ddp_comm_t *c = w->comms[R->rank];
+    size_t n = a->count;
+    float *x = (float *)calloc(n + 8, sizeof(float));
+    double t0 = t_now();
+    if (a->what == 0) R->rc = ddp_all_reduce(x, x, R->rank == 1 ? n + 1 : n, DDP_FLOAT32, DDP_SUM, c);
+    else if (a->what == 1) R->rc = R->rank == 0 ? ddp_broadcast(x, x, n, DDP_FLOAT32, 0, c)
+                                                : ddp_all_reduce(x, x, n, DDP_FLOAT32, DDP_SUM, c);
+    else if (R->rank == 0) R->rc = ddp_send(x, 5, DDP_FLOAT32, 1, c);
+    else if (R->rank == 1) R->rc = ddp_recv(x, 6, DDP_FLOAT32, 0, c);
+    R->t = t_now() - t0;
+    snprintf(R->err, sizeof R->err, "%s", ddp_comm_last_error(c));
+    free(x);
+}
+
+static void run_mismatch(void) {
+    static const char *const names[] = {"rank 1 all-reduces one element more", "rank 0 broadcasts, the others all-reduce",
+                                        "a send of 5 floats meets a recv of 6"};
+    const size_t sizes[2] = {10, 100000};
+    int what, s, i;
+    for (what = 0; what < 3; what++)
+        for (s = 0; s < (what == 2 ? 1 : 2); s++) {
+            world_t w;
+            fail_arg_t a;
+            ddp_comm_desc_t d;
+            int nmis = 0, nret = 0, explained = 0, p = what == 2 ? 2 : 3;
+            double worst = 0;
+            memset(&d, 0, sizeof d);
+            d.timeout_ms = 20000;
+            d.log_level = 1;
+            a.what = what;
+            a.count = sizes[s];
+            if (!run_world(&w, p, &d, mismatch_body, &a)) continue;
+            for (i = 0; i < p; i++) {
+                if (w.ranks[i].rc != DDP_SUCCESS) nret++;
+                if (w.ranks[i].rc == DDP_ERR_MISMATCH) {
+                    nmis++;
+                    if (strstr(w.ranks[i].err, "different")) explained = i + 1;
+                }
+                if (w.ranks[i].t > worst) worst = w.ranks[i].t;
+            }
+            ok(nret == p && nmis >= 1 && worst < 10, "%s (%zu floats): %d of %d ranks fail, %d with "
+               "DDP_ERR_MISMATCH, the slowest after %.2f s", names[what], a.count, nret, p, nmis, worst);
+            ok(explained, "... explained: %s", explained ? w.ranks[explained - 1].err : w.ranks[0].err);
+            if (what == 2)
+                ok(w.ranks[0].rc == DDP_ERR_MISMATCH && w.ranks[1].rc == DDP_ERR_MISMATCH &&
+                   t_mentions_rank(w.ranks[1].err, 0) && t_mentions_rank(w.ranks[0].err, 1),
+                   "both sides of the send/recv say DDP_ERR_MISMATCH and name each other: %s | %s",
+                   w.ranks[0].err, w.ranks[1].err);
+        }
+}
+
+/* Rank p-1 never calls (it waits until the others returned, then only destroys). */
+static void silent_body(rank_t *R) {
+    world_t *w = R->w;
+    const fail_arg_t *a = (const fail_arg_t *)w->arg;
+    ddp_comm_t *c = w->comms[R->rank];
+    float *x;
+    double t0;
+    if (R->rank == w->n - 1) {
+        while (__atomic_load_n(&w->flag, __ATOMIC_SEQ_CST) < w->n - 1) t_sleep_ms(5);
+        return;
+    }
+    x = (float *)calloc(a->count + 1, sizeof(float));
+    t0 = t_now();
+    if (a->what == 0) R->rc = ddp_all_reduce(x, x, a->count, DDP_FLOAT32, DDP_SUM, c);
+    else R->rc = ddp_recv(x, a->count, DDP_FLOAT32, w->n - 1, c);
+    R->t = t_now() - t0;
+    snprintf(R->err, sizeof R->err, "%s", ddp_comm_last_error(c));
+    __atomic_add_fetch(&w->flag, 1, __ATOMIC_SEQ_CST);
+    free(x);
+}
+
+static void run_timeout(void) {
+    const fail_arg_t cases[3] = {{0, 2}, {0, 100000}, {1, 1000}};
+    int k, i;
+    for (k = 0; k < 3; k++) {
+        world_t w;
+        ddp_comm_desc_t d;
+        const int p = k == 1 ? 3 : 2;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = 400;
+        d.log_level = 1;
+        if (!run_world(&w, p, &d, silent_body, &cases[k])) continue;
+        /* With 3 ranks, the rank whose deadline comes second may see the first one give up a
+         * moment before its own deadline: DDP_ERR_REMOTE naming it, with the first failure
+         * ("rank 2 did not arrive") appended. */
+        for (i = 0; i < p - 1; i++)
+            ok((w.ranks[i].rc == DDP_ERR_TIMEOUT ||
+                (w.ranks[i].rc == DDP_ERR_REMOTE && w.ranks[!i].rc == DDP_ERR_TIMEOUT)) &&
+               t_mentions_rank(w.ranks[i].err, p - 1) && w.ranks[i].t > 0.35 && w.ranks[i].t < 3,
+               "rank %d of %d, %s of %zu floats, rank %d silent: %s after %.2f s (timeout 0.4 s): %s", i, p,
+               cases[k].what ? "recv" : "all_reduce", cases[k].count, p - 1, ddp_strerror(w.ranks[i].rc),
+               w.ranks[i].t, w.ranks[i].err);
+    }
+}
+
+typedef struct { ddp_comm_t *c; double t; } aborter_t;
+static void *aborter(void *arg) {
+    aborter_t *a = (aborter_t *)arg;
+    t_sleep_ms(200);
+    a->t = t_now();
+    ddp_comm_abort(a->c);
+    return NULL;
+}
+
+/* Rank 0 waits (rank 1 does not call) until another thread aborts it; then rank 1 calls. */
+static void abort_body(rank_t *R) {
+    world_t *w = R->w;
+    const fail_arg_t *a = (const fail_arg_t *)w->arg;
+    ddp_comm_t *c = w->comms[R->rank];
+    float *x = (float *)calloc(a->count + 1, sizeof(float));
+    if (R->rank == 0) {
+        pthread_t th;
+        aborter_t ab;
+        ab.c = c;
+        ab.t = 0;
+        pthread_create(&th, NULL, aborter, &ab);
+        R->rc = a->what == 0 ? ddp_all_reduce(x, x, a->count, DDP_FLOAT32, DDP_SUM, c)
+                             : ddp_recv(x, a->count, DDP_FLOAT32, 1, c);
+        R->t = t_now();
+        pthread_join(th, NULL);
+        R->t -= ab.t;
+        snprintf(R->err, sizeof R->err, "%s", ddp_comm_last_error(c));
+        __atomic_store_n(&w->flag, 1, __ATOMIC_SEQ_CST);
+    } else {
+        double t0;
+        while (!__atomic_load_n(&w->flag, __ATOMIC_SEQ_CST)) t_sleep_ms(5);
+        t0 = t_now();
+        R->rc = a->what == 0 ? ddp_all_reduce(x, x, a->count, DDP_FLOAT32, DDP_SUM, c)
+                             : ddp_send(x, a->count, DDP_FLOAT32, 0, c);
+        /* Rank 0 published its part of that all-reduce before it was aborted (small: a copy in
+         * its endpoint), so the first call may still complete here; the next one cannot. */
+        if (R->rc == DDP_SUCCESS) R->rc = ddp_barrier(c);
+        R->t = t_now() - t0;
+        snprintf(R->err, sizeof R->err, "%s", ddp_comm_last_error(c));
+    }
+    free(x);
+}
+
+static void run_abort(void) {
+    const fail_arg_t cases[3] = {{0, 2}, {0, 100000}, {1, 1000}};
+    int k;
+    for (k = 0; k < 3; k++) {
+        world_t w;
+        ddp_comm_desc_t d;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = 30000;
+        d.log_level = 1;
+        if (!run_world(&w, 2, &d, abort_body, &cases[k])) continue;
+        ok(w.ranks[0].rc == DDP_ERR_ABORTED && w.ranks[0].t >= 0 && w.ranks[0].t < 1.0,
+           "%s of %zu floats, aborted from another thread: %s %.3f s after the abort: %s",
+           cases[k].what ? "recv" : "all_reduce", cases[k].count, ddp_strerror(w.ranks[0].rc),
+           w.ranks[0].t, w.ranks[0].err);
+        ok(w.ranks[1].rc == DDP_ERR_REMOTE && w.ranks[1].t < 5 && t_mentions_rank(w.ranks[1].err, 0),
+           "... then rank 1's %s (+ barrier): %s after %.2f s, naming rank 0: %s", cases[k].what ? "send" : "all_reduce",
+           ddp_strerror(w.ranks[1].rc), w.ranks[1].t, w.ranks[1].err);
+    }
+}
+
+/* Rank p-1 destroys its communicator while the others wait for it in an all-reduce. */
+static void closed_body(rank_t *R) {
+    world_t *w = R->w;
+    const fail_arg_t *a = (const fail_arg_t *)w->arg;
+    ddp_comm_t *c = w->comms[R->rank];
+    float *x;
+    double t0;
+    if (R->rank == w->n - 1) {
+        t_sleep_ms(200);
+        R->rc = ddp_comm_destroy(c);
+        w->comms[R->rank] = NULL;
+        return;
+    }
+    x = (float *)calloc(a->count + 1, sizeof(float));
+    t0 = t_now();
+    R->rc = ddp_all_reduce(x, x, a->count, DDP_FLOAT32, DDP_SUM, c);
+    R->t = t_now() - t0;
+    snprintf(R->err, sizeof R->err, "%s", ddp_comm_last_error(c));
+    free(x);
+}
+
+static void run_closed(void) {
+    const fail_arg_t cases[2] = {{0, 2}, {0, 100000}};
+    int k, i;
+    for (k = 0; k < 2; k++) {
+        world_t w;
+        ddp_comm_desc_t d;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = 30000;
+        d.log_level = 1;
+        if (!run_world(&w, 3, &d, closed_body, &cases[k])) continue;
+        ok(w.ranks[2].rc == DDP_SUCCESS, "rank 2 destroyed its communicator in the middle: %s", ddp_strerror(w.ranks[2].rc));
+        for (i = 0; i < 2; i++)
+            ok(w.ranks[i].rc == DDP_ERR_REMOTE && w.ranks[i].t < 5 && t_mentions_rank(w.ranks[i].err, 2),
+               "rank %d, all_reduce of %zu floats: %s after %.2f s (timeout 30 s): %s", i, cases[k].count,
+               ddp_strerror(w.ranks[i].rc), w.ranks[i].t, w.ranks[i].err);
+    }
+}
+
+/* ----------------------------------------------------------------- ranks in two processes */
+typedef struct { int rank, p; int bad; char msg[1200]; } proc_rank_t;
+static void *proc_thread(void *arg) {
+    proc_rank_t *pr = (proc_rank_t *)arg;
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    float *x;
+    size_t n, i;
+    int q, it;
+    t_desc(&d, 30000);
+    d.log_level = 1;
+    if ((r = ddp_comm_init(&c, pr->p, pr->rank, &d)) != DDP_SUCCESS) {
+        pr->bad = 1;
+        snprintf(pr->msg, sizeof pr->msg, "init -> %s: %s", ddp_strerror(r), ddp_last_init_error());
+        return NULL;
+    }
+    for (q = 0; q < pr->p; q++) {
+        const char *want = q == pr->rank ? "self" : q / 2 == pr->rank / 2 ? "threads" : "shm";
+        if (strcmp(ddp_comm_transport_name(c, q), want) != 0 && !pr->bad) {
+            pr->bad = 1;
+            snprintf(pr->msg, sizeof pr->msg, "transport to rank %d is %s, expected %s", q,
+                     ddp_comm_transport_name(c, q), want);
+        }
+    }
+    x = (float *)malloc(100003 * sizeof(float));
+    for (it = 0; it < 6 && !pr->bad; it++) {
+        n = it % 2 ? 100003 : 1000;
+        for (i = 0; i < n; i++) x[i] = (float)(pr->rank + (int)(i % 5));
+        if ((r = ddp_all_reduce(x, x, n, DDP_FLOAT32, DDP_SUM, c)) != DDP_SUCCESS) {
+            pr->bad = 1;
+            snprintf(pr->msg, sizeof pr->msg, "all_reduce -> %s: %s", ddp_strerror(r), ddp_comm_last_error(c));
+            break;
+        }
+        for (i = 0; i < n; i++)
+            if (x[i] != (float)(pr->p * (pr->p - 1) / 2 + pr->p * (int)(i % 5))) {
+                pr->bad = 1;
+                snprintf(pr->msg, sizeof pr->msg, "all_reduce of %zu: element %zu is %g", n, i, (double)x[i]);
+                break;
+            }
+        if (!pr->bad && (r = ddp_broadcast(x, x, n, DDP_FLOAT32, it % pr->p, c)) != DDP_SUCCESS) {
+            pr->bad = 1;
+            snprintf(pr->msg, sizeof pr->msg, "broadcast -> %s", ddp_strerror(r));
+        }
+    }
+    free(x);
+    ddp_comm_destroy(c);
+    return NULL;
+}
+
+static T_UNUSED int process_child(int rank, int p, void *arg) {
+    proc_rank_t pr[2];
+    pthread_t th[2];
+    int t;
+    (void)p; (void)arg;
+    for (t = 0; t < 2; t++) {
+        memset(&pr[t], 0, sizeof pr[t]);
+        pr[t].rank = 2 * rank + t;
+        pr[t].p = 4;
+        pthread_create(&th[t], NULL, proc_thread, &pr[t]);
+    }
+    for (t = 0; t < 2; t++) pthread_join(th[t], NULL);
+    for (t = 0; t < 2; t++)
+        ok(!pr[t].bad, "rank %d (process %d, thread %d): transports threads/shm as expected, 6 all-reduces "
+           "and broadcasts right %s", pr[t].rank, rank, t, pr[t].msg);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- main */
+int main(void) {
+    const int quick_sizes[4] = {1, 2, 3, 5};
+    int n, k;
+    world_t w;
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    g_quick = 1;
+#endif
+    if (getenv("DDP_TEST_QUICK")) g_quick = 1;
+    t_init();
+    unsetenv("DDP_TRANSPORT");
+    unsetenv("DDP_ALGO");
+    unsetenv("DDP_THREADS_COLL");
+    unsetenv("DDP_THREADS_SMALL_MAX");
+    setenv("DDP_DEBUG", "NONE", 0);
+    if (t_selected("results")) {
+        for (k = 0; k < (g_quick ? 4 : MAXN); k++) {
+            n = g_quick ? quick_sizes[k] : k + 1;
+            diag("--- results: %d thread rank%s over the threads transport", n, n > 1 ? "s" : "");
+            run_results("collectives", n, 0, n == 2 || n == 3 || n == 8 || g_quick);
+        }
+        setenv("DDP_THREADS_SMALL_MAX", "0", 1);
+        diag("--- results with DDP_THREADS_SMALL_MAX=0 (every size zero-copy), n = 3");
+        run_results("collectives, DDP_THREADS_SMALL_MAX=0", 3, 0, 0);
+        setenv("DDP_THREADS_SMALL_MAX", "256", 1);
+        diag("--- results with DDP_THREADS_SMALL_MAX=256, n = 4");
+        run_results("collectives, DDP_THREADS_SMALL_MAX=256", 4, 0, 0);
+        unsetenv("DDP_THREADS_SMALL_MAX");
+    }
+    if (t_selected("p2p")) {
+        static const int sizes[3] = {2, 3, 5};
+        setenv("DDP_THREADS_COLL", "0", 1);
+        for (k = 0; k < 3; k++) {
+            n = sizes[k];
+            if (g_quick && n == 5) continue;
+            diag("--- p2p: %d ranks, DDP_THREADS_COLL=0: ring / recursive doubling over the channels, 4 KiB segments", n);
+            run_results("collectives over point-to-point", n, 4096, 0);
+        }
+        setenv("DDP_ALGO", "ring", 1);
+        diag("--- p2p: 3 ranks, DDP_ALGO=ring (the ring also for small counts)");
+        run_results("collectives over point-to-point, DDP_ALGO=ring", 3, 4096, 0);
+        unsetenv("DDP_ALGO");
+        unsetenv("DDP_THREADS_COLL");
+    }
+    if (t_selected("rooted")) {
+        for (k = 0; k < (g_quick ? 4 : MAXN); k++) {
+            n = g_quick ? quick_sizes[k] : k + 1;
+            diag("--- rooted and point-to-point calls: %d thread ranks", n);
+            run_rooted(n);
+        }
+    }
+    if (t_selected("async")) {
+        for (n = 2; n <= 3; n++) {
+            ddp_comm_desc_t d;
+            memset(&d, 0, sizeof d);
+            d.timeout_ms = 60000;
+            diag("--- async: %d thread ranks", n);
+            if (run_world(&w, n, &d, async_body, NULL)) report_world(&w, "async all-reduces + broadcast, waited in reverse");
+        }
+    }
+    if (t_selected("mismatch")) { diag("--- mismatched calls"); run_mismatch(); }
+    if (t_selected("timeout")) { diag("--- a rank that never calls (timeout 400 ms)"); run_timeout(); }
+    if (t_selected("abort")) { diag("--- ddp_comm_abort from another thread"); run_abort(); }
+    if (t_selected("closed")) { diag("--- a rank destroys its communicator while the others wait"); run_closed(); }
+#if !defined(__SANITIZE_THREAD__)
+    if (t_selected("process")) {
+        diag("--- 4 ranks: 2 processes x 2 threads (threads inside a process, shm between them)");
+        ok(run_ranks(2, process_child, NULL, 120) == 0, "both processes exited cleanly");
+    }
+#endif
+    return t_done();
+}
