@@ -95,4 +95,28 @@ static int bench_fork_ranks(int n, int (*run)(void *arg, int n, int rank, int po
     return failed;
 }
 
+#ifdef DDP_H_INCLUDED
+/* A libddp rank: forked (port != 0: master 127.0.0.1:port, a 2-minute timeout unless
+ * DDP_TIMEOUT_MS says otherwise, so a crashed sibling does not keep the others 10 minutes) or
+ * under a launcher (ddp_comm_init_env). NULL after printing why. */
+static ddp_comm_t *bench_ddp_init(ddp_comm_desc_t *d, int nranks, int rank, int port, const char *prog) {
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    if (port) {
+        d->master_addr = "127.0.0.1";
+        d->master_port = port;
+        if (!getenv("DDP_TIMEOUT_MS")) d->timeout_ms = 120000;
+        r = ddp_comm_init(&c, nranks, rank, d);
+    } else {
+        r = ddp_comm_init_env(&c, d);
+    }
+    if (r != DDP_SUCCESS) {
+        fprintf(stderr, "%s: rank %d: ddp_comm_init failed: %s: %s\n", prog, rank, ddp_strerror(r),
+                ddp_last_init_error());
+        return NULL;
+    }
+    return c;
+}
+#endif
+
 #endif /* BENCH_FORK_H */

@@ -95,21 +95,9 @@ static int run_rank(void *arg, int nranks, int rank, int port) {
     double t[NMODES][MAXROUNDS], busy[2];
     size_t maxb = 0;
     int s, i, m, me;
-    ddp_result_t e;
     memset(&d, 0, sizeof d);
     d.transport = o->transport;
-    if (port) {
-        d.master_addr = "127.0.0.1";
-        d.master_port = port;
-        d.timeout_ms = 120000;
-        e = ddp_comm_init(&c, nranks, rank, &d);
-    } else {
-        e = ddp_comm_init_env(&c, &d);
-    }
-    if (e != DDP_SUCCESS) {
-        fprintf(stderr, "ddp-async: rank %d: init: %s\n", rank, ddp_last_init_error());
-        return 1;
-    }
+    if (!(c = bench_ddp_init(&d, nranks, rank, port, "ddp-async"))) return 1;
     me = ddp_comm_rank(c);
     for (s = 0; s < o->nsizes; s++) if (o->sizes[s] > maxb) maxb = o->sizes[s];
     for (i = 0; i < o->k; i++)

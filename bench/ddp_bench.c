@@ -118,20 +118,7 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     int rc;
     memset(&desc, 0, sizeof desc);
     desc.transport = o->transport;
-    if (port) {
-        desc.master_addr = "127.0.0.1";
-        desc.master_port = port;
-        /* a crashed sibling should not keep the others waiting the default 10 minutes */
-        if (!getenv("DDP_TIMEOUT_MS")) desc.timeout_ms = 120000;
-        r = ddp_comm_init(&c, nranks, rank, &desc);
-    } else {
-        r = ddp_comm_init_env(&c, &desc);
-    }
-    if (r != DDP_SUCCESS) {
-        fprintf(stderr, "rank %d: ddp_comm_init failed: %s: %s\n", rank, ddp_strerror(r),
-                ddp_last_init_error());
-        return 1;
-    }
+    if (!(c = bench_ddp_init(&desc, nranks, rank, port, "ddp-bench"))) return 1;
     memset(&b, 0, sizeof b);
     b.name = "libddp";
     b.ctx = c;

@@ -155,21 +155,9 @@ static int run_rank(const opts_t *o, int nranks, int rank, int port) {
     float *flat;
     double tc, tn, tr, tb;
     int me, nb = 0, k;
-    ddp_result_t e;
     memset(&d, 0, sizeof d);
     d.transport = o->transport;
-    if (port) {
-        d.master_addr = "127.0.0.1";
-        d.master_port = port;
-        d.timeout_ms = 120000;
-        e = ddp_comm_init(&c, nranks, rank, &d);
-    } else {
-        e = ddp_comm_init_env(&c, &d);
-    }
-    if (e != DDP_SUCCESS) {
-        fprintf(stderr, "ddp-overlap: rank %d: init: %s\n", rank, ddp_last_init_error());
-        return 1;
-    }
+    if (!(c = bench_ddp_init(&d, nranks, rank, port, "ddp-overlap"))) return 1;
     me = ddp_comm_rank(c);
     flat = (float *)calloc(total, sizeof(float));
     if (!flat) return 1;
