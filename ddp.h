@@ -1988,6 +1988,18 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         _ddp_publish_failure(c);
         return r;
     }
+    /* DDP_ASYNC_LANES makes each rank open more connections at init: all must agree. */
+    _ddp_key(c, key, sizeof key, "async_lanes");
+    snprintf(host, sizeof host, "%d", c->want_lanes);
+    r = ddp_store_compare_set(c->store, key, NULL, 0, host, strlen(host), val, sizeof val - 1, &len);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    if (strcmp(val, host) != 0) {
+        r = ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: DDP_ASYNC_LANES is %d on this rank, %s on the "
+                          "job's first rank: set it the same everywhere", c->want_lanes, val);
+        _ddp_publish_failure(c);
+        return r;
+    }
     _ddp_key(c, key, sizeof key, "rank/%d", c->rank);
     r = ddp_store_add(c->store, key, 1, &n);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));

@@ -301,6 +301,24 @@ static int aborted(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- lanes mismatch */
+static int lanes_mismatch(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    (void)arg;
+    (void)p;
+    setenv("DDP_TRANSPORT", "tcp", 1);
+    setenv("DDP_ASYNC_LANES", rank == 0 ? "2" : "1", 1);
+    t_desc(&d, 10000);
+    d.log_level = 1;
+    r = ddp_comm_init(&c, p, rank, &d);
+    ok(r != DDP_SUCCESS && strstr(ddp_last_init_error(), "DDP_ASYNC_LANES"), "rank %d: DDP_ASYNC_LANES %s "
+       "here, %s on rank 0 -> init fails: %s", rank, rank ? "1" : "2", "2", ddp_last_init_error());
+    if (c) ddp_comm_destroy(c);
+    return 0;
+}
+
 /* ----------------------------------------------------------------- split */
 static int check_sum(ddp_comm_t *c, const int *members, int n, const char *what, int rank) {
     double v = (double)(rank + 1), want = 0;
@@ -414,6 +432,12 @@ int main(void) {
         diag("--- threads as ranks (ddp_comm_init_threads)");
         run_threads(2);
         run_threads(3);
+    }
+    if (t_selected("lanes")) {
+        double t0 = t_now();
+        diag("--- DDP_ASYNC_LANES not the same on every rank");
+        ok(run_ranks(2, lanes_mismatch, NULL, 60) == 0 && t_now() - t0 < 5, "both ranks returned at once (%.2f s)",
+           t_now() - t0);
     }
     for (m = 0; m < 3; m++) {
         g_mode = modes[m];
