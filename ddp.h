@@ -1969,37 +1969,48 @@ _DDP_PRIVATE uint64_t _ddp_random64(void) {
     return v;
 }
 
+/* A setting every rank must share: the first to publish it under key decides; another value
+ * is DDP_ERR_MISMATCH, told with fmt (this rank's %d, then the first rank's %s). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name, int mine, const char *fmt) {
+    char key[256], val[64], want[32];
+    size_t len = 0;
+    ddp_result_t r;
+    _ddp_key(c, key, sizeof key, "%s", name);
+    snprintf(want, sizeof want, "%d", mine);
+    r = ddp_store_compare_set(c->store, key, NULL, 0, want, strlen(want), val, sizeof val - 1, &len);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    if (strcmp(val, want) == 0) return DDP_SUCCESS;
+    {
+        char msg[512];
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+#endif
+        snprintf(msg, sizeof msg, fmt, mine, val);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+        r = ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: %s", msg);
+    }
+    _ddp_publish_failure(c);
+    return r;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
-    char key[256], val[64], host[_DDP_HOST_ID_LEN], why_none[512] = "";
+    char key[256], host[_DDP_HOST_ID_LEN], why_none[512] = "";
     size_t len = 0;
     int64_t joined = 0, n;
     ddp_result_t r;
     int i;
 
-    /* World size: the first rank decides; anyone who disagrees fails loudly. */
-    _ddp_key(c, key, sizeof key, "world_size");
-    snprintf(host, sizeof host, "%d", c->nranks);
-    r = ddp_store_compare_set(c->store, key, NULL, 0, host, strlen(host), val, sizeof val - 1, &len);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    val[len < sizeof val ? len : sizeof val - 1] = 0;
-    if (strcmp(val, host) != 0) {
-        r = ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: world size disagreement: this rank was "
-                          "started with world size %d, the job's first rank with %s", c->nranks, val);
-        _ddp_publish_failure(c);
+    /* World size, and DDP_ASYNC_LANES (each rank opens that many connection sets at init):
+     * the first rank decides; anyone who disagrees fails loudly. */
+    if ((r = _ddp_rendezvous_agree(c, "world_size", c->nranks, "world size disagreement: this rank "
+                                   "was started with world size %d, the job's first rank with %s")) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_agree(c, "async_lanes", c->want_lanes, "DDP_ASYNC_LANES is %d on this "
+                                   "rank, %s on the job's first rank: set it the same everywhere")) != DDP_SUCCESS)
         return r;
-    }
-    /* DDP_ASYNC_LANES makes each rank open more connections at init: all must agree. */
-    _ddp_key(c, key, sizeof key, "async_lanes");
-    snprintf(host, sizeof host, "%d", c->want_lanes);
-    r = ddp_store_compare_set(c->store, key, NULL, 0, host, strlen(host), val, sizeof val - 1, &len);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    val[len < sizeof val ? len : sizeof val - 1] = 0;
-    if (strcmp(val, host) != 0) {
-        r = ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: DDP_ASYNC_LANES is %d on this rank, %s on the "
-                          "job's first rank: set it the same everywhere", c->want_lanes, val);
-        _ddp_publish_failure(c);
-        return r;
-    }
     _ddp_key(c, key, sizeof key, "rank/%d", c->rank);
     r = ddp_store_add(c->store, key, 1, &n);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));

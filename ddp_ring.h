@@ -1453,11 +1453,6 @@ static ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_call_t *k) {
  * an earlier member's is not fused (in order, it would see that member's result). */
 #define _DDP_FUSE_BYTES ((size_t)64 << 10)
 
-static int _ddp_fuse_overlap(const void *a, size_t alen, const void *b, size_t blen) {
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return alen && blen && x < y + blen && y < x + alen;
-}
-
 /* How many calls from ops[i] on can run as one fused all-reduce (1: just ops[i]). */
 static int _ddp_fuse_run_length(const _ddp_call_t *ops, int i, int n) {
     const _ddp_call_t *a = &ops[i];
@@ -1472,9 +1467,9 @@ static int _ddp_fuse_run_length(const _ddp_call_t *ops, int i, int n) {
             break;
         for (m = i; m < j; m++) {
             size_t mb = ops[m].count * es;
-            if (_ddp_fuse_overlap(b->recv, bytes, ops[m].send, mb) ||
-                _ddp_fuse_overlap(b->recv, bytes, ops[m].recv, mb) ||
-                _ddp_fuse_overlap(b->send, bytes, ops[m].recv, mb))
+            if (_ddp_ranges_meet(b->recv, bytes, ops[m].send, mb) ||
+                _ddp_ranges_meet(b->recv, bytes, ops[m].recv, mb) ||
+                _ddp_ranges_meet(b->send, bytes, ops[m].recv, mb))
                 break;
         }
         if (m < j) break;
