@@ -7,7 +7,7 @@
  * epoch): it can reproduce, resume or cross-check that run. It also exposes the generator torch
  * uses (MT19937) with torch's ways of drawing from it (randperm, randint, rand, uniform_), for
  * per-rank data augmentation that matches torch.Generator().manual_seed(seed + rank).
- * It needs nothing else from libddp; with ddp.h the result type is shared.
+ * It needs only ddp_base.h (result codes, DDP_API) from libddp: vendor the two files together.
  *
  * DO THIS in exactly one .c file of your program:
  *
@@ -81,25 +81,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef DDP_API
-#ifdef DDP_STATIC
-#define DDP_API static
-#else
-#define DDP_API extern
+#if (defined(DDP_IMPLEMENTATION) || defined(DDP_SAMPLER_IMPLEMENTATION)) && \
+    !defined(DDP_BASE_NAMES_IMPLEMENTATION)
+#define DDP_BASE_NAMES_IMPLEMENTATION   /* ddp_strerror & co., without the rest of the base */
 #endif
-#endif
+#include "ddp_base.h"   /* ddp_result_t and DDP_API: one definition for every libddp header */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Shared with ddp.h: whichever comes first defines it. */
-#ifndef DDP_RESULT_DEFINED
-#define DDP_RESULT_DEFINED
-typedef enum { DDP_SUCCESS = 0, DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_USAGE, DDP_ERR_SYSTEM,
-               DDP_ERR_REMOTE, DDP_ERR_TIMEOUT, DDP_ERR_ABORTED, DDP_ERR_OUT_OF_MEMORY,
-               DDP_ERR_MISMATCH, DDP_ERR_AUTH, DDP_ERR_UNSUPPORTED, DDP_ERR_INTERNAL } ddp_result_t;
-#endif
 
 /* ---------------------------------------------------------------- MT19937, as torch draws it */
 /* The generator behind every torch.Generator on CPU (ATen/core/MT19937RNGEngine.h): standard

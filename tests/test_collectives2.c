@@ -499,12 +499,12 @@ static int scenario(int rank, int p, void *arg) {
         free(red); free(own); free(a2s); free(a2r); free(out); free(in); free(gat);
         break;
     }
-    case SC_FUSED: {   /* a group's small all-reduces are fused (ddp_ring.h); results as one by one */
+    case SC_FUSED: {   /* a group's small all-reduces are fused (ddp_comm.h); results as one by one */
         const size_t nbig = 20000;                     /* 80 KB: above the fusion limit, alone */
         int32_t a1 = rank + 1, a1out = -1, a3[1000], *big = (int32_t *)malloc(nbig * 4);
         float f4[7], f4out[7], f5[5], f6[3];
         int64_t chain[4];
-        unsigned seq0 = comm->seq;
+        unsigned seq0 = comm->eng.seq;
         const int tri = p * (p + 1) / 2;
         int good = 1;
         size_t i;
@@ -541,8 +541,8 @@ static int scenario(int rank, int p, void *arg) {
             if (chain[i] != (int64_t)p * tri) good = ok(0, "chained in-place sums: %lld, expected %lld",
                                                        (long long)chain[i], (long long)p * tri);
         /* 9 calls, 6 reductions: (a1, empty, a3) (f4, f5) f6 big chain chain */
-        if (good && comm->seq - seq0 != 6)
-            good = ok(0, "the group used %u sequence numbers, expected 6 (fusion)", comm->seq - seq0);
+        if (good && comm->eng.seq - seq0 != 6)
+            good = ok(0, "the group used %u sequence numbers, expected 6 (fusion)", comm->eng.seq - seq0);
         if (!ok(good, "results of the fused group (3 + 2 fused, other op, too big, overlapping buffers apart)"))
             status = 1;
         free(big);

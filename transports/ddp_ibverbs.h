@@ -1,7 +1,7 @@
 /* transports/ddp_ibverbs.h — libddp's RDMA transport on libibverbs (InfiniBand, RoCE).
  *
- * Include after ddp.h; in the file that defines DDP_IMPLEMENTATION this compiles the transport
- * and registers it ("ibverbs", priority 15: above tcp (10), below shm (20), so with the default
+ * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it
+ * ("ibverbs", priority 15: above tcp (10), below shm (20), so with the default
  * DDP_TRANSPORT=auto ranks on other hosts are reached by RDMA and same-host ranks still by
  * shared memory when ddp_shm.h is included). Needs <infiniband/verbs.h> (Debian: libibverbs-dev)
  * and linking with -libverbs:
@@ -15,8 +15,9 @@
  * or define DDP_IBV_DLOPEN (implementation file only) to load libibverbs.so.1 at run time
  * instead, as NCCL does: one binary then runs on hosts with and without RDMA (glibc < 2.34 also
  * needs -ldl). Without a library, a device or an active port, init fails with a clear message:
- * DDP_TRANSPORT=ibverbs then fails, auto goes on with the other transports (ddp.h logs the
- * fallback).
+ * DDP_TRANSPORT=ibverbs then fails, auto goes on with the other transports (the communicator
+ * logs the fallback). It sees its communicator only through the ddp_transport_ctx_t given to
+ * init (transports/ddp_transport.h).
  *
  * ENVIRONMENT
  *   DDP_IB_HCA          NCCL's syntax: "mlx5_0:1,mlx5_1" (name prefixes, optional :port),
@@ -73,11 +74,25 @@
  * entries, bounce/inline/zero-copy messages, keepalive probes); DDP_DEBUG=TRACE logs every
  * registration and every stale entry.
  */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_IBVERBS_IMPLEMENTATION)
+#define DDP_IBVERBS_IMPLEMENTATION
+#endif
+#if defined(DDP_IBVERBS_IMPLEMENTATION)
+#ifndef DDP_TRANSPORT_IMPLEMENTATION
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#ifndef DDP_SOCKET_IMPLEMENTATION
+#define DDP_SOCKET_IMPLEMENTATION
+#endif
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_transport.h"
+#include "../ddp_socket.h"
+
 #ifndef DDP_IBVERBS_H_INCLUDED
 #define DDP_IBVERBS_H_INCLUDED
-#ifndef DDP_H_INCLUDED
-#error "transports/ddp_ibverbs.h: include ddp.h first"
-#endif
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -98,8 +113,11 @@ DDP_API void ddp_ibverbs_stats(ddp_ibverbs_stats_t *out);
 #endif
 #endif /* DDP_IBVERBS_H_INCLUDED */
 
-#if defined(DDP_IMPLEMENTATION) && !defined(DDP_IBVERBS_IMPL_INCLUDED)
+#if defined(DDP_IBVERBS_IMPLEMENTATION) && !defined(DDP_IBVERBS_IMPL_INCLUDED)
 #define DDP_IBVERBS_IMPL_INCLUDED
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_SOCKET_IMPL_INCLUDED)
+#error "transports/ddp_ibverbs.h's implementation needs ddp_transport.h's and ddp_socket.h's (define DDP_IMPLEMENTATION)"
+#endif
 
 #include <infiniband/verbs.h>
 #include <arpa/inet.h>
@@ -303,7 +321,7 @@ typedef struct _ddp_ib_conn {
     uint32_t cts_sent;               /* CTS written so far */
     _ddp_ib_req_t *sq, *sq_tail, *spost;  /* sends not complete; first not fully posted */
     _ddp_ib_req_t *rq, *rq_tail;          /* receives not complete (CTS posted in order) */
-    _ddp_ib_req_t *free_list;
+    _ddp_transport_freelist_t free;
     int sq_room, max_inline, stage, probe_out;
     int sig[_DDP_IB_SQ];             /* WRs retired by each signaled WR, in posting order */
     int sig_head, sig_tail;
@@ -314,9 +332,9 @@ typedef struct _ddp_ib_conn {
 } _ddp_ib_conn_t;
 
 typedef struct _ddp_ib {
-    ddp_comm_t *comm;
-    int nranks;               /* ddp_comm_size() says -1 once destroy has unlisted the comm */
-    struct ibv_context *ctx;
+    const ddp_transport_ctx_t *ctx;
+    int nranks;
+    struct ibv_context *vctx;
     struct ibv_pd *pd;
     struct ibv_comp_channel *ch;
     uint8_t port;
@@ -334,24 +352,6 @@ typedef struct _ddp_ib {
 static ddp_result_t _ddp_ib_finalize(void *state);
 
 /* ---------------------------------------------------------------- device, port, GID */
-/* NCCL's NCCL_IB_HCA syntax: '^' excludes, '=' wants exact names, else prefixes; "name:port". */
-static int _ddp_ib_hca_match(const char *spec, const char *dev, int port) {
-    int exclude = 0, exact = 0, hit = 0;
-    char buf[256], *tok, *save = NULL;
-    if (!spec || !*spec) return 1;
-    if (*spec == '^') { exclude = 1; spec++; }
-    if (*spec == '=') { exact = 1; spec++; }
-    _ddp_strlcpy(buf, spec, sizeof buf);
-    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *colon = strchr(tok, ':');
-        int want_port = colon ? atoi(colon + 1) : 0;
-        if (colon) *colon = 0;
-        if ((exact ? !strcmp(dev, tok) : !strncmp(dev, tok, strlen(tok))) &&
-            (!want_port || want_port == port)) { hit = 1; break; }
-    }
-    return exclude ? !hit : hit;
-}
-
 /* "RoCE v2", "IB/RoCE v1" or "" (sysfs; what NCCL reads too). */
 static void _ddp_ib_gid_type(struct ibv_device *dev, int port, int idx, char *out, size_t cap) {
     char path[512];
@@ -373,7 +373,7 @@ static int _ddp_ib_pick_gid(_ddp_ib_t *st, struct ibv_device *dev, int tbl_len, 
         char type[32];
         int score;
         static const uint8_t zero[16] = {0};
-        if (_ddp_ibv.query_gid(st->ctx, st->port, i, &g) != 0) continue;
+        if (_ddp_ibv.query_gid(st->vctx, st->port, i, &g) != 0) continue;
         if (!memcmp(g.raw, zero, 16)) continue;
         _ddp_ib_gid_type(dev, st->port, i, type, sizeof type);
         score = 1 + (strstr(type, "v2") ? 2 : 0) + (!memcmp(g.raw, v4mapped, 12) ? 1 : 0);
@@ -383,22 +383,22 @@ static int _ddp_ib_pick_gid(_ddp_ib_t *st, struct ibv_device *dev, int tbl_len, 
 }
 
 static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
-    ddp_comm_t *c = st->comm;
+    const ddp_transport_ctx_t *c = st->ctx;
     const char *spec = getenv("DDP_IB_HCA"), *gi = getenv("DDP_IB_GID_INDEX");
     struct ibv_device **list;
     int n = 0, i;
     char seen[256] = "";
     size_t off = 0;
     pthread_once(&_ddp_ibv_once, _ddp_ibv_load);
-    if (_ddp_ibv_load_error[0]) return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: %s", _ddp_ibv_load_error);
+    if (_ddp_ibv_load_error[0]) return ddp_transport_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: %s", _ddp_ibv_load_error);
     list = _ddp_ibv.get_device_list(&n);
     if (!list || n == 0) {
         if (list) _ddp_ibv.free_device_list(list);
-        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: no RDMA device on this host "
-                             "(ibv_get_device_list: %s; no HCA driver or rdma_rxe loaded?)",
-                             list ? "none" : strerror(errno));
+        return ddp_transport_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: no RDMA device on this host "
+                                  "(ibv_get_device_list: %s; no HCA driver or rdma_rxe loaded?)",
+                                  list ? "none" : strerror(errno));
     }
-    for (i = 0; i < n && !st->ctx; i++) {
+    for (i = 0; i < n && !st->vctx; i++) {
         const char *name = _ddp_ibv.get_device_name(list[i]);
         struct ibv_context *ctx = _ddp_ibv.open_device(list[i]);
         struct ibv_device_attr da;
@@ -410,13 +410,13 @@ static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
         for (p = 1; p <= da.phys_port_cnt; p++) {
             struct ibv_port_attr pa;
             memset(&pa, 0, sizeof pa);
-            if (!_ddp_ib_hca_match(spec, name, p)) continue;
+            if (spec && *spec && !_ddp_transport_match_list(spec, name, p)) continue;
             if (_ddp_ibv.query_port(ctx, (uint8_t)p, (struct _compat_ibv_port_attr *)&pa) != 0) continue;
             if (pa.state != IBV_PORT_ACTIVE) {
                 if (off + 24 < sizeof seen) off += (size_t)snprintf(seen + off, sizeof seen - off, " (port %d down)", p);
                 continue;
             }
-            st->ctx = ctx;
+            st->vctx = ctx;
             st->port = (uint8_t)p;
             st->me.link_layer = pa.link_layer;
             st->me.mtu = pa.active_mtu;
@@ -427,9 +427,9 @@ static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
                 if (_ddp_parse_long(gi, 0, pa.gid_tbl_len - 1, &v) != 0 ||
                     _ddp_ibv.query_gid(ctx, st->port, (int)v, &g) != 0) {
                     _ddp_ibv.free_device_list(list);
-                    return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "ibverbs: DDP_IB_GID_INDEX=%s "
-                                         "is not a GID index of %s port %d (0..%d)", gi, name, p,
-                                         pa.gid_tbl_len - 1);
+                    return ddp_transport_fail(c, DDP_ERR_INVALID_ARGUMENT, "ibverbs: DDP_IB_GID_INDEX=%s "
+                                              "is not a GID index of %s port %d (0..%d)", gi, name, p,
+                                              pa.gid_tbl_len - 1);
                 }
                 st->gid_index = (int)v;
                 memcpy(st->me.gid, g.raw, 16);
@@ -439,8 +439,8 @@ static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
                 st->gid_index = _ddp_ib_pick_gid(st, list[i], pa.gid_tbl_len, &g);
                 if (st->gid_index < 0) {
                     _ddp_ibv.free_device_list(list);
-                    return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: %s port %d (RoCE) has "
-                                         "no GID (no IP address on its network device?)", name, p);
+                    return ddp_transport_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: %s port %d (RoCE) has "
+                                              "no GID (no IP address on its network device?)", name, p);
                 }
                 memcpy(st->me.gid, g.raw, 16);
                 st->me.use_gid = 1;
@@ -448,12 +448,12 @@ static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
             snprintf(st->me.dev, sizeof st->me.dev, "%s:%d", name, p);
             break;
         }
-        if (!st->ctx) _ddp_ibv.close_device(ctx);
+        if (!st->vctx) _ddp_ibv.close_device(ctx);
     }
     _ddp_ibv.free_device_list(list);
-    if (!st->ctx)
-        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: no active port on %s%s%s", seen,
-                             spec ? " matching DDP_IB_HCA=" : "", spec ? spec : "");
+    if (!st->vctx)
+        return ddp_transport_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: no active port on %s%s%s", seen,
+                                  spec ? " matching DDP_IB_HCA=" : "", spec ? spec : "");
     return DDP_SUCCESS;
 }
 
@@ -505,7 +505,7 @@ static void _ddp_ib_reg_release(_ddp_ib_t *st, _ddp_ib_req_t *q) {
 
 /* A registration covering [buf, buf + len): cached (q->reg) or for this message (q->own_mr). */
 static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
-    ddp_comm_t *c = st->comm;
+    const ddp_transport_ctx_t *c = st->ctx;
     const uintptr_t lo = (uintptr_t)q->buf, hi = lo + q->len;
     const int need_w = !q->is_send;
     const int wr = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -518,8 +518,8 @@ static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
         if (!e->mr || e->dead || lo < e->lo || hi > e->hi || (need_w && !e->writable)) continue;
         if (!_ddp_ib_page_locked(st, lo) || !_ddp_ib_page_locked(st, hi - 1)) {
             _ddp_ib_count(_DDP_IBS_STALE);
-            _DDP_LOG(c, DDP_LOG_TRACE, "ibverbs: registration [%p, +%zu) is stale (the memory was "
-                     "unmapped and mapped again): registering afresh", (void *)e->lo, (size_t)(e->hi - e->lo));
+            _DDP_TLOG(c, DDP_LOG_TRACE, "ibverbs: registration [%p, +%zu) is stale (the memory was "
+                      "unmapped and mapped again): registering afresh", (void *)e->lo, (size_t)(e->hi - e->lo));
             e->dead = 1;                 /* its pages are not ours to unlock any more */
             if (e->refs == 0) _ddp_ib_reg_drop(st, e);
             continue;
@@ -540,10 +540,10 @@ static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
         writable = 0;
     }
     if (!mr)
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes at %p (for a "
-                             "message %s rank %d) failed: %s%s", (size_t)(rhi - rlo), (void *)rlo,
-                             q->is_send ? "to" : "from", peer, strerror(errno),
-                             errno == ENOMEM || errno == EPERM ? " (locked-memory limit: ulimit -l)" : "");
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes at %p (for a "
+                                  "message %s rank %d) failed: %s%s", (size_t)(rhi - rlo), (void *)rlo,
+                                  q->is_send ? "to" : "from", peer, strerror(errno),
+                                  errno == ENOMEM || errno == EPERM ? " (locked-memory limit: ulimit -l)" : "");
     if (st->cache_on) {
         /* Entries overlapping the new range go first: the mlock below would otherwise make a
          * stale one (old pages behind a range now mapped afresh) look valid again. */
@@ -562,8 +562,8 @@ static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
     }
     if (!slot || mlock((void *)rlo, rhi - rlo) != 0) {
         if (st->cache_on && !st->warned_uncached++)
-            _DDP_LOG(c, DDP_LOG_INFO, "ibverbs: mlock failed (%s): registering per message, "
-                     "which is slow (raise ulimit -l)", strerror(errno));
+            _DDP_TLOG(c, DDP_LOG_INFO, "ibverbs: mlock failed (%s): registering per message, "
+                      "which is slow (raise ulimit -l)", strerror(errno));
         q->own_mr = mr;
         _ddp_ib_count(_DDP_IBS_UNCACHED);
         return DDP_SUCCESS;
@@ -577,8 +577,8 @@ static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
     slot->used = ++st->clock;
     q->reg = slot;
     _ddp_ib_count(_DDP_IBS_REG);
-    _DDP_LOG(c, DDP_LOG_TRACE, "ibverbs: registered [%p, +%zu) for a %zu-byte message %s rank %d "
-             "(cache miss)", (void *)rlo, (size_t)(rhi - rlo), q->len, q->is_send ? "to" : "from", peer);
+    _DDP_TLOG(c, DDP_LOG_TRACE, "ibverbs: registered [%p, +%zu) for a %zu-byte message %s rank %d "
+              "(cache miss)", (void *)rlo, (size_t)(rhi - rlo), q->len, q->is_send ? "to" : "from", peer);
     return DDP_SUCCESS;
 }
 
@@ -590,15 +590,15 @@ static uint32_t _ddp_ib_rkey(const _ddp_ib_req_t *q) {
 }
 
 /* ---------------------------------------------------------------- init */
-static ddp_result_t _ddp_ib_init(ddp_comm_t *c, void **state) {
+static ddp_result_t _ddp_ib_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_ib_t *st;
     ddp_result_t r;
-    int n = ddp_comm_size(c);
+    int n = c->nranks;
     long v;
     *state = NULL;
-    st = (_ddp_ib_t *)ddp_comm_calloc(c, sizeof *st);
-    if (!st) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: init");
-    st->comm = c;
+    st = (_ddp_ib_t *)ddp_transport_calloc(c, sizeof *st);
+    if (!st) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: init");
+    st->ctx = c;
     st->nranks = n;
     st->page = (size_t)sysconf(_SC_PAGESIZE);
     st->timeout = _ddp_env_int("DDP_IB_TIMEOUT", 1, 31, &v) == 1 ? (int)v : 15;
@@ -609,19 +609,19 @@ static ddp_result_t _ddp_ib_init(ddp_comm_t *c, void **state) {
     st->cache_on = _ddp_env_int("DDP_IB_REG_CACHE", 0, 1, &v) == 1 ? (int)v : 1;
     st->me.magic = _DDP_IB_MAGIC;
     st->me.version = _DDP_IB_VERSION;
-    st->peers = (_ddp_ib_info_t *)ddp_comm_calloc(c, (size_t)n * sizeof *st->peers);
-    st->have_peer = (char *)ddp_comm_calloc(c, (size_t)n);
-    st->pend = (_ddp_ib_conn_t **)ddp_comm_calloc(c, (size_t)n * sizeof *st->pend);
+    st->peers = (_ddp_ib_info_t *)ddp_transport_calloc(c, (size_t)n * sizeof *st->peers);
+    st->have_peer = (char *)ddp_transport_calloc(c, (size_t)n);
+    st->pend = (_ddp_ib_conn_t **)ddp_transport_calloc(c, (size_t)n * sizeof *st->pend);
     if (!st->peers || !st->have_peer || !st->pend) {
-        r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: init");
+        r = ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: init");
         goto fail;
     }
     if ((r = _ddp_ib_open(st)) != DDP_SUCCESS) goto fail;
-    st->pd = _ddp_ibv.alloc_pd(st->ctx);
-    st->ch = st->pd ? _ddp_ibv.create_comp_channel(st->ctx) : NULL;
+    st->pd = _ddp_ibv.alloc_pd(st->vctx);
+    st->ch = st->pd ? _ddp_ibv.create_comp_channel(st->vctx) : NULL;
     if (!st->ch) {
-        r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "ibverbs: %s on %s: %s", st->pd ? "ibv_create_comp_channel"
-                          : "ibv_alloc_pd", st->me.dev, strerror(errno));
+        r = ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: %s on %s: %s", st->pd ? "ibv_create_comp_channel"
+                               : "ibv_alloc_pd", st->me.dev, strerror(errno));
         goto fail;
     }
     _ddp_set_nonblock(st->ch->fd, 1);
@@ -638,19 +638,19 @@ static ddp_result_t _ddp_ib_init(ddp_comm_t *c, void **state) {
         }
         if (!ok) {
             st->cache_on = 0;
-            _DDP_LOG(c, DDP_LOG_INFO, "ibverbs: no registration cache (mlock or MADV_COLD "
-                     "unavailable: %s); registering per message", strerror(errno));
+            _DDP_TLOG(c, DDP_LOG_INFO, "ibverbs: no registration cache (mlock or MADV_COLD "
+                      "unavailable: %s); registering per message", strerror(errno));
         }
     }
     st->me.avail = 1;
-    if ((r = ddp_comm_publish(c, "ibverbs", &st->me, sizeof st->me)) != DDP_SUCCESS) goto fail;
+    if ((r = c->publish(c->host, "ibverbs", &st->me, sizeof st->me)) != DDP_SUCCESS) goto fail;
     {
         char g[64];
         inet_ntop(AF_INET6, st->me.gid, g, sizeof g);
-        _DDP_LOG(c, DDP_LOG_INFO, "ibverbs: %s, %s, lid %u, gid[%d] %s, mtu %d, registration cache %s",
-                 st->me.dev, st->me.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-                 st->me.lid, st->me.use_gid ? st->gid_index : -1, st->me.use_gid ? g : "-",
-                 128 << st->me.mtu, st->cache_on ? "on" : "off");
+        _DDP_TLOG(c, DDP_LOG_INFO, "ibverbs: %s, %s, lid %u, gid[%d] %s, mtu %d, registration cache %s",
+                  st->me.dev, st->me.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+                  st->me.lid, st->me.use_gid ? st->gid_index : -1, st->me.use_gid ? g : "-",
+                  128 << st->me.mtu, st->cache_on ? "on" : "off");
     }
     *state = st;
     return DDP_SUCCESS;
@@ -662,8 +662,8 @@ fail:
         memset(&none, 0, sizeof none);
         none.magic = _DDP_IB_MAGIC;
         none.version = _DDP_IB_VERSION;
-        _ddp_strlcpy(none.dev, ddp_comm_last_error(c), sizeof none.dev);
-        ddp_comm_publish(c, "ibverbs", &none, sizeof none);
+        _ddp_strlcpy(none.dev, c->last_error(c->host), sizeof none.dev);
+        c->publish(c->host, "ibverbs", &none, sizeof none);
     }
     _ddp_ib_finalize(st);
     return r;
@@ -674,7 +674,7 @@ static int _ddp_ib_reachable(void *state, int peer) {
     _ddp_ib_info_t *pi = &st->peers[peer];
     if (!st->have_peer[peer]) {
         size_t len = 0;
-        if (ddp_comm_lookup(st->comm, "ibverbs", peer, pi, sizeof *pi, &len) != DDP_SUCCESS ||
+        if (st->ctx->lookup(st->ctx->host, "ibverbs", peer, pi, sizeof *pi, &len) != DDP_SUCCESS ||
             len != sizeof *pi || pi->magic != _DDP_IB_MAGIC || pi->version != _DDP_IB_VERSION)
             memset(pi, 0, sizeof *pi);
         st->have_peer[peer] = 1;
@@ -683,21 +683,8 @@ static int _ddp_ib_reachable(void *state, int peer) {
 }
 
 /* ---------------------------------------------------------------- connections */
-static ddp_result_t _ddp_ib_conn_fail(_ddp_ib_conn_t *k, ddp_result_t r, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static ddp_result_t _ddp_ib_conn_fail(_ddp_ib_conn_t *k, ddp_result_t r, const char *fmt, ...) {
-    char msg[640];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (k->err != DDP_SUCCESS) return k->err;   /* the first failure tells the story */
-    k->err = r;
-    return ddp_comm_fail(k->st->comm, r, "%s", msg);
-}
+/* The connection's first failure is recorded and sticks: every later call on it returns it. */
+#define _DDP_IB_CONN_FAIL(k, ...) _ddp_transport_conn_fail((k)->st->ctx, &(k)->err, __VA_ARGS__)
 
 static ddp_result_t _ddp_ib_post_recvs(_ddp_ib_conn_t *k, int n) {
     struct ibv_recv_wr wr, *bad = NULL;
@@ -706,7 +693,7 @@ static ddp_result_t _ddp_ib_post_recvs(_ddp_ib_conn_t *k, int n) {
     wr.wr_id = _DDP_IB_WR_RECV;
     for (i = 0; i < n; i++)   /* no SGE: write-with-immediate consumes the WR, not its buffer */
         if (ibv_post_recv(k->qp, &wr, &bad) != 0)
-            return _ddp_ib_conn_fail(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_recv (rank %d): %s", k->peer, strerror(errno));
+            return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_recv (rank %d): %s", k->peer, strerror(errno));
     return DDP_SUCCESS;
 }
 
@@ -721,24 +708,24 @@ static void _ddp_ib_conn_free(_ddp_ib_conn_t *k) {
     }
     if (k->mr) _ddp_ibv.dereg_mr(k->mr);
     if (k->mem) munmap(k->mem, k->mem_len);
-    ddp_comm_free(st->comm, k);
+    ddp_transport_free(st->ctx, k);
 }
 
 static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **out) {
-    ddp_comm_t *c = st->comm;
-    _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)ddp_comm_calloc(c, sizeof *k);
+    const ddp_transport_ctx_t *c = st->ctx;
+    _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)ddp_transport_calloc(c, sizeof *k);
     struct ibv_qp_init_attr qa;
     struct ibv_qp_attr a;
     size_t ctl = 2 * (_DDP_IB_SLOTS + 1) * sizeof(_ddp_ib_cts_t);
     int i;
     *out = NULL;
-    if (!k) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: connection");
+    if (!k) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: connection");
     k->st = st;
     k->peer = peer;
     ctl = (ctl + st->page - 1) & ~(st->page - 1);
     k->mem_len = ctl + (size_t)_DDP_IB_POOL * _DDP_IB_BOUNCE;
     k->mem = (unsigned char *)mmap(NULL, k->mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (k->mem == MAP_FAILED) { k->mem = NULL; _ddp_ib_conn_free(k); return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: connection buffers"); }
+    if (k->mem == MAP_FAILED) { k->mem = NULL; _ddp_ib_conn_free(k); return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: connection buffers"); }
     k->inbox = (_ddp_ib_cts_t *)(void *)k->mem;
     k->outbox = k->inbox + _DDP_IB_SLOTS + 1;
     k->bounce = k->mem + ctl;
@@ -746,12 +733,12 @@ static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **o
     if (!k->mr) {
         int e = errno;
         _ddp_ib_conn_free(k);
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes of connection "
-                             "buffers for rank %d failed: %s%s", k->mem_len, peer, strerror(e),
-                             e == ENOMEM || e == EPERM ? " (locked-memory limit: ulimit -l)" : "");
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes of connection "
+                                  "buffers for rank %d failed: %s%s", k->mem_len, peer, strerror(e),
+                                  e == ENOMEM || e == EPERM ? " (locked-memory limit: ulimit -l)" : "");
     }
-    k->cq = _ddp_ibv.create_cq(st->ctx, _DDP_IB_SQ + _DDP_IB_RQ + 8, k, st->ch, 0);
-    if (!k->cq) { int e = errno; _ddp_ib_conn_free(k); return ddp_comm_fail(c, DDP_ERR_SYSTEM, "ibverbs: ibv_create_cq: %s", strerror(e)); }
+    k->cq = _ddp_ibv.create_cq(st->vctx, _DDP_IB_SQ + _DDP_IB_RQ + 8, k, st->ch, 0);
+    if (!k->cq) { int e = errno; _ddp_ib_conn_free(k); return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: ibv_create_cq: %s", strerror(e)); }
     memset(&qa, 0, sizeof qa);
     qa.send_cq = qa.recv_cq = k->cq;
     qa.qp_type = IBV_QPT_RC;
@@ -765,7 +752,7 @@ static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **o
         qa.cap.max_inline_data = 0;
         k->qp = _ddp_ibv.create_qp(st->pd, &qa);
     }
-    if (!k->qp) { int e = errno; _ddp_ib_conn_free(k); return ddp_comm_fail(c, DDP_ERR_SYSTEM, "ibverbs: ibv_create_qp (RC) on %s: %s", st->me.dev, strerror(e)); }
+    if (!k->qp) { int e = errno; _ddp_ib_conn_free(k); return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: ibv_create_qp (RC) on %s: %s", st->me.dev, strerror(e)); }
     k->max_inline = (int)qa.cap.max_inline_data;
     k->sq_room = _DDP_IB_SQ;
     memset(&a, 0, sizeof a);
@@ -776,13 +763,10 @@ static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **o
     if (_ddp_ibv.modify_qp(k->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
         int e = errno;
         _ddp_ib_conn_free(k);
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "ibverbs: QP to INIT (rank %d): %s", peer, strerror(e));
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: QP to INIT (rank %d): %s", peer, strerror(e));
     }
-    for (i = 0; i < _DDP_IB_POOL; i++) {
-        k->pool[i].idx = i;
-        k->pool[i].next = k->free_list;
-        k->free_list = &k->pool[i];
-    }
+    for (i = 0; i < _DDP_IB_POOL; i++) k->pool[i].idx = i;
+    _ddp_transport_freelist_init(&k->free, k->pool, sizeof k->pool[0], _DDP_IB_POOL);
     if (_ddp_ib_post_recvs(k, _DDP_IB_RQ) != DDP_SUCCESS) { _ddp_ib_conn_free(k); return DDP_ERR_SYSTEM; }
     {
         uint32_t rnd = (uint32_t)(_ddp_now_us() * 2654435761u) ^ (uint32_t)getpid() ^ (uint32_t)(peer * 40503u);
@@ -815,8 +799,8 @@ static ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *p
     }
     if (_ddp_ibv.modify_qp(k->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
-        return ddp_comm_fail(st->comm, DDP_ERR_SYSTEM, "ibverbs: QP to RTR (rank %d, %s): %s",
-                             k->peer, pi->dev, strerror(errno));
+        return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: QP to RTR (rank %d, %s): %s",
+                                  k->peer, pi->dev, strerror(errno));
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTS;
     a.timeout = (uint8_t)st->timeout;
@@ -826,7 +810,7 @@ static ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *p
     a.max_rd_atomic = 1;
     if (_ddp_ibv.modify_qp(k->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                            IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
-        return ddp_comm_fail(st->comm, DDP_ERR_SYSTEM, "ibverbs: QP to RTS (rank %d): %s", k->peer, strerror(errno));
+        return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: QP to RTS (rank %d): %s", k->peer, strerror(errno));
     return DDP_SUCCESS;
 }
 
@@ -835,7 +819,7 @@ static ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *p
  * it published in its round 1) and publishes "ready", round 3 reads the peer's "ready". */
 static ddp_result_t _ddp_ib_connect(void *state, int peer, void **conn) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
-    ddp_comm_t *c = st->comm;
+    const ddp_transport_ctx_t *c = st->ctx;
     _ddp_ib_conn_t *k = st->pend[peer];
     char name[48];
     ddp_result_t r;
@@ -850,35 +834,35 @@ static ddp_result_t _ddp_ib_connect(void *state, int peer, void **conn) {
         qi.rkey = k->mr->rkey;
         qi.inbox = (uint64_t)(uintptr_t)k->inbox;
         snprintf(name, sizeof name, "ibverbs.qp%d", peer);
-        return ddp_comm_publish(c, name, &qi, sizeof qi);
+        return c->publish(c->host, name, &qi, sizeof qi);
     }
     if (k->stage == 0) {
         _ddp_ib_qpinfo_t pq;
         size_t len = 0;
         if (!_ddp_ib_reachable(st, peer))
-            return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: rank %d has no usable RDMA "
-                                 "port (%s)", peer, st->peers[peer].dev);
-        snprintf(name, sizeof name, "ibverbs.qp%d", ddp_comm_rank(c));
-        if ((r = ddp_comm_lookup(c, name, peer, &pq, sizeof pq, &len)) != DDP_SUCCESS) return r;
+            return ddp_transport_fail(c, DDP_ERR_UNSUPPORTED, "ibverbs: rank %d has no usable RDMA "
+                                      "port (%s)", peer, st->peers[peer].dev);
+        snprintf(name, sizeof name, "ibverbs.qp%d", c->rank);
+        if ((r = c->lookup(c->host, name, peer, &pq, sizeof pq, &len)) != DDP_SUCCESS) return r;
         if (len != sizeof pq || pq.magic != _DDP_IB_MAGIC)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "ibverbs: rank %d published a malformed "
-                                 "queue pair address", peer);
+            return ddp_transport_fail(c, DDP_ERR_MISMATCH, "ibverbs: rank %d published a malformed "
+                                      "queue pair address", peer);
         k->peer_inbox = pq.inbox;
         k->peer_rkey = pq.rkey;
         if ((r = _ddp_ib_rtr_rts(k, &pq, &st->peers[peer])) != DDP_SUCCESS) return r;
         snprintf(name, sizeof name, "ibverbs.rdy%d", peer);
-        if ((r = ddp_comm_publish(c, name, "1", 1)) != DDP_SUCCESS) return r;
-        _DDP_LOG(c, DDP_LOG_TRACE, "ibverbs: QP %u -> rank %d (%s) QP %u, mtu %d, inline %d",
-                 k->qp->qp_num, peer, st->peers[peer].dev, pq.qpn,
-                 128 << (st->peers[peer].mtu < st->me.mtu ? st->peers[peer].mtu : st->me.mtu), k->max_inline);
+        if ((r = c->publish(c->host, name, "1", 1)) != DDP_SUCCESS) return r;
+        _DDP_TLOG(c, DDP_LOG_TRACE, "ibverbs: QP %u -> rank %d (%s) QP %u, mtu %d, inline %d",
+                  k->qp->qp_num, peer, st->peers[peer].dev, pq.qpn,
+                  128 << (st->peers[peer].mtu < st->me.mtu ? st->peers[peer].mtu : st->me.mtu), k->max_inline);
         k->stage = 1;
         return DDP_SUCCESS;
     }
     {
         char v[4];
         size_t len = 0;
-        snprintf(name, sizeof name, "ibverbs.rdy%d", ddp_comm_rank(c));
-        if ((r = ddp_comm_lookup(c, name, peer, v, sizeof v, &len)) != DDP_SUCCESS) return r;
+        snprintf(name, sizeof name, "ibverbs.rdy%d", c->rank);
+        if ((r = c->lookup(c->host, name, peer, v, sizeof v, &len)) != DDP_SUCCESS) return r;
     }
     k->stage = 2;
     k->last_rx_us = _ddp_now_us();
@@ -898,7 +882,7 @@ static ddp_result_t _ddp_ib_post(_ddp_ib_conn_t *k, struct ibv_send_wr *wr, int 
     for (i = 0; i < n; i++) wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
     wr[n - 1].send_flags |= IBV_SEND_SIGNALED;
     if (ibv_post_send(k->qp, wr, &bad) != 0)
-        return _ddp_ib_conn_fail(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_send to rank %d: %s",
+        return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_send to rank %d: %s",
                                  k->peer, strerror(errno));
     k->sq_room -= n;
     k->sig[k->sig_tail] = n;
@@ -959,7 +943,7 @@ static ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
         size_t chunk;
         int n = 0;
         if (cts->seq != q->seq)
-            return _ddp_ib_conn_fail(k, DDP_ERR_INTERNAL, "ibverbs: clear-to-send #%u from rank %d "
+            return _DDP_IB_CONN_FAIL(k, DDP_ERR_INTERNAL, "ibverbs: clear-to-send #%u from rank %d "
                                      "carries #%u", q->seq, k->peer, cts->seq);
         if (cts->tag != q->tag || cts->len != q->len) {
             _ddp_ib_cts_t *o = &k->outbox[_DDP_IB_SLOTS];
@@ -967,7 +951,7 @@ static ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
             o->len = q->len;
             o->seq = q->seq;
             if (k->sq_room >= 1) _ddp_ib_post_ctl(k, _DDP_IB_NACK, q->seq, _DDP_IB_SLOTS, _DDP_IB_WR_CTL);
-            return _ddp_ib_conn_fail(k, DDP_ERR_MISMATCH, "ibverbs: rank %d expects collective #%u "
+            return _DDP_IB_CONN_FAIL(k, DDP_ERR_MISMATCH, "ibverbs: rank %d expects collective #%u "
                 "(signature %08x) of %llu bytes, this rank sends #%u (signature %08x) of %zu bytes: "
                 "the ranks called different collectives, dtypes, ops, roots or counts", k->peer,
                 (unsigned)(cts->tag & 0xffffffffu), (unsigned)(cts->tag >> 32),
@@ -1032,7 +1016,7 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
     if (k->err != DDP_SUCCESS) return k->err;
     do {
         n = ibv_poll_cq(k->cq, 16, wc);
-        if (n < 0) return _ddp_ib_conn_fail(k, DDP_ERR_SYSTEM, "ibverbs: ibv_poll_cq (rank %d) failed", k->peer);
+        if (n < 0) return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_poll_cq (rank %d) failed", k->peer);
         if (n > 0) k->last_rx_us = _ddp_now_us();
         if (events) *events += n;
         for (i = 0; i < n; i++) {
@@ -1045,7 +1029,7 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
                              w->status == IBV_WC_REM_ACCESS_ERR || w->status == IBV_WC_REM_INV_REQ_ERR ||
                              w->status == IBV_WC_REM_OP_ERR || w->status == IBV_WC_REM_ABORT_ERR ||
                              w->status == IBV_WC_RESP_TIMEOUT_ERR || w->status == IBV_WC_WR_FLUSH_ERR;
-                return _ddp_ib_conn_fail(k, remote ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM,
+                return _DDP_IB_CONN_FAIL(k, remote ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM,
                                          "ibverbs: %s rank %d failed: %s (status %d, vendor error "
                                          "0x%x)%s", what, k->peer, _ddp_ibv.wc_status_str(w->status),
                                          (int)w->status, w->vendor_err, _ddp_ib_wc_hint(w->status));
@@ -1055,13 +1039,13 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
                 reposts++;
                 if (kind == _DDP_IB_CTS) {
                     if (seq != (k->cts_got & _DDP_IB_SEQ_MASK))
-                        return _ddp_ib_conn_fail(k, DDP_ERR_INTERNAL, "ibverbs: clear-to-send #%u "
+                        return _DDP_IB_CONN_FAIL(k, DDP_ERR_INTERNAL, "ibverbs: clear-to-send #%u "
                                                  "from rank %d, expected #%u", seq, k->peer, k->cts_got);
                     k->cts_got++;
                 } else if (kind == _DDP_IB_DATA) {
                     _ddp_ib_req_t *q = k->rq;
                     if (!q || seq != (q->seq & _DDP_IB_SEQ_MASK) || w->byte_len != q->len)
-                        return _ddp_ib_conn_fail(k, DDP_ERR_INTERNAL, "ibverbs: unexpected message "
+                        return _DDP_IB_CONN_FAIL(k, DDP_ERR_INTERNAL, "ibverbs: unexpected message "
                                                  "#%u (%u bytes) from rank %d", seq, w->byte_len, k->peer);
                     if (q->bounce && q->len)
                         memcpy(q->buf, k->bounce + (size_t)q->idx * _DDP_IB_BOUNCE, q->len);
@@ -1073,7 +1057,7 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
                 } else if (kind == _DDP_IB_NACK) {
                     const _ddp_ib_cts_t *m = &k->inbox[_DDP_IB_SLOTS];
                     const _ddp_ib_req_t *q = k->rq;
-                    return _ddp_ib_conn_fail(k, DDP_ERR_MISMATCH, "ibverbs: rank %d sent collective "
+                    return _DDP_IB_CONN_FAIL(k, DDP_ERR_MISMATCH, "ibverbs: rank %d sent collective "
                         "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) "
                         "of %zu bytes: the ranks called different collectives, dtypes, ops, roots or "
                         "counts", k->peer, (unsigned)(m->tag & 0xffffffffu), (unsigned)(m->tag >> 32),
@@ -1106,7 +1090,7 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
         /* The peer has closed: nothing more arrives. A message still expected, or a send it
          * never cleared, fails now; a send already written gets a moment for its completion. */
         if (k->rq || k->spost || (k->sq && _ddp_now_us() - k->bye_us > 200000))
-            return _ddp_ib_conn_fail(k, DDP_ERR_REMOTE, "ibverbs: rank %d closed the connection "
+            return _DDP_IB_CONN_FAIL(k, DDP_ERR_REMOTE, "ibverbs: rank %d closed the connection "
                                      "(it exited, crashed or failed)", k->peer);
         return DDP_SUCCESS;
     }
@@ -1119,15 +1103,14 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
 
 static ddp_result_t _ddp_ib_enqueue(_ddp_ib_conn_t *k, int is_send, void *buf, size_t len,
                                     uint64_t tag, void *mr, void **req) {
-    _ddp_ib_req_t *q = k->free_list;
+    _ddp_ib_req_t *q;
     ddp_result_t r;
     if (k->err != DDP_SUCCESS) return k->err;
     if (k->bye_us)
-        return _ddp_ib_conn_fail(k, DDP_ERR_REMOTE, "ibverbs: rank %d closed the connection (it "
+        return _DDP_IB_CONN_FAIL(k, DDP_ERR_REMOTE, "ibverbs: rank %d closed the connection (it "
                                  "exited, crashed or failed)", k->peer);
-    if (!q) return ddp_comm_fail(k->st->comm, DDP_ERR_INTERNAL, "ibverbs: more than %d requests "
-                                 "outstanding to rank %d", _DDP_IB_POOL, k->peer);
-    k->free_list = q->next;
+    q = (_ddp_ib_req_t *)_ddp_transport_req_get(k->st->ctx, &k->free, "ibverbs", k->peer);
+    if (!q) return DDP_ERR_INTERNAL;
     q->next = NULL;
     q->conn = k;
     q->buf = (unsigned char *)buf;
@@ -1143,7 +1126,7 @@ static ddp_result_t _ddp_ib_enqueue(_ddp_ib_conn_t *k, int is_send, void *buf, s
     q->user_mr = (struct ibv_mr *)mr;
     if (!q->inl && !q->bounce && !mr) {
         r = _ddp_ib_reg_get(k->st, q, k->peer);
-        if (r != DDP_SUCCESS) { q->next = k->free_list; k->free_list = q; return r; }
+        if (r != DDP_SUCCESS) { _ddp_transport_req_put(&k->free, q); return r; }
     }
     _ddp_ib_count(q->inl ? _DDP_IBS_INLINE : q->bounce ? (is_send ? _DDP_IBS_BSEND : _DDP_IBS_BRECV)
                   : (is_send ? _DDP_IBS_ZSEND : _DDP_IBS_ZRECV));
@@ -1179,8 +1162,7 @@ static ddp_result_t _ddp_ib_test(void *req, int *done) {
         if (r != DDP_SUCCESS) return r;
     }
     if (q->complete) {
-        q->next = k->free_list;
-        k->free_list = q;
+        _ddp_transport_req_put(&k->free, q);
         *done = 1;
     }
     return DDP_SUCCESS;
@@ -1211,7 +1193,7 @@ static ddp_result_t _ddp_ib_wait(void *state, void *const *conns, int n, int tim
             _ddp_ib_count(_DDP_IBS_PROBE);
         }
         if (ibv_req_notify_cq(k->cq, 0) != 0)
-            return ddp_comm_fail(st->comm, DDP_ERR_SYSTEM, "ibverbs: ibv_req_notify_cq: %s", strerror(errno));
+            return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: ibv_req_notify_cq: %s", strerror(errno));
         /* A completion that arrived before arming raised no event: look once more. */
         if (_ddp_ib_progress(k, &ev) != DDP_SUCCESS || ev) return DDP_SUCCESS;
     }
@@ -1219,7 +1201,7 @@ static ddp_result_t _ddp_ib_wait(void *state, void *const *conns, int n, int tim
     pfd.events = POLLIN;
     pfd.revents = 0;
     if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
-        return ddp_comm_fail(st->comm, DDP_ERR_SYSTEM, "ibverbs: poll: %s", strerror(errno));
+        return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: poll: %s", strerror(errno));
     for (;;) {
         struct ibv_cq *cq;
         void *ctx;
@@ -1260,11 +1242,11 @@ static ddp_result_t _ddp_ib_finalize(void *state) {
     for (i = 0; i < _DDP_IB_REGS; i++) if (st->regs[i].mr) _ddp_ib_reg_drop(st, &st->regs[i]);
     if (st->ch) _ddp_ibv.destroy_comp_channel(st->ch);
     if (st->pd) _ddp_ibv.dealloc_pd(st->pd);
-    if (st->ctx) _ddp_ibv.close_device(st->ctx);
-    ddp_comm_free(st->comm, st->peers);
-    ddp_comm_free(st->comm, st->have_peer);
-    ddp_comm_free(st->comm, st->pend);
-    ddp_comm_free(st->comm, st);
+    if (st->vctx) _ddp_ibv.close_device(st->vctx);
+    ddp_transport_free(st->ctx, st->peers);
+    ddp_transport_free(st->ctx, st->have_peer);
+    ddp_transport_free(st->ctx, st->pend);
+    ddp_transport_free(st->ctx, st);
     return DDP_SUCCESS;
 }
 
@@ -1273,8 +1255,8 @@ static ddp_result_t _ddp_ib_reg_mr(void *state, void *buf, size_t len, void **mr
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     struct ibv_mr *m = _ddp_ibv.reg_mr(st->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     *mr = m;
-    if (!m) return ddp_comm_fail(st->comm, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes at %p: %s",
-                                 len, buf, strerror(errno));
+    if (!m) return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes at %p: %s",
+                                      len, buf, strerror(errno));
     return DDP_SUCCESS;
 }
 
@@ -1288,17 +1270,11 @@ static const ddp_transport_t _ddp_ib_transport = {
     DDP_TRANSPORT_VERSION, "ibverbs", 15,
     _ddp_ib_init, _ddp_ib_reachable, _ddp_ib_connect, _ddp_ib_connect,
     _ddp_ib_reg_mr, _ddp_ib_dereg_mr, _ddp_ib_isend, _ddp_ib_irecv, _ddp_ib_test, _ddp_ib_wait,
-    _ddp_ib_close, _ddp_ib_finalize, NULL,
+    _ddp_ib_close, _ddp_ib_finalize, NULL, NULL,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_ibverbs(void) { return &_ddp_ib_transport; }
 
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((constructor)) static void _ddp_ib_register(void) {
-    ddp_transport_register(&_ddp_ib_transport);
-}
-#else
-#error "transports/ddp_ibverbs.h: registration needs a constructor (GCC/Clang)"
-#endif
+_DDP_TRANSPORT_CONSTRUCTOR(_ddp_ib_register) { ddp_transport_register(&_ddp_ib_transport); }
 
 #endif /* DDP_IBVERBS implementation */

@@ -1,8 +1,8 @@
 /* transports/ddp_shm.h — libddp's shared-memory transport for ranks on the same host.
  *
- * Include after ddp.h; in the file that defines DDP_IMPLEMENTATION this compiles the transport
- * and registers it, so ddp_comm_init uses it for every peer on this host (priority 20, above
- * TCP's 10; peers on other hosts still go over TCP or RDMA in the same communicator):
+ * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it, so
+ * ddp_comm_init uses it for every peer on this host (priority 20, above TCP's 10; peers on other
+ * hosts still go over TCP or RDMA in the same communicator):
  *
  *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
@@ -10,7 +10,8 @@
  *     #include "transports/ddp_tcp.h"
  *     #include "transports/ddp_shm.h"
  *
- * Needs Linux (memfd_create, futex, SCM_RIGHTS); nothing beyond libc + pthreads.
+ * Needs Linux (memfd_create, futex, SCM_RIGHTS); nothing beyond libc + pthreads. It sees its
+ * communicator only through the ddp_transport_ctx_t given to init (transports/ddp_transport.h).
  *
  * MEMORY. Each rank owns one anonymous memfd, never a name in /dev/shm, so a crash leaves
  * nothing behind: the kernel frees it when the last mapping and descriptor go. Same-host ranks
@@ -40,7 +41,8 @@
  * WAITING. Spin (a pause loop, then sched_yield when there are more ranks than CPUs), then
  * sleep on a futex in the waiter's own header; a rank that publishes progress wakes peers
  * that said they sleep. Sleeps are cut into 50 ms slices to check the peers' sockets, so a
- * dead peer is DDP_ERR_REMOTE naming it within ~50 ms, never a hang.
+ * dead peer is DDP_ERR_REMOTE naming it within ~50 ms, never a hang; ddp_comm_abort wakes a
+ * sleeping rank at once (the transport's abort entry rings its doorbell).
  *
  * ENVIRONMENT
  *   DDP_SHM_COLL=0          point-to-point only (the communicator's ring/recursive doubling run
@@ -57,11 +59,25 @@
  *   DDP_SHM_STREAM_MIN      all-reduce outputs of at least this size use streaming stores
  *                           (default 8M).
  */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPLEMENTATION)
+#define DDP_SHM_IMPLEMENTATION
+#endif
+#if defined(DDP_SHM_IMPLEMENTATION)
+#ifndef DDP_TRANSPORT_IMPLEMENTATION
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#ifndef DDP_KERNELS_IMPLEMENTATION
+#define DDP_KERNELS_IMPLEMENTATION
+#endif
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_transport.h"
+#include "../ddp_kernels.h"
+
 #ifndef DDP_SHM_H_INCLUDED
 #define DDP_SHM_H_INCLUDED
-#ifndef DDP_H_INCLUDED
-#error "transports/ddp_shm.h: include ddp.h first"
-#endif
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -71,10 +87,12 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #endif
 #endif /* DDP_SHM_H_INCLUDED */
 
-#if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPL_INCLUDED)
+#if defined(DDP_SHM_IMPLEMENTATION) && !defined(DDP_SHM_IMPL_INCLUDED)
 #define DDP_SHM_IMPL_INCLUDED
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED)
+#error "transports/ddp_shm.h's implementation needs ddp_transport.h's and ddp_kernels.h's (define DDP_IMPLEMENTATION)"
+#endif
 
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -85,10 +103,6 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #define _DDP_SHM_HDR_BYTES 4096
 #define _DDP_SHM_SLICE_MS 50            /* longest sleep between liveness checks */
 
-/* The published signature of one collective step, so a rank that called something else is
- * named (DDP_ERR_MISMATCH) instead of reading the wrong bytes. */
-typedef struct { int32_t kind, dtype, op, root; uint64_t count; } _ddp_shm_sig_t;
-
 /* One rank's region header. Each line has one writer, except the wake-up line. */
 typedef struct {
     uint32_t magic, version;          /* line 0: set once */
@@ -97,10 +111,10 @@ typedef struct {
     uint64_t region_bytes;
     unsigned char pad0[64 - 32];
     uint64_t phase;                   /* line 1: steps published (owner writes) */
-    _ddp_shm_sig_t sig[2];            /* signature of step n in sig[n & 1] */
-    unsigned char pad1[64 - 8 - 2 * sizeof(_ddp_shm_sig_t)];
-    uint32_t doorbell, sleeping;      /* line 2: futex word (anyone bumps it); owner sleeps */
-    unsigned char pad2[64 - 8];
+    _ddp_transport_sig_t sig[2];      /* signature of step n in sig[n & 1] */
+    unsigned char pad1[64 - 8 - 2 * sizeof(_ddp_transport_sig_t)];
+    _ddp_transport_bell_t bell;       /* line 2: futex word (anyone rings it); owner sleeps */
+    unsigned char pad2[64 - sizeof(_ddp_transport_bell_t)];
     uint32_t closed;                  /* line 3: the owner closed its connections */
     uint32_t users;                   /* threads of one process sharing this mapping */
     unsigned char pad3[64 - 8];
@@ -128,7 +142,8 @@ typedef struct _ddp_shm_conn {
     _ddp_shm_qctl_t *sq, *rq;         /* our queue to it (in our region), its queue to us */
     unsigned char *scells, *rcells;
     uint64_t shead, rtail;            /* our copies of the counters we write */
-    _ddp_shm_req_t *sqh, *sqt, *rqh, *rqt, *free_list;
+    _ddp_shm_req_t *sqh, *sqt, *rqh, *rqt;
+    _ddp_transport_freelist_t free;
     ddp_result_t err;
     int64_t next_check_us;
     _ddp_shm_req_t pool[_DDP_SHM_POOL];
@@ -144,7 +159,7 @@ typedef struct { uint32_t magic, version; uint64_t comm_id; int32_t from, to, pi
                  uint64_t region_bytes, addr; } _ddp_shm_hello_t;
 
 typedef struct _ddp_shm {
-    ddp_comm_t *comm;
+    const ddp_transport_ctx_t *ctx;
     int rank, nranks, nlocal, my_local;
     int *local_of;                    /* rank -> index among this host's ranks, or -1 */
     int memfd, listen_fd;
@@ -155,7 +170,7 @@ typedef struct _ddp_shm {
     double copyin_cost[2];            /* ns per byte of copy-in + reduce, by way */
     int ncells, coll_off, spin_us, oversubscribed;
     size_t q_off, q_stride, stage_off;
-    _ddp_shm_hdr_t *me;
+    _ddp_shm_hdr_t *me;               /* = mine, once mapped (atomic: abort() reads it) */
     _ddp_shm_addr_t addr;
     _ddp_shm_conn_t **conns;          /* by rank: connected, and not yet closed */
     _ddp_shm_conn_t **ready;          /* accepted, until accept() hands it over */
@@ -170,51 +185,11 @@ typedef struct _ddp_shm {
 } _ddp_shm_t;
 
 /* ---------------------------------------------------------------- small helpers */
-static inline void _ddp_shm_pause(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static void _ddp_shm_futex_wait(uint32_t *addr, uint32_t val, int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    /* Not FUTEX_PRIVATE: the word lives in memory shared between processes. */
-    syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-/* Wakes the owner of h if it said it sleeps. The caller published its progress with a
- * sequentially consistent store first: with the waiter's sleeping = 1 (seq_cst) then re-check,
- * one of the two always sees the other (Dekker). */
-static inline void _ddp_shm_wake(_ddp_shm_hdr_t *h) {
-    if (__atomic_load_n(&h->sleeping, __ATOMIC_SEQ_CST)) {
-        __atomic_add_fetch(&h->doorbell, 1u, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, &h->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    }
-}
-
 static size_t _ddp_shm_env_size(const char *name, size_t def, size_t lo, size_t hi) {
     const char *s = getenv(name);
     size_t v = s ? _ddp_parse_size(s) : 0;
     if (!v) return def;
     return v < lo ? lo : v > hi ? hi : v;
-}
-
-static ddp_result_t _ddp_shm_fail(_ddp_shm_t *sp, ddp_result_t r, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static ddp_result_t _ddp_shm_fail(_ddp_shm_t *sp, ddp_result_t r, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return ddp_comm_fail(sp->comm, r, "shm: %s", msg);
 }
 
 /* 1 when the peer closed its end (it exited, crashed, or failed and closed its connections). */
@@ -242,22 +217,22 @@ static void _ddp_shm_unmap(unsigned char *base, size_t bytes) {
 }
 
 /* ---------------------------------------------------------------- setup */
-static ddp_result_t _ddp_shm_init(ddp_comm_t *c, void **state) {
+static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_shm_t *sp;
     struct sockaddr_un sa;
     socklen_t sl;
     uint64_t rnd = _ddp_random64();
     *state = NULL;
-    sp = (_ddp_shm_t *)ddp_comm_calloc(c, sizeof *sp);
-    if (!sp) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: init");
-    sp->comm = c;
+    sp = (_ddp_shm_t *)ddp_transport_calloc(c, sizeof *sp);
+    if (!sp) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: init");
+    sp->ctx = c;
     sp->memfd = sp->listen_fd = -1;
     sp->rank = c->rank;
     sp->nranks = c->nranks;
     sp->memfd = (int)syscall(SYS_memfd_create, "ddp-shm", 1u /* MFD_CLOEXEC */);
     if (sp->memfd < 0) {
-        ddp_result_t r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: memfd_create: %s", strerror(errno));
-        ddp_comm_free(c, sp);
+        ddp_result_t r = ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: memfd_create: %s", strerror(errno));
+        ddp_transport_free(c, sp);
         return r;
     }
     /* An abstract-namespace name (leading NUL): nothing on disk to leave behind; only this
@@ -271,24 +246,24 @@ static ddp_result_t _ddp_shm_init(ddp_comm_t *c, void **state) {
     sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sp->addr.name));
     if (sp->listen_fd < 0 || bind(sp->listen_fd, (struct sockaddr *)&sa, sl) != 0 ||
         listen(sp->listen_fd, 128) != 0) {
-        ddp_result_t r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: unix socket @%s: %s",
-                                       sp->addr.name, strerror(errno));
+        ddp_result_t r = ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: unix socket @%s: %s",
+                                            sp->addr.name, strerror(errno));
         if (sp->listen_fd >= 0) close(sp->listen_fd);
         close(sp->memfd);
-        ddp_comm_free(c, sp);
+        ddp_transport_free(c, sp);
         return r;
     }
     sp->addr.pid = (int32_t)getpid();
     {
-        ddp_result_t r = ddp_comm_publish(c, "shm", &sp->addr, sizeof sp->addr);
+        ddp_result_t r = c->publish(c->host, "shm", &sp->addr, sizeof sp->addr);
         if (r != DDP_SUCCESS) {
             close(sp->listen_fd);
             close(sp->memfd);
-            ddp_comm_free(c, sp);
+            ddp_transport_free(c, sp);
             return r;
         }
     }
-    _DDP_LOG(c, DDP_LOG_INFO, "shm: listening on unix socket @%s", sp->addr.name);
+    _DDP_TLOG(c, DDP_LOG_INFO, "shm: listening on unix socket @%s", sp->addr.name);
     *state = sp;
     return DDP_SUCCESS;
 }
@@ -296,23 +271,22 @@ static ddp_result_t _ddp_shm_init(ddp_comm_t *c, void **state) {
 /* After the rendezvous (host ids known): size, map and fill this rank's region. Called by the
  * first reachable(). */
 static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
-    ddp_comm_t *c = sp->comm;
-    const char *mine = ddp_comm_host_id(c, sp->rank);
+    const ddp_transport_ctx_t *c = sp->ctx;
+    const char *mine = c->host_id(c->host, sp->rank);
     int i, n = sp->nranks;
     size_t cells;
-    cpu_set_t set;
-    int ncpu;
+    _ddp_shm_hdr_t *me;
     const char *s;
-    sp->local_of = (int *)ddp_comm_calloc(c, sizeof(int) * (size_t)n);
-    sp->conns = (_ddp_shm_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
-    sp->ready = (_ddp_shm_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
-    sp->ring = (_ddp_shm_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
-    sp->dialing = (int *)ddp_comm_calloc(c, sizeof(int) * (size_t)n);
+    sp->local_of = (int *)ddp_transport_calloc(c, sizeof(int) * (size_t)n);
+    sp->conns = (_ddp_shm_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
+    sp->ready = (_ddp_shm_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
+    sp->ring = (_ddp_shm_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
+    sp->dialing = (int *)ddp_transport_calloc(c, sizeof(int) * (size_t)n);
     if (!sp->local_of || !sp->conns || !sp->ready || !sp->ring || !sp->dialing)
-        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: setup");
+        return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: setup");
     for (i = 0; i < n; i++) {
         sp->dialing[i] = -1;
-        sp->local_of[i] = !strcmp(ddp_comm_host_id(c, i), mine) ? sp->nlocal++ : -1;
+        sp->local_of[i] = !strcmp(c->host_id(c->host, i), mine) ? sp->nlocal++ : -1;
     }
     sp->my_local = sp->local_of[sp->rank];
     sp->chunk = _ddp_shm_env_size("DDP_SHM_CHUNK", 512u << 10, 4096, 64u << 20) & ~(size_t)63;
@@ -327,43 +301,36 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     sp->stream_min = _ddp_shm_env_size("DDP_SHM_STREAM_MIN", 8u << 20, 1, (size_t)1 << 40);
     s = getenv("DDP_SHM_COPYIN");
     sp->copyin_mode = s && !strcmp(s, "0") ? 0 : s && !strcmp(s, "1") ? 1 : -1;
-    ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    sp->oversubscribed = sp->nlocal > ncpu;
-    s = getenv("DDP_SHM_SPIN_US");
-    {
-        long v;
-        if (s && _ddp_parse_long(s, 0, 10000000, &v) == 0) sp->spin_us = (int)v;
-        else if (getenv("DDP_SPIN_US") || c->spin_us != _DDP_DEFAULT_SPIN_US) sp->spin_us = c->spin_us;
-        /* With a CPU each, spinning costs nothing the peer needs, and a futex wake-up across
-         * CPUs costs ~50 us here: spin long. Oversubscribed, spinning steals the peer's CPU. */
-        else sp->spin_us = sp->oversubscribed ? 50 : 2000;
-    }
+    /* With a CPU each, spinning costs nothing the peer needs, and a futex wake-up across CPUs
+     * costs ~50 us here: spin long. Oversubscribed, spinning steals the peer's CPU. */
+    sp->spin_us = _ddp_transport_spin_us(c, "DDP_SHM_SPIN_US", sp->nlocal, &sp->oversubscribed);
     sp->q_off = _DDP_SHM_HDR_BYTES;
     sp->q_stride = sizeof(_ddp_shm_qctl_t) + cells * (sizeof(_ddp_shm_cell_t) + sp->cell_bytes);
     sp->stage_off = (sp->q_off + sp->q_stride * (size_t)sp->nlocal + 4095) & ~(size_t)4095;
     sp->region_bytes = sp->stage_off + 2 * sp->chunk;
     if (ftruncate(sp->memfd, (off_t)sp->region_bytes) != 0)
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: sizing the %zu-byte region: %s",
-                             sp->region_bytes, strerror(errno));
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: sizing the %zu-byte region: %s",
+                                  sp->region_bytes, strerror(errno));
     sp->mine = (unsigned char *)mmap(NULL, sp->region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                                      sp->memfd, 0);
     if (sp->mine == MAP_FAILED) {
         sp->mine = NULL;
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: mapping the %zu-byte region: %s",
-                             sp->region_bytes, strerror(errno));
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: mapping the %zu-byte region: %s",
+                                  sp->region_bytes, strerror(errno));
     }
-    sp->me = (_ddp_shm_hdr_t *)(void *)sp->mine;
-    sp->me->magic = _DDP_SHM_MAGIC;
-    sp->me->version = _DDP_SHM_VERSION;
-    sp->me->comm_id = ddp_comm_id(c);
-    sp->me->rank = sp->rank;
-    sp->me->pid = (int32_t)getpid();
-    sp->me->region_bytes = sp->region_bytes;
-    sp->me->users = 1;
-    _DDP_LOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
-             "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,
-             sp->ncells, sp->cell_bytes >> 10, sp->chunk >> 10, sp->spin_us,
-             sp->oversubscribed ? " (more ranks than CPUs: yielding while spinning)" : "");
+    me = (_ddp_shm_hdr_t *)(void *)sp->mine;
+    me->magic = _DDP_SHM_MAGIC;
+    me->version = _DDP_SHM_VERSION;
+    me->comm_id = c->comm_id;
+    me->rank = sp->rank;
+    me->pid = (int32_t)getpid();
+    me->region_bytes = sp->region_bytes;
+    me->users = 1;
+    __atomic_store_n(&sp->me, me, __ATOMIC_RELEASE);
+    _DDP_TLOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
+              "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,
+              sp->ncells, sp->cell_bytes >> 10, sp->chunk >> 10, sp->spin_us,
+              sp->oversubscribed ? " (more ranks than CPUs: yielding while spinning)" : "");
     return DDP_SUCCESS;
 }
 
@@ -385,7 +352,7 @@ static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, int to, int32_t status) {
     memset(&u, 0, sizeof u);
     h.magic = _DDP_SHM_MAGIC;
     h.version = _DDP_SHM_VERSION;
-    h.comm_id = ddp_comm_id(sp->comm);
+    h.comm_id = sp->ctx->comm_id;
     h.from = sp->rank;
     h.to = to;
     h.pid = (int32_t)getpid();
@@ -450,18 +417,18 @@ static int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
  * memfd. */
 static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int memfd,
                                        const _ddp_shm_hello_t *h, _ddp_shm_conn_t **out) {
-    ddp_comm_t *c = sp->comm;
+    const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_conn_t *k;
     unsigned char *base;
     size_t bytes = (size_t)h->region_bytes;
-    int i, pl = sp->local_of[peer];
+    int pl = sp->local_of[peer];
     *out = NULL;
     if (bytes != sp->region_bytes) {
         close(memfd);
         close(fd);
-        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d has a %zu-byte region, this rank "
-                             "%zu: the ranks use different DDP_SHM_* settings", peer, bytes,
-                             sp->region_bytes);
+        return ddp_transport_fail(c, DDP_ERR_MISMATCH, "shm: rank %d has a %zu-byte region, this rank "
+                                  "%zu: the ranks use different DDP_SHM_* settings", peer, bytes,
+                                  sp->region_bytes);
     }
     /* A rank in this same process (threads as ranks): use its mapping, so both sides work on
      * the same addresses (ThreadSanitizer then sees the whole protocol); the last user of a
@@ -475,23 +442,23 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     close(memfd);
     if (base == MAP_FAILED) {
         close(fd);
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: mapping rank %d's region: %s", peer,
-                             strerror(errno));
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: mapping rank %d's region: %s", peer,
+                                  strerror(errno));
     }
     {
         _ddp_shm_hdr_t *ph = (_ddp_shm_hdr_t *)(void *)base;
-        if (ph->magic != _DDP_SHM_MAGIC || ph->comm_id != ddp_comm_id(c) || ph->rank != peer) {
+        if (ph->magic != _DDP_SHM_MAGIC || ph->comm_id != c->comm_id || ph->rank != peer) {
             _ddp_shm_unmap(base, bytes);
             close(fd);
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d's region does not belong to "
-                                 "this communicator", peer);
+            return ddp_transport_fail(c, DDP_ERR_MISMATCH, "shm: rank %d's region does not belong to "
+                                      "this communicator", peer);
         }
     }
-    k = (_ddp_shm_conn_t *)ddp_comm_calloc(c, sizeof *k);
+    k = (_ddp_shm_conn_t *)ddp_transport_calloc(c, sizeof *k);
     if (!k) {
         _ddp_shm_unmap(base, bytes);
         close(fd);
-        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: connection");
+        return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: connection");
     }
     k->sp = sp;
     k->peer = peer;
@@ -507,44 +474,41 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     k->shead = __atomic_load_n(&k->sq->head, __ATOMIC_RELAXED);
     k->rtail = __atomic_load_n(&k->rq->tail, __ATOMIC_RELAXED);
     k->err = DDP_SUCCESS;
-    for (i = 0; i < _DDP_SHM_POOL; i++) {
-        k->pool[i].next = k->free_list;
-        k->free_list = &k->pool[i];
-    }
+    _ddp_transport_freelist_init(&k->free, k->pool, sizeof k->pool[0], _DDP_SHM_POOL);
     *out = k;
     return DDP_SUCCESS;
 }
 
 static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
-    ddp_comm_t *c = sp->comm;
+    const ddp_transport_ctx_t *c = sp->ctx;
     *conn = NULL;
     if (sp->dialing[peer] < 0) {
         _ddp_shm_addr_t a;
         struct sockaddr_un sa;
         size_t len = 0;
         int fd, e;
-        ddp_result_t r = ddp_comm_lookup(c, "shm", peer, &a, sizeof a, &len);
+        ddp_result_t r = c->lookup(c->host, "shm", peer, &a, sizeof a, &len);
         if (r != DDP_SUCCESS) return r;
-        if (len != sizeof a) return ddp_comm_fail(c, DDP_ERR_MISMATCH, "shm: rank %d published a "
-                                                  "malformed address", peer);
+        if (len != sizeof a) return ddp_transport_fail(c, DDP_ERR_MISMATCH, "shm: rank %d published a "
+                                                       "malformed address", peer);
         a.name[sizeof a.name - 1] = 0;
         memset(&sa, 0, sizeof sa);
         sa.sun_family = AF_UNIX;
         memcpy(sa.sun_path + 1, a.name, strlen(a.name));
         fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return ddp_comm_fail(c, DDP_ERR_SYSTEM, "shm: socket: %s", strerror(errno));
+        if (fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: socket: %s", strerror(errno));
         /* A blocking connect to a listening Unix socket returns at once (the backlog queues it). */
         if (connect(fd, (struct sockaddr *)&sa,
                     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.name))) != 0 ||
             (e = _ddp_shm_send_hello(sp, fd, peer, 0)) != 0) {
             e = errno;
             close(fd);
-            return ddp_comm_fail(c, DDP_ERR_REMOTE, "shm: connecting to rank %d at @%s: %s",
-                                 peer, a.name, strerror(e));
+            return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: connecting to rank %d at @%s: %s",
+                                      peer, a.name, strerror(e));
         }
         sp->dialing[peer] = fd;
-        _DDP_LOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, a.name);
+        _DDP_TLOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, a.name);
     }
     {
         _ddp_shm_hello_t h;
@@ -554,12 +518,12 @@ static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
         if (got == 0) return DDP_SUCCESS;
         sp->dialing[peer] = -1;
         if (got < 0 || h.status != 0 || memfd < 0 || h.from != peer || h.to != sp->rank ||
-            h.comm_id != ddp_comm_id(c)) {
+            h.comm_id != c->comm_id) {
             if (memfd >= 0) close(memfd);
             close(fd);
-            return ddp_comm_fail(c, DDP_ERR_REMOTE, "shm: rank %d refused or broke the handshake"
-                                 "%s", peer, got > 0 && h.status ? " (it is not on this host, or "
-                                 "belongs to another job)" : "");
+            return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d refused or broke the handshake"
+                                      "%s", peer, got > 0 && h.status ? " (it is not on this host, or "
+                                      "belongs to another job)" : "");
         }
         r = _ddp_shm_make_conn(sp, peer, fd, memfd, &h, &k);
         if (r != DDP_SUCCESS) return r;
@@ -571,13 +535,13 @@ static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
 
 /* Accepts everyone waiting on the listener, checks their hellos, answers with our memfd. */
 static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
-    ddp_comm_t *c = sp->comm;
+    const ddp_transport_ctx_t *c = sp->ctx;
     int i;
     for (;;) {
         int fd = accept4(sp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         if (sp->npending == (int)(sizeof sp->pending / sizeof sp->pending[0])) {
-            _DDP_LOG(c, DDP_LOG_WARN, "shm: too many unidentified connections; dropping one");
+            _DDP_TLOG(c, DDP_LOG_WARN, "shm: too many unidentified connections; dropping one");
             close(fd);
             continue;
         }
@@ -593,29 +557,29 @@ static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
         socklen_t cl = sizeof cred;
         if (got == 0) {
             if (_ddp_now_us() > pd->deadline) {
-                _DDP_LOG(c, DDP_LOG_WARN, "shm: a connection sent no hello within 10 s; dropped");
+                _DDP_TLOG(c, DDP_LOG_WARN, "shm: a connection sent no hello within 10 s; dropped");
                 drop = 1;
             } else {
                 continue;
             }
         } else if (got < 0) {
-            _DDP_LOG(c, DDP_LOG_WARN, "shm: dropped a connection that is not a libddp shm peer "
-                     "(malformed hello)");
+            _DDP_TLOG(c, DDP_LOG_WARN, "shm: dropped a connection that is not a libddp shm peer "
+                      "(malformed hello)");
             drop = 1;
-        } else if (h.comm_id != ddp_comm_id(c) || h.to != sp->rank || h.from < 0 ||
+        } else if (h.comm_id != c->comm_id || h.to != sp->rank || h.from < 0 ||
                    h.from >= sp->nranks || h.from >= sp->rank || sp->local_of[h.from] < 0 ||
                    sp->ready[h.from] || sp->conns[h.from]) {
-            _DDP_LOG(c, DDP_LOG_WARN, "shm: dropped a hello from 'rank %d' of communicator %016llx "
-                     "(this is rank %d of %016llx): another job, or a stranger", (int)h.from,
-                     (unsigned long long)h.comm_id, sp->rank, (unsigned long long)ddp_comm_id(c));
+            _DDP_TLOG(c, DDP_LOG_WARN, "shm: dropped a hello from 'rank %d' of communicator %016llx "
+                      "(this is rank %d of %016llx): another job, or a stranger", (int)h.from,
+                      (unsigned long long)h.comm_id, sp->rank, (unsigned long long)c->comm_id);
             _ddp_shm_send_hello(sp, pd->fd, h.from, 1);
             drop = 1;
         } else if (getsockopt(pd->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
                    cred.uid != geteuid()) {
-            _DDP_LOG(c, DDP_LOG_WARN, "shm: dropped a hello from another user's process");
+            _DDP_TLOG(c, DDP_LOG_WARN, "shm: dropped a hello from another user's process");
             drop = 1;
         } else if (_ddp_shm_send_hello(sp, pd->fd, h.from, 0) != 0) {
-            _DDP_LOG(c, DDP_LOG_WARN, "shm: rank %d went away during the handshake", (int)h.from);
+            _DDP_TLOG(c, DDP_LOG_WARN, "shm: rank %d went away during the handshake", (int)h.from);
             drop = 1;
         } else {
             _ddp_shm_conn_t *k;
@@ -657,9 +621,8 @@ static ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
 
 /* ---------------------------------------------------------------- point-to-point */
 static ddp_result_t _ddp_shm_broken(_ddp_shm_conn_t *k, ddp_result_t r, const char *what) {
-    if (k->err == DDP_SUCCESS)
-        k->err = ddp_comm_fail(k->sp->comm, r, "shm: %s rank %d (pid %d)", what, k->peer, k->peer_pid);
-    return k->err;
+    return _ddp_transport_conn_fail(k->sp->ctx, &k->err, r, "shm: %s rank %d (pid %d)", what,
+                                    k->peer, k->peer_pid);
 }
 
 static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
@@ -703,13 +666,12 @@ static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
                 cell->len > q->len - q->done || cell->len > sp->cell_bytes) {
                 if (cell->off != q->done || cell->len > sp->cell_bytes)
                     return _ddp_shm_broken(k, DDP_ERR_MISMATCH, "malformed queue contents from");
-                k->err = ddp_comm_fail(sp->comm, DDP_ERR_MISMATCH, "shm: rank %d sent collective "
-                    "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) "
-                    "of %zu bytes: the ranks called different collectives, dtypes, ops, roots or "
-                    "counts", k->peer, (unsigned)(cell->tag & 0xffffffffu),
+                return _ddp_transport_conn_fail(sp->ctx, &k->err, DDP_ERR_MISMATCH, "shm: rank %d "
+                    "sent collective #%u (signature %08x) of %llu bytes, this rank expected #%u "
+                    "(signature %08x) of %zu bytes: the ranks called different collectives, "
+                    "dtypes, ops, roots or counts", k->peer, (unsigned)(cell->tag & 0xffffffffu),
                     (unsigned)(cell->tag >> 32), (unsigned long long)cell->total,
                     (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32), q->len);
-                return k->err;
             }
             if (cell->len) memcpy(q->buf + q->done, cell + 1, cell->len);
             q->done += cell->len;
@@ -724,7 +686,7 @@ static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
         }
     }
     if (moved || freed) {
-        _ddp_shm_wake(k->hdr);
+        _ddp_transport_bell_ring(&k->hdr->bell, 1);
     } else if (k->sqh || k->rqh) {
         /* Nothing moved: now and then, make sure the peer is still there. */
         int64_t now = _ddp_now_us();
@@ -743,11 +705,10 @@ static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
 
 static ddp_result_t _ddp_shm_post(_ddp_shm_conn_t *k, int is_send, void *buf, size_t len,
                                   uint64_t tag, void **req) {
-    _ddp_shm_req_t *q = k->free_list;
+    _ddp_shm_req_t *q;
     if (k->err != DDP_SUCCESS) return k->err;
-    if (!q) return ddp_comm_fail(k->sp->comm, DDP_ERR_INTERNAL, "shm: more than %d requests "
-                                 "outstanding to rank %d", _DDP_SHM_POOL, k->peer);
-    k->free_list = q->next;
+    q = (_ddp_shm_req_t *)_ddp_transport_req_get(k->sp->ctx, &k->free, "shm", k->peer);
+    if (!q) return DDP_ERR_INTERNAL;
     q->next = NULL;
     q->conn = k;
     q->buf = (unsigned char *)buf;
@@ -788,8 +749,7 @@ static ddp_result_t _ddp_shm_test(void *req, int *done) {
         if (r != DDP_SUCCESS) return r;
     }
     if (q->complete) {
-        q->next = k->free_list;
-        k->free_list = q;
+        _ddp_transport_req_put(&k->free, q);
         *done = 1;
     }
     return DDP_SUCCESS;
@@ -806,17 +766,23 @@ static int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
 
 static ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int timeout_ms) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
-    uint32_t bell;
     int i, ms = timeout_ms < 0 || timeout_ms > _DDP_SHM_SLICE_MS ? _DDP_SHM_SLICE_MS : timeout_ms;
-    __atomic_store_n(&sp->me->sleeping, 1u, __ATOMIC_SEQ_CST);
-    bell = __atomic_load_n(&sp->me->doorbell, __ATOMIC_SEQ_CST);
-    for (i = 0; i < n; i++) {
+    const uint32_t seen = _ddp_transport_bell_arm(&sp->me->bell);
+    if (ddp_transport_aborted(sp->ctx)) ms = 0;
+    for (i = 0; i < n && ms > 0; i++) {
         _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)conns[i];
-        if (_ddp_shm_can_progress(k) || _ddp_shm_peer_gone(k)) { ms = 0; break; }
+        if (_ddp_shm_can_progress(k) || _ddp_shm_peer_gone(k)) ms = 0;
     }
-    if (ms > 0) _ddp_shm_futex_wait(&sp->me->doorbell, bell, ms);
-    __atomic_store_n(&sp->me->sleeping, 0u, __ATOMIC_SEQ_CST);
+    _ddp_transport_bell_sleep(&sp->me->bell, seen, ms, 1);
     return DDP_SUCCESS;
+}
+
+/* Any thread, after the abort flag was set: wake this rank if it sleeps on its doorbell (every
+ * wait re-checks the flag after arming the bell, so the ring is never lost). */
+static void _ddp_shm_abort(void *state) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    _ddp_shm_hdr_t *me = sp ? __atomic_load_n(&sp->me, __ATOMIC_ACQUIRE) : NULL;
+    if (me) _ddp_transport_bell_ring(&me->bell, 1);
 }
 
 static ddp_result_t _ddp_shm_close(void *conn) {
@@ -826,12 +792,12 @@ static ddp_result_t _ddp_shm_close(void *conn) {
     sp = k->sp;
     /* Tell every peer at once (the flag is ours, in our header) and wake it. */
     __atomic_store_n(&sp->me->closed, 1u, __ATOMIC_SEQ_CST);
-    _ddp_shm_wake(k->hdr);
+    _ddp_transport_bell_ring(&k->hdr->bell, 1);
     if (k->fd >= 0) close(k->fd);
     if (k->base) _ddp_shm_unmap(k->base, k->base_bytes);
     if (sp->conns[k->peer] == k) sp->conns[k->peer] = NULL;
     sp->coll_enabled = 0;
-    ddp_comm_free(sp->comm, k);
+    ddp_transport_free(sp->ctx, k);
     return DDP_SUCCESS;
 }
 
@@ -846,101 +812,78 @@ static ddp_result_t _ddp_shm_finalize(void *state) {
     for (i = 0; sp->dialing && i < sp->nranks; i++) if (sp->dialing[i] >= 0) close(sp->dialing[i]);
     if (sp->mine) _ddp_shm_unmap(sp->mine, sp->region_bytes);
     if (sp->memfd >= 0) close(sp->memfd);
-    ddp_comm_free(sp->comm, sp->local_of);
-    ddp_comm_free(sp->comm, sp->conns);
-    ddp_comm_free(sp->comm, sp->ready);
-    ddp_comm_free(sp->comm, sp->ring);
-    ddp_comm_free(sp->comm, sp->dialing);
-    ddp_comm_free(sp->comm, sp);
+    ddp_transport_free(sp->ctx, sp->local_of);
+    ddp_transport_free(sp->ctx, sp->conns);
+    ddp_transport_free(sp->ctx, sp->ready);
+    ddp_transport_free(sp->ctx, sp->ring);
+    ddp_transport_free(sp->ctx, sp->dialing);
+    ddp_transport_free(sp->ctx, sp);
     return DDP_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- collectives */
-enum { _DDP_SHM_AR = 1, _DDP_SHM_RS, _DDP_SHM_AG, _DDP_SHM_BC, _DDP_SHM_BARRIER };
-static const char *const _ddp_shm_kind_names[] = {"?", "all_reduce", "reduce_scatter",
-                                                  "all_gather", "broadcast", "barrier"};
-
-static void _ddp_shm_sig_str(const _ddp_shm_sig_t *g, char *out, size_t cap) {
-    int k = g->kind >= 1 && g->kind <= _DDP_SHM_BARRIER ? g->kind : 0;
-    snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_shm_kind_names[k],
-             (unsigned long long)g->count, ddp_dtype_name((ddp_dtype_t)g->dtype),
-             k == _DDP_SHM_AR || k == _DDP_SHM_RS ? ", " : "",
-             k == _DDP_SHM_AR || k == _DDP_SHM_RS ? ddp_op_name((ddp_op_t)g->op) : "", g->root);
-}
-
 /* Publishes this rank's next step. */
-static inline void _ddp_shm_signal(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig) {
+static inline void _ddp_shm_signal(_ddp_shm_t *sp, const _ddp_transport_sig_t *sig) {
     int i, n = sp->nranks - 1;
     uint64_t next = sp->phase + 1;
     sp->me->sig[next & 1] = *sig;
     __atomic_store_n(&sp->me->phase, next, __ATOMIC_SEQ_CST);
     sp->phase = next;
-    for (i = 0; i < n; i++) _ddp_shm_wake(sp->ring[i]->hdr);
+    for (i = 0; i < n; i++) _ddp_transport_bell_ring(&sp->ring[i]->hdr->bell, 1);
 }
 
 /* Waits until every other rank has published step sp->phase, and checks it is the same step. */
-static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_shm_sig_t *sig, const char *step,
-                                      size_t chunk, size_t nchunks) {
+static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t *sig,
+                                      const char *step, size_t chunk, size_t nchunks) {
     const uint64_t target = sp->phase;
     const int n = sp->nranks - 1;
-    int i = 0, spins = 0;
-    int64_t start = 0, now, deadline = 0, next_check = 0;
+    _ddp_transport_spin_t s;
+    int i = 0;
+    _ddp_transport_spin_start(&s, sp->spin_us, sp->oversubscribed, sp->ctx->timeout_ms);
     while (i < n) {
         _ddp_shm_conn_t *k = sp->ring[i];
         if (__atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) >= target) {
-            const _ddp_shm_sig_t *g = &k->hdr->sig[target & 1];
-            if (g->kind != sig->kind || g->dtype != sig->dtype || g->op != sig->op ||
-                g->root != sig->root || g->count != sig->count) {
+            const _ddp_transport_sig_t *g = &k->hdr->sig[target & 1];
+            if (_ddp_transport_sig_differs(g, sig)) {
                 char theirs[160], ours[160];
-                _ddp_shm_sig_t copy = *g;
-                _ddp_shm_sig_str(&copy, theirs, sizeof theirs);
-                _ddp_shm_sig_str(sig, ours, sizeof ours);
-                return _ddp_shm_fail(sp, DDP_ERR_MISMATCH, "rank %d called %s, this rank %s: the "
-                                     "ranks called different collectives, dtypes, ops, roots or "
-                                     "counts", k->peer, theirs, ours);
+                _ddp_transport_sig_t copy = *g;
+                _ddp_transport_sig_str(&copy, theirs, sizeof theirs);
+                _ddp_transport_sig_str(sig, ours, sizeof ours);
+                return ddp_transport_fail(sp->ctx, DDP_ERR_MISMATCH, "shm: rank %d called %s, this "
+                                          "rank %s: the ranks called different collectives, "
+                                          "dtypes, ops, roots or counts", k->peer, theirs, ours);
             }
             i++;
             continue;
         }
-        /* Spin, then yield, then sleep; look at the clock only now and then. */
-        if (++spins < 64 && !sp->oversubscribed) { _ddp_shm_pause(); continue; }
-        now = _ddp_now_us();
-        if (!start) {
-            start = now;
-            deadline = sp->comm->timeout_ms < 0 ? 0 : now + (int64_t)sp->comm->timeout_ms * 1000;
-            next_check = now + 1000;
-        }
-        if (now >= next_check) {
-            next_check = now + 1000;
-            if (__atomic_load_n(&sp->comm->aborted, __ATOMIC_SEQ_CST))
-                return _ddp_shm_fail(sp, DDP_ERR_ABORTED, "%s (phase %s, chunk %zu of %zu): "
-                                     "ddp_comm_abort was called on this rank",
-                                     _ddp_shm_kind_names[sig->kind], step, chunk + 1, nchunks);
+        if (_ddp_transport_spin_fast(&s)) continue;
+        if (_ddp_transport_spin_tick(&s)) {
+            if (ddp_transport_aborted(sp->ctx))
+                return ddp_transport_fail(sp->ctx, DDP_ERR_ABORTED, "shm: %s (phase %s, chunk %zu "
+                                          "of %zu): ddp_comm_abort was called on this rank",
+                                          _ddp_transport_sig_kind(sig->kind), step, chunk + 1,
+                                          nchunks);
             if (_ddp_shm_peer_gone(k) &&
                 __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
-                return _ddp_shm_fail(sp, DDP_ERR_REMOTE, "rank %d (pid %d) is gone: it exited, "
-                                     "crashed or failed during %s (phase %s, chunk %zu of %zu)",
-                                     k->peer, k->peer_pid, _ddp_shm_kind_names[sig->kind], step,
-                                     chunk + 1, nchunks);
-            if (deadline && now >= deadline)
-                return _ddp_shm_fail(sp, DDP_ERR_TIMEOUT, "%s (phase %s, chunk %zu of %zu): rank %d "
-                                     "did not arrive within %d ms", _ddp_shm_kind_names[sig->kind],
-                                     step, chunk + 1, nchunks, k->peer, sp->comm->timeout_ms);
+                return ddp_transport_fail(sp->ctx, DDP_ERR_REMOTE, "shm: rank %d (pid %d) is gone: "
+                                          "it exited, crashed or failed during %s (phase %s, chunk "
+                                          "%zu of %zu)", k->peer, k->peer_pid,
+                                          _ddp_transport_sig_kind(sig->kind), step, chunk + 1,
+                                          nchunks);
+            if (_ddp_transport_spin_expired(&s)) {
+                if (sp->ctx->waiting_on) *sp->ctx->waiting_on = k->peer;
+                return ddp_transport_fail(sp->ctx, DDP_ERR_TIMEOUT, "shm: %s (phase %s, chunk %zu "
+                                          "of %zu): rank %d did not arrive within %d ms",
+                                          _ddp_transport_sig_kind(sig->kind), step, chunk + 1,
+                                          nchunks, k->peer, s.timeout_ms);
+            }
         }
-        if (now - start < sp->spin_us) {
-            /* Yield now and then even with a CPU per rank: other processes may want this CPU
-             * (a loaded machine), and sched_yield is ~0.3 us when nobody does. */
-            if (sp->oversubscribed || (spins & 7) == 0) sched_yield();
-            else { int j; for (j = 0; j < 32; j++) _ddp_shm_pause(); }
-            continue;
-        }
+        if (_ddp_transport_spin_slow(&s)) continue;
         {
-            uint32_t bell;
-            __atomic_store_n(&sp->me->sleeping, 1u, __ATOMIC_SEQ_CST);
-            bell = __atomic_load_n(&sp->me->doorbell, __ATOMIC_SEQ_CST);
-            if (__atomic_load_n(&k->hdr->phase, __ATOMIC_SEQ_CST) < target)
-                _ddp_shm_futex_wait(&sp->me->doorbell, bell, _DDP_SHM_SLICE_MS);
-            __atomic_store_n(&sp->me->sleeping, 0u, __ATOMIC_SEQ_CST);
+            const uint32_t seen = _ddp_transport_bell_arm(&sp->me->bell);
+            const int wait = __atomic_load_n(&k->hdr->phase, __ATOMIC_SEQ_CST) < target &&
+                             !ddp_transport_aborted(sp->ctx);
+            _ddp_transport_bell_sleep(&sp->me->bell, seen, wait ? _DDP_SHM_SLICE_MS : 0, 1);
         }
     }
     return DDP_SUCCESS;
@@ -1003,8 +946,8 @@ static void _ddp_shm_copyin_learn(_ddp_shm_t *sp, int way, int64_t ns, size_t by
     *e = *e == 0 ? c : 0.75 * *e + 0.25 * c;
     if (sp->copyin_cost[0] != 0 && sp->copyin_cost[1] != 0 &&
         before != (sp->copyin_cost[1] < sp->copyin_cost[0]))
-        _DDP_LOG(sp->comm, DDP_LOG_TRACE, "shm: copy-in now with %s stores (%.3f vs %.3f ns/byte)",
-                 before ? "ordinary" : "streaming", sp->copyin_cost[0], sp->copyin_cost[1]);
+        _DDP_TLOG(sp->ctx, DDP_LOG_TRACE, "shm: copy-in now with %s stores (%.3f vs %.3f ns/byte)",
+                  before ? "ordinary" : "streaming", sp->copyin_cost[0], sp->copyin_cost[1]);
 }
 
 static inline unsigned char *_ddp_shm_stage(_ddp_shm_t *sp, unsigned char *base, uint64_t which) {
@@ -1024,11 +967,10 @@ static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *
     const int p = sp->nranks, me = sp->rank;
     const unsigned char *src = (const unsigned char *)sendbuf;
     unsigned char *dst = (unsigned char *)recvbuf;
-    _ddp_shm_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
     int q;
-    sig.kind = _DDP_SHM_AR; sig.dtype = (int32_t)dtype; sig.op = (int32_t)op; sig.root = 0;
-    sig.count = count;
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_REDUCE, dtype, op, count, 0);
     if (bytes <= sp->small_max) {
         /* One step: everyone reduces everything, in rank order (the same bits everywhere). */
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
@@ -1103,12 +1045,11 @@ static ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendbuf, vo
     const size_t per = sp->chunk / es / (size_t)p, nchunks = rc ? (rc + per - 1) / per : 1;
     const unsigned char *src = (const unsigned char *)sendbuf;
     unsigned char *dst = (unsigned char *)recvbuf;
-    _ddp_shm_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
     int q;
-    sig.kind = _DDP_SHM_RS; sig.dtype = (int32_t)dtype; sig.op = (int32_t)op; sig.root = 0;
-    sig.count = rc;
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_REDUCE_SCATTER, dtype, op, rc, 0);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = rc - off < per ? rc - off : per;
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
@@ -1143,11 +1084,11 @@ static ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *
     const size_t per = sp->chunk / es, nchunks = sc ? (sc + per - 1) / per : 1;
     const unsigned char *src = (const unsigned char *)sendbuf;
     unsigned char *dst = (unsigned char *)recvbuf;
-    _ddp_shm_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
     int q;
-    sig.kind = _DDP_SHM_AG; sig.dtype = (int32_t)dtype; sig.op = 0; sig.root = 0; sig.count = sc;
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_GATHER, dtype, DDP_SUM, sc, 0);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = sc - off < per ? sc - off : per;
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
@@ -1169,10 +1110,10 @@ static ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *r
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const size_t es = ddp_dtype_size(dtype);
     const size_t per = sp->chunk / es, nchunks = count ? (count + per - 1) / per : 1;
-    _ddp_shm_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
-    sig.kind = _DDP_SHM_BC; sig.dtype = (int32_t)dtype; sig.op = 0; sig.root = root; sig.count = count;
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_BROADCAST, dtype, DDP_SUM, count, root);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = count - off < per ? count - off : per;
         if (sp->rank == root && n) {
@@ -1191,9 +1132,9 @@ static ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *r
 
 static ddp_result_t _ddp_shm_barrier(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
-    _ddp_shm_sig_t sig;
+    _ddp_transport_sig_t sig;
     memset(&sig, 0, sizeof sig);
-    sig.kind = _DDP_SHM_BARRIER;
+    sig.kind = _DDP_TSIG_BARRIER;
     _ddp_shm_signal(sp, &sig);
     return _ddp_shm_wait_all(sp, &sig, "arrive", 0, 1);
 }
@@ -1204,7 +1145,7 @@ static ddp_result_t _ddp_shm_enable(void *state) {
     const char *s = getenv("DDP_SHM_COLL");
     int i, n = 0;
     if (s && !strcmp(s, "0")) {
-        _DDP_LOG(sp->comm, DDP_LOG_INFO, "shm: collectives over point-to-point (DDP_SHM_COLL=0)");
+        _DDP_TLOG(sp->ctx, DDP_LOG_INFO, "shm: collectives over point-to-point (DDP_SHM_COLL=0)");
         return DDP_ERR_UNSUPPORTED;
     }
     for (i = 0; i < sp->nranks; i++) {
@@ -1213,10 +1154,10 @@ static ddp_result_t _ddp_shm_enable(void *state) {
         sp->ring[n++] = sp->conns[i];
     }
     sp->coll_enabled = 1;
-    _DDP_LOG(sp->comm, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
-             "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
-             "%zu-byte staging chunks (2 steps per chunk); DDP_SHM_COLL=0 for the ring",
-             sp->small_max, sp->chunk);
+    _DDP_TLOG(sp->ctx, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
+              "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
+              "%zu-byte staging chunks (2 steps per chunk); DDP_SHM_COLL=0 for the ring",
+              sp->small_max, sp->chunk);
     return DDP_SUCCESS;
 }
 
@@ -1229,17 +1170,11 @@ static const ddp_transport_t _ddp_shm_transport = {
     DDP_TRANSPORT_VERSION, "shm", 20,
     _ddp_shm_init, _ddp_shm_reachable, _ddp_shm_connect, _ddp_shm_accept,
     NULL, NULL, _ddp_shm_isend, _ddp_shm_irecv, _ddp_shm_test, _ddp_shm_wait,
-    _ddp_shm_close, _ddp_shm_finalize, &_ddp_shm_coll,
+    _ddp_shm_close, _ddp_shm_finalize, _ddp_shm_abort, &_ddp_shm_coll,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_shm(void) { return &_ddp_shm_transport; }
 
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((constructor)) static void _ddp_shm_register(void) {
-    ddp_transport_register(&_ddp_shm_transport);
-}
-#else
-#error "transports/ddp_shm.h: registration needs a constructor (GCC/Clang)"
-#endif
+_DDP_TRANSPORT_CONSTRUCTOR(_ddp_shm_register) { ddp_transport_register(&_ddp_shm_transport); }
 
 #endif /* DDP_SHM implementation */

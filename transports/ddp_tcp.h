@@ -1,14 +1,15 @@
 /* transports/ddp_tcp.h — libddp's TCP socket transport (the default; needs only libc + pthreads).
  *
- * Include after ddp.h; in the file that defines DDP_IMPLEMENTATION this compiles the transport
- * and registers it (a constructor), so ddp_comm_init can use it:
+ * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it (a
+ * constructor), so ddp_comm_init can use it:
  *
  *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
  *     #include "ddp.h"
  *     #include "transports/ddp_tcp.h"
  *
- * One connection per peer pair, both directions; non-blocking sockets with TCP_NODELAY, sends
+ * It sees its communicator only through the ddp_transport_ctx_t given to init
+ * (transports/ddp_transport.h). One connection per peer pair, both directions; non-blocking sockets with TCP_NODELAY, sends
  * with MSG_NOSIGNAL (a dead peer is an error, never SIGPIPE), IPv4 and IPv6.
  *
  * ENVIRONMENT
@@ -23,11 +24,25 @@
  * another job) is logged and dropped. Each message is {u32 magic, u32 0, u64 tag, u64 length}
  * then the payload; the receiver checks tag and length against what it posted.
  */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_TCP_IMPLEMENTATION)
+#define DDP_TCP_IMPLEMENTATION
+#endif
+#if defined(DDP_TCP_IMPLEMENTATION)
+#ifndef DDP_TRANSPORT_IMPLEMENTATION
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#ifndef DDP_SOCKET_IMPLEMENTATION
+#define DDP_SOCKET_IMPLEMENTATION
+#endif
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_transport.h"
+#include "../ddp_socket.h"
+
 #ifndef DDP_TCP_H_INCLUDED
 #define DDP_TCP_H_INCLUDED
-#ifndef DDP_H_INCLUDED
-#error "transports/ddp_tcp.h: include ddp.h first"
-#endif
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -37,8 +52,11 @@ DDP_API const ddp_transport_t *ddp_transport_tcp(void);
 #endif
 #endif /* DDP_TCP_H_INCLUDED */
 
-#if defined(DDP_IMPLEMENTATION) && !defined(DDP_TCP_IMPL_INCLUDED)
+#if defined(DDP_TCP_IMPLEMENTATION) && !defined(DDP_TCP_IMPL_INCLUDED)
 #define DDP_TCP_IMPL_INCLUDED
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_SOCKET_IMPL_INCLUDED)
+#error "transports/ddp_tcp.h's implementation needs ddp_transport.h's and ddp_socket.h's (define DDP_IMPLEMENTATION)"
+#endif
 
 #define _DDP_TCP_HELLO_MAGIC 0x44445448u /* "DDTH" */
 #define _DDP_TCP_MSG_MAGIC 0x4444544du   /* "DDTM" */
@@ -64,7 +82,8 @@ typedef struct _ddp_tcp_req {
 typedef struct _ddp_tcp_conn {
     int fd, peer;
     struct _ddp_tcp *tp;
-    _ddp_tcp_req_t *sq, *sq_tail, *rq, *rq_tail, *free_list;
+    _ddp_tcp_req_t *sq, *sq_tail, *rq, *rq_tail;
+    _ddp_transport_freelist_t free;
     ddp_result_t err;        /* sticky once the connection broke */
     _ddp_tcp_req_t pool[_DDP_TCP_POOL];
 } _ddp_tcp_conn_t;
@@ -85,7 +104,7 @@ typedef struct {              /* our side of a connect in progress */
 } _ddp_tcp_dial_t;
 
 typedef struct _ddp_tcp {
-    ddp_comm_t *comm;
+    const ddp_transport_ctx_t *ctx;
     int listen_fd, bufsize;
     char addr_str[96];
     _ddp_tcp_pending_t pending[64];
@@ -94,32 +113,19 @@ typedef struct _ddp_tcp {
     _ddp_tcp_dial_t *dial;   /* by peer rank */
 } _ddp_tcp_t;
 
-/* NCCL's DDP_SOCKET_IFNAME syntax: '^' excludes, '=' wants exact names, else prefixes. */
-static int _ddp_tcp_if_match(const char *spec, const char *name) {
-    int exclude = 0, exact = 0, hit = 0;
-    char buf[256], *tok, *save = NULL;
-    if (*spec == '^') { exclude = 1; spec++; }
-    if (*spec == '=') { exact = 1; spec++; }
-    _ddp_strlcpy(buf, spec, sizeof buf);
-    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (exact ? !strcmp(name, tok) : !strncmp(name, tok, strlen(tok))) { hit = 1; break; }
-    }
-    return exclude ? !hit : hit;
-}
-
 /* The address to listen on: an interface named by DDP_SOCKET_IFNAME, else the source address
  * the kernel would use to reach the master (a UDP connect sends nothing). */
 static ddp_result_t _ddp_tcp_pick_addr(_ddp_tcp_t *tp, struct sockaddr_storage *ss, socklen_t *sl) {
-    ddp_comm_t *c = tp->comm;
-    const char *spec = ddp_comm_ifname(c), *fam = getenv("DDP_SOCKET_FAMILY");
+    const ddp_transport_ctx_t *c = tp->ctx;
+    const char *spec = c->ifname, *fam = getenv("DDP_SOCKET_FAMILY");
     int want = fam ? (!strcmp(fam, "AF_INET6") ? AF_INET6 : !strcmp(fam, "AF_INET") ? AF_INET : 0) : 0;
     memset(ss, 0, sizeof *ss);
-    if (spec) {
+    if (spec && *spec) {
         struct ifaddrs *ifs = NULL, *ifa;
         char seen[256] = "";
         size_t off = 0;
         if (getifaddrs(&ifs) != 0)
-            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: getifaddrs: %s", strerror(errno));
+            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: getifaddrs: %s", strerror(errno));
         for (int pass = 0; pass < 2; pass++) {
             for (ifa = ifs; ifa; ifa = ifa->ifa_next) {
                 int f;
@@ -130,34 +136,34 @@ static ddp_result_t _ddp_tcp_pick_addr(_ddp_tcp_t *tp, struct sockaddr_storage *
                 if (f == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)(void *)ifa->ifa_addr)->sin6_addr)) continue;
                 if (pass == 0 && off + strlen(ifa->ifa_name) + 3 < sizeof seen && !strstr(seen, ifa->ifa_name))
                     off += (size_t)snprintf(seen + off, sizeof seen - off, "%s%s", off ? ", " : "", ifa->ifa_name);
-                if (!_ddp_tcp_if_match(spec, ifa->ifa_name)) continue;
+                if (!_ddp_transport_match_list(spec, ifa->ifa_name, -1)) continue;
                 *sl = f == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
                 memcpy(ss, ifa->ifa_addr, *sl);
-                _DDP_LOG(c, DDP_LOG_INFO, "tcp: interface %s chosen by DDP_SOCKET_IFNAME=%s", ifa->ifa_name, spec);
+                _DDP_TLOG(c, DDP_LOG_INFO, "tcp: interface %s chosen by DDP_SOCKET_IFNAME=%s", ifa->ifa_name, spec);
                 freeifaddrs(ifs);
                 return DDP_SUCCESS;
             }
         }
         freeifaddrs(ifs);
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "tcp: no interface matches "
-                             "DDP_SOCKET_IFNAME=%s (interfaces up: %s)", spec, seen);
+        return ddp_transport_fail(c, DDP_ERR_INVALID_ARGUMENT, "tcp: no interface matches "
+                                  "DDP_SOCKET_IFNAME=%s (interfaces up: %s)", spec, seen);
     } else {
         struct addrinfo hints, *res = NULL;
         int fd, rc;
         memset(&hints, 0, sizeof hints);
         hints.ai_family = AF_UNSPEC;
         hints.ai_socktype = SOCK_DGRAM;
-        rc = getaddrinfo(ddp_comm_master_addr(c), "9", &hints, &res);
+        rc = getaddrinfo(c->master_addr, "9", &hints, &res);
         if (rc != 0)
-            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: cannot resolve master '%s': %s",
-                                 ddp_comm_master_addr(c), gai_strerror(rc));
+            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: cannot resolve master '%s': %s",
+                                      c->master_addr, gai_strerror(rc));
         fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
             int e = errno;
             if (fd >= 0) close(fd);
             freeaddrinfo(res);
-            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: no route to master '%s': %s",
-                                 ddp_comm_master_addr(c), strerror(e));
+            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: no route to master '%s': %s",
+                                      c->master_addr, strerror(e));
         }
         freeaddrinfo(res);
         *sl = sizeof *ss;
@@ -179,22 +185,22 @@ static void _ddp_tcp_tune(_ddp_tcp_t *tp, int fd) {
 
 static ddp_result_t _ddp_tcp_finalize(void *state);
 
-static ddp_result_t _ddp_tcp_init(ddp_comm_t *c, void **state) {
+static ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_tcp_t *tp;
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     ddp_result_t r;
-    int n = ddp_comm_size(c), i;
+    int n = c->nranks, i;
     const char *bs = getenv("DDP_SOCKET_BUFSIZE");
     *state = NULL;
-    tp = (_ddp_tcp_t *)ddp_comm_calloc(c, sizeof *tp);
-    if (!tp) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init");
-    tp->comm = c;
+    tp = (_ddp_tcp_t *)ddp_transport_calloc(c, sizeof *tp);
+    if (!tp) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init");
+    tp->ctx = c;
     tp->listen_fd = -1;
     tp->bufsize = bs ? (int)_ddp_parse_size(bs) : 0;
-    tp->ready = (_ddp_tcp_conn_t **)ddp_comm_calloc(c, (size_t)n * sizeof *tp->ready);
-    tp->dial = (_ddp_tcp_dial_t *)ddp_comm_calloc(c, (size_t)n * sizeof *tp->dial);
-    if (!tp->ready || !tp->dial) { _ddp_tcp_finalize(tp); return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init"); }
+    tp->ready = (_ddp_tcp_conn_t **)ddp_transport_calloc(c, (size_t)n * sizeof *tp->ready);
+    tp->dial = (_ddp_tcp_dial_t *)ddp_transport_calloc(c, (size_t)n * sizeof *tp->dial);
+    if (!tp->ready || !tp->dial) { _ddp_tcp_finalize(tp); return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init"); }
     for (i = 0; i < n; i++) tp->dial[i].fd = -1;
     if ((r = _ddp_tcp_pick_addr(tp, &ss, &sl)) != DDP_SUCCESS) { _ddp_tcp_finalize(tp); return r; }
     if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
@@ -206,15 +212,15 @@ static ddp_result_t _ddp_tcp_init(ddp_comm_t *c, void **state) {
         char a[96];
         _ddp_sockaddr_str((struct sockaddr *)&ss, a, sizeof a);
         _ddp_tcp_finalize(tp);
-        return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: cannot listen on %s: %s", a, strerror(e));
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: cannot listen on %s: %s", a, strerror(e));
     }
     _ddp_set_nonblock(tp->listen_fd, 1);
     sl = sizeof ss;
     getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sl);
     _ddp_sockaddr_str((struct sockaddr *)&ss, tp->addr_str, sizeof tp->addr_str);
-    if ((r = ddp_comm_publish(c, "tcp", &ss, sl)) != DDP_SUCCESS) { _ddp_tcp_finalize(tp); return r; }
-    _DDP_LOG(c, DDP_LOG_INFO, "tcp: listening on %s%s", tp->addr_str,
-             tp->bufsize > 0 ? " (fixed socket buffers)" : " (autotuned socket buffers)");
+    if ((r = c->publish(c->host, "tcp", &ss, sl)) != DDP_SUCCESS) { _ddp_tcp_finalize(tp); return r; }
+    _DDP_TLOG(c, DDP_LOG_INFO, "tcp: listening on %s%s", tp->addr_str,
+              tp->bufsize > 0 ? " (fixed socket buffers)" : " (autotuned socket buffers)");
     *state = tp;
     return DDP_SUCCESS;
 }
@@ -222,20 +228,19 @@ static ddp_result_t _ddp_tcp_init(ddp_comm_t *c, void **state) {
 static int _ddp_tcp_reachable(void *state, int peer) { (void)state; (void)peer; return 1; }
 
 static _ddp_tcp_conn_t *_ddp_tcp_new_conn(_ddp_tcp_t *tp, int fd, int peer) {
-    _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)ddp_comm_calloc(tp->comm, sizeof *k);
-    int i;
+    _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)ddp_transport_calloc(tp->ctx, sizeof *k);
     if (!k) return NULL;
     k->fd = fd;
     k->peer = peer;
     k->tp = tp;
-    for (i = 0; i < _DDP_TCP_POOL; i++) { k->pool[i].next = k->free_list; k->free_list = &k->pool[i]; }
+    _ddp_transport_freelist_init(&k->free, k->pool, sizeof k->pool[0], _DDP_TCP_POOL);
     _ddp_tcp_tune(tp, fd);
     return k;
 }
 
 static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
-    ddp_comm_t *c = tp->comm;
+    const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_tcp_dial_t *d = &tp->dial[peer];
     *conn = NULL;
     if (d->stage == 0) {
@@ -243,19 +248,19 @@ static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
         size_t len = 0;
         _ddp_tcp_hello_t h;
         char a[96];
-        ddp_result_t r = ddp_comm_lookup(c, "tcp", peer, &ss, sizeof ss, &len);
+        ddp_result_t r = c->lookup(c->host, "tcp", peer, &ss, sizeof ss, &len);
         if (r != DDP_SUCCESS) return r;
         _ddp_sockaddr_str((struct sockaddr *)&ss, a, sizeof a);
         d->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (d->fd < 0) return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: socket: %s", strerror(errno));
+        if (d->fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: socket: %s", strerror(errno));
         _ddp_tcp_tune(tp, d->fd);
-        _DDP_LOG(c, DDP_LOG_TRACE, "tcp: connecting to rank %d at %s", peer, a);
+        _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: connecting to rank %d at %s", peer, a);
         if (connect(d->fd, (struct sockaddr *)&ss, (socklen_t)len) != 0 && errno != EINPROGRESS)
-            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer, a, strerror(errno));
+            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer, a, strerror(errno));
         /* The hello fits in an empty socket buffer: queue it now, it leaves on connect. */
-        h.magic = _DDP_TCP_HELLO_MAGIC; h.version = _DDP_TCP_VERSION; h.comm_id = ddp_comm_id(c);
-        h.from = ddp_comm_rank(c); h.to = peer;
-        d->deadline = _ddp_deadline(ddp_comm_timeout_ms(c));
+        h.magic = _DDP_TCP_HELLO_MAGIC; h.version = _DDP_TCP_VERSION; h.comm_id = c->comm_id;
+        h.from = c->rank; h.to = peer;
+        d->deadline = _ddp_deadline(c->timeout_ms);
         {
             struct pollfd pfd;
             int rc;
@@ -265,12 +270,12 @@ static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
                 int err = 0;
                 socklen_t el = sizeof err;
                 getsockopt(d->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-                if (err) return ddp_comm_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer, a, strerror(err));
+                if (err) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer, a, strerror(err));
             } else {
-                return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "tcp: connect to rank %d at %s timed out", peer, a);
+                return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "tcp: connect to rank %d at %s timed out", peer, a);
             }
             if (_ddp_send_all(d->fd, &h, sizeof h, d->deadline) != 0)
-                return ddp_comm_fail(c, DDP_ERR_REMOTE, "tcp: rank %d at %s closed during handshake", peer, a);
+                return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: rank %d at %s closed during handshake", peer, a);
         }
         d->stage = 2;
         d->got = 0;
@@ -279,18 +284,18 @@ static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
         ssize_t n = recv(d->fd, (char *)&d->ack + d->got, sizeof d->ack - d->got, MSG_DONTWAIT);
         if (n > 0) d->got += (size_t)n;
         else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return ddp_comm_fail(c, DDP_ERR_REMOTE, "tcp: rank %d refused our connection "
-                                 "(handshake closed: %s)", peer, n == 0 ? "EOF" : strerror(errno));
+            return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: rank %d refused our connection "
+                                      "(handshake closed: %s)", peer, n == 0 ? "EOF" : strerror(errno));
         if (d->got < sizeof d->ack) {
             if (_ddp_ms_left(d->deadline) == 0)
-                return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "tcp: rank %d never answered our handshake", peer);
+                return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "tcp: rank %d never answered our handshake", peer);
             return DDP_SUCCESS;
         }
         if (d->ack.magic != _DDP_TCP_HELLO_MAGIC || d->ack.status != DDP_SUCCESS)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "tcp: rank %d rejected our handshake (status %u)",
-                                 peer, d->ack.status);
+            return ddp_transport_fail(c, DDP_ERR_MISMATCH, "tcp: rank %d rejected our handshake (status %u)",
+                                      peer, d->ack.status);
         *conn = _ddp_tcp_new_conn(tp, d->fd, peer);
-        if (!*conn) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
+        if (!*conn) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
         d->fd = -1;
         d->stage = 3;
     }
@@ -299,7 +304,7 @@ static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
 
 /* Accepts whatever has arrived and identifies it; strangers are logged and dropped. */
 static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
-    ddp_comm_t *c = tp->comm;
+    const ddp_transport_ctx_t *c = tp->ctx;
     int i;
     while (tp->npending < (int)(sizeof tp->pending / sizeof tp->pending[0])) {
         struct sockaddr_storage ss;
@@ -328,13 +333,13 @@ static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
             _ddp_tcp_hello_t *h = &p->hello;
             if (h->magic != _DDP_TCP_HELLO_MAGIC) why = "is not a libddp rank (bad magic)";
             else if (h->version != _DDP_TCP_VERSION) why = "speaks another libddp wire version";
-            else if (h->comm_id != ddp_comm_id(c)) why = "belongs to another communicator or job";
-            else if (h->to != ddp_comm_rank(c) || h->from < 0 || h->from >= ddp_comm_size(c) ||
-                     h->from == ddp_comm_rank(c)) why = "names ranks that do not fit this communicator";
+            else if (h->comm_id != c->comm_id) why = "belongs to another communicator or job";
+            else if (h->to != c->rank || h->from < 0 || h->from >= c->nranks ||
+                     h->from == c->rank) why = "names ranks that do not fit this communicator";
             else if (tp->ready[h->from]) why = "is a second connection from the same rank";
         }
         if (why) {
-            _DDP_LOG(c, DDP_LOG_WARN, "tcp: dropped a connection from %s: it %s", p->addr, why);
+            _DDP_TLOG(c, DDP_LOG_WARN, "tcp: dropped a connection from %s: it %s", p->addr, why);
             close(p->fd);
         } else {
             _ddp_tcp_ack_t ack;
@@ -344,8 +349,8 @@ static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
                 close(p->fd);
             } else {
                 tp->ready[p->hello.from] = _ddp_tcp_new_conn(tp, p->fd, p->hello.from);
-                if (!tp->ready[p->hello.from]) { close(p->fd); return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection"); }
-                _DDP_LOG(c, DDP_LOG_TRACE, "tcp: accepted rank %d from %s", p->hello.from, p->addr);
+                if (!tp->ready[p->hello.from]) { close(p->fd); return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection"); }
+                _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: accepted rank %d from %s", p->hello.from, p->addr);
             }
         }
         tp->pending[i--] = tp->pending[--tp->npending];
@@ -362,20 +367,8 @@ static ddp_result_t _ddp_tcp_accept(void *state, int peer, void **conn) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_broken(_ddp_tcp_conn_t *k, ddp_result_t r, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static ddp_result_t _ddp_tcp_broken(_ddp_tcp_conn_t *k, ddp_result_t r, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    k->err = r;
-    return ddp_comm_fail(k->tp->comm, r, "%s", msg);
-}
+/* The connection's first failure is recorded and sticks: every later call on it returns it. */
+#define _DDP_TCP_BROKEN(k, ...) _ddp_transport_conn_fail((k)->tp->ctx, &(k)->err, __VA_ARGS__)
 
 /* Moves as many bytes as the socket takes, both directions. Never blocks. */
 static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
@@ -406,7 +399,7 @@ static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
         }
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return _ddp_tcp_broken(k, DDP_ERR_REMOTE, "tcp: sending to rank %d failed: %s (rank %d "
+            return _DDP_TCP_BROKEN(k, DDP_ERR_REMOTE, "tcp: sending to rank %d failed: %s (rank %d "
                                    "exited or closed the connection)", k->peer, strerror(errno), k->peer);
         }
         while (w > 0 && k->sq) {
@@ -439,11 +432,11 @@ static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
         }
         got = readv(k->fd, iov, n);
         if (got == 0)
-            return _ddp_tcp_broken(k, DDP_ERR_REMOTE, "tcp: rank %d closed the connection (it "
+            return _DDP_TCP_BROKEN(k, DDP_ERR_REMOTE, "tcp: rank %d closed the connection (it "
                                    "exited, crashed or failed)", k->peer);
         if (got < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-            return _ddp_tcp_broken(k, DDP_ERR_REMOTE, "tcp: receiving from rank %d failed: %s",
+            return _DDP_TCP_BROKEN(k, DDP_ERR_REMOTE, "tcp: receiving from rank %d failed: %s",
                                    k->peer, strerror(errno));
         }
         {
@@ -451,10 +444,10 @@ static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
             q->done += (size_t)got;
             if (!had_hdr && q->done >= sizeof q->hdr) {
                 if (q->hdr.magic != _DDP_TCP_MSG_MAGIC)
-                    return _ddp_tcp_broken(k, DDP_ERR_MISMATCH, "tcp: malformed message from rank "
+                    return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: malformed message from rank "
                                            "%d (bad magic %08x)", k->peer, q->hdr.magic);
                 if (q->hdr.tag != q->tag || q->hdr.len != q->len)
-                    return _ddp_tcp_broken(k, DDP_ERR_MISMATCH, "tcp: rank %d sent collective #%u "
+                    return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: rank %d sent collective #%u "
                         "(signature %08x) of %llu bytes, this rank expected #%u (signature %08x) of "
                         "%zu bytes: the ranks called different collectives, dtypes, ops, roots or "
                         "counts", k->peer, (unsigned)(q->hdr.tag & 0xffffffffu),
@@ -472,11 +465,10 @@ static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
 
 static ddp_result_t _ddp_tcp_post(_ddp_tcp_conn_t *k, int is_send, void *buf, size_t len,
                                   uint64_t tag, void **req) {
-    _ddp_tcp_req_t *q = k->free_list;
+    _ddp_tcp_req_t *q;
     if (k->err != DDP_SUCCESS) return k->err;
-    if (!q) return ddp_comm_fail(k->tp->comm, DDP_ERR_INTERNAL, "tcp: more than %d requests "
-                                 "outstanding to rank %d", _DDP_TCP_POOL, k->peer);
-    k->free_list = q->next;
+    q = (_ddp_tcp_req_t *)_ddp_transport_req_get(k->tp->ctx, &k->free, "tcp", k->peer);
+    if (!q) return DDP_ERR_INTERNAL;
     q->next = NULL;
     q->conn = k;
     q->buf = (unsigned char *)buf;
@@ -521,8 +513,7 @@ static ddp_result_t _ddp_tcp_test(void *req, int *done) {
         if (r != DDP_SUCCESS) return r;
     }
     if (q->complete) {
-        q->next = k->free_list;
-        k->free_list = q;
+        _ddp_transport_req_put(&k->free, q);
         *done = 1;
     }
     return DDP_SUCCESS;
@@ -544,7 +535,7 @@ static ddp_result_t _ddp_tcp_wait(void *state, void *const *conns, int n, int ti
     }
     if (m == 0) return DDP_SUCCESS;
     if (poll(pfd, (nfds_t)m, timeout_ms) < 0 && errno != EINTR)
-        return ddp_comm_fail(((_ddp_tcp_t *)state)->comm, DDP_ERR_SYSTEM, "tcp: poll: %s", strerror(errno));
+        return ddp_transport_fail(((_ddp_tcp_t *)state)->ctx, DDP_ERR_SYSTEM, "tcp: poll: %s", strerror(errno));
     return DDP_SUCCESS;
 }
 
@@ -552,7 +543,7 @@ static ddp_result_t _ddp_tcp_close(void *conn) {
     _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)conn;
     if (!k) return DDP_SUCCESS;
     if (k->fd >= 0) close(k->fd);
-    ddp_comm_free(k->tp->comm, k);
+    ddp_transport_free(k->tp->ctx, k);
     return DDP_SUCCESS;
 }
 
@@ -560,14 +551,14 @@ static ddp_result_t _ddp_tcp_finalize(void *state) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
     int i, n;
     if (!tp) return DDP_SUCCESS;
-    n = tp->comm->nranks;   /* not ddp_comm_size: destroy has already unlisted the comm */
+    n = tp->ctx->nranks;
     if (tp->listen_fd >= 0) close(tp->listen_fd);
     for (i = 0; i < tp->npending; i++) close(tp->pending[i].fd);
     for (i = 0; tp->ready && i < n; i++) _ddp_tcp_close(tp->ready[i]);
     for (i = 0; tp->dial && i < n; i++) if (tp->dial[i].fd >= 0) close(tp->dial[i].fd);
-    ddp_comm_free(tp->comm, tp->ready);
-    ddp_comm_free(tp->comm, tp->dial);
-    ddp_comm_free(tp->comm, tp);
+    ddp_transport_free(tp->ctx, tp->ready);
+    ddp_transport_free(tp->ctx, tp->dial);
+    ddp_transport_free(tp->ctx, tp);
     return DDP_SUCCESS;
 }
 
@@ -575,17 +566,11 @@ static const ddp_transport_t _ddp_tcp_transport = {
     DDP_TRANSPORT_VERSION, "tcp", 10,
     _ddp_tcp_init, _ddp_tcp_reachable, _ddp_tcp_connect, _ddp_tcp_accept,
     NULL, NULL, _ddp_tcp_isend, _ddp_tcp_irecv, _ddp_tcp_test, _ddp_tcp_wait,
-    _ddp_tcp_close, _ddp_tcp_finalize, NULL,
+    _ddp_tcp_close, _ddp_tcp_finalize, NULL, NULL,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_tcp(void) { return &_ddp_tcp_transport; }
 
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((constructor)) static void _ddp_tcp_register(void) {
-    ddp_transport_register(&_ddp_tcp_transport);
-}
-#else
-#error "transports/ddp_tcp.h: registration needs a constructor (GCC/Clang)"
-#endif
+_DDP_TRANSPORT_CONSTRUCTOR(_ddp_tcp_register) { ddp_transport_register(&_ddp_tcp_transport); }
 
 #endif /* DDP_TCP implementation */

@@ -1,10 +1,10 @@
 /* transports/ddp_threads.h — libddp's in-process transport: ranks that are threads of one
  * process reduce and copy straight from each other's buffers (no staging copy, no socket).
  *
- * Include after ddp.h; in the file that defines DDP_IMPLEMENTATION this compiles the transport
- * and registers it (priority 30, above shm's 20 and TCP's 10), so "auto" uses it for every peer
- * in this same process, and ddp_comm_init_threads prefers it. Peers in other processes of the
- * same communicator still go over shm, TCP or RDMA:
+ * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it
+ * (priority 30, above shm's 20 and TCP's 10), so "auto" uses it for every peer in this same
+ * process, and ddp_comm_init_threads prefers it. Peers in other processes of the same
+ * communicator still go over shm, TCP or RDMA:
  *
  *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
@@ -16,7 +16,8 @@
  *     ddp_comm_init_threads(comms, 4, NULL);      (then one thread per comms[i])
  *
  * Needs libc and pthreads (and the futex system call on Linux; elsewhere a sleeping rank naps
- * 1 ms at a time).
+ * 1 ms at a time). It sees its communicator only through the ddp_transport_ctx_t given to init
+ * (transports/ddp_transport.h).
  *
  * REACHABILITY. Each rank publishes its pid, a random 64-bit number drawn once per process and
  * the address of the process-wide registry; a peer is reachable only when all three equal ours.
@@ -63,10 +64,11 @@
  * process may use), then sleep on a futex in the waiter's endpoint; a rank that publishes
  * progress, completes a peer's request or closes wakes the peers that said they sleep. Every
  * wait honours the communicator's timeout (DDP_ERR_TIMEOUT naming the rank that did not arrive
- * and the phase), sees ddp_comm_abort within a millisecond while spinning and 10 ms asleep
- * (DDP_ERR_ABORTED), and a peer that closed its communicator (destroyed, aborted or failed:
- * DDP_ERR_REMOTE naming it). A failed call returns only after ddp.h closed the connections, and
- * closing waits until no peer can still be reading or writing this rank's buffers.
+ * and the phase), sees ddp_comm_abort within a millisecond (DDP_ERR_ABORTED; the transport's
+ * abort entry wakes a sleeping rank), and a peer that closed its communicator (destroyed,
+ * aborted or failed: DDP_ERR_REMOTE naming it). A failed call returns only after the
+ * communicator closed the connections, and closing waits until no peer can still be reading or
+ * writing this rank's buffers.
  *
  * MEASURED (2-core AMD EPYC VM, 2 thread ranks, float64, medians of many runs; shm's in
  * brackets): all-reduce 8 B 0.24-0.27 us (0.25-0.28), 8 KiB 0.74-0.84 (1.0-1.4), 64 KiB 3.7-4.5
@@ -87,11 +89,25 @@
  *   DDP_THREADS_SPIN_US       spin before sleeping (default: DDP_SPIN_US if set, else 2000 us
  *                             with a CPU per rank, 50 us with more ranks than CPUs, as shm).
  */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_THREADS_IMPLEMENTATION)
+#define DDP_THREADS_IMPLEMENTATION
+#endif
+#if defined(DDP_THREADS_IMPLEMENTATION)
+#ifndef DDP_TRANSPORT_IMPLEMENTATION
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#ifndef DDP_KERNELS_IMPLEMENTATION
+#define DDP_KERNELS_IMPLEMENTATION
+#endif
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_transport.h"
+#include "../ddp_kernels.h"
+
 #ifndef DDP_THREADS_H_INCLUDED
 #define DDP_THREADS_H_INCLUDED
-#ifndef DDP_H_INCLUDED
-#error "transports/ddp_threads.h: include ddp.h first"
-#endif
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -101,12 +117,10 @@ DDP_API const ddp_transport_t *ddp_transport_threads(void);
 #endif
 #endif /* DDP_THREADS_H_INCLUDED */
 
-#if defined(DDP_IMPLEMENTATION) && !defined(DDP_THREADS_IMPL_INCLUDED)
+#if defined(DDP_THREADS_IMPLEMENTATION) && !defined(DDP_THREADS_IMPL_INCLUDED)
 #define DDP_THREADS_IMPL_INCLUDED
-
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED)
+#error "transports/ddp_threads.h's implementation needs ddp_transport.h's and ddp_kernels.h's (define DDP_IMPLEMENTATION)"
 #endif
 
 #define _DDP_THR_MAGIC 0x44445448u      /* "DDTH": published address */
@@ -117,9 +131,6 @@ DDP_API const ddp_transport_t *ddp_transport_threads(void);
 #define _DDP_THR_BLOCK (16u << 10)      /* reduction block: stays in L1 */
 #define _DDP_THR_SLICE_MS 10            /* longest sleep between abort/peer checks */
 #define _DDP_THR_LINE 64
-
-/* The signature of one collective call: ranks that called something else are named. */
-typedef struct { int32_t kind, dtype, op, root; uint64_t count; } _ddp_thr_sig_t;
 
 enum { _DDP_THR_FREE, _DDP_THR_POSTED, _DDP_THR_DONE, _DDP_THR_FAILED };
 
@@ -160,13 +171,12 @@ typedef union {
  * all-reduce costs a rank one cache line per peer. */
 typedef struct {
     uint64_t step;                    /* the step at which this slot was published (atomic) */
-    _ddp_thr_sig_t sig;
+    _ddp_transport_sig_t sig;
     unsigned char data[_DDP_THR_INLINE];
 } _ddp_thr_slot_t;
 #define _DDP_THR_HEAD (_DDP_THR_LINE - offsetof(_ddp_thr_slot_t, data))   /* data bytes in line 1 */
 #define _DDP_THR_SLOT_BYTES ((sizeof(_ddp_thr_slot_t) + _DDP_THR_LINE - 1) / _DDP_THR_LINE * _DDP_THR_LINE)
 typedef struct { const void *send[2]; void *recv[2]; } _ddp_thr_bufs_t;
-typedef struct { uint32_t doorbell, sleeping; } _ddp_thr_bell_t;
 typedef struct { uint32_t closed, busy; } _ddp_thr_flags_t;
 
 /* One rank's endpoint: what its peers read. Each line has one writer, except the wake-up line
@@ -178,7 +188,7 @@ typedef struct _ddp_thr_ep {
     /* buffers of collective n in send/recv[n & 1] (owner writes, at the collective's start) */
     union { _ddp_thr_bufs_t v; unsigned char line[_DDP_THR_LINE]; } bufs;
     /* futex word (anyone bumps it) and "the owner sleeps on it" */
-    union { _ddp_thr_bell_t v; unsigned char line[_DDP_THR_LINE]; } bell;
+    union { _ddp_transport_bell_t v; unsigned char line[_DDP_THR_LINE]; } bell;
     /* closed: the owner closed its connections (gone, aborted or failed); busy: the owner is
      * inside a collective that may touch its peers' buffers */
     union { _ddp_thr_flags_t v; unsigned char line[_DDP_THR_LINE]; } flags;
@@ -204,10 +214,11 @@ typedef struct _ddp_thr_conn {
 typedef struct { uint32_t magic, version; int32_t pid; uint32_t pad; uint64_t nonce, registry; } _ddp_thr_addr_t;
 
 typedef struct _ddp_thr {
-    ddp_comm_t *comm;
+    const ddp_transport_ctx_t *ctx;
     int rank, nranks;
     _ddp_thr_addr_t addr;             /* what this rank published */
-    _ddp_thr_ep_t *me;                /* registered by the first reachable() */
+    _ddp_thr_ep_t *me;                /* registered by the first reachable() (atomic: abort()
+                                       * reads it from any thread) */
     int setup_failed;
     _ddp_thr_conn_t **conns;          /* by rank */
     /* collectives */
@@ -256,52 +267,8 @@ static void _ddp_thr_ep_release(_ddp_thr_ep_t *e) {
 }
 
 /* ---------------------------------------------------------------- small helpers */
-static inline void _ddp_thr_pause(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-/* Wakes the owner of e if it said it sleeps. The caller published its progress (or flag) with
- * a sequentially consistent store first; the sleeper stores sleeping = 1 (seq_cst) and then
- * re-checks: one of the two always sees the other. */
-static void _ddp_thr_wake(_ddp_thr_ep_t *e) {
-    if (__atomic_load_n(&e->bell.v.sleeping, __ATOMIC_SEQ_CST)) {
-        __atomic_add_fetch(&e->bell.v.doorbell, 1u, __ATOMIC_SEQ_CST);
-#if defined(__linux__)
-        syscall(SYS_futex, &e->bell.v.doorbell, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-#endif
-    }
-}
-
-/* Sleeps while e's doorbell still reads `bell`, at most ms. */
-static void _ddp_thr_sleep(_ddp_thr_ep_t *e, uint32_t bell, int ms) {
-#if defined(__linux__)
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    syscall(SYS_futex, &e->bell.v.doorbell, FUTEX_WAIT_PRIVATE, bell, &ts, NULL, 0);
-#else
-    (void)e; (void)bell;
-    usleep(ms > 1 ? 1000 : (useconds_t)ms * 1000);
-#endif
-}
-
-static ddp_result_t _ddp_thr_fail(_ddp_thr_t *tp, ddp_result_t r, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static ddp_result_t _ddp_thr_fail(_ddp_thr_t *tp, ddp_result_t r, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return ddp_comm_fail(tp->comm, r, "threads: %s", msg);
-}
+/* Wakes the owner of e if it said it sleeps (private futex: the word is in this process). */
+static inline void _ddp_thr_wake(_ddp_thr_ep_t *e) { _ddp_transport_bell_ring(&e->bell.v, 0); }
 
 /* Waits until e's owner is inside no collective (so it no longer touches our buffers): short,
  * because a rank in a collective sees our closed flag within a millisecond and gives up. Bounded
@@ -310,12 +277,12 @@ static void _ddp_thr_wait_idle(_ddp_thr_t *tp, _ddp_thr_ep_t *e) {
     int64_t start = 0, now;
     int spins = 0;
     while (__atomic_load_n(&e->flags.v.busy, __ATOMIC_ACQUIRE)) {
-        if (spins < 64) { spins++; _ddp_thr_pause(); continue; }
+        if (spins < 64) { spins++; _ddp_transport_pause(); continue; }
         now = _ddp_now_us();
         if (!start) start = now;
-        if (tp->comm->timeout_ms >= 0 && now - start > (int64_t)tp->comm->timeout_ms * 1000) {
-            _DDP_LOG(tp->comm, DDP_LOG_WARN, "threads: rank %d still inside a collective after %d ms; "
-                     "closing anyway", e->rank, tp->comm->timeout_ms);
+        if (tp->ctx->timeout_ms >= 0 && now - start > (int64_t)tp->ctx->timeout_ms * 1000) {
+            _DDP_TLOG(tp->ctx, DDP_LOG_WARN, "threads: rank %d still inside a collective after %d "
+                      "ms; closing anyway", e->rank, tp->ctx->timeout_ms);
             return;
         }
         _ddp_thr_wake(e);
@@ -324,13 +291,13 @@ static void _ddp_thr_wait_idle(_ddp_thr_t *tp, _ddp_thr_ep_t *e) {
 }
 
 /* ---------------------------------------------------------------- setup */
-static ddp_result_t _ddp_thr_init(ddp_comm_t *c, void **state) {
+static ddp_result_t _ddp_thr_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_thr_t *tp;
     ddp_result_t r;
     *state = NULL;
-    tp = (_ddp_thr_t *)ddp_comm_calloc(c, sizeof *tp);
-    if (!tp) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: init");
-    tp->comm = c;
+    tp = (_ddp_thr_t *)ddp_transport_calloc(c, sizeof *tp);
+    if (!tp) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: init");
+    tp->ctx = c;
     tp->rank = c->rank;
     tp->nranks = c->nranks;
     tp->addr.magic = _DDP_THR_MAGIC;
@@ -340,9 +307,9 @@ static ddp_result_t _ddp_thr_init(ddp_comm_t *c, void **state) {
     pthread_mutex_unlock(&_ddp_thr_mu);
     tp->addr.pid = (int32_t)getpid();
     tp->addr.registry = (uint64_t)(uintptr_t)&_ddp_thr_registry;
-    r = ddp_comm_publish(c, "threads", &tp->addr, sizeof tp->addr);
+    r = c->publish(c->host, "threads", &tp->addr, sizeof tp->addr);
     if (r != DDP_SUCCESS) {
-        ddp_comm_free(c, tp);
+        ddp_transport_free(c, tp);
         return r;
     }
     *state = tp;
@@ -352,16 +319,16 @@ static ddp_result_t _ddp_thr_init(ddp_comm_t *c, void **state) {
 /* After the rendezvous (the communicator id is known only then): make and register this rank's
  * endpoint. Called by the first reachable(). */
 static ddp_result_t _ddp_thr_setup(_ddp_thr_t *tp) {
-    ddp_comm_t *c = tp->comm;
+    const ddp_transport_ctx_t *c = tp->ctx;
     const int n = tp->nranks;
     _ddp_thr_ep_t *e, *x;
     void *raw;
     int i, dup = 0, forked;
-    tp->conns = (_ddp_thr_conn_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
+    tp->conns = (_ddp_thr_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
     raw = DDP_MALLOC(sizeof *e + _DDP_THR_LINE);
     if (!tp->conns || !raw) {
         DDP_FREE(raw);
-        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: endpoint");
+        return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: endpoint");
     }
     e = (_ddp_thr_ep_t *)(void *)((unsigned char *)raw +
                                   ((_DDP_THR_LINE - (uintptr_t)raw % _DDP_THR_LINE) % _DDP_THR_LINE));
@@ -370,11 +337,11 @@ static ddp_result_t _ddp_thr_setup(_ddp_thr_t *tp) {
     e->inbox = (_ddp_thr_chan_slot_t *)DDP_MALLOC(sizeof *e->inbox * (size_t)n);
     if (!e->inbox) {
         DDP_FREE(raw);
-        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: endpoint");
+        return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: endpoint");
     }
     memset(e->inbox, 0, sizeof *e->inbox * (size_t)n);
     for (i = 0; i < n; i++) pthread_mutex_init(&e->inbox[i].c.mu, NULL);
-    e->comm_id = ddp_comm_id(c);
+    e->comm_id = c->comm_id;
     e->rank = tp->rank;
     e->nranks = n;
     e->refs = 1;
@@ -389,32 +356,29 @@ static ddp_result_t _ddp_thr_setup(_ddp_thr_t *tp) {
     pthread_mutex_unlock(&_ddp_thr_mu);
     if (dup || forked) {
         _ddp_thr_ep_release(e);
-        return ddp_comm_fail(c, DDP_ERR_INTERNAL, "threads: %s", forked
-                             ? "the process forked between init and connecting"
-                             : "this communicator id and rank are registered twice in this process");
+        return ddp_transport_fail(c, DDP_ERR_INTERNAL, "threads: %s", forked
+                                  ? "the process forked between init and connecting"
+                                  : "this communicator id and rank are registered twice in this process");
     }
-    tp->me = e;
+    __atomic_store_n(&tp->me, e, __ATOMIC_RELEASE);
     return DDP_SUCCESS;
 }
 
 static int _ddp_thr_reachable(void *state, int peer) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
-    ddp_comm_t *c = tp->comm;
+    const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_thr_addr_t a;
-    char key[256];
     size_t len = 0;
-    int exists = 0;
     if (!tp->me) {
         if (tp->setup_failed) return 0;
         if (_ddp_thr_setup(tp) != DDP_SUCCESS) { tp->setup_failed = 1; return 0; }
     }
     /* Same process means same host: skip the store for everyone else. */
-    if (strcmp(ddp_comm_host_id(c, peer), ddp_comm_host_id(c, tp->rank)) != 0) return 0;
+    if (strcmp(c->host_id(c->host, peer), c->host_id(c->host, tp->rank)) != 0) return 0;
     /* A peer without this transport (another binary, another DDP_TRANSPORT) published nothing:
      * ask first, since a lookup would wait for the key until the timeout. */
-    _ddp_key(c, key, sizeof key, "addr/%s/%d", "threads", peer);
-    if (ddp_store_check(c->store, key, &exists) != DDP_SUCCESS || !exists) return 0;
-    if (ddp_comm_lookup(c, "threads", peer, &a, sizeof a, &len) != DDP_SUCCESS || len != sizeof a)
+    if (!c->published(c->host, "threads", peer)) return 0;
+    if (c->lookup(c->host, "threads", peer, &a, sizeof a, &len) != DDP_SUCCESS || len != sizeof a)
         return 0;
     return a.magic == _DDP_THR_MAGIC && a.version == _DDP_THR_VERSION && a.pid == tp->addr.pid &&
            a.nonce == tp->addr.nonce && a.registry == tp->addr.registry;
@@ -425,12 +389,12 @@ static int _ddp_thr_reachable(void *state, int peer) {
  * the peer is in this process. */
 static ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
-    ddp_comm_t *c = tp->comm;
+    const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_thr_ep_t *x;
     _ddp_thr_conn_t *k;
     int i;
     *conn = NULL;
-    if (!tp->me) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "threads: connect before setup");
+    if (!tp->me) return ddp_transport_fail(c, DDP_ERR_INTERNAL, "threads: connect before setup");
     pthread_mutex_lock(&_ddp_thr_mu);
     for (x = _ddp_thr_registry; x; x = x->next)
         if (x->comm_id == tp->me->comm_id && x->rank == peer) break;
@@ -439,13 +403,13 @@ static ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
     if (!x) return DDP_SUCCESS;
     if (x->nranks != tp->nranks) {
         _ddp_thr_ep_release(x);
-        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "threads: rank %d has %d ranks, this rank %d",
-                             peer, x->nranks, tp->nranks);
+        return ddp_transport_fail(c, DDP_ERR_MISMATCH, "threads: rank %d has %d ranks, this rank %d",
+                                  peer, x->nranks, tp->nranks);
     }
-    k = (_ddp_thr_conn_t *)ddp_comm_calloc(c, sizeof *k);
+    k = (_ddp_thr_conn_t *)ddp_transport_calloc(c, sizeof *k);
     if (!k) {
         _ddp_thr_ep_release(x);
-        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: connection");
+        return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "threads: connection");
     }
     k->tp = tp;
     k->peer = peer;
@@ -459,7 +423,7 @@ static ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
     }
     tp->conns[peer] = k;
     *conn = k;
-    _DDP_LOG(c, DDP_LOG_TRACE, "threads: connected to rank %d (same process)", peer);
+    _DDP_TLOG(c, DDP_LOG_TRACE, "threads: connected to rank %d (same process)", peer);
     return DDP_SUCCESS;
 }
 
@@ -469,7 +433,7 @@ static _ddp_thr_req_t *_ddp_thr_req_get(_ddp_thr_conn_t *k) {
     if (!k->free_list) {
         /* A burst beyond the pool (a group posting more than the window, a transport user
          * with many requests): 32 more, kept until close. */
-        _ddp_thr_chunk_t *ch = (_ddp_thr_chunk_t *)ddp_comm_calloc(k->tp->comm, sizeof *ch);
+        _ddp_thr_chunk_t *ch = (_ddp_thr_chunk_t *)ddp_transport_calloc(k->tp->ctx, sizeof *ch);
         int i;
         if (!ch) return NULL;
         ch->next = k->chunks;
@@ -504,15 +468,16 @@ static int _ddp_thr_unlink(_ddp_thr_chan_t *ch, _ddp_thr_req_t *q) {
     return 1;
 }
 
-/* "collective #N (signature S)" for a tag made by ddp.h (digest << 32 | sequence). */
+/* "collective #N (signature S)" for a tag made by the communicator (digest << 32 | sequence). */
 static ddp_result_t _ddp_thr_mismatch(_ddp_thr_t *tp, int peer, int i_send, uint64_t my_tag,
                                       size_t my_len, uint64_t their_tag, size_t their_len) {
-    return _ddp_thr_fail(tp, DDP_ERR_MISMATCH, "rank %d %s message #%u (signature %08x) of %zu "
-                         "bytes, this rank %s #%u (signature %08x) of %zu bytes: the ranks called "
-                         "different collectives, dtypes, ops, roots or counts", peer,
-                         i_send ? "posted a receive for" : "sent", (unsigned)(their_tag & 0xffffffffu),
-                         (unsigned)(their_tag >> 32), their_len, i_send ? "sent" : "expected",
-                         (unsigned)(my_tag & 0xffffffffu), (unsigned)(my_tag >> 32), my_len);
+    return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: rank %d %s message #%u "
+                              "(signature %08x) of %zu bytes, this rank %s #%u (signature %08x) of "
+                              "%zu bytes: the ranks called different collectives, dtypes, ops, "
+                              "roots or counts", peer, i_send ? "posted a receive for" : "sent",
+                              (unsigned)(their_tag & 0xffffffffu), (unsigned)(their_tag >> 32),
+                              their_len, i_send ? "sent" : "expected",
+                              (unsigned)(my_tag & 0xffffffffu), (unsigned)(my_tag >> 32), my_len);
 }
 
 static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char *buf, size_t len,
@@ -522,7 +487,9 @@ static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char
     _ddp_thr_req_t *q, *o;
     *req = NULL;
     q = _ddp_thr_req_get(k);
-    if (!q) return _ddp_thr_fail(tp, DDP_ERR_OUT_OF_MEMORY, "requests to rank %d", k->peer);
+    if (!q)
+        return ddp_transport_fail(tp->ctx, DDP_ERR_OUT_OF_MEMORY, "threads: requests to rank %d",
+                                  k->peer);
     q->buf = buf;
     q->len = len;
     q->tag = tag;
@@ -533,10 +500,12 @@ static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char
         int closed = (int)__atomic_load_n(&ch->closed, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ch->mu);
         _ddp_thr_req_put(k, q);
-        return closed ? _ddp_thr_fail(tp, DDP_ERR_REMOTE, "rank %d closed the connection (its "
-                                      "communicator was destroyed, aborted or failed)", k->peer)
-                      : _ddp_thr_fail(tp, DDP_ERR_MISMATCH, "an earlier message with rank %d did "
-                                      "not match: the connection is unusable", k->peer);
+        if (closed)
+            return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the "
+                                      "connection (its communicator was destroyed, aborted or "
+                                      "failed)", k->peer);
+        return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message with "
+                                  "rank %d did not match: the connection is unusable", k->peer);
     }
     o = is_send ? ch->rh : ch->sh;
     if (!o) {
@@ -621,12 +590,14 @@ static ddp_result_t _ddp_thr_test(void *req, int *done) {
     if (q->err == DDP_ERR_MISMATCH && q->other_len != (size_t)-1)
         return _ddp_thr_mismatch(k->tp, k->peer, q->is_send, q->tag, q->len, q->other_tag, q->other_len);
     if (q->err == DDP_ERR_MISMATCH)
-        return _ddp_thr_fail(k->tp, DDP_ERR_MISMATCH, "an earlier message with rank %d did not "
-                             "match: the connection is unusable", k->peer);
-    return _ddp_thr_fail(k->tp, DDP_ERR_REMOTE, "rank %d closed the connection (its communicator "
-                         "was destroyed, aborted or failed) while this rank %s %zu bytes (message "
-                         "#%u)", k->peer, q->is_send ? "sent it" : "waited for", q->len,
-                         (unsigned)(q->tag & 0xffffffffu));
+        return ddp_transport_fail(k->tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message "
+                                  "with rank %d did not match: the connection is unusable",
+                                  k->peer);
+    return ddp_transport_fail(k->tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the connection "
+                              "(its communicator was destroyed, aborted or failed) while this "
+                              "rank %s %zu bytes (message #%u)", k->peer,
+                              q->is_send ? "sent it" : "waited for", q->len,
+                              (unsigned)(q->tag & 0xffffffffu));
 }
 
 /* 1 if one of k's requests finished or failed since it was posted, or the connection closed. */
@@ -646,16 +617,23 @@ static int _ddp_thr_conn_ready(_ddp_thr_conn_t *k) {
 
 static ddp_result_t _ddp_thr_wait(void *state, void *const *conns, int n, int timeout_ms) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
-    uint32_t bell;
+    uint32_t seen;
     int i, ms = timeout_ms < 0 || timeout_ms > _DDP_THR_SLICE_MS ? _DDP_THR_SLICE_MS : timeout_ms;
     if (ms <= 0 || !tp->me) return DDP_SUCCESS;
-    __atomic_store_n(&tp->me->bell.v.sleeping, 1u, __ATOMIC_SEQ_CST);
-    bell = __atomic_load_n(&tp->me->bell.v.doorbell, __ATOMIC_SEQ_CST);
-    for (i = 0; i < n; i++)
-        if (_ddp_thr_conn_ready((_ddp_thr_conn_t *)conns[i])) { ms = 0; break; }
-    if (ms > 0) _ddp_thr_sleep(tp->me, bell, ms);
-    __atomic_store_n(&tp->me->bell.v.sleeping, 0u, __ATOMIC_SEQ_CST);
+    seen = _ddp_transport_bell_arm(&tp->me->bell.v);
+    if (ddp_transport_aborted(tp->ctx)) ms = 0;
+    for (i = 0; i < n && ms > 0; i++)
+        if (_ddp_thr_conn_ready((_ddp_thr_conn_t *)conns[i])) ms = 0;
+    _ddp_transport_bell_sleep(&tp->me->bell.v, seen, ms, 0);
     return DDP_SUCCESS;
+}
+
+/* Any thread, after the abort flag was set: wake this rank if it sleeps on its endpoint's bell
+ * (every wait re-checks the flag after arming the bell, so the ring is never lost). */
+static void _ddp_thr_abort(void *state) {
+    _ddp_thr_t *tp = (_ddp_thr_t *)state;
+    _ddp_thr_ep_t *me = tp ? __atomic_load_n(&tp->me, __ATOMIC_ACQUIRE) : NULL;
+    if (me) _ddp_thr_wake(me);
 }
 
 /* Under ch->mu: marks the channel closed and takes our own waiting requests out of it. */
@@ -686,16 +664,16 @@ static ddp_result_t _ddp_thr_close(void *conn) {
     _ddp_thr_chan_close(k->in, 0);
     _ddp_thr_wake(k->pep);
     while (__atomic_load_n(&k->out->copying, __ATOMIC_ACQUIRE) || __atomic_load_n(&k->in->copying, __ATOMIC_ACQUIRE))
-        if (spins < 64) { spins++; _ddp_thr_pause(); } else sched_yield();
+        if (spins < 64) { spins++; _ddp_transport_pause(); } else sched_yield();
     _ddp_thr_wait_idle(tp, k->pep);
     if (tp->conns[k->peer] == k) tp->conns[k->peer] = NULL;
     tp->coll_enabled = 0;
     _ddp_thr_ep_release(k->pep);
     for (ch = k->chunks; ch; ch = next) {
         next = ch->next;
-        ddp_comm_free(tp->comm, ch);
+        ddp_transport_free(tp->ctx, ch);
     }
-    ddp_comm_free(tp->comm, k);
+    ddp_transport_free(tp->ctx, k);
     return DDP_SUCCESS;
 }
 
@@ -713,37 +691,16 @@ static ddp_result_t _ddp_thr_finalize(void *state) {
         pthread_mutex_unlock(&_ddp_thr_mu);
         _ddp_thr_ep_release(tp->me);
     }
-    ddp_comm_free(tp->comm, tp->conns);
-    ddp_comm_free(tp->comm, tp->eps);
-    ddp_comm_free(tp->comm, (void *)tp->sendp);
-    ddp_comm_free(tp->comm, tp->recvp);
-    ddp_comm_free(tp->comm, tp->tmp);
-    ddp_comm_free(tp->comm, tp);
+    ddp_transport_free(tp->ctx, tp->conns);
+    ddp_transport_free(tp->ctx, tp->eps);
+    ddp_transport_free(tp->ctx, (void *)tp->sendp);
+    ddp_transport_free(tp->ctx, tp->recvp);
+    ddp_transport_free(tp->ctx, tp->tmp);
+    ddp_transport_free(tp->ctx, tp);
     return DDP_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- collectives */
-enum { _DDP_THR_AR = 1, _DDP_THR_RS, _DDP_THR_AG, _DDP_THR_BC, _DDP_THR_BARRIER };
-static const char *const _ddp_thr_kind_names[] = {"?", "all_reduce", "reduce_scatter",
-                                                  "all_gather", "broadcast", "barrier"};
-
-static void _ddp_thr_sig_str(const _ddp_thr_sig_t *g, char *out, size_t cap) {
-    int k = g->kind >= 1 && g->kind <= _DDP_THR_BARRIER ? g->kind : 0;
-    snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_thr_kind_names[k],
-             (unsigned long long)g->count, ddp_dtype_name((ddp_dtype_t)g->dtype),
-             k == _DDP_THR_AR || k == _DDP_THR_RS ? ", " : "",
-             k == _DDP_THR_AR || k == _DDP_THR_RS ? ddp_op_name((ddp_op_t)g->op) : "", g->root);
-}
-
-static void _ddp_thr_signature(_ddp_thr_sig_t *g, int kind, ddp_dtype_t dtype, ddp_op_t op,
-                               size_t count, int root) {
-    g->kind = kind;
-    g->dtype = (int32_t)dtype;
-    g->op = (int32_t)op;
-    g->root = root;
-    g->count = count;
-}
-
 /* A rank that closed its communicator, or -1: preferably one that never reached step `target`
  * (it left; the others may have failed only because of it). */
 static int _ddp_thr_closed_peer(const _ddp_thr_t *tp, uint64_t target) {
@@ -773,13 +730,14 @@ static void _ddp_thr_publish(_ddp_thr_t *tp, int arrive) {
 /* Waits until every other rank has published step tp->phase; with sig (the first step of a
  * collective: watch the slots), checks that they called the same thing. Spin, then yield, then
  * sleep; the clock is read only now and then. */
-static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_thr_sig_t *sig, int kind,
+static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, int kind,
                                       const char *step) {
     const uint64_t target = tp->phase;
     const int p = tp->nranks, slot = (int)(tp->ncoll & 1);
-    ddp_comm_t *c = tp->comm;
-    int q = 0, spins = 0;
-    int64_t start = 0, now, deadline = 0, next_check = 0;
+    const ddp_transport_ctx_t *c = tp->ctx;
+    _ddp_transport_spin_t s;
+    int q = 0;
+    _ddp_transport_spin_start(&s, tp->spin_us, tp->oversubscribed, c->timeout_ms);
     while (q < p) {
         _ddp_thr_ep_t *e;
         const uint64_t *word;
@@ -787,61 +745,51 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_thr_sig_t *sig,
         e = tp->eps[q];
         word = sig ? &e->slot[slot].v.step : &e->phase.v;
         if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) {
-            const _ddp_thr_sig_t *g = &e->slot[slot].v.sig;
-            if (sig && (g->kind != sig->kind || g->dtype != sig->dtype || g->op != sig->op ||
-                        g->root != sig->root || g->count != sig->count)) {
+            const _ddp_transport_sig_t *g = &e->slot[slot].v.sig;
+            if (sig && _ddp_transport_sig_differs(g, sig)) {
                 char theirs[160], ours[160];
-                _ddp_thr_sig_str(g, theirs, sizeof theirs);
-                _ddp_thr_sig_str(sig, ours, sizeof ours);
-                return _ddp_thr_fail(tp, DDP_ERR_MISMATCH, "rank %d called %s, this rank %s: the "
-                                     "ranks called different collectives, dtypes, ops, roots or "
-                                     "counts", q, theirs, ours);
+                _ddp_transport_sig_str(g, theirs, sizeof theirs);
+                _ddp_transport_sig_str(sig, ours, sizeof ours);
+                return ddp_transport_fail(c, DDP_ERR_MISMATCH, "threads: rank %d called %s, this "
+                                          "rank %s: the ranks called different collectives, "
+                                          "dtypes, ops, roots or counts", q, theirs, ours);
             }
             q++;
             continue;
         }
-        if (spins < 64 && !tp->oversubscribed) { spins++; _ddp_thr_pause(); continue; }
-        if (++spins == 1 << 30) spins = 64;
-        now = _ddp_now_us();
-        if (!start) {
-            start = now;
-            deadline = c->timeout_ms < 0 ? 0 : now + (int64_t)c->timeout_ms * 1000;
-            next_check = now + 1000;
-        }
-        if (now >= next_check) {
+        if (_ddp_transport_spin_fast(&s)) continue;
+        if (_ddp_transport_spin_tick(&s)) {
             int gone;
-            next_check = now + 1000;
-            if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
-                return _ddp_thr_fail(tp, DDP_ERR_ABORTED, "%s (phase %s), waiting for rank %d: "
-                                     "ddp_comm_abort was called on this rank",
-                                     _ddp_thr_kind_names[kind], step, q);
+            if (ddp_transport_aborted(c))
+                return ddp_transport_fail(c, DDP_ERR_ABORTED, "threads: %s (phase %s), waiting for "
+                                          "rank %d: ddp_comm_abort was called on this rank",
+                                          _ddp_transport_sig_kind(kind), step, q);
             /* A peer that closed will not come; the one we wait for may still have arrived
              * meanwhile (the closer left after the end of this step): look again first. */
             if ((gone = _ddp_thr_closed_peer(tp, target)) >= 0 &&
                 __atomic_load_n(word, __ATOMIC_SEQ_CST) < target)
-                return _ddp_thr_fail(tp, DDP_ERR_REMOTE, "rank %d closed the connection (its "
-                                     "communicator was destroyed, aborted or failed) during %s "
-                                     "(phase %s)", gone, _ddp_thr_kind_names[kind], step);
-            if (deadline && now >= deadline)
-                return _ddp_thr_fail(tp, DDP_ERR_TIMEOUT, "%s (phase %s): rank %d did not arrive "
-                                     "within %d ms", _ddp_thr_kind_names[kind], step, q, c->timeout_ms);
+                return ddp_transport_fail(c, DDP_ERR_REMOTE, "threads: rank %d closed the "
+                                          "connection (its communicator was destroyed, aborted or "
+                                          "failed) during %s (phase %s)", gone,
+                                          _ddp_transport_sig_kind(kind), step);
+            if (_ddp_transport_spin_expired(&s)) {
+                if (c->waiting_on) *c->waiting_on = q;
+                return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "threads: %s (phase %s): rank %d did "
+                                          "not arrive within %d ms", _ddp_transport_sig_kind(kind),
+                                          step, q, s.timeout_ms);
+            }
         }
-        if (now - start < tp->spin_us) {
-            /* Yield now and then even with a CPU per rank: other threads may want this CPU. */
-            if (tp->oversubscribed || (spins & 7) == 0) sched_yield();
-            else { int j; for (j = 0; j < 32; j++) _ddp_thr_pause(); }
-            continue;
-        }
+        if (_ddp_transport_spin_slow(&s)) continue;
         {
-            uint32_t bell;
             int ms = _DDP_THR_SLICE_MS;
-            if (deadline && (deadline - now) / 1000 + 1 < ms) ms = (int)((deadline - now) / 1000) + 1;
-            __atomic_store_n(&tp->me->bell.v.sleeping, 1u, __ATOMIC_SEQ_CST);
-            bell = __atomic_load_n(&tp->me->bell.v.doorbell, __ATOMIC_SEQ_CST);
-            if (__atomic_load_n(word, __ATOMIC_SEQ_CST) < target &&
-                _ddp_thr_closed_peer(tp, target) < 0 && !__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
-                _ddp_thr_sleep(tp->me, bell, ms);
-            __atomic_store_n(&tp->me->bell.v.sleeping, 0u, __ATOMIC_SEQ_CST);
+            uint32_t seen;
+            if (s.deadline && (s.deadline - s.now) / 1000 + 1 < ms)
+                ms = (int)((s.deadline - s.now) / 1000) + 1;
+            seen = _ddp_transport_bell_arm(&tp->me->bell.v);
+            if (__atomic_load_n(word, __ATOMIC_SEQ_CST) >= target ||
+                _ddp_thr_closed_peer(tp, target) >= 0 || ddp_transport_aborted(c))
+                ms = 0;
+            _ddp_transport_bell_sleep(&tp->me->bell.v, seen, ms, 0);
         }
     }
     return DDP_SUCCESS;
@@ -852,15 +800,15 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_thr_sig_t *sig,
  * we theirs; `busy` is then set first and the peers' closed flags read after the wait (a Dekker
  * pair with _ddp_thr_close: either we see a peer closed and touch nothing of it, or it sees us
  * busy and waits before its owner may reuse or free its buffers). */
-static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_thr_sig_t *sig, const void *send,
+static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, const void *send,
                                     void *recv, const void *inl, size_t inl_bytes, int zero_copy) {
     const int slot = (int)(tp->ncoll & 1);
     _ddp_thr_ep_t *e = tp->me;
     ddp_result_t r;
     int q;
     if (!tp->coll_enabled)
-        return _ddp_thr_fail(tp, DDP_ERR_INTERNAL, "%s: a connection is closed",
-                             _ddp_thr_kind_names[sig->kind]);
+        return ddp_transport_fail(tp->ctx, DDP_ERR_INTERNAL, "threads: %s: a connection is "
+                                  "closed", _ddp_transport_sig_kind(sig->kind));
     /* The line the peers spin on (step, signature, first data bytes) is written last, all at
      * once: writing it first would make it bounce between the cores while the rest is copied. */
     if (inl_bytes > _DDP_THR_HEAD)
@@ -875,9 +823,9 @@ static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_thr_sig_t *sig, c
     r = _ddp_thr_wait_all(tp, sig, sig->kind, "arrive");
     if (r != DDP_SUCCESS || !zero_copy) return r;
     if ((q = _ddp_thr_closed_peer(tp, tp->phase)) >= 0)
-        return _ddp_thr_fail(tp, DDP_ERR_REMOTE, "rank %d closed the connection (its communicator "
-                             "was destroyed, aborted or failed) during %s", q,
-                             _ddp_thr_kind_names[sig->kind]);
+        return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the "
+                                  "connection (its communicator was destroyed, aborted or failed) "
+                                  "during %s", q, _ddp_transport_sig_kind(sig->kind));
     for (q = 0; q < tp->nranks; q++) {
         tp->sendp[q] = (const unsigned char *)tp->eps[q]->bufs.v.send[slot];
         tp->recvp[q] = (unsigned char *)tp->eps[q]->bufs.v.recv[slot];
@@ -885,7 +833,7 @@ static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_thr_sig_t *sig, c
     return DDP_SUCCESS;
 }
 
-/* Ends the collective. A failure goes back to ddp.h, which poisons the communicator: it
+/* Ends the collective. A failure goes back to the communicator, which poisons itself: it
  * publishes the failure (so that the peers can name the first one) and then closes every
  * connection, and _ddp_thr_close marks this rank closed and waits until no peer is inside a
  * collective that may still touch our buffers, all before the call returns to the user. */
@@ -951,9 +899,9 @@ static ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t es = ddp_dtype_size(dtype), bytes = count * es;
     const int p = tp->nranks, me = tp->rank;
-    _ddp_thr_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_thr_signature(&sig, _DDP_THR_AR, dtype, op, count, 0);
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_REDUCE, dtype, op, count, 0);
     if (bytes <= tp->small_max) {
         const int slot = (int)(tp->ncoll & 1);
         r = _ddp_thr_arrive(tp, &sig, sendbuf, recvbuf, sendbuf, bytes, 0);
@@ -979,7 +927,7 @@ static ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *
             for (j = 0; j < p; j++)   /* starting with the next rank: not everyone at rank 0 */
                 _ddp_thr_push(tp->recvp[(me + 1 + j) % p] + off * es, tp->tmp, n * es);
         }
-        r = _ddp_thr_depart(tp, _DDP_THR_AR);
+        r = _ddp_thr_depart(tp, _DDP_TSIG_ALL_REDUCE);
     }
     return _ddp_thr_finish(tp, r, 1);
 }
@@ -991,9 +939,9 @@ static ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, vo
                                             size_t rc, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t es = ddp_dtype_size(dtype), total = rc * es * (size_t)tp->nranks;
-    _ddp_thr_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_thr_signature(&sig, _DDP_THR_RS, dtype, op, rc, 0);
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_REDUCE_SCATTER, dtype, op, rc, 0);
     if (total <= tp->small_max) {
         const int slot = (int)(tp->ncoll & 1);
         const size_t off = rc * es * (size_t)tp->rank;
@@ -1018,7 +966,7 @@ static ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, vo
             _ddp_thr_reduce_block(tp, tp->tmp, tp->sendp, base + off, n, dtype, op);
             memcpy((unsigned char *)recvbuf + off * es, tp->tmp, n * es);
         }
-        r = _ddp_thr_depart(tp, _DDP_THR_RS);
+        r = _ddp_thr_depart(tp, _DDP_TSIG_REDUCE_SCATTER);
     }
     return _ddp_thr_finish(tp, r, 1);
 }
@@ -1031,9 +979,9 @@ static ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t bytes = sc * ddp_dtype_size(dtype);
     const int p = tp->nranks, me = tp->rank, small = bytes <= tp->small_max;
-    _ddp_thr_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_thr_signature(&sig, _DDP_THR_AG, dtype, DDP_SUM, sc, 0);
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_GATHER, dtype, DDP_SUM, sc, 0);
     r = _ddp_thr_arrive(tp, &sig, sendbuf, recvbuf, sendbuf, small ? bytes : 0, !small);
     if (r == DDP_SUCCESS && bytes) {
         int j;
@@ -1044,7 +992,7 @@ static ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *
             else memcpy(dst, small ? tp->eps[q]->slot[tp->ncoll & 1].v.data : tp->sendp[q], bytes);
         }
     }
-    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, _DDP_THR_AG);
+    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, _DDP_TSIG_ALL_GATHER);
     return _ddp_thr_finish(tp, r, !small);
 }
 
@@ -1054,72 +1002,66 @@ static ddp_result_t _ddp_thr_broadcast(void *state, const void *sendbuf, void *r
     const size_t bytes = count * ddp_dtype_size(dtype);
     const int me = tp->rank;
     const int small = bytes <= tp->small_max;
-    _ddp_thr_sig_t sig;
+    _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_thr_signature(&sig, _DDP_THR_BC, dtype, DDP_SUM, count, root);
+    _ddp_transport_sig_set(&sig, _DDP_TSIG_BROADCAST, dtype, DDP_SUM, count, root);
     r = _ddp_thr_arrive(tp, &sig, sendbuf, recvbuf, me == root ? sendbuf : NULL,
                         me == root && small ? bytes : 0, !small);
     if (r == DDP_SUCCESS && bytes) {
         if (me == root) { if (recvbuf != sendbuf) memmove(recvbuf, sendbuf, bytes); }
         else memcpy(recvbuf, small ? tp->eps[root]->slot[tp->ncoll & 1].v.data : tp->sendp[root], bytes);
     }
-    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, _DDP_THR_BC);
+    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, _DDP_TSIG_BROADCAST);
     return _ddp_thr_finish(tp, r, !small);
 }
 
 static ddp_result_t _ddp_thr_barrier(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
-    _ddp_thr_sig_t sig;
+    _ddp_transport_sig_t sig;
     memset(&sig, 0, sizeof sig);
-    sig.kind = _DDP_THR_BARRIER;
+    sig.kind = _DDP_TSIG_BARRIER;
     return _ddp_thr_finish(tp, _ddp_thr_arrive(tp, &sig, NULL, NULL, NULL, 0, 0), 0);
 }
 
 /* The communicator asks once every peer is connected through this transport. */
 static ddp_result_t _ddp_thr_enable(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
-    ddp_comm_t *c = tp->comm;
+    const ddp_transport_ctx_t *c = tp->ctx;
     const char *s = getenv("DDP_THREADS_COLL");
     const int n = tp->nranks;
-    cpu_set_t set;
     long v;
-    int q, ncpu;
+    int q;
     if (s && !strcmp(s, "0")) {
-        _DDP_LOG(c, DDP_LOG_INFO, "threads: collectives over point-to-point (DDP_THREADS_COLL=0)");
+        _DDP_TLOG(c, DDP_LOG_INFO, "threads: collectives over point-to-point (DDP_THREADS_COLL=0)");
         return DDP_ERR_UNSUPPORTED;
     }
     if (!tp->me) return DDP_ERR_UNSUPPORTED;
     for (q = 0; q < n; q++) if (q != tp->rank && !tp->conns[q]) return DDP_ERR_UNSUPPORTED;
     if (!tp->eps) {
-        tp->eps = (_ddp_thr_ep_t **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
-        tp->sendp = (const unsigned char **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
-        tp->recvp = (unsigned char **)ddp_comm_calloc(c, sizeof(void *) * (size_t)n);
-        tp->tmp = (unsigned char *)ddp_comm_calloc(c, _DDP_THR_BLOCK);
+        tp->eps = (_ddp_thr_ep_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
+        tp->sendp = (const unsigned char **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
+        tp->recvp = (unsigned char **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
+        tp->tmp = (unsigned char *)ddp_transport_calloc(c, _DDP_THR_BLOCK);
         if (!tp->eps || !tp->sendp || !tp->recvp || !tp->tmp) {
-            _DDP_LOG(c, DDP_LOG_WARN, "threads: out of memory for the collectives; using the ring");
+            _DDP_TLOG(c, DDP_LOG_WARN, "threads: out of memory for the collectives; using the ring");
             return DDP_ERR_OUT_OF_MEMORY;
         }
     }
     for (q = 0; q < n; q++) tp->eps[q] = q == tp->rank ? tp->me : tp->conns[q]->pep;
-    ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    tp->oversubscribed = n > ncpu;
-    s = getenv("DDP_THREADS_SPIN_US");
-    if (s && _ddp_parse_long(s, 0, 10000000, &v) == 0) tp->spin_us = (int)v;
-    else if (getenv("DDP_SPIN_US") || c->spin_us != _DDP_DEFAULT_SPIN_US) tp->spin_us = c->spin_us;
     /* As shm, measured there: with a CPU each, spinning costs nothing the peer needs and a futex
      * wake-up costs tens of microseconds; oversubscribed, spinning steals the peer's CPU. */
-    else tp->spin_us = tp->oversubscribed ? 50 : 2000;
+    tp->spin_us = _ddp_transport_spin_us(c, "DDP_THREADS_SPIN_US", n, &tp->oversubscribed);
     /* Measured (2-core AMD EPYC VM, float64, medians): p = 2, one step vs two: 64 B 0.31 vs
      * 0.39 us, 512 B 0.31-0.39 vs 0.45-0.53, 1 KiB 0.39-0.51 vs 0.48-0.60; p = 4 (2 CPUs)
      * 64 B-1 KiB 3-6.5 vs 6-12 us. Two steps win from 2 KiB (p = 2: 0.48 vs 0.66 us). */
     s = getenv("DDP_THREADS_SMALL_MAX");
     tp->small_max = s && _ddp_parse_long(s, 0, _DDP_THR_INLINE, &v) == 0 ? (size_t)v : _DDP_THR_SMALL_MAX;
     tp->coll_enabled = 1;
-    _DDP_LOG(c, DDP_LOG_INFO, "threads: collectives straight from the %d ranks' buffers (same "
-             "process): all-reduce up to %zu bytes in one step through the endpoints, above: each "
-             "rank reduces its slice from every send buffer into every receive buffer (2 steps); "
-             "spin %d us%s; DDP_THREADS_COLL=0 for the ring", n, tp->small_max, tp->spin_us,
-             tp->oversubscribed ? " (more ranks than CPUs: yielding while spinning)" : "");
+    _DDP_TLOG(c, DDP_LOG_INFO, "threads: collectives straight from the %d ranks' buffers (same "
+              "process): all-reduce up to %zu bytes in one step through the endpoints, above: each "
+              "rank reduces its slice from every send buffer into every receive buffer (2 steps); "
+              "spin %d us%s; DDP_THREADS_COLL=0 for the ring", n, tp->small_max, tp->spin_us,
+              tp->oversubscribed ? " (more ranks than CPUs: yielding while spinning)" : "");
     return DDP_SUCCESS;
 }
 
@@ -1132,18 +1074,14 @@ static const ddp_transport_t _ddp_threads_transport = {
     DDP_TRANSPORT_VERSION, "threads", 30,
     _ddp_thr_init, _ddp_thr_reachable, _ddp_thr_connect, _ddp_thr_connect,
     NULL, NULL, _ddp_thr_isend, _ddp_thr_irecv, _ddp_thr_test, _ddp_thr_wait,
-    _ddp_thr_close, _ddp_thr_finalize, &_ddp_thr_coll,
+    _ddp_thr_close, _ddp_thr_finalize, _ddp_thr_abort, &_ddp_thr_coll,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_threads(void) { return &_ddp_threads_transport; }
 
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((constructor)) static void _ddp_thr_register(void) {
+_DDP_TRANSPORT_CONSTRUCTOR(_ddp_thr_register) {
     pthread_atfork(_ddp_thr_atfork_prepare, _ddp_thr_atfork_release, _ddp_thr_atfork_release);
     ddp_transport_register(&_ddp_threads_transport);
 }
-#else
-#error "transports/ddp_threads.h: registration needs a constructor (GCC/Clang)"
-#endif
 
 #endif /* DDP_THREADS implementation */

@@ -1,0 +1,309 @@
+/* ddp_base.h — libddp's foundation: result codes, dtypes, reduction ops, log levels, the
+ * allocator type, DDP_API, and (in the implementation) the private helpers every other libddp
+ * header shares: clocks, allocation, string and environment parsing, logging.
+ *
+ * Users never include it themselves: every libddp header includes it. It depends on nothing.
+ * Its implementation is built by whichever libddp header that needs it sees DDP_IMPLEMENTATION
+ * (ddp_sampler.h only needs the declarations, so the sampler stays usable with plain C99).
+ *
+ * BUILD OPTIONS (define before including any libddp header)
+ *   DDP_STATIC             global           every public function static (a private copy)
+ *   DDP_MALLOC/DDP_FREE    impl. file only  allocator; define both or neither
+ *   DDP_ASSERT(c)          impl. file only  checks for programmer bugs only (default: assert)
+ */
+/* DDP_IMPLEMENTATION builds the names (ddp_strerror & co.) here; the private helpers are built
+ * when a header that uses them asks (DDP_BASE_IMPLEMENTATION). */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_BASE_NAMES_IMPLEMENTATION)
+#define DDP_BASE_NAMES_IMPLEMENTATION
+#endif
+#ifndef DDP_BASE_H_INCLUDED
+#define DDP_BASE_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The one definition of DDP_API: every libddp header gets it from here, so headers included
+ * in any order agree (an unused static function is no warning under DDP_STATIC). */
+#ifndef DDP_API
+#if defined(DDP_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#define DDP_API static __attribute__((unused))
+#elif defined(DDP_STATIC)
+#define DDP_API static
+#else
+#define DDP_API extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_VERSION_MAJOR 0
+#define DDP_VERSION_MINOR 2
+
+typedef enum { DDP_SUCCESS = 0, DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_USAGE, DDP_ERR_SYSTEM,
+               DDP_ERR_REMOTE, DDP_ERR_TIMEOUT, DDP_ERR_ABORTED, DDP_ERR_OUT_OF_MEMORY,
+               DDP_ERR_MISMATCH, DDP_ERR_AUTH, DDP_ERR_UNSUPPORTED, DDP_ERR_INTERNAL } ddp_result_t;
+#define DDP_NUM_RESULTS 12
+
+/* Values are NCCL's (ncclDataType_t / ncclRedOp_t), so the NCCL transport can cast directly. */
+typedef enum { DDP_INT8 = 0, DDP_UINT8, DDP_INT32, DDP_UINT32, DDP_INT64, DDP_UINT64,
+               DDP_FLOAT16, DDP_FLOAT32, DDP_FLOAT64, DDP_BFLOAT16 } ddp_dtype_t;
+#define DDP_NUM_DTYPES 10
+typedef enum { DDP_SUM = 0, DDP_PROD, DDP_MAX, DDP_MIN, DDP_AVG } ddp_op_t;
+#define DDP_NUM_OPS 5
+
+typedef enum { DDP_LOG_NONE = 0, DDP_LOG_WARN, DDP_LOG_INFO, DDP_LOG_TRACE } ddp_log_level_t;
+
+/* Run-time allocator (all or none). Zero = DDP_MALLOC/DDP_FREE. */
+typedef struct ddp_allocator {
+    void *(*alloc)(size_t size, void *user);
+    void (*free)(void *ptr, void *user);
+    void *user;
+} ddp_allocator_t;
+
+DDP_API const char *ddp_strerror(ddp_result_t r);                   /* never NULL */
+DDP_API size_t ddp_dtype_size(ddp_dtype_t dtype);                   /* 0 if invalid */
+DDP_API const char *ddp_dtype_name(ddp_dtype_t dtype);              /* "float32", ... */
+DDP_API const char *ddp_op_name(ddp_op_t op);                       /* "sum", ... */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_BASE_H_INCLUDED */
+
+/* ============================================================================================
+ * IMPLEMENTATION: the names (no system dependency: ddp_sampler.h builds them too) ...
+ * ========================================================================================== */
+#if (defined(DDP_BASE_IMPLEMENTATION) || defined(DDP_BASE_NAMES_IMPLEMENTATION)) && \
+    !defined(DDP_BASE_NAMES_IMPL_INCLUDED)
+#define DDP_BASE_NAMES_IMPL_INCLUDED
+/* ---------------------------------------------------------------- names */
+DDP_API const char *ddp_strerror(ddp_result_t r) {
+    switch (r) {
+    case DDP_SUCCESS: return "success";
+    case DDP_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case DDP_ERR_INVALID_USAGE: return "invalid usage";
+    case DDP_ERR_SYSTEM: return "system call failed";
+    case DDP_ERR_REMOTE: return "remote rank failed or disconnected";
+    case DDP_ERR_TIMEOUT: return "timed out";
+    case DDP_ERR_ABORTED: return "aborted";
+    case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
+    case DDP_ERR_MISMATCH: return "ranks disagree (mismatched call, count, dtype or world size)";
+    case DDP_ERR_AUTH: return "authentication failed (job secret)";
+    case DDP_ERR_UNSUPPORTED: return "unsupported";
+    case DDP_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown ddp_result_t";
+}
+
+DDP_API size_t ddp_dtype_size(ddp_dtype_t d) {
+    switch (d) {
+    case DDP_INT8: case DDP_UINT8: return 1;
+    case DDP_FLOAT16: case DDP_BFLOAT16: return 2;
+    case DDP_INT32: case DDP_UINT32: case DDP_FLOAT32: return 4;
+    case DDP_INT64: case DDP_UINT64: case DDP_FLOAT64: return 8;
+    }
+    return 0;
+}
+
+DDP_API const char *ddp_dtype_name(ddp_dtype_t d) {
+    static const char *const names[DDP_NUM_DTYPES] = {"int8", "uint8", "int32", "uint32", "int64",
+        "uint64", "float16", "float32", "float64", "bfloat16"};
+    return ((unsigned)d < DDP_NUM_DTYPES) ? names[d] : "invalid-dtype";
+}
+
+DDP_API const char *ddp_op_name(ddp_op_t op) {
+    static const char *const names[DDP_NUM_OPS] = {"sum", "prod", "max", "min", "avg"};
+    return ((unsigned)op < DDP_NUM_OPS) ? names[op] : "invalid-op";
+}
+
+#endif /* DDP_BASE_NAMES_IMPLEMENTATION */
+
+/* ============================================================================================
+ * ... and the private helpers: _ddp_ / _DDP_, static, for the other libddp headers)
+ * ========================================================================================== */
+#if defined(DDP_BASE_IMPLEMENTATION) && !defined(DDP_BASE_IMPL_INCLUDED)
+#define DDP_BASE_IMPL_INCLUDED
+
+#if !defined(_GNU_SOURCE)
+#error "libddp: the implementation file must define _GNU_SOURCE before any #include (pipe2, accept4, MSG_NOSIGNAL, getifaddrs); or compile it with -D_GNU_SOURCE"
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sched.h>
+
+#if defined(DDP_MALLOC) && defined(DDP_FREE)
+#elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
+#define DDP_MALLOC(sz) malloc(sz)
+#define DDP_FREE(p) free(p)
+#else
+#error "libddp: define both DDP_MALLOC and DDP_FREE, or neither"
+#endif
+#ifndef DDP_ASSERT
+#include <assert.h>
+#define DDP_ASSERT(c) assert(c)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define _DDP_PRIVATE static __attribute__((unused))
+#else
+#define _DDP_PRIVATE static
+#endif
+
+#define _DDP_DEFAULT_TIMEOUT_MS 600000
+#define _DDP_DEFAULT_SPIN_US 50
+
+/* ---------------------------------------------------------------- small utilities */
+_DDP_PRIVATE int64_t _ddp_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Milliseconds left before deadline_us (a deadline of 0 means none): what poll() should get. */
+_DDP_PRIVATE int _ddp_ms_left(int64_t deadline_us) {
+    int64_t left;
+    if (deadline_us == 0) return -1;
+    left = deadline_us - _ddp_now_us();
+    if (left <= 0) return 0;
+    return left / 1000 > INT_MAX ? INT_MAX : (int)((left + 999) / 1000);
+}
+
+_DDP_PRIVATE int64_t _ddp_deadline(int timeout_ms) {
+    return timeout_ms < 0 ? 0 : _ddp_now_us() + (int64_t)timeout_ms * 1000;
+}
+
+_DDP_PRIVATE void *_ddp_alloc(const ddp_allocator_t *a, size_t n) {
+    return (a && a->alloc) ? a->alloc(n, a->user) : DDP_MALLOC(n);
+}
+_DDP_PRIVATE void _ddp_free(const ddp_allocator_t *a, void *p) {
+    if (!p) return;
+    if (a && a->free) a->free(p, a->user); else DDP_FREE(p);
+}
+_DDP_PRIVATE void *_ddp_calloc(const ddp_allocator_t *a, size_t n) {
+    void *p = _ddp_alloc(a, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
+_DDP_PRIVATE void _ddp_strlcpy(char *dst, const char *src, size_t cap) {
+    size_t n;
+    if (!cap) return;
+    n = src ? strlen(src) : 0;
+    if (n >= cap) n = cap - 1;
+    if (n) memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* Parses a whole decimal integer in [lo, hi]; 0 on success. */
+_DDP_PRIVATE int _ddp_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v;
+    if (!s || !*s) return -1;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+_DDP_PRIVATE size_t _ddp_parse_size(const char *s) {
+    char *end;
+    unsigned long long v;
+    if (!s || !*s) return 0;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno) return 0;
+    if (*end == 'k' || *end == 'K') v <<= 10, end++;
+    else if (*end == 'm' || *end == 'M') v <<= 20, end++;
+    return *end ? 0 : (size_t)v;
+}
+
+_DDP_PRIVATE int _ddp_log_level_from_env(void) {
+    const char *s = getenv("DDP_DEBUG");
+    if (!s || !*s) return DDP_LOG_WARN;   /* failures are always told, as NCCL's WARN */
+    if (!strcasecmp(s, "NONE") || !strcmp(s, "0") || !strcasecmp(s, "OFF")) return DDP_LOG_NONE;
+    if (!strcasecmp(s, "WARN")) return DDP_LOG_WARN;
+    if (!strcasecmp(s, "INFO")) return DDP_LOG_INFO;
+    if (!strcasecmp(s, "TRACE")) return DDP_LOG_TRACE;
+    if (!strcasecmp(s, "VERSION")) return DDP_LOG_WARN;
+    return DDP_LOG_WARN;
+}
+
+static const char *const _ddp_level_names[] = {"", "WARN", "INFO", "TRACE"};
+
+/* One write(2) per line so ranks sharing a terminal never interleave mid-line. */
+_DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
+    char line[2048];
+    int n = snprintf(line, sizeof line, "[ddp rank %d] %s ", rank, _ddp_level_names[level]);
+    if (n < 0) return;
+    if ((size_t)n < sizeof line) {
+        int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+        if (m > 0) n += m;
+    }
+    if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    if (write(2, line, (size_t)n) < 0) { /* nowhere left to report it */ }
+}
+
+_DDP_PRIVATE void _ddp_log_str(int rank, int level, const char *msg) {
+    char line[1200];
+    int n = snprintf(line, sizeof line, "[ddp rank %d] %s %s\n", rank, _ddp_level_names[level], msg);
+    if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) { }
+}
+
+_DDP_PRIVATE int _ddp_env_timeout_ms(void) {
+    long v;
+    const char *e = getenv("DDP_TIMEOUT_MS");
+    if (e && _ddp_parse_long(e, -1, INT_MAX, &v) == 0 && v != 0) return (int)v;
+    return _DDP_DEFAULT_TIMEOUT_MS;
+}
+
+/* Reads an integer environment variable; 1 if present and valid, 0 if absent, -1 if malformed. */
+_DDP_PRIVATE int _ddp_env_int(const char *name, long lo, long hi, long *out) {
+    const char *s = getenv(name);
+    if (!s) return 0;
+    return _ddp_parse_long(s, lo, hi, out) == 0 ? 1 : -1;
+}
+
+_DDP_PRIVATE uint64_t _ddp_random64(void) {
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &v, sizeof v) != (ssize_t)sizeof v) v = 0;
+        close(fd);
+    }
+    if (!v) v = (uint64_t)_ddp_now_us() * 6364136223846793005ull ^ (uint64_t)getpid();
+    return v;
+}
+
+/* FNV-1a (public domain hash, http://www.isthe.com/chongo/tech/comp/fnv/). */
+_DDP_PRIVATE uint64_t _ddp_fnv1a(const void *data, size_t n, uint64_t h) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
+    return h;
+}
+#define _DDP_FNV_INIT 14695981039346656037ull
+
+#endif /* DDP_BASE_IMPLEMENTATION */

@@ -1,0 +1,2563 @@
+/* ddp_comm.h — libddp's communicator: rendezvous, the operation engine and the public
+ * collectives.
+ *
+ * What it holds, in order: the communicator and its rendezvous through the store (settings,
+ * transports per peer, connections, host table); the point-to-point engine it gives the
+ * algorithms (ddp_engine.h) and the context it gives the transports (ddp_transport.h); the
+ * operation engine: one record per requested operation, run blocking on the caller's thread or
+ * queued for the progress thread (async, lanes), or queued by a group (with small all-reduces
+ * fused); abort, split, errors and logging; the public collectives, which check their arguments
+ * and pick an algorithm from ddp_ring.h (or hand the call to a transport that runs collectives).
+ *
+ * Users include ddp.h, which includes this. Depends on ddp_base.h, ddp_store.h, ddp_kernels.h,
+ * transports/ddp_transport.h, ddp_engine.h and ddp_ring.h. Built by DDP_IMPLEMENTATION.
+ */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_COMM_IMPLEMENTATION)
+#define DDP_COMM_IMPLEMENTATION
+#endif
+#if defined(DDP_COMM_IMPLEMENTATION)
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#ifndef DDP_SOCKET_IMPLEMENTATION
+#define DDP_SOCKET_IMPLEMENTATION
+#endif
+#ifndef DDP_STORE_IMPLEMENTATION
+#define DDP_STORE_IMPLEMENTATION
+#endif
+#ifndef DDP_KERNELS_IMPLEMENTATION
+#define DDP_KERNELS_IMPLEMENTATION
+#endif
+#ifndef DDP_TRANSPORT_IMPLEMENTATION
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#ifndef DDP_ENGINE_IMPLEMENTATION
+#define DDP_ENGINE_IMPLEMENTATION
+#endif
+#ifndef DDP_RING_IMPLEMENTATION
+#define DDP_RING_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_base.h"
+#include "ddp_store.h"
+#include "ddp_kernels.h"
+#include "transports/ddp_transport.h"
+#include "ddp_engine.h"
+#include "ddp_ring.h"
+
+#ifndef DDP_COMM_H_INCLUDED
+#define DDP_COMM_H_INCLUDED
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_comm ddp_comm_t;
+
+/* Zero-initialised = defaults. Values where 0 is legitimate (rank) are arguments, not fields. */
+typedef struct ddp_comm_desc {
+    const char *transport;        /* NULL/"auto": DDP_TRANSPORT, else the best compiled in */
+    const char *master_addr;      /* NULL: MASTER_ADDR, else "127.0.0.1" */
+    int master_port;              /* 0: MASTER_PORT, else 29500 */
+    int timeout_ms;               /* 0: DDP_TIMEOUT_MS, else 600000; < 0 = wait forever */
+    const char *job_secret;       /* NULL: DDP_JOB_SECRET, else no authentication */
+    const char *socket_ifname;    /* NULL: DDP_SOCKET_IFNAME, else the route to the master */
+    ddp_store_t *store;           /* use this store for rendezvous instead of MASTER_ADDR:PORT */
+    const char *store_prefix;     /* key namespace in a shared store (default "ddp") */
+    size_t segment_bytes;         /* 0: DDP_SEGMENT_BYTES, else measured default */
+    int spin_us;                  /* 0: DDP_SPIN_US, else measured default; < 0 = never spin */
+    int log_level;                /* 0: DDP_DEBUG; else a ddp_log_level_t + 1 (1 = silence) */
+    const ddp_allocator_t *allocator; /* communicator + transport memory (the store: DDP_MALLOC) */
+} ddp_comm_desc_t;
+
+/* ---- communicator ---- */
+DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **comm, int nranks, int rank,
+                                   const ddp_comm_desc_t *desc);
+DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **comm, const ddp_comm_desc_t *desc);
+/* Threads as ranks: n communicators in this process, comms[i] of rank i, each for one thread
+ * (collectives on them must run concurrently, one thread per rank). Rendezvous through a
+ * private store; the ranks reduce straight from each other's buffers when
+ * transports/ddp_threads.h is compiled in, else share memory through transports/ddp_shm.h. */
+DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_comm_desc_t *desc);
+DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *comm);
+/* Why the last ddp_comm_init/ddp_comm_init_env of the calling thread failed ("" if none). */
+DDP_API const char *ddp_last_init_error(void);
+DDP_API int ddp_comm_rank(const ddp_comm_t *comm);                  /* -1 if comm is NULL */
+DDP_API int ddp_comm_size(const ddp_comm_t *comm);
+DDP_API int ddp_comm_local_rank(const ddp_comm_t *comm);
+DDP_API int ddp_comm_local_size(const ddp_comm_t *comm);
+DDP_API const char *ddp_comm_last_error(const ddp_comm_t *comm);   /* "" when none; never NULL */
+DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *comm);           /* the timeout in effect */
+DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *comm);             /* the rendezvous store */
+DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *comm, int peer);
+
+/* ---- collectives (blocking) ---- */
+DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                    ddp_dtype_t dtype, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                   ddp_dtype_t dtype, int root, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_barrier(ddp_comm_t *comm);
+/* Rooted collectives (NCCL's): recvbuf matters at the root only (NULL elsewhere is fine) for
+ * reduce and gather; sendbuf at the root only for scatter. In place: reduce send == recv;
+ * gather send == recv + rank*sendcount*size; scatter recv == send + rank*recvcount*size. */
+DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                ddp_op_t op, int root, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                ddp_dtype_t dtype, int root, ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 ddp_dtype_t dtype, int root, ddp_comm_t *comm);
+/* Block j of sendbuf goes to rank j; block i of recvbuf comes from rank i (count elements each).
+ * Not in place: sendbuf == recvbuf is DDP_ERR_INVALID_ARGUMENT (as NCCL) unless count is 0. */
+DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_comm_t *comm);
+/* Point-to-point: only the two ranks call. Counts and dtypes must agree (else DDP_ERR_MISMATCH).
+ * Outside a group each call blocks until its buffer is handed over; peer == self only inside a
+ * group (a local copy; outside one it would wait for itself: DDP_ERR_INVALID_USAGE). */
+DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer,
+                              ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *comm);
+/* Calls between group_start and group_end (nestable) are queued and return DDP_SUCCESS; the
+ * outermost group_end runs them: the collectives in call order, then every send and receive
+ * at once, so exchanges that would deadlock one by one (a ring shift) complete. Buffers must
+ * stay valid until group_end. Failures come back from group_end; a call with invalid arguments
+ * also returns its error at once, and then group_end runs nothing and returns that error. */
+DDP_API ddp_result_t ddp_group_start(ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_group_end(ddp_comm_t *comm);
+
+/* ---- asynchronous collectives ----
+ * Same arguments as the blocking calls plus a request the caller owns. The first async call
+ * starts the communicator's progress thread, which runs operations one after another in issue
+ * order (the same order on every rank), while the caller computes; with DDP_ASYNC_LANES=N,
+ * requests from DDP_LANE_MIN_BYTES up take turns over N threads with their own connections
+ * (results as in issue order). Buffers belong to the library until the request completes, and
+ * requests complete in issue order. Errors surface at ddp_wait/ddp_test (and poison the
+ * communicator, as a blocking call would). A blocking call on the same communicator first waits
+ * for everything issued before it. At most DDP_MAX_REQUESTS may be outstanding (uncollected).
+ * Async calls are refused inside a group; several small blocking all-reduces in a group are
+ * fused into one (the cheapest way to reduce many scalars). */
+#define DDP_MAX_REQUESTS 64
+typedef struct ddp_request { ddp_comm_t *comm; uint64_t id; } ddp_request_t;  /* zero = none */
+DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm,
+                                          ddp_request_t *req);
+DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                              ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm,
+                                              ddp_request_t *req);
+DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                          ddp_dtype_t dtype, ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
+                                         ddp_dtype_t dtype, int root, ddp_comm_t *comm,
+                                         ddp_request_t *req);
+DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                      ddp_dtype_t dtype, ddp_op_t op, int root, ddp_comm_t *comm,
+                                      ddp_request_t *req);
+DDP_API ddp_result_t ddp_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      ddp_dtype_t dtype, int root, ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddp_dtype_t dtype, int root, ddp_comm_t *comm, ddp_request_t *req);
+DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_comm_t *comm, ddp_request_t *req);
+/* An async all-reduce with work for the progress thread around it: hooks->before(arg) runs
+ * just before the all-reduce, hooks->after(arg) right after it succeeded, both on the progress
+ * thread, off the caller's (DDP's Reducer copies a bucket in and out this way, so the training
+ * thread only marks gradients). Either may be NULL; they must not call libddp on comm. */
+typedef struct ddp_async_hooks {
+    void (*before)(void *arg);
+    void (*after)(void *arg);
+    void *arg;
+} ddp_async_hooks_t;
+DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recvbuf, size_t count,
+                                                 ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *comm,
+                                                 const ddp_async_hooks_t *hooks, ddp_request_t *req);
+/* *done = 1 once complete; then the request is collected (zeroed) and its result returned. */
+DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done);
+DDP_API ddp_result_t ddp_wait(ddp_request_t *req);           /* waits, collects, returns result */
+
+/* ---- abort, split ----
+ * ddp_comm_abort, from any thread: every call blocked on comm returns DDP_ERR_ABORTED (within
+ * ~100 ms), and so does every later call; the peers learn it (their calls fail with
+ * DDP_ERR_REMOTE naming this rank). The communicator still has to be destroyed (by one thread,
+ * once no call on it is running). ddp_comm_get_async_error: the communicator's error state,
+ * safe from any thread (a watchdog's poll). */
+DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *comm);
+DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *async_error);
+/* MPI_Comm_split / ncclCommSplit: collective over comm; ranks with the same color form a new
+ * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
+#define DDP_SPLIT_NOCOLOR (-1)
+DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *comm, int color, int key, ddp_comm_t **newcomm);
+
+
+/* The communicator's allocator (desc.allocator, else DDP_MALLOC/DDP_FREE); calloc zeroes. For
+ * layers built on the communicator (the reducer) and hooks. */
+DDP_API void *ddp_comm_calloc(ddp_comm_t *comm, size_t size);
+DDP_API void ddp_comm_free(ddp_comm_t *comm, void *ptr);
+DDP_API void ddp_comm_log(const ddp_comm_t *comm, ddp_log_level_t level, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Records the failure (shown by ddp_comm_last_error, logged at WARN) and returns r. */
+DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_COMM_H_INCLUDED */
+
+/* ============================================================================================
+ * IMPLEMENTATION
+ * ========================================================================================== */
+#if defined(DDP_COMM_IMPLEMENTATION) && !defined(DDP_COMM_IMPL_INCLUDED)
+#define DDP_COMM_IMPL_INCLUDED
+#if !defined(DDP_STORE_IMPL_INCLUDED) || !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_RING_IMPL_INCLUDED)
+#error "libddp: ddp_comm.h's implementation needs those of the headers below it (define DDP_IMPLEMENTATION)"
+#endif
+
+#define _DDP_DEFAULT_PORT 29500
+/* Recursive doubling vs ring crossovers measured here (2-core VM, TCP loopback, float sum):
+ * p=2 even at 32 KiB; p=4 even at 256 KiB; p=3 and p=6 (folded worlds) win at 64 KiB, lose
+ * at 256 KiB. */
+#define _DDP_RD_MAX_BYTES_P2 (16u << 10)
+#define _DDP_RD_MAX_BYTES_POW2 (256u << 10)
+#define _DDP_RD_MAX_BYTES_FOLDED (64u << 10)
+/* Async lanes (DDP_ASYNC_LANES): off by default. On the 2-core VM this was built on, two TCP
+ * connection sets carrying two 16 MiB all-reduces at once took 0.93-1.05x the time of one set
+ * carrying them in turn: loopback TCP there is CPU-bound (1.9 of 2 cores busy), so nothing can
+ * overlap. Where a NIC, not the CPU, is the limit, several streams are what NCCL and Gloo use
+ * (bench/ddp_async.c measures it: try DDP_ASYNC_LANES=2). */
+#define _DDP_DEFAULT_LANES 1
+/* World sizes beyond this fail at once instead of allocating per-rank tables first: rank 0's
+ * store holds one connection per rank. */
+#define _DDP_MAX_RANKS 65536
+#define _DDP_LANE_MIN_BYTES ((size_t)4 << 20)
+
+/* The last failed ddp_comm_init* of this thread: there is no communicator to ask. */
+static __thread char _ddp_init_error[1024];
+DDP_API const char *ddp_last_init_error(void) { return _ddp_init_error; }
+
+/* ---------------------------------------------------------------- communicator */
+typedef struct { const ddp_transport_t *t; void *state; } _ddp_tinst_t;
+typedef struct { int tinst; void *conn; } _ddp_peer_t;
+
+#define _DDP_HOST_ID_LEN 160
+#define _DDP_MAX_SLOTS 8
+#define _DDP_MAX_LANES 4
+
+/* A progress thread and the communicator it runs operations on (see "lanes" below). */
+typedef struct {
+    struct ddp_comm *owner, *exec;
+    int index;
+    pthread_t thread;
+    uint64_t cursor;               /* the last request this lane took */
+} _ddp_lane_t;
+
+struct ddp_comm {
+    /* What the algorithms see (rank, size, timeouts, spin, segment, scratch, sequence) and the
+     * calls they make: filled at init, the one copy of those settings. */
+    _ddp_engine_t eng;
+    /* What the transports see: filled before their init, kept for their lifetime. */
+    ddp_transport_ctx_t tctx;
+    int local_rank, local_size;
+    char master_addr[256];
+    int master_port;
+    char ifname[256];
+    char prefix[128];
+    ddp_store_t *store;
+    int own_store;
+    char *host_ids;                /* nranks * _DDP_HOST_ID_LEN */
+    _ddp_tinst_t tinst[_DDP_MAX_TRANSPORTS];
+    int ntinst;
+    _ddp_peer_t *peers;
+    ddp_allocator_t alloc;
+    ddp_result_t error;            /* sticky: set by a failed collective */
+    int init_probe;                /* trying a transport under "auto": its failure is a notice */
+    char last_error[1024];
+    /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
+     * if no abort came first; abort poisons the communicator itself only if nothing runs). */
+    int aborted, busy, abort_claimed;
+    pthread_mutex_t amu;           /* the request ring and the progress thread's state */
+    pthread_cond_t acv;            /* something queued, or stop */
+    pthread_cond_t adone;          /* an operation finished */
+    int async_init, progress_on, progress_stop;
+    struct _ddp_op *ops;           /* DDP_MAX_REQUESTS slots; op number n lives in slot n % max */
+    uint64_t issued, finished;     /* requests submitted / done, all of 1..finished (issue order) */
+    _ddp_lane_t lanes[_DDP_MAX_LANES]; /* lane 0 runs on this communicator, the others on copies */
+    int nlanes, want_lanes;        /* running; DDP_ASYNC_LANES */
+    size_t lane_min_bytes;         /* DDP_LANE_MIN_BYTES: smaller requests all go to lane 0 */
+    uint64_t big_ops;              /* requests >= lane_min_bytes so far: picks their lane */
+    char transport_name[32];       /* desc.transport / DDP_TRANSPORT, "" for auto (for copies) */
+    ddp_result_t abort_code;       /* why it was aborted, when not by ddp_comm_abort */
+    char abort_reason[640];
+    uint32_t splits;               /* ddp_comm_split calls: part of the child's store prefix */
+    ddp_store_t *extra_store;      /* ddp_comm_init_threads' private store server (rank 0) */
+    int algo;                      /* _DDP_ALGO_*: DDP_ALGO, else chosen by size */
+    const ddp_coll_provider_t *coll; /* a transport that runs the collectives itself, or NULL */
+    void *coll_state;
+    size_t rd_max_bytes;           /* auto: recursive doubling up to this many bytes */
+    uint32_t *p2p;                 /* 4 per peer: ddp_send/ddp_recv messages sent to it and received
+                                    * from it (the sequence in their tags); group_end's in flight */
+    int group_depth, group_n, group_cap; /* ddp_group_start nesting; calls queued, room */
+    void *group_ops;               /* the queued calls (_ddp_op_t), grown on demand, kept */
+    unsigned char *fuse_buf;       /* a group's small all-reduces packed together (lazy, kept) */
+    ddp_result_t group_err;        /* first failure of a call made inside the group */
+};
+enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
+
+/* Live communicators, so that a call on a destroyed one is an error instead of a use after
+ * free. Several communicators may live at once; the list is only touched at init/destroy and
+ * read (under the lock) at the start of each collective. */
+static pthread_mutex_t _ddp_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static const ddp_comm_t **_ddp_live;
+static size_t _ddp_nlive, _ddp_live_cap;
+
+_DDP_PRIVATE int _ddp_live_add(const ddp_comm_t *c) {
+    int ok = 1;
+    pthread_mutex_lock(&_ddp_live_mu);
+    if (_ddp_nlive == _ddp_live_cap) {
+        size_t cap = _ddp_live_cap ? _ddp_live_cap * 2 : 16;
+        const ddp_comm_t **n = (const ddp_comm_t **)DDP_MALLOC(cap * sizeof *n);
+        if (n) {
+            if (_ddp_nlive) memcpy(n, _ddp_live, _ddp_nlive * sizeof *n);
+            DDP_FREE(_ddp_live);
+            _ddp_live = n;
+            _ddp_live_cap = cap;
+        } else {
+            ok = 0;
+        }
+    }
+    if (ok) _ddp_live[_ddp_nlive++] = c;
+    pthread_mutex_unlock(&_ddp_live_mu);
+    return ok;
+}
+
+/* Removes c if present; returns whether it was live. */
+_DDP_PRIVATE int _ddp_live_check(const ddp_comm_t *c, int remove) {
+    size_t i;
+    int found = 0;
+    pthread_mutex_lock(&_ddp_live_mu);
+    for (i = 0; i < _ddp_nlive; i++) {
+        if (_ddp_live[i] == c) {
+            found = 1;
+            if (remove) _ddp_live[i] = _ddp_live[--_ddp_nlive];
+            break;
+        }
+    }
+    if (remove && _ddp_nlive == 0) { DDP_FREE(_ddp_live); _ddp_live = NULL; _ddp_live_cap = 0; }
+    pthread_mutex_unlock(&_ddp_live_mu);
+    return found;
+}
+
+DDP_API void ddp_comm_log(const ddp_comm_t *c, ddp_log_level_t level, const char *fmt, ...) {
+    va_list ap;
+    if (!c || c->eng.log_level < (int)level || level == DDP_LOG_NONE) return;
+    va_start(ap, fmt);
+    _ddp_vlog(c->eng.rank, level, fmt, ap);
+    va_end(ap);
+}
+#define _DDP_LOG(c, lvl, ...) do { if ((c)->eng.log_level >= (lvl)) ddp_comm_log((c), (lvl), __VA_ARGS__); } while (0)
+
+DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *c, ddp_result_t r, const char *fmt, ...) {
+    va_list ap;
+    char msg[768];
+    if (!c) return r;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(c->last_error, sizeof c->last_error, "rank %d: %s [%s]", c->eng.rank, msg, ddp_strerror(r));
+    if (!c->init_probe) _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
+    return r;
+}
+
+_DDP_PRIVATE void _ddp_key(const ddp_comm_t *c, char *out, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    int n = snprintf(out, cap, "%s/", c->prefix);
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_comm_publish(ddp_comm_t *c, const char *transport, const void *addr, size_t len) {
+    char key[256];
+    if (!c || !transport || (len && !addr)) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, c->eng.rank);
+    return ddp_store_set(c->store, key, addr, len);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_comm_lookup(ddp_comm_t *c, const char *transport, int peer, void *addr,
+                                     size_t cap, size_t *len) {
+    char key[256];
+    ddp_result_t r;
+    if (!c || !transport || peer < 0 || peer >= c->eng.nranks) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, peer);
+    r = ddp_store_get(c->store, key, addr, cap, len);
+    if (r != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "looking up rank %d's %s address: %s", peer, transport,
+                             ddp_store_last_error(c->store));
+    return r;
+}
+
+DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *c) { return c ? c->eng.timeout_ms : 0; }
+DDP_API void *ddp_comm_calloc(ddp_comm_t *c, size_t n) { return _ddp_calloc(c ? &c->alloc : NULL, n); }
+DDP_API void ddp_comm_free(ddp_comm_t *c, void *p) { _ddp_free(c ? &c->alloc : NULL, p); }
+_DDP_PRIVATE const char *_ddp_comm_host_id(const ddp_comm_t *c, int peer) {
+    if (!c || !c->host_ids || peer < 0 || peer >= c->eng.nranks) return "";
+    return c->host_ids + (size_t)peer * _DDP_HOST_ID_LEN;
+}
+DDP_API int ddp_comm_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->eng.rank : -1; }
+DDP_API int ddp_comm_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->eng.nranks : -1; }
+DDP_API int ddp_comm_local_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->local_rank : -1; }
+DDP_API int ddp_comm_local_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->local_size : -1; }
+DDP_API const char *ddp_comm_last_error(const ddp_comm_t *c) {
+    if (!c) return "NULL communicator";
+    if (!_ddp_live_check(c, 0)) return "not a live communicator (destroyed, or never created)";
+    return c->last_error;
+}
+DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c ? c->store : NULL; }
+DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *c, int peer) {
+    if (!c || !c->peers || peer < 0 || peer >= c->eng.nranks) return "";
+    if (peer == c->eng.rank) return "self";
+    if (c->peers[peer].tinst < 0) return "none";
+    return c->tinst[c->peers[peer].tinst].t->name;
+}
+
+/* Host identity: boot id + hostname + network namespace (two containers on one kernel share the
+ * boot id but not the namespace; two hosts may share a name). DDP_HOST_ID overrides, so tests
+ * can fake several hosts on one machine. */
+_DDP_PRIVATE void _ddp_host_id(char *out, size_t cap) {
+    char boot[64] = "", host[64] = "", ns[64] = "";
+    const char *env = getenv("DDP_HOST_ID");
+    FILE *f;
+    ssize_t n;
+    if (env && *env) { _ddp_strlcpy(out, env, cap); return; }
+    f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    gethostname(host, sizeof host - 1);
+    n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = 0;
+    snprintf(out, cap, "%.63s|%.40s|%.40s", host, boot, ns);
+}
+
+typedef struct {
+    int rank, nranks, local_rank, local_size;
+    char err[256];
+} _ddp_env_ranks_t;
+
+/* torchrun's names first, then Open MPI, PMI (MPICH/Intel MPI), Slurm. */
+_DDP_PRIVATE ddp_result_t _ddp_ranks_from_env(_ddp_env_ranks_t *e) {
+    static const char *const sets[][4] = {
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    };
+    size_t i;
+    e->local_rank = e->local_size = -1;
+    for (i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+        long r, n, v;
+        int hr = _ddp_env_int(sets[i][0], 0, INT_MAX - 1, &r);
+        int hn = _ddp_env_int(sets[i][1], 1, INT_MAX, &n);
+        if (hr == 0 && hn == 0) continue;
+        if (hr < 0) { snprintf(e->err, sizeof e->err, "%s='%s' is not a rank (a whole number >= 0)", sets[i][0], getenv(sets[i][0])); return DDP_ERR_INVALID_ARGUMENT; }
+        if (hn < 0) { snprintf(e->err, sizeof e->err, "%s='%s' is not a world size (a whole number >= 1)", sets[i][1], getenv(sets[i][1])); return DDP_ERR_INVALID_ARGUMENT; }
+        if (hr == 0) { snprintf(e->err, sizeof e->err, "%s is set but %s is missing", sets[i][1], sets[i][0]); return DDP_ERR_INVALID_ARGUMENT; }
+        if (hn == 0) { snprintf(e->err, sizeof e->err, "%s is set but %s is missing", sets[i][0], sets[i][1]); return DDP_ERR_INVALID_ARGUMENT; }
+        if (r >= n) { snprintf(e->err, sizeof e->err, "%s=%ld is not below %s=%ld", sets[i][0], r, sets[i][1], n); return DDP_ERR_INVALID_ARGUMENT; }
+        e->rank = (int)r;
+        e->nranks = (int)n;
+        if (_ddp_env_int(sets[i][2], 0, INT_MAX, &v) == 1) e->local_rank = (int)v;
+        if (_ddp_env_int(sets[i][3], 1, INT_MAX, &v) == 1) e->local_size = (int)v;
+        return DDP_SUCCESS;
+    }
+    snprintf(e->err, sizeof e->err, "no rank in the environment: set RANK and WORLD_SIZE (as "
+             "torchrun does), or run under ddprun, mpirun or srun");
+    return DDP_ERR_INVALID_ARGUMENT;
+}
+
+/* Publishes the first failure of this communicator so that ranks which only see a closed
+ * connection can tell the user where it started. Best effort, short timeout. */
+_DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
+    char key[256], cur[8];
+    size_t curlen = 0;
+    if (!c->store) return;
+    _ddp_key(c, key, sizeof key, "abort");
+    _ddp_store_quick(c->store, 1);
+    ddp_store_compare_set(c->store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
+                          sizeof cur, &curlen);
+    _ddp_store_quick(c->store, 0);
+}
+
+/* Appends the first failure published by another rank, if any, to this rank's error.
+ * Returns 1 if there was one. */
+_DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
+    char key[256], why[512];
+    size_t len = 0, n = strlen(c->last_error);
+    int exists = 0;
+    ddp_result_t r;
+    if (!c->store) return 0;
+    _ddp_key(c, key, sizeof key, "abort");
+    _ddp_store_quick(c->store, 1);
+    r = ddp_store_check(c->store, key, &exists);
+    if (r == DDP_SUCCESS && exists &&
+        ddp_store_get(c->store, key, why, sizeof why - 1, &len) == DDP_SUCCESS) {
+        why[len < sizeof why - 1 ? len : sizeof why - 1] = 0;
+        if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
+            snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
+    } else if (r == DDP_ERR_REMOTE && c->eng.rank != 0 && n + 32 < sizeof c->last_error) {
+        /* The store lives in rank 0: losing it too means rank 0 is gone, most likely first. */
+        snprintf(c->last_error + n, sizeof c->last_error - n, "; rank 0 is gone as well (its "
+                 "rendezvous store no longer answers): it probably failed first");
+        exists = 1;
+    }
+    _ddp_store_quick(c->store, 0);
+    return exists;
+}
+
+_DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
+    int i;
+    if (!c->peers) return;
+    for (i = 0; i < c->eng.nranks; i++) {
+        _ddp_peer_t *p = &c->peers[i];
+        if (p->conn && p->tinst >= 0) c->tinst[p->tinst].t->close(p->conn);
+        p->conn = NULL;
+    }
+}
+
+/* A collective failed: make the error sticky, tell the others (closing our connections wakes
+ * every neighbour with EOF at once instead of after a timeout), and say where it started. */
+_DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
+    if (r == DDP_SUCCESS) return r;
+    if (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c)) _ddp_publish_failure(c);
+    __atomic_store_n(&c->error, r, __ATOMIC_SEQ_CST);
+    _ddp_close_peers(c);
+    _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
+    return r;
+}
+
+/* Connects to each listed peer (lower rank connects, higher accepts), all at once, within
+ * the timeout. */
+_DDP_PRIVATE ddp_result_t _ddp_connect_peers(ddp_comm_t *c, const int *list, int n) {
+    int64_t deadline = _ddp_deadline(c->eng.timeout_ms);
+    int pending, i;
+    for (;;) {
+        int progressed = 0;
+        pending = 0;
+        for (i = 0; i < n; i++) {
+            int peer = list ? list[i] : i;   /* NULL: everyone */
+            _ddp_peer_t *p = &c->peers[peer];
+            const ddp_transport_t *t;
+            ddp_result_t r;
+            if (p->conn || peer == c->eng.rank) continue;
+            t = c->tinst[p->tinst].t;
+            r = c->eng.rank < peer ? t->connect(c->tinst[p->tinst].state, peer, &p->conn)
+                               : t->accept(c->tinst[p->tinst].state, peer, &p->conn);
+            if (r != DDP_SUCCESS) return r;
+            if (p->conn) {
+                progressed = 1;
+                _DDP_LOG(c, DDP_LOG_INFO, "connected to rank %d via %s", peer, t->name);
+            } else {
+                pending++;
+            }
+        }
+        if (!pending) return DDP_SUCCESS;
+        if (_ddp_ms_left(deadline) == 0) {
+            char who[256] = "";
+            size_t off = 0;
+            for (i = 0; i < n && off + 12 < sizeof who; i++) {
+                int peer = list ? list[i] : i;
+                if (!c->peers[peer].conn && peer != c->eng.rank)
+                    off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", off ? "," : "", peer);
+            }
+            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: no connection with rank(s) %s after "
+                                 "%d ms (phase connect)", who, c->eng.timeout_ms);
+        }
+        if (!progressed) usleep(200);
+    }
+}
+
+DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
+    int i;
+    ddp_allocator_t a;
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator");
+    if (c->progress_on) {
+        /* Requests still queued run first (the peers run them too); then the threads end. */
+        pthread_mutex_lock(&c->amu);
+        c->progress_stop = 1;
+        pthread_cond_broadcast(&c->acv);
+        pthread_mutex_unlock(&c->amu);
+        for (i = 0; i < c->nlanes; i++) pthread_join(c->lanes[i].thread, NULL);
+        c->progress_on = 0;
+    }
+    for (i = 1; i < c->nlanes; i++) ddp_comm_destroy(c->lanes[i].exec);
+    c->nlanes = 0;
+    if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
+    _ddp_close_peers(c);
+    for (i = 0; i < c->ntinst; i++)
+        if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
+    if (c->store && c->own_store) ddp_store_close(c->store);
+    if (c->extra_store) ddp_store_close(c->extra_store);
+    a = c->alloc;
+    _ddp_free(&a, c->peers);
+    _ddp_free(&a, c->p2p);
+    _ddp_free(&a, c->group_ops);
+    _ddp_free(&a, c->fuse_buf);
+    _ddp_free(&a, c->host_ids);
+    _ddp_free(&a, c->eng.scratch);
+    _ddp_free(&a, c->ops);
+    if (c->async_init) {
+        pthread_mutex_destroy(&c->amu);
+        pthread_cond_destroy(&c->acv);
+        pthread_cond_destroy(&c->adone);
+    }
+    _ddp_free(&a, c);
+    return DDP_SUCCESS;
+}
+
+/* A setting every rank must share: the first to publish it under key decides; another value
+ * is DDP_ERR_MISMATCH, told with fmt (this rank's %d, then the first rank's %s). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name, int mine, const char *fmt) {
+    char key[256], val[64], want[32];
+    size_t len = 0;
+    ddp_result_t r;
+    _ddp_key(c, key, sizeof key, "%s", name);
+    snprintf(want, sizeof want, "%d", mine);
+    r = ddp_store_compare_set(c->store, key, NULL, 0, want, strlen(want), val, sizeof val - 1, &len);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    if (strcmp(val, want) == 0) return DDP_SUCCESS;
+    {
+        char msg[512];
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+#endif
+        snprintf(msg, sizeof msg, fmt, mine, val);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+        r = ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: %s", msg);
+    }
+    _ddp_publish_failure(c);
+    return r;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
+    char key[256], host[_DDP_HOST_ID_LEN], why_none[512] = "";
+    size_t len = 0;
+    int64_t joined = 0, n;
+    ddp_result_t r;
+    int i;
+
+    /* World size, and DDP_ASYNC_LANES (each rank opens that many connection sets at init):
+     * the first rank decides; anyone who disagrees fails loudly. */
+    if ((r = _ddp_rendezvous_agree(c, "world_size", c->eng.nranks, "world size disagreement: this rank "
+                                   "was started with world size %d, the job's first rank with %s")) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_agree(c, "async_lanes", c->want_lanes, "DDP_ASYNC_LANES is %d on this "
+                                   "rank, %s on the job's first rank: set it the same everywhere")) != DDP_SUCCESS)
+        return r;
+    _ddp_key(c, key, sizeof key, "rank/%d", c->eng.rank);
+    r = ddp_store_add(c->store, key, 1, &n);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (n > 1) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "init: rank %d joined twice (two processes "
+                          "were given RANK=%d)", c->eng.rank, c->eng.rank);
+        _ddp_publish_failure(c);
+        return r;
+    }
+    _ddp_host_id(host, sizeof host);
+    _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
+    if ((r = ddp_store_set(c->store, key, host, strlen(host))) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (c->eng.rank == 0) {
+        c->tctx.comm_id = _ddp_random64();
+        _ddp_key(c, key, sizeof key, "comm_id");
+        if ((r = ddp_store_set(c->store, key, &c->tctx.comm_id, sizeof c->tctx.comm_id)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
+
+    /* Transports listen and publish their addresses before we count ourselves in. */
+    for (i = 0; i < _ddp_ntransports && c->ntinst < _DDP_MAX_TRANSPORTS; i++) {
+        const ddp_transport_t *t = _ddp_transports[i];
+        void *state = NULL;
+        if (forced && strcmp(forced, t->name) != 0) continue;
+        c->init_probe = !forced;
+        r = t->init(&c->tctx, &state);
+        c->init_probe = 0;
+        if (r != DDP_SUCCESS) {
+            if (forced) return r;
+            /* One line, with the reason; the communicator goes on without it. */
+            _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable, using the others (%s): %s",
+                     t->name, "DDP_TRANSPORT=auto", c->last_error);
+            _ddp_strlcpy(why_none, c->last_error, sizeof why_none);
+            c->last_error[0] = 0;   /* not this communicator's error: init goes on */
+            continue;
+        }
+        c->tinst[c->ntinst].t = t;
+        c->tinst[c->ntinst].state = state;
+        c->ntinst++;
+    }
+    if (c->ntinst == 0 && c->eng.nranks > 1)
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport (%s)",
+                             why_none[0] ? why_none : "none compiled in: include transports/ddp_tcp.h");
+
+    _ddp_key(c, key, sizeof key, "joined");
+    if ((r = ddp_store_add(c->store, key, 1, &joined)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
+             c->master_addr, c->master_port, c->eng.rank, c->eng.nranks, (long long)joined);
+    if (joined == c->eng.nranks) {
+        _ddp_key(c, key, sizeof key, "ready");
+        if ((r = ddp_store_set(c->store, key, "1", 1)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
+    {
+        char k1[256], k2[256];
+        const char *keys[2];
+        _ddp_key(c, k1, sizeof k1, "ready");
+        _ddp_key(c, k2, sizeof k2, "abort");
+        keys[0] = k1; keys[1] = k2;
+        r = _ddp_store_wait_keys(c->store, keys, 2, 0, 1);
+        if (r == DDP_ERR_TIMEOUT) {
+            char missing[256] = "";
+            size_t off = 0;
+            for (i = 0; i < c->eng.nranks && off + 12 < sizeof missing; i++) {
+                int ex = 1;
+                _ddp_key(c, key, sizeof key, "rank/%d", i);
+                if (ddp_store_check(c->store, key, &ex) == DDP_SUCCESS && !ex)
+                    off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? "," : "", i);
+            }
+            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: ranks never "
+                                 "joined within %d ms: %s", c->master_addr, c->master_port,
+                                 c->eng.timeout_ms, off ? missing : "(unknown)");
+        }
+        if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+        {
+            int ex = 0;
+            if (ddp_store_check(c->store, k2, &ex) == DDP_SUCCESS && ex) {
+                char why[512];
+                len = 0;
+                ddp_store_get(c->store, k2, why, sizeof why - 1, &len);
+                why[len < sizeof why ? len : sizeof why - 1] = 0;
+                return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another "
+                                     "rank: %s", why);
+            }
+        }
+    }
+    if (c->eng.rank != 0) {
+        _ddp_key(c, key, sizeof key, "comm_id");
+        if ((r = ddp_store_get(c->store, key, &c->tctx.comm_id, sizeof c->tctx.comm_id, &len)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
+    /* Hosts: for local rank/size and for transports that reach same-host peers only. */
+    c->host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+    if (!c->host_ids) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
+    {
+        int lr = 0, ls = 0;
+        for (i = 0; i < c->eng.nranks; i++) {
+            char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+            _ddp_key(c, key, sizeof key, "host/%d", i);
+            len = 0;
+            if ((r = ddp_store_get(c->store, key, h, _DDP_HOST_ID_LEN - 1, &len)) != DDP_SUCCESS)
+                return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+            h[len < _DDP_HOST_ID_LEN ? len : _DDP_HOST_ID_LEN - 1] = 0;
+            if (!strcmp(h, host)) { if (i < c->eng.rank) lr++; ls++; }
+        }
+        if (c->local_rank < 0) c->local_rank = lr;
+        if (c->local_size < 0) c->local_size = ls;
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c);
+
+_DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
+                                         int is_lane);
+
+DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
+    return _ddp_comm_init(out, nranks, rank, d, 0);
+}
+
+/* Step 1: settings from the desc, else the environment, else measured defaults; the bounded
+ * scratch and per-peer tables (the only allocations sized by the world). */
+_DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_t *d, const char **forced_out) {
+    const int nranks = c->eng.nranks, rank = c->eng.rank;
+    const char *s, *forced;
+    ddp_result_t r;
+    long v;
+    int i;
+    c->eng.log_level = d->log_level ? d->log_level - 1 : _ddp_log_level_from_env();
+    c->eng.timeout_ms = d->timeout_ms ? d->timeout_ms : _ddp_env_timeout_ms();
+    s = getenv("DDP_TIMEOUT_MS");
+    if (!d->timeout_ms && s && _ddp_parse_long(s, -1, INT_MAX, &v) != 0) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_TIMEOUT_MS='%s' is not a "
+                          "number of milliseconds", s);
+        return r;
+    }
+    c->eng.spin_us = d->spin_us ? d->spin_us : -2;
+    if (c->eng.spin_us == -2) {
+        s = getenv("DDP_SPIN_US");
+        /* Measured (README): polling with sched_yield beats sleeping at once even with 4 ranks
+         * on 2 CPUs, because the yield hands the CPU to the peer we wait for. */
+        c->eng.spin_us = (s && _ddp_parse_long(s, -1, 10000000, &v) == 0) ? (int)v : _DDP_DEFAULT_SPIN_US;
+    }
+    if (c->eng.spin_us < 0) c->eng.spin_us = 0;
+    c->eng.segment_bytes = d->segment_bytes ? d->segment_bytes : _ddp_parse_size(getenv("DDP_SEGMENT_BYTES"));
+    if (!c->eng.segment_bytes) c->eng.segment_bytes = 512u << 10;
+    if (c->eng.segment_bytes < 4096) c->eng.segment_bytes = 4096;
+    if (c->eng.segment_bytes > (64u << 20)) c->eng.segment_bytes = 64u << 20;
+    c->eng.segment_bytes &= ~(size_t)63;
+    s = getenv("DDP_ALGO");
+    c->algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "ring") ? _DDP_ALGO_RING
+            : !strcmp(s, "rd") || !strcmp(s, "recursive_doubling") ? _DDP_ALGO_RD : -1;
+    if (c->algo < 0) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring "
+                          "or rd", s);
+        return r;
+    }
+    /* Measured crossover (README, bench/): below it the ring's 2(p-1) hops cost more than
+     * recursive doubling's extra bytes. */
+    c->rd_max_bytes = _ddp_parse_size(getenv("DDP_RD_MAX_BYTES"));
+    if (!c->rd_max_bytes)
+        c->rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
+                        : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
+    _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
+    {
+        long v;
+        s = getenv("DDP_ASYNC_LANES");
+        c->want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
+        c->lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
+        if (!c->lane_min_bytes) c->lane_min_bytes = _DDP_LANE_MIN_BYTES;
+    }
+    s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
+    _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
+    s = d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
+    _ddp_strlcpy(c->master_addr, (s && *s) ? s : "127.0.0.1", sizeof c->master_addr);
+    if (d->master_port) {
+        c->master_port = d->master_port;
+    } else if ((i = _ddp_env_int("MASTER_PORT", 1, 65535, &v)) == 1) {
+        c->master_port = (int)v;
+    } else if (i < 0) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: MASTER_PORT='%s' is not a port "
+                          "number (1..65535)", getenv("MASTER_PORT"));
+        return r;
+    } else {
+        c->master_port = _DDP_DEFAULT_PORT;
+    }
+    if (c->master_port < 1 || c->master_port > 65535) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->master_port);
+        return r;
+    }
+    forced = d->transport ? d->transport : getenv("DDP_TRANSPORT");
+    if (forced && (!*forced || !strcmp(forced, "auto"))) forced = NULL;
+    if (forced) _ddp_strlcpy(c->transport_name, forced, sizeof c->transport_name);
+    if (forced && !ddp_transport_find(forced)) {
+        char names[128] = "";
+        size_t off = 0;
+        for (i = 0; i < _ddp_ntransports && off + 16 < sizeof names; i++)
+            off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? ", " : "", _ddp_transports[i]->name);
+        r = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: transport '%s' is not compiled into "
+                          "this program (compiled in: %s; include transports/ddp_%s.h)", forced,
+                          off ? names : "none", forced);
+        return r;
+    }
+    c->peers = (_ddp_peer_t *)_ddp_calloc(&c->alloc, sizeof *c->peers * (size_t)nranks);
+    c->p2p = (uint32_t *)_ddp_calloc(&c->alloc, sizeof *c->p2p * 4 * (size_t)nranks);
+    c->eng.scratch_bytes = c->eng.segment_bytes * _DDP_MAX_SLOTS;
+    c->eng.scratch = (unsigned char *)_ddp_alloc(&c->alloc, c->eng.scratch_bytes);
+    if (!c->peers || !c->eng.scratch || !c->p2p) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating");
+    for (i = 0; i < nranks; i++) c->peers[i].tinst = -1;
+    _DDP_LOG(c, DDP_LOG_INFO, "init: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
+             "segment %zu bytes, transport %s", rank, nranks, c->master_addr, c->master_port,
+             c->eng.timeout_ms, c->eng.spin_us, c->eng.segment_bytes, forced ? forced : "auto");
+
+    *forced_out = forced;
+    (void)rank;
+    return DDP_SUCCESS;
+}
+
+/* Step 2: the store: the caller's (split, threads), else rank 0 serves MASTER_ADDR:PORT. */
+_DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *d) {
+    const int rank = c->eng.rank;
+    ddp_result_t r;
+    if (d->store) {
+        c->store = d->store;
+    } else {
+        ddp_store_desc_t sd;
+        char err[512] = "";
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = c->eng.timeout_ms;
+        sd.secret = d->job_secret;
+        sd.log_level = c->eng.log_level + 1;
+        sd.log_rank = rank + 1;
+        r = _ddp_store_open(&c->store, c->master_addr, c->master_port, rank == 0, &sd, err, sizeof err);
+        if (r != DDP_SUCCESS) {
+            r = ddp_comm_fail(c, r, "init: %s", err);
+            return r;
+        }
+        c->own_store = 1;
+    }
+    return DDP_SUCCESS;
+}
+
+/* Step 4: per peer, the highest-priority transport that reaches it (same rule on both sides,
+ * so they agree without talking). */
+_DDP_PRIVATE ddp_result_t _ddp_init_pick_transports(ddp_comm_t *c) {
+    const int nranks = c->eng.nranks, rank = c->eng.rank;
+    ddp_result_t r;
+    int i;
+    for (i = 0; i < nranks; i++) {
+        int k, best = -1;
+        if (i == rank) continue;
+        for (k = 0; k < c->ntinst; k++) {
+            const ddp_transport_t *t = c->tinst[k].t;
+            if (t->reachable && !t->reachable(c->tinst[k].state, i)) continue;
+            if (best < 0 || t->priority > c->tinst[best].t->priority) best = k;
+        }
+        if (best < 0) {
+            r = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no transport reaches rank %d (host %s)",
+                              i, _ddp_comm_host_id(c, i));
+            return r;
+        }
+        c->peers[i].tinst = best;
+        _DDP_LOG(c, DDP_LOG_TRACE, "peer %d (host %s): transport %s", i, _ddp_comm_host_id(c, i),
+                 c->tinst[best].t->name);
+    }
+    return DDP_SUCCESS;
+}
+
+/* Step 5: one transport reaches everyone and can run the collectives itself (shared memory on
+ * one host): it needs every peer connected, then may take the collectives over. */
+_DDP_PRIVATE ddp_result_t _ddp_init_coll_provider(ddp_comm_t *c) {
+    const int nranks = c->eng.nranks, rank = c->eng.rank;
+    ddp_result_t r;
+    int k;
+        /* One transport reaches everyone and can run the collectives itself (shared memory on
+     * one host): it needs every peer connected. */
+    {
+        int same = c->peers[rank == 0 ? 1 : 0].tinst;
+        for (k = 0; k < nranks; k++) if (k != rank && c->peers[k].tinst != same) same = -1;
+        if (same >= 0 && c->algo == _DDP_ALGO_AUTO && c->tinst[same].t->coll &&
+            c->tinst[same].t->coll->enable) {
+            r = _ddp_connect_peers(c, NULL, nranks);
+            if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
+            if (c->tinst[same].t->coll->enable(c->tinst[same].state) == DDP_SUCCESS) {
+                c->coll = c->tinst[same].t->coll;
+                c->coll_state = c->tinst[same].state;
+            }
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+/* Step 6: the ring's neighbours and recursive doubling's partners, connected now (others on
+ * first use). */
+_DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
+    const int nranks = c->eng.nranks, rank = c->eng.rank;
+    ddp_result_t r;
+    if (nranks > 1) {
+        /* Ring neighbours, and the partners of recursive doubling: r ^ 2^i within the largest
+         * power of two, r +- 2^k for the folded extra ranks. */
+        int list[2 + 2 + 32], n = 0, p2 = 1, k, j;
+        list[n++] = (rank + 1) % nranks;
+        list[n++] = (rank + nranks - 1) % nranks;
+        while (p2 * 2 <= nranks) p2 *= 2;
+        if (rank >= p2) list[n++] = rank - p2;
+        else {
+            if (rank + p2 < nranks) list[n++] = rank + p2;
+            for (k = 1; k < p2; k <<= 1) list[n++] = rank ^ k;
+        }
+        for (k = 0, j = 0; k < n; k++) {   /* dedupe */
+            int seen = 0, m;
+            for (m = 0; m < j; m++) if (list[m] == list[k]) seen = 1;
+            if (!seen) list[j++] = list[k];
+        }
+        _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s; "
+                 "%d peers connected in all", list[0], ddp_comm_transport_name(c, list[0]), list[1],
+                 ddp_comm_transport_name(c, list[1]), j);
+        if (c->coll)
+            _DDP_LOG(c, DDP_LOG_INFO, "collectives: run by the %s transport itself (all %d ranks "
+                     "reach each other through it); DDP_ALGO=ring or rd to use those instead",
+                     c->tinst[c->peers[list[0]].tinst].t->name, nranks);
+        else if (c->algo != _DDP_ALGO_AUTO)
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s",
+                     c->algo == _DDP_ALGO_RING ? "ring (DDP_ALGO)"
+                     : "recursive doubling up to the scratch size, ring above (DDP_ALGO)");
+        else
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: recursive doubling up to %zu bytes, "
+                     "ring above (DDP_ALGO, DDP_RD_MAX_BYTES override)", c->rd_max_bytes);
+        r = _ddp_connect_peers(c, list, j);
+        if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c);
+
+/* A failure before there is a communicator: the story goes to ddp_last_init_error. */
+_DDP_PRIVATE ddp_result_t _ddp_init_refuse(ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+_DDP_PRIVATE ddp_result_t _ddp_init_refuse(ddp_result_t r, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(_ddp_init_error, sizeof _ddp_init_error, "%s [%s]", msg, ddp_strerror(r));
+    if (_ddp_log_level_from_env() >= DDP_LOG_WARN) _ddp_log_str(-1, DDP_LOG_WARN, _ddp_init_error);
+    return r;
+}
+
+/* Settings, store, rendezvous (transports open listeners and publish), transport per peer,
+ * collective provider, neighbour connections, lanes: each step names its failure. */
+_DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
+                                         int is_lane) {
+    ddp_comm_desc_t zero;
+    ddp_comm_t *c;
+    ddp_result_t r;
+    const char *forced = NULL;
+    _ddp_init_error[0] = 0;
+    if (!out) return _ddp_init_refuse(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init: NULL comm pointer");
+    *out = NULL;
+    if (nranks < 1 || nranks > _DDP_MAX_RANKS)
+        return _ddp_init_refuse(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init: world size %d is not in "
+                                "1..%d (rank 0's store holds a connection per rank)", nranks, _DDP_MAX_RANKS);
+    if (rank < 0 || rank >= nranks)
+        return _ddp_init_refuse(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init: rank %d is not in 0..%d "
+                                "(world size %d)", rank, nranks - 1, nranks);
+    if (!d) { memset(&zero, 0, sizeof zero); d = &zero; }
+    if (d->allocator && (!d->allocator->alloc || !d->allocator->free))
+        return _ddp_init_refuse(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init: desc.allocator needs both "
+                                "alloc and free");
+    c = (ddp_comm_t *)_ddp_calloc(d->allocator, sizeof *c);
+    if (!c) return _ddp_init_refuse(DDP_ERR_OUT_OF_MEMORY, "ddp_comm_init: allocating the communicator");
+    pthread_mutex_init(&c->amu, NULL);
+    pthread_cond_init(&c->acv, NULL);
+    pthread_cond_init(&c->adone, NULL);
+    c->async_init = 1;
+    if (!_ddp_live_add(c)) { _ddp_free(d->allocator, c); return DDP_ERR_OUT_OF_MEMORY; }
+    if (d->allocator) c->alloc = *d->allocator;
+    c->eng.rank = rank;
+    c->eng.nranks = nranks;
+    c->local_rank = c->local_size = -1;
+    if ((r = _ddp_init_settings(c, d, &forced)) != DDP_SUCCESS) goto fail;
+    _ddp_init_contexts(c);
+    if ((r = _ddp_init_store(c, d)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_rendezvous(c, forced)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_pick_transports(c)) != DDP_SUCCESS) goto fail;
+    if (nranks > 1 && (r = _ddp_init_coll_provider(c)) != DDP_SUCCESS) goto fail;
+    if (nranks > 1 && (r = _ddp_init_connect_neighbours(c)) != DDP_SUCCESS) goto fail;
+    c->nlanes = 1;
+    if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
+    {
+        cpu_set_t set;
+        int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
+                 "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size, ncpu);
+    }
+    _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
+    *out = c;
+    return DDP_SUCCESS;
+fail:
+    /* Ranks waiting in the rendezvous learn at once instead of at their timeout; a rank that
+     * only saw a peer go away says why that peer went, if it told the store. */
+    if (c->store && (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c))) _ddp_publish_failure(c);
+    /* The caller gets no communicator to ask, so keep the story per thread. */
+    _ddp_strlcpy(_ddp_init_error, c->last_error, sizeof _ddp_init_error);
+    ddp_comm_destroy(c);
+    return r;
+}
+
+/* ---------------------------------------------------------------- threads as ranks
+ * n communicators in this process, one per thread (the C answer to nn.DataParallel). A private
+ * store on 127.0.0.1 (a free port the kernel picks) does the rendezvous; each rank has its own
+ * client of it. Ranks talk through transports/ddp_threads.h when it is compiled in (reducing
+ * straight from each other's buffers), else through the shared-memory transport (ranks of one
+ * process share its mappings), else the default: no socket is involved with either, and a small
+ * all-reduce costs well under a microsecond. desc->transport or DDP_TRANSPORT still decide. */
+typedef struct {
+    ddp_comm_t **out;
+    int rank, n, port;
+    const ddp_comm_desc_t *desc;
+    const char *transport;
+    ddp_result_t r;
+    char err[1024];
+} _ddp_thread_init_t;
+
+static void *_ddp_thread_init_main(void *arg) {
+    _ddp_thread_init_t *t = (_ddp_thread_init_t *)arg;
+    ddp_comm_desc_t d = *t->desc;
+    ddp_store_desc_t sd;
+    ddp_store_t *client = NULL;
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = d.timeout_ms;
+    sd.log_level = d.log_level;
+    sd.log_rank = t->rank + 1;
+    sd.secret = "";
+    t->r = ddp_store_open(&client, "127.0.0.1", t->port, 0, &sd);
+    if (t->r != DDP_SUCCESS) {
+        snprintf(t->err, sizeof t->err, "init_threads: rank %d: store: %s", t->rank, "cannot reach the private store");
+        return NULL;
+    }
+    d.store = client;
+    d.store_prefix = "threads";
+    d.transport = t->transport;
+    d.master_addr = "127.0.0.1";
+    d.master_port = t->port;
+    t->r = ddp_comm_init(t->out, t->n, t->rank, &d);
+    if (t->r != DDP_SUCCESS) {
+        _ddp_strlcpy(t->err, ddp_last_init_error(), sizeof t->err);
+        ddp_store_close(client);
+        return NULL;
+    }
+    (*t->out)->own_store = 1;          /* destroy closes this rank's client */
+    return NULL;
+}
+
+DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_comm_desc_t *desc) {
+    ddp_comm_desc_t zero;
+    ddp_store_desc_t sd;
+    ddp_store_t *srv = NULL;
+    _ddp_thread_init_t *t;
+    pthread_t *th;
+    ddp_result_t r = DDP_SUCCESS;
+    int i, started = 0;
+    if (!comms || n < 1) {
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init_threads: %s",
+                 comms ? "n must be >= 1" : "NULL comms");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    for (i = 0; i < n; i++) comms[i] = NULL;
+    if (!desc) { memset(&zero, 0, sizeof zero); desc = &zero; }
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = desc->timeout_ms;
+    sd.log_level = desc->log_level;
+    sd.secret = "";
+    r = ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd);
+    if (r != DDP_SUCCESS) {
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init_threads: private store: %s",
+                 srv ? ddp_store_last_error(srv) : ddp_strerror(r));
+        return r;
+    }
+    t = (_ddp_thread_init_t *)DDP_MALLOC(sizeof *t * (size_t)n);
+    th = (pthread_t *)DDP_MALLOC(sizeof *th * (size_t)n);
+    if (!t || !th) {
+        DDP_FREE(t);
+        DDP_FREE(th);
+        ddp_store_close(srv);
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init_threads: out of memory");
+        return DDP_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].out = &comms[i];
+        t[i].rank = i;
+        t[i].n = n;
+        t[i].port = ddp_store_port(srv);
+        t[i].desc = desc;
+        t[i].transport = desc->transport ? desc->transport
+                       : getenv("DDP_TRANSPORT") ? NULL : ddp_transport_find("threads") ? "threads"
+                       : ddp_transport_find("shm") ? "shm" : NULL;
+        if (pthread_create(&th[i], NULL, _ddp_thread_init_main, &t[i]) != 0) {
+            t[i].r = DDP_ERR_SYSTEM;
+            snprintf(t[i].err, sizeof t[i].err, "init_threads: pthread_create: %s", strerror(errno));
+            break;
+        }
+        started++;
+    }
+    for (i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (i = 0; i < n; i++) {
+        if (i >= started || t[i].r != DDP_SUCCESS) {
+            if (r == DDP_SUCCESS) {
+                r = i >= started ? DDP_ERR_SYSTEM : t[i].r;
+                _ddp_strlcpy(_ddp_init_error, i >= started ? "init_threads: a thread did not start"
+                                                           : t[i].err, sizeof _ddp_init_error);
+            }
+        }
+    }
+    if (r != DDP_SUCCESS) {
+        for (i = 0; i < n; i++) if (comms[i]) { ddp_comm_destroy(comms[i]); comms[i] = NULL; }
+        ddp_store_close(srv);
+    } else {
+        comms[0]->extra_store = srv;    /* the server lives as long as rank 0's communicator */
+    }
+    DDP_FREE(t);
+    DDP_FREE(th);
+    return r;
+}
+
+DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *d) {
+    _ddp_env_ranks_t e;
+    ddp_result_t r;
+    ddp_comm_t *c;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    memset(&e, 0, sizeof e);
+    r = _ddp_ranks_from_env(&e);
+    if (r != DDP_SUCCESS) {
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "init: %s [%s]", e.err, ddp_strerror(r));
+        if (_ddp_log_level_from_env() >= DDP_LOG_WARN) {
+            _ddp_log_str(-1, DDP_LOG_WARN, _ddp_init_error);
+        }
+        return r;
+    }
+    r = ddp_comm_init(&c, e.nranks, e.rank, d);
+    if (r != DDP_SUCCESS) return r;
+    if (e.local_rank >= 0) c->local_rank = e.local_rank;
+    if (e.local_size >= 0) c->local_size = e.local_size;
+    *out = c;
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- point-to-point plumbing
+ * What the algorithms in ddp_ring.h use: per-peer isend/irecv/test through the peer's transport,
+ * and the blocking half of spin-then-block. */
+_DDP_PRIVATE ddp_result_t _ddp_isend(ddp_comm_t *c, int peer, const void *buf, size_t len,
+                                     uint64_t tag, void **req) {
+    _ddp_peer_t *p = &c->peers[peer];
+    if (!p->conn) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "no connection to rank %d", peer);
+    return c->tinst[p->tinst].t->isend(p->conn, buf, len, tag, NULL, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_irecv(ddp_comm_t *c, int peer, void *buf, size_t len, uint64_t tag,
+                                     void **req) {
+    _ddp_peer_t *p = &c->peers[peer];
+    if (!p->conn) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "no connection to rank %d", peer);
+    return c->tinst[p->tinst].t->irecv(p->conn, buf, len, tag, NULL, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_test(ddp_comm_t *c, int peer, void *req, int *done) {
+    return c->tinst[c->peers[peer].tinst].t->test(req, done);
+}
+
+/* Sleeps until a connection to one of the peers may progress (or timeout_ms). Peers on
+ * different transports cannot share one kernel wait: then nap briefly instead. */
+_DDP_PRIVATE ddp_result_t _ddp_block(ddp_comm_t *c, const int *peers, int n, int timeout_ms) {
+    void *conns[8];
+    int i, k = 0, ti = -1;
+    /* Every stalled wait passes here at least every 100 ms: where ddp_comm_abort is seen. */
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
+        return ddp_comm_fail(c, DDP_ERR_ABORTED, "ddp_comm_abort was called on this rank");
+    if (timeout_ms < 0 || timeout_ms > 100) timeout_ms = 100;
+    for (i = 0; i < n && k < 8; i++) {
+        _ddp_peer_t *p = &c->peers[peers[i]];
+        if (!p->conn) continue;
+        if (ti >= 0 && p->tinst != ti) { usleep(20); return DDP_SUCCESS; }
+        ti = p->tinst;
+        conns[k++] = p->conn;
+    }
+    if (ti < 0 || !c->tinst[ti].t->wait) { usleep(20); return DDP_SUCCESS; }
+    return c->tinst[ti].t->wait(c->tinst[ti].state, conns, k, timeout_ms);
+}
+
+
+/* ---------------------------------------------------------------- the two views of a communicator
+ * The algorithms get _ddp_engine_t (ddp_engine.h) and the transports ddp_transport_ctx_t
+ * (ddp_transport.h); these adapters are the only way either reaches the communicator. */
+_DDP_PRIVATE ddp_result_t _ddp_eng_isend(void *h, int peer, const void *buf, size_t len, uint64_t tag, void **req) {
+    return _ddp_isend((ddp_comm_t *)h, peer, buf, len, tag, req);
+}
+_DDP_PRIVATE ddp_result_t _ddp_eng_irecv(void *h, int peer, void *buf, size_t len, uint64_t tag, void **req) {
+    return _ddp_irecv((ddp_comm_t *)h, peer, buf, len, tag, req);
+}
+_DDP_PRIVATE ddp_result_t _ddp_eng_test(void *h, int peer, void *req, int *done) {
+    return _ddp_test((ddp_comm_t *)h, peer, req, done);
+}
+_DDP_PRIVATE ddp_result_t _ddp_eng_block(void *h, const int *peers, int n, int timeout_ms) {
+    return _ddp_block((ddp_comm_t *)h, peers, n, timeout_ms);
+}
+_DDP_PRIVATE ddp_result_t _ddp_eng_connect(void *h, const int *peers, int n) {
+    return _ddp_connect_peers((ddp_comm_t *)h, peers, n);
+}
+_DDP_PRIVATE ddp_result_t _ddp_host_fail(void *h, ddp_result_t r, const char *msg) {
+    return ddp_comm_fail((ddp_comm_t *)h, r, "%s", msg);
+}
+_DDP_PRIVATE const char *_ddp_host_last_error(void *h) { return ((ddp_comm_t *)h)->last_error; }
+_DDP_PRIVATE void _ddp_host_log(void *h, ddp_log_level_t level, const char *msg) {
+    ddp_comm_log((const ddp_comm_t *)h, level, "%s", msg);
+}
+_DDP_PRIVATE const char *_ddp_host_peer_id(void *h, int peer) { return _ddp_comm_host_id((const ddp_comm_t *)h, peer); }
+_DDP_PRIVATE ddp_result_t _ddp_host_publish(void *h, const char *name, const void *addr, size_t len) {
+    return _ddp_comm_publish((ddp_comm_t *)h, name, addr, len);
+}
+_DDP_PRIVATE ddp_result_t _ddp_host_lookup(void *h, const char *name, int peer, void *addr, size_t cap, size_t *len) {
+    return _ddp_comm_lookup((ddp_comm_t *)h, name, peer, addr, cap, len);
+}
+/* Whether peer published an address under name, without waiting (a peer whose binary lacks a
+ * transport publishes nothing, and a lookup would wait for it until the timeout). */
+_DDP_PRIVATE int _ddp_host_published(void *h, const char *name, int peer) {
+    ddp_comm_t *c = (ddp_comm_t *)h;
+    char key[256];
+    int exists = 0;
+    _ddp_key(c, key, sizeof key, "addr/%s/%d", name, peer);
+    return ddp_store_check(c->store, key, &exists) == DDP_SUCCESS && exists;
+}
+
+/* After the settings: both views read the communicator's fields through these. */
+_DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
+    _ddp_engine_t *e = &c->eng;
+    ddp_transport_ctx_t *x = &c->tctx;
+    e->host = c;
+    e->waiting_on = -1;
+    e->isend = _ddp_eng_isend; e->irecv = _ddp_eng_irecv; e->test = _ddp_eng_test;
+    e->block = _ddp_eng_block; e->connect = _ddp_eng_connect;
+    e->fail = _ddp_host_fail; e->last_error = _ddp_host_last_error; e->log = _ddp_host_log;
+    x->rank = e->rank; x->nranks = e->nranks;
+    x->timeout_ms = e->timeout_ms; x->spin_us = e->spin_us; x->log_level = e->log_level;
+    x->ifname = c->ifname[0] ? c->ifname : NULL;
+    x->master_addr = c->master_addr;
+    x->allocator = c->alloc.alloc ? &c->alloc : NULL;
+    x->abort_flag = &c->aborted;
+    x->waiting_on = &e->waiting_on;
+    x->host = c;
+    x->host_id = _ddp_host_peer_id; x->publish = _ddp_host_publish; x->lookup = _ddp_host_lookup;
+    x->published = _ddp_host_published; x->log = _ddp_host_log; x->fail = _ddp_host_fail;
+    x->last_error = _ddp_host_last_error;
+}
+
+/* ---------------------------------------------------------------- collectives: checks */
+_DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    return (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const void *sendbuf,
+                                          const void *recvbuf, size_t count, size_t mult,
+                                          ddp_dtype_t dtype, int check_op, ddp_op_t op) {
+    size_t es = ddp_dtype_size(dtype);
+    if (!es) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)dtype);
+    if (check_op && (unsigned)op >= DDP_NUM_OPS)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid op %d", what, (int)op);
+    if (count > SIZE_MAX / es / mult)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: count %zu x %zu ranks x %zu bytes "
+                             "overflows size_t", what, count, mult, es);
+    if (count && (!sendbuf || !recvbuf))
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL %s buffer with count %zu",
+                             what, sendbuf ? "receive" : "send", count);
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- who is stuck
+ * A wait that times out knows only the peer it waited on, which may itself be waiting (a ring
+ * stalls behind one stopped rank). So, before giving up (and before closing connections, which
+ * would turn the others' waits into "connection closed"), every rank that timed out publishes
+ * its position (the peer it waited on, its collective number, its error) under pos/<rank>, then
+ * follows the chain from its own peer: a peer that publishes within the grace is waiting too,
+ * so follow whom it waits on; the first rank on the chain that does not publish is the one
+ * that stopped making progress (stopped, hung in user code, or cut off). Same idea as
+ * PyTorch's Flight Recorder and NCCL's RAS, with the rendezvous store as the meeting point.
+ * Healthy ranks time out within a short spread of each other (their last progress was the
+ * same collective), so a grace of timeout/2 in [1, 10] s is enough. When the store itself does
+ * not answer, rank 0 (which serves it) is the one to blame. */
+_DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
+    const int me = c->eng.rank, n = c->eng.nranks;
+    int grace = c->eng.timeout_ms < 0 ? 5000 : c->eng.timeout_ms / 2;
+    int64_t deadline;
+    char key[256], val[600], chain[640] = "", orig[1024], why[160] = "";
+    const char *body;
+    int cur, hops, stuck = -1;
+    size_t off = 0;
+    if (!c->store || n < 2) return;
+    if (grace < 1000) grace = 1000;
+    if (grace > 10000) grace = 10000;
+    deadline = _ddp_now_us() + (int64_t)grace * 1000;
+    _ddp_strlcpy(orig, c->last_error, sizeof orig);
+    body = strncmp(orig, "rank ", 5) == 0 && strstr(orig, ": ") ? strstr(orig, ": ") + 2 : orig;
+    snprintf(val, sizeof val, "%d %u %.560s", c->eng.waiting_on, c->eng.seq, body);
+    _ddp_key(c, key, sizeof key, "pos/%d", me);
+    _ddp_store_quick(c->store, 1);
+    if (ddp_store_set(c->store, key, val, strlen(val)) != DDP_SUCCESS) {
+        stuck = 0;
+        snprintf(why, sizeof why, "its rendezvous store does not answer: stopped, hung or cut off");
+    }
+    for (cur = c->eng.waiting_on, hops = 0; stuck < 0 && cur >= 0 && cur < n && cur != me && hops < 32; hops++) {
+        int next = -1, exists = 0;
+        unsigned seq = 0;
+        size_t len = 0;
+        ddp_result_t r;
+        _ddp_key(c, key, sizeof key, "pos/%d", cur);
+        /* Short checks, not one long wait: a wait that times out costs the connection, and the
+         * failure still has to be published after this. */
+        while ((r = ddp_store_check(c->store, key, &exists)) == DDP_SUCCESS && !exists) {
+            if (_ddp_ms_left(deadline) == 0) { r = DDP_ERR_TIMEOUT; break; }
+            usleep(20000);
+        }
+        if (r == DDP_SUCCESS) r = ddp_store_get(c->store, key, val, sizeof val - 1, &len);
+        if (r != DDP_SUCCESS) {
+            stuck = cur;
+            snprintf(why, sizeof why, r == DDP_ERR_TIMEOUT ? "no report of its position within "
+                     "%d ms: stopped, hung or cut off" : "the store could not be asked (%d ms)", grace);
+            break;
+        }
+        val[len] = 0;
+        if (sscanf(val, "%d %u", &next, &seq) != 2) next = -1;
+        if (off < sizeof chain - 1) {
+            const char *text = strchr(val, ' ');
+            text = text ? strchr(text + 1, ' ') : NULL;
+            off += (size_t)snprintf(chain + off, sizeof chain - off, "%srank %d at #%u (%.120s)",
+                                    off ? "; " : "", cur, seq, text ? text + 1 : "?");
+            if (off >= sizeof chain) off = sizeof chain - 1;
+        }
+        if (next == me || next < 0) break;     /* a cycle back to us, or it knows no more */
+        cur = next;
+    }
+    _ddp_store_quick(c->store, 0);
+    if (stuck >= 0)
+        snprintf(c->last_error, sizeof c->last_error, "rank %d: stuck rank: %d (%s); here: %.400s%s%.300s",
+                 me, stuck, why, body, off ? "; waiting chain: " : "", chain);
+    else if (off)
+        snprintf(c->last_error, sizeof c->last_error, "rank %d: %.500s; waiting chain (every rank "
+                 "on it reported: they wait on each other, e.g. different collectives): %.400s",
+                 me, body, chain);
+    if (stuck >= 0 || off) _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
+}
+
+/* The communicator's error state, NCCL-style: a failed collective poisons it. A timeout first
+ * finds out which rank stopped making progress. */
+_DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
+    if (r == DDP_ERR_TIMEOUT) _ddp_name_stuck_rank(c);
+    return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
+}
+
+/* ---------------------------------------------------------------- operations, async, abort
+ * Every collective is an operation record. A blocking call runs it on the caller's thread; an
+ * async call queues it for the communicator's progress thread, which runs the queue in issue
+ * order. Only one thread runs operations at a time: a blocking call first waits until the
+ * queue is empty. The slots are allocated once, at the first async call: no allocation per
+ * call. */
+typedef struct _ddp_op {
+    int kind;                         /* a _ddp_kind_t (ddp_engine.h) */
+    int root;                         /* the root, or the peer of a send/recv */
+    const void *send;
+    void *recv;
+    size_t count;
+    ddp_dtype_t dtype;
+    ddp_op_t op;
+    /* queued for the progress thread */
+    int state;                        /* 0 free, 1 queued, 2 running, 3 done */
+    uint64_t id;                      /* issue number, from 1 */
+    ddp_result_t result;
+    ddp_async_hooks_t hooks;          /* work before and after it, on the progress thread */
+    int lane;                         /* the progress thread that runs it */
+    /* queued by a group: its sends and receives are posted together at group_end */
+    int post;                         /* 0 queued, 1 posted, 2 done */
+    void *req;
+    uint64_t tag;
+} _ddp_op_t;
+
+static _ddp_op_t _ddp_op_make(int kind, const void *send, void *recv, size_t count,
+                              ddp_dtype_t dtype, ddp_op_t op, int root) {
+    _ddp_op_t o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind; o.send = send; o.recv = recv; o.count = count; o.dtype = dtype; o.op = op;
+    o.root = root;
+    return o;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o);
+
+/* Abort's poisoning happens once, by whichever thread gets there first. The reason is
+ * ddp_comm_abort's, or another async lane's failure (_ddp_abort_internal). */
+_DDP_PRIVATE ddp_result_t _ddp_abort_poison(ddp_comm_t *c) {
+    int expect = 0;
+    ddp_result_t code = DDP_ERR_ABORTED;
+    char why[sizeof c->abort_reason];
+    pthread_mutex_lock(&c->amu);
+    _ddp_strlcpy(why, c->abort_reason[0] ? c->abort_reason : "ddp_comm_abort was called on this rank",
+                 sizeof why);
+    if (c->abort_reason[0]) code = c->abort_code;
+    pthread_mutex_unlock(&c->amu);
+    if (__atomic_compare_exchange_n(&c->abort_claimed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+        __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_SUCCESS) {
+        ddp_comm_fail(c, code, "%s", why);
+        _ddp_comm_poison(c, code);
+    }
+    return code;
+}
+
+/* Marks an operation running, unless an abort came first (Dekker with ddp_comm_abort). */
+_DDP_PRIVATE ddp_result_t _ddp_begin(ddp_comm_t *c) {
+    ddp_result_t e;
+    int expect = 0;
+    /* The owner check: a communicator is used by one thread at a time (its progress thread
+     * included, which runs only while the caller waits or is in no call). A second thread gets
+     * an error instead of racing the first on the connections. Not recorded as last_error:
+     * that buffer belongs to the thread inside. */
+    if (!__atomic_compare_exchange_n(&c->busy, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        _DDP_LOG(c, DDP_LOG_WARN, "two threads used this communicator at once: the second call "
+                 "returns DDP_ERR_INVALID_USAGE (use one communicator per thread, or serialise)");
+        return DDP_ERR_INVALID_USAGE;
+    }
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+        return _ddp_abort_poison(c);
+    }
+    e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (e != DDP_SUCCESS) __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+    return e;
+}
+_DDP_PRIVATE void _ddp_end(ddp_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST); }
+
+/* The hand-offs between the caller and the progress thread poll for the communicator's spin
+ * time (yielding the CPU between polls, as the transports do) before sleeping on a condition
+ * variable: a futex wake-up costs tens of microseconds on a busy machine, more than a small
+ * all-reduce. 1 when *word reached want in time; the caller still re-checks under the mutex. */
+_DDP_PRIVATE int _ddp_poll_u64(ddp_comm_t *c, const uint64_t *word, uint64_t want) {
+    int64_t until;
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return 1;
+    if (c->eng.spin_us <= 0) return 0;
+    until = _ddp_now_us() + c->eng.spin_us;
+    do {
+        sched_yield();
+        if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return 1;
+    } while (_ddp_now_us() < until);
+    return 0;
+}
+
+/* A blocking call: wait for everything issued before it, then run it here. */
+_DDP_PRIVATE ddp_result_t _ddp_enter(ddp_comm_t *c) {
+    if (c->progress_on) {
+        _ddp_poll_u64(c, &c->finished, __atomic_load_n(&c->issued, __ATOMIC_ACQUIRE));
+        pthread_mutex_lock(&c->amu);
+        while (c->finished < c->issued) pthread_cond_wait(&c->adone, &c->amu);
+        pthread_mutex_unlock(&c->amu);
+    }
+    return _ddp_begin(c);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
+    ddp_result_t r = _ddp_enter(c);
+    if (r != DDP_SUCCESS) return r;
+    r = _ddp_run_op(c, o);
+    _ddp_end(c);
+    return r;
+}
+
+/* ---- lanes
+ * Requests run on progress threads ("lanes"), each in issue order. Lane 0 runs on the
+ * communicator itself; with DDP_ASYNC_LANES > 1 (default 1: off) and the ring doing the
+ * collectives (no transport-run collectives: shared memory gains nothing), requests of
+ * DDP_LANE_MIN_BYTES or more take turns over the lanes, each lane > 0 running on its own copy
+ * of the communicator (own connections), so that several large requests are on the wire at
+ * once (NCCL's channels, Gloo's multiple pairs). Which lane runs a request depends only on the
+ * sequence of requests, the same on every rank. A request waits for earlier requests of other
+ * lanes whose buffers it would read or write while they write or read them, so the results are
+ * those of issue order; and requests complete, for ddp_wait/ddp_test, in issue order. A lane
+ * that fails aborts the others, which tells every peer. */
+
+/* The bytes an operation reads (recv_side 0) or writes (1). */
+_DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int recv_side) {
+    size_t b = o->count * ddp_dtype_size(o->dtype), p = (size_t)c->eng.nranks;
+    switch (o->kind) {
+    case _DDP_KIND_BARRIER: return 0;
+    case _DDP_KIND_REDUCE_SCATTER: case _DDP_KIND_SCATTER: return recv_side ? b : b * p;
+    case _DDP_KIND_ALL_GATHER: case _DDP_KIND_GATHER: return recv_side ? b * p : b;
+    case _DDP_KIND_ALL_TO_ALL: return b * p;
+    default: return b;
+    }
+}
+
+_DDP_PRIVATE int _ddp_ranges_meet(const void *a, size_t alen, const void *b, size_t blen) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return a && b && alen && blen && x < y + blen && y < x + alen;
+}
+
+/* 1 if o must wait for the earlier request e (another lane's): one writes what the other uses. */
+_DDP_PRIVATE int _ddp_op_depends(const ddp_comm_t *c, const _ddp_op_t *o, const _ddp_op_t *e) {
+    size_t os = _ddp_op_bytes(c, o, 0), orb = _ddp_op_bytes(c, o, 1);
+    size_t es = _ddp_op_bytes(c, e, 0), erb = _ddp_op_bytes(c, e, 1);
+    return _ddp_ranges_meet(o->send, os, e->recv, erb) || _ddp_ranges_meet(o->recv, orb, e->recv, erb) ||
+           _ddp_ranges_meet(o->recv, orb, e->send, es);
+}
+
+/* Called with amu held: the next request of lane l that may start, or NULL. */
+_DDP_PRIVATE _ddp_op_t *_ddp_lane_next(ddp_comm_t *c, _ddp_lane_t *l) {
+    uint64_t id, e;
+    for (id = l->cursor + 1; id <= c->issued; id++) {
+        _ddp_op_t *o = &c->ops[(id - 1) % DDP_MAX_REQUESTS];
+        if (o->lane != l->index) continue;
+        for (e = c->finished + 1; e < id; e++) {
+            const _ddp_op_t *q = &c->ops[(e - 1) % DDP_MAX_REQUESTS];
+            if (q->lane != l->index && q->state != 3 && _ddp_op_depends(c, o, q)) return NULL;
+        }
+        return o;
+    }
+    return NULL;
+}
+
+_DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const char *reason);
+
+static void *_ddp_progress_main(void *arg) {
+    _ddp_lane_t *l = (_ddp_lane_t *)arg;
+    ddp_comm_t *c = l->owner, *x = l->exec;
+    pthread_mutex_lock(&c->amu);
+    for (;;) {
+        _ddp_op_t *o = _ddp_lane_next(c, l);
+        ddp_result_t r;
+        if (!o) {
+            int more = 0;
+            uint64_t id;
+            for (id = l->cursor + 1; id <= c->issued && !more; id++)
+                more = c->ops[(id - 1) % DDP_MAX_REQUESTS].lane == l->index;
+            if (c->progress_stop && !more) break;
+            if (!more) {   /* nothing of ours queued: lane 0 polls a while for a new request */
+                uint64_t next = c->issued + 1;
+                if (l->index == 0) {
+                    pthread_mutex_unlock(&c->amu);
+                    _ddp_poll_u64(c, &c->issued, next);
+                    pthread_mutex_lock(&c->amu);
+                    if (c->issued >= next || c->progress_stop) continue;   /* re-check both */
+                }
+                pthread_cond_wait(&c->acv, &c->amu);
+            } else {       /* ours, behind another lane's request it depends on */
+                pthread_cond_wait(&c->adone, &c->amu);
+            }
+            continue;
+        }
+        o->state = 2;
+        l->cursor = o->id;
+        pthread_mutex_unlock(&c->amu);
+        r = _ddp_begin(x);
+        if (r == DDP_SUCCESS) {
+            if (o->hooks.before) o->hooks.before(o->hooks.arg);
+            r = _ddp_run_op(x, o);
+            _ddp_end(x);
+            if (r == DDP_SUCCESS && o->hooks.after) o->hooks.after(o->hooks.arg);
+        }
+        if (r != DDP_SUCCESS && c->nlanes > 1 && !__atomic_load_n(&x->aborted, __ATOMIC_SEQ_CST)) {
+            char why[640];
+            int j;
+            snprintf(why, sizeof why, "async lane %d failed: %.560s", l->index, x->last_error);
+            for (j = 0; j < c->nlanes; j++)
+                if (j != l->index) _ddp_abort_internal(c->lanes[j].exec, r, why);
+        }
+        pthread_mutex_lock(&c->amu);
+        o->result = r;
+        o->state = 3;
+        while (c->finished < c->issued && c->ops[c->finished % DDP_MAX_REQUESTS].state == 3)
+            __atomic_store_n(&c->finished, c->finished + 1, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&c->adone);
+    }
+    pthread_mutex_unlock(&c->amu);
+    return NULL;
+}
+
+/* At init, when lanes may help (the ring does the collectives: shared memory gains nothing):
+ * copies of the communicator with their own connections, every rank at the same point, so
+ * async and blocking calls stay interchangeable. Their threads start at the first async call. */
+_DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
+    int want = c->coll || c->eng.nranks < 2 ? 1 : c->want_lanes, i;
+    ddp_comm_desc_t d;
+    ddp_store_desc_t sd;
+    char prefix[192];
+    ddp_result_t r;
+    c->lanes[0].owner = c->lanes[0].exec = c;
+    for (i = 1; i < want; i++) {
+        ddp_store_t *client = NULL;
+        snprintf(prefix, sizeof prefix, "%s/lane%d", c->prefix, i);
+        /* Its own client of the store: a store client serves one thread at a time, and the
+         * lanes report failures from their own threads. */
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = c->eng.timeout_ms;
+        sd.secret = c->store->secret;
+        sd.log_level = c->eng.log_level + 1;
+        sd.log_rank = c->eng.rank + 1;
+        if ((r = ddp_store_open(&client, c->store->host, c->store->port, 0, &sd)) != DDP_SUCCESS) {
+            ddp_comm_fail(c, r, "init: async lane %d: connecting to the store at %s:%d: %.400s", i,
+                          c->store->host, c->store->port, client ? ddp_store_last_error(client) : "");
+            if (client) ddp_store_close(client);
+            return r;
+        }
+        memset(&d, 0, sizeof d);
+        d.master_addr = c->master_addr;
+        d.master_port = c->master_port;
+        d.timeout_ms = c->eng.timeout_ms;
+        d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
+        d.store = client;
+        d.store_prefix = prefix;
+        d.transport = c->transport_name[0] ? c->transport_name : NULL;
+        d.segment_bytes = c->eng.segment_bytes;
+        d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
+        d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
+        d.allocator = c->alloc.alloc ? &c->alloc : NULL;
+        c->lanes[i].owner = c;
+        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, 1)) != DDP_SUCCESS) {
+            ddp_store_close(client);
+            return ddp_comm_fail(c, r, "init: the connections of async lane %d: %.600s", i,
+                                 ddp_last_init_error());
+        }
+        c->lanes[i].exec->own_store = 1;   /* destroy closes the client */
+        c->nlanes = i + 1;
+    }
+    _DDP_LOG(c, DDP_LOG_INFO, "async: %d lane%s: %s", want, want > 1 ? "s" : "",
+             want > 1 ? "async requests from DDP_LANE_MIN_BYTES up take turns, each lane with its "
+             "own connections (DDP_ASYNC_LANES=1: one)" : c->coll ? "collectives run by the "
+             "transport" : "one");
+    return DDP_SUCCESS;
+}
+
+/* The first async call: the lanes' progress threads. */
+_DDP_PRIVATE ddp_result_t _ddp_lanes_start(ddp_comm_t *c, const char *what) {
+    int i;
+    ddp_result_t r;
+    if (!c->ops) {
+        c->ops = (_ddp_op_t *)_ddp_calloc(&c->alloc, sizeof *c->ops * DDP_MAX_REQUESTS);
+        if (!c->ops) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "%s: request slots", what);
+    }
+    for (i = 0; i < c->nlanes; i++) {
+        c->lanes[i].index = i;
+        c->lanes[i].cursor = c->issued;
+        if (pthread_create(&c->lanes[i].thread, NULL, _ddp_progress_main, &c->lanes[i]) != 0) {
+            r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "%s: starting progress thread %d: %s", what, i,
+                              strerror(errno));
+            pthread_mutex_lock(&c->amu);
+            c->progress_stop = 1;
+            pthread_cond_broadcast(&c->acv);
+            pthread_mutex_unlock(&c->amu);
+            while (i-- > 0) pthread_join(c->lanes[i].thread, NULL);
+            c->progress_stop = 0;
+            return _ddp_comm_poison(c, r);   /* the peers may have queued theirs: fail them */
+        }
+    }
+    c->progress_on = 1;
+    _DDP_LOG(c, DDP_LOG_INFO, "async: %d progress thread%s started (each runs its requests in issue order)",
+             c->nlanes, c->nlanes > 1 ? "s" : "");
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _ddp_op_t *o,
+                                      ddp_request_t *req) {
+    _ddp_op_t *slot;
+    int lane = 0;
+    if (!c->progress_on) {
+        ddp_result_t r = _ddp_lanes_start(c, what);
+        if (r != DDP_SUCCESS) return r;
+    }
+    if (c->nlanes > 1 && _ddp_op_bytes(c, o, 1) >= c->lane_min_bytes)
+        lane = (int)(c->big_ops++ % (uint64_t)c->nlanes);
+    pthread_mutex_lock(&c->amu);
+    slot = &c->ops[c->issued % DDP_MAX_REQUESTS];
+    if (slot->state != 0) {
+        pthread_mutex_unlock(&c->amu);
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: %d requests outstanding already: "
+                             "ddp_wait or ddp_test the oldest first", what, DDP_MAX_REQUESTS);
+    }
+    *slot = *o;
+    slot->state = 1;
+    slot->lane = lane;
+    slot->id = c->issued + 1;
+    __atomic_store_n(&c->issued, slot->id, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&c->acv);
+    pthread_mutex_unlock(&c->amu);
+    req->comm = c;
+    req->id = slot->id;
+    _DDP_LOG(c, DDP_LOG_TRACE, "async: %s queued as request %llu (lane %d)", what,
+             (unsigned long long)req->id, lane);
+    return DDP_SUCCESS;
+}
+
+/* The slot of a live request, or NULL (the message says why). Called with amu held. */
+_DDP_PRIVATE _ddp_op_t *_ddp_req_slot(ddp_request_t *req, const char *what, ddp_result_t *err) {
+    ddp_comm_t *c = req->comm;
+    _ddp_op_t *slot = &c->ops[(req->id - 1) % DDP_MAX_REQUESTS];
+    if (slot->id != req->id || slot->state == 0) {
+        *err = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: request %llu was already collected",
+                             what, (unsigned long long)req->id);
+        return NULL;
+    }
+    return slot;
+}
+
+/* 1: a live request, go on; 0: *r is the answer (the null request, or misuse). */
+_DDP_PRIVATE int _ddp_req_check(ddp_request_t *req, const char *what, ddp_result_t *r) {
+    *r = DDP_SUCCESS;
+    if (!req) { *r = DDP_ERR_INVALID_ARGUMENT; return 0; }
+    if (!req->comm || !req->id) return 0;                        /* the null request */
+    if (!_ddp_live_check(req->comm, 0)) { *r = DDP_ERR_INVALID_USAGE; return 0; }
+    if (!req->comm->ops) {
+        *r = ddp_comm_fail(req->comm, DDP_ERR_INVALID_USAGE, "%s: not a request of this "
+                           "communicator", what);
+        return 0;
+    }
+    return 1;
+}
+
+DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
+    ddp_result_t r;
+    ddp_comm_t *c;
+    _ddp_op_t *slot;
+    if (!_ddp_req_check(req, "ddp_wait", &r)) return r;
+    c = req->comm;
+    pthread_mutex_lock(&c->amu);
+    if ((slot = _ddp_req_slot(req, "ddp_wait", &r)) != NULL) {
+        if (c->finished < req->id) {   /* requests finish in issue order */
+            pthread_mutex_unlock(&c->amu);
+            _ddp_poll_u64(c, &c->finished, req->id);
+            pthread_mutex_lock(&c->amu);
+        }
+        while (c->finished < req->id) pthread_cond_wait(&c->adone, &c->amu);
+        r = slot->result;
+        slot->state = 0;
+    }
+    pthread_mutex_unlock(&c->amu);
+    if (slot) { req->comm = NULL; req->id = 0; }
+    return r;
+}
+
+DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
+    ddp_result_t r;
+    ddp_comm_t *c;
+    _ddp_op_t *slot;
+    if (!done) return DDP_ERR_INVALID_ARGUMENT;
+    *done = 0;
+    if (!_ddp_req_check(req, "ddp_test", &r)) { if (r == DDP_SUCCESS) *done = 1; return r; }
+    c = req->comm;
+    pthread_mutex_lock(&c->amu);
+    r = DDP_SUCCESS;
+    if ((slot = _ddp_req_slot(req, "ddp_test", &r)) != NULL && c->finished >= req->id) {
+        r = slot->result;
+        slot->state = 0;
+        *done = 1;
+    }
+    pthread_mutex_unlock(&c->amu);
+    if (*done) { req->comm = NULL; req->id = 0; }
+    return r;
+}
+
+/* Sets the abort flag (with a reason, when not the user's ddp_comm_abort). Nothing running: it
+ * tells the peers now (closing our connections). Something running: that sees the flag at its
+ * next wait and does it. */
+_DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const char *reason) {
+    pthread_mutex_lock(&c->amu);
+    if (reason && !c->abort_reason[0] && !__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
+        _ddp_strlcpy(c->abort_reason, reason, sizeof c->abort_reason);
+        c->abort_code = code;
+    }
+    pthread_mutex_unlock(&c->amu);
+    __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
+    {   /* wake a call asleep in a transport now, not at its next 100 ms poll */
+        int i;
+        for (i = 0; i < c->ntinst; i++)
+            if (c->tinst[i].t->abort && c->tinst[i].state) c->tinst[i].t->abort(c->tinst[i].state);
+    }
+    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) _ddp_abort_poison(c);
+    pthread_mutex_lock(&c->amu);
+    pthread_cond_broadcast(&c->acv);
+    pthread_cond_broadcast(&c->adone);
+    pthread_mutex_unlock(&c->amu);
+}
+
+DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
+    int i;
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    _DDP_LOG(c, DDP_LOG_WARN, "ddp_comm_abort: every call on this communicator now returns "
+             "DDP_ERR_ABORTED");
+    _ddp_abort_internal(c, DDP_ERR_ABORTED, NULL);
+    /* the lanes' copies (made at init) */
+    for (i = 1; i < c->nlanes; i++) _ddp_abort_internal(c->lanes[i].exec, DDP_ERR_ABORTED, NULL);
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
+    if (!c || !e) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    *e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (*e == DDP_SUCCESS && __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
+    {
+        int i;
+        for (i = 1; *e == DDP_SUCCESS && i < c->nlanes; i++)
+            *e = (ddp_result_t)__atomic_load_n(&c->lanes[i].exec->error, __ATOMIC_SEQ_CST);
+    }
+    return DDP_SUCCESS;
+}
+
+
+/* The algorithm depends only on (bytes, world size, settings): the same on every rank. */
+_DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
+                                               size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    size_t bytes = count * ddp_dtype_size(dtype);
+    int rd = bytes <= c->eng.scratch_bytes &&
+             (c->algo == _DDP_ALGO_RD || (c->algo == _DDP_ALGO_AUTO && bytes <= c->rd_max_bytes));
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s", c->eng.seq + 1, count,
+             ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place",
+             rd ? "recursive doubling" : "ring");
+    return rd ? _ddp_rd_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op)
+              : _ddp_ring_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
+}
+
+/* Argument checks, shared by the blocking and async entry points. */
+_DDP_PRIVATE ddp_result_t _ddp_prep(ddp_comm_t *c, _ddp_op_t *o) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    switch (o->kind) {
+    case _DDP_KIND_ALL_REDUCE:
+        return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
+    case _DDP_KIND_REDUCE_SCATTER:
+        return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                               o->dtype, 1, o->op);
+    case _DDP_KIND_ALL_GATHER:
+        return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                               o->dtype, 0, DDP_SUM);
+    case _DDP_KIND_BROADCAST:
+        if (o->root < 0 || o->root >= c->eng.nranks)
+            return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d",
+                                 o->root, c->eng.nranks - 1);
+        /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+        return _ddp_check_args(c, "broadcast", c->eng.rank == o->root ? o->send : o->recv, o->recv,
+                               o->count, 1, o->dtype, 0, DDP_SUM);
+    default:
+        return DDP_SUCCESS;
+    }
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *o);   /* below */
+
+/* Runs one operation on the calling thread (the caller's, or the progress thread). */
+_DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
+    ddp_result_t r;
+    unsigned char token = 0;
+    switch (o->kind) {
+    case _DDP_KIND_ALL_REDUCE:
+        if (c->coll) {
+            c->eng.seq++;   /* never inside _DDP_LOG: the count must not depend on the log level */
+            _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
+                     o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
+                     o->send == o->recv ? "in place" : "out of place");
+            r = c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+        } else {
+            r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op);
+        }
+        break;
+    case _DDP_KIND_REDUCE_SCATTER:
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
+                 o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), c->coll ? "by the transport" : "ring");
+        if (c->coll) {
+            c->eng.seq++;
+            r = c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+        } else {
+            r = _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
+        }
+        break;
+    case _DDP_KIND_ALL_GATHER:
+        _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
+                 ddp_dtype_name(o->dtype), c->coll ? "by the transport" : "ring");
+        if (c->coll) {
+            c->eng.seq++;
+            r = c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
+        } else {
+            r = _ddp_ring_all_gather(&c->eng, o->send, o->recv, o->count, o->dtype);
+        }
+        break;
+    case _DDP_KIND_BROADCAST:
+        _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
+                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "pipelined chain");
+        if (c->coll) {
+            c->eng.seq++;
+            r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
+        } else {
+            r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
+        }
+        break;
+    case _DDP_KIND_BARRIER:
+        if (c->coll) {
+            c->eng.seq++;
+            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
+            r = c->coll->barrier(c->coll_state);
+        } else {
+            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->eng.seq + 1);
+            r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX);
+        }
+        break;
+    default:   /* reduce, gather, scatter, all_to_all made async */
+        r = _ddp_run_rooted(c, o);
+    }
+    return r;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
+    return _ddp_finish(c, _ddp_run_op_raw(c, o));
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
+
+_DDP_PRIVATE ddp_result_t _ddp_blocking(ddp_comm_t *c, _ddp_op_t o) {
+    ddp_result_t r = _ddp_prep(c, &o);
+    if (r != DDP_SUCCESS) return r;
+    if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
+    return _ddp_exec(c, &o);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *what, ddp_request_t *req) {
+    ddp_result_t r;
+    if (req) { req->comm = NULL; req->id = 0; }
+    if ((r = _ddp_prep(c, &o)) != DDP_SUCCESS) return r;
+    if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
+    if (c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
+                             "calls (they run together at group_end)", what);
+    return _ddp_submit(c, what, &o, req);
+}
+
+DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0));
+}
+
+DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
+}
+
+DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                    ddp_dtype_t dtype, ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0));
+}
+
+DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
+                                   ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root));
+}
+
+DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
+    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0));
+}
+
+DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
+                                          ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
+                      "all_reduce_async", req);
+}
+
+DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recvbuf, size_t count,
+                                                 ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
+                                                 const ddp_async_hooks_t *hooks, ddp_request_t *req) {
+    _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    if (hooks) o.hooks = *hooks;
+    return _ddp_async(c, o, "all_reduce_async_hooked", req);
+}
+
+DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                              ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
+                                              ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
+                      "reduce_scatter_async", req);
+}
+
+DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_KIND_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
+                      "all_gather_async", req);
+}
+
+DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
+                                         ddp_dtype_t dtype, int root, ddp_comm_t *c,
+                                         ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_KIND_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
+                      "broadcast_async", req);
+}
+
+DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *c, ddp_request_t *req) {
+    return _ddp_async(c, _ddp_op_make(_DDP_KIND_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
+                      "barrier_async", req);
+}
+
+/* ---------------------------------------------------------------- split
+ * The members exchange (color, key) over the parent, then build a communicator of their own
+ * through the parent's store, under a prefix unique to this split and color. Its connections
+ * are new ones (sharing the parent's would interleave two communicators' messages on one
+ * stream, and their progress threads could race on it). */
+DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_t **out) {
+    ddp_result_t r = _ddp_check_comm(c);
+    int32_t mine[2], *all;
+    int i, n = 0, me = 0;
+    char prefix[192];
+    ddp_comm_desc_t d;
+    if (r != DDP_SUCCESS) return r;
+    if (!out) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_split: NULL newcomm");
+    *out = NULL;
+    if (color < 0 && color != DDP_SPLIT_NOCOLOR)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_split: color %d (colors are >= 0, "
+                             "or DDP_SPLIT_NOCOLOR)", color);
+    all = (int32_t *)_ddp_alloc(&c->alloc, sizeof *all * 2 * (size_t)c->eng.nranks);
+    if (!all) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "comm_split");
+    mine[0] = color;
+    mine[1] = key;
+    r = ddp_all_gather(mine, all, 2, DDP_INT32, c);
+    c->splits++;
+    if (r == DDP_SUCCESS && color != DDP_SPLIT_NOCOLOR) {
+        for (i = 0; i < c->eng.nranks; i++) {
+            if (all[2 * i] != color) continue;
+            n++;
+            if (all[2 * i + 1] < key || (all[2 * i + 1] == key && i < c->eng.rank)) me++;
+        }
+    }
+    _ddp_free(&c->alloc, all);
+    if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) return r;
+    snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->prefix, c->splits, color);
+    memset(&d, 0, sizeof d);
+    d.master_addr = c->master_addr;
+    d.master_port = c->master_port;
+    d.timeout_ms = c->eng.timeout_ms;
+    d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
+    d.store = c->store;
+    d.store_prefix = prefix;
+    d.transport = c->transport_name[0] ? c->transport_name : NULL;   /* as the parent's */
+    d.segment_bytes = c->eng.segment_bytes;
+    d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
+    d.log_level = c->eng.log_level + 1;
+    d.allocator = c->alloc.alloc ? &c->alloc : NULL;
+    _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
+             color, key, me, n, prefix);
+    r = ddp_comm_init(out, n, me, &d);
+    if (r != DDP_SUCCESS)
+        ddp_comm_fail(c, r, "comm_split: the new communicator (color %d, rank %d of %d): %s",
+                      color, me, n, ddp_last_init_error());
+    return r;
+}
+
+/* ---------------------------------------------------------------- reduce, gather, scatter,
+ * all-to-all, send/recv, groups: the checks. The algorithms and the group queue are in
+ * ddp_ring.h (built below), over point-to-point even when a transport runs the collectives. */
+_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);
+_DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c);
+
+/* With req: queued for the progress thread (ddp_reduce_async ...). Else queued inside a
+ * group, or run now (a failure poisons the communicator). */
+_DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, void *recv,
+                                    size_t count, ddp_dtype_t dtype, ddp_op_t op, int root,
+                                    const char *what, ddp_request_t *req) {
+    _ddp_op_t o = _ddp_op_make(kind, send, recv, count, dtype, op, root);
+    if (req) return _ddp_submit(c, what, &o, req);
+    if (c->group_depth) return _ddp_group_queue(c, &o);
+    return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
+}
+
+/* Bad arguments inside a group also fail its group_end (NCCL). */
+_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
+    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
+    return r;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const char *role, int v) {
+    if (v >= 0 && v < c->eng.nranks) return DDP_SUCCESS;
+    return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %d not in 0..%d",
+                                             what, role, v, c->eng.nranks - 1));
+}
+
+/* The async forms check their arguments at once and refuse a group (the group would run its
+ * calls after this one: out of issue order). */
+_DDP_PRIVATE ddp_result_t _ddp_async_start(ddp_comm_t *c, const char *what, ddp_request_t *req) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (req) { req->comm = NULL; req->id = 0; }
+    if (r != DDP_SUCCESS) return r;
+    if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
+    if (c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
+                             "calls (they run together at group_end)", what);
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                      ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "reduce_async" : "reduce";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
+    /* Only the root writes recvbuf (NCCL): others may pass NULL. */
+    if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, count, 1,
+                             dtype, 1, op)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    return _ddp_call(c, _DDP_KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root, what, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "gather_async" : "gather";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, sendcount,
+                             (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    return _ddp_call(c, _DDP_KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root, what, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "scatter_async" : "scatter";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    if ((r = _ddp_check_args(c, what, c->eng.rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
+                             (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    return _ddp_call(c, _DDP_KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root, what, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
+    const char *what = req ? "all_to_all_async" : "all_to_all";
+    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, sendbuf, recvbuf, count, (size_t)c->eng.nranks, dtype, 0,
+                             DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    if (count && sendbuf == recvbuf)
+        return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == "
+                                "recvbuf: in place is not supported (as NCCL); use two buffers", what));
+    return _ddp_call(c, _DDP_KIND_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0, what, req);
+}
+
+DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                ddp_op_t op, int root, ddp_comm_t *c) {
+    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, NULL);
+}
+DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, NULL);
+}
+DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 ddp_dtype_t dtype, int root, ddp_comm_t *c) {
+    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, NULL);
+}
+DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
+                                    ddp_dtype_t dtype, ddp_comm_t *c) {
+    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, NULL);
+}
+/* A NULL req is refused by _ddp_async_start (a NULL req means "blocking" further down). */
+DDP_API ddp_result_t ddp_reduce_async(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
+                                      ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "reduce_async", NULL);
+    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, req);
+}
+DDP_API ddp_result_t ddp_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "gather_async", NULL);
+    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, req);
+}
+DDP_API ddp_result_t ddp_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "scatter_async", NULL);
+    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, req);
+}
+DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, size_t count,
+                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
+    if (!req) return _ddp_async_start(c, "all_to_all_async", NULL);
+    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *send, void *recv,
+                                        size_t count, ddp_dtype_t dtype, int peer) {
+    const char *what = kind == _DDP_KIND_SEND ? "send" : "recv";
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_rank(c, what, "peer", peer)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, kind == _DDP_KIND_SEND ? send : recv, kind == _DDP_KIND_SEND ?
+                             send : recv, count, 1, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
+    if (peer == c->eng.rank && !c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
+                             "it would wait for itself; put the send and the recv between "
+                             "ddp_group_start and ddp_group_end (a local copy)", what, peer);
+    return _ddp_call(c, kind, send, recv, count, dtype, DDP_SUM, peer, NULL, NULL);
+}
+
+DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
+    return _ddp_p2p_call(c, _DDP_KIND_SEND, buf, NULL, count, dtype, peer);
+}
+
+DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
+    return _ddp_p2p_call(c, _DDP_KIND_RECV, NULL, buf, count, dtype, peer);
+}
+
+DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if (c->group_depth++ == 0) { c->group_n = 0; c->group_err = DDP_SUCCESS; }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
+    ddp_result_t r;
+    if (!c) return DDP_ERR_INVALID_ARGUMENT;
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if (c->group_depth == 0)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "group_end without a group_start");
+    if (--c->group_depth) return DDP_SUCCESS;
+    if (c->error != DDP_SUCCESS) { c->group_n = 0; return c->error; }
+    if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group_n = 0; return r; }
+    r = _ddp_group_run(c);   /* empties the queue */
+    r = r == DDP_SUCCESS || c->group_err != DDP_SUCCESS ? r : _ddp_finish(c, r);
+    _ddp_end(c);
+    return r;
+}
+
+/* ---------------------------------------------------------------- send/recv and groups */
+_DDP_PRIVATE uint64_t _ddp_p2p_tag(ddp_dtype_t dtype, size_t count, uint32_t seq) {
+    int64_t fields[5];
+    fields[0] = _DDP_KIND_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
+    return (_ddp_fnv1a(fields, sizeof fields, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq;
+}
+
+_DDP_PRIVATE void _ddp_p2p_where(const ddp_comm_t *c, const _ddp_op_t *k, int n, char *out, size_t cap) {
+    size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == _DDP_KIND_SEND ? "send" : "recv",
+             (unsigned)(k->tag & 0xffffffffu), k->kind == _DDP_KIND_SEND ? "to" : "from", k->root,
+             bytes, n > 1 ? ", in a group" : "");
+    (void)c;
+}
+
+/* Runs the sends and receives of ops[0..n) together (other calls are skipped). Per peer and
+ * direction, messages go in call order, DDP_RING_WINDOW in flight; c->p2p[4 peer + 2/3] count
+ * them. A send to this rank is the next receive from this rank: a copy. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
+    const uint32_t W = DDP_RING_WINDOW;
+    int i, j, lo = 0, npeers = 0, *list = (int *)(void *)c->eng.scratch;
+    const int list_cap = (int)(c->eng.scratch_bytes / sizeof(int));
+    int64_t last;
+    char where[200];
+    ddp_result_t r = DDP_SUCCESS;
+    for (i = 0; i < n; i++) {
+        _ddp_op_t *k = &ops[i];
+        int peer = k->root, is_send = k->kind == _DDP_KIND_SEND;
+        if (k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV) { k->post = 2; continue; }
+        k->post = 0;
+        k->req = NULL;
+        if (peer == c->eng.rank) { k->tag = 0; continue; }
+        k->tag = _ddp_p2p_tag(k->dtype, k->count, ++c->p2p[4 * peer + (is_send ? 0 : 1)]);
+        if (c->eng.log_level >= DDP_LOG_TRACE) {
+            _ddp_p2p_where(c, k, n, where, sizeof where);
+            _DDP_LOG(c, DDP_LOG_TRACE, "%s: %zu x %s, direct", where, k->count, ddp_dtype_name(k->dtype));
+        }
+        /* Peers to connect, each once (the in-flight counters are zero here: marks). */
+        if (!c->p2p[4 * peer + 2]) {
+            c->p2p[4 * peer + 2] = 1;
+            if (npeers < list_cap) list[npeers] = peer;
+            npeers++;
+        }
+    }
+    for (i = 0; i < n; i++) if (ops[i].post == 0 && ops[i].root != c->eng.rank) c->p2p[4 * ops[i].root + 2] = 0;
+    /* Sends to self, matched in order with receives from self. */
+    for (i = 0, j = 0; i < n; i++) {
+        _ddp_op_t *k = &ops[i];
+        size_t sb;
+        if (k->post != 0 || k->root != c->eng.rank || k->kind != _DDP_KIND_SEND) continue;
+        while (j < n && !(ops[j].post == 0 && ops[j].root == c->eng.rank && ops[j].kind == _DDP_KIND_RECV)) j++;
+        if (j == n)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
+                                 "has no matching recv from itself in the group", k->count, ddp_dtype_name(k->dtype));
+        sb = k->count * ddp_dtype_size(k->dtype);
+        if (ops[j].dtype != k->dtype || ops[j].count != k->count)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: send to itself of %zu x %s, but its recv "
+                                 "from itself expects %zu x %s", k->count, ddp_dtype_name(k->dtype),
+                                 ops[j].count, ddp_dtype_name(ops[j].dtype));
+        if (sb && ops[j].recv != k->send) memmove(ops[j].recv, k->send, sb);
+        k->post = ops[j].post = 2;
+    }
+    for (i = 0; i < n; i++)
+        if (ops[i].post == 0 && ops[i].root == c->eng.rank)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a recv from this rank (itself, %zu x %s) "
+                                 "has no matching send to itself in the group", ops[i].count,
+                                 ddp_dtype_name(ops[i].dtype));
+    if (npeers) {
+        r = _ddp_connect_peers(c, npeers <= list_cap ? list : NULL, npeers <= list_cap ? npeers : c->eng.nranks);
+        if (r != DDP_SUCCESS) return _ddp_x_fail(&c->eng, r, n > 1 ? "group, phase connect" : "send/recv, phase connect");
+    }
+    last = _ddp_now_us();
+    for (;;) {
+        int progressed = 0, pending = 0, peers[8], first = -1;
+        while (lo < n && ops[lo].post == 2) lo++;
+        if (lo == n) break;
+        for (i = lo; i < n; i++) {
+            _ddp_op_t *k = &ops[i];
+            int is_send = k->kind == _DDP_KIND_SEND, done = 0;
+            uint32_t *inflight = &c->p2p[4 * k->root + (is_send ? 2 : 3)];
+            size_t bytes;
+            if (k->post == 2) continue;
+            bytes = k->count * ddp_dtype_size(k->dtype);
+            if (k->post == 0) {
+                if (*inflight >= W) continue;
+                r = is_send ? _ddp_isend(c, k->root, k->send, bytes, k->tag, &k->req)
+                            : _ddp_irecv(c, k->root, k->recv, bytes, k->tag, &k->req);
+                if (r != DDP_SUCCESS) goto fail;
+                k->post = 1;
+                (*inflight)++;
+            }
+            if ((r = _ddp_test(c, k->root, k->req, &done)) != DDP_SUCCESS) goto fail;
+            if (done) {
+                k->post = 2;
+                k->req = NULL;
+                (*inflight)--;
+                progressed = 1;
+                continue;
+            }
+            if (pending < 8) peers[pending] = k->root;
+            if (first < 0) first = i;
+            pending++;
+        }
+        if (progressed) { last = _ddp_now_us(); continue; }
+        if (first < 0) continue;
+        _ddp_p2p_where(c, &ops[first], n, where, sizeof where);
+        r = _ddp_x_idle(&c->eng, last, peers, pending, ops[first].kind == _DDP_KIND_SEND ? "send" : "recv",
+                        (unsigned)(ops[first].tag & 0xffffffffu),
+                        ops[first].kind == _DDP_KIND_SEND ? "waiting to send to" : "waiting for data from",
+                        ops[first].root);
+        if (r != DDP_SUCCESS) { i = -1; goto fail; }
+    }
+    return DDP_SUCCESS;
+fail:
+    for (j = 0; j < n; j++) if (ops[j].root != c->eng.rank) c->p2p[4 * ops[j].root + 2] = c->p2p[4 * ops[j].root + 3] = 0;
+    if (i < 0) return r;
+    _ddp_p2p_where(c, &ops[i], n, where, sizeof where);
+    return _ddp_x_fail(&c->eng, r, where);
+}
+
+/* reduce, gather, scatter, all_to_all, send and recv, now: the algorithm depends only on
+ * (bytes, world size, scratch), the same on every rank. */
+_DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
+    const int p = c->eng.nranks;
+    const size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    int tree;
+    switch (k->kind) {
+    case _DDP_KIND_REDUCE:
+        tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(p));
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->eng.seq + 1, k->count,
+                 ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
+                 k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
+        return tree ? _ddp_tree_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root)
+                    : _ddp_chain_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
+    case _DDP_KIND_GATHER: case _DDP_KIND_SCATTER: {
+        int gather = k->kind == _DDP_KIND_GATHER;
+        tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->eng.scratch_bytes / (size_t)p;
+        _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
+                 c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
+        if (gather)
+            return tree ? _ddp_tree_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
+                        : _ddp_linear_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
+        return tree ? _ddp_tree_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
+                    : _ddp_linear_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
+    }
+    case _DDP_KIND_ALL_TO_ALL:
+        _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->eng.seq + 1,
+                 k->count, ddp_dtype_name(k->dtype));
+        return _ddp_pairwise_all_to_all(&c->eng, k->send, k->recv, k->count, k->dtype);
+    default: {    /* send, recv */
+        _ddp_op_t one = *k;
+        return _ddp_p2p_batch(c, &one, 1);
+    }
+    }
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *k) {
+    if (c->group_err != DDP_SUCCESS) return DDP_SUCCESS;   /* group_end reports the first */
+    if (c->group_n == c->group_cap) {
+        int cap = c->group_cap ? 2 * c->group_cap : 16;
+        _ddp_op_t *ops = (_ddp_op_t *)ddp_comm_calloc(c, sizeof *ops * (size_t)cap);
+        if (!ops) {
+            c->group_err = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group: queueing call %d", c->group_n + 1);
+            return c->group_err;
+        }
+        if (c->group_n) memcpy(ops, c->group_ops, sizeof *ops * (size_t)c->group_n);
+        ddp_comm_free(c, c->group_ops);
+        c->group_ops = ops;
+        c->group_cap = cap;
+    }
+    ((_ddp_op_t *)c->group_ops)[c->group_n++] = *k;
+    return DDP_SUCCESS;
+}
+
+/* Tensor fusion (Horovod: Sergeev and Del Balso, "Horovod: fast and easy distributed deep
+ * learning in TensorFlow", 2018, section "Tensor Fusion") for a group's small all-reduces: a run
+ * of consecutive ones with the same dtype and op, at most _DDP_FUSE_BYTES together, is packed
+ * into one buffer, reduced once and unpacked: one latency instead of one per call. A group holds
+ * the same calls on every rank, so every rank packs the same way. A call whose buffers overlap
+ * an earlier member's is not fused (in order, it would see that member's result). */
+#define _DDP_FUSE_BYTES ((size_t)64 << 10)
+
+/* How many calls from ops[i] on can run as one fused all-reduce (1: just ops[i]). */
+_DDP_PRIVATE int _ddp_fuse_run_length(const _ddp_op_t *ops, int i, int n) {
+    const _ddp_op_t *a = &ops[i];
+    size_t es = ddp_dtype_size(a->dtype), total = a->count * es;
+    int j, m;
+    if (a->kind != _DDP_KIND_ALL_REDUCE || total > _DDP_FUSE_BYTES) return 1;
+    for (j = i + 1; j < n; j++) {
+        const _ddp_op_t *b = &ops[j];
+        size_t bytes = b->count * es;
+        if (b->kind != a->kind || b->dtype != a->dtype || b->op != a->op ||
+            total + bytes > _DDP_FUSE_BYTES)
+            break;
+        for (m = i; m < j; m++) {
+            size_t mb = ops[m].count * es;
+            if (_ddp_ranges_meet(b->recv, bytes, ops[m].send, mb) ||
+                _ddp_ranges_meet(b->recv, bytes, ops[m].recv, mb) ||
+                _ddp_ranges_meet(b->send, bytes, ops[m].recv, mb))
+                break;
+        }
+        if (m < j) break;
+        total += bytes;
+    }
+    return j - i;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_fused_all_reduce(ddp_comm_t *c, const _ddp_op_t *ops, int k) {
+    size_t es = ddp_dtype_size(ops[0].dtype), off = 0;
+    _ddp_op_t o;
+    ddp_result_t r;
+    int j;
+    if (!c->fuse_buf && !(c->fuse_buf = (unsigned char *)ddp_comm_calloc(c, _DDP_FUSE_BYTES)))
+        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group_end: the fusion buffer (%zu bytes)",
+                             (size_t)_DDP_FUSE_BYTES);
+    for (j = 0; j < k; j++) {
+        if (ops[j].count) memcpy(c->fuse_buf + off, ops[j].send, ops[j].count * es);
+        off += ops[j].count * es;
+    }
+    _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d all_reduces fused into one of %zu bytes", k, off);
+    o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
+    if ((r = _ddp_run_op_raw(c, &o)) != DDP_SUCCESS) return r;
+    for (off = 0, j = 0; j < k; j++) {
+        if (ops[j].count) memcpy(ops[j].recv, c->fuse_buf + off, ops[j].count * es);
+        off += ops[j].count * es;
+    }
+    return DDP_SUCCESS;
+}
+
+/* The outermost group_end: the collectives in call order, then all sends and receives at once. */
+_DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c) {
+    _ddp_op_t *ops = (_ddp_op_t *)c->group_ops;
+    int n = c->group_n, i, nsend = 0, nrecv = 0;
+    ddp_result_t r;
+    c->group_n = 0;
+    if (c->group_err != DDP_SUCCESS) {
+        _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls not run: one failed its checks", n);
+        return c->group_err;
+    }
+    for (i = 0; i < n; i++) nsend += ops[i].kind == _DDP_KIND_SEND, nrecv += ops[i].kind == _DDP_KIND_RECV;
+    _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls: %d collectives, then %d sends and %d receives together",
+             n, n - nsend - nrecv, nsend, nrecv);
+    for (i = 0; i < n; i++) {
+        int k;
+        if (ops[i].kind == _DDP_KIND_SEND || ops[i].kind == _DDP_KIND_RECV) continue;
+        k = _ddp_fuse_run_length(ops, i, n);
+        r = k > 1 ? _ddp_fused_all_reduce(c, ops + i, k) : _ddp_run_op_raw(c, &ops[i]);
+        if (r != DDP_SUCCESS) return r;
+        i += k - 1;
+    }
+    return nsend + nrecv ? _ddp_p2p_batch(c, ops, n) : DDP_SUCCESS;
+}
+
+#endif /* DDP_COMM_IMPLEMENTATION */

@@ -1,0 +1,1526 @@
+/* ddp_store.h — libddp's rendezvous key-value store, client and server (c10d TCPStore
+ * semantics). Rank 0 of a communicator serves it on MASTER_ADDR:MASTER_PORT and every rank is a
+ * client; it is also usable on its own:
+ *
+ *     #define _GNU_SOURCE
+ *     #define DDP_IMPLEMENTATION        // in one .c file (or DDP_STORE_IMPLEMENTATION)
+ *     #include "ddp_store.h"
+ *
+ *     ddp_store_t *s;
+ *     ddp_store_open(&s, "127.0.0.1", 29500, is_server, NULL);
+ *     ddp_store_set(s, "key", "v", 1);  ddp_store_get(s, "key", buf, sizeof buf, &len);
+ *     ddp_store_close(s);
+ *
+ * RULES: every call blocks at most the store's timeout (desc.timeout_ms, else DDP_TIMEOUT_MS);
+ * get and wait block until their keys exist. A store handle is safe to share between threads.
+ * A client retries connecting (exponential backoff with jitter) until its timeout: ranks start
+ * in any order, and a master flooded by thousands of connects may reset some.
+ *
+ * JOB SECRET: with one (desc.secret, else DDP_JOB_SECRET) every connection opens with a mutual
+ * challenge-response (ddp_auth.h, label "store"): the secret itself never crosses the wire. A
+ * client that cannot prove it knows the secret gets one DDP_ERR_AUTH answer and is
+ * disconnected; a client refuses (DDP_ERR_AUTH) a master that cannot prove it, or that asks for
+ * no secret when the client has one. Without a secret anyone who reaches the port may use the
+ * store: that is the insecure mode, fine on loopback or a private network.
+ *
+ * THE SERVER listens on `host` when it is a loopback address (then nothing off this machine can
+ * connect) or an address of this machine; otherwise, and when host is NULL, on every interface.
+ * It logs the address at INFO. Before a connection has authenticated the server reads only the
+ * hello (at most 128 bytes, whatever the peer announces) and allocates nothing the peer sizes;
+ * a connection that has not authenticated within min(timeout, 10 s) (at least 1 s) is closed.
+ * Failed handshakes are logged at most once a second, with a count of those not shown. The
+ * server raises its soft RLIMIT_NOFILE to the hard limit; when it runs out of descriptors all
+ * the same it closes the oldest unauthenticated connection (else refuses the newcomer) and goes
+ * on serving. Linux only (epoll).
+ * Depends on ddp_base.h, ddp_socket.h and ddp_auth.h (private); link with -pthread.
+ */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_STORE_IMPLEMENTATION)
+#define DDP_STORE_IMPLEMENTATION
+#endif
+#if defined(DDP_STORE_IMPLEMENTATION)
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#ifndef DDP_SOCKET_IMPLEMENTATION
+#define DDP_SOCKET_IMPLEMENTATION
+#endif
+#ifndef DDP_AUTH_IMPLEMENTATION
+#define DDP_AUTH_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_base.h"
+#include "ddp_socket.h"
+#include "ddp_auth.h"
+
+#ifndef DDP_STORE_H_INCLUDED
+#define DDP_STORE_H_INCLUDED
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddp_store ddp_store_t;
+
+/* One server (rank 0 of a communicator, or whoever creates it with is_server = 1); every
+ * participant is a client. get/wait block until the key exists or the timeout passes. */
+typedef struct ddp_store_desc {
+    int timeout_ms;               /* 0: DDP_TIMEOUT_MS, else 600000; < 0 = wait forever */
+    const char *secret;           /* NULL: DDP_JOB_SECRET, else none ("" = none) */
+    int log_level;                /* as in ddp_comm_desc_t */
+    int log_rank;                 /* rank shown in log lines, + 1 (0 = unknown) */
+} ddp_store_desc_t;
+#define DDP_STORE_MAX_KEY 1024
+#define DDP_STORE_MAX_VALUE (16u << 20)
+/* host: where clients connect (the server listens there when it can, see above; a server's
+ * NULL host listens everywhere and connects its own handle to 127.0.0.1). */
+DDP_API ddp_result_t ddp_store_open(ddp_store_t **store, const char *host, int port, int is_server,
+                                    const ddp_store_desc_t *desc);
+DDP_API ddp_result_t ddp_store_close(ddp_store_t *store);
+DDP_API ddp_result_t ddp_store_set(ddp_store_t *store, const char *key, const void *value,
+                                   size_t len);
+/* Waits for the key; copies up to cap bytes; *len = the value's full length. */
+DDP_API ddp_result_t ddp_store_get(ddp_store_t *store, const char *key, void *value, size_t cap,
+                                   size_t *len);
+DDP_API ddp_result_t ddp_store_add(ddp_store_t *store, const char *key, int64_t delta,
+                                   int64_t *result);
+/* Sets key to desired if its value equals expected (a missing key matches expected_len == 0);
+ * *actual receives the value after the call (up to cap bytes, full length in *actual_len). */
+DDP_API ddp_result_t ddp_store_compare_set(ddp_store_t *store, const char *key,
+                                           const void *expected, size_t expected_len,
+                                           const void *desired, size_t desired_len,
+                                           void *actual, size_t cap, size_t *actual_len);
+DDP_API ddp_result_t ddp_store_wait(ddp_store_t *store, const char *const *keys, int nkeys,
+                                    int timeout_ms);        /* 0: the store's timeout */
+DDP_API ddp_result_t ddp_store_check(ddp_store_t *store, const char *key, int *exists);
+DDP_API ddp_result_t ddp_store_delete(ddp_store_t *store, const char *key, int *deleted);
+DDP_API int ddp_store_port(const ddp_store_t *store);       /* server's port (useful with port 0) */
+DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_STORE_H_INCLUDED */
+
+
+/* ============================================================================================
+ * IMPLEMENTATION
+ * ========================================================================================== */
+#if defined(DDP_STORE_IMPLEMENTATION) && !defined(DDP_STORE_IMPL_INCLUDED)
+#define DDP_STORE_IMPL_INCLUDED
+#if !defined(DDP_SOCKET_IMPL_INCLUDED) || !defined(DDP_AUTH_IMPL_INCLUDED)
+#error "libddp: ddp_store.h's implementation needs ddp_base.h's, ddp_socket.h's and ddp_auth.h's (define DDP_IMPLEMENTATION)"
+#endif
+#if !defined(__linux__)
+#error "libddp: ddp_store.h's server needs epoll (Linux)"
+#endif
+#include <sys/epoll.h>
+#include <sys/resource.h>
+
+/* ---------------------------------------------------------------- wire protocol, version 2
+ * Native byte order; the magic rejects strangers and peers of the other byte order.
+ *   challenge (server -> client, first thing on every connection)
+ *            {u32 magic, u32 proto, u32 flags (1: a job secret is required), u32 pad} nonce_s[32]
+ *   request  {u32 magic, u32 op, u32 klen, u32 v1len, u32 v2len, u32 flags, i64 arg} key v1 v2
+ *   response {u32 magic, u32 status, u32 vlen, u32 pad, i64 num} value
+ * The client's first request is HELLO: arg = protocol version, v1 = nonce_c, then (flags 1)
+ * its proof; the answer's value is the server's proof (ddp_auth.h, label "store"). A wrong
+ * proof or version gets one error answer, then the server closes the connection. GET and WAIT
+ * are answered when their keys exist, so a client blocks in recv with its own timeout. */
+#define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
+#define _DDP_STORE_PROTO 2u
+#define _DDP_STORE_LABEL "store"
+#define _DDP_STORE_HELLO_MAX 128            /* body bytes a peer may send before authenticating */
+#define _DDP_STORE_HANDSHAKE_MAX_MS 10000
+#define _DDP_STORE_HANDSHAKE_MIN_MS 1000
+#define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
+#define _DDP_STORE_BACKOFF_MAX_MS 2000
+#define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads or accepts per event */
+
+enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
+       _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_NUM_OPS };
+#define _DDP_ST_WAIT_ANY 1u                 /* WAIT flags: any of the keys is enough */
+#define _DDP_ST_HELLO_PROOF 1u              /* HELLO flags: v1 = nonce_c || proof */
+#define _DDP_ST_CHAL_SECRET 1u              /* challenge flags: the server requires a proof */
+
+typedef struct { uint32_t magic, op, klen, v1len, v2len, flags; int64_t arg; } _ddp_store_req_t;
+typedef struct { uint32_t magic, status, vlen, pad; int64_t num; } _ddp_store_resp_t;
+typedef struct { uint32_t magic, proto, flags, pad; unsigned char nonce[_DDP_AUTH_NONCE_BYTES]; } _ddp_store_chal_t;
+#define _DDP_STORE_HELLO_BYTES (sizeof(_ddp_store_req_t) + 2 * _DDP_AUTH_NONCE_BYTES)
+
+typedef struct _ddp_kv {
+    struct _ddp_kv *next;
+    uint32_t klen, vlen;
+    char *key;
+    unsigned char *val;
+} _ddp_kv_t;
+
+/* A server-side connection. Before it authenticates (state HELLO) it owns this struct, the
+ * challenge in `out` and nothing else: the hello's body goes to the fixed `hello` buffer. */
+enum { _DDP_CONN_HELLO, _DDP_CONN_READY, _DDP_CONN_CLOSING, _DDP_CONN_DEAD };
+typedef struct _ddp_store_conn {
+    int fd;                   /* -1: no socket (driven from a buffer, as the fuzzers do) */
+    int state;
+    int waiting;              /* a GET/WAIT parked until its keys exist */
+    int in_pending;           /* on the server's list of unauthenticated connections */
+    uint32_t events;          /* what epoll watches for it */
+    size_t slot;              /* index in the server's connection table */
+    struct _ddp_store_conn *prev, *next;   /* pending list (accept order), or the dead list */
+    int64_t deadline_us;      /* authenticate before this, or be closed */
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];   /* our challenge's nonce */
+    unsigned char head[sizeof(_ddp_store_req_t)]; /* the request header being read */
+    size_t head_len, body_len, body_need;
+    unsigned char hello[_DDP_STORE_HELLO_MAX];    /* the body before authentication */
+    unsigned char *in;        /* the body after authentication (kept while waiting) */
+    size_t in_cap;
+    unsigned char *out;       /* answers not yet sent */
+    size_t out_len, out_off, out_cap;
+    char addr[64];
+} _ddp_store_conn_t;
+
+/* At most one log line a second per kind of trouble; the next line counts the others. */
+typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
+
+#define _DDP_KV_BUCKETS 1024
+struct ddp_store {
+    /* client side */
+    int fd;
+    pthread_mutex_t mu;
+    char host[256];
+    int port;
+    int timeout_ms;
+    int quick;                /* failure reporting: short waits, no reconnecting to a dead master */
+    int log_level, log_rank;
+    char secret[256];         /* the HMAC key: never written to a socket or a log */
+    char last_error[512];
+    uint64_t rng;             /* jitter of the connect backoff */
+    /* server side (the store was opened with is_server); the server thread owns all of it but
+     * stop (atomic) and nclients (srv_mu) */
+    int listen_fd;
+    int wake[2];
+    int epfd;
+    int spare_fd;             /* given up to refuse a connection when out of descriptors */
+    pthread_t thread;
+    int thread_started;
+    int stop;                 /* set once by ddp_store_close; atomic access */
+    pthread_mutex_t srv_mu;   /* guards nclients for ddp_store_close */
+    int nclients;             /* authenticated connections */
+    int handshake_ms;
+    _ddp_store_conn_t **conns;
+    size_t nconns, conns_cap;
+    _ddp_store_conn_t *pending_head, *pending_tail;   /* unauthenticated, oldest first */
+    _ddp_store_conn_t *dead;  /* dropped during this round; freed at its end */
+    int nwaiting;
+    int changed;              /* a key was written: parked GET/WAITs may be answerable */
+    int64_t accept_resume_us; /* accepting paused until then (0: not paused) */
+    _ddp_store_rate_t rate_peer, rate_fds;
+    _ddp_kv_t *buckets[_DDP_KV_BUCKETS];
+};
+
+_DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {
+    va_list ap;
+    if (!s || s->log_level < level) return;
+    va_start(ap, fmt);
+    _ddp_vlog(s->log_rank - 1, level, fmt, ap);
+    va_end(ap);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_err(ddp_store_t *s, ddp_result_t r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->last_error, sizeof s->last_error, fmt, ap);
+    va_end(ap);
+    _ddp_store_log(s, DDP_LOG_WARN, "store: %s (%s)", s->last_error, ddp_strerror(r));
+    return r;
+}
+
+/* A WARN line, unless one of this kind went out less than a second ago (then it is counted). */
+_DDP_PRIVATE void _ddp_store_warn_rate(ddp_store_t *s, _ddp_store_rate_t *rl, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    int64_t now = _ddp_now_us();
+    if (s->log_level < DDP_LOG_WARN) return;
+    if (rl->last_us && now - rl->last_us < 1000000) { rl->suppressed++; return; }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (rl->suppressed)
+        _ddp_store_log(s, DDP_LOG_WARN, "%s (and %lu more like it since the last such line)", msg, rl->suppressed);
+    else
+        _ddp_store_log(s, DDP_LOG_WARN, "%s", msg);
+    rl->last_us = now;
+    rl->suppressed = 0;
+}
+
+/* ---------------------------------------------------------------- key-value table */
+_DDP_PRIVATE _ddp_kv_t **_ddp_kv_slot(ddp_store_t *s, const char *key, uint32_t klen) {
+    _ddp_kv_t **pp = &s->buckets[_ddp_fnv1a(key, klen, _DDP_FNV_INIT) % _DDP_KV_BUCKETS];
+    while (*pp && !((*pp)->klen == klen && memcmp((*pp)->key, key, klen) == 0)) pp = &(*pp)->next;
+    return pp;
+}
+
+_DDP_PRIVATE int _ddp_kv_put(ddp_store_t *s, const char *key, uint32_t klen, const void *val,
+                             uint32_t vlen) {
+    _ddp_kv_t **pp = _ddp_kv_slot(s, key, klen), *e = *pp;
+    unsigned char *v = (unsigned char *)DDP_MALLOC(vlen ? vlen : 1);
+    if (!v) return -1;
+    if (vlen) memcpy(v, val, vlen);
+    if (!e) {
+        e = (_ddp_kv_t *)DDP_MALLOC(sizeof *e);
+        if (!e) { DDP_FREE(v); return -1; }
+        e->key = (char *)DDP_MALLOC(klen ? klen : 1);
+        if (!e->key) { DDP_FREE(v); DDP_FREE(e); return -1; }
+        if (klen) memcpy(e->key, key, klen);
+        e->klen = klen;
+        e->next = NULL;
+        *pp = e;
+    } else {
+        DDP_FREE(e->val);
+    }
+    e->val = v;
+    e->vlen = vlen;
+    s->changed = 1;
+    return 0;
+}
+
+/* Keys of a WAIT are NUL-separated in the key field. 1 when the wait is satisfied. */
+_DDP_PRIVATE int _ddp_store_wait_ready(ddp_store_t *s, const char *keys, uint32_t klen, int any) {
+    uint32_t off = 0;
+    int all = 1;
+    while (off < klen) {
+        uint32_t n = 0;
+        while (off + n < klen && keys[off + n]) n++;
+        if (*_ddp_kv_slot(s, keys + off, n)) { if (any) return 1; }
+        else all = 0;
+        off += n + 1;
+    }
+    return any ? 0 : all;
+}
+
+/* ---------------------------------------------------------------- a connection's output */
+/* Queues a + b for sending; -1 when out of memory (the connection is dropped). */
+_DDP_PRIVATE int _ddp_conn_queue(_ddp_store_conn_t *c, const void *a, size_t na, const void *b,
+                                 size_t nb) {
+    size_t need;
+    if (c->out_off) {
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
+    need = c->out_len + na + nb;
+    if (need > c->out_cap) {
+        size_t cap = need < 128 ? 128 : need + need / 2;
+        unsigned char *p = (unsigned char *)DDP_MALLOC(cap);
+        if (!p) return -1;
+        if (c->out_len) memcpy(p, c->out, c->out_len);
+        DDP_FREE(c->out);
+        c->out = p;
+        c->out_cap = cap;
+    }
+    if (na) memcpy(c->out + c->out_len, a, na);
+    if (nb) memcpy(c->out + c->out_len + na, b, nb);
+    c->out_len += na + nb;
+    return 0;
+}
+
+_DDP_PRIVATE int _ddp_conn_reply(_ddp_store_conn_t *c, uint32_t status, int64_t num,
+                                 const void *val, uint32_t vlen) {
+    _ddp_store_resp_t r;
+    r.magic = _DDP_STORE_MAGIC; r.status = status; r.vlen = vlen; r.pad = 0; r.num = num;
+    return _ddp_conn_queue(c, &r, sizeof r, val, vlen);
+}
+
+/* Sends what is queued, as far as the socket takes it; -1 if the peer is gone. */
+_DDP_PRIVATE int _ddp_conn_flush(_ddp_store_conn_t *c) {
+    while (c->fd >= 0 && c->out_off < c->out_len) {
+        ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) { c->out_off += (size_t)w; continue; }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        return -1;
+    }
+    if (c->fd >= 0 && c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+        /* An idle or unauthenticated connection keeps no buffer; a 16 MiB answer's goes. */
+        if (c->state != _DDP_CONN_READY || c->out_cap > ((size_t)1 << 16)) {
+            DDP_FREE(c->out);
+            c->out = NULL;
+            c->out_cap = 0;
+        }
+    }
+    return 0;
+}
+
+/* epoll interest: input unless closing, output while something is queued. */
+_DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
+    struct epoll_event ev;
+    uint32_t want = c->state == _DDP_CONN_CLOSING ? 0u : (uint32_t)EPOLLIN;
+    if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
+    if (c->out_len > c->out_off) want |= (uint32_t)EPOLLOUT;
+    if (want == c->events) return;
+    memset(&ev, 0, sizeof ev);
+    ev.events = want;
+    ev.data.ptr = c;
+    if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->events = want;
+}
+
+/* ---------------------------------------------------------------- connections come and go */
+_DDP_PRIVATE void _ddp_pending_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (!c->in_pending) return;
+    if (c->prev) c->prev->next = c->next; else s->pending_head = c->next;
+    if (c->next) c->next->prev = c->prev; else s->pending_tail = c->prev;
+    c->prev = c->next = NULL;
+    c->in_pending = 0;
+}
+
+/* Closes a connection now; its memory is freed by _ddp_store_reap (events of this round may
+ * still name it). */
+_DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
+    size_t last;
+    if (c->state == _DDP_CONN_DEAD) return;
+    _ddp_pending_unlink(s, c);
+    if (c->state == _DDP_CONN_READY) {
+        pthread_mutex_lock(&s->srv_mu);
+        s->nclients--;
+        pthread_mutex_unlock(&s->srv_mu);
+    }
+    if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    last = --s->nconns;
+    s->conns[c->slot] = s->conns[last];
+    s->conns[c->slot]->slot = c->slot;
+    if (c->fd >= 0) close(c->fd);            /* also takes it out of the epoll set */
+    c->fd = -1;
+    c->state = _DDP_CONN_DEAD;
+    c->next = s->dead;
+    s->dead = c;
+}
+
+_DDP_PRIVATE void _ddp_store_reap(ddp_store_t *s) {
+    while (s->dead) {
+        _ddp_store_conn_t *c = s->dead;
+        s->dead = c->next;
+        DDP_FREE(c->in);
+        DDP_FREE(c->out);
+        DDP_FREE(c);
+    }
+}
+
+/* A new connection (fd < 0: none, for driving the parser from a buffer): it joins the table and
+ * the pending list, and its challenge is queued. NULL when out of memory or randomness. */
+_DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, const char *addr) {
+    _ddp_store_conn_t *c;
+    _ddp_store_chal_t ch;
+    if (s->nconns == s->conns_cap) {
+        size_t cap = s->conns_cap ? s->conns_cap * 2 : 64;
+        _ddp_store_conn_t **t = (_ddp_store_conn_t **)DDP_MALLOC(sizeof *t * cap);
+        if (!t) return NULL;
+        if (s->nconns) memcpy(t, s->conns, sizeof *t * s->nconns);
+        DDP_FREE(s->conns);
+        s->conns = t;
+        s->conns_cap = cap;
+    }
+    c = (_ddp_store_conn_t *)DDP_MALLOC(sizeof *c);
+    if (!c) return NULL;
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->state = _DDP_CONN_HELLO;
+    _ddp_strlcpy(c->addr, addr, sizeof c->addr);
+    memset(&ch, 0, sizeof ch);
+    if (_ddp_auth_nonce(c->nonce) != 0) { DDP_FREE(c); return NULL; }   /* never a weak nonce */
+    ch.magic = _DDP_STORE_MAGIC;
+    ch.proto = _DDP_STORE_PROTO;
+    ch.flags = s->secret[0] ? _DDP_ST_CHAL_SECRET : 0u;
+    memcpy(ch.nonce, c->nonce, sizeof ch.nonce);
+    if (_ddp_conn_queue(c, &ch, sizeof ch, NULL, 0) != 0) { DDP_FREE(c); return NULL; }
+    if (fd >= 0 && s->epfd >= 0) {
+        struct epoll_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.events = EPOLLIN;
+        ev.data.ptr = c;
+        if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) { DDP_FREE(c->out); DDP_FREE(c); return NULL; }
+        c->events = EPOLLIN;
+    }
+    c->deadline_us = _ddp_now_us() + (int64_t)s->handshake_ms * 1000;
+    c->slot = s->nconns;
+    s->conns[s->nconns++] = c;
+    c->in_pending = 1;
+    c->prev = s->pending_tail;
+    if (s->pending_tail) s->pending_tail->next = c; else s->pending_head = c;
+    s->pending_tail = c;
+    return c;
+}
+
+/* ---------------------------------------------------------------- one handler per request
+ * Each gets the complete request and answers it: 0 answered, 1 parked (GET/WAIT whose keys do
+ * not exist yet: run again after the next write), 2 answered and the connection closes once the
+ * answer is out, -1 drop the connection now. */
+typedef struct {
+    _ddp_store_req_t rq;
+    const char *key;
+    const unsigned char *v1, *v2;
+} _ddp_store_msg_t;
+
+_DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    const size_t keylen = strlen(s->secret);
+    const int need_proof = keylen != 0, has_proof = (m->rq.flags & _DDP_ST_HELLO_PROOF) != 0;
+    unsigned char proof[_DDP_AUTH_PROOF_BYTES];
+    if (c->state != _DDP_CONN_HELLO || m->rq.klen || m->rq.v2len ||
+        m->rq.v1len != _DDP_AUTH_NONCE_BYTES + (has_proof ? _DDP_AUTH_PROOF_BYTES : 0u)) {
+        _ddp_store_warn_rate(s, &s->rate_peer, "store: malformed hello from %s; connection closed", c->addr);
+        return -1;
+    }
+    if (m->rq.arg != (int64_t)_DDP_STORE_PROTO) {
+        _ddp_store_warn_rate(s, &s->rate_peer, "store: client %s speaks store protocol %lld, this "
+                             "master %u (mixed libddp versions?); connection closed", c->addr,
+                             (long long)m->rq.arg, _DDP_STORE_PROTO);
+        return _ddp_conn_reply(c, DDP_ERR_MISMATCH, 0, NULL, 0) ? -1 : 2;
+    }
+    if (need_proof != has_proof ||
+        (need_proof && !_ddp_auth_verify(s->secret, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL,
+                                         c->nonce, m->v1, m->v1 + _DDP_AUTH_NONCE_BYTES))) {
+        _ddp_store_warn_rate(s, &s->rate_peer, "store: %s failed to authenticate (%s); connection "
+                             "closed", c->addr, !has_proof ? "no job secret" : need_proof ?
+                             "wrong job secret" : "it has a job secret and this store has none");
+        return _ddp_conn_reply(c, DDP_ERR_AUTH, 0, NULL, 0) ? -1 : 2;
+    }
+    if (need_proof)
+        _ddp_auth_proof(s->secret, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, c->nonce, m->v1, proof);
+    if (_ddp_conn_reply(c, DDP_SUCCESS, 0, proof, need_proof ? _DDP_AUTH_PROOF_BYTES : 0u)) return -1;
+    _ddp_pending_unlink(s, c);
+    c->state = _DDP_CONN_READY;
+    pthread_mutex_lock(&s->srv_mu);
+    s->nclients++;
+    pthread_mutex_unlock(&s->srv_mu);
+    _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s authenticated", c->addr);
+    return 0;
+}
+
+_DDP_PRIVATE int _ddp_store_on_set(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    if (_ddp_kv_put(s, m->key, m->rq.klen, m->v1, m->rq.v1len))
+        return _ddp_conn_reply(c, DDP_ERR_OUT_OF_MEMORY, 0, NULL, 0);
+    return _ddp_conn_reply(c, DDP_SUCCESS, 0, NULL, 0);
+}
+
+_DDP_PRIVATE int _ddp_store_on_get(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
+    if (!e) return 1;
+    return _ddp_conn_reply(c, DDP_SUCCESS, e->vlen, e->val, e->vlen);
+}
+
+_DDP_PRIVATE int _ddp_store_on_add(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
+    char buf[32];
+    long long cur = 0;
+    if (e) {
+        char tmp[32];
+        size_t n = e->vlen < sizeof tmp - 1 ? e->vlen : sizeof tmp - 1;
+        memcpy(tmp, e->val, n);
+        tmp[n] = 0;
+        cur = strtoll(tmp, NULL, 10);
+    }
+    cur = (long long)((unsigned long long)cur + (unsigned long long)m->rq.arg);
+    snprintf(buf, sizeof buf, "%lld", cur);
+    if (_ddp_kv_put(s, m->key, m->rq.klen, buf, (uint32_t)strlen(buf)))
+        return _ddp_conn_reply(c, DDP_ERR_OUT_OF_MEMORY, 0, NULL, 0);
+    return _ddp_conn_reply(c, DDP_SUCCESS, cur, NULL, 0);
+}
+
+_DDP_PRIVATE int _ddp_store_on_cas(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
+    if ((!e && m->rq.v1len == 0) ||
+        (e && e->vlen == m->rq.v1len && memcmp(e->val, m->v1, m->rq.v1len) == 0)) {
+        if (_ddp_kv_put(s, m->key, m->rq.klen, m->v2, m->rq.v2len))
+            return _ddp_conn_reply(c, DDP_ERR_OUT_OF_MEMORY, 0, NULL, 0);
+        e = *_ddp_kv_slot(s, m->key, m->rq.klen);
+    }
+    if (e) return _ddp_conn_reply(c, DDP_SUCCESS, e->vlen, e->val, e->vlen);
+    return _ddp_conn_reply(c, DDP_SUCCESS, 0, NULL, 0);
+}
+
+_DDP_PRIVATE int _ddp_store_on_wait(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    if (!_ddp_store_wait_ready(s, m->key, m->rq.klen, (m->rq.flags & _DDP_ST_WAIT_ANY) != 0)) return 1;
+    return _ddp_conn_reply(c, DDP_SUCCESS, 0, NULL, 0);
+}
+
+_DDP_PRIVATE int _ddp_store_on_check(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    return _ddp_conn_reply(c, DDP_SUCCESS, *_ddp_kv_slot(s, m->key, m->rq.klen) != NULL, NULL, 0);
+}
+
+_DDP_PRIVATE int _ddp_store_on_delete(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    _ddp_kv_t **pp = _ddp_kv_slot(s, m->key, m->rq.klen), *e = *pp;
+    if (e) {
+        *pp = e->next;
+        DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e);
+    }
+    return _ddp_conn_reply(c, DDP_SUCCESS, e != NULL, NULL, 0);
+}
+
+typedef int (*_ddp_store_handler_t)(ddp_store_t *, _ddp_store_conn_t *, const _ddp_store_msg_t *);
+static const _ddp_store_handler_t _ddp_store_handlers[_DDP_ST_NUM_OPS] = {
+    NULL, _ddp_store_on_hello, _ddp_store_on_set, _ddp_store_on_get, _ddp_store_on_add,
+    _ddp_store_on_cas, _ddp_store_on_wait, _ddp_store_on_check, _ddp_store_on_delete};
+
+/* ---------------------------------------------------------------- reading requests
+ * Requests are read in place, exactly as many bytes as the current one still needs: first the
+ * header, then the body its lengths announce (checked before anything is sized from them).
+ * _ddp_conn_rx_space says where the next bytes go, _ddp_conn_rx_done takes n of them there;
+ * the socket loop recv()s between the two, _ddp_store_feed memcpy()s (tests, fuzzers). */
+static const unsigned char _ddp_store_nothing[1] = {0};
+
+/* The header is complete: may it be read further? Sizes the body buffer. 0 or -1 (drop). */
+_DDP_PRIVATE int _ddp_store_check_head(ddp_store_t *s, _ddp_store_conn_t *c) {
+    _ddp_store_req_t rq;
+    uint64_t body;
+    memcpy(&rq, c->head, sizeof rq);
+    body = (uint64_t)rq.klen + rq.v1len + rq.v2len;
+    if (c->state == _DDP_CONN_HELLO) {
+        if (rq.magic != _DDP_STORE_MAGIC || rq.op != _DDP_ST_HELLO || body > _DDP_STORE_HELLO_MAX) {
+            _ddp_store_warn_rate(s, &s->rate_peer, "store: %s sent %s before authenticating; connection "
+                                 "closed", c->addr, rq.magic != _DDP_STORE_MAGIC ? "bytes that are not "
+                                 "the store protocol" : rq.op != _DDP_ST_HELLO ? "a request" :
+                                 "an oversized hello");
+            return -1;
+        }
+        c->body_need = (size_t)body;
+        return 0;
+    }
+    if (rq.magic != _DDP_STORE_MAGIC || rq.op <= _DDP_ST_HELLO || rq.op >= _DDP_ST_NUM_OPS ||
+        rq.klen > DDP_STORE_MAX_KEY * 64u || rq.v1len > DDP_STORE_MAX_VALUE ||
+        rq.v2len > DDP_STORE_MAX_VALUE) {
+        _ddp_store_log(s, DDP_LOG_WARN, "store: malformed request from %s (magic %08x op %u); "
+                       "connection dropped", c->addr, rq.magic, rq.op);
+        return -1;
+    }
+    c->body_need = (size_t)body;
+    if (c->body_need > c->in_cap) {
+        DDP_FREE(c->in);
+        c->in_cap = 0;
+        c->in = (unsigned char *)DDP_MALLOC(c->body_need);
+        if (!c->in) {
+            _ddp_store_log(s, DDP_LOG_WARN, "store: no memory for a %zu-byte request from %s; "
+                           "connection dropped", c->body_need, c->addr);
+            return -1;
+        }
+        c->in_cap = c->body_need;
+    }
+    return 0;
+}
+
+/* Runs the complete request in head/body. 0, or -1 to drop the connection. */
+_DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
+    _ddp_store_msg_t m;
+    const unsigned char *body = c->state == _DDP_CONN_HELLO ? c->hello : c->in ? c->in : _ddp_store_nothing;
+    int r;
+    memcpy(&m.rq, c->head, sizeof m.rq);
+    m.key = (const char *)body;
+    m.v1 = body + m.rq.klen;
+    m.v2 = m.v1 + m.rq.v1len;
+    r = _ddp_store_handlers[m.rq.op](s, c, &m);   /* op checked by _ddp_store_check_head */
+    if (r == 1) {
+        if (!c->waiting) { c->waiting = 1; s->nwaiting++; }
+        return 0;
+    }
+    if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    c->head_len = c->body_len = c->body_need = 0;
+    if (c->in_cap > ((size_t)1 << 20)) {          /* a big SET's buffer is not kept */
+        DDP_FREE(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+    if (r == 2) { c->state = _DDP_CONN_CLOSING; return 0; }
+    return r;
+}
+
+_DDP_PRIVATE int _ddp_conn_rx_space(_ddp_store_conn_t *c, unsigned char **p, size_t *n) {
+    if (c->waiting || (c->state != _DDP_CONN_HELLO && c->state != _DDP_CONN_READY)) return -1;
+    if (c->head_len < sizeof c->head) {
+        *p = c->head + c->head_len;
+        *n = sizeof c->head - c->head_len;
+    } else {
+        *p = (c->state == _DDP_CONN_HELLO ? c->hello : c->in) + c->body_len;
+        *n = c->body_need - c->body_len;
+    }
+    return 0;
+}
+
+_DDP_PRIVATE int _ddp_conn_rx_done(ddp_store_t *s, _ddp_store_conn_t *c, size_t n) {
+    if (c->head_len < sizeof c->head) {
+        c->head_len += n;
+        if (c->head_len < sizeof c->head) return 0;
+        if (_ddp_store_check_head(s, c) != 0) return -1;
+    } else {
+        c->body_len += n;
+    }
+    if (c->body_len < c->body_need) return 0;
+    return _ddp_store_execute(s, c);
+}
+
+/* Feeds bytes to a connection as if they came from its socket; answers accumulate in c->out.
+ * 0, or -1: the server would drop the connection (the caller drops it). */
+_DDP_PRIVATE int _ddp_store_feed(ddp_store_t *s, _ddp_store_conn_t *c, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    while (n) {
+        unsigned char *dst;
+        size_t room;
+        if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
+        if (room > n) room = n;
+        memcpy(dst, p, room);
+        p += room;
+        n -= room;
+        if (_ddp_conn_rx_done(s, c, room) != 0) return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the server loop */
+/* After input or output: send what is queued, close a connection whose last answer is out,
+ * keep epoll's interest right. */
+_DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (c->state == _DDP_CONN_DEAD) return;
+    if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+    if (c->state == _DDP_CONN_CLOSING && c->out_len == c->out_off && c->fd >= 0) {
+        _ddp_store_drop(s, c);
+        return;
+    }
+    _ddp_conn_watch(s, c);
+}
+
+/* Reads what the socket has (a bounded amount per call, so one big request does not starve the
+ * others). -1 = drop the connection. */
+_DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
+    int round;
+    for (round = 0; round < _DDP_STORE_BATCH; round++) {
+        unsigned char *dst;
+        size_t room;
+        ssize_t n;
+        if (c->waiting) {
+            /* A parked client speaks only after its answer: readable now means it hung up (its
+             * own timeout ran out) or broke the protocol. Either way, drop it. */
+            _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
+            return -1;
+        }
+        if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
+        n = recv(c->fd, dst, room, MSG_DONTWAIT);
+        if (n == 0) return -1;
+        if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        if (_ddp_conn_rx_done(s, c, (size_t)n) != 0) return -1;
+        if (c->waiting || c->state == _DDP_CONN_CLOSING) return 0;
+    }
+    return 0;
+}
+
+_DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t ev) {
+    if (c->state == _DDP_CONN_DEAD) return;
+    if ((ev & EPOLLOUT) && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        if (c->state == _DDP_CONN_CLOSING) {
+            if (ev & (EPOLLHUP | EPOLLERR)) { _ddp_store_drop(s, c); return; }
+        } else if (_ddp_conn_readable(s, c) != 0) {
+            _ddp_store_drop(s, c);
+            return;
+        }
+    }
+    _ddp_conn_settle(s, c);
+}
+
+/* A write happened: answer the parked GET/WAITs whose keys now exist. */
+_DDP_PRIVATE void _ddp_store_rerun_waiting(ddp_store_t *s) {
+    size_t i = 0;
+    s->changed = 0;
+    while (s->nwaiting && i < s->nconns) {
+        _ddp_store_conn_t *c = s->conns[i];
+        if (c->waiting) {
+            if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }  /* slot i refilled */
+            _ddp_conn_settle(s, c);
+            if (c->state == _DDP_CONN_DEAD) continue;
+        }
+        i++;
+    }
+}
+
+_DDP_PRIVATE void _ddp_store_pause_accept(ddp_store_t *s, int ms) {
+    if (s->accept_resume_us || s->epfd < 0) return;
+    epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->listen_fd, NULL);
+    s->accept_resume_us = _ddp_now_us() + (int64_t)ms * 1000;
+}
+
+_DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
+    struct epoll_event ev;
+    if (!s->accept_resume_us || now < s->accept_resume_us) return;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.ptr = &s->listen_fd;
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) == 0) s->accept_resume_us = 0;
+    else s->accept_resume_us = now + 100000;
+}
+
+/* accept() failed for want of descriptors or memory: make room and go on serving. 1 = try
+ * accept again. The oldest unauthenticated connection goes first (a rank authenticates in
+ * milliseconds, so that is a stranger or a stalled peer; a rank that is cut off retries); with
+ * none, the spare descriptor lets us accept and close the newcomer, so the listen queue drains. */
+_DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
+    struct rlimit rl;
+    unsigned long long lim = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) lim = (unsigned long long)rl.rlim_cur;
+    if (s->pending_head) {
+        _ddp_store_warn_rate(s, &s->rate_fds, "store: cannot accept (%s; RLIMIT_NOFILE %llu, %zu "
+                             "connections): closing the oldest unauthenticated one (%s) to make room",
+                             strerror(err), lim, s->nconns, s->pending_head->addr);
+        _ddp_store_drop(s, s->pending_head);
+        return 1;
+    }
+    if (s->spare_fd >= 0) {
+        int fd;
+        close(s->spare_fd);
+        fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) close(fd);
+        s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        _ddp_store_warn_rate(s, &s->rate_fds, "store: cannot accept (%s; RLIMIT_NOFILE %llu, %zu "
+                             "authenticated connections): refused a connection; raise ulimit -n",
+                             strerror(err), lim, s->nconns);
+        if (fd >= 0) return 1;
+    } else {
+        _ddp_store_warn_rate(s, &s->rate_fds, "store: cannot accept (%s; RLIMIT_NOFILE %llu); "
+                             "pausing accepts for 100 ms", strerror(err), lim);
+    }
+    _ddp_store_pause_accept(s, 100);
+    return 0;
+}
+
+_DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
+    int i;
+    for (i = 0; i < _DDP_STORE_BATCH; i++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        char addr[64];
+        _ddp_store_conn_t *c;
+        int one = 1, fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK) return;
+            if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == EPERM) continue;
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                if (_ddp_store_out_of_fds(s, e)) continue;
+                return;
+            }
+            _ddp_store_warn_rate(s, &s->rate_fds, "store: accept: %s; pausing accepts for 100 ms", strerror(e));
+            _ddp_store_pause_accept(s, 100);
+            return;
+        }
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        _ddp_sockaddr_str((struct sockaddr *)&ss, addr, sizeof addr);
+        c = _ddp_store_conn_new(s, fd, addr);
+        if (!c) {
+            close(fd);
+            _ddp_store_warn_rate(s, &s->rate_fds, "store: no memory or no random nonce for the "
+                                 "connection from %s; closed it", addr);
+            continue;
+        }
+        _ddp_store_log(s, DDP_LOG_TRACE, "store: client connected from %s", addr);
+        _ddp_conn_settle(s, c);
+    }
+}
+
+/* Unauthenticated connections past their deadline go (the pending list is in deadline order). */
+_DDP_PRIVATE void _ddp_store_expire(ddp_store_t *s, int64_t now) {
+    while (s->pending_head && s->pending_head->deadline_us <= now) {
+        _ddp_store_conn_t *c = s->pending_head;
+        if (c->state == _DDP_CONN_HELLO)
+            _ddp_store_warn_rate(s, &s->rate_peer, "store: %s did not authenticate within %d ms; "
+                                 "connection closed", c->addr, s->handshake_ms);
+        _ddp_store_drop(s, c);
+    }
+}
+
+/* epoll_wait's timeout: the next handshake deadline or accept resumption, at most 1 s. */
+_DDP_PRIVATE int _ddp_store_wait_ms(const ddp_store_t *s, int64_t now) {
+    int64_t next = now + 1000000;
+    if (s->pending_head && s->pending_head->deadline_us < next) next = s->pending_head->deadline_us;
+    if (s->accept_resume_us && s->accept_resume_us < next) next = s->accept_resume_us;
+    return next <= now ? 0 : (int)((next - now + 999) / 1000);
+}
+
+/* The server thread. Nothing but ddp_store_close ends it: every failure is per connection. */
+_DDP_PRIVATE void *_ddp_store_thread(void *arg) {
+    ddp_store_t *s = (ddp_store_t *)arg;
+    struct epoll_event ev[_DDP_STORE_BATCH];
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        int i, n = epoll_wait(s->epfd, ev, _DDP_STORE_BATCH, _ddp_store_wait_ms(s, _ddp_now_us()));
+        int64_t now;
+        if (n < 0) {
+            if (errno != EINTR) {
+                _ddp_store_warn_rate(s, &s->rate_fds, "store: epoll_wait: %s", strerror(errno));
+                usleep(10000);
+            }
+            n = 0;
+        }
+        for (i = 0; i < n; i++) {
+            void *p = ev[i].data.ptr;
+            if (p == (void *)&s->wake[0]) {
+                char b[64];
+                while (read(s->wake[0], b, sizeof b) > 0) {}
+            } else if (p == (void *)&s->listen_fd) {
+                _ddp_store_accept(s);
+            } else {
+                _ddp_conn_event(s, (_ddp_store_conn_t *)p, ev[i].events);
+            }
+        }
+        if (s->changed) _ddp_store_rerun_waiting(s);
+        now = _ddp_now_us();
+        _ddp_store_expire(s, now);
+        _ddp_store_resume_accept(s, now);
+        _ddp_store_reap(s);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the client's handshake
+ * Two pure steps (no socket: the fuzzers call them on arbitrary bytes), _DDP_HS_* results. */
+enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _DDP_HS_NO_SECRET,
+       _DDP_HS_REFUSED, _DDP_HS_BAD_PROOF, _DDP_HS_MALFORMED };
+
+/* Step 1: the server's challenge (n bytes) -> the HELLO to send (*msglen bytes into msg, which
+ * holds _DDP_STORE_HELLO_BYTES) and the server's nonce. */
+_DDP_PRIVATE int _ddp_store_hs_hello(const char *secret, const void *chal, size_t n,
+                                     const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
+                                     unsigned char *msg, size_t *msglen,
+                                     unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES]) {
+    const size_t keylen = secret ? strlen(secret) : 0;
+    _ddp_store_chal_t ch;
+    _ddp_store_req_t rq;
+    *msglen = 0;
+    if (n != sizeof ch) return _DDP_HS_MALFORMED;
+    memcpy(&ch, chal, sizeof ch);
+    if (ch.magic != _DDP_STORE_MAGIC) return _DDP_HS_NOT_STORE;
+    if (ch.proto != _DDP_STORE_PROTO) return _DDP_HS_PROTO;
+    if ((ch.flags & _DDP_ST_CHAL_SECRET) && !keylen) return _DDP_HS_NEED_SECRET;
+    if (!(ch.flags & _DDP_ST_CHAL_SECRET) && keylen) return _DDP_HS_NO_SECRET;
+    memcpy(nonce_s, ch.nonce, _DDP_AUTH_NONCE_BYTES);
+    memset(&rq, 0, sizeof rq);
+    rq.magic = _DDP_STORE_MAGIC;
+    rq.op = _DDP_ST_HELLO;
+    rq.v1len = _DDP_AUTH_NONCE_BYTES + (keylen ? _DDP_AUTH_PROOF_BYTES : 0u);
+    rq.flags = keylen ? _DDP_ST_HELLO_PROOF : 0u;
+    rq.arg = _DDP_STORE_PROTO;
+    memcpy(msg, &rq, sizeof rq);
+    memcpy(msg + sizeof rq, nonce_c, _DDP_AUTH_NONCE_BYTES);
+    if (keylen)
+        _ddp_auth_proof(secret, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL, nonce_s, nonce_c,
+                        msg + sizeof rq + _DDP_AUTH_NONCE_BYTES);
+    *msglen = sizeof rq + rq.v1len;
+    return _DDP_HS_OK;
+}
+
+/* Step 2: the answer to HELLO (header, then the vlen bytes of value that were read). */
+_DDP_PRIVATE int _ddp_store_hs_welcome(const char *secret,
+                                       const unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES],
+                                       const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
+                                       const void *resp, size_t n, const unsigned char *val,
+                                       size_t vlen) {
+    const size_t keylen = secret ? strlen(secret) : 0;
+    _ddp_store_resp_t r;
+    if (n != sizeof r) return _DDP_HS_MALFORMED;
+    memcpy(&r, resp, sizeof r);
+    if (r.magic != _DDP_STORE_MAGIC) return _DDP_HS_NOT_STORE;
+    if (r.status == DDP_ERR_AUTH) return _DDP_HS_REFUSED;
+    if (r.status == DDP_ERR_MISMATCH) return _DDP_HS_PROTO;
+    if (r.status != DDP_SUCCESS || r.vlen != vlen) return _DDP_HS_MALFORMED;
+    if (!keylen) return vlen == 0 ? _DDP_HS_OK : _DDP_HS_MALFORMED;
+    if (vlen != _DDP_AUTH_PROOF_BYTES ||
+        !_ddp_auth_verify(secret, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, nonce_s, nonce_c, val))
+        return _DDP_HS_BAD_PROOF;
+    return _DDP_HS_OK;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_hs_error(ddp_store_t *s, int hs) {
+    switch (hs) {
+    case _DDP_HS_NOT_STORE:
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: %s:%d is not a libddp store (another "
+                              "service on MASTER_PORT?)", s->host, s->port);
+    case _DDP_HS_PROTO:
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: master %s:%d speaks another store "
+                              "protocol version (mixed libddp versions?)", s->host, s->port);
+    case _DDP_HS_NEED_SECRET:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d requires a job secret and "
+                              "this rank has none (set DDP_JOB_SECRET the same on every rank)",
+                              s->host, s->port);
+    case _DDP_HS_NO_SECRET:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d asks for no job secret but "
+                              "this rank has one: not talking to it (DDP_JOB_SECRET set on some "
+                              "ranks only, or not the real master)", s->host, s->port);
+    case _DDP_HS_REFUSED:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d refused our job secret "
+                              "(DDP_JOB_SECRET differs between ranks?)", s->host, s->port);
+    case _DDP_HS_BAD_PROOF:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d could not prove it knows "
+                              "the job secret: not talking to it (not the real master, or "
+                              "DDP_JOB_SECRET differs between ranks)", s->host, s->port);
+    default:
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: master %s:%d sent a malformed "
+                              "handshake", s->host, s->port);
+    }
+}
+
+/* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
+ * master out of descriptors, or flooded, drops some): then the caller connects again. */
+_DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t deadline, int *retry) {
+    unsigned char chal[sizeof(_ddp_store_chal_t)], msg[_DDP_STORE_HELLO_BYTES];
+    unsigned char ns[_DDP_AUTH_NONCE_BYTES], nc[_DDP_AUTH_NONCE_BYTES], val[_DDP_AUTH_PROOF_BYTES];
+    _ddp_store_resp_t resp;
+    size_t msglen = 0, vlen = 0;
+    int rc, hs;
+    *retry = 0;
+    if ((rc = _ddp_auth_nonce(nc)) != 0)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: no random nonce for the handshake "
+                              "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
+    rc = _ddp_recv_all(fd, chal, sizeof chal, deadline);
+    if (rc == 0) {
+        hs = _ddp_store_hs_hello(s->secret, chal, sizeof chal, nc, msg, &msglen, ns);
+        if (hs != _DDP_HS_OK) return _ddp_store_hs_error(s, hs);
+        rc = _ddp_send_all(fd, msg, msglen, deadline);
+    }
+    if (rc == 0) rc = _ddp_recv_all(fd, &resp, sizeof resp, deadline);
+    if (rc == 0 && resp.magic == _DDP_STORE_MAGIC && resp.vlen <= sizeof val) {
+        vlen = resp.vlen;
+        if (vlen) rc = _ddp_recv_all(fd, val, vlen, deadline);
+    }
+    if (rc == 0) {
+        hs = _ddp_store_hs_welcome(s->secret, ns, nc, &resp, sizeof resp, val, vlen);
+        return hs == _DDP_HS_OK ? DDP_SUCCESS : _ddp_store_hs_error(s, hs);
+    }
+    if (rc == -ETIMEDOUT)
+        return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: master %s:%d accepted the connection "
+                              "but did not finish the handshake within %d ms (not a libddp store "
+                              "of this version?)", s->host, s->port, s->timeout_ms);
+    *retry = 1;
+    snprintf(s->last_error, sizeof s->last_error, "connection to %s:%d lost during the handshake: %s",
+             s->host, s->port, strerror(-rc));
+    return DDP_ERR_REMOTE;
+}
+
+/* One try at every address host resolves to: a connected fd, or -errno (*why says what). */
+_DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, size_t whycap) {
+    struct addrinfo hints, *res = NULL, *ai;
+    char portstr[16];
+    int last_err = ECONNREFUSED, rc;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(portstr, sizeof portstr, "%d", s->port);
+    rc = getaddrinfo(s->host, portstr, &hints, &res);
+    if (rc != 0) {
+        snprintf(why, whycap, "cannot resolve master address '%.200s': %s", s->host, gai_strerror(rc));
+        return rc == EAI_AGAIN ? -EAGAIN : -EHOSTUNREACH;
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
+        if (fd < 0) { last_err = errno; continue; }
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        _ddp_set_nonblock(fd, 1);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) { freeaddrinfo(res); return fd; }
+        if (errno == EINPROGRESS) {
+            struct pollfd pfd;
+            int ms = _ddp_ms_left(deadline);
+            if (ms < 0 || ms > 2000) ms = 2000;
+            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+            if (poll(&pfd, 1, ms) == 1) {
+                int err = 0;
+                socklen_t len = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                if (err == 0) { freeaddrinfo(res); return fd; }
+                last_err = err;
+            } else {
+                last_err = ETIMEDOUT;
+            }
+        } else {
+            last_err = errno;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    snprintf(why, whycap, "cannot connect to %.200s:%d: %s", s->host, s->port, strerror(last_err));
+    return -last_err;
+}
+
+/* Connects and authenticates, retrying until the store's timeout with exponential backoff and
+ * jitter (10 ms doubling to 2 s, each wait drawn from [b/2, 3b/2]): ranks that all start at
+ * once then do not retry in lockstep, the failure PyTorch's TCPStore saw as "connection reset
+ * by peer" at 1,536 ranks. Wrong secrets and versions are final at once. */
+_DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
+    char why[512] = "";
+    int64_t deadline = _ddp_deadline(s->timeout_ms);
+    int backoff_ms = 10, attempts = 0;
+    for (;;) {
+        int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
+        attempts++;
+        if (fd == -EHOSTUNREACH)
+            return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: master %s:%d unreachable: %s",
+                                  s->host, s->port, why);
+        if (fd >= 0) {
+            ddp_result_t r = _ddp_store_handshake(s, fd, deadline, &retry);
+            if (r == DDP_SUCCESS) {
+                s->fd = fd;
+                _ddp_store_log(s, DDP_LOG_INFO, "store: connected to master %s:%d%s", s->host, s->port,
+                               s->secret[0] ? " (job secret proven both ways)" : "");
+                if (attempts > 1)
+                    _ddp_store_log(s, DDP_LOG_TRACE, "store: after %d attempts", attempts);
+                return r;
+            }
+            close(fd);
+            if (!retry) return r;
+            _ddp_strlcpy(why, s->last_error, sizeof why);
+            _ddp_store_log(s, DDP_LOG_TRACE, "store: %s; retrying", why);
+        }
+        if (_ddp_ms_left(deadline) == 0)
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: master %s:%d unreachable after %d ms "
+                                  "(%d attempts): %s", s->host, s->port, s->timeout_ms, attempts, why);
+        {
+            int ms = backoff_ms / 2 + (int)((s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (backoff_ms + 1);
+            int left = _ddp_ms_left(deadline);
+            struct timespec ts;
+            if (left >= 0 && ms > left) ms = left;
+            ts.tv_sec = ms / 1000;
+            ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+            nanosleep(&ts, NULL);
+            backoff_ms = backoff_ms * 2 > _DDP_STORE_BACKOFF_MAX_MS ? _DDP_STORE_BACKOFF_MAX_MS : backoff_ms * 2;
+        }
+    }
+}
+
+/* One request/response round trip; the caller holds the store's mutex. */
+_DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t flags, const char *key,
+                                         size_t klen, const void *v1, size_t v1len, const void *v2,
+                                         size_t v2len, int64_t arg, int timeout_ms,
+                                         _ddp_store_resp_t *resp, void *out, size_t cap,
+                                         size_t *outlen) {
+    _ddp_store_req_t rq;
+    struct iovec iov[4];
+    int64_t deadline;
+    int rc, i;
+    ddp_result_t r;
+    if (s->fd < 0) {
+        if (s->quick) return DDP_ERR_REMOTE;
+        r = _ddp_store_connect(s);
+        if (r != DDP_SUCCESS) return r;
+    }
+    deadline = _ddp_deadline(timeout_ms ? timeout_ms : s->timeout_ms);
+    memset(&rq, 0, sizeof rq);
+    rq.magic = _DDP_STORE_MAGIC; rq.op = op; rq.klen = (uint32_t)klen; rq.v1len = (uint32_t)v1len;
+    rq.v2len = (uint32_t)v2len; rq.flags = flags; rq.arg = arg;
+    iov[0].iov_base = &rq; iov[0].iov_len = sizeof rq;
+    iov[1].iov_base = (void *)(uintptr_t)key; iov[1].iov_len = klen;
+    iov[2].iov_base = (void *)(uintptr_t)v1; iov[2].iov_len = v1len;
+    iov[3].iov_base = (void *)(uintptr_t)v2; iov[3].iov_len = v2len;
+    for (i = 0, rc = 0; i < 4 && rc == 0; i++)
+        if (iov[i].iov_len) rc = _ddp_send_all(s->fd, iov[i].iov_base, iov[i].iov_len, deadline);
+    if (rc == 0) rc = _ddp_recv_all(s->fd, resp, sizeof *resp, deadline);
+    if (rc == 0 && resp->magic != _DDP_STORE_MAGIC) rc = -EPROTO;
+    if (rc == 0 && resp->vlen) {
+        size_t take = resp->vlen < cap ? resp->vlen : cap;
+        if (take) rc = _ddp_recv_all(s->fd, out, take, deadline);
+        while (rc == 0 && take < resp->vlen) {
+            char sink[4096];
+            size_t n = resp->vlen - take < sizeof sink ? resp->vlen - take : sizeof sink;
+            rc = _ddp_recv_all(s->fd, sink, n, deadline);
+            take += n;
+        }
+    }
+    if (outlen) *outlen = rc == 0 ? resp->vlen : 0;
+    if (rc != 0) {
+        /* The stream is out of step now: drop it; the next call reconnects. */
+        close(s->fd);
+        s->fd = -1;
+        if (rc == -ETIMEDOUT)
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "no answer from master %s:%d within %d ms "
+                                  "(key '%.*s')", s->host, s->port,
+                                  timeout_ms ? timeout_ms : s->timeout_ms, (int)(klen > 200 ? 200 : klen), key);
+        return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
+                              "store): %s", s->host, s->port, strerror(-rc));
+    }
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- starting the server */
+_DDP_PRIVATE int _ddp_sa_is_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+_DDP_PRIVATE int _ddp_sa_same_ip(const struct sockaddr *a, const struct sockaddr *b) {
+    if (a->sa_family != b->sa_family) return 0;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr;
+    if (a->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return 0;
+}
+
+/* Where to listen for host: 1 = loopback (host resolves only to loopback addresses), 2 = an
+ * address of one of this machine's interfaces, 0 = every interface (host NULL, unresolvable, or
+ * somewhere else: behind NAT, a DNS alias). *out gets the address (port 0) for 1 and 2. */
+_DDP_PRIVATE int _ddp_store_bind_choice(const char *host, struct sockaddr_storage *out, socklen_t *outlen) {
+    struct addrinfo hints, *res = NULL, *ai;
+    struct ifaddrs *ifs = NULL, *ifa;
+    const struct addrinfo *loop = NULL, *local = NULL;
+    int only_loopback = 1;
+    if (!host || !*host) return 0;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return 0;
+    for (ai = res; ai; ai = ai->ai_next) {
+        if (_ddp_sa_is_loopback(ai->ai_addr)) {
+            if (!loop || (loop->ai_family != AF_INET && ai->ai_family == AF_INET)) loop = ai;
+        } else {
+            only_loopback = 0;
+        }
+    }
+    if (!only_loopback && getifaddrs(&ifs) == 0) {
+        for (ai = res; ai && !local; ai = ai->ai_next)
+            for (ifa = ifs; ifa && !local; ifa = ifa->ifa_next)
+                if (ifa->ifa_addr && !_ddp_sa_is_loopback(ai->ai_addr) && _ddp_sa_same_ip(ai->ai_addr, ifa->ifa_addr))
+                    local = ai;
+        freeifaddrs(ifs);
+    }
+    if (only_loopback) local = loop;
+    if (local && local->ai_addrlen <= sizeof *out) {
+        memset(out, 0, sizeof *out);
+        memcpy(out, local->ai_addr, local->ai_addrlen);
+        *outlen = (socklen_t)local->ai_addrlen;
+        freeaddrinfo(res);
+        return only_loopback ? 1 : 2;
+    }
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* Binds and listens: -errno or the fd. */
+_DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v6only) {
+    int one = 1, fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), e;
+    if (fd < 0) return -errno;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (sa->sa_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
+    if (bind(fd, sa, len) != 0 || listen(fd, _DDP_STORE_BACKLOG) != 0) {
+        e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    char where[96];
+    int choice = _ddp_store_bind_choice(host, &ss, &sl), fd;
+    if (choice) {
+        if (ss.ss_family == AF_INET) ((struct sockaddr_in *)(void *)&ss)->sin_port = htons((uint16_t)s->port);
+        else ((struct sockaddr_in6 *)(void *)&ss)->sin6_port = htons((uint16_t)s->port);
+        fd = _ddp_store_bind((struct sockaddr *)&ss, sl, 1);
+    } else {
+        /* Every interface: IPv6 and IPv4 on one socket where the host has IPv6, else IPv4. */
+        struct sockaddr_in6 a6;
+        struct sockaddr_in a4;
+        memset(&a6, 0, sizeof a6);
+        a6.sin6_family = AF_INET6;
+        a6.sin6_addr = in6addr_any;
+        a6.sin6_port = htons((uint16_t)s->port);
+        fd = _ddp_store_bind((struct sockaddr *)&a6, sizeof a6, 0);
+        if (fd < 0 && fd != -EADDRINUSE) {
+            memset(&a4, 0, sizeof a4);
+            a4.sin_family = AF_INET;
+            a4.sin_addr.s_addr = htonl(INADDR_ANY);
+            a4.sin_port = htons((uint16_t)s->port);
+            fd = _ddp_store_bind((struct sockaddr *)&a4, sizeof a4, 0);
+        }
+    }
+    if (fd == -EADDRINUSE)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: master port %d is already in use on "
+                              "this host (another job, or a previous run still exiting?): pick another "
+                              "MASTER_PORT", s->port);
+    if (fd < 0) return _ddp_store_err(s, DDP_ERR_SYSTEM, "listen on port %d: %s", s->port, strerror(-fd));
+    sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)(void *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)(void *)&ss)->sin_port);
+    _ddp_set_nonblock(fd, 1);
+    s->listen_fd = fd;
+    _ddp_sockaddr_str((struct sockaddr *)&ss, where, sizeof where);
+    _ddp_store_log(s, DDP_LOG_INFO, "store: listening on %s (%s%s%s)", where,
+                   choice == 1 ? "loopback only: " : choice == 2 ? "" : "every interface",
+                   choice ? host : "", choice == 1 ? " is this host's loopback, so no other host can "
+                   "connect" : choice == 2 ? " is an address of this host" : "");
+    return DDP_SUCCESS;
+}
+
+/* One descriptor per rank: the soft limit goes up to the hard one (said at INFO). */
+_DDP_PRIVATE void _ddp_store_raise_nofile(ddp_store_t *s) {
+    struct rlimit rl;
+    unsigned long long was;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    was = (unsigned long long)rl.rlim_cur;
+    if (rl.rlim_cur >= rl.rlim_max) {
+        _ddp_store_log(s, DDP_LOG_INFO, "store: open-file limit (RLIMIT_NOFILE) %llu is also the hard "
+                       "limit: the server holds at most about that many connections", was);
+        return;
+    }
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        _ddp_store_log(s, DDP_LOG_INFO, "store: raised the open-file limit (RLIMIT_NOFILE) from %llu "
+                       "to the hard limit %llu, one descriptor per rank", was, (unsigned long long)rl.rlim_max);
+    else
+        _ddp_store_log(s, DDP_LOG_INFO, "store: could not raise the open-file limit (RLIMIT_NOFILE) "
+                       "%llu to %llu: %s", was, (unsigned long long)rl.rlim_max, strerror(errno));
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *host) {
+    struct epoll_event ev;
+    ddp_result_t r;
+    _ddp_store_raise_nofile(s);
+    if ((r = _ddp_store_listen(s, host)) != DDP_SUCCESS) return r;
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0 || pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: %s", strerror(errno));
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.ptr = &s->wake[0];
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->wake[0], &ev) != 0)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
+    ev.data.ptr = &s->listen_fd;
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
+    if (pthread_create(&s->thread, NULL, _ddp_store_thread, s) != 0)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server thread: %s", strerror(errno));
+    s->thread_started = 1;
+    _ddp_store_log(s, DDP_LOG_INFO, "store: serving rendezvous on port %d%s", s->port,
+                   s->secret[0] ? " (job secret required, proven by challenge-response)" :
+                   " (no job secret: anyone who reaches the port may use it)");
+    return DDP_SUCCESS;
+}
+
+/* A store with no sockets yet (also what the fuzzers drive with _ddp_store_feed). */
+_DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_store_desc_t *d) {
+    const char *secret;
+    ddp_store_t *s = (ddp_store_t *)DDP_MALLOC(sizeof *s);
+    if (!s) return NULL;
+    memset(s, 0, sizeof *s);
+    s->fd = s->listen_fd = s->epfd = s->spare_fd = -1;
+    s->wake[0] = s->wake[1] = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->srv_mu, NULL);
+    _ddp_strlcpy(s->host, host && *host ? host : "127.0.0.1", sizeof s->host);
+    s->port = port;
+    s->timeout_ms = (d && d->timeout_ms) ? d->timeout_ms : _ddp_env_timeout_ms();
+    s->handshake_ms = s->timeout_ms < 0 || s->timeout_ms > _DDP_STORE_HANDSHAKE_MAX_MS
+                          ? _DDP_STORE_HANDSHAKE_MAX_MS : s->timeout_ms;
+    if (s->handshake_ms < _DDP_STORE_HANDSHAKE_MIN_MS) s->handshake_ms = _DDP_STORE_HANDSHAKE_MIN_MS;
+    secret = (d && d->secret) ? d->secret : getenv("DDP_JOB_SECRET");
+    _ddp_strlcpy(s->secret, secret ? secret : "", sizeof s->secret);
+    s->log_level = (d && d->log_level) ? d->log_level - 1 : _ddp_log_level_from_env();
+    s->log_rank = d ? d->log_rank : 0;
+    s->rng = _ddp_random64();
+    return s;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, int port,
+                                          int is_server, const ddp_store_desc_t *d, char *err,
+                                          size_t errcap) {
+    ddp_store_t *s;
+    ddp_result_t r;
+    if (!out) return DDP_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (port < 0 || port > 65535 || (!is_server && (port == 0 || !host || !*host)))
+        return DDP_ERR_INVALID_ARGUMENT;
+    if (!(s = _ddp_store_new(host, port, d))) return DDP_ERR_OUT_OF_MEMORY;
+    if (is_server && (r = _ddp_store_start_server(s, host)) != DDP_SUCCESS) {
+        _ddp_strlcpy(err, s->last_error, errcap);
+        ddp_store_close(s);
+        return r;
+    }
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_connect(s);
+    pthread_mutex_unlock(&s->mu);
+    if (r != DDP_SUCCESS) {
+        _ddp_strlcpy(err, s->last_error, errcap);
+        ddp_store_close(s);
+        return r;
+    }
+    *out = s;
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int port, int is_server,
+                                    const ddp_store_desc_t *d) {
+    char err[512];
+    return _ddp_store_open(out, host, port, is_server, d, err, sizeof err);
+}
+
+DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
+    int i;
+    if (!s) return DDP_ERR_INVALID_ARGUMENT;
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    if (s->thread_started) {
+        /* Others may still read keys (late joiners, failure reasons): serve until every client
+         * has gone, at most the store's timeout. A dead client's socket closes by itself. */
+        int64_t deadline = _ddp_deadline(s->timeout_ms);
+        for (;;) {
+            int n;
+            pthread_mutex_lock(&s->srv_mu);
+            n = s->nclients;
+            pthread_mutex_unlock(&s->srv_mu);
+            if (n <= 0 || _ddp_ms_left(deadline) == 0) break;
+            usleep(2000);
+        }
+        __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+        if (write(s->wake[1], "x", 1) < 0) {}
+        pthread_join(s->thread, NULL);
+    }
+    while (s->nconns) _ddp_store_drop(s, s->conns[s->nconns - 1]);
+    _ddp_store_reap(s);
+    DDP_FREE(s->conns);
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->epfd >= 0) close(s->epfd);
+    if (s->spare_fd >= 0) close(s->spare_fd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    for (i = 0; i < _DDP_KV_BUCKETS; i++) {
+        _ddp_kv_t *e = s->buckets[i];
+        while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
+    }
+    _ddp_auth_wipe(s->secret, sizeof s->secret);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->srv_mu);
+    DDP_FREE(s);
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_check_key(ddp_store_t *s, const char *key) {
+    size_t n;
+    if (!s || !key) return DDP_ERR_INVALID_ARGUMENT;
+    n = strlen(key);
+    if (n == 0 || n > DDP_STORE_MAX_KEY) {
+        snprintf(s->last_error, sizeof s->last_error, "key length %zu not in 1..%d", n, DDP_STORE_MAX_KEY);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_store_set(ddp_store_t *s, const char *key, const void *value, size_t len) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    if ((len && !value) || len > DDP_STORE_MAX_VALUE) return DDP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_SET, 0, key, strlen(key), value, len, NULL, 0, 0, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_get(ddp_store_t *s, const char *key, void *value, size_t cap, size_t *len) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    if (cap && !value) return DDP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_GET, 0, key, strlen(key), NULL, 0, NULL, 0, 0, 0, &resp, value, cap, len);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_add(ddp_store_t *s, const char *key, int64_t delta, int64_t *result) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_ADD, 0, key, strlen(key), NULL, 0, NULL, 0, delta, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (r == DDP_SUCCESS && result) *result = resp.num;
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_compare_set(ddp_store_t *s, const char *key, const void *expected,
+                                           size_t expected_len, const void *desired, size_t desired_len,
+                                           void *actual, size_t cap, size_t *actual_len) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    if ((expected_len && !expected) || (desired_len && !desired) || (cap && !actual) ||
+        expected_len > DDP_STORE_MAX_VALUE || desired_len > DDP_STORE_MAX_VALUE)
+        return DDP_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_CAS, 0, key, strlen(key), expected, expected_len, desired,
+                       desired_len, 0, 0, &resp, actual, cap, actual_len);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_wait_keys(ddp_store_t *s, const char *const *keys, int nkeys,
+                                               int timeout_ms, int any) {
+    char buf[8192];
+    size_t off = 0;
+    int i;
+    _ddp_store_resp_t resp;
+    ddp_result_t r;
+    if (!s || nkeys < 0 || (nkeys && !keys)) return DDP_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < nkeys; i++) {
+        size_t n;
+        if ((r = _ddp_store_check_key(s, keys[i])) != DDP_SUCCESS) return r;
+        n = strlen(keys[i]);
+        if (off + n + 1 > sizeof buf) return DDP_ERR_INVALID_ARGUMENT;
+        memcpy(buf + off, keys[i], n + 1);
+        off += n + 1;
+    }
+    if (nkeys == 0) return DDP_SUCCESS;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_WAIT, any ? _DDP_ST_WAIT_ANY : 0, buf, off - 1, NULL, 0, NULL, 0,
+                       0, timeout_ms, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_wait(ddp_store_t *s, const char *const *keys, int nkeys, int timeout_ms) {
+    return _ddp_store_wait_keys(s, keys, nkeys, timeout_ms, 0);
+}
+
+DDP_API ddp_result_t ddp_store_check(ddp_store_t *s, const char *key, int *exists) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_CHECK, 0, key, strlen(key), NULL, 0, NULL, 0, 0, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (r == DDP_SUCCESS && exists) *exists = (int)resp.num;
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API ddp_result_t ddp_store_delete(ddp_store_t *s, const char *key, int *deleted) {
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_check_key(s, key);
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    r = _ddp_store_rpc(s, _DDP_ST_DELETE, 0, key, strlen(key), NULL, 0, NULL, 0, 0, 0, &resp, NULL, 0, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (r == DDP_SUCCESS && deleted) *deleted = (int)resp.num;
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp.status;
+}
+
+DDP_API int ddp_store_port(const ddp_store_t *s) { return s ? s->port : -1; }
+DDP_API const char *ddp_store_last_error(const ddp_store_t *s) { return s ? s->last_error : "NULL store"; }
+
+/* While reporting a failure the store must not become a second wait: short timeouts and no
+ * reconnecting (the master may be the rank that died). */
+_DDP_PRIVATE void _ddp_store_quick(ddp_store_t *s, int on) {
+    static const int quick_ms = 1000;
+    if (on && !s->quick) { s->quick = s->timeout_ms; s->timeout_ms = quick_ms; }
+    else if (!on && s->quick) { s->timeout_ms = s->quick; s->quick = 0; }
+}
+
+#endif /* DDP_STORE_IMPLEMENTATION */

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every libddp header compiles alone, declarations and implementation, with and without
+# DDP_STATIC (implementation), as C99/C11 and C++11/17/20, with gcc and clang; and every pair of headers in both
+# orders (implementation, C99): a header that needs another one includes it itself.
+# Usage: tests/check_headers.sh OUTDIR HEADER...   (run from the repository root; make headers)
+set -euo pipefail
+out=$1; shift
+mkdir -p "$out"
+WARN="-Wall -Wextra -Wpedantic -Werror"
+have() { command -v "$1" >/dev/null 2>&1; }
+compilers=("gcc -std=c99" "gcc -std=c11" "g++ -std=c++11" "g++ -std=c++17" "g++ -std=c++20")
+have clang && compilers+=("clang -std=c99" "clang -std=c11")
+have clang++ && compilers+=("clang++ -std=c++11" "clang++ -std=c++20")
+jobs=()
+n=0
+src() {   # src FILE MODE STATIC HEADER...
+    local f=$1 mode=$2 st=$3; shift 3
+    {
+        [ "$st" = static ] && echo '#define DDP_STATIC'
+        if [ "$mode" = impl ]; then echo '#ifndef _GNU_SOURCE'; echo '#define _GNU_SOURCE'; echo '#endif'; echo '#define DDP_IMPLEMENTATION'; fi
+        for h in "$@"; do echo "#include \"$h\""; done
+        echo 'int main(void) { return 0; }'
+    } > "$f"
+}
+for h in "$@"; do
+    for mode in decl impl; do
+        for st in plain static; do
+            [ "$mode" = decl ] && [ "$st" = static ] && continue   # DDP_STATIC only means something with the implementation
+            n=$((n + 1))
+            base="$out/h$n"
+            src "$base.c" "$mode" "$st" "$h"
+            cp "$base.c" "$base.cpp"
+            for cc in "${compilers[@]}"; do
+                case $cc in g++*|clang++*) f="$base.cpp";; *) f="$base.c";; esac
+                jobs+=("$cc $WARN -I. -fsyntax-only $f  # $h $mode $st")
+            done
+        done
+    done
+done
+for a in "$@"; do
+    for b in "$@"; do
+        [ "$a" = "$b" ] && continue
+        n=$((n + 1))
+        src "$out/p$n.c" impl plain "$a" "$b"
+        jobs+=("gcc -std=c99 $WARN -I. -fsyntax-only $out/p$n.c  # $a then $b")
+    done
+done
+printf '%s\n' "${jobs[@]}" > "$out/jobs.txt"
+fail=0
+if ! xargs -P "$(nproc)" -I{} -d '\n' sh -c '{} 2>&1 || { echo "FAILED: {}"; exit 255; }' < "$out/jobs.txt" > "$out/log.txt"; then fail=1; fi
+if [ $fail = 1 ] || grep -q . "$out/log.txt"; then cat "$out/log.txt"; echo "headers: FAILED"; exit 1; fi
+echo "ok: ${#jobs[@]} compiles: $# headers alone (decl/impl, with/without DDP_STATIC, ${#compilers[@]} compiler/standard pairs) and every ordered pair"

@@ -1,0 +1,486 @@
+/* transports/ddp_transport.h — the transport interface, for transport authors.
+ *
+ * A transport moves tagged byte messages between two ranks over a bidirectional connection
+ * (Gloo's "pair"), with non-blocking connect/accept and isend/irecv/test as NCCL's net plugin.
+ * Messages on one connection and direction complete in posting order; a posted irecv must
+ * match the next message's tag and length exactly (else DDP_ERR_MISMATCH), which is how ranks
+ * calling different collectives or counts are caught instead of corrupting data. Registered
+ * memory (reg_mr) lets RDMA transports write straight into user buffers; a transport that runs
+ * whole collectives itself (shared memory, NCCL) fills `coll`.
+ *
+ * A transport sees its communicator only through the ddp_transport_ctx_t given to init (as
+ * NCCL's net plugin sees only its init arguments): rank, size, timeouts, spin policy, an
+ * abort flag, and callbacks to publish and look up addresses, log and record failures. It
+ * never includes ddp.h and never reads the communicator. Including a transport header
+ * registers it (a constructor calls ddp_transport_register); the communicator picks, per
+ * peer, the highest-priority registered transport that reaches it.
+ *
+ * This header also holds what every transport needs the same way (the shared plumbing):
+ * the registry, the context helpers, a request free list and spin-then-block waiting.
+ * Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_TRANSPORT_IMPLEMENTATION).
+ */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_TRANSPORT_IMPLEMENTATION)
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#if defined(DDP_TRANSPORT_IMPLEMENTATION)
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#endif
+#include "../ddp_base.h"
+
+#ifndef DDP_TRANSPORT_H_INCLUDED
+#define DDP_TRANSPORT_H_INCLUDED
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDP_TRANSPORT_VERSION 2
+
+/* What a transport knows of its communicator. Filled by the communicator before init and valid
+ * (same address) until finalize; transports keep the pointer. */
+typedef struct ddp_transport_ctx {
+    int rank, nranks;
+    int timeout_ms;               /* every blocking wait; < 0 = forever */
+    int spin_us;                  /* poll this long before sleeping in the kernel; <= 0: never */
+    int log_level;                /* a ddp_log_level_t: ddp_transport_log drops finer lines */
+    uint64_t comm_id;             /* random per communicator, the same on every rank */
+    const char *ifname;           /* DDP_SOCKET_IFNAME syntax, or NULL */
+    const char *master_addr;      /* the rendezvous host: the route to it picks an interface */
+    const ddp_allocator_t *allocator;   /* NULL: DDP_MALLOC/DDP_FREE */
+    const int *abort_flag;        /* read it with ddp_transport_aborted (atomically) */
+    int *waiting_on;              /* a wait that times out stores the peer it waited for here,
+                                   * so the communicator can find which rank is stuck */
+    void *host;                   /* opaque: handed back to the callbacks below */
+    /* The host identity of a rank (hostname + boot id + network namespace, or DDP_HOST_ID). */
+    const char *(*host_id)(void *host, int peer);
+    /* This rank's address for `name` (the transport's name, or name.suffix for more keys),
+     * and a peer's: lookup waits until the peer published it (or the timeout); published
+     * answers at once whether it has. */
+    ddp_result_t (*publish)(void *host, const char *name, const void *addr, size_t len);
+    ddp_result_t (*lookup)(void *host, const char *name, int peer, void *addr, size_t cap,
+                           size_t *len);
+    int (*published)(void *host, const char *name, int peer);
+    void (*log)(void *host, ddp_log_level_t level, const char *msg);
+    /* Records msg as the communicator's last error (the user's ddp_comm_last_error) and
+     * returns r; last_error reads it back. */
+    ddp_result_t (*fail)(void *host, ddp_result_t r, const char *msg);
+    const char *(*last_error)(void *host);
+} ddp_transport_ctx_t;
+
+typedef struct ddp_coll_provider {
+    ddp_result_t (*all_reduce)(void *state, const void *sendbuf, void *recvbuf, size_t count,
+                               ddp_dtype_t dtype, ddp_op_t op);
+    ddp_result_t (*reduce_scatter)(void *state, const void *sendbuf, void *recvbuf,
+                                   size_t recvcount, ddp_dtype_t dtype, ddp_op_t op);
+    ddp_result_t (*all_gather)(void *state, const void *sendbuf, void *recvbuf, size_t sendcount,
+                               ddp_dtype_t dtype);
+    ddp_result_t (*broadcast)(void *state, const void *sendbuf, void *recvbuf, size_t count,
+                              ddp_dtype_t dtype, int root);
+    ddp_result_t (*barrier)(void *state);
+    /* Called once every peer is connected through this transport (and only then): DDP_SUCCESS
+     * to take over the collectives, anything else to leave them to the ring. */
+    ddp_result_t (*enable)(void *state);
+} ddp_coll_provider_t;
+
+typedef struct ddp_transport {
+    int version;                  /* DDP_TRANSPORT_VERSION */
+    const char *name;             /* "tcp", "shm", "ibverbs", "threads", "nccl" */
+    int priority;                 /* "auto" picks the highest that reaches a peer */
+    /* Per communicator: open listeners and publish this rank's address (ctx->publish). */
+    ddp_result_t (*init)(const ddp_transport_ctx_t *ctx, void **state);
+    /* After every rank has published: 1 if this transport can reach peer. */
+    int (*reachable)(void *state, int peer);
+    /* Non-blocking: return DDP_SUCCESS with *conn == NULL to be called again. The rank with the
+     * lower number connects, the other accepts; the transport checks the peer's identity. */
+    ddp_result_t (*connect)(void *state, int peer, void **conn);
+    ddp_result_t (*accept)(void *state, int peer, void **conn);
+    ddp_result_t (*reg_mr)(void *state, void *buf, size_t len, void **mr);   /* may be NULL */
+    ddp_result_t (*dereg_mr)(void *state, void *mr);
+    ddp_result_t (*isend)(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
+                          void **req);
+    ddp_result_t (*irecv)(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req);
+    /* Advances the connection; *done = 1 once req completed (req is then released). */
+    ddp_result_t (*test)(void *req, int *done);
+    /* Sleeps until one of conns may progress or timeout_ms passes (the blocking half of
+     * spin-then-block). */
+    ddp_result_t (*wait)(void *state, void *const *conns, int nconns, int timeout_ms);
+    ddp_result_t (*close)(void *conn);   /* also used after errors: wakes the peer with EOF */
+    ddp_result_t (*finalize)(void *state);
+    /* May be NULL. Called from any thread after *ctx->abort_flag was set: wake whatever this
+     * transport sleeps on, so a blocked call sees the flag now rather than at its next poll. */
+    void (*abort)(void *state);
+    const ddp_coll_provider_t *coll;     /* NULL: point-to-point only */
+} ddp_transport_t;
+
+DDP_API ddp_result_t ddp_transport_register(const ddp_transport_t *transport);
+DDP_API const ddp_transport_t *ddp_transport_find(const char *name);
+
+/* Context helpers for transports: printf-style failure (recorded, logged at WARN, returns r)
+ * and log lines (dropped above ctx->log_level), the communicator's allocator, the abort flag. */
+DDP_API ddp_result_t ddp_transport_fail(const ddp_transport_ctx_t *ctx, ddp_result_t r,
+                                        const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+DDP_API void ddp_transport_log(const ddp_transport_ctx_t *ctx, ddp_log_level_t level,
+                               const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+DDP_API void *ddp_transport_calloc(const ddp_transport_ctx_t *ctx, size_t size);
+DDP_API void ddp_transport_free(const ddp_transport_ctx_t *ctx, void *ptr);
+DDP_API int ddp_transport_aborted(const ddp_transport_ctx_t *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_TRANSPORT_H_INCLUDED */
+
+/* ============================================================================================
+ * IMPLEMENTATION
+ * ========================================================================================== */
+#if defined(DDP_TRANSPORT_IMPLEMENTATION) && !defined(DDP_TRANSPORT_IMPL_INCLUDED)
+#define DDP_TRANSPORT_IMPL_INCLUDED
+#ifndef DDP_BASE_IMPL_INCLUDED
+#error "libddp: ddp_transport.h's implementation needs ddp_base.h's (define DDP_IMPLEMENTATION)"
+#endif
+
+#define _DDP_MAX_TRANSPORTS 8
+/* Log only what the context's level lets through, without formatting the rest. */
+#define _DDP_TLOG(ctx, lvl, ...) \
+    do { if ((ctx)->log_level >= (lvl)) ddp_transport_log((ctx), (lvl), __VA_ARGS__); } while (0)
+
+/* ---------------------------------------------------------------- transport registry
+ * Filled by constructors of the transport headers before main(), read-only afterwards: the
+ * one process-wide table, because "including a header compiles a transport in". */
+static const ddp_transport_t *_ddp_transports[_DDP_MAX_TRANSPORTS];
+static int _ddp_ntransports;
+
+DDP_API ddp_result_t ddp_transport_register(const ddp_transport_t *t) {
+    int i;
+    if (!t || !t->name || t->version != DDP_TRANSPORT_VERSION) return DDP_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < _ddp_ntransports; i++)
+        if (_ddp_transports[i] == t || !strcmp(_ddp_transports[i]->name, t->name)) return DDP_SUCCESS;
+    if (_ddp_ntransports == _DDP_MAX_TRANSPORTS) return DDP_ERR_OUT_OF_MEMORY;
+    _ddp_transports[_ddp_ntransports++] = t;
+    return DDP_SUCCESS;
+}
+
+DDP_API const ddp_transport_t *ddp_transport_find(const char *name) {
+    int i;
+    for (i = 0; name && i < _ddp_ntransports; i++)
+        if (!strcmp(_ddp_transports[i]->name, name)) return _ddp_transports[i];
+    return NULL;
+}
+
+DDP_API ddp_result_t ddp_transport_fail(const ddp_transport_ctx_t *ctx, ddp_result_t r,
+                                        const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    if (!ctx || !ctx->fail) return r;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ctx->fail(ctx->host, r, msg);
+}
+
+DDP_API void ddp_transport_log(const ddp_transport_ctx_t *ctx, ddp_log_level_t level,
+                               const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    if (!ctx || !ctx->log || level == DDP_LOG_NONE || ctx->log_level < (int)level) return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->log(ctx->host, level, msg);
+}
+
+DDP_API void *ddp_transport_calloc(const ddp_transport_ctx_t *ctx, size_t size) {
+    return _ddp_calloc(ctx ? ctx->allocator : NULL, size);
+}
+DDP_API void ddp_transport_free(const ddp_transport_ctx_t *ctx, void *ptr) {
+    _ddp_free(ctx ? ctx->allocator : NULL, ptr);
+}
+DDP_API int ddp_transport_aborted(const ddp_transport_ctx_t *ctx) {
+    return ctx && ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_SEQ_CST);
+}
+
+/* ============================================================================================
+ * Shared plumbing: private helpers that the transports in this folder need the same way, kept
+ * here once so that a fix (a lost wake-up, a miscounted pool) is made once. Private (_ddp_,
+ * static): not part of the transport interface, and a transport of another library need not
+ * use them. Hot-path ones are static inline: a transport pays no call for them.
+ * ========================================================================================== */
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+/* "Including a header registers the transport": a constructor runs before main(). Usage:
+ *     _DDP_TRANSPORT_CONSTRUCTOR(_ddp_x_register) { ddp_transport_register(&_ddp_x_transport); } */
+#if defined(__GNUC__) || defined(__clang__)
+#define _DDP_TRANSPORT_CONSTRUCTOR(fn) __attribute__((constructor)) static void fn(void)
+#else
+#error "libddp: transports register themselves with a constructor (GCC/Clang)"
+#endif
+
+/* ---------------------------------------------------------------- failures
+ * A connection's sticky failure: the first one is recorded (ddp_transport_fail) and kept in
+ * *err, which every later call on the connection returns; later ones change nothing, so the
+ * user reads what broke first, not its echoes. */
+_DDP_PRIVATE ddp_result_t _ddp_transport_conn_fail(const ddp_transport_ctx_t *ctx, ddp_result_t *err,
+                                                   ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+_DDP_PRIVATE ddp_result_t _ddp_transport_conn_fail(const ddp_transport_ctx_t *ctx, ddp_result_t *err,
+                                                   ddp_result_t r, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    if (*err != DDP_SUCCESS) return *err;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    *err = r;
+    return ddp_transport_fail(ctx, r, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- request free list
+ * A connection's requests live in an array in the connection (allocated with it: the steady
+ * state never allocates); the free list is a stack of pointers into it, LIFO so that the
+ * request used last, still in cache, is used next. Pointers rather than a link inside the
+ * request: the request types differ per transport, and their `next` is their queue link. */
+#define _DDP_TRANSPORT_MAX_REQS 64
+typedef struct {
+    int n, cap;
+    void *req[_DDP_TRANSPORT_MAX_REQS];
+} _ddp_transport_freelist_t;
+
+/* Takes requests reqs[0..n) (each `stride` bytes); n <= _DDP_TRANSPORT_MAX_REQS. */
+_DDP_PRIVATE void _ddp_transport_freelist_init(_ddp_transport_freelist_t *fl, void *reqs,
+                                               size_t stride, int n) {
+    int i;
+    DDP_ASSERT(n <= _DDP_TRANSPORT_MAX_REQS);
+    fl->cap = n;
+    for (fl->n = 0, i = 0; i < n; i++) fl->req[fl->n++] = (unsigned char *)reqs + (size_t)i * stride;
+}
+
+/* A free request, or NULL after recording that the caller posted more than the pool holds
+ * (name: the transport's, for the message). */
+static inline void *_ddp_transport_req_get(const ddp_transport_ctx_t *ctx,
+                                           _ddp_transport_freelist_t *fl, const char *name, int peer) {
+    if (fl->n) return fl->req[--fl->n];
+    ddp_transport_fail(ctx, DDP_ERR_INTERNAL, "%s: more than %d requests outstanding to rank %d",
+                       name, fl->cap, peer);
+    return NULL;
+}
+
+/* Gives back a request taken with _ddp_transport_req_get (once). */
+static inline void _ddp_transport_req_put(_ddp_transport_freelist_t *fl, void *q) {
+    fl->req[fl->n++] = q;
+}
+
+/* ---------------------------------------------------------------- device and interface lists
+ * NCCL's list syntax (NCCL_SOCKET_IFNAME, NCCL_IB_HCA): "a,b" name prefixes, "=a,b" exact
+ * names, "^a,b" everything but those; with port >= 0 an entry may end in ":port" (IB devices),
+ * with port < 0 a colon is part of the name (interface aliases such as eth0:1). */
+_DDP_PRIVATE int _ddp_transport_match_list(const char *spec, const char *name, int port) {
+    int exclude = 0, exact = 0, hit = 0;
+    char buf[256], *tok, *save = NULL;
+    if (*spec == '^') { exclude = 1; spec++; }
+    if (*spec == '=') { exact = 1; spec++; }
+    _ddp_strlcpy(buf, spec, sizeof buf);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *colon = port >= 0 ? strchr(tok, ':') : NULL;
+        int want_port = colon ? atoi(colon + 1) : 0;
+        if (colon) *colon = 0;
+        if ((exact ? !strcmp(name, tok) : !strncmp(name, tok, strlen(tok))) &&
+            (!want_port || want_port == port)) { hit = 1; break; }
+    }
+    return exclude ? !hit : hit;
+}
+
+/* ---------------------------------------------------------------- waiting on shared memory
+ * For transports whose ranks wait on words another rank writes (shm across processes, threads
+ * within one): spin, then sleep on a futex that the writer rings. */
+static inline void _ddp_transport_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Sleeps while *word == val, at most ms. shared: the word is in memory shared between
+ * processes (no FUTEX_PRIVATE). Off Linux: a nap of at most 1 ms (the sleeper polls). */
+_DDP_PRIVATE void _ddp_futex_wait(uint32_t *word, uint32_t val, int ms, int shared) {
+#if defined(__linux__)
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    syscall(SYS_futex, word, shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+#else
+    (void)word; (void)val; (void)shared;
+    usleep(ms > 1 ? 1000 : (useconds_t)ms * 1000);
+#endif
+}
+
+_DDP_PRIVATE void _ddp_futex_wake(uint32_t *word, int shared) {
+#if defined(__linux__)
+    syscall(SYS_futex, word, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)word; (void)shared;
+#endif
+}
+
+/* A wake-up word: its owner sleeps on doorbell; anyone rings it, paying the system call only
+ * when the owner said it sleeps. No lost wake-up: the ringer publishes its progress (or flag)
+ * with a sequentially consistent store, then reads `sleeping`; the sleeper stores sleeping = 1
+ * (seq_cst), reads the doorbell, then re-checks what it waits for: one of the two always sees
+ * the other (Dekker), and a ring between the re-check and the futex call changes the doorbell,
+ * so the futex returns at once. Two 32-bit words: the same layout as shm's region header. */
+typedef struct { uint32_t doorbell, sleeping; } _ddp_transport_bell_t;
+
+static inline void _ddp_transport_bell_ring(_ddp_transport_bell_t *b, int shared) {
+    if (__atomic_load_n(&b->sleeping, __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch(&b->doorbell, 1u, __ATOMIC_SEQ_CST);
+        _ddp_futex_wake(&b->doorbell, shared);
+    }
+}
+
+/* The sleeper's half: arm, re-check (the caller), then sleep up to ms (0: not at all) and
+ * disarm. */
+static inline uint32_t _ddp_transport_bell_arm(_ddp_transport_bell_t *b) {
+    __atomic_store_n(&b->sleeping, 1u, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&b->doorbell, __ATOMIC_SEQ_CST);
+}
+static inline void _ddp_transport_bell_sleep(_ddp_transport_bell_t *b, uint32_t seen, int ms,
+                                             int shared) {
+    if (ms > 0) _ddp_futex_wait(&b->doorbell, seen, ms, shared);
+    __atomic_store_n(&b->sleeping, 0u, __ATOMIC_SEQ_CST);
+}
+
+/* How long to spin before sleeping, and whether the ranks outnumber the CPUs this process may
+ * use (nlocal ranks on this host): the transport's own variable (env) first, then the
+ * communicator's spin when the user chose one (DDP_SPIN_US, or the desc), else 2000 us with a
+ * CPU per rank (spinning costs nothing the peer needs, and a futex wake-up across CPUs costs
+ * tens of microseconds), 50 us oversubscribed (spinning would steal the peer's CPU). */
+_DDP_PRIVATE int _ddp_transport_spin_us(const ddp_transport_ctx_t *ctx, const char *env, int nlocal,
+                                        int *oversubscribed) {
+    cpu_set_t set;
+    long v;
+    const char *s = getenv(env);
+    int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    *oversubscribed = nlocal > ncpu;
+    if (s && _ddp_parse_long(s, 0, 10000000, &v) == 0) return (int)v;
+    if (getenv("DDP_SPIN_US") || ctx->spin_us != _DDP_DEFAULT_SPIN_US) return ctx->spin_us;
+    return *oversubscribed ? 50 : 2000;
+}
+
+/* Spin-then-block pacing of a loop that polls a word until it changes. Each time the word has
+ * not changed yet:
+ *     if (_ddp_transport_spin_fast(&s)) continue;      a bare pause, no clock read
+ *     if (_ddp_transport_spin_tick(&s)) { ... }         every ms: abort, dead peers, timeout
+ *     if (_ddp_transport_spin_slow(&s)) continue;      pauses or sched_yield until spin_us
+ *     ... sleep on the bell ...
+ * Oversubscribed, it skips the bare pauses and always yields: the CPU goes to the peer we wait
+ * for. Even with a CPU per rank it yields every 8th round: other work may want this CPU, and
+ * sched_yield costs ~0.3 us when nobody does. */
+typedef struct {
+    int spins, spin_us, oversubscribed, timeout_ms;
+    int64_t start, now, deadline, next_check;
+} _ddp_transport_spin_t;
+
+static inline void _ddp_transport_spin_start(_ddp_transport_spin_t *s, int spin_us,
+                                             int oversubscribed, int timeout_ms) {
+    s->spins = 0;
+    s->spin_us = spin_us;
+    s->oversubscribed = oversubscribed;
+    s->timeout_ms = timeout_ms;
+    s->start = s->now = s->deadline = s->next_check = 0;
+}
+
+static inline int _ddp_transport_spin_fast(_ddp_transport_spin_t *s) {
+    if (s->spins < 64 && !s->oversubscribed) { s->spins++; _ddp_transport_pause(); return 1; }
+    if (++s->spins == 1 << 30) s->spins = 64;
+    return 0;
+}
+
+/* Reads the clock into s->now (starting the clocks the first time); 1 when the periodic checks
+ * are due (once per millisecond). s->deadline is 0 without a timeout. */
+static inline int _ddp_transport_spin_tick(_ddp_transport_spin_t *s) {
+    s->now = _ddp_now_us();
+    if (!s->start) {
+        s->start = s->now;
+        s->deadline = s->timeout_ms < 0 ? 0 : s->now + (int64_t)s->timeout_ms * 1000;
+        s->next_check = s->now + 1000;
+    }
+    if (s->now < s->next_check) return 0;
+    s->next_check = s->now + 1000;
+    return 1;
+}
+
+static inline int _ddp_transport_spin_expired(const _ddp_transport_spin_t *s) {
+    return s->deadline && s->now >= s->deadline;
+}
+
+/* 1 after a round of pauses or a yield while within spin_us; 0: time to sleep. */
+static inline int _ddp_transport_spin_slow(const _ddp_transport_spin_t *s) {
+    if (s->now - s->start >= s->spin_us) return 0;
+    if (s->oversubscribed || (s->spins & 7) == 0) {
+        sched_yield();
+    } else {
+        int j;
+        for (j = 0; j < 32; j++) _ddp_transport_pause();
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------- collective signatures
+ * Transports that run collectives themselves (coll) publish what each rank called, so a rank
+ * that called something else is named (DDP_ERR_MISMATCH) instead of reading the wrong bytes.
+ * Part of shm's region layout: a fixed-size, 8-byte aligned record. */
+typedef struct { int32_t kind, dtype, op, root; uint64_t count; } _ddp_transport_sig_t;
+enum { _DDP_TSIG_ALL_REDUCE = 1, _DDP_TSIG_REDUCE_SCATTER, _DDP_TSIG_ALL_GATHER,
+       _DDP_TSIG_BROADCAST, _DDP_TSIG_BARRIER };
+
+static inline void _ddp_transport_sig_set(_ddp_transport_sig_t *g, int kind, ddp_dtype_t dtype,
+                                          ddp_op_t op, size_t count, int root) {
+    g->kind = kind;
+    g->dtype = (int32_t)dtype;
+    g->op = (int32_t)op;
+    g->root = root;
+    g->count = count;
+}
+
+static inline int _ddp_transport_sig_differs(const _ddp_transport_sig_t *a,
+                                             const _ddp_transport_sig_t *b) {
+    return a->kind != b->kind || a->dtype != b->dtype || a->op != b->op || a->root != b->root ||
+           a->count != b->count;
+}
+
+_DDP_PRIVATE const char *_ddp_transport_sig_kind(int kind) {
+    switch (kind) {
+    case _DDP_TSIG_ALL_REDUCE: return "all_reduce";
+    case _DDP_TSIG_REDUCE_SCATTER: return "reduce_scatter";
+    case _DDP_TSIG_ALL_GATHER: return "all_gather";
+    case _DDP_TSIG_BROADCAST: return "broadcast";
+    case _DDP_TSIG_BARRIER: return "barrier";
+    }
+    return "?";
+}
+
+/* "all_reduce of 1024 x float32, sum root 0" (for the mismatch message). */
+_DDP_PRIVATE void _ddp_transport_sig_str(const _ddp_transport_sig_t *g, char *out, size_t cap) {
+    const int red = g->kind == _DDP_TSIG_ALL_REDUCE || g->kind == _DDP_TSIG_REDUCE_SCATTER;
+    snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_transport_sig_kind(g->kind),
+             (unsigned long long)g->count, ddp_dtype_name((ddp_dtype_t)g->dtype), red ? ", " : "",
+             red ? ddp_op_name((ddp_op_t)g->op) : "", g->root);
+}
+
+#endif /* DDP_TRANSPORT_IMPLEMENTATION */
