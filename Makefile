@@ -12,7 +12,7 @@ LDLIBS  := -pthread -lm
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 B       := build
 # Every header, bottom layer first (README "Layout"); the ibverbs transport is checked by rdma-headers.
-HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
+HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_ring.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h
 NP      ?= 4
@@ -23,8 +23,8 @@ TESTS_SAN := $(patsubst tests/%.c,$(B)/san/%,$(TEST_SRCS))
 TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
-.PHONY: all test test-plain test-san test-tsan headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async
+.PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -74,7 +74,15 @@ $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 test-tsan: $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1 prove -f $(TSAN_TESTS)
 
-test: headers test-plain test-san test-tsan test-rdma-vm
+test: headers test-plain test-san test-tsan test-fuzz-short test-rdma-vm
+
+# A short fuzzing run of every harness (make fuzz is the long one) where clang's libFuzzer works;
+# .ci/run installs it.
+test-fuzz-short: | $(B)
+	@if printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n){(void)d;(void)n;return 0;}\n' > $(B)/fz.c 2>/dev/null && \
+	   $(FUZZ_CC) -fsanitize=fuzzer $(B)/fz.c -o $(B)/fz 2>/dev/null; then \
+	  $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SHORT_SECONDS); \
+	else echo "skipping the short fuzz run: no clang with libFuzzer (apt-get install -y clang libclang-rt-14-dev)"; fi
 
 # RDMA (transports/ddp_ibverbs.h, issue 6). Its tests need an RDMA device: `make test` runs them in
 # ../shared/rdma-vm's soft-RoCE VM when that is set up and says so when it is not; CI (.ci/run) sets
@@ -141,6 +149,14 @@ $(B)/svg_chart: bench/svg_chart.c | $(B)
 $(B)/ddp-overlap: bench/ddp_overlap.c bench/bench_fork.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
+# ddp-scale (bench/ddp_scale.c): init + first all-reduce under ddprun; make scale runs the curve.
+$(B)/ddp-scale: bench/ddp_scale.c $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+.PHONY: scale
+scale: $(B)/ddp-scale $(B)/ddprun
+	bash bench/scale.sh $(SCALE_N)
+
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).
 $(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
@@ -159,3 +175,25 @@ compare:
 
 clean:
 	rm -rf $(B)
+
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c, clang): the store server's request parser and
+# handlers, and both ends of its authentication handshake. `make fuzz FUZZ_SECONDS=60` runs each
+# for that long, starting from its committed seeds (tests/fuzz/corpus_<name>/); what it finds
+# goes to build/fuzz/corpus_<name>/ and crashes to build/fuzz/. Needs clang's libFuzzer runtime
+# (Debian: apt-get install -y clang libclang-rt-14-dev).
+FUZZ_SECONDS ?= 60
+FUZZ_SHORT_SECONDS ?= 20
+FUZZ_CC      ?= clang
+FUZZERS      := $(patsubst tests/fuzz/%.c,$(B)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+.PHONY: fuzz
+$(B)/fuzz/%: tests/fuzz/%.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h
+	@mkdir -p $(B)/fuzz
+	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(WARN) $(INC) $< -o $@ -pthread
+
+fuzz: $(FUZZERS)
+	@set -e; for f in $(FUZZERS); do n=$$(basename $$f); c=$(B)/fuzz/corpus_$${n#fuzz_}; mkdir -p $$c; \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
+	  (cd $(B)/fuzz && ./$$n -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=./$$n- \
+	     ../../$$c ../../tests/fuzz/corpus_$${n#fuzz_}) 2>&1 | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|Done|==|SUMMARY|.*ERROR)' || true; \
+	  ls $(B)/fuzz/$$n-* >/dev/null 2>&1 && { echo "fuzz: $$n found a crash: $$(ls $(B)/fuzz/$$n-*)"; exit 1; }; \
+	done; echo "fuzz: no crashes"

@@ -25,7 +25,8 @@
  *   ddp_base.h          result codes, dtypes, ops, DDP_API; private clocks, parsing, logging
  *   ddp_kernels.h       local reduction kernels, fp16/bf16 conversion           (base)
  *   ddp_socket.h        private socket helpers                                  (base)
- *   ddp_store.h         the rendezvous key-value store, client and server      (base, socket)
+ *   ddp_auth.h          private SHA-256, HMAC-SHA256, challenge-response proofs (base)
+ *   ddp_store.h         the rendezvous key-value store, client and server      (socket, auth)
  *   transports/ddp_transport.h   the transport interface, its context, the registry (base)
  *   ddp_engine.h        the point-to-point engine the algorithms see            (base)
  *   ddp_ring.h          the algorithms: ring, recursive doubling, trees, ...    (engine, kernels)

@@ -90,7 +90,7 @@ DDP_API const char *ddp_strerror(ddp_result_t r) {
     case DDP_ERR_ABORTED: return "aborted";
     case DDP_ERR_OUT_OF_MEMORY: return "out of memory";
     case DDP_ERR_MISMATCH: return "ranks disagree (mismatched call, count, dtype or world size)";
-    case DDP_ERR_AUTH: return "authentication failed (job secret)";
+    case DDP_ERR_AUTH: return "authentication failed (job secret or connection key)";
     case DDP_ERR_UNSUPPORTED: return "unsupported";
     case DDP_ERR_INTERNAL: return "internal error";
     }

@@ -40,6 +40,7 @@
 #endif
 #include "ddp_base.h"
 #include "ddp_store.h"
+#include "ddp_auth.h"
 #include "ddp_kernels.h"
 #include "transports/ddp_transport.h"
 #include "ddp_engine.h"
@@ -235,6 +236,7 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char 
  * overlap. Where a NIC, not the CPU, is the limit, several streams are what NCCL and Gloo use
  * (bench/ddp_async.c measures it: try DDP_ASYNC_LANES=2). */
 #define _DDP_DEFAULT_LANES 1
+#define _DDP_AUTH_KEY_BYTES _DDP_SHA256_BYTES
 /* World sizes beyond this fail at once instead of allocating per-rank tables first: rank 0's
  * store holds one connection per rank. */
 #define _DDP_MAX_RANKS 65536
@@ -266,6 +268,8 @@ struct ddp_comm {
     _ddp_engine_t eng;
     /* What the transports see: filled before their init, kept for their lifetime. */
     ddp_transport_ctx_t tctx;
+    unsigned char token[_DDP_AUTH_KEY_BYTES];     /* rank 0's random, through the store */
+    unsigned char data_key[_DDP_AUTH_KEY_BYTES];  /* what data connections prove (never sent) */
     int local_rank, local_size;
     char master_addr[256];
     int master_port;
@@ -609,8 +613,13 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     for (i = 0; i < c->ntinst; i++)
         if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
     if (c->store && c->own_store) ddp_store_close(c->store);
-    if (c->extra_store) ddp_store_close(c->extra_store);
+    /* ddp_comm_init_threads' private server: its clients are this process's other ranks, which
+     * need it no more (any destroy order returns at once, as NCCL's ncclCommInitAll users
+     * destroy 0..n-1 from one thread). */
+    if (c->extra_store) _ddp_store_close_within(c->extra_store, 0);
     a = c->alloc;
+    _ddp_auth_wipe(c->token, sizeof c->token);
+    _ddp_auth_wipe(c->data_key, sizeof c->data_key);
     _ddp_free(&a, c->peers);
     _ddp_free(&a, c->p2p);
     _ddp_free(&a, c->group_ops);
@@ -655,6 +664,23 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name,
     return r;
 }
 
+/* The key every data connection proves knowledge of (challenge-response, ddp_auth.h): rank 0's
+ * random per-communicator token, handed out through the store, bound to the job secret when
+ * there is one (then a token seen on the wire is useless without the secret). */
+_DDP_PRIVATE void _ddp_derive_data_key(ddp_comm_t *c) {
+    const char *secret = c->store ? c->store->secret : "";   /* the store resolved it */
+    if (secret[0]) {
+        _ddp_hmac_sha256_t h;
+        _ddp_hmac_sha256_init(&h, secret, strlen(secret));
+        _ddp_hmac_sha256_update(&h, "ddp data key v1", 15);
+        _ddp_hmac_sha256_update(&h, c->token, sizeof c->token);
+        _ddp_hmac_sha256_final(&h, c->data_key);
+        _ddp_auth_wipe(&h, sizeof h);
+    } else {
+        memcpy(c->data_key, c->token, sizeof c->data_key);
+    }
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     char key[256], host[_DDP_HOST_ID_LEN], why_none[512] = "";
     size_t len = 0;
@@ -683,10 +709,18 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     if ((r = ddp_store_set(c->store, key, host, strlen(host))) != DDP_SUCCESS)
         return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
     if (c->eng.rank == 0) {
+        unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
         c->tctx.comm_id = _ddp_random64();
+        if (_ddp_auth_random(c->token, sizeof c->token) != 0)
+            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: no random bytes for the connection token");
+        memcpy(ident, &c->tctx.comm_id, 8);
+        memcpy(ident + 8, c->token, sizeof c->token);
         _ddp_key(c, key, sizeof key, "comm_id");
-        if ((r = ddp_store_set(c->store, key, &c->tctx.comm_id, sizeof c->tctx.comm_id)) != DDP_SUCCESS)
+        r = ddp_store_set(c->store, key, ident, sizeof ident);
+        _ddp_auth_wipe(ident, sizeof ident);
+        if (r != DDP_SUCCESS)
             return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+        _ddp_derive_data_key(c);
     }
 
     /* Transports listen and publish their addresses before we count ourselves in. */
@@ -758,26 +792,63 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         }
     }
     if (c->eng.rank != 0) {
+        unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
         _ddp_key(c, key, sizeof key, "comm_id");
-        if ((r = ddp_store_get(c->store, key, &c->tctx.comm_id, sizeof c->tctx.comm_id, &len)) != DDP_SUCCESS)
+        if ((r = ddp_store_get(c->store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
             return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+        if (len != sizeof ident)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
+                                 "has %zu bytes, expected %zu (mixed libddp versions?)", len, sizeof ident);
+        memcpy(&c->tctx.comm_id, ident, 8);
+        memcpy(c->token, ident + 8, sizeof c->token);
+        _ddp_auth_wipe(ident, sizeof ident);
+        _ddp_derive_data_key(c);
     }
     /* Hosts: for local rank/size and for transports that reach same-host peers only. */
     c->host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
     if (!c->host_ids) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
+    /* Rank 0 collects the table once and publishes it whole; everyone else reads one value:
+     * O(n) store requests in all instead of every rank asking for every host (O(n^2): a
+     * million requests at 1,024 ranks). */
+    _ddp_key(c, key, sizeof key, "hosts");
+    if (c->eng.rank == 0) {
+        for (i = 0; i < c->eng.nranks; i++) {
+            char hk[256], *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+            _ddp_key(c, hk, sizeof hk, "host/%d", i);
+            len = 0;
+            if ((r = ddp_store_get(c->store, hk, h, _DDP_HOST_ID_LEN - 1, &len)) != DDP_SUCCESS)
+                return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+            h[len < _DDP_HOST_ID_LEN ? len : _DDP_HOST_ID_LEN - 1] = 0;
+        }
+        r = ddp_store_set(c->store, key, c->host_ids, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+    } else {
+        len = 0;
+        r = ddp_store_get(c->store, key, c->host_ids, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN, &len);
+        if (r == DDP_SUCCESS && len != (size_t)c->eng.nranks * _DDP_HOST_ID_LEN)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the host table has %zu bytes, "
+                                 "expected %zu", len, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+    }
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
     {
         int lr = 0, ls = 0;
         for (i = 0; i < c->eng.nranks; i++) {
-            char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
-            _ddp_key(c, key, sizeof key, "host/%d", i);
-            len = 0;
-            if ((r = ddp_store_get(c->store, key, h, _DDP_HOST_ID_LEN - 1, &len)) != DDP_SUCCESS)
-                return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-            h[len < _DDP_HOST_ID_LEN ? len : _DDP_HOST_ID_LEN - 1] = 0;
+            const char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
             if (!strcmp(h, host)) { if (i < c->eng.rank) lr++; ls++; }
         }
         if (c->local_rank < 0) c->local_rank = lr;
         if (c->local_size < 0) c->local_size = ls;
+    }
+    /* Across hosts without a secret the store and the token are readable by anyone who can
+     * reach MASTER_PORT: say so once (rank 0), with the fix. */
+    if (c->eng.rank == 0 && c->store && !c->store->secret[0]) {
+        int other = 0;
+        for (i = 1; i < c->eng.nranks && !other; i++)
+            other = strcmp(c->host_ids + (size_t)i * _DDP_HOST_ID_LEN, c->host_ids) != 0;
+        if (other)
+            _DDP_LOG(c, DDP_LOG_WARN, "ranks span several hosts and no job secret is set: anyone who "
+                     "can reach %s:%d can read the rendezvous store, join this job and see or alter "
+                     "its data; set the same DDP_JOB_SECRET on every rank (ddprun makes one per job) "
+                     "or desc.job_secret", c->master_addr, c->master_port);
     }
     return DDP_SUCCESS;
 }
@@ -1325,6 +1396,8 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     x->allocator = c->alloc.alloc ? &c->alloc : NULL;
     x->abort_flag = &c->aborted;
     x->waiting_on = &e->waiting_on;
+    x->auth_key = c->data_key;
+    x->auth_key_len = sizeof c->data_key;
     x->host = c;
     x->host_id = _ddp_host_peer_id; x->publish = _ddp_host_publish; x->lookup = _ddp_host_lookup;
     x->published = _ddp_host_published; x->log = _ddp_host_log; x->fail = _ddp_host_fail;
@@ -1385,7 +1458,8 @@ _DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
     _ddp_store_quick(c->store, 1);
     if (ddp_store_set(c->store, key, val, strlen(val)) != DDP_SUCCESS) {
         stuck = 0;
-        snprintf(why, sizeof why, "its rendezvous store does not answer: stopped, hung or cut off");
+        snprintf(why, sizeof why, "its rendezvous store does not answer: rank 0 stopped, hung or "
+                 "cut off, or this rank is cut off from it");
     }
     for (cur = c->eng.waiting_on, hops = 0; stuck < 0 && cur >= 0 && cur < n && cur != me && hops < 32; hops++) {
         int next = -1, exists = 0;

@@ -997,6 +997,10 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
     return DDP_ERR_REMOTE;
 }
 
+/* The dial result for a host name that does not resolve: final, unlike a connect() error (a
+ * "no route to host" while a link comes up is worth retrying). */
+#define _DDP_STORE_UNRESOLVABLE (-1000000)
+
 /* One try at every address host resolves to: a connected fd, or -errno (*why says what). */
 _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, size_t whycap) {
     struct addrinfo hints, *res = NULL, *ai;
@@ -1009,7 +1013,7 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
     rc = getaddrinfo(s->host, portstr, &hints, &res);
     if (rc != 0) {
         snprintf(why, whycap, "cannot resolve master address '%.200s': %s", s->host, gai_strerror(rc));
-        return rc == EAI_AGAIN ? -EAGAIN : -EHOSTUNREACH;
+        return rc == EAI_AGAIN ? -EAGAIN : _DDP_STORE_UNRESOLVABLE;
     }
     for (ai = res; ai; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
@@ -1052,9 +1056,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
     for (;;) {
         int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
         attempts++;
-        if (fd == -EHOSTUNREACH)
-            return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: master %s:%d unreachable: %s",
-                                  s->host, s->port, why);
+        if (fd == _DDP_STORE_UNRESOLVABLE)
+            return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: master %s:%d: %s", s->host,
+                                  s->port, why);
         if (fd >= 0) {
             ddp_result_t r = _ddp_store_handshake(s, fd, deadline, &retry);
             if (r == DDP_SUCCESS) {
@@ -1074,8 +1078,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: master %s:%d unreachable after %d ms "
                                   "(%d attempts): %s", s->host, s->port, s->timeout_ms, attempts, why);
         {
-            int ms = backoff_ms / 2 + (int)((s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (backoff_ms + 1);
-            int left = _ddp_ms_left(deadline);
+            int ms, left = _ddp_ms_left(deadline);
+            s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;   /* Knuth's MMIX LCG */
+            ms = backoff_ms / 2 + (int)((s->rng >> 33) % (uint64_t)(backoff_ms + 1));
             struct timespec ts;
             if (left >= 0 && ms > left) ms = left;
             ts.tv_sec = ms / 1000;
@@ -1362,15 +1367,21 @@ DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int por
     return _ddp_store_open(out, host, port, is_server, d, err, sizeof err);
 }
 
-DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
+/* A server's close never waits on its clients for long: others may still read keys (a slower
+ * rank reading why the job failed), so it serves on while clients are connected, for at most
+ * grace_ms (the caller's bound: ddp_store_close uses _DDP_STORE_CLOSE_GRACE_MS or the store's
+ * timeout if shorter; ddp_comm_init_threads' private store, whose clients live in this very
+ * process, 0). A dead client's socket closes by itself. */
+#ifndef _DDP_STORE_CLOSE_GRACE_MS
+#define _DDP_STORE_CLOSE_GRACE_MS 2000
+#endif
+_DDP_PRIVATE ddp_result_t _ddp_store_close_within(ddp_store_t *s, int grace_ms) {
     int i;
     if (!s) return DDP_ERR_INVALID_ARGUMENT;
     if (s->fd >= 0) close(s->fd);
     s->fd = -1;
     if (s->thread_started) {
-        /* Others may still read keys (late joiners, failure reasons): serve until every client
-         * has gone, at most the store's timeout. A dead client's socket closes by itself. */
-        int64_t deadline = _ddp_deadline(s->timeout_ms);
+        int64_t deadline = _ddp_deadline(grace_ms < 0 ? 0 : grace_ms);
         for (;;) {
             int n;
             pthread_mutex_lock(&s->srv_mu);
@@ -1400,6 +1411,12 @@ DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
     pthread_mutex_destroy(&s->srv_mu);
     DDP_FREE(s);
     return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
+    int grace = _DDP_STORE_CLOSE_GRACE_MS;
+    if (s && s->timeout_ms >= 0 && s->timeout_ms < grace) grace = s->timeout_ms;
+    return _ddp_store_close_within(s, grace);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_store_check_key(ddp_store_t *s, const char *key) {

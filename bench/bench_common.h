@@ -660,6 +660,11 @@ static void bench_json_escape(FILE *f, const char *s) {
 
 extern char **environ;
 
+/* A secret's value never reaches benchmark output: it is shown as "(set)". */
+static int bench_env_secret(const char *var) {
+    return !strncmp(var, "DDP_JOB_SECRET=", 15) || strstr(var, "SECRET") || strstr(var, "TOKEN");
+}
+
 /* Every DDP_* variable of the environment (the library's knobs), as a JSON object. */
 static void bench_json_env(FILE *f) {
     char **e;
@@ -674,7 +679,7 @@ static void bench_json_env(FILE *f) {
         fprintf(f, "%s", first ? "" : ", ");
         bench_json_escape(f, name);
         fprintf(f, ": ");
-        bench_json_escape(f, eq + 1);
+        bench_json_escape(f, bench_env_secret(*e) ? "(set)" : eq + 1);
         first = 0;
     }
     fprintf(f, "}");
@@ -733,7 +738,11 @@ static void bench_print_env(const bench_backend_t *b) {
     if (strcmp(b->name, "libddp")) return;
     printf("# env:");
     for (e = environ; e && *e; e++)
-        if (!strncmp(*e, "DDP_", 4)) { printf(" %s", *e); n++; }
+        if (!strncmp(*e, "DDP_", 4)) {
+            if (bench_env_secret(*e)) printf(" %.*s=(set)", (int)(strchr(*e, '=') - *e), *e);
+            else printf(" %s", *e);
+            n++;
+        }
     printf("%s\n", n ? "" : " no DDP_* knobs set (library defaults)");
 }
 

@@ -20,7 +20,24 @@
  *   1 MiB to the dead server is an error, not SIGPIPE.
  * - invalid arguments: NULL store/key/value, bad ports, over-long keys and values.
  * - two communicators per process over one store the user opened (desc.store, store_prefix),
- *   local ranks from DDP_HOST_ID; the user's store outlives them. */
+ *   local ranks from DDP_HOST_ID; the user's store outlives them.
+ * - hardening (protocol 2, ddp_auth.h's challenge-response):
+ *   - a stranger speaking the raw protocol without the secret (no proof, a proof under a wrong
+ *     key, a replayed proof made for another nonce, a request instead of the hello, a hello
+ *     with a SET behind it) gets at most one DDP_ERR_AUTH answer and is disconnected; it never
+ *     receives a value; the keys on the server are unchanged afterwards.
+ *   - a fake master (a raw listener) that asks for no secret, or answers with a wrong proof, is
+ *     refused by a client with DDP_ERR_AUTH; the secret is not in what the fake master received.
+ *   - the secret never crosses the wire: a relay thread records both directions of a whole
+ *     session (every operation); neither the secret nor its hex appears in the capture.
+ *   - the server for 127.0.0.1 listens on loopback only, for an address of this host on that
+ *     address, for no host on every interface.
+ *   - pre-auth memory is bounded: 16 connections announcing huge lengths are closed and the
+ *     process's VmRSS grows by at most 1 MiB; a real client is served afterwards.
+ *   - 2,000 idle connections against a server whose process starts with RLIMIT_NOFILE soft
+ *     1024: it raises the soft limit to the hard one and keeps serving; with hard = 1024 too it
+ *     cannot, sheds unauthenticated connections and still serves set/get/add/wait/compare_set
+ *     to real clients (its own handle and a fresh connection work at the end). */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -30,12 +47,16 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <ifaddrs.h>
 
 typedef struct {
     int port;                 /* published by the server rank */
     int server_dead;
     int strangers_ready, client_done;
     double t_set[3];          /* when "late", "w/a", "w/b" were set (CLOCK_MONOTONIC) */
+    int idle_open;            /* connections the idle-stranger process holds */
+    int server_soft, server_hard;   /* the server process's RLIMIT_NOFILE after opening it */
 } store_shm_t;
 
 static store_shm_t *S;
@@ -730,6 +751,490 @@ static int invalid(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- hardening: raw protocol */
+/* Reads exactly n bytes within ms; 1 on success. */
+static int recv_exact(int fd, void *buf, size_t n, int ms) {
+    char *p = (char *)buf;
+    double t0 = t_now();
+    while (n) {
+        struct pollfd pfd;
+        int left = ms - (int)((t_now() - t0) * 1000);
+        ssize_t k;
+        if (left <= 0) return 0;
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, left) <= 0) continue;
+        k = recv(fd, p, n, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) return 0;
+        if (k > 0) { p += k; n -= (size_t)k; }
+    }
+    return 1;
+}
+
+/* Builds a HELLO carrying nonce_c and (if proof) a proof; returns its length. */
+static size_t raw_hello(unsigned char *msg, const unsigned char *nonce_c, const unsigned char *proof) {
+    _ddp_store_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    rq.magic = _DDP_STORE_MAGIC;
+    rq.op = _DDP_ST_HELLO;
+    rq.v1len = proof ? 64 : 32;
+    rq.flags = proof ? _DDP_ST_HELLO_PROOF : 0;
+    rq.arg = _DDP_STORE_PROTO;
+    memcpy(msg, &rq, sizeof rq);
+    memcpy(msg + sizeof rq, nonce_c, 32);
+    if (proof) memcpy(msg + sizeof rq + 32, proof, 32);
+    return sizeof rq + rq.v1len;
+}
+
+static size_t raw_request(unsigned char *msg, uint32_t op, const char *key, const char *val) {
+    _ddp_store_req_t rq;
+    memset(&rq, 0, sizeof rq);
+    rq.magic = _DDP_STORE_MAGIC;
+    rq.op = op;
+    rq.klen = (uint32_t)strlen(key);
+    rq.v1len = val ? (uint32_t)strlen(val) : 0;
+    memcpy(msg, &rq, sizeof rq);
+    memcpy(msg + sizeof rq, key, rq.klen);
+    if (val) memcpy(msg + sizeof rq + rq.klen, val, rq.v1len);
+    return sizeof rq + rq.klen + rq.v1len;
+}
+
+/* One stranger attempt: read the challenge, send `how`, expect one DDP_ERR_AUTH answer (or
+ * none) and then the end of the connection. Returns 1 if that is what happened. */
+enum { SEND_NO_PROOF, SEND_WRONG_KEY, SEND_REPLAY, SEND_SET_FIRST, SEND_GET_FIRST, SEND_HELLO_THEN_SET };
+static int stranger_attempt(int port, int how, char *what, size_t whatcap) {
+    static const char *const names[] = {"a hello without proof", "a proof under a wrong key",
+        "a replayed proof (right key, another server nonce)", "a SET instead of the hello",
+        "a GET instead of the hello", "a wrong proof with a SET right behind it"};
+    _ddp_store_chal_t ch;
+    _ddp_store_resp_t resp;
+    unsigned char msg[512], nc[32], proof[32], other[32];
+    size_t n = 0;
+    int fd = raw_connect(port), good = 1, expect_answer = how != SEND_SET_FIRST && how != SEND_GET_FIRST;
+    snprintf(what, whatcap, "%s", names[how]);
+    if (fd < 0) return 0;
+    if (!recv_exact(fd, &ch, sizeof ch, 5000) || ch.magic != _DDP_STORE_MAGIC || !(ch.flags & _DDP_ST_CHAL_SECRET)) {
+        close(fd);
+        return 0;
+    }
+    memset(nc, 0x5a, sizeof nc);
+    memset(other, 0x11, sizeof other);
+    switch (how) {
+    case SEND_NO_PROOF: n = raw_hello(msg, nc, NULL); break;
+    case SEND_WRONG_KEY:
+        _ddp_auth_proof("not-the-secret", 14, _DDP_AUTH_CLIENT, "store", ch.nonce, nc, proof);
+        n = raw_hello(msg, nc, proof);
+        break;
+    case SEND_REPLAY:   /* what an eavesdropper captured from an earlier session: valid, for another nonce */
+        _ddp_auth_proof("raw-s3cret", 10, _DDP_AUTH_CLIENT, "store", other, nc, proof);
+        n = raw_hello(msg, nc, proof);
+        break;
+    case SEND_SET_FIRST: n = raw_request(msg, _DDP_ST_SET, "a", "evil"); break;
+    case SEND_GET_FIRST: n = raw_request(msg, _DDP_ST_GET, "a", NULL); break;
+    case SEND_HELLO_THEN_SET:
+        memset(proof, 0x77, sizeof proof);
+        n = raw_hello(msg, nc, proof);
+        n += raw_request(msg + n, _DDP_ST_SET, "evil", "x");
+        break;
+    }
+    if (send(fd, msg, n, MSG_NOSIGNAL) != (ssize_t)n) good = 0;
+    if (good && expect_answer)
+        good = recv_exact(fd, &resp, sizeof resp, 5000) && resp.magic == _DDP_STORE_MAGIC &&
+               resp.status == DDP_ERR_AUTH && resp.vlen == 0;
+    /* then nothing more (no value ever), and the server closes the connection */
+    if (good) good = closed_within(fd, 5000);
+    close(fd);
+    return good;
+}
+
+static int raw_strangers(int rank, int p, void *arg) {
+    char buf[32];
+    (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (rank == 0) {
+        ddp_store_t *s = NULL;
+        ddp_store_desc_t d = sdesc(20000, "raw-s3cret", 1);
+        int ex = 1;
+        if (!ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS, "server with a job secret")) return 1;
+        ok(ddp_store_set(s, "a", "1", 1) == DDP_SUCCESS, "set a = 1");
+        __atomic_store_n(&S->port, ddp_store_port(s), __ATOMIC_SEQ_CST);
+        while (!__atomic_load_n(&S->client_done, __ATOMIC_SEQ_CST)) t_sleep_ms(5);
+        ok(get_str(s, "a", buf, sizeof buf) && !strcmp(buf, "1"), "after the strangers: a is still 1 (got '%s')", buf);
+        ok(ddp_store_check(s, "evil", &ex) == DDP_SUCCESS && ex == 0, "after the strangers: no key 'evil'");
+        ddp_store_close(s);
+        return 0;
+    } else {
+        int port = wait_port(), how;
+        char what[128];
+        for (how = SEND_NO_PROOF; how <= SEND_HELLO_THEN_SET; how++) {
+            int good = stranger_attempt(port, how, what, sizeof what);
+            ok(good, "a stranger sending %s %s", what, how == SEND_SET_FIRST || how == SEND_GET_FIRST ?
+               "gets no answer and is disconnected" : "gets one DDP_ERR_AUTH answer, nothing else, and is disconnected");
+        }
+        {   /* the library's own client with a wrong secret */
+            ddp_store_t *c = NULL;
+            ddp_store_desc_t d = sdesc(5000, "raw-s3cret-but-wrong", 1);
+            ok(ddp_store_open(&c, "127.0.0.1", port, 0, &d) == DDP_ERR_AUTH && !c, "a client with a wrong secret -> DDP_ERR_AUTH");
+            if (c) ddp_store_close(c);
+        }
+        __atomic_store_n(&S->client_done, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+}
+
+/* ----------------------------------------------------------------- hardening: a fake master */
+typedef struct { int listen_fd; int mode; unsigned char got[4096]; size_t got_len; } fake_master_t;
+static void *fake_master(void *arg) {
+    fake_master_t *f = (fake_master_t *)arg;
+    int fd = accept(f->listen_fd, NULL, NULL);
+    _ddp_store_chal_t ch;
+    _ddp_store_resp_t resp;
+    unsigned char proof[32];
+    if (fd < 0) return NULL;
+    memset(&ch, 0, sizeof ch);
+    ch.magic = _DDP_STORE_MAGIC;
+    ch.proto = _DDP_STORE_PROTO;
+    ch.flags = f->mode == 0 ? 0 : _DDP_ST_CHAL_SECRET;   /* 0: "no secret needed", 1: a wrong proof */
+    memset(ch.nonce, 3, sizeof ch.nonce);
+    if (send(fd, &ch, sizeof ch, MSG_NOSIGNAL) == (ssize_t)sizeof ch && f->mode == 1 &&
+        recv_exact(fd, f->got, _DDP_STORE_HELLO_BYTES, 5000)) {
+        f->got_len = _DDP_STORE_HELLO_BYTES;
+        memset(&resp, 0, sizeof resp);
+        resp.magic = _DDP_STORE_MAGIC;
+        resp.status = DDP_SUCCESS;
+        resp.vlen = 32;
+        memset(proof, 0x42, sizeof proof);
+        if (send(fd, &resp, sizeof resp, MSG_NOSIGNAL) < 0 || send(fd, proof, sizeof proof, MSG_NOSIGNAL) < 0) {}
+    }
+    closed_within(fd, 5000);
+    close(fd);
+    return NULL;
+}
+
+static int contains(const unsigned char *hay, size_t n, const void *needle, size_t m) {
+    size_t i;
+    for (i = 0; m && i + m <= n; i++) if (!memcmp(hay + i, needle, m)) return 1;
+    return 0;
+}
+
+static int fake_masters(int rank, int p, void *arg) {
+    static const char secret[] = "fake-master-test-secret";
+    int mode;
+    (void)rank; (void)p; (void)arg;
+    for (mode = 0; mode < 2; mode++) {
+        fake_master_t f;
+        pthread_t th;
+        ddp_store_t *c = NULL;
+        ddp_store_desc_t d = sdesc(5000, secret, 1);
+        int port = t_free_port();
+        ddp_result_t r;
+        memset(&f, 0, sizeof f);
+        f.mode = mode;
+        f.listen_fd = listen_on("127.0.0.1", port);
+        if (!ok(f.listen_fd >= 0, "fake master listens on %d", port)) continue;
+        pthread_create(&th, NULL, fake_master, &f);
+        r = ddp_store_open(&c, "127.0.0.1", port, 0, &d);
+        ok(r == DDP_ERR_AUTH && !c, "a client refuses a fake master that %s -> %s", mode == 0 ? "asks for no secret" :
+           "answers with a wrong proof", ddp_strerror(r));
+        if (c) ddp_store_close(c);
+        pthread_join(th, NULL);
+        close(f.listen_fd);
+        if (mode == 1)
+            ok(f.got_len > 0 && !contains(f.got, f.got_len, secret, strlen(secret)),
+               "the fake master got a hello (%zu bytes) without the secret in it", f.got_len);
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- hardening: the wire */
+typedef struct { int listen_fd, target_port; unsigned char *cap; size_t cap_len, cap_max; int done; } relay_t;
+
+/* Accepts one connection, forwards both ways to target_port, records every byte. */
+static void *relay_thread(void *arg) {
+    relay_t *r = (relay_t *)arg;
+    int a = accept(r->listen_fd, NULL, NULL), b = a >= 0 ? raw_connect(r->target_port) : -1;
+    int open_a = 1, open_b = 1;
+    while (a >= 0 && b >= 0 && (open_a || open_b)) {
+        struct pollfd pfd[2];
+        int i;
+        pfd[0].fd = open_a ? a : -1; pfd[0].events = POLLIN; pfd[0].revents = 0;
+        pfd[1].fd = open_b ? b : -1; pfd[1].events = POLLIN; pfd[1].revents = 0;
+        if (poll(pfd, 2, 20000) <= 0) break;
+        for (i = 0; i < 2; i++) {
+            unsigned char buf[65536];
+            ssize_t n;
+            int from = i == 0 ? a : b, to = i == 0 ? b : a;
+            if (!pfd[i].revents) continue;
+            n = recv(from, buf, sizeof buf, 0);
+            if (n <= 0) {
+                shutdown(to, SHUT_WR);
+                if (i == 0) open_a = 0; else open_b = 0;
+                continue;
+            }
+            if (r->cap_len + (size_t)n <= r->cap_max) { memcpy(r->cap + r->cap_len, buf, (size_t)n); r->cap_len += (size_t)n; }
+            if (send(to, buf, (size_t)n, MSG_NOSIGNAL) != n) { open_a = open_b = 0; }
+        }
+    }
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+    __atomic_store_n(&r->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static int wire(int rank, int p, void *arg) {
+    static const char secret[] = "Zq9-wire-secret-7fK2";
+    ddp_store_t *srv = NULL, *c = NULL;
+    ddp_store_desc_t d = sdesc(10000, secret, 1);
+    relay_t r;
+    pthread_t th;
+    char hex[2 * sizeof secret + 1], HEX[2 * sizeof secret + 1], buf[64];
+    const char *keys[2] = {"wire/k", "wire/n"};
+    int64_t v = 0;
+    int i, ex = 0, good, rport = t_free_port();
+    size_t len = 0, sl = strlen(secret);
+    (void)rank; (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (!ok(ddp_store_open(&srv, NULL, 0, 1, &d) == DDP_SUCCESS, "server with a distinctive secret")) return 1;
+    memset(&r, 0, sizeof r);
+    r.cap_max = 1 << 20;
+    r.cap = (unsigned char *)malloc(r.cap_max);
+    r.target_port = ddp_store_port(srv);
+    r.listen_fd = listen_on("127.0.0.1", rport);
+    if (!ok(r.listen_fd >= 0 && r.cap, "relay listening on %d", rport)) return 1;
+    pthread_create(&th, NULL, relay_thread, &r);
+    good = ddp_store_open(&c, "127.0.0.1", rport, 0, &d) == DDP_SUCCESS;
+    ok(good, "a client through the relay authenticates");
+    if (good) {
+        good = ddp_store_set(c, "wire/k", "value-1", 7) == DDP_SUCCESS &&
+               get_str(c, "wire/k", buf, sizeof buf) && !strcmp(buf, "value-1") &&
+               ddp_store_add(c, "wire/n", 5, &v) == DDP_SUCCESS && v == 5 &&
+               ddp_store_compare_set(c, "wire/k", "value-1", 7, "value-2", 7, buf, sizeof buf, &len) == DDP_SUCCESS &&
+               ddp_store_wait(c, keys, 2, 0) == DDP_SUCCESS &&
+               ddp_store_check(c, "wire/k", &ex) == DDP_SUCCESS && ex == 1 &&
+               ddp_store_delete(c, "wire/n", &ex) == DDP_SUCCESS && ex == 1;
+        ok(good, "set, get, add, compare_set, wait, check and delete through the relay");
+        ddp_store_close(c);
+    }
+    for (i = 0; i < 400 && !__atomic_load_n(&r.done, __ATOMIC_SEQ_CST); i++) t_sleep_ms(10);
+    pthread_join(th, NULL);
+    close(r.listen_fd);
+    for (i = 0; i < (int)sl; i++) {
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)secret[i]);
+        snprintf(HEX + 2 * i, 3, "%02X", (unsigned char)secret[i]);
+    }
+    ok(r.cap_len > 200 && contains(r.cap, r.cap_len, "wire/k", 6) && contains(r.cap, r.cap_len, "value-2", 7),
+       "the relay captured the session (%zu bytes, keys and values in clear)", r.cap_len);
+    ok(!contains(r.cap, r.cap_len, secret, sl), "the secret is not in the capture");
+    ok(!contains(r.cap, r.cap_len, hex, 2 * sl) && !contains(r.cap, r.cap_len, HEX, 2 * sl), "nor its hex");
+    ok(!contains(r.cap, r.cap_len, secret, 8), "nor its first 8 bytes");
+    free(r.cap);
+    ddp_store_close(srv);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- hardening: pre-auth memory */
+static long rss_kib(void) {
+    char line[256];
+    long kib = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) if (!strncmp(line, "VmRSS:", 6)) { kib = atol(line + 6); break; }
+    fclose(f);
+    return kib;
+}
+
+static int preauth_memory(int rank, int p, void *arg) {
+    ddp_store_t *s = NULL, *c = NULL;
+    ddp_store_desc_t d = sdesc(10000, "mem-secret", 1);
+    static unsigned char junk[65536];
+    long before, after;
+    int i, closed = 0;
+    char buf[16];
+    (void)rank; (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (!ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS, "server")) return 1;
+    memset(junk, 0xab, sizeof junk);
+    before = rss_kib();
+    for (i = 0; i < 16; i++) {
+        _ddp_store_chal_t ch;
+        _ddp_store_req_t rq;
+        int fd = raw_connect(ddp_store_port(s));
+        memset(&rq, 0, sizeof rq);
+        rq.magic = _DDP_STORE_MAGIC;
+        rq.op = i % 4 == 3 ? _DDP_ST_SET : _DDP_ST_HELLO;
+        rq.klen = i % 4 == 0 ? 0xfffffff0u : 0;
+        rq.v1len = i % 4 == 1 || i % 4 == 3 ? DDP_STORE_MAX_VALUE : 0;
+        rq.v2len = i % 4 == 2 ? 0x7fffffffu : 0;
+        rq.arg = _DDP_STORE_PROTO;
+        if (fd < 0) continue;
+        if (recv_exact(fd, &ch, sizeof ch, 5000) && send(fd, &rq, sizeof rq, MSG_NOSIGNAL) == (ssize_t)sizeof rq) {
+            if (send(fd, junk, sizeof junk, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}   /* best effort: it may be closed already */
+            closed += closed_within(fd, 5000);
+        }
+        close(fd);
+    }
+    after = rss_kib();
+    ok(closed == 16, "16 connections announcing up to 4 GiB before authenticating are all closed (%d)", closed);
+    ok(before > 0 && after - before <= 1024, "the server's process grew by %ld KiB (at most 1024)", after - before);
+    ok(ddp_store_open(&c, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS &&
+       ddp_store_set(c, "k", "v", 1) == DDP_SUCCESS && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"),
+       "a real client is served afterwards");
+    if (c) ddp_store_close(c);
+    ddp_store_close(s);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- hardening: 2,000 idle connections */
+#define IDLE_CONNS 2000
+static int idle_hard_1024;   /* set by the parent before the run */
+
+static void *idle_waiter(void *arg) {
+    ddp_store_t *s = (ddp_store_t *)arg;
+    const char *keys[1] = {"idle/go"};
+    return (void *)(intptr_t)(ddp_store_wait(s, keys, 1, 0) == DDP_SUCCESS);
+}
+
+static int idle_conns(int rank, int p, void *arg) {
+    static const char secret[] = "idle-secret";
+    (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (rank == 0) {   /* the server, started under RLIMIT_NOFILE soft 1024 */
+        struct rlimit rl;
+        ddp_store_t *s = NULL, *c = NULL;
+        ddp_store_desc_t d = sdesc(60000, secret, 1);
+        char buf[16];
+        getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 1024;
+        if (idle_hard_1024) rl.rlim_max = 1024;
+        else if (rl.rlim_max < 4 * IDLE_CONNS) rl.rlim_max = 4 * IDLE_CONNS;   /* root may raise it; else kept */
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) { getrlimit(RLIMIT_NOFILE, &rl); rl.rlim_cur = 1024; setrlimit(RLIMIT_NOFILE, &rl); }
+        if (!ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS, "server under RLIMIT_NOFILE 1024 (hard %s)",
+                idle_hard_1024 ? "1024" : "higher"))
+            return 1;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        S->server_soft = (int)(rl.rlim_cur > 1u << 30 ? 1u << 30 : rl.rlim_cur);
+        S->server_hard = (int)(rl.rlim_max > 1u << 30 ? 1u << 30 : rl.rlim_max);
+        __atomic_store_n(&S->port, ddp_store_port(s), __ATOMIC_SEQ_CST);
+        while (!__atomic_load_n(&S->client_done, __ATOMIC_SEQ_CST)) t_sleep_ms(5);
+        ok(ddp_store_set(s, "idle/end", "1", 1) == DDP_SUCCESS && get_str(s, "idle/end", buf, sizeof buf),
+           "the server's own handle works at the end");
+        ok(ddp_store_open(&c, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS &&
+           get_str(c, "idle/x3", buf, sizeof buf) && !strcmp(buf, "9"), "a fresh connection is served at the end: the server thread lives");
+        if (c) ddp_store_close(c);
+        __atomic_store_n(&S->server_dead, 1, __ATOMIC_SEQ_CST);   /* the strangers may go */
+        ddp_store_close(s);
+        return 0;
+    }
+    if (rank == 1) {   /* 2,000 idle strangers */
+        struct rlimit rl;
+        static int fds[IDLE_CONNS];
+        int port = wait_port(), i, n = 0;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        if (rl.rlim_max < IDLE_CONNS + 64) rl.rlim_max = IDLE_CONNS + 64;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) { getrlimit(RLIMIT_NOFILE, &rl); rl.rlim_cur = rl.rlim_max; setrlimit(RLIMIT_NOFILE, &rl); }
+        for (i = 0; i < IDLE_CONNS; i++) if ((fds[i] = raw_connect(port)) >= 0) n++;
+        S->idle_open = n;
+        ok(n == IDLE_CONNS, "%d of %d idle connections opened", n, IDLE_CONNS);
+        __atomic_store_n(&S->strangers_ready, 1, __ATOMIC_SEQ_CST);
+        while (!__atomic_load_n(&S->server_dead, __ATOMIC_SEQ_CST)) t_sleep_ms(5);
+        for (i = 0; i < IDLE_CONNS; i++) if (fds[i] >= 0) close(fds[i]);
+        return 0;
+    }
+    {   /* rank 2: real clients while the idle connections are open */
+        ddp_store_t *a = NULL, *b = NULL;
+        ddp_store_desc_t d = sdesc(60000, secret, 1);
+        int port = wait_port(), i, good = 1;
+        pthread_t th;
+        void *waited = NULL;
+        char buf[32];
+        int64_t v = 0;
+        size_t len = 0;
+        while (!__atomic_load_n(&S->strangers_ready, __ATOMIC_SEQ_CST)) t_sleep_ms(5);
+        ok(ddp_store_open(&a, "127.0.0.1", port, 0, &d) == DDP_SUCCESS && ddp_store_open(&b, "127.0.0.1", port, 0, &d) == DDP_SUCCESS,
+           "two real clients connect while %d idle connections are open", S->idle_open);
+        if (!a || !b) { __atomic_store_n(&S->client_done, 1, __ATOMIC_SEQ_CST); return 1; }
+        pthread_create(&th, NULL, idle_waiter, b);
+        for (i = 0; i < 100 && good; i++) {
+            char key[32], val[32];
+            snprintf(key, sizeof key, "idle/k%d", i);
+            snprintf(val, sizeof val, "v%d", i);
+            good = ddp_store_set(a, key, val, strlen(val)) == DDP_SUCCESS && get_str(a, key, buf, sizeof buf) && !strcmp(buf, val);
+        }
+        ok(good, "100 set/get pairs");
+        ok(ddp_store_add(a, "idle/n", 7, &v) == DDP_SUCCESS && v == 7, "add");
+        ok(ddp_store_compare_set(a, "idle/x3", NULL, 0, "9", 1, buf, sizeof buf, &len) == DDP_SUCCESS && len == 1, "compare_set");
+        ok(ddp_store_set(a, "idle/go", "1", 1) == DDP_SUCCESS, "set the key the other client waits for");
+        pthread_join(th, &waited);
+        ok(waited != NULL, "the other client's wait returned once the key was set");
+        ddp_store_close(a);
+        ddp_store_close(b);
+        __atomic_store_n(&S->client_done, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+}
+
+static void idle_scenario(int hard_1024) {
+    char name[128];
+    int bad;
+    S = (store_shm_t *)t_shm_user(sizeof *S);
+    idle_hard_1024 = hard_1024;
+    snprintf(name, sizeof name, "%d idle connections, server under RLIMIT_NOFILE 1024 (hard %s)", IDLE_CONNS,
+             hard_1024 ? "1024 too" : "higher");
+    diag("--- %s (3 processes)", name);
+    bad = run_ranks(3, idle_conns, NULL, 120);
+    ok(bad == 0, "%s: every process exited cleanly (%.1f s)", name, t_last_run.seconds);
+    if (hard_1024)
+        ok(S->server_soft == 1024 && S->server_hard == 1024, "the server could not raise its limit (soft %d, hard %d)",
+           S->server_soft, S->server_hard);
+    else if (S->server_hard > 1024)
+        ok(S->server_soft == S->server_hard, "the server raised its soft limit to the hard one (%d)", S->server_soft);
+    else
+        diag("this host's hard RLIMIT_NOFILE is %d: the raise cannot be seen", S->server_hard);
+}
+
+/* ----------------------------------------------------------------- hardening: where the server listens */
+static int bound_to(ddp_store_t *s, char *out, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) != 0) return 0;
+    if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)&ss)->sin_addr, out, (socklen_t)cap);
+    else inet_ntop(AF_INET6, &((struct sockaddr_in6 *)(void *)&ss)->sin6_addr, out, (socklen_t)cap);
+    return 1;
+}
+
+static int bind_address(int rank, int p, void *arg) {
+    ddp_store_desc_t d = sdesc(3000, NULL, 1);
+    ddp_store_t *s = NULL;
+    char where[INET6_ADDRSTRLEN] = "?", local[INET6_ADDRSTRLEN] = "";
+    struct ifaddrs *ifs = NULL, *ifa;
+    (void)rank; (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (ok(ddp_store_open(&s, "127.0.0.1", t_free_port(), 1, &d) == DDP_SUCCESS, "server for 127.0.0.1")) {
+        ok(bound_to(s, where, sizeof where) && !strcmp(where, "127.0.0.1"), "listens on loopback only (%s)", where);
+        ddp_store_close(s);
+    }
+    s = NULL;
+    if (ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS, "server with no host")) {
+        ok(bound_to(s, where, sizeof where) && (!strcmp(where, "::") || !strcmp(where, "0.0.0.0")),
+           "listens on every interface (%s)", where);
+        ddp_store_close(s);
+    }
+    if (getifaddrs(&ifs) == 0) {
+        for (ifa = ifs; ifa && !local[0]; ifa = ifa->ifa_next)
+            if (ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET &&
+                (ntohl(((struct sockaddr_in *)(void *)ifa->ifa_addr)->sin_addr.s_addr) >> 24) != 127)
+                inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)ifa->ifa_addr)->sin_addr, local, sizeof local);
+        freeifaddrs(ifs);
+    }
+    if (!local[0]) { diag("no non-loopback IPv4 address on this host: interface case skipped"); return 0; }
+    s = NULL;
+    if (ok(ddp_store_open(&s, local, 0, 1, &d) == DDP_SUCCESS, "server for this host's address %s", local)) {
+        ok(bound_to(s, where, sizeof where) && !strcmp(where, local), "listens on that address only (%s)", where);
+        ddp_store_close(s);
+    }
+    return 0;
+}
+
 static void run(const char *name, int p, int (*fn)(int, int, void *), int timeout_s) {
     int bad;
     S = (store_shm_t *)t_shm_user(sizeof *S);
@@ -749,5 +1254,12 @@ int main(void) {
     run("writing to a dead server", 2, dead_write, 60);
     run("invalid arguments", 1, invalid, 60);
     run("communicators on a user's store (store_prefix, DDP_HOST_ID)", 3, user_store, 60);
+    run("strangers speaking the protocol without the secret", 2, raw_strangers, 60);
+    run("fake masters", 1, fake_masters, 60);
+    run("the secret never crosses the wire", 1, wire, 60);
+    run("pre-auth memory is bounded", 1, preauth_memory, 60);
+    run("where the server listens", 1, bind_address, 60);
+    idle_scenario(0);
+    idle_scenario(1);
     return t_done();
 }

@@ -1,4 +1,5 @@
-/* tests/test_stuck.c — a stopped (silent) rank is named on every survivor; misuse is an error.
+/* tests/test_stuck.c — a stopped (silent) rank is named on every survivor; misuse is an error;
+ * destroy never waits on peers.
  *
  *   build/test_stuck                    (DDP_STUCK_TRIALS=N for more trials per transport)
  *
@@ -14,7 +15,12 @@
  *
  * Misuse: two threads entering one communicator at once get DDP_ERR_INVALID_USAGE for the
  * second (no crash: run under ASan too); world sizes beyond what libddp addresses and bad
- * ranks fail at once with a message in ddp_last_init_error. */
+ * ranks fail at once with a message in ddp_last_init_error.
+ *
+ * Destroy: communicators of ddp_comm_init_threads destroyed from one thread in the orders
+ * 0..n-1, n-1..0 and mixed each return at once (with the default 10-minute timeout); rank 0 of
+ * a process job destroyed while rank 1 is still alive and connected returns within the store's
+ * close grace (2 s), not the timeout. */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -173,6 +179,56 @@ static int bad_world(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- destroy orders */
+static int destroy_threads(int rank, int p, void *arg) {
+    static const int orders[3][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 0, 3, 2}};
+    int o, i;
+    (void)rank; (void)p; (void)arg;
+    for (o = 0; o < 3; o++) {
+        ddp_comm_t *comms[4];
+        ddp_comm_desc_t d;
+        double worst = 0;
+        memset(&d, 0, sizeof d);
+        d.log_level = 1;                      /* default timeout: 10 minutes */
+        if (!ok(ddp_comm_init_threads(comms, 4, &d) == DDP_SUCCESS, "ddp_comm_init_threads(4): %s", ddp_last_init_error()))
+            return 1;
+        for (i = 0; i < 4; i++) {
+            double t0 = t_now(), dt;
+            ddp_result_t r = ddp_comm_destroy(comms[orders[o][i]]);
+            dt = t_now() - t0;
+            if (dt > worst) worst = dt;
+            if (r != DDP_SUCCESS) ok(0, "destroy comms[%d]: %s", orders[o][i], ddp_strerror(r));
+        }
+        ok(worst < 3.0, "threads as ranks, destroyed in the order %d %d %d %d from one thread: the slowest "
+           "destroy took %.3f s (timeout 600 s)", orders[o][0], orders[o][1], orders[o][2], orders[o][3], worst);
+    }
+    return 0;
+}
+
+static int destroy_process(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    float x = 1;
+    (void)arg;
+    t_desc(&d, 600000);
+    d.log_level = 1;
+    d.transport = "tcp";
+    if (ddp_comm_init(&c, p, rank, &d) != DDP_SUCCESS) { ok(0, "init: %s", ddp_last_init_error()); return 1; }
+    ok(ddp_all_reduce(&x, &x, 1, DDP_FLOAT32, DDP_SUM, c) == DDP_SUCCESS, "rank %d: all_reduce", rank);
+    if (rank == 0) {
+        double t0 = t_now();
+        ok(ddp_comm_destroy(c) == DDP_SUCCESS && t_now() - t0 < 5.0, "rank 0's destroy, rank 1 still connected "
+           "and alive for 8 s more: %.3f s (grace 2 s; timeout 600 s)", t_now() - t0);
+        __atomic_store_n(&S->misuse_ok, 1, __ATOMIC_SEQ_CST);
+    } else {
+        double t0 = t_now();
+        while (!__atomic_load_n(&S->misuse_ok, __ATOMIC_SEQ_CST) && t_now() - t0 < 8.0) t_sleep_ms(5);
+        t_sleep_ms(100);
+        ddp_comm_destroy(c);
+    }
+    return 0;
+}
+
 int main(void) {
     const char *s = getenv("DDP_STUCK_TRIALS");
     int trials = s && atoi(s) > 0 ? atoi(s) : 0;
@@ -185,6 +241,12 @@ int main(void) {
         ok(run_ranks(2, misuse_run, NULL, 60) == 0, "both ranks exited cleanly");
     }
     if (t_selected("bad world")) run_ranks(1, bad_world, NULL, 60);
+    if (t_selected("destroy")) {
+        diag("--- destroy orders");
+        ok(run_ranks(1, destroy_threads, NULL, 120) == 0, "threads: exited cleanly");
+        S->misuse_ok = 0;
+        ok(run_ranks(2, destroy_process, NULL, 60) == 0, "processes: exited cleanly");
+    }
     stuck_trials(0, trials ? trials : 3, seed);
     stuck_trials(1, trials ? trials : 2, seed + 1);
     return t_done();

@@ -22,6 +22,16 @@
  * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
  * message sizes.
  *
+ * HANDSHAKE (version 2). Over the Unix socket, four fixed-size messages (one layout, a `kind`
+ * field): HELLO {comm id, from, to, nonce_c} -> CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c,
+ * region size} + memfd -> WELCOME {region size} + memfd, with the proofs of ddp_auth.h over the
+ * communicator's key (label "shm <comm id hex> <from>-><to>"). A memfd goes only to a side that
+ * has proven the key: a same-user process that knows the communicator id but not the key is
+ * closed after its ANSWER and never sees a region. Another user's process is refused at accept
+ * (SO_PEERCRED). The table of handshakes in progress holds world size + 64 entries; when full, the
+ * oldest connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as
+ * in the TCP transport; a full listen backlog makes a connect back off and retry.
+ *
  * COLLECTIVES. When every rank of a communicator is on this host, the transport runs the
  * collectives itself (ddp_coll_provider_t) instead of the ring:
  *   all-reduce, small   each rank copies its data to its staging buffer and publishes it; every
@@ -98,7 +108,9 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #include <sys/un.h>
 
 #define _DDP_SHM_MAGIC 0x44445348u      /* "DDSH": region header and handshake */
-#define _DDP_SHM_VERSION 1u
+#define _DDP_SHM_VERSION 2u             /* 2: mutual challenge-response before any memfd */
+#define _DDP_SHM_HANDSHAKE_MS 10000
+#define _DDP_SHM_CONNECT_TRIES 12       /* a full backlog or an eviction: back off 5 ms .. 1 s */
 #define _DDP_SHM_POOL 32                /* requests per connection, as TCP */
 #define _DDP_SHM_HDR_BYTES 4096
 #define _DDP_SHM_SLICE_MS 50            /* longest sleep between liveness checks */
@@ -149,14 +161,33 @@ typedef struct _ddp_shm_conn {
     _ddp_shm_req_t pool[_DDP_SHM_POOL];
 } _ddp_shm_conn_t;
 
-typedef struct {                      /* an accepted socket whose hello has not arrived yet */
-    int fd;
-    int64_t deadline;
+typedef struct { char name[56]; int32_t pid; uint32_t pad; } _ddp_shm_addr_t;
+
+/* Every handshake message has this one layout (kind says which); `from` is the sender. */
+enum { _DDP_SHM_HELLO = 1, _DDP_SHM_CHALLENGE, _DDP_SHM_ANSWER, _DDP_SHM_WELCOME };
+typedef struct {
+    uint32_t magic, version;
+    uint64_t comm_id;
+    int32_t from, to, pid, kind;
+    int32_t status, pad;
+    uint64_t region_bytes, addr;                       /* ANSWER and WELCOME (with the memfd) */
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];        /* HELLO: the connector's; CHALLENGE: ours */
+    unsigned char proof[_DDP_AUTH_PROOF_BYTES];        /* CHALLENGE: proof_s; ANSWER: proof_c */
+} _ddp_shm_hello_t;
+
+typedef struct {                      /* an accepted socket in its handshake */
+    _ddp_transport_pending_t h;       /* stage 0: awaiting the hello; 1: challenged */
+    int from;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES], nonce_c[_DDP_AUTH_NONCE_BYTES];
 } _ddp_shm_pending_t;
 
-typedef struct { char name[56]; int32_t pid; uint32_t pad; } _ddp_shm_addr_t;
-typedef struct { uint32_t magic, version; uint64_t comm_id; int32_t from, to, pid, status;
-                 uint64_t region_bytes, addr; } _ddp_shm_hello_t;
+typedef struct {                      /* our side of a connect in progress */
+    int fd, stage;                    /* 0 idle (or backing off), 1 hello sent, 2 answer sent, 3 done */
+    int tries, have_addr;
+    int64_t deadline, retry_at;
+    _ddp_shm_addr_t addr;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];
+} _ddp_shm_dial_t;
 
 typedef struct _ddp_shm {
     const ddp_transport_ctx_t *ctx;
@@ -174,9 +205,12 @@ typedef struct _ddp_shm {
     _ddp_shm_addr_t addr;
     _ddp_shm_conn_t **conns;          /* by rank: connected, and not yet closed */
     _ddp_shm_conn_t **ready;          /* accepted, until accept() hands it over */
-    int *dialing;                     /* by rank: fd of our connect in progress, or -1 */
-    _ddp_shm_pending_t pending[64];
-    int npending;
+    _ddp_shm_dial_t *dial;            /* by rank: our connect in progress */
+    _ddp_shm_pending_t *pending;      /* room for every local peer plus a few strangers */
+    int npending, pending_cap;
+    uint64_t accepted;                /* connections accepted so far: the pending entries' age */
+    int64_t last_pump;
+    _ddp_transport_ratelimit_t warn;
     /* collectives */
     uint64_t phase;                   /* steps published by this rank */
     uint64_t nchunk;                  /* staging buffer uses (alternate buffers) */
@@ -245,7 +279,7 @@ static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
     memcpy(sa.sun_path + 1, sp->addr.name, strlen(sp->addr.name));
     sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sp->addr.name));
     if (sp->listen_fd < 0 || bind(sp->listen_fd, (struct sockaddr *)&sa, sl) != 0 ||
-        listen(sp->listen_fd, 128) != 0) {
+        listen(sp->listen_fd, _DDP_TRANSPORT_BACKLOG) != 0) {
         ddp_result_t r = ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: unix socket @%s: %s",
                                             sp->addr.name, strerror(errno));
         if (sp->listen_fd >= 0) close(sp->listen_fd);
@@ -281,11 +315,13 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     sp->conns = (_ddp_shm_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
     sp->ready = (_ddp_shm_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
     sp->ring = (_ddp_shm_conn_t **)ddp_transport_calloc(c, sizeof(void *) * (size_t)n);
-    sp->dialing = (int *)ddp_transport_calloc(c, sizeof(int) * (size_t)n);
-    if (!sp->local_of || !sp->conns || !sp->ready || !sp->ring || !sp->dialing)
+    sp->dial = (_ddp_shm_dial_t *)ddp_transport_calloc(c, sizeof *sp->dial * (size_t)n);
+    sp->pending_cap = n + _DDP_TRANSPORT_STRANGER_SLOTS;
+    sp->pending = (_ddp_shm_pending_t *)ddp_transport_calloc(c, sizeof *sp->pending * (size_t)sp->pending_cap);
+    if (!sp->local_of || !sp->conns || !sp->ready || !sp->ring || !sp->dial || !sp->pending)
         return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: setup");
     for (i = 0; i < n; i++) {
-        sp->dialing[i] = -1;
+        sp->dial[i].fd = -1;
         sp->local_of[i] = !strcmp(c->host_id(c->host, i), mine) ? sp->nlocal++ : -1;
     }
     sp->my_local = sp->local_of[sp->rank];
@@ -340,30 +376,32 @@ static int _ddp_shm_reachable(void *state, int peer) {
     return sp->local_of[peer] >= 0;
 }
 
-/* Sends our hello and memfd (SCM_RIGHTS). Returns 0 or an errno. */
-static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, int to, int32_t status) {
-    _ddp_shm_hello_t h;
+/* A handshake message from this rank to `to`. */
+static void _ddp_shm_msg(const _ddp_shm_t *sp, _ddp_shm_hello_t *h, int to, int kind) {
+    memset(h, 0, sizeof *h);
+    h->magic = _DDP_SHM_MAGIC;
+    h->version = _DDP_SHM_VERSION;
+    h->comm_id = sp->ctx->comm_id;
+    h->from = sp->rank;
+    h->to = to;
+    h->pid = (int32_t)getpid();
+    h->kind = kind;
+}
+
+/* Sends a handshake message, with our memfd (SCM_RIGHTS) when with_memfd. Returns 0 or an
+ * errno. Only ANSWER and WELCOME carry the memfd: both come after the other side's proof. */
+static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, const _ddp_shm_hello_t *h, int with_memfd) {
     struct msghdr m;
     struct iovec iov;
     union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int))]; } u;
     struct cmsghdr *cm;
-    memset(&h, 0, sizeof h);
     memset(&m, 0, sizeof m);
     memset(&u, 0, sizeof u);
-    h.magic = _DDP_SHM_MAGIC;
-    h.version = _DDP_SHM_VERSION;
-    h.comm_id = sp->ctx->comm_id;
-    h.from = sp->rank;
-    h.to = to;
-    h.pid = (int32_t)getpid();
-    h.status = status;
-    h.region_bytes = sp->region_bytes;
-    h.addr = (uint64_t)(uintptr_t)sp->mine;
-    iov.iov_base = &h;
-    iov.iov_len = sizeof h;
+    iov.iov_base = (void *)(uintptr_t)h;
+    iov.iov_len = sizeof *h;
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
-    if (status == 0) {
+    if (with_memfd) {
         m.msg_control = u.buf;
         m.msg_controllen = sizeof u.buf;
         cm = CMSG_FIRSTHDR(&m);
@@ -372,11 +410,13 @@ static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, int to, int32_t status) {
         cm->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(cm), &sp->memfd, sizeof(int));
     }
-    if (sendmsg(fd, &m, MSG_NOSIGNAL) != (ssize_t)sizeof h) return errno ? errno : EIO;
+    errno = 0;
+    if (sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *h) return errno ? errno : EIO;
     return 0;
 }
 
-/* Receives a hello and its memfd. 1 = got it, 0 = not yet (EAGAIN), -1 = bad/closed. */
+/* Receives a handshake message and its memfd, if any. 1 = got it, 0 = not yet (EAGAIN),
+ * -1 = malformed, -2 = the other side closed. */
 static int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
     struct msghdr m;
     struct iovec iov;
@@ -392,7 +432,8 @@ static int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
     m.msg_control = u.buf;
     m.msg_controllen = sizeof u.buf;
     got = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+    if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0
+                        : errno == ECONNRESET ? -2 : -1;
     for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
         if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
             size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), j;
@@ -404,8 +445,9 @@ static int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
             }
         }
     }
-    /* Hellos are tiny and sent with one sendmsg: a short read is a stranger, not a split. */
-    if (got != (ssize_t)sizeof *h || h->magic != _DDP_SHM_MAGIC) {
+    if (got == 0) return -2;
+    /* Messages are small and sent with one sendmsg: a short read is a stranger, not a split. */
+    if (got != (ssize_t)sizeof *h || h->magic != _DDP_SHM_MAGIC || h->version != _DDP_SHM_VERSION) {
         if (*memfd >= 0) close(*memfd);
         *memfd = -1;
         return -1;
@@ -479,129 +521,302 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     return DDP_SUCCESS;
 }
 
+/* An attempt failed in a way a burst explains (the listener's backlog is full, or it evicted
+ * us as idle before our hello was read): try again after a backoff, while attempts and time
+ * are left. */
+static ddp_result_t _ddp_shm_dial_retry(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, const char *what) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    if (d->fd >= 0) close(d->fd);
+    d->fd = -1;
+    d->stage = 0;
+    if (++d->tries >= _DDP_SHM_CONNECT_TRIES || (d->deadline && _ddp_now_us() >= d->deadline))
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: connecting to rank %d at @%s: %s (%d "
+                                  "attempts)", peer, d->addr.name, what, d->tries);
+    d->retry_at = _ddp_now_us() + _ddp_transport_backoff_us(d->tries);
+    return DDP_SUCCESS;
+}
+
+/* Stage 0 -> 1: connect and say hello (no memfd yet: the acceptor has proven nothing). */
+static ddp_result_t _ddp_shm_dial_hello(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    struct sockaddr_un sa;
+    _ddp_shm_hello_t h;
+    int e;
+    if (!_ddp_transport_auth_ready(c))
+        return ddp_transport_fail(c, DDP_ERR_INTERNAL, "shm: no communicator key to prove to rank %d", peer);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path + 1, d->addr.name, strlen(d->addr.name));
+    d->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (d->fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: socket: %s", strerror(errno));
+    /* Non-blocking: a full backlog is EAGAIN (then we back off), never a wait in connect(). */
+    if (connect(d->fd, (struct sockaddr *)&sa,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(d->addr.name))) != 0) {
+        e = errno;
+        if (e == EAGAIN || e == ECONNREFUSED || e == EINTR) return _ddp_shm_dial_retry(sp, d, peer, strerror(e));
+        close(d->fd);
+        d->fd = -1;
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: connecting to rank %d at @%s: %s", peer,
+                                  d->addr.name, strerror(e));
+    }
+    if (_ddp_auth_nonce(d->nonce) != 0)
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: no random bytes for the handshake with rank %d", peer);
+    _ddp_shm_msg(sp, &h, peer, _DDP_SHM_HELLO);
+    memcpy(h.nonce, d->nonce, sizeof h.nonce);
+    if ((e = _ddp_shm_send_hello(sp, d->fd, &h, 0)) != 0) return _ddp_shm_dial_retry(sp, d, peer, strerror(e));
+    d->stage = 1;
+    _DDP_TLOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, d->addr.name);
+    return DDP_SUCCESS;
+}
+
+/* A message that should have come from `peer` to us, of `kind`. */
+static int _ddp_shm_msg_fits(const _ddp_shm_t *sp, const _ddp_shm_hello_t *h, int peer, int kind) {
+    return h->kind == kind && h->from == peer && h->to == sp->rank && h->comm_id == sp->ctx->comm_id;
+}
+
+/* Stage 1 -> 2: the acceptor's challenge. It must prove the key before we send ours, and our
+ * memfd goes only to a rank that proved it. */
+static ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    _ddp_shm_hello_t h, a;
+    int memfd, e, got = _ddp_shm_recv_hello(d->fd, &h, &memfd);
+    if (got == 0) {
+        if (d->deadline && _ddp_now_us() >= d->deadline)
+            return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: rank %d never answered our hello", peer);
+        return DDP_SUCCESS;
+    }
+    if (memfd >= 0) close(memfd);   /* a challenge carries none */
+    if (got == -2) return _ddp_shm_dial_retry(sp, d, peer, "closed before its challenge");
+    if (got < 0 || memfd >= 0 || !_ddp_shm_msg_fits(sp, &h, peer, _DDP_SHM_CHALLENGE))
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d broke the handshake", peer);
+    if (h.status != 0)
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d refused our hello (it is not on "
+                                  "this host, or belongs to another job)", peer);
+    if (!_ddp_transport_auth_verify(c, "shm", sp->rank, peer, _DDP_AUTH_SERVER, h.nonce, d->nonce, h.proof))
+        return ddp_transport_fail(c, DDP_ERR_AUTH, "shm: whoever listens at @%s, where rank %d "
+                                  "published its address, does not know this communicator's key: "
+                                  "it is not rank %d of this job; refused", d->addr.name, peer, peer);
+    _ddp_shm_msg(sp, &a, peer, _DDP_SHM_ANSWER);
+    a.region_bytes = sp->region_bytes;
+    a.addr = (uint64_t)(uintptr_t)sp->mine;
+    _ddp_transport_auth_proof(c, "shm", sp->rank, peer, _DDP_AUTH_CLIENT, h.nonce, d->nonce, a.proof);
+    e = _ddp_shm_send_hello(sp, d->fd, &a, 1);
+    _ddp_auth_wipe(&a, sizeof a);
+    if (e) return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d went away during the handshake: %s",
+                                     peer, strerror(e));
+    d->stage = 2;
+    return DDP_SUCCESS;
+}
+
+/* Stage 2 -> 3: the acceptor verified us and sends its memfd. */
+static ddp_result_t _ddp_shm_dial_welcome(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, void **conn) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    _ddp_shm_hello_t h;
+    _ddp_shm_conn_t *k;
+    ddp_result_t r;
+    int memfd, fl, fd = d->fd, got = _ddp_shm_recv_hello(d->fd, &h, &memfd);
+    if (got == 0) {
+        if (d->deadline && _ddp_now_us() >= d->deadline)
+            return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: rank %d never finished our handshake", peer);
+        return DDP_SUCCESS;
+    }
+    d->fd = -1;
+    if (got < 0 || memfd < 0 || h.status != 0 || !_ddp_shm_msg_fits(sp, &h, peer, _DDP_SHM_WELCOME)) {
+        if (memfd >= 0) close(memfd);
+        close(fd);
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d refused or broke the handshake "
+                                  "after our proof", peer);
+    }
+    fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    r = _ddp_shm_make_conn(sp, peer, fd, memfd, &h, &k);
+    if (r != DDP_SUCCESS) return r;
+    d->stage = 3;
+    sp->conns[peer] = k;
+    *conn = k;
+    return DDP_SUCCESS;
+}
+
 static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const ddp_transport_ctx_t *c = sp->ctx;
+    _ddp_shm_dial_t *d = &sp->dial[peer];
+    ddp_result_t r;
     *conn = NULL;
-    if (sp->dialing[peer] < 0) {
-        _ddp_shm_addr_t a;
-        struct sockaddr_un sa;
+    if (!d->have_addr) {
         size_t len = 0;
-        int fd, e;
-        ddp_result_t r = c->lookup(c->host, "shm", peer, &a, sizeof a, &len);
+        r = c->lookup(c->host, "shm", peer, &d->addr, sizeof d->addr, &len);
         if (r != DDP_SUCCESS) return r;
-        if (len != sizeof a) return ddp_transport_fail(c, DDP_ERR_MISMATCH, "shm: rank %d published a "
-                                                       "malformed address", peer);
-        a.name[sizeof a.name - 1] = 0;
-        memset(&sa, 0, sizeof sa);
-        sa.sun_family = AF_UNIX;
-        memcpy(sa.sun_path + 1, a.name, strlen(a.name));
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: socket: %s", strerror(errno));
-        /* A blocking connect to a listening Unix socket returns at once (the backlog queues it). */
-        if (connect(fd, (struct sockaddr *)&sa,
-                    (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.name))) != 0 ||
-            (e = _ddp_shm_send_hello(sp, fd, peer, 0)) != 0) {
-            e = errno;
-            close(fd);
-            return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: connecting to rank %d at @%s: %s",
-                                      peer, a.name, strerror(e));
-        }
-        sp->dialing[peer] = fd;
-        _DDP_TLOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, a.name);
+        if (len != sizeof d->addr) return ddp_transport_fail(c, DDP_ERR_MISMATCH, "shm: rank %d published "
+                                                             "a malformed address", peer);
+        d->addr.name[sizeof d->addr.name - 1] = 0;
+        d->deadline = _ddp_deadline(c->timeout_ms);
+        d->have_addr = 1;
     }
-    {
-        _ddp_shm_hello_t h;
-        int memfd, got = _ddp_shm_recv_hello(sp->dialing[peer], &h, &memfd), fd = sp->dialing[peer];
-        _ddp_shm_conn_t *k;
-        ddp_result_t r;
-        if (got == 0) return DDP_SUCCESS;
-        sp->dialing[peer] = -1;
-        if (got < 0 || h.status != 0 || memfd < 0 || h.from != peer || h.to != sp->rank ||
-            h.comm_id != c->comm_id) {
-            if (memfd >= 0) close(memfd);
-            close(fd);
-            return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d refused or broke the handshake"
-                                      "%s", peer, got > 0 && h.status ? " (it is not on this host, or "
-                                      "belongs to another job)" : "");
+    if (d->stage == 0) {
+        if (d->retry_at && _ddp_now_us() < d->retry_at) return DDP_SUCCESS;
+        if ((r = _ddp_shm_dial_hello(sp, d, peer)) != DDP_SUCCESS) return r;
+    }
+    if (d->stage == 1 && (r = _ddp_shm_dial_answer(sp, d, peer)) != DDP_SUCCESS) return r;
+    if (d->stage == 2) return _ddp_shm_dial_welcome(sp, d, peer, conn);
+    return DDP_SUCCESS;
+}
+
+/* Advances one accepted connection's handshake: 0 to wait, 1 when it is over (its peer is in
+ * ready[], or *why says why to drop it), or a failure to return (mapping the peer's region). */
+static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const char **why, ddp_result_t *err) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    _ddp_shm_hello_t h, out;
+    _ddp_shm_conn_t *k;
+    int memfd, got, fl, e;
+    *why = NULL;
+    *err = DDP_SUCCESS;
+    got = _ddp_shm_recv_hello(pd->h.fd, &h, &memfd);
+    if (got == 0) {
+        if (_ddp_now_us() < pd->h.deadline) return 0;
+        *why = pd->h.stage == 0 ? "sent no hello in time" : "never proved it knows the communicator's key";
+        return 1;
+    }
+    if (got == -2) { *why = "closed during the handshake"; return 1; }
+    if (got < 0) { *why = "is not a libddp shm peer (malformed message)"; return 1; }
+    if (pd->h.stage == 0) {
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        if (memfd >= 0) { close(memfd); *why = "sent a descriptor with its hello"; return 1; }
+        if (h.kind != _DDP_SHM_HELLO) { *why = "is not a libddp shm peer (no hello)"; return 1; }
+        if (h.comm_id != c->comm_id || h.to != sp->rank || h.from < 0 || h.from >= sp->nranks ||
+            h.from >= sp->rank || sp->local_of[h.from] < 0 || sp->ready[h.from] || sp->conns[h.from]) {
+            _ddp_shm_msg(sp, &out, h.from, _DDP_SHM_CHALLENGE);
+            out.status = 1;   /* a rank of another job learns at once, nothing more */
+            _ddp_shm_send_hello(sp, pd->h.fd, &out, 0);
+            *why = "names another communicator or ranks that do not fit this one";
+            return 1;
         }
-        r = _ddp_shm_make_conn(sp, peer, fd, memfd, &h, &k);
-        if (r != DDP_SUCCESS) return r;
-        sp->conns[peer] = k;
-        *conn = k;
+        if (getsockopt(pd->h.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
+            *why = "belongs to another user";
+            return 1;
+        }
+        if (!_ddp_transport_auth_ready(c)) { *why = "came before this rank had the communicator's key"; return 1; }
+        if (_ddp_auth_nonce(pd->nonce) != 0) { *why = "could not be challenged (no random bytes)"; return 1; }
+        pd->from = h.from;
+        memcpy(pd->nonce_c, h.nonce, sizeof pd->nonce_c);
+        _ddp_shm_msg(sp, &out, h.from, _DDP_SHM_CHALLENGE);
+        memcpy(out.nonce, pd->nonce, sizeof out.nonce);
+        _ddp_transport_auth_proof(c, "shm", h.from, sp->rank, _DDP_AUTH_SERVER, pd->nonce, pd->nonce_c, out.proof);
+        e = _ddp_shm_send_hello(sp, pd->h.fd, &out, 0);
+        _ddp_auth_wipe(&out, sizeof out);
+        if (e) { *why = "went away before its challenge"; return 1; }
+        pd->h.stage = 1;
+        pd->h.deadline = _ddp_transport_proof_deadline(c, _DDP_SHM_HANDSHAKE_MS);
+        return 0;
+    }
+    /* Stage 1: the answer must carry a proof of the key and the peer's memfd. */
+    if (h.kind != _DDP_SHM_ANSWER || h.from != pd->from || h.to != sp->rank || h.comm_id != c->comm_id ||
+        memfd < 0 ||
+        !_ddp_transport_auth_verify(c, "shm", pd->from, sp->rank, _DDP_AUTH_CLIENT, pd->nonce, pd->nonce_c, h.proof) ||
+        sp->ready[pd->from] || sp->conns[pd->from]) {
+        if (memfd >= 0) close(memfd);
+        *why = "failed to prove it knows the communicator's key (not a rank of this job, or a "
+               "replayed handshake)";
+        return 1;
+    }
+    _ddp_shm_msg(sp, &out, pd->from, _DDP_SHM_WELCOME);
+    out.region_bytes = sp->region_bytes;
+    out.addr = (uint64_t)(uintptr_t)sp->mine;
+    if (_ddp_shm_send_hello(sp, pd->h.fd, &out, 1) != 0) {
+        close(memfd);
+        *why = "went away during the handshake";
+        return 1;
+    }
+    fl = fcntl(pd->h.fd, F_GETFL);
+    if (fl >= 0) fcntl(pd->h.fd, F_SETFL, fl & ~O_NONBLOCK);
+    *err = _ddp_shm_make_conn(sp, pd->from, pd->h.fd, memfd, &h, &k);   /* takes both descriptors */
+    pd->h.fd = -1;
+    if (*err != DDP_SUCCESS) return 1;
+    sp->ready[pd->from] = k;
+    return 1;
+}
+
+/* Entry i is over: dropped (why) or handed on; its slot goes to the last entry. */
+static void _ddp_shm_pending_end(_ddp_shm_t *sp, int i, const char *why) {
+    _ddp_shm_pending_t *pd = &sp->pending[i];
+    if (why)
+        _ddp_transport_warn_limited(sp->ctx, &sp->warn, "shm: rank %d dropped a connection: it %s",
+                                    sp->rank, why);
+    if (pd->h.fd >= 0) close(pd->h.fd);
+    sp->pending[i] = sp->pending[--sp->npending];
+}
+
+/* Makes room: evicts the oldest connection that has not sent its hello (after one last look),
+ * else the oldest. */
+static ddp_result_t _ddp_shm_evict(_ddp_shm_t *sp) {
+    int tries;
+    for (tries = 0; tries <= sp->pending_cap && sp->npending > 0; tries++) {
+        int v = _ddp_transport_pending_victim(sp->pending, sizeof sp->pending[0], sp->npending);
+        _ddp_shm_pending_t *pd = &sp->pending[v];
+        if (pd->h.stage == 0) {
+            const char *why;
+            ddp_result_t err;
+            int rc = _ddp_shm_pending_step(sp, pd, &why, &err);
+            if (rc > 0) { _ddp_shm_pending_end(sp, v, why); return err; }
+            if (pd->h.stage > 0) continue;   /* it spoke: look for another */
+        }
+        _ddp_transport_warn_limited(sp->ctx, &sp->warn, "shm: rank %d evicted a connection that %s "
+                                    "(%d handshakes pending, the most it keeps)", sp->rank,
+                                    pd->h.stage == 0 ? "sent no hello yet" : "was slow to prove its key",
+                                    sp->npending);
+        close(pd->h.fd);
+        pd->h.fd = -1;
+        sp->pending[v] = sp->pending[--sp->npending];
+        return DDP_SUCCESS;
     }
     return DDP_SUCCESS;
 }
 
-/* Accepts everyone waiting on the listener, checks their hellos, answers with our memfd. */
+/* Accepts everyone waiting on the listener and advances every handshake. */
 static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
     const ddp_transport_ctx_t *c = sp->ctx;
-    int i;
-    for (;;) {
+    int i, budget = sp->pending_cap + _DDP_TRANSPORT_BACKLOG;   /* a steady flood cannot pin us here */
+    ddp_result_t r;
+    if (!sp->pending) return DDP_SUCCESS;
+    while (budget-- > 0) {
+        struct ucred cred;
+        socklen_t cl = sizeof cred;
+        _ddp_shm_pending_t *pd;
         int fd = accept4(sp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        if (sp->npending == (int)(sizeof sp->pending / sizeof sp->pending[0])) {
-            _DDP_TLOG(c, DDP_LOG_WARN, "shm: too many unidentified connections; dropping one");
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if ((errno == EMFILE || errno == ENFILE) && sp->npending > 0) {
+                if ((r = _ddp_shm_evict(sp)) != DDP_SUCCESS) return r;
+                continue;
+            }
+            break;
+        }
+        /* Another user's process is refused before it can hold a slot. */
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
+            _ddp_transport_warn_limited(c, &sp->warn, "shm: rank %d refused a connection from another "
+                                        "user's process", sp->rank);
             close(fd);
             continue;
         }
-        sp->pending[sp->npending].fd = fd;
-        sp->pending[sp->npending].deadline = _ddp_now_us() + 10000 * 1000LL;
-        sp->npending++;
+        if (sp->npending == sp->pending_cap && (r = _ddp_shm_evict(sp)) != DDP_SUCCESS) {
+            close(fd);
+            return r;
+        }
+        pd = &sp->pending[sp->npending++];
+        memset(pd, 0, sizeof *pd);
+        pd->h.fd = fd;
+        pd->h.seq = ++sp->accepted;
+        pd->h.deadline = _ddp_now_us() + (int64_t)_DDP_SHM_HANDSHAKE_MS * 1000;
     }
     for (i = 0; i < sp->npending; i++) {
-        _ddp_shm_pending_t *pd = &sp->pending[i];
-        _ddp_shm_hello_t h;
-        int memfd, got = _ddp_shm_recv_hello(pd->fd, &h, &memfd), drop = 0, keep = 0;
-        struct ucred cred;
-        socklen_t cl = sizeof cred;
-        if (got == 0) {
-            if (_ddp_now_us() > pd->deadline) {
-                _DDP_TLOG(c, DDP_LOG_WARN, "shm: a connection sent no hello within 10 s; dropped");
-                drop = 1;
-            } else {
-                continue;
-            }
-        } else if (got < 0) {
-            _DDP_TLOG(c, DDP_LOG_WARN, "shm: dropped a connection that is not a libddp shm peer "
-                      "(malformed hello)");
-            drop = 1;
-        } else if (h.comm_id != c->comm_id || h.to != sp->rank || h.from < 0 ||
-                   h.from >= sp->nranks || h.from >= sp->rank || sp->local_of[h.from] < 0 ||
-                   sp->ready[h.from] || sp->conns[h.from]) {
-            _DDP_TLOG(c, DDP_LOG_WARN, "shm: dropped a hello from 'rank %d' of communicator %016llx "
-                      "(this is rank %d of %016llx): another job, or a stranger", (int)h.from,
-                      (unsigned long long)h.comm_id, sp->rank, (unsigned long long)c->comm_id);
-            _ddp_shm_send_hello(sp, pd->fd, h.from, 1);
-            drop = 1;
-        } else if (getsockopt(pd->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
-                   cred.uid != geteuid()) {
-            _DDP_TLOG(c, DDP_LOG_WARN, "shm: dropped a hello from another user's process");
-            drop = 1;
-        } else if (_ddp_shm_send_hello(sp, pd->fd, h.from, 0) != 0) {
-            _DDP_TLOG(c, DDP_LOG_WARN, "shm: rank %d went away during the handshake", (int)h.from);
-            drop = 1;
-        } else {
-            _ddp_shm_conn_t *k;
-            int fl = fcntl(pd->fd, F_GETFL);
-            if (fl >= 0) fcntl(pd->fd, F_SETFL, fl & ~O_NONBLOCK);
-            {
-                ddp_result_t r = _ddp_shm_make_conn(sp, h.from, pd->fd, memfd, &h, &k);
-                memfd = -1;
-                sp->pending[i] = sp->pending[--sp->npending];
-                i--;
-                if (r != DDP_SUCCESS) return r;
-            }
-            sp->ready[h.from] = k;
-            keep = 1;
+        const char *why;
+        ddp_result_t err;
+        int rc = _ddp_shm_pending_step(sp, &sp->pending[i], &why, &err);
+        if (rc > 0) {
+            _ddp_shm_pending_end(sp, i--, why);
+            if (err != DDP_SUCCESS) return err;
         }
-        if (memfd >= 0) close(memfd);
-        if (drop) {
-            close(pd->fd);
-            sp->pending[i] = sp->pending[--sp->npending];
-            i--;
-        }
-        (void)keep;
     }
     return DDP_SUCCESS;
 }
@@ -610,7 +825,8 @@ static ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     ddp_result_t r;
     *conn = NULL;
-    if (!sp->ready[peer] && (r = _ddp_shm_poll_listener(sp)) != DDP_SUCCESS) return r;
+    if (!sp->ready[peer] && _ddp_transport_pump_due(&sp->last_pump) &&
+        (r = _ddp_shm_poll_listener(sp)) != DDP_SUCCESS) return r;
     if (sp->ready[peer]) {
         sp->conns[peer] = sp->ready[peer];
         sp->ready[peer] = NULL;
@@ -806,17 +1022,18 @@ static ddp_result_t _ddp_shm_finalize(void *state) {
     int i;
     if (!sp) return DDP_SUCCESS;
     if (sp->listen_fd >= 0) close(sp->listen_fd);
-    for (i = 0; i < sp->npending; i++) close(sp->pending[i].fd);
+    for (i = 0; sp->pending && i < sp->npending; i++) if (sp->pending[i].h.fd >= 0) close(sp->pending[i].h.fd);
+    ddp_transport_free(sp->ctx, sp->pending);
     for (i = 0; sp->ready && i < sp->nranks; i++) if (sp->ready[i]) _ddp_shm_close(sp->ready[i]);
     for (i = 0; sp->conns && i < sp->nranks; i++) if (sp->conns[i]) _ddp_shm_close(sp->conns[i]);
-    for (i = 0; sp->dialing && i < sp->nranks; i++) if (sp->dialing[i] >= 0) close(sp->dialing[i]);
+    for (i = 0; sp->dial && i < sp->nranks; i++) if (sp->dial[i].fd >= 0) close(sp->dial[i].fd);
     if (sp->mine) _ddp_shm_unmap(sp->mine, sp->region_bytes);
     if (sp->memfd >= 0) close(sp->memfd);
     ddp_transport_free(sp->ctx, sp->local_of);
     ddp_transport_free(sp->ctx, sp->conns);
     ddp_transport_free(sp->ctx, sp->ready);
     ddp_transport_free(sp->ctx, sp->ring);
-    ddp_transport_free(sp->ctx, sp->dialing);
+    ddp_transport_free(sp->ctx, sp->dial);
     ddp_transport_free(sp->ctx, sp);
     return DDP_SUCCESS;
 }

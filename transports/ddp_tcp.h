@@ -19,10 +19,33 @@
  *   DDP_SOCKET_FAMILY     AF_INET or AF_INET6 to force one (with DDP_SOCKET_IFNAME).
  *   DDP_SOCKET_BUFSIZE    SO_SNDBUF/SO_RCVBUF in bytes (default: leave Linux's autotuning on).
  *
- * WIRE: a connection opens with {u32 magic, u32 version, u64 communicator id, i32 from rank,
- * i32 to rank}, answered by {u32 magic, u32 status}: anything else (a port scanner, a rank of
- * another job) is logged and dropped. Each message is {u32 magic, u32 0, u64 tag, u64 length}
- * then the payload; the receiver checks tag and length against what it posted.
+ * LISTENER: bound to the address chosen above (the interface that reaches the peers; with a
+ * loopback MASTER_ADDR, loopback only), never the wildcard; backlog SOMAXCONN or 4096.
+ *
+ * HANDSHAKE (wire version 2): the connecting rank (the lower one) and the accepting rank prove
+ * to each other that they know the communicator's key (ctx->auth_key), which never travels:
+ *   connector -> acceptor  hello     {u32 magic, u32 version, u64 communicator id, i32 from,
+ *                                     i32 to, u8 nonce_c[32]}                        56 bytes
+ *   acceptor -> connector  challenge {u32 magic, u32 status, u8 nonce_s[32],
+ *                                     u8 proof_s[32]}                                72 bytes
+ *   connector -> acceptor  answer    {u32 magic, u32 status, u8 proof_c[32]}         40 bytes
+ * proof_s = HMAC(key, "ddp-auth-v1 server" || label || nonce_c || nonce_s), proof_c the same
+ * with "client" and the nonces swapped (ddp_auth.h), label = "tcp <comm id hex> <from>-><to>".
+ * The connector refuses an acceptor whose proof_s is wrong (DDP_ERR_AUTH); the acceptor makes
+ * the connection usable only once proof_c verifies and closes it at once otherwise. A hello for
+ * another communicator, wire version or rank pair, bytes beyond the hello before the challenge,
+ * no hello within 10 s, or no proof within the communicator's timeout (a peer with a valid
+ * hello may be slow for good reasons): closed. Refusals are logged at most once a second.
+ *
+ * STRANGERS: connections still in their handshake live in a table of world size + 64 entries
+ * allocated at init; when it is full, a newcomer evicts the oldest entry that has not sent its
+ * hello (else the oldest), so idle connections cannot delay a rank's peers; accept4's EMFILE or
+ * ENFILE evicts likewise and retries. Connects that are refused or reset (a listener's burst)
+ * are retried with exponential backoff and jitter (5 ms .. 1 s, 12 attempts, within the
+ * timeout).
+ *
+ * MESSAGES: {u32 magic, u32 0, u64 tag, u64 length} then the payload; the receiver checks tag
+ * and length against what it posted.
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_TCP_IMPLEMENTATION)
 #define DDP_TCP_IMPLEMENTATION
@@ -60,12 +83,26 @@ DDP_API const ddp_transport_t *ddp_transport_tcp(void);
 
 #define _DDP_TCP_HELLO_MAGIC 0x44445448u /* "DDTH" */
 #define _DDP_TCP_MSG_MAGIC 0x4444544du   /* "DDTM" */
-#define _DDP_TCP_VERSION 1u
+#define _DDP_TCP_VERSION 2u              /* 2: mutual challenge-response */
 #define _DDP_TCP_POOL 32                 /* requests per connection: 2 x DDP_RING_WINDOW + slack */
 #define _DDP_TCP_HANDSHAKE_MS 10000
+#define _DDP_TCP_CONNECT_TRIES 12        /* refused or reset connects, backing off 5 ms .. 1 s */
 
-typedef struct { uint32_t magic, version; uint64_t comm_id; int32_t from, to; } _ddp_tcp_hello_t;
-typedef struct { uint32_t magic, status; } _ddp_tcp_ack_t;
+typedef struct {
+    uint32_t magic, version;
+    uint64_t comm_id;
+    int32_t from, to;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];           /* the connector's */
+} _ddp_tcp_hello_t;
+typedef struct {
+    uint32_t magic, status;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];           /* the acceptor's */
+    unsigned char proof[_DDP_AUTH_PROOF_BYTES];           /* the acceptor's proof */
+} _ddp_tcp_challenge_t;
+typedef struct {
+    uint32_t magic, status;
+    unsigned char proof[_DDP_AUTH_PROOF_BYTES];           /* the connector's proof */
+} _ddp_tcp_answer_t;
 typedef struct { uint32_t magic, zero; uint64_t tag, len; } _ddp_tcp_hdr_t;
 
 struct _ddp_tcp_conn;
@@ -88,28 +125,37 @@ typedef struct _ddp_tcp_conn {
     _ddp_tcp_req_t pool[_DDP_TCP_POOL];
 } _ddp_tcp_conn_t;
 
-typedef struct {              /* an accepted socket whose hello has not fully arrived */
-    int fd;
-    int64_t deadline;
+typedef struct {              /* an accepted socket in its handshake */
+    _ddp_transport_pending_t h;   /* stage 0: reading the hello; 1: challenged, reading the answer */
     size_t got;
     _ddp_tcp_hello_t hello;
+    _ddp_tcp_answer_t answer;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];           /* ours */
     char addr[80];
 } _ddp_tcp_pending_t;
 
 typedef struct {              /* our side of a connect in progress */
-    int fd, stage;            /* 0 none, 1 connecting, 2 hello sent: waiting for the ack */
+    int fd, stage;            /* 0 idle (or backing off), 1 connecting, 2 hello sent, 3 done */
+    int tries, have_addr;
     size_t got;
-    _ddp_tcp_ack_t ack;
-    int64_t deadline;
+    _ddp_tcp_challenge_t ch;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];
+    int64_t deadline, retry_at;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    char addr[96];
 } _ddp_tcp_dial_t;
 
 typedef struct _ddp_tcp {
     const ddp_transport_ctx_t *ctx;
     int listen_fd, bufsize;
     char addr_str[96];
-    _ddp_tcp_pending_t pending[64];
-    int npending;
-    _ddp_tcp_conn_t **ready; /* accepted and identified, by peer rank, until accept() takes it */
+    _ddp_tcp_pending_t *pending;  /* nranks + _DDP_TRANSPORT_STRANGER_SLOTS entries */
+    int npending, pending_cap;
+    uint64_t accepted;            /* connections accepted so far: the pending entries' age */
+    int64_t last_pump;
+    _ddp_transport_ratelimit_t warn;
+    _ddp_tcp_conn_t **ready; /* accepted and proven, by peer rank, until accept() takes it */
     _ddp_tcp_dial_t *dial;   /* by peer rank */
 } _ddp_tcp_t;
 
@@ -200,14 +246,16 @@ static ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
     tp->bufsize = bs ? (int)_ddp_parse_size(bs) : 0;
     tp->ready = (_ddp_tcp_conn_t **)ddp_transport_calloc(c, (size_t)n * sizeof *tp->ready);
     tp->dial = (_ddp_tcp_dial_t *)ddp_transport_calloc(c, (size_t)n * sizeof *tp->dial);
-    if (!tp->ready || !tp->dial) { _ddp_tcp_finalize(tp); return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init"); }
+    tp->pending_cap = n + _DDP_TRANSPORT_STRANGER_SLOTS;
+    tp->pending = (_ddp_tcp_pending_t *)ddp_transport_calloc(c, (size_t)tp->pending_cap * sizeof *tp->pending);
+    if (!tp->ready || !tp->dial || !tp->pending) { _ddp_tcp_finalize(tp); return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: init"); }
     for (i = 0; i < n; i++) tp->dial[i].fd = -1;
     if ((r = _ddp_tcp_pick_addr(tp, &ss, &sl)) != DDP_SUCCESS) { _ddp_tcp_finalize(tp); return r; }
     if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
     else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
     tp->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (tp->listen_fd < 0 || bind(tp->listen_fd, (struct sockaddr *)&ss, sl) != 0 ||
-        listen(tp->listen_fd, 256) != 0) {
+        listen(tp->listen_fd, _DDP_TRANSPORT_BACKLOG) != 0) {
         int e = errno;
         char a[96];
         _ddp_sockaddr_str((struct sockaddr *)&ss, a, sizeof a);
@@ -219,8 +267,10 @@ static ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
     getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sl);
     _ddp_sockaddr_str((struct sockaddr *)&ss, tp->addr_str, sizeof tp->addr_str);
     if ((r = c->publish(c->host, "tcp", &ss, sl)) != DDP_SUCCESS) { _ddp_tcp_finalize(tp); return r; }
-    _DDP_TLOG(c, DDP_LOG_INFO, "tcp: listening on %s%s", tp->addr_str,
-              tp->bufsize > 0 ? " (fixed socket buffers)" : " (autotuned socket buffers)");
+    _DDP_TLOG(c, DDP_LOG_INFO, "tcp: listening on %s only (%s)%s", tp->addr_str,
+              c->ifname && *c->ifname ? "the interface DDP_SOCKET_IFNAME chose"
+                                      : "the address that reaches the master",
+              tp->bufsize > 0 ? "; fixed socket buffers" : "; autotuned socket buffers");
     *state = tp;
     return DDP_SUCCESS;
 }
@@ -238,122 +288,292 @@ static _ddp_tcp_conn_t *_ddp_tcp_new_conn(_ddp_tcp_t *tp, int fd, int peer) {
     return k;
 }
 
-static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
-    _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
+static int _ddp_tcp_again(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == EINTR; }
+
+/* A connect attempt failed in a way a burst explains (refused, reset, or closed before the
+ * challenge: the listener's backlog overflowed, or it evicted us as idle): try again after a
+ * backoff, while attempts and time are left. */
+static ddp_result_t _ddp_tcp_dial_retry(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer, const char *what) {
     const ddp_transport_ctx_t *c = tp->ctx;
-    _ddp_tcp_dial_t *d = &tp->dial[peer];
-    *conn = NULL;
-    if (d->stage == 0) {
-        struct sockaddr_storage ss;
-        size_t len = 0;
-        _ddp_tcp_hello_t h;
-        char a[96];
-        ddp_result_t r = c->lookup(c->host, "tcp", peer, &ss, sizeof ss, &len);
-        if (r != DDP_SUCCESS) return r;
-        _ddp_sockaddr_str((struct sockaddr *)&ss, a, sizeof a);
-        d->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (d->fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: socket: %s", strerror(errno));
-        _ddp_tcp_tune(tp, d->fd);
-        _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: connecting to rank %d at %s", peer, a);
-        if (connect(d->fd, (struct sockaddr *)&ss, (socklen_t)len) != 0 && errno != EINPROGRESS)
-            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer, a, strerror(errno));
-        /* The hello fits in an empty socket buffer: queue it now, it leaves on connect. */
-        h.magic = _DDP_TCP_HELLO_MAGIC; h.version = _DDP_TCP_VERSION; h.comm_id = c->comm_id;
-        h.from = c->rank; h.to = peer;
-        d->deadline = _ddp_deadline(c->timeout_ms);
-        {
-            struct pollfd pfd;
-            int rc;
-            pfd.fd = d->fd; pfd.events = POLLOUT; pfd.revents = 0;
-            rc = poll(&pfd, 1, _ddp_ms_left(d->deadline));
-            if (rc == 1) {
-                int err = 0;
-                socklen_t el = sizeof err;
-                getsockopt(d->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-                if (err) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer, a, strerror(err));
-            } else {
-                return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "tcp: connect to rank %d at %s timed out", peer, a);
-            }
-            if (_ddp_send_all(d->fd, &h, sizeof h, d->deadline) != 0)
-                return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: rank %d at %s closed during handshake", peer, a);
-        }
-        d->stage = 2;
-        d->got = 0;
-    }
-    if (d->stage == 2) {
-        ssize_t n = recv(d->fd, (char *)&d->ack + d->got, sizeof d->ack - d->got, MSG_DONTWAIT);
-        if (n > 0) d->got += (size_t)n;
-        else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: rank %d refused our connection "
-                                      "(handshake closed: %s)", peer, n == 0 ? "EOF" : strerror(errno));
-        if (d->got < sizeof d->ack) {
-            if (_ddp_ms_left(d->deadline) == 0)
-                return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "tcp: rank %d never answered our handshake", peer);
-            return DDP_SUCCESS;
-        }
-        if (d->ack.magic != _DDP_TCP_HELLO_MAGIC || d->ack.status != DDP_SUCCESS)
-            return ddp_transport_fail(c, DDP_ERR_MISMATCH, "tcp: rank %d rejected our handshake (status %u)",
-                                      peer, d->ack.status);
-        *conn = _ddp_tcp_new_conn(tp, d->fd, peer);
-        if (!*conn) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
-        d->fd = -1;
-        d->stage = 3;
+    if (d->fd >= 0) close(d->fd);
+    d->fd = -1;
+    d->stage = 0;
+    d->got = 0;
+    if (++d->tries >= _DDP_TCP_CONNECT_TRIES || (d->deadline && _ddp_now_us() >= d->deadline))
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: connecting to rank %d at %s: %s (%d "
+                                  "attempts)", peer, d->addr, what, d->tries);
+    d->retry_at = _ddp_now_us() + _ddp_transport_backoff_us(d->tries);
+    _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: connecting to rank %d at %s: %s; attempt %d follows", peer,
+              d->addr, what, d->tries + 1);
+    return DDP_SUCCESS;
+}
+
+/* Stage 0 -> 1: a non-blocking connect. */
+static ddp_result_t _ddp_tcp_dial_start(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer) {
+    const ddp_transport_ctx_t *c = tp->ctx;
+    d->fd = socket(d->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (d->fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: socket: %s", strerror(errno));
+    _ddp_tcp_tune(tp, d->fd);
+    _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: connecting to rank %d at %s", peer, d->addr);
+    d->stage = 1;
+    if (connect(d->fd, (struct sockaddr *)&d->ss, d->sl) != 0 && errno != EINPROGRESS) {
+        int e = errno;
+        if (e == ECONNREFUSED || e == ECONNRESET || e == EAGAIN || e == ETIMEDOUT)
+            return _ddp_tcp_dial_retry(tp, d, peer, strerror(e));
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer,
+                                  d->addr, strerror(e));
     }
     return DDP_SUCCESS;
 }
 
-/* Accepts whatever has arrived and identifies it; strangers are logged and dropped. */
-static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
+/* Stage 1 -> 2: connected; our hello (it fits an empty socket buffer: one send). */
+static ddp_result_t _ddp_tcp_dial_hello(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer) {
     const ddp_transport_ctx_t *c = tp->ctx;
-    int i;
-    while (tp->npending < (int)(sizeof tp->pending / sizeof tp->pending[0])) {
+    struct pollfd pfd;
+    _ddp_tcp_hello_t h;
+    int err = 0;
+    socklen_t el = sizeof err;
+    pfd.fd = d->fd; pfd.events = POLLOUT; pfd.revents = 0;
+    if (poll(&pfd, 1, 0) != 1) {
+        if (d->deadline && _ddp_now_us() >= d->deadline)
+            return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "tcp: connect to rank %d at %s timed out",
+                                      peer, d->addr);
+        return DDP_SUCCESS;
+    }
+    getsockopt(d->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err == ECONNREFUSED || err == ECONNRESET || err == EAGAIN || err == ETIMEDOUT)
+        return _ddp_tcp_dial_retry(tp, d, peer, strerror(err));
+    if (err) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: connect to rank %d at %s: %s", peer,
+                                       d->addr, strerror(err));
+    if (!_ddp_transport_auth_ready(c))
+        return ddp_transport_fail(c, DDP_ERR_INTERNAL, "tcp: no communicator key to prove to rank %d", peer);
+    if (_ddp_auth_nonce(d->nonce) != 0)
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: no random bytes for the handshake with rank %d", peer);
+    memset(&h, 0, sizeof h);
+    h.magic = _DDP_TCP_HELLO_MAGIC; h.version = _DDP_TCP_VERSION; h.comm_id = c->comm_id;
+    h.from = c->rank; h.to = peer;
+    memcpy(h.nonce, d->nonce, sizeof h.nonce);
+    if (send(d->fd, &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof h)
+        return _ddp_tcp_dial_retry(tp, d, peer, "closed before our hello");
+    d->stage = 2;
+    d->got = 0;
+    return DDP_SUCCESS;
+}
+
+/* Stage 2 -> 3: the acceptor's challenge; it must prove the key before we prove ours. */
+static ddp_result_t _ddp_tcp_dial_answer(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer, void **conn) {
+    const ddp_transport_ctx_t *c = tp->ctx;
+    _ddp_tcp_answer_t a;
+    ssize_t n = recv(d->fd, (char *)&d->ch + d->got, sizeof d->ch - d->got, MSG_DONTWAIT);
+    if (n > 0) {
+        d->got += (size_t)n;
+    } else if (n == 0 || !_ddp_tcp_again(errno)) {
+        const char *why = n == 0 ? "EOF" : strerror(errno);
+        if (d->got == 0 && (n == 0 || errno == ECONNRESET))
+            return _ddp_tcp_dial_retry(tp, d, peer, "closed before its challenge");
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: rank %d refused our connection "
+                                  "(handshake closed: %s)", peer, why);
+    }
+    if (d->got < sizeof d->ch) {
+        if (d->deadline && _ddp_now_us() >= d->deadline)
+            return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "tcp: rank %d never answered our handshake", peer);
+        return DDP_SUCCESS;
+    }
+    if (d->ch.magic != _DDP_TCP_HELLO_MAGIC || d->ch.status != DDP_SUCCESS)
+        return ddp_transport_fail(c, DDP_ERR_MISMATCH, "tcp: rank %d rejected our handshake (status %u)",
+                                  peer, d->ch.status);
+    if (!_ddp_transport_auth_verify(c, "tcp", c->rank, peer, _DDP_AUTH_SERVER, d->ch.nonce, d->nonce,
+                                    d->ch.proof))
+        return ddp_transport_fail(c, DDP_ERR_AUTH, "tcp: whoever listens at %s, where rank %d published "
+                                  "its address, does not know this communicator's key: it is not "
+                                  "rank %d of this job (an impostor, or a stale address); refused",
+                                  d->addr, peer, peer);
+    memset(&a, 0, sizeof a);
+    a.magic = _DDP_TCP_HELLO_MAGIC;
+    a.status = DDP_SUCCESS;
+    _ddp_transport_auth_proof(c, "tcp", c->rank, peer, _DDP_AUTH_CLIENT, d->ch.nonce, d->nonce, a.proof);
+    n = send(d->fd, &a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT);
+    _ddp_auth_wipe(&a, sizeof a);
+    if (n != (ssize_t)sizeof a)
+        return ddp_transport_fail(c, DDP_ERR_REMOTE, "tcp: rank %d closed during the handshake", peer);
+    *conn = _ddp_tcp_new_conn(tp, d->fd, peer);
+    if (!*conn) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
+    d->fd = -1;
+    d->stage = 3;
+    return DDP_SUCCESS;
+}
+
+static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
+    _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
+    const ddp_transport_ctx_t *c = tp->ctx;
+    _ddp_tcp_dial_t *d = &tp->dial[peer];
+    ddp_result_t r;
+    *conn = NULL;
+    if (!d->have_addr) {
+        size_t len = 0;
+        r = c->lookup(c->host, "tcp", peer, &d->ss, sizeof d->ss, &len);
+        if (r != DDP_SUCCESS) return r;
+        d->sl = (socklen_t)len;
+        _ddp_sockaddr_str((struct sockaddr *)&d->ss, d->addr, sizeof d->addr);
+        d->deadline = _ddp_deadline(c->timeout_ms);
+        d->have_addr = 1;
+    }
+    if (d->stage == 0) {
+        if (d->retry_at && _ddp_now_us() < d->retry_at) return DDP_SUCCESS;
+        if ((r = _ddp_tcp_dial_start(tp, d, peer)) != DDP_SUCCESS) return r;
+    }
+    if (d->stage == 1 && (r = _ddp_tcp_dial_hello(tp, d, peer)) != DDP_SUCCESS) return r;
+    if (d->stage == 2) return _ddp_tcp_dial_answer(tp, d, peer, conn);
+    return DDP_SUCCESS;
+}
+
+/* Advances one accepted connection's handshake as far as the bytes that arrived allow: 0 to
+ * wait for more, 1 when it is over (its peer is in ready[], or *why says why to drop it), -1
+ * when out of memory. Reads exactly what each stage expects, never into the data stream. */
+static int _ddp_tcp_pending_step(_ddp_tcp_t *tp, _ddp_tcp_pending_t *p, const char **why) {
+    const ddp_transport_ctx_t *c = tp->ctx;
+    ssize_t n;
+    *why = NULL;
+    if (p->h.stage == 0) {
+        _ddp_tcp_hello_t *h = &p->hello;
+        _ddp_tcp_challenge_t ch;
+        char extra;
+        n = recv(p->h.fd, (char *)h + p->got, sizeof *h - p->got, MSG_DONTWAIT);
+        if (n > 0) p->got += (size_t)n;
+        else if (n == 0) { *why = "closed before its handshake"; return 1; }
+        else if (!_ddp_tcp_again(errno)) { *why = strerror(errno); return 1; }
+        if (p->got >= 8 && h->magic != _DDP_TCP_HELLO_MAGIC) { *why = "is not a libddp rank (bad magic)"; return 1; }
+        if (p->got >= 8 && h->version != _DDP_TCP_VERSION) { *why = "speaks another libddp wire version"; return 1; }
+        if (p->got < sizeof *h) {
+            if (_ddp_now_us() >= p->h.deadline) { *why = "sent no handshake in time"; return 1; }
+            return 0;
+        }
+        if (h->comm_id != c->comm_id) { *why = "belongs to another communicator or job"; return 1; }
+        if (h->to != c->rank || h->from < 0 || h->from >= c->nranks || h->from == c->rank) {
+            *why = "names ranks that do not fit this communicator";
+            return 1;
+        }
+        if (tp->ready[h->from]) { *why = "is a second connection from the same rank"; return 1; }
+        /* A rank says nothing more until it is challenged. */
+        if (recv(p->h.fd, &extra, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+            *why = "sent more than a hello before being challenged";
+            return 1;
+        }
+        if (!_ddp_transport_auth_ready(c)) { *why = "came before this rank had the communicator's key"; return 1; }
+        if (_ddp_auth_nonce(p->nonce) != 0) { *why = "could not be challenged (no random bytes)"; return 1; }
+        memset(&ch, 0, sizeof ch);
+        ch.magic = _DDP_TCP_HELLO_MAGIC;
+        ch.status = DDP_SUCCESS;
+        memcpy(ch.nonce, p->nonce, sizeof ch.nonce);
+        _ddp_transport_auth_proof(c, "tcp", h->from, c->rank, _DDP_AUTH_SERVER, p->nonce, h->nonce, ch.proof);
+        n = send(p->h.fd, &ch, sizeof ch, MSG_NOSIGNAL | MSG_DONTWAIT);
+        _ddp_auth_wipe(&ch, sizeof ch);
+        if (n != (ssize_t)sizeof ch) { *why = "went away before its challenge"; return 1; }
+        p->h.stage = 1;
+        p->h.deadline = _ddp_transport_proof_deadline(c, _DDP_TCP_HANDSHAKE_MS);
+        p->got = 0;
+    }
+    n = recv(p->h.fd, (char *)&p->answer + p->got, sizeof p->answer - p->got, MSG_DONTWAIT);
+    if (n > 0) p->got += (size_t)n;
+    else if (n == 0) { *why = "closed before proving it knows the communicator's key"; return 1; }
+    else if (!_ddp_tcp_again(errno)) { *why = strerror(errno); return 1; }
+    if (p->got < sizeof p->answer) {
+        if (_ddp_now_us() >= p->h.deadline) { *why = "never proved it knows the communicator's key"; return 1; }
+        return 0;
+    }
+    if (p->answer.magic != _DDP_TCP_HELLO_MAGIC || p->answer.status != DDP_SUCCESS ||
+        !_ddp_transport_auth_verify(c, "tcp", p->hello.from, c->rank, _DDP_AUTH_CLIENT, p->nonce,
+                                    p->hello.nonce, p->answer.proof)) {
+        *why = "failed to prove it knows the communicator's key (not a rank of this job, or a "
+               "replayed handshake)";
+        return 1;
+    }
+    tp->ready[p->hello.from] = _ddp_tcp_new_conn(tp, p->h.fd, p->hello.from);
+    if (!tp->ready[p->hello.from]) return -1;
+    _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: accepted rank %d from %s", p->hello.from, p->addr);
+    p->h.fd = -1;
+    return 1;
+}
+
+/* Entry i is over: dropped (why) or handed on; its slot goes to the last entry. */
+static void _ddp_tcp_pending_end(_ddp_tcp_t *tp, int i, const char *why) {
+    _ddp_tcp_pending_t *p = &tp->pending[i];
+    if (why) {
+        char claim[48] = "";
+        if (p->h.stage > 0 || p->got >= sizeof p->hello)
+            snprintf(claim, sizeof claim, " (claiming to be rank %d)", (int)p->hello.from);
+        _ddp_transport_warn_limited(tp->ctx, &tp->warn, "tcp: rank %d dropped a connection from %s%s: "
+                                    "it %s", tp->ctx->rank, p->addr, claim, why);
+    }
+    if (p->h.fd >= 0) close(p->h.fd);
+    tp->pending[i] = tp->pending[--tp->npending];
+}
+
+/* Makes room in the table: evicts the oldest connection that has not sent its hello (it gets
+ * one last look first: a hello that just arrived makes it a peer, not an idle stranger), else
+ * the oldest. */
+static ddp_result_t _ddp_tcp_evict(_ddp_tcp_t *tp, const char *reason) {
+    int tries;
+    for (tries = 0; tries <= tp->pending_cap && tp->npending > 0; tries++) {
+        int v = _ddp_transport_pending_victim(tp->pending, sizeof tp->pending[0], tp->npending);
+        _ddp_tcp_pending_t *p = &tp->pending[v];
+        const char *why = NULL;
+        if (p->h.stage == 0) {
+            int rc = _ddp_tcp_pending_step(tp, p, &why);
+            if (rc < 0) return ddp_transport_fail(tp->ctx, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
+            if (rc > 0) { _ddp_tcp_pending_end(tp, v, why); return DDP_SUCCESS; }
+            if (p->h.stage > 0) continue;   /* it spoke: look for another */
+        }
+        _ddp_transport_warn_limited(tp->ctx, &tp->warn, "tcp: rank %d evicted a connection from %s "
+                                    "that %s (%s; %d handshakes pending)", tp->ctx->rank, p->addr,
+                                    p->h.stage == 0 ? "sent no hello yet" : "was slow to prove its key",
+                                    reason, tp->npending);
+        close(p->h.fd);
+        p->h.fd = -1;
+        tp->pending[v] = tp->pending[--tp->npending];
+        return DDP_SUCCESS;
+    }
+    return DDP_SUCCESS;
+}
+
+/* Accepts whatever has arrived and advances every handshake; strangers are dropped. */
+static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
+    int i, budget = tp->pending_cap + _DDP_TRANSPORT_BACKLOG;   /* a steady flood cannot pin us here */
+    ddp_result_t r;
+    while (budget-- > 0) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
-        int fd = accept4(tp->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         _ddp_tcp_pending_t *p;
-        if (fd < 0) break;
+        const char *why;
+        int rc, fd = accept4(tp->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if ((errno == EMFILE || errno == ENFILE) && tp->npending > 0) {
+                if ((r = _ddp_tcp_evict(tp, "out of file descriptors")) != DDP_SUCCESS) return r;
+                continue;
+            }
+            break;   /* EAGAIN: nobody waits; else try again at the next poll */
+        }
+        if (tp->npending == tp->pending_cap && (r = _ddp_tcp_evict(tp, "handshake table full")) != DDP_SUCCESS) {
+            close(fd);
+            return r;
+        }
         p = &tp->pending[tp->npending++];
         memset(p, 0, sizeof *p);
-        p->fd = fd;
-        p->deadline = _ddp_deadline(_DDP_TCP_HANDSHAKE_MS);
+        p->h.fd = fd;
+        p->h.seq = ++tp->accepted;
+        p->h.deadline = _ddp_now_us() + (int64_t)_DDP_TCP_HANDSHAKE_MS * 1000;
         _ddp_sockaddr_str((struct sockaddr *)&ss, p->addr, sizeof p->addr);
+        /* A peer's hello is usually here already: read it now, before newer connections come. */
+        rc = _ddp_tcp_pending_step(tp, p, &why);
+        if (rc < 0) return ddp_transport_fail(tp->ctx, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
+        if (rc > 0) _ddp_tcp_pending_end(tp, tp->npending - 1, why);
     }
     for (i = 0; i < tp->npending; i++) {
-        _ddp_tcp_pending_t *p = &tp->pending[i];
-        ssize_t n = recv(p->fd, (char *)&p->hello + p->got, sizeof p->hello - p->got, MSG_DONTWAIT);
-        const char *why = NULL;
-        if (n > 0) p->got += (size_t)n;
-        else if (n == 0) why = "closed before its handshake";
-        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) why = strerror(errno);
-        if (!why && p->got < sizeof p->hello) {
-            if (_ddp_ms_left(p->deadline) == 0) why = "sent no handshake in time";
-            else continue;
-        }
-        if (!why) {
-            _ddp_tcp_hello_t *h = &p->hello;
-            if (h->magic != _DDP_TCP_HELLO_MAGIC) why = "is not a libddp rank (bad magic)";
-            else if (h->version != _DDP_TCP_VERSION) why = "speaks another libddp wire version";
-            else if (h->comm_id != c->comm_id) why = "belongs to another communicator or job";
-            else if (h->to != c->rank || h->from < 0 || h->from >= c->nranks ||
-                     h->from == c->rank) why = "names ranks that do not fit this communicator";
-            else if (tp->ready[h->from]) why = "is a second connection from the same rank";
-        }
-        if (why) {
-            _DDP_TLOG(c, DDP_LOG_WARN, "tcp: dropped a connection from %s: it %s", p->addr, why);
-            close(p->fd);
-        } else {
-            _ddp_tcp_ack_t ack;
-            ack.magic = _DDP_TCP_HELLO_MAGIC;
-            ack.status = DDP_SUCCESS;
-            if (_ddp_send_all(p->fd, &ack, sizeof ack, _ddp_deadline(_DDP_TCP_HANDSHAKE_MS)) != 0) {
-                close(p->fd);
-            } else {
-                tp->ready[p->hello.from] = _ddp_tcp_new_conn(tp, p->fd, p->hello.from);
-                if (!tp->ready[p->hello.from]) { close(p->fd); return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "tcp: connection"); }
-                _DDP_TLOG(c, DDP_LOG_TRACE, "tcp: accepted rank %d from %s", p->hello.from, p->addr);
-            }
-        }
-        tp->pending[i--] = tp->pending[--tp->npending];
+        const char *why;
+        int rc = _ddp_tcp_pending_step(tp, &tp->pending[i], &why);
+        if (rc < 0) return ddp_transport_fail(tp->ctx, DDP_ERR_OUT_OF_MEMORY, "tcp: connection");
+        if (rc > 0) _ddp_tcp_pending_end(tp, i--, why);
     }
     return DDP_SUCCESS;
 }
@@ -362,7 +582,8 @@ static ddp_result_t _ddp_tcp_accept(void *state, int peer, void **conn) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
     ddp_result_t r;
     *conn = NULL;
-    if (!tp->ready[peer] && (r = _ddp_tcp_pump_accept(tp)) != DDP_SUCCESS) return r;
+    if (!tp->ready[peer] && _ddp_transport_pump_due(&tp->last_pump) &&
+        (r = _ddp_tcp_pump_accept(tp)) != DDP_SUCCESS) return r;
     if (tp->ready[peer]) { *conn = tp->ready[peer]; tp->ready[peer] = NULL; }
     return DDP_SUCCESS;
 }
@@ -553,7 +774,8 @@ static ddp_result_t _ddp_tcp_finalize(void *state) {
     if (!tp) return DDP_SUCCESS;
     n = tp->ctx->nranks;
     if (tp->listen_fd >= 0) close(tp->listen_fd);
-    for (i = 0; i < tp->npending; i++) close(tp->pending[i].fd);
+    for (i = 0; tp->pending && i < tp->npending; i++) if (tp->pending[i].h.fd >= 0) close(tp->pending[i].h.fd);
+    ddp_transport_free(tp->ctx, tp->pending);
     for (i = 0; tp->ready && i < n; i++) _ddp_tcp_close(tp->ready[i]);
     for (i = 0; tp->dial && i < n; i++) if (tp->dial[i].fd >= 0) close(tp->dial[i].fd);
     ddp_transport_free(tp->ctx, tp->ready);

@@ -52,6 +52,11 @@ typedef struct ddp_transport_ctx {
     const int *abort_flag;        /* read it with ddp_transport_aborted (atomically) */
     int *waiting_on;              /* a wait that times out stores the peer it waited for here,
                                    * so the communicator can find which rank is stuck */
+    /* The per-communicator key every data connection proves knowledge of, both ways, by
+     * challenge-response (ddp_auth.h: _ddp_auth_proof); never sent. Filled once the rendezvous
+     * is done, before any connect/accept. */
+    const unsigned char *auth_key;
+    size_t auth_key_len;
     void *host;                   /* opaque: handed back to the callbacks below */
     /* The host identity of a rank (hostname + boot id + network namespace, or DDP_HOST_ID). */
     const char *(*host_id)(void *host, int peer);
@@ -148,6 +153,11 @@ DDP_API int ddp_transport_aborted(const ddp_transport_ctx_t *ctx);
 #ifndef DDP_BASE_IMPL_INCLUDED
 #error "libddp: ddp_transport.h's implementation needs ddp_base.h's (define DDP_IMPLEMENTATION)"
 #endif
+/* The handshake plumbing below proves keys with ddp_auth.h (below this layer, private). */
+#ifndef DDP_AUTH_IMPLEMENTATION
+#define DDP_AUTH_IMPLEMENTATION
+#endif
+#include "../ddp_auth.h"
 
 #define _DDP_MAX_TRANSPORTS 8
 /* Log only what the context's level lets through, without formatting the rest. */
@@ -481,6 +491,143 @@ _DDP_PRIVATE void _ddp_transport_sig_str(const _ddp_transport_sig_t *g, char *ou
     snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_transport_sig_kind(g->kind),
              (unsigned long long)g->count, ddp_dtype_name((ddp_dtype_t)g->dtype), red ? ", " : "",
              red ? ddp_op_name((ddp_op_t)g->op) : "", g->root);
+}
+
+/* ---------------------------------------------------------------- handshakes and strangers
+ * A transport's listener is reachable by anyone who can read the store (always, without a job
+ * secret) or scan ports. Every transport here answers the same way:
+ *   - a connection is usable only after both sides proved, by challenge-response, that they
+ *     know the communicator's key (ctx->auth_key; ddp_auth.h). The proofs are bound to a label
+ *     naming the transport, the communicator and the direction, so a proof made for one pair
+ *     is worthless for another, and to a fresh nonce from each side, so a replay fails;
+ *   - the table of connections still in their handshake is allocated at init (world size + a
+ *     margin), nothing is allocated per stranger, and when it is full the oldest connection
+ *     that has not even sent its hello is evicted for the newcomer: idle strangers cannot keep
+ *     a rank's peers waiting in the kernel's backlog;
+ *   - refused attempts are told at most once a second per transport instance, with a count of
+ *     those not shown: a flood cannot flood the log. Keys and proofs never reach a log line. */
+#define _DDP_TRANSPORT_BACKLOG (SOMAXCONN > 4096 ? SOMAXCONN : 4096)
+#define _DDP_TRANSPORT_STRANGER_SLOTS 64      /* handshake slots beyond one per rank */
+
+/* The head of a transport's handshake-table entry (its first member). */
+typedef struct {
+    int fd, stage;            /* stage 0: nothing complete yet (the hello is awaited) */
+    uint64_t seq;             /* accept order: lower is older */
+    int64_t deadline;         /* us; the handshake must be over by then */
+} _ddp_transport_pending_t;
+
+/* The entry to evict from a full table of n entries of `stride` bytes: the oldest that has not
+ * completed its hello; if every one has, the oldest. -1 for an empty table. */
+_DDP_PRIVATE int _ddp_transport_pending_victim(const void *table, size_t stride, int n) {
+    int i, idle = -1, any = -1;
+    for (i = 0; i < n; i++) {
+        const _ddp_transport_pending_t *e =
+            (const _ddp_transport_pending_t *)(const void *)((const unsigned char *)table + (size_t)i * stride);
+        const _ddp_transport_pending_t *a, *b;
+        a = any < 0 ? NULL : (const _ddp_transport_pending_t *)(const void *)((const unsigned char *)table + (size_t)any * stride);
+        b = idle < 0 ? NULL : (const _ddp_transport_pending_t *)(const void *)((const unsigned char *)table + (size_t)idle * stride);
+        if (!a || e->seq < a->seq) any = i;
+        if (e->stage == 0 && (!b || e->seq < b->seq)) idle = i;
+    }
+    return idle >= 0 ? idle : any;
+}
+
+/* When a connection that said a valid hello (this communicator, ranks that fit) must have
+ * proven the key: the communicator's timeout, at least `floor_ms`. Such a peer may be slow to
+ * answer for good reasons (hundreds of ranks on a few CPUs, each looking up its peers in the
+ * store first); idle strangers get only the short deadline of the hello, and eviction. */
+_DDP_PRIVATE int64_t _ddp_transport_proof_deadline(const ddp_transport_ctx_t *ctx, int floor_ms) {
+    int ms = ctx->timeout_ms < 0 ? INT_MAX / 2 : ctx->timeout_ms;
+    if (ms < floor_ms) ms = floor_ms;
+    return _ddp_now_us() + (int64_t)ms * 1000;
+}
+
+/* The communicator calls accept(peer) for every peer it still waits for, back to back; each
+ * call pumping the whole handshake table would cost (waiting peers) x (pending entries) system
+ * calls per round, which at hundreds of ranks on one host starves the handshakes themselves.
+ * One pump per 100 us serves every accept() of a round. 1 when a pump is due (and records it). */
+_DDP_PRIVATE int _ddp_transport_pump_due(int64_t *last_us) {
+    int64_t now = _ddp_now_us();
+    if (*last_us && now - *last_us < 100) return 0;
+    *last_us = now;
+    return 1;
+}
+
+/* At most one WARN line a second; the next line that is shown says how many were not. */
+typedef struct { int64_t next_us; unsigned suppressed; } _ddp_transport_ratelimit_t;
+
+_DDP_PRIVATE void _ddp_transport_warn_limited(const ddp_transport_ctx_t *ctx, _ddp_transport_ratelimit_t *rl,
+                                              const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+_DDP_PRIVATE void _ddp_transport_warn_limited(const ddp_transport_ctx_t *ctx, _ddp_transport_ratelimit_t *rl,
+                                              const char *fmt, ...) {
+    char msg[640];
+    va_list ap;
+    int64_t now;
+    if (!ctx || ctx->log_level < (int)DDP_LOG_WARN) return;
+    now = _ddp_now_us();
+    if (now < rl->next_us) { rl->suppressed++; return; }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (rl->suppressed)
+        ddp_transport_log(ctx, DDP_LOG_WARN, "%s (%u more refused or evicted connections since the "
+                          "last such line were not shown)", msg, rl->suppressed);
+    else
+        ddp_transport_log(ctx, DDP_LOG_WARN, "%s", msg);
+    rl->next_us = now + 1000000;
+    rl->suppressed = 0;
+}
+
+/* Pause before connect attempt `tries` + 1 (tries >= 1 failed so far): exponential from 5 ms,
+ * at most 1 s, scaled by a random 0.5..1.5 so that ranks refused together do not come back
+ * together. */
+_DDP_PRIVATE int64_t _ddp_transport_backoff_us(int tries) {
+    int64_t base = 5000;
+    uint64_t x = (uint64_t)_ddp_now_us() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() * 0xff51afd7ed558ccdull;
+    while (--tries > 0 && base < 1000000) base *= 2;
+    if (base > 1000000) base = 1000000;
+    x ^= x >> 29;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 32;
+    return base / 2 + (int64_t)(x % (uint64_t)base);
+}
+
+/* The proofs of a data connection from rank `from` to rank `to` over transport `name`: the
+ * label binds them to this communicator and direction (ddp_auth.h's top explains the rest). */
+_DDP_PRIVATE void _ddp_transport_auth_label(const ddp_transport_ctx_t *ctx, const char *name, int from,
+                                            int to, char *out, size_t cap) {
+    snprintf(out, cap, "%s %016llx %d->%d", name, (unsigned long long)ctx->comm_id, from, to);
+}
+
+/* 1 when the communicator gave this transport a key to prove (it always does before the first
+ * connect or accept; a transport refuses to handshake without one). */
+_DDP_PRIVATE int _ddp_transport_auth_ready(const ddp_transport_ctx_t *ctx) {
+    return ctx && ctx->auth_key && ctx->auth_key_len > 0;
+}
+
+_DDP_PRIVATE void _ddp_transport_auth_proof(const ddp_transport_ctx_t *ctx, const char *name, int from,
+                                            int to, int role,
+                                            const unsigned char nonce_server[_DDP_AUTH_NONCE_BYTES],
+                                            const unsigned char nonce_client[_DDP_AUTH_NONCE_BYTES],
+                                            unsigned char out[_DDP_AUTH_PROOF_BYTES]) {
+    char label[96];
+    _ddp_transport_auth_label(ctx, name, from, to, label, sizeof label);
+    _ddp_auth_proof(ctx->auth_key, ctx->auth_key_len, role, label, nonce_server, nonce_client, out);
+}
+
+_DDP_PRIVATE int _ddp_transport_auth_verify(const ddp_transport_ctx_t *ctx, const char *name, int from,
+                                            int to, int role,
+                                            const unsigned char nonce_server[_DDP_AUTH_NONCE_BYTES],
+                                            const unsigned char nonce_client[_DDP_AUTH_NONCE_BYTES],
+                                            const unsigned char proof[_DDP_AUTH_PROOF_BYTES]) {
+    char label[96];
+    _ddp_transport_auth_label(ctx, name, from, to, label, sizeof label);
+    return _ddp_auth_verify(ctx->auth_key, ctx->auth_key_len, role, label, nonce_server, nonce_client,
+                            proof);
 }
 
 #endif /* DDP_TRANSPORT_IMPLEMENTATION */

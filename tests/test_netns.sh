@@ -1,0 +1,302 @@
+#!/bin/sh
+# tests/test_netns.sh — libddp across real network hops: three "hosts" made of network
+# namespaces on a Linux bridge (issue 14). Run from the repository root (prove
+# tests/test_netns.sh); prints TAP. Needs root, `ip` (iproute2) with working `ip netns`, and
+# for the packet-loss case `nft` (apt-get install -y nftables); elsewhere it skips.
+#
+#   switch namespace: bridge br0, ports h1 h2 h3 (veth)
+#   host 1 (10.77.0.1): ranks 0 and 1, rank 0 serves the store    host 2 (10.77.0.2): ranks 2, 3
+#   host 3 (10.77.0.3): rank 4
+#
+# Each rank is build/netns_rank (tests/netns_rank.c, compiled here with the Makefile's flags)
+# started by hand with RANK WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_JOB_SECRET, transport auto:
+#   1. every collective at sizes 0 .. 1 MiB gives exact results on every rank, and the
+#      transport per peer is shm inside a namespace and tcp across (the host identity includes
+#      the network namespace);
+#   2. 1% packet loss each way on host 2 (nftables; no netem needed): 200 all-reduces of 64 KiB
+#      are all exact (TCP retransmits);
+#   3. a late link: host 3's port comes up 5 s after its rank started; the rank must keep trying
+#      the master and join;
+#   4. a cut link: host 2's bridge port goes down while the ranks loop over all-reduces
+#      (DDP_TIMEOUT_MS=3000); every rank returns an error instead of hanging, and the connected
+#      hosts' messages name a rank of the cut host as the stuck one.
+# Names carry the shell's pid, so parallel runs cannot collide; nothing is created in the
+# calling namespace, and the namespaces (with the bridge and the ranks in them) go at exit.
+# Every rank runs under a hard `timeout`: the test cannot hang. ~15-20 s on 2 quiet cores.
+set -u
+
+CC=${CC:-cc}
+R=build/netns_rank
+NSS=ddpsw$$ NS1=ddph1_$$ NS2=ddph2_$$ NS3=ddph3_$$
+NSALL="$NSS $NS1 $NS2 $NS3"
+WORLD=5
+TIMEOUT_MS=3000
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/netns_test.XXXXXX") || { echo "Bail out! mktemp failed"; exit 1; }
+rank_pids=""
+# The ranks of a run still going (interrupted), then anything left in our namespaces.
+cleanup() {
+    for p in $rank_pids; do kill "$p" 2>/dev/null; done
+    for ns in $NSALL; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+        ip netns del "$ns" 2>/dev/null
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' HUP INT TERM
+unset DDP_HOST_ID DDP_TRANSPORT DDP_SOCKET_IFNAME DDP_TIMEOUT_MS DDP_DEBUG DDP_JOB_SECRET \
+      LOCAL_RANK LOCAL_WORLD_SIZE RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
+
+skip_all() { echo "1..0 # SKIP $1"; exit 0; }
+[ "$(id -u)" = 0 ] || skip_all "needs root (network namespaces and a bridge)"
+command -v ip > /dev/null || skip_all "no ip command (apt-get install -y iproute2)"
+command -v timeout > /dev/null || skip_all "no timeout command (coreutils)"
+
+# --- the hosts: every step must work, else this machine cannot run the test ------------------
+for ns in $NSALL; do
+    ip netns add "$ns" 2> "$tmp/err" || skip_all "ip netns add failed: $(head -1 "$tmp/err")"
+done
+ip netns exec "$NSS" true 2> "$tmp/err" || skip_all "ip netns exec failed: $(head -1 "$tmp/err")"
+ip -n "$NSS" link add br0 type bridge 2> "$tmp/err" || skip_all "no bridge support: $(head -1 "$tmp/err")"
+ip -n "$NSS" link set br0 up
+h=1
+for ns in $NS1 $NS2 $NS3; do
+    ip -n "$NSS" link add name "h$h" type veth peer name eth0 netns "$ns" 2> "$tmp/err" ||
+        skip_all "no veth support: $(head -1 "$tmp/err")"
+    ip -n "$NSS" link set "h$h" master br0 up &&
+        ip -n "$ns" link set lo up &&
+        ip -n "$ns" addr add "10.77.0.$h/24" dev eth0 &&
+        ip -n "$ns" link set eth0 up 2> "$tmp/err" || skip_all "setting up host $h failed: $(head -1 "$tmp/err")"
+    h=$((h + 1))
+done
+
+echo "1..12"
+. "$(dirname "$0")/tap.sh"   # ok, notok, check, why
+now_ms() { date +%s%3N; }
+diag() { sed 's/^/#   /' "$@"; }
+
+# host_of RANK: the namespace of a rank.
+host_of() { case $1 in 0|1) echo "$NS1" ;; 2|3) echo "$NS2" ;; *) echo "$NS3" ;; esac; }
+secret=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+
+# start CASE PORT LIMIT_S ENV... -- ARGS...: every rank of the world in its namespace, in the
+# background, output in $tmp/CASE.RANK.{out,err}; pids in $rank_pids (rank order).
+start() {
+    c=$1 port=$2 lim=$3; shift 3
+    envs=""
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs="$envs $1"; shift; done
+    shift
+    rank_pids=""
+    for r in $(seq 0 $((WORLD - 1))); do
+        # shellcheck disable=SC2086 # $envs is a list of NAME=VALUE words
+        env RANK=$r WORLD_SIZE=$WORLD MASTER_ADDR=10.77.0.1 MASTER_PORT=$port DDP_JOB_SECRET=$secret $envs \
+            timeout -k 2 "$lim" ip netns exec "$(host_of $r)" "$R" "$@" \
+            > "$tmp/$c.$r.out" 2> "$tmp/$c.$r.err" &
+        rank_pids="$rank_pids $!"
+    done
+}
+# finish: waits for the ranks of the last start; their exit codes in rc_0 .. rc_4.
+finish() {
+    r=0
+    for p in $rank_pids; do wait "$p" 2>/dev/null; eval "rc_$r=$?"; r=$((r + 1)); done
+    rank_pids=""
+}
+rc_of() { eval "echo \$rc_$1"; }
+
+# --- 1: build --------------------------------------------------------------------------------
+mkdir -p build
+build() {
+    # up to date: newer than its source and every header
+    [ -x "$R" ] && [ -z "$(find tests/netns_rank.c ./*.h transports/*.h -newer "$R" 2>/dev/null)" ] && return 0
+    $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. tests/netns_rank.c -o "$R" -pthread -lm \
+        2> "$tmp/why" || { why "(the compiler's messages above)"; return 1; }
+}
+check "tests/netns_rank.c builds (C99, -Wall -Wextra -Wpedantic -Werror)" build
+[ -x "$R" ] || { echo "Bail out! no $R"; exit 1; }
+
+# --- 2-4: collectives across the bridge --------------------------------------------------------
+t0=$(now_ms)
+start coll 29501 60 -- coll
+finish
+echo "# collectives: $(($(now_ms) - t0)) ms"
+coll_exit() {
+    for r in $(seq 0 $((WORLD - 1))); do
+        [ "$(rc_of $r)" = 0 ] || { why "rank $r exited $(rc_of $r) (124/137: killed by the hard timeout)"
+                                   grep -v ' PASS ' "$tmp/coll.$r.out" | grep -v ' via ' | head -5 >> "$tmp/why"
+                                   head -5 "$tmp/coll.$r.err" >> "$tmp/why"; }
+    done
+    [ ! -s "$tmp/why" ]
+}
+check "5 ranks on 3 hosts (2+2+1): init over the bridge, every rank exits 0" coll_exit
+coll_pass() {
+    grep ' PASS ' "$tmp/coll.0.out" | sed 's/^rank [0-9]*: //' > "$tmp/pass0"
+    npass=$(wc -l < "$tmp/pass0")
+    [ "$npass" -ge 40 ] || why "rank 0 reported $npass checks passed, want >= 40"
+    for r in $(seq 0 $((WORLD - 1))); do
+        grep ' FAIL ' "$tmp/coll.$r.out" | head -5 >> "$tmp/why"
+        grep ' PASS ' "$tmp/coll.$r.out" | sed 's/^rank [0-9]*: //' | cmp -s - "$tmp/pass0" ||
+            why "rank $r did not pass the same checks as rank 0"
+    done
+    grep -q '^PASS barrier$' "$tmp/pass0" || why "no PASS for the final barrier"
+    [ ! -s "$tmp/why" ]
+}
+check "all_reduce (float32/int32, sum/avg, 0..1 MiB), broadcast (every root), all_gather, reduce_scatter: exact on every rank" coll_pass
+coll_transport() {
+    for r in $(seq 0 $((WORLD - 1))); do
+        for p in $(seq 0 $((WORLD - 1))); do
+            [ "$p" = "$r" ] && continue
+            want=tcp; [ "$(host_of $r)" = "$(host_of $p)" ] && want=shm
+            got=$(sed -n "s/^rank $r: peer $p via //p" "$tmp/coll.$r.out")
+            [ "$got" = "$want" ] || why "rank $r to rank $p: via '$got', want $want"
+        done
+    done
+    [ ! -s "$tmp/why" ]
+}
+check "transport per peer: shm within a namespace, tcp across namespaces (never shm across)" coll_transport
+
+# --- 5-7: 1% packet loss ----------------------------------------------------------------------
+# numgen random: nftables' per-packet random number (this nft has no "meta random").
+LOSS_N=200
+load_loss() {
+    ip netns exec "$NS2" nft -f - 2> "$tmp/nft.err" <<EOF
+table inet ddploss {
+    chain in {
+        type filter hook input priority 0; policy accept;
+        iifname "eth0" counter
+        iifname "eth0" numgen random mod 100 < 1 counter drop
+    }
+    chain out {
+        type filter hook output priority 0; policy accept;
+        oifname "eth0" counter
+        oifname "eth0" numgen random mod 100 < 1 counter drop
+    }
+}
+EOF
+}
+loss_skip=""
+if ! command -v nft > /dev/null; then loss_skip="no nft (apt-get install -y nftables)"
+elif ! load_loss; then loss_skip="nft cannot load the ruleset (no nf_tables in this kernel?): $(head -1 "$tmp/nft.err")"
+fi
+if [ -n "$loss_skip" ]; then
+    for d in "1% loss: ruleset loaded" "1% loss: $LOSS_N all-reduces of 64 KiB exact on every rank" \
+             "1% loss: packets were really dropped both ways, and TCP resent them"; do
+        n=$((n + 1)); echo "ok $n - $d # SKIP $loss_skip"
+    done
+else
+    ok "1% loss: nftables ruleset on host 2 drops 1% of packets each way (numgen random mod 100 < 1)"
+    # Without segmentation offload a dropped packet is one wire-sized segment, not a 64 KiB burst.
+    for ns in $NS1 $NS2 $NS3; do ip -n "$ns" link set dev eth0 gso_max_segs 1 2>/dev/null; done
+    retrans() { ip netns exec "$NS2" awk '/^Tcp:/ { if (h) print $13; else h = 1 }' /proc/net/snmp; }
+    resent0=$(retrans)
+    t0=$(now_ms)
+    start loss 29503 90 DDP_TIMEOUT_MS=30000 -- loss $LOSS_N
+    finish
+    echo "# loss: $LOSS_N all-reduces in $(($(now_ms) - t0)) ms"
+    loss_ok() {
+        for r in $(seq 0 $((WORLD - 1))); do
+            [ "$(rc_of $r)" = 0 ] || why "rank $r exited $(rc_of $r)"
+            grep -q " PASS $LOSS_N all_reduces" "$tmp/loss.$r.out" || { why "rank $r:"; grep -v ' via ' "$tmp/loss.$r.out" | head -3 >> "$tmp/why"; }
+        done
+        [ ! -s "$tmp/why" ]
+    }
+    check "1% loss: $LOSS_N all-reduces of 64 KiB (5 ranks, 3 hosts), each exact on every rank" loss_ok
+    dropped() {
+        ip netns exec "$NS2" nft list table inet ddploss > "$tmp/nft" 2> "$tmp/why" || return 1
+        # per chain: the first counter is every packet, the second the dropped ones
+        # shellcheck disable=SC2046 # four numbers, one word each
+        set -- $(sed -n 's/.*counter packets \([0-9]*\).*/\1/p' "$tmp/nft")
+        # host 2's TCP RetransSegs (/proc/net/snmp is per namespace): it resent what it lost going out
+        resent=$(($(retrans) - resent0))
+        echo "# host 2 in: $2 of $1 packets dropped; out: $4 of $3 dropped; TCP segments resent by host 2: $resent"
+        [ $# -eq 4 ] && [ "$2" -gt 0 ] && [ "$4" -gt 0 ] || { why "no drops counted:"; cat "$tmp/nft" >> "$tmp/why"; return 1; }
+        [ "$resent" -gt 0 ] || { why "host 2 resent no TCP segment"; return 1; }
+    }
+    check "1% loss: packets were really dropped both ways, and TCP resent them" dropped
+    ip netns exec "$NS2" nft delete table inet ddploss
+fi
+
+# --- 8: a host whose link comes up late -------------------------------------------------------
+# Host 3's port is down when its rank starts and comes up 5 s later, well within the timeout:
+# its rank must keep trying the master and join. Meanwhile its connect() fails with "No route
+# to host" (ARP gives up after ~3 s): transient, retried (only a name that does not resolve is
+# final).
+for ns in $NS1 $NS2 $NS3; do ip -n "$ns" neigh flush dev eth0 2>/dev/null; done
+ip -n "$NSS" link set h3 down
+start late 29504 40 DDP_TIMEOUT_MS=20000 -- loss 20
+sleep 5
+ip -n "$NSS" link set h3 up
+set -- $rank_pids
+wait "$5"; rc_late=$?
+[ $rc_late = 0 ] || kill $1 $2 $3 $4 2>/dev/null   # rank 4 gave up: the others need not wait
+finish
+late_ok() {
+    for r in $(seq 0 $((WORLD - 1))); do
+        [ $r = 4 ] && rc=$rc_late || rc=$(rc_of $r)
+        [ "$rc" = 0 ] && grep -q ' PASS 20 all_reduces' "$tmp/late.$r.out" && continue
+        [ $r = 4 ] || [ $rc_late = 0 ] || continue   # killed above
+        why "rank $r exited $rc:"; grep -v ' via ' "$tmp/late.$r.out" | head -2 >> "$tmp/why"
+    done
+    [ ! -s "$tmp/why" ]
+}
+rm -f "$tmp/why"
+if late_ok; then ok "late link: host 3 up 5 s after its rank started: it joins, 20 all-reduces exact"
+else notok "late link: host 3 up 5 s after its rank started: it joins, 20 all-reduces exact"; diag "$tmp/why"; fi
+for ns in $NS1 $NS2 $NS3; do ip -n "$ns" neigh flush dev eth0 2>/dev/null; done
+
+# --- 9-12: a cut link (last: host 2 stays cut off) ------------------------------------------
+# Host 2's bridge port goes down, as a pulled cable: host 2 keeps its address and routes, and
+# nobody gets a reset; only the timeout can tell.
+start cut 29502 40 DDP_TIMEOUT_MS=$TIMEOUT_MS -- cut
+warm() {
+    i=0
+    while [ $i -lt 300 ]; do
+        w=0
+        for r in $(seq 0 $((WORLD - 1))); do grep -q ' looping' "$tmp/cut.$r.out" 2>/dev/null && w=$((w + 1)); done
+        [ $w -eq $WORLD ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    why "only $w of $WORLD ranks got through 50 all-reduces within 30 s"
+    for r in $(seq 0 $((WORLD - 1))); do tail -2 "$tmp/cut.$r.out" "$tmp/cut.$r.err" >> "$tmp/why" 2>/dev/null; done
+    return 1
+}
+check "cut link: all 5 ranks looping over all-reduces (50 done) before the cut" warm
+sleep 0.3
+t_cut=$(now_ms)
+ip -n "$NSS" link set h2 down
+finish
+echo "# cut: every rank ended $(($(now_ms) - t_cut)) ms after the cut (DDP_TIMEOUT_MS=$TIMEOUT_MS)"
+for r in $(seq 0 $((WORLD - 1))); do
+    t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/cut.$r.out")
+    echo "# rank $r (host $(host_of $r | sed 's/ddph\([0-9]\).*/\1/')) exit $(rc_of $r)${t:+, error $((t - t_cut)) ms after the cut}:"
+    grep -E ' (ERROR|FAIL|destroy|no error)' "$tmp/cut.$r.out" | diag
+    grep -v '^\[ddp rank [0-9]*\] WARN' "$tmp/cut.$r.err" | head -3 | diag
+done
+# errored R...: each rank R exited 2 (a collective returned an error) and its ERROR line came
+# within the timeout + 15 s of the cut (the stuck-rank search adds up to timeout/2).
+errored() {
+    for r in "$@"; do
+        rc=$(rc_of $r)
+        [ "$rc" = 2 ] || { why "rank $r exited $rc, want 2 (an error returned; 124/137: it hung and the hard timeout killed it; 3: no error in 60 s)"; continue; }
+        t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/cut.$r.out")
+        [ -n "$t" ] || { why "rank $r printed no ERROR line"; continue; }
+        [ $((t - t_cut)) -lt $((TIMEOUT_MS + 15000)) ] ||
+            why "rank $r returned its error $((t - t_cut)) ms after the cut, want < $((TIMEOUT_MS + 15000))"
+    done
+    [ ! -s "$tmp/why" ]
+}
+check "cut link: ranks 0, 1, 4 (connected hosts) each return an error within timeout + 15 s" errored 0 1 4
+# The connected hosts must blame the cut host: "stuck rank: 2" or "stuck rank: 3".
+names_cut() {
+    for r in 0 1 4; do
+        line=$(grep ' ERROR ' "$tmp/cut.$r.out")
+        case $line in
+            *"stuck rank: 2"*|*"stuck rank: 3"*) ;;
+            "") why "rank $r: no error message" ;;
+            *) why "rank $r: the message does not say 'stuck rank: 2' or 'stuck rank: 3': $line" ;;
+        esac
+    done
+    [ ! -s "$tmp/why" ]
+}
+check "cut link: every connected rank's message names a rank of the cut host (stuck rank: 2 or 3)" names_cut
+check "cut link: ranks 2, 3 (the cut host) return an error too, within timeout + 15 s, no hang" errored 2 3
+
