@@ -1,6 +1,6 @@
 /* ddp_socket.h — libddp's private socket helpers, shared by the rendezvous store and the TCP
- * transport: non-blocking mode, address formatting, whole-buffer send/recv with a deadline, and
- * connect with retries. Nothing public: users never include it.
+ * transport: non-blocking mode, address formatting, whole-buffer send/recv with a deadline.
+ * Nothing public: users never include it.
  * Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_SOCKET_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_SOCKET_IMPLEMENTATION)
@@ -84,66 +84,6 @@ _DDP_PRIVATE int _ddp_recv_all(int fd, void *buf, size_t len, int64_t deadline_u
         return -errno;
     }
     return 0;
-}
-
-/* Connects to host:port, retrying refused/unreachable with backoff until the deadline (the
- * server may not be up yet: ranks start in any order). Returns fd or -errno; *why says what. */
-_DDP_PRIVATE int _ddp_tcp_connect_retry(const char *host, int port, int64_t deadline_us,
-                                        char *why, size_t whycap) {
-    struct addrinfo hints, *res = NULL, *ai;
-    char portstr[16];
-    int backoff_ms = 10, last_err = ETIMEDOUT, rc;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    snprintf(portstr, sizeof portstr, "%d", port);
-    for (;;) {
-        rc = getaddrinfo(host, portstr, &hints, &res);
-        if (rc != 0) {
-            snprintf(why, whycap, "cannot resolve master address '%.200s': %s", host, gai_strerror(rc));
-            if (rc != EAI_AGAIN) return -EHOSTUNREACH;
-        } else {
-            for (ai = res; ai; ai = ai->ai_next) {
-                int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-                int one = 1, ms;
-                if (fd < 0) { last_err = errno; continue; }
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                _ddp_set_nonblock(fd, 1);
-                if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) { freeaddrinfo(res); return fd; }
-                if (errno == EINPROGRESS) {
-                    struct pollfd pfd;
-                    pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-                    ms = _ddp_ms_left(deadline_us);
-                    if (ms < 0 || ms > 2000) ms = 2000;
-                    if (poll(&pfd, 1, ms) == 1) {
-                        int err = 0;
-                        socklen_t len = sizeof err;
-                        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-                        if (err == 0) { freeaddrinfo(res); return fd; }
-                        last_err = err;
-                    } else {
-                        last_err = ETIMEDOUT;
-                    }
-                } else {
-                    last_err = errno;
-                }
-                close(fd);
-            }
-            freeaddrinfo(res);
-            res = NULL;
-            snprintf(why, whycap, "cannot connect to %.200s:%d: %s", host, port, strerror(last_err));
-        }
-        if (_ddp_ms_left(deadline_us) == 0) return -(last_err ? last_err : ETIMEDOUT);
-        {
-            int ms = _ddp_ms_left(deadline_us);
-            struct timespec ts;
-            if (ms >= 0 && ms < backoff_ms) backoff_ms = ms;
-            ts.tv_sec = backoff_ms / 1000;
-            ts.tv_nsec = (long)(backoff_ms % 1000) * 1000000L;
-            nanosleep(&ts, NULL);
-            backoff_ms = backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2;
-        }
-    }
 }
 
 #endif /* DDP_SOCKET_IMPLEMENTATION */
