@@ -24,7 +24,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -153,9 +153,15 @@ $(B)/ddp-overlap: bench/ddp_overlap.c bench/bench_fork.h $(HEADERS) | $(B)
 $(B)/ddp-scale: bench/ddp_scale.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
+# store-bench (bench/store_bench.c): 4,096 clients doing the init key pattern against one store.
+$(B)/store-bench: bench/store_bench.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
 .PHONY: scale
-scale: $(B)/ddp-scale $(B)/ddprun
+scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 	bash bench/scale.sh $(SCALE_N)
+	$(B)/store-bench -n 4096 -p 16
+	$(B)/store-bench -n 4096 -p 16 -s scale-bench-secret
 
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).
 $(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h $(HEADERS) | $(B)
