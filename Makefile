@@ -53,6 +53,9 @@ headers: | $(B)/hdr
 	$(CXX) -std=c++17 $(WARN) $(INC) -c $(B)/hdr/user.cpp -o $(B)/hdr/user.o
 	$(CXX) $(B)/hdr/impl.o $(B)/hdr/user.o -o $(B)/hdr/linked -pthread && $(B)/hdr/linked >/dev/null
 	$(CC) -std=c99 $(WARN) $(INC) -DDDP_STATIC -c $(B)/hdr/impl.c -o $(B)/hdr/static.o
+	@# DDP_STATIC with the sampler first (the two headers used to define DDP_API differently).
+	@printf '#define _GNU_SOURCE\n#define DDP_STATIC\n#define DDP_IMPLEMENTATION\n#include "ddp_sampler.h"\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\nint main(void){return 0;}\n' > $(B)/hdr/static2.c
+	$(CC) -std=c99 $(WARN) $(INC) -c $(B)/hdr/static2.c -o $(B)/hdr/static2.o
 	@# -Wformat-truncation and friends depend on inlining: check every optimisation level.
 	@for o in -O0 -O1 -O2 -O3 -Os; do $(CC) -std=c99 $$o $(WARN) $(INC) -c $(B)/hdr/impl.c -o $(B)/hdr/o.o || exit 1; done
 	@echo "ok: implementation + C++ user link; DDP_STATIC builds; -O0..-O3 and -Os warning-free"
