@@ -78,6 +78,15 @@ DDP_API const char *ddp_op_name(ddp_op_t op);                       /* "sum", ..
 #if (defined(DDP_BASE_IMPLEMENTATION) || defined(DDP_BASE_NAMES_IMPLEMENTATION)) && \
     !defined(DDP_BASE_NAMES_IMPL_INCLUDED)
 #define DDP_BASE_NAMES_IMPL_INCLUDED
+/* The allocator macros, for every libddp implementation (the sampler's too): all or none. */
+#include <stdlib.h>
+#if defined(DDP_MALLOC) && defined(DDP_FREE)
+#elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
+#define DDP_MALLOC(sz) malloc(sz)
+#define DDP_FREE(p) free(p)
+#else
+#error "libddp: define both DDP_MALLOC and DDP_FREE, or neither"
+#endif
 /* ---------------------------------------------------------------- names */
 DDP_API const char *ddp_strerror(ddp_result_t r) {
     switch (r) {
@@ -152,13 +161,6 @@ DDP_API const char *ddp_op_name(ddp_op_t op) {
 #include <net/if.h>
 #include <sched.h>
 
-#if defined(DDP_MALLOC) && defined(DDP_FREE)
-#elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
-#define DDP_MALLOC(sz) malloc(sz)
-#define DDP_FREE(p) free(p)
-#else
-#error "libddp: define both DDP_MALLOC and DDP_FREE, or neither"
-#endif
 #ifndef DDP_ASSERT
 #include <assert.h>
 #define DDP_ASSERT(c) assert(c)

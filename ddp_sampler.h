@@ -205,20 +205,16 @@ DDP_API void ddp_batch_iter_reset(ddp_batch_iter_t *it);
 #if (defined(DDP_IMPLEMENTATION) || defined(DDP_SAMPLER_IMPLEMENTATION)) && \
     !defined(DDP_SAMPLER_IMPL_INCLUDED)
 #define DDP_SAMPLER_IMPL_INCLUDED
+#ifndef DDP_BASE_NAMES_IMPLEMENTATION
+#define DDP_BASE_NAMES_IMPLEMENTATION
+#endif
+#include "ddp_base.h"   /* its names and the allocator macros (also after a declarations-only include) */
 
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(DDP_MALLOC) && defined(DDP_FREE)
-#elif !defined(DDP_MALLOC) && !defined(DDP_FREE)
-#define DDP_MALLOC(sz) malloc(sz)
-#define DDP_FREE(p) free(p)
-#else
-#error "libddp: define both DDP_MALLOC and DDP_FREE, or neither"
-#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 #define _DDP_SAMPLER_PRIVATE static __attribute__((unused))

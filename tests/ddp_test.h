@@ -282,6 +282,18 @@ static T_UNUSED void t_desc(ddp_comm_desc_t *d, int timeout_ms) {
     d->master_port = t_master_port;
     d->timeout_ms = timeout_ms;
 }
+
+/* ddp_comm_init as one check: the communicator, or NULL after a failed ok() that says why. */
+static T_UNUSED ddp_comm_t *t_comm_init(int rank, int p, const ddp_comm_desc_t *d) {
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    t_where("ddp_comm_init");
+    r = ddp_comm_init(&c, p, rank, d);
+    if (!ok(r == DDP_SUCCESS, "ddp_comm_init rank %d of %d -> %s %s", rank, p, ddp_strerror(r),
+            r ? ddp_last_init_error() : ""))
+        return NULL;
+    return c;
+}
 #endif
 
 static T_UNUSED int t_cmp_record(const void *a, const void *b) {

@@ -45,15 +45,9 @@ static fail_shm_t *S;
 
 static ddp_comm_t *init_comm(int rank, int p, int timeout_ms, int quiet) {
     ddp_comm_desc_t d;
-    ddp_comm_t *c = NULL;
-    ddp_result_t r;
     t_desc(&d, timeout_ms);
     d.log_level = quiet ? 1 : 0;
-    t_where("ddp_comm_init");
-    r = ddp_comm_init(&c, p, rank, &d);
-    if (!ok(r == DDP_SUCCESS, "ddp_comm_init rank %d of %d -> %s %s", rank, p, ddp_strerror(r), r ? ddp_last_init_error() : ""))
-        return NULL;
-    return c;
+    return t_comm_init(rank, p, &d);
 }
 
 /* ----------------------------------------------------------------- bad arguments */

@@ -62,18 +62,11 @@ static void set_flag(int i) { __atomic_store_n(&S->flag[i], 1, __ATOMIC_SEQ_CST)
 
 static ddp_comm_t *init_comm(int rank, int p, const char *transport, const char *secret, int timeout_ms) {
     ddp_comm_desc_t d;
-    ddp_comm_t *c = NULL;
-    ddp_result_t r;
     t_desc(&d, timeout_ms);
     d.log_level = 1;
     d.transport = transport;
     d.job_secret = secret;
-    t_where("ddp_comm_init");
-    r = ddp_comm_init(&c, p, rank, &d);
-    if (!ok(r == DDP_SUCCESS, "ddp_comm_init rank %d of %d -> %s %s", rank, p, ddp_strerror(r),
-            r ? ddp_last_init_error() : ""))
-        return NULL;
-    return c;
+    return t_comm_init(rank, p, &d);
 }
 
 /* All-reduce of 100 floats, rank r contributing r + 1: exactly p(p+1)/2 everywhere, or an error. */

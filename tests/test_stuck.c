@@ -58,10 +58,7 @@ static int stuck_rank_run(int rank, int p, void *arg) {
     d.log_level = 1;
     d.transport = S->shm ? "shm" : "tcp";
     S->pid[rank] = getpid();
-    if ((r = ddp_comm_init(&c, p, rank, &d)) != DDP_SUCCESS) {
-        ok(0, "init rank %d: %s", rank, ddp_last_init_error());
-        return 1;
-    }
+    if (!(c = t_comm_init(rank, p, &d))) return 1;
     for (i = 0; i < 1024; i++) buf[i] = 1.0f;
     t_where("all_reduce loop");
     for (it = 0; it < 100000; it++) {
@@ -126,7 +123,7 @@ static int misuse_run(int rank, int p, void *arg) {
     t_desc(&d, 20000);
     d.log_level = 1;
     d.transport = "tcp";
-    if (ddp_comm_init(&c, p, rank, &d) != DDP_SUCCESS) { ok(0, "init: %s", ddp_last_init_error()); return 1; }
+    if (!(c = t_comm_init(rank, p, &d))) return 1;
     if (rank == 0) {
         misuse_arg_t a0, a1;
         pthread_t t0, t1;
@@ -213,7 +210,7 @@ static int destroy_process(int rank, int p, void *arg) {
     t_desc(&d, 600000);
     d.log_level = 1;
     d.transport = "tcp";
-    if (ddp_comm_init(&c, p, rank, &d) != DDP_SUCCESS) { ok(0, "init: %s", ddp_last_init_error()); return 1; }
+    if (!(c = t_comm_init(rank, p, &d))) return 1;
     ok(ddp_all_reduce(&x, &x, 1, DDP_FLOAT32, DDP_SUM, c) == DDP_SUCCESS, "rank %d: all_reduce", rank);
     if (rank == 0) {
         double t0 = t_now();
