@@ -299,6 +299,21 @@ _DDP_PRIVATE uint64_t _ddp_random64(void) {
     return v;
 }
 
+/* A wait of base_us scaled by a pseudo-random 0.5..1.5 (splitmix64's finaliser over the clock,
+ * the pid and a stack address): ranks refused together retry apart, as connect backoff needs. */
+_DDP_PRIVATE int64_t _ddp_jitter_us(int64_t base_us) {
+    int here = 0;
+    uint64_t x = (uint64_t)_ddp_now_us() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() * 0xff51afd7ed558ccdull ^
+                 (uint64_t)(uintptr_t)&here;
+    if (base_us <= 0) return 0;
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return base_us / 2 + (int64_t)(x % (uint64_t)(base_us + 1));
+}
+
 /* FNV-1a (public domain hash, http://www.isthe.com/chongo/tech/comp/fnv/). */
 _DDP_PRIVATE uint64_t _ddp_fnv1a(const void *data, size_t n, uint64_t h) {
     const unsigned char *p = (const unsigned char *)data;

@@ -192,7 +192,6 @@ struct ddp_store {
     int log_level, log_rank;
     char secret[256];         /* the HMAC key: never written to a socket or a log */
     char last_error[512];
-    uint64_t rng;             /* jitter of the connect backoff */
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
     int listen_fd;
@@ -1078,9 +1077,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: master %s:%d unreachable after %d ms "
                                   "(%d attempts): %s", s->host, s->port, s->timeout_ms, attempts, why);
         {
-            int ms, left = _ddp_ms_left(deadline);
-            s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;   /* Knuth's MMIX LCG */
-            ms = backoff_ms / 2 + (int)((s->rng >> 33) % (uint64_t)(backoff_ms + 1));
+            int ms = (int)(_ddp_jitter_us((int64_t)backoff_ms * 1000) / 1000), left = _ddp_ms_left(deadline);
             struct timespec ts;
             if (left >= 0 && ms > left) ms = left;
             ts.tv_sec = ms / 1000;
@@ -1330,7 +1327,6 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     _ddp_strlcpy(s->secret, secret ? secret : "", sizeof s->secret);
     s->log_level = (d && d->log_level) ? d->log_level - 1 : _ddp_log_level_from_env();
     s->log_rank = d ? d->log_rank : 0;
-    s->rng = _ddp_random64();
     return s;
 }
 

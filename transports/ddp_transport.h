@@ -520,14 +520,12 @@ typedef struct {
  * completed its hello; if every one has, the oldest. -1 for an empty table. */
 _DDP_PRIVATE int _ddp_transport_pending_victim(const void *table, size_t stride, int n) {
     int i, idle = -1, any = -1;
+    uint64_t idle_seq = 0, any_seq = 0;
     for (i = 0; i < n; i++) {
         const _ddp_transport_pending_t *e =
             (const _ddp_transport_pending_t *)(const void *)((const unsigned char *)table + (size_t)i * stride);
-        const _ddp_transport_pending_t *a, *b;
-        a = any < 0 ? NULL : (const _ddp_transport_pending_t *)(const void *)((const unsigned char *)table + (size_t)any * stride);
-        b = idle < 0 ? NULL : (const _ddp_transport_pending_t *)(const void *)((const unsigned char *)table + (size_t)idle * stride);
-        if (!a || e->seq < a->seq) any = i;
-        if (e->stage == 0 && (!b || e->seq < b->seq)) idle = i;
+        if (any < 0 || e->seq < any_seq) { any = i; any_seq = e->seq; }
+        if (e->stage == 0 && (idle < 0 || e->seq < idle_seq)) { idle = i; idle_seq = e->seq; }
     }
     return idle >= 0 ? idle : any;
 }
@@ -587,13 +585,8 @@ _DDP_PRIVATE void _ddp_transport_warn_limited(const ddp_transport_ctx_t *ctx, _d
  * together. */
 _DDP_PRIVATE int64_t _ddp_transport_backoff_us(int tries) {
     int64_t base = 5000;
-    uint64_t x = (uint64_t)_ddp_now_us() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() * 0xff51afd7ed558ccdull;
     while (--tries > 0 && base < 1000000) base *= 2;
-    if (base > 1000000) base = 1000000;
-    x ^= x >> 29;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 32;
-    return base / 2 + (int64_t)(x % (uint64_t)base);
+    return _ddp_jitter_us(base > 1000000 ? 1000000 : base);
 }
 
 /* The proofs of a data connection from rank `from` to rank `to` over transport `name`: the
