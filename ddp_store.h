@@ -207,6 +207,7 @@ struct ddp_store {
     _ddp_store_conn_t **conns;
     size_t nconns, conns_cap;
     _ddp_store_conn_t *pending_head, *pending_tail;   /* unauthenticated, oldest first */
+    int npending, max_pending;  /* how many; at most a quarter of the descriptors (set at start) */
     _ddp_store_conn_t *dead;  /* dropped during this round; freed at its end */
     int nwaiting;
     int changed;              /* a key was written: parked GET/WAITs may be answerable */
@@ -369,6 +370,7 @@ _DDP_PRIVATE void _ddp_pending_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (c->next) c->next->prev = c->prev; else s->pending_tail = c->prev;
     c->prev = c->next = NULL;
     c->in_pending = 0;
+    s->npending--;
 }
 
 /* Closes a connection now; its memory is freed by _ddp_store_reap (events of this round may
@@ -442,6 +444,7 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
     c->slot = s->nconns;
     s->conns[s->nconns++] = c;
     c->in_pending = 1;
+    s->npending++;
     c->prev = s->pending_tail;
     if (s->pending_tail) s->pending_tail->next = c; else s->pending_head = c;
     s->pending_tail = c;
@@ -815,6 +818,14 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
             continue;
         }
         _ddp_store_log(s, DDP_LOG_TRACE, "store: client connected from %s", addr);
+        /* The descriptors are the whole process's (the rank's transports need theirs too):
+         * strangers that have not authenticated may hold at most a quarter of them. */
+        while (s->npending > s->max_pending && s->pending_head && s->pending_head != c) {
+            _ddp_store_warn_rate(s, &s->rate_fds, "store: %d unauthenticated connections (at most %d: a "
+                                 "quarter of RLIMIT_NOFILE); closing the oldest (%s)", s->npending,
+                                 s->max_pending, s->pending_head->addr);
+            _ddp_store_drop(s, s->pending_head);
+        }
         _ddp_conn_settle(s, c);
     }
 }
@@ -1261,7 +1272,14 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
     return DDP_SUCCESS;
 }
 
-/* One descriptor per rank: the soft limit goes up to the hard one (said at INFO). */
+/* One descriptor per rank: the soft limit goes up to the hard one (said at INFO). Strangers get
+ * at most a quarter of whatever the limit ends up being. */
+_DDP_PRIVATE void _ddp_store_pending_cap(ddp_store_t *s) {
+    struct rlimit rl;
+    rlim_t q = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur / 4 : 4096;
+    s->max_pending = q < 64 ? 64 : q > 65536 ? 65536 : (int)q;
+}
+
 _DDP_PRIVATE void _ddp_store_raise_nofile(ddp_store_t *s) {
     struct rlimit rl;
     unsigned long long was;
@@ -1285,6 +1303,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
     struct epoll_event ev;
     ddp_result_t r;
     _ddp_store_raise_nofile(s);
+    _ddp_store_pending_cap(s);
     if ((r = _ddp_store_listen(s, host)) != DDP_SUCCESS) return r;
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);

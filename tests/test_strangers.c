@@ -20,7 +20,10 @@
  *                the key appears anywhere in the bytes it carried, a replay of the captured
  *                hello + answer to rank 1 is refused, and the all-reduce through the relay is
  *                exactly right.
- *   flood        2,000 idle connections (fewer if the hard RLIMIT_NOFILE forbids: said so) to
+ *   flood        (also: 2,000 idle connections to the master port while ranks 1-3 initialise, every
+ *                rank's soft and hard RLIMIT_NOFILE 1024: the store keeps strangers to a quarter of
+ *                the descriptors, so rank 0's transports still get theirs)
+ *                2,000 idle connections (fewer if the hard RLIMIT_NOFILE forbids: said so) to
  *                one rank's listener, ranks under a soft RLIMIT_NOFILE of 1024, then also with
  *                the flooded rank's soft limit a few descriptors above what it uses (accept4
  *                fails with EMFILE): init and an all-reduce succeed, each rank done well within
@@ -402,7 +405,7 @@ static int relay(int idx, int nproc, void *arg) {
 }
 
 /* ----------------------------------------------------------------- flood */
-typedef struct { int nidle, tight; } flood_arg_t;
+typedef struct { int nidle, tight, store; } flood_arg_t;   /* store: flood the master port */
 
 static int open_fds(void) {
     DIR *d = opendir("/proc/self/fd");
@@ -419,13 +422,20 @@ static int flood(int idx, int nproc, void *arg) {
     const flood_arg_t *fa = (const flood_arg_t *)arg;
     const int p = nproc - 1;
     if (idx == p) {
-        ddp_store_t *s = open_store(NULL);
+        ddp_store_t *s = open_store(NULL);   /* waits until rank 0 serves the store */
         struct sockaddr_storage ss;
         size_t len = 0;
         int *fds = (int *)malloc(sizeof(int) * (size_t)fa->nidle), n = 0, i, up = 0;
         char key[64];
         snprintf(key, sizeof key, "ddp/addr/tcp/%d", FLOODED);
-        if (!fds || !s || ddp_store_get(s, key, &ss, sizeof ss, &len) != DDP_SUCCESS) {
+        if (fa->store && s) {         /* the master port itself */
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            memset(&ss, 0, sizeof ss);
+            a->sin_family = AF_INET;
+            a->sin_port = htons((uint16_t)t_master_port);
+            a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            len = sizeof *a;
+        } else if (!fds || !s || ddp_store_get(s, key, &ss, sizeof ss, &len) != DDP_SUCCESS) {
             ok(0, "flood: rank %d's address from the store", FLOODED);
             set_flag(0);
             if (s) ddp_store_close(s);
@@ -446,7 +456,8 @@ static int flood(int idx, int nproc, void *arg) {
             pfd.fd = fds[i]; pfd.events = POLLOUT; pfd.revents = 0;
             if (poll(&pfd, 1, 5000) == 1 && getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &el) == 0 && !err) up++;
         }
-        ok(up == fa->nidle, "flood: %d of %d idle connections to rank %d's listener are up", up, fa->nidle, FLOODED);
+        ok(up == fa->nidle, "flood: %d of %d idle connections to %s are up", up, fa->nidle,
+           fa->store ? "the master port (rank 0's store)" : "rank 3's listener");
         S->t_release = t_now();
         set_flag(0);
         {   /* Hold them until every rank is done. */
@@ -464,8 +475,9 @@ static int flood(int idx, int nproc, void *arg) {
         rl.rlim_cur = 1024;
         if (fa->tight && idx == FLOODED) rl.rlim_cur = (rlim_t)open_fds() + 24;
         if (rl.rlim_cur > rl.rlim_max) rl.rlim_cur = rl.rlim_max;
+        if (fa->store) rl.rlim_max = rl.rlim_cur;   /* the store cannot raise its limit either */
         setrlimit(RLIMIT_NOFILE, &rl);
-        if (idx == 2) wait_flag(0);
+        if (fa->store ? idx != 0 : idx == 2) wait_flag(0);
         if (!(c = init_comm(idx, p, "tcp", NULL, 20000))) return 1;
         if (check_all_reduce(c, idx, p, "flood")) S->t_done[idx] = t_now();
         if (__atomic_add_fetch(&S->flag[2], 1, __ATOMIC_SEQ_CST) == p) set_flag(1);
@@ -667,11 +679,16 @@ int main(void) {
             rl.rlim_cur = (rlim_t)fa.nidle + 64;
             setrlimit(RLIMIT_NOFILE, &rl);
         }
-        for (k = 0; k < 2; k++) {
+        for (k = 0; k < 3; k++) {
             double worst = 0;
-            fa.tight = k;
-            diag("--- flood: %d idle connections to rank %d's listener; ranks' soft RLIMIT_NOFILE %s",
-                 fa.nidle, FLOODED, k ? "1024, the flooded rank's a few above what it uses (EMFILE)" : "1024");
+            fa.tight = k == 1;
+            fa.store = k == 2;
+            if (k == 2)
+                diag("--- flood: %d idle connections to the master port (rank 0's store) while ranks 1-3 "
+                     "initialise; every rank's RLIMIT_NOFILE 1024, soft and hard", fa.nidle);
+            else
+                diag("--- flood: %d idle connections to rank %d's listener; ranks' soft RLIMIT_NOFILE %s",
+                     fa.nidle, FLOODED, k ? "1024, the flooded rank's a few above what it uses (EMFILE)" : "1024");
             memset(S, 0, sizeof *S);
             bad = run_ranks(5, flood, &fa, 60);
             for (r = 0; r < 4; r++) {
@@ -679,7 +696,8 @@ int main(void) {
                 if (dt > worst) worst = dt;
             }
             ok(bad == 0 && worst < 5.0, "flood%s: init and all-reduce done on every rank %.2f s after the "
-               "last rank started (an idle connection's handshake deadline is 10 s)", k ? " (EMFILE)" : "", worst);
+               "last rank started (an idle connection's handshake deadline is 10 s)",
+               k == 2 ? " (store port, hard limit 1024)" : k ? " (EMFILE)" : "", worst);
         }
     }
     if (t_selected("shm-stranger")) {
