@@ -186,6 +186,12 @@ DDP_API ddp_result_t ddp_wait(ddp_request_t *req);           /* waits, collects,
  * once no call on it is running). ddp_comm_get_async_error: the communicator's error state,
  * safe from any thread (a watchdog's poll). */
 DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *comm);
+/* Device (GPU) buffers, with transports/ddp_nccl.h: calls on device buffers are enqueued on this
+ * CUDA stream (a cudaStream_t; NULL: the default stream) and return (NCCL semantics). 1 from
+ * ddp_comm_device_enabled when device buffers are usable on this communicator (every rank can
+ * use NCCL), else 0 and ddp_comm_last_error-style text in why (may be NULL). */
+DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *comm, void *cuda_stream);
+DDP_API int ddp_comm_device_enabled(const ddp_comm_t *comm, char *why, size_t cap);
 DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *async_error);
 /* MPI_Comm_split / ncclCommSplit: collective over comm; ranks with the same color form a new
  * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
@@ -313,6 +319,16 @@ struct ddp_comm {
     void *group_ops;               /* the queued calls (_ddp_op_t), grown on demand, kept */
     unsigned char *fuse_buf;       /* a group's small all-reduces packed together (lazy, kept) */
     ddp_result_t group_err;        /* first failure of a call made inside the group */
+    /* Device (GPU) buffers: the device provider of a transport (transports/ddp_nccl.h). `dev`
+     * once usable on every rank; `dev_any` whenever one is compiled in (it still tells device
+     * pointers apart, so that they get a clear error instead of a host dereference). */
+    const ddp_device_provider_t *dev, *dev_any;
+    void *dev_state, *dev_any_state;
+    void *dev_inherited;           /* a split's device communicator, for the child's setup */
+    char dev_declined[512];        /* why `dev` is NULL */
+    uint64_t dev_seq;              /* device calls issued: their numbers in logs and errors */
+    int dev_check;                 /* DDP_NCCL_CHECK: ranks compare each call's fingerprint */
+    uint64_t *dev_prints;          /* nranks fingerprints (DDP_NCCL_CHECK only, kept) */
 };
 enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
 
@@ -617,6 +633,8 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     c->nlanes = 0;
     if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
     _ddp_close_peers(c);
+    if (c->dev_inherited && c->dev_any && c->dev_any->release_inherited)
+        c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);
     for (i = 0; i < c->ntinst; i++)
         if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
     if (c->store && c->own_store) ddp_store_close(c->store);
@@ -631,6 +649,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->p2p);
     _ddp_free(&a, c->group_ops);
     _ddp_free(&a, c->fuse_buf);
+    _ddp_free(&a, c->dev_prints);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->eng.scratch);
     _ddp_free(&a, c->ops);
@@ -863,10 +882,10 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
 _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c);
 
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         int is_lane);
+                                         int is_lane, void **dev_inherited);
 
 DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
-    return _ddp_comm_init(out, nranks, rank, d, 0);
+    return _ddp_comm_init(out, nranks, rank, d, 0, NULL);
 }
 
 /* Step 1: settings from the desc, else the environment, else measured defaults; the bounded
@@ -1083,6 +1102,76 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
     return DDP_SUCCESS;
 }
 
+/* Step 7: device (GPU) buffers, when a transport offers them (transports/ddp_nccl.h). Every
+ * rank must be able to (a rank without a device would leave the others waiting in NCCL's
+ * init): the ranks agree on the probe first, then set up together, then agree on the setup.
+ * "auto" (DDP_NCCL unset) declines with one line and the host path goes on; DDP_NCCL=1 makes
+ * it an init error. Lanes (copies of this communicator) never run device calls. */
+_DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
+    const char *mode = getenv("DDP_NCCL");
+    const int required = mode && !strcmp(mode, "1");
+    char why[384] = "";
+    int32_t first_no;
+    ddp_result_t r;
+    long chk = 0;
+    int k;
+    for (k = 0; k < c->ntinst && !c->dev_any; k++)
+        if (c->tinst[k].t->device) {
+            c->dev_any = c->tinst[k].t->device;
+            c->dev_any_state = c->tinst[k].state;
+        }
+    if (!c->dev_any) {
+        _ddp_strlcpy(c->dev_declined, "no device transport compiled in (include transports/ddp_nccl.h)",
+                     sizeof c->dev_declined);
+        return DDP_SUCCESS;
+    }
+    if (is_lane) { _ddp_strlcpy(c->dev_declined, "a lane", sizeof c->dev_declined); return DDP_SUCCESS; }
+    /* The first rank that cannot (INT32_MAX: all can), the same on every rank. */
+    first_no = c->dev_any->probe(c->dev_any_state, why, sizeof why) == DDP_SUCCESS ? INT32_MAX : c->eng.rank;
+    c->last_error[0] = 0;
+    if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
+    if (first_no == INT32_MAX) {
+        r = c->dev_any->setup(c->dev_any_state, c->dev_inherited);
+        c->dev_inherited = NULL;   /* the setup's now, whatever happened */
+        if (r != DDP_SUCCESS) _ddp_strlcpy(why, c->last_error, sizeof why);
+        c->last_error[0] = 0;
+        first_no = r == DDP_SUCCESS ? INT32_MAX : c->eng.rank;
+        if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
+        if (first_no == INT32_MAX) {
+            c->dev = c->dev_any;
+            c->dev_state = c->dev_any_state;
+            c->dev_check = _ddp_env_int("DDP_NCCL_CHECK", 0, 1, &chk) > 0 && chk;
+            _DDP_LOG(c, DDP_LOG_INFO, "device buffers: NCCL on all %d ranks (device calls are "
+                     "enqueued on the communicator's CUDA stream and return)%s", c->eng.nranks,
+                     c->dev_check ? "; DDP_NCCL_CHECK: each call's fingerprint compared across ranks" : "");
+            return DDP_SUCCESS;
+        }
+        if (first_no == c->eng.rank)
+            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on this rank: %s", why);
+        else
+            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on rank %d (its log "
+                     "says why)", (int)first_no);
+        if (!required)
+            _DDP_LOG(c, DDP_LOG_WARN, "device buffers: NCCL not used: %s; host buffers go on as "
+                     "before (DDP_NCCL=1 makes this an init error)", c->dev_declined);
+    } else {
+        if (c->dev_inherited && c->dev_any->release_inherited)
+            c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);
+        c->dev_inherited = NULL;
+        if (first_no == c->eng.rank)
+            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL declined on this rank: %s", why);
+        else
+            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL declined on rank %d (its log says "
+                     "why; this rank could)", (int)first_no);
+        if (!required)
+            _DDP_LOG(c, DDP_LOG_INFO, "device buffers: %s; host buffers use the host transports "
+                     "(DDP_NCCL=0 to skip NCCL, =1 to require it)", c->dev_declined);
+    }
+    if (required)
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: DDP_NCCL=1 but %s", c->dev_declined);
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c);
 
 /* A failure before there is a communicator: the story goes to ddp_last_init_error. */
@@ -1105,7 +1194,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_refuse(ddp_result_t r, const char *fmt, ...)
 /* Settings, store, rendezvous (transports open listeners and publish), transport per peer,
  * collective provider, neighbour connections, lanes: each step names its failure. */
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         int is_lane) {
+                                         int is_lane, void **dev_inherited) {
     ddp_comm_desc_t zero;
     ddp_comm_t *c;
     ddp_result_t r;
@@ -1141,6 +1230,11 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     if ((r = _ddp_init_pick_transports(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_coll_provider(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_connect_neighbours(c)) != DDP_SUCCESS) goto fail;
+    if (dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
+        c->dev_inherited = *dev_inherited;
+        *dev_inherited = NULL;
+    }
+    if ((r = _ddp_init_device(c, is_lane)) != DDP_SUCCESS) goto fail;
     c->nlanes = 1;
     if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     {
@@ -1779,7 +1873,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
         d.allocator = c->alloc.alloc ? &c->alloc : NULL;
         c->lanes[i].owner = c;
-        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, 1)) != DDP_SUCCESS) {
+        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, 1, NULL)) != DDP_SUCCESS) {
             ddp_store_close(client);
             return ddp_comm_fail(c, r, "init: the connections of async lane %d: %.600s", i,
                                  ddp_last_init_error());
@@ -1880,10 +1974,16 @@ _DDP_PRIVATE int _ddp_req_check(ddp_request_t *req, const char *what, ddp_result
     return 1;
 }
 
+/* Device requests (transports/ddp_nccl.h) carry this bit in their id: below. */
+#define _DDP_DEV_REQ ((uint64_t)1 << 63)
+_DDP_PRIVATE ddp_result_t _ddp_dev_complete(ddp_request_t *req, int *done);
+
 DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
     ddp_result_t r;
     ddp_comm_t *c;
     _ddp_op_t *slot;
+    if (req && req->comm && (req->id & _DDP_DEV_REQ) && _ddp_live_check(req->comm, 0))
+        return _ddp_dev_complete(req, NULL);
     if (!_ddp_req_check(req, "ddp_wait", &r)) return r;
     c = req->comm;
     pthread_mutex_lock(&c->amu);
@@ -1908,6 +2008,8 @@ DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
     _ddp_op_t *slot;
     if (!done) return DDP_ERR_INVALID_ARGUMENT;
     *done = 0;
+    if (req && req->comm && (req->id & _DDP_DEV_REQ) && _ddp_live_check(req->comm, 0))
+        return _ddp_dev_complete(req, done);
     if (!_ddp_req_check(req, "ddp_test", &r)) { if (r == DDP_SUCCESS) *done = 1; return r; }
     c = req->comm;
     pthread_mutex_lock(&c->amu);
@@ -1962,6 +2064,7 @@ DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
     *e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
     if (*e == DDP_SUCCESS && __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
+    if (*e == DDP_SUCCESS && c->dev) *e = c->dev->async_error(c->dev_state);   /* the watchdog's */
     {
         int i;
         for (i = 1; *e == DDP_SUCCESS && i < c->nlanes; i++)
@@ -2077,11 +2180,167 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
     return _ddp_finish(c, _ddp_run_op_raw(c, o));
 }
 
+/* ---------------------------------------------------------------- device (GPU) buffers
+ * A call whose buffers are device memory goes to the device provider (NCCL), enqueued on the
+ * communicator's stream; host buffers stay on this file's paths. Its requests carry
+ * _DDP_DEV_REQ in their id: the provider's ticket (a CUDA event) completes them. */
+typedef char _ddp_call_kinds_agree[(int)_DDP_KIND_RECV == (int)DDP_CALL_RECV &&
+                                   (int)_DDP_KIND_ALL_REDUCE == (int)DDP_CALL_ALL_REDUCE ? 1 : -1];
+
+
+/* The buffers this rank touches in o (NCCL: non-roots' unused buffers may be anything). */
+_DDP_PRIVATE void _ddp_op_buffers(const ddp_comm_t *c, const _ddp_op_t *o, const void **a, const void **b) {
+    const int root = c->eng.rank == o->root;
+    *a = o->send;
+    *b = o->recv;
+    switch (o->kind) {
+    case _DDP_KIND_BROADCAST: case _DDP_KIND_SCATTER: if (!root) *a = NULL; break;
+    case _DDP_KIND_REDUCE: case _DDP_KIND_GATHER: if (!root) *b = NULL; break;
+    case _DDP_KIND_SEND: *b = NULL; break;
+    case _DDP_KIND_RECV: *a = NULL; break;
+    default: break;
+    }
+    if (!o->count) *a = *b = NULL;
+}
+
+/* 1: a device call; 0: a host call; < 0: refused (recorded). */
+_DDP_PRIVATE int _ddp_route(ddp_comm_t *c, const _ddp_op_t *o, ddp_result_t *err) {
+    const void *a, *b;
+    int da, db;
+    *err = DDP_SUCCESS;
+    if (!c->dev_any) return 0;
+    _ddp_op_buffers(c, o, &a, &b);
+    da = a && c->dev_any->is_device(c->dev_any_state, a);
+    db = b && c->dev_any->is_device(c->dev_any_state, b);
+    if (!da && !db) return 0;
+    if (a && b && da != db) {
+        *err = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf is %s memory and recvbuf %s "
+                             "memory: a call takes device buffers or host buffers, not both",
+                             _ddp_kind_name(o->kind), da ? "device" : "host", db ? "device" : "host");
+        return -1;
+    }
+    if (!c->dev) {
+        *err = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "%s: device buffers, but this communicator "
+                             "cannot use NCCL: %s", _ddp_kind_name(o->kind), c->dev_declined);
+        return -1;
+    }
+    return 1;
+}
+
+/* DDP_NCCL_CHECK: every rank compares the call it is about to enqueue (a host all-gather of its
+ * fingerprint), so a mismatch is an error naming both calls instead of a hang inside NCCL. */
+_DDP_PRIVATE ddp_result_t _ddp_dev_check_call(ddp_comm_t *c, const _ddp_op_t *o, uint64_t seq) {
+    const int n = c->eng.nranks;
+    uint64_t mine[6];
+    _ddp_op_t ag;
+    ddp_result_t r;
+    int i;
+    mine[0] = (uint64_t)o->kind; mine[1] = o->count; mine[2] = (uint64_t)o->dtype;
+    mine[3] = o->kind == _DDP_KIND_ALL_REDUCE || o->kind == _DDP_KIND_REDUCE ||
+              o->kind == _DDP_KIND_REDUCE_SCATTER ? (uint64_t)o->op : 0;
+    mine[4] = o->kind == _DDP_KIND_ALL_REDUCE || o->kind == _DDP_KIND_REDUCE_SCATTER ||
+              o->kind == _DDP_KIND_ALL_GATHER || o->kind == _DDP_KIND_ALL_TO_ALL ? 0 : (uint64_t)o->root;
+    mine[5] = seq;
+    if (!c->dev_prints && !(c->dev_prints = (uint64_t *)ddp_comm_calloc(c, sizeof mine * (size_t)n)))
+        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "DDP_NCCL_CHECK: fingerprints");
+    ag = _ddp_op_make(_DDP_KIND_ALL_GATHER, mine, c->dev_prints, 6, DDP_UINT64, DDP_SUM, 0);
+    if ((r = _ddp_run_op_raw(c, &ag)) != DDP_SUCCESS) return r;
+    for (i = 0; i < n; i++) {
+        const uint64_t *t = c->dev_prints + 6 * (size_t)i;
+        if (!memcmp(t, mine, sizeof mine)) continue;
+        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "DDP_NCCL_CHECK: device call #%llu differs: this "
+                             "rank: %s of %llu x %s (op %llu, root %llu); rank %d: %s #%llu of %llu x %s "
+                             "(op %llu, root %llu)", (unsigned long long)seq, _ddp_kind_name(o->kind),
+                             (unsigned long long)mine[1], ddp_dtype_name(o->dtype),
+                             (unsigned long long)mine[3], (unsigned long long)mine[4], i,
+                             _ddp_kind_name((int)t[0]), (unsigned long long)t[5], (unsigned long long)t[1],
+                             ddp_dtype_name((ddp_dtype_t)t[2]), (unsigned long long)t[3],
+                             (unsigned long long)t[4]);
+    }
+    return DDP_SUCCESS;
+}
+
+/* Enqueues o on the device; with req, also a ticket that ddp_wait/ddp_test complete. A failure
+ * poisons the communicator as a host failure does (the NCCL communicator was aborted). */
+_DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_request_t *req) {
+    ddp_device_call_t k;
+    uint64_t ticket = 0;
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    /* No owner claim (c->busy): the progress thread may be running host requests meanwhile;
+     * device calls touch only the provider. */
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) return _ddp_abort_poison(c);
+    memset(&k, 0, sizeof k);
+    k.kind = (ddp_call_kind_t)o->kind;
+    k.send = o->send; k.recv = o->recv; k.count = o->count; k.dtype = o->dtype; k.op = o->op;
+    k.root = o->root;
+    k.seq = ++c->dev_seq;
+    _DDP_LOG(c, DDP_LOG_TRACE, "%s device #%llu: %zu x %s, %s, enqueued on NCCL", _ddp_kind_name(o->kind),
+             (unsigned long long)k.seq, o->count, ddp_dtype_name(o->dtype),
+             o->send == o->recv ? "in place" : "out of place");
+    if (c->dev_check && o->kind != _DDP_KIND_SEND && o->kind != _DDP_KIND_RECV &&
+        (r = _ddp_enter(c)) == DDP_SUCCESS) {   /* a host all-gather: after queued host requests */
+        r = _ddp_dev_check_call(c, o, k.seq);
+        _ddp_end(c);
+    }
+    if (r == DDP_SUCCESS) r = c->dev->enqueue(c->dev_state, &k);
+    if (r == DDP_SUCCESS && req) r = c->dev->mark(c->dev_state, &ticket);
+    if (r != DDP_SUCCESS) return _ddp_comm_poison(c, r);
+    if (req) { req->comm = c; req->id = ticket | _DDP_DEV_REQ; }
+    return DDP_SUCCESS;
+}
+
+/* ddp_wait/ddp_test of a device request. */
+_DDP_PRIVATE ddp_result_t _ddp_dev_complete(ddp_request_t *req, int *done) {
+    ddp_comm_t *c = req->comm;
+    uint64_t ticket = req->id & ~_DDP_DEV_REQ;
+    ddp_result_t r;
+    int fin = 0;
+    if (!c->dev) return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "not a request of this communicator");
+    r = done ? c->dev->query(c->dev_state, ticket, &fin) : c->dev->wait(c->dev_state, ticket);
+    if (!done) fin = 1;
+    if (r != DDP_SUCCESS) { fin = 1; r = _ddp_comm_poison(c, r); }
+    if (done) *done = fin;
+    if (fin) { req->comm = NULL; req->id = 0; }
+    return r;
+}
+
+/* Device work first (bounded), so that a barrier also means "every rank's device work enqueued
+ * before it is done" (PyTorch's barrier on NCCL). */
+_DDP_PRIVATE ddp_result_t _ddp_dev_drain(ddp_comm_t *c) {
+    uint64_t ticket = 0;
+    ddp_result_t r;
+    if (!c->dev) return DDP_SUCCESS;
+    r = c->dev->mark(c->dev_state, &ticket);
+    if (r == DDP_SUCCESS && ticket) r = c->dev->wait(c->dev_state, ticket);
+    return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
+}
+
+DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *c, void *stream) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if (!c->dev)
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "set_cuda_stream: this communicator cannot use "
+                             "NCCL: %s", c->dev_declined);
+    return c->dev->set_stream(c->dev_state, stream);
+}
+
+DDP_API int ddp_comm_device_enabled(const ddp_comm_t *c, char *why, size_t cap) {
+    if (!c || !_ddp_live_check(c, 0)) { if (why && cap) _ddp_strlcpy(why, "no communicator", cap); return 0; }
+    if (why && cap) _ddp_strlcpy(why, c->dev ? "" : c->dev_declined, cap);
+    return c->dev != NULL;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
+_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r);  /* below */
 
 _DDP_PRIVATE ddp_result_t _ddp_blocking(ddp_comm_t *c, _ddp_op_t o) {
     ddp_result_t r = _ddp_prep(c, &o);
+    int dev;
     if (r != DDP_SUCCESS) return r;
+    if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
+    if (dev) return _ddp_dev_call(c, &o, NULL);           /* inside a group: NCCL holds it */
+    if (o.kind == _DDP_KIND_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
     if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
     return _ddp_exec(c, &o);
 }
@@ -2094,6 +2353,12 @@ _DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *wha
     if (c->group_depth)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
                              "calls (they run together at group_end)", what);
+    {
+        int dev = _ddp_route(c, &o, &r);
+        if (dev < 0) return r;
+        if (dev) return _ddp_dev_call(c, &o, req);
+    }
+    if (o.kind == _DDP_KIND_BARRIER && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
     return _ddp_submit(c, what, &o, req);
 }
 
@@ -2170,6 +2435,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     ddp_result_t r = _ddp_check_comm(c);
     int32_t mine[2], *all;
     int i, n = 0, me = 0;
+    void *inherited = NULL;
     char prefix[192];
     ddp_comm_desc_t d;
     if (r != DDP_SUCCESS) return r;
@@ -2192,6 +2458,9 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
         }
     }
     _ddp_free(&c->alloc, all);
+    /* NCCL's split is a collective over the parent too (DDP_SPLIT_NOCOLOR ranks included). */
+    if (r == DDP_SUCCESS && c->dev && (r = c->dev->split(c->dev_state, color, key, &inherited)) != DDP_SUCCESS)
+        r = _ddp_comm_poison(c, r);
     if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) return r;
     snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->prefix, c->splits, color);
     memset(&d, 0, sizeof d);
@@ -2208,7 +2477,8 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     d.allocator = c->alloc.alloc ? &c->alloc : NULL;
     _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
              color, key, me, n, prefix);
-    r = ddp_comm_init(out, n, me, &d);
+    r = _ddp_comm_init(out, n, me, &d, 0, &inherited);
+    if (inherited && c->dev->release_inherited) c->dev->release_inherited(c->dev_state, inherited);
     if (r != DDP_SUCCESS)
         ddp_comm_fail(c, r, "comm_split: the new communicator (color %d, rank %d of %d): %s",
                       color, me, n, ddp_last_init_error());
@@ -2227,6 +2497,10 @@ _DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, v
                                     size_t count, ddp_dtype_t dtype, ddp_op_t op, int root,
                                     const char *what, ddp_request_t *req) {
     _ddp_op_t o = _ddp_op_make(kind, send, recv, count, dtype, op, root);
+    ddp_result_t r;
+    int dev = _ddp_route(c, &o, &r);
+    if (dev < 0) return _ddp_call_reject(c, r);
+    if (dev) return _ddp_dev_call(c, &o, req);
     if (req) return _ddp_submit(c, what, &o, req);
     if (c->group_depth) return _ddp_group_queue(c, &o);
     return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
@@ -2370,6 +2644,10 @@ DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
     if (c->group_depth++ == 0) { c->group_n = 0; c->group_err = DDP_SUCCESS; }
+    if (c->dev && (r = c->dev->group(c->dev_state, 1)) != DDP_SUCCESS) {   /* NCCL's group too */
+        c->group_depth--;
+        return _ddp_comm_poison(c, r);
+    }
     return DDP_SUCCESS;
 }
 
@@ -2379,6 +2657,10 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
     if (c->group_depth == 0)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "group_end without a group_start");
+    if (c->dev) {   /* NCCL's group ends with ours: its device calls are issued now */
+        ddp_result_t dr = c->dev->group(c->dev_state, 0);
+        if (dr != DDP_SUCCESS && c->group_err == DDP_SUCCESS) c->group_err = _ddp_comm_poison(c, dr);
+    }
     if (--c->group_depth) return DDP_SUCCESS;
     if (c->error != DDP_SUCCESS) { c->group_n = 0; return c->error; }
     if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group_n = 0; return r; }

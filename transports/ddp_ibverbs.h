@@ -1270,7 +1270,7 @@ static const ddp_transport_t _ddp_ib_transport = {
     DDP_TRANSPORT_VERSION, "ibverbs", 15,
     _ddp_ib_init, _ddp_ib_reachable, _ddp_ib_connect, _ddp_ib_connect,
     _ddp_ib_reg_mr, _ddp_ib_dereg_mr, _ddp_ib_isend, _ddp_ib_irecv, _ddp_ib_test, _ddp_ib_wait,
-    _ddp_ib_close, _ddp_ib_finalize, NULL, NULL,
+    _ddp_ib_close, _ddp_ib_finalize, NULL, NULL, NULL,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_ibverbs(void) { return &_ddp_ib_transport; }

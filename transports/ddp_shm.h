@@ -1387,7 +1387,7 @@ static const ddp_transport_t _ddp_shm_transport = {
     DDP_TRANSPORT_VERSION, "shm", 20,
     _ddp_shm_init, _ddp_shm_reachable, _ddp_shm_connect, _ddp_shm_accept,
     NULL, NULL, _ddp_shm_isend, _ddp_shm_irecv, _ddp_shm_test, _ddp_shm_wait,
-    _ddp_shm_close, _ddp_shm_finalize, _ddp_shm_abort, &_ddp_shm_coll,
+    _ddp_shm_close, _ddp_shm_finalize, _ddp_shm_abort, &_ddp_shm_coll, NULL,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_shm(void) { return &_ddp_shm_transport; }

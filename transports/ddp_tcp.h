@@ -788,7 +788,7 @@ static const ddp_transport_t _ddp_tcp_transport = {
     DDP_TRANSPORT_VERSION, "tcp", 10,
     _ddp_tcp_init, _ddp_tcp_reachable, _ddp_tcp_connect, _ddp_tcp_accept,
     NULL, NULL, _ddp_tcp_isend, _ddp_tcp_irecv, _ddp_tcp_test, _ddp_tcp_wait,
-    _ddp_tcp_close, _ddp_tcp_finalize, NULL, NULL,
+    _ddp_tcp_close, _ddp_tcp_finalize, NULL, NULL, NULL,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_tcp(void) { return &_ddp_tcp_transport; }

@@ -1074,7 +1074,7 @@ static const ddp_transport_t _ddp_threads_transport = {
     DDP_TRANSPORT_VERSION, "threads", 30,
     _ddp_thr_init, _ddp_thr_reachable, _ddp_thr_connect, _ddp_thr_connect,
     NULL, NULL, _ddp_thr_isend, _ddp_thr_irecv, _ddp_thr_test, _ddp_thr_wait,
-    _ddp_thr_close, _ddp_thr_finalize, _ddp_thr_abort, &_ddp_thr_coll,
+    _ddp_thr_close, _ddp_thr_finalize, _ddp_thr_abort, &_ddp_thr_coll, NULL,
 };
 
 DDP_API const ddp_transport_t *ddp_transport_threads(void) { return &_ddp_threads_transport; }

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define DDP_TRANSPORT_VERSION 2
+#define DDP_TRANSPORT_VERSION 3
 
 /* What a transport knows of its communicator. Filled by the communicator before init and valid
  * (same address) until finalize; transports keep the pointer. */
@@ -89,6 +89,59 @@ typedef struct ddp_coll_provider {
     ddp_result_t (*enable)(void *state);
 } ddp_coll_provider_t;
 
+/* ---- device (GPU) collectives
+ * A transport that runs collectives on device buffers itself, enqueued on a stream (NCCL),
+ * fills `device`. The communicator sends every call whose buffers are device memory here (host
+ * buffers keep the host transports), after the setup below succeeded on every rank. Calls
+ * return once enqueued (NCCL semantics): results are there when the stream gets to them. The
+ * provider keeps its own watchdog (every wait bounded by ctx->timeout_ms, aborts on timeout or
+ * on an asynchronous error) since the device library has no timeouts of its own. */
+typedef enum {   /* the same values as the communicator's own call kinds */
+    DDP_CALL_ALL_REDUCE = 1, DDP_CALL_REDUCE_SCATTER, DDP_CALL_ALL_GATHER, DDP_CALL_BROADCAST,
+    DDP_CALL_BARRIER, DDP_CALL_REDUCE, DDP_CALL_GATHER, DDP_CALL_SCATTER, DDP_CALL_ALL_TO_ALL,
+    DDP_CALL_SEND, DDP_CALL_RECV
+} ddp_call_kind_t;
+
+typedef struct ddp_device_call {
+    ddp_call_kind_t kind;
+    const void *send;
+    void *recv;
+    size_t count;                 /* per rank where the host call says so (NCCL's counts) */
+    ddp_dtype_t dtype;
+    ddp_op_t op;
+    int root;                     /* the root, or the peer of a send/recv */
+    uint64_t seq;                 /* the communicator's device call number, from 1 */
+} ddp_device_call_t;
+
+typedef struct ddp_device_provider {
+    /* Local and cheap: can this rank run device collectives? DDP_SUCCESS, or a one-line
+     * reason in why (no library, too old, no device). Every rank must say yes: the
+     * communicator agrees before anyone calls setup. */
+    ddp_result_t (*probe)(void *state, char *why, size_t cap);
+    /* Collective, bounded by ctx->timeout_ms: make the device communicator, or adopt
+     * `inherited` (what split returned on the parent). */
+    ddp_result_t (*setup)(void *state, void *inherited);
+    /* 1 when ptr is device memory this provider can use, else 0. */
+    int (*is_device)(void *state, const void *ptr);
+    ddp_result_t (*set_stream)(void *state, void *stream);    /* NULL: the default stream */
+    ddp_result_t (*enqueue)(void *state, const ddp_device_call_t *call);
+    ddp_result_t (*group)(void *state, int start);            /* 1: start, 0: end */
+    /* A ticket for all the work enqueued so far; query/wait it (waits are bounded). */
+    ddp_result_t (*mark)(void *state, uint64_t *ticket);
+    ddp_result_t (*query)(void *state, uint64_t ticket, int *done);
+    ddp_result_t (*wait)(void *state, uint64_t ticket);
+    ddp_result_t (*async_error)(void *state);                 /* the sticky failure, if any */
+    /* Collective over this communicator (every rank calls it, in the same order): the device
+     * communicator of a split, NULL for DDP_SPLIT_NOCOLOR; handed to the child's setup. */
+    ddp_result_t (*split)(void *state, int color, int key, void **inherited);
+    void (*release_inherited)(void *state, void *inherited);  /* a child that never set up */
+    /* Device memory and stream-ordered copies/fills, for the reducer's buckets. */
+    ddp_result_t (*mem_alloc)(void *state, size_t bytes, void **ptr);
+    ddp_result_t (*mem_free)(void *state, void *ptr);
+    ddp_result_t (*copy)(void *state, void *dst, const void *src, size_t bytes);
+    ddp_result_t (*fill_zero)(void *state, void *dst, size_t bytes);
+} ddp_device_provider_t;
+
 typedef struct ddp_transport {
     int version;                  /* DDP_TRANSPORT_VERSION */
     const char *name;             /* "tcp", "shm", "ibverbs", "threads", "nccl" */
@@ -117,6 +170,7 @@ typedef struct ddp_transport {
      * transport sleeps on, so a blocked call sees the flag now rather than at its next poll. */
     void (*abort)(void *state);
     const ddp_coll_provider_t *coll;     /* NULL: point-to-point only */
+    const ddp_device_provider_t *device; /* NULL: host buffers only */
 } ddp_transport_t;
 
 DDP_API ddp_result_t ddp_transport_register(const ddp_transport_t *transport);

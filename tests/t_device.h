@@ -1,0 +1,222 @@
+/* tests/t_device.h — runs a host-buffer test's calls on device buffers, through the fake NCCL
+ * and CUDA runtime of tests/fake_nccl (built into build/fake_nccl by make).
+ *
+ * A test that includes this before its own code (test_nccl.c includes test_collectives.c) gets
+ *   - every malloc'd region twinned with "device" memory of the fake runtime (which the host
+ *     cannot touch: the fake maps it PROT_NONE, so a library that reads a device pointer on the
+ *     host crashes instead of passing by luck);
+ *   - ddp_all_reduce & co. replaced by wrappers that copy the call's buffers (plus the guard
+ *     bytes around them) to the twins, make the call on the device pointers, synchronise the
+ *     communicator's stream, and copy the twins back: the test's own checks (results, guards,
+ *     sendbuf unchanged, determinism, hashes across ranks) then judge the device run;
+ *   - ddp_comm_init replaced by init + a non-blocking stream of its own (so nothing but the
+ *     explicit synchronisation orders the collective before the copy back: with the fake's
+ *     streams running late, T_DEVICE_SKIP_SYNC=1 makes the results wrong; see test_nccl.c).
+ * CUDA is touched only in the forked ranks (the fake's stream threads do not survive fork).
+ */
+#ifndef T_DEVICE_H
+#define T_DEVICE_H
+#include <dlfcn.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TD_H2D 1   /* cudaMemcpyHostToDevice */
+#define TD_D2H 2
+#define TD_GUARD 64
+#define TD_MAX_REGIONS 256
+
+typedef struct {
+    int (*Malloc)(void **, size_t);
+    int (*Free)(void *);
+    int (*Memcpy)(void *, const void *, size_t, int);
+    int (*StreamCreateWithFlags)(void **, unsigned);
+    int (*StreamSynchronize)(void *);
+    int (*StreamDestroy)(void *);
+    int (*DeviceSynchronize)(void);
+} td_cuda_t;
+
+typedef struct { unsigned char *host, *dev; size_t bytes; } td_region_t;
+
+static td_cuda_t td_cu;
+static int td_loaded;
+static td_region_t td_regions[TD_MAX_REGIONS];
+static void *td_stream;
+static char td_fake_dir[PATH_MAX];
+
+/* Points the library at the fakes (absolute paths, from this binary's location: build/ or
+ * build/san/), and requires NCCL (DDP_NCCL=1: a decline is an init failure, never a quiet
+ * host run). In the parent, before any fork. 0 if the fakes are not built. */
+static T_UNUSED int td_use_fakes(void) {
+    char exe[PATH_MAX], lib[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    const char *sub[2] = { "/fake_nccl", "/../fake_nccl" };
+    int i;
+    if (n <= 0) return 0;
+    exe[n] = 0;
+    for (i = 0; i < 2; i++) {
+        char *d = dirname(exe);
+        snprintf(lib, sizeof lib, "%s%s/libnccl.so.2", d, sub[i]);
+        if (access(lib, R_OK) == 0) {
+            snprintf(td_fake_dir, sizeof td_fake_dir, "%s%s", d, sub[i]);
+            setenv("DDP_NCCL_LIBRARY", lib, 1);
+            snprintf(lib, sizeof lib, "%s/libcudart.so.13", td_fake_dir);
+            setenv("DDP_CUDART_LIBRARY", lib, 1);
+            setenv("DDP_NCCL", "1", 1);
+            return 1;
+        }
+        n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n] = 0;
+    }
+    return 0;
+}
+
+static T_UNUSED void td_load(void) {
+    void *h;
+    if (td_loaded) return;
+    h = dlopen(getenv("DDP_CUDART_LIBRARY"), RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "t_device: %s\n", dlerror()); exit(70); }
+#define TD_SYM(f, name) do { void *s_ = dlsym(h, name); if (!s_) { fprintf(stderr, "t_device: no %s\n", name); exit(70); } memcpy(&td_cu.f, &s_, sizeof s_); } while (0)
+    TD_SYM(Malloc, "cudaMalloc");
+    TD_SYM(Free, "cudaFree");
+    TD_SYM(Memcpy, "cudaMemcpy");
+    TD_SYM(StreamCreateWithFlags, "cudaStreamCreateWithFlags");
+    TD_SYM(StreamSynchronize, "cudaStreamSynchronize");
+    TD_SYM(StreamDestroy, "cudaStreamDestroy");
+    TD_SYM(DeviceSynchronize, "cudaDeviceSynchronize");
+#undef TD_SYM
+    td_loaded = 1;
+}
+
+static T_UNUSED void *td_malloc(size_t n) {
+    unsigned char *h = (unsigned char *)malloc(n);
+    void *d = NULL;
+    int i;
+    if (!h) return NULL;
+    td_load();
+    if (td_cu.Malloc(&d, n ? n : 1) != 0) { fprintf(stderr, "t_device: cudaMalloc(%zu) failed\n", n); exit(70); }
+    for (i = 0; i < TD_MAX_REGIONS; i++)
+        if (!td_regions[i].host) { td_regions[i].host = h; td_regions[i].dev = (unsigned char *)d; td_regions[i].bytes = n; return h; }
+    fprintf(stderr, "t_device: more than %d regions\n", TD_MAX_REGIONS);
+    exit(70);
+}
+
+static T_UNUSED void *td_calloc(size_t k, size_t n) {
+    void *p = td_malloc(k * n);
+    if (p) memset(p, 0, k * n);
+    return p;
+}
+
+static T_UNUSED void td_free(void *p) {
+    int i;
+    if (!p) return;
+    for (i = 0; i < TD_MAX_REGIONS; i++)
+        if (td_regions[i].host == p) { td_cu.Free(td_regions[i].dev); td_regions[i].host = NULL; break; }
+    free(p);
+}
+
+static T_UNUSED td_region_t *td_find(const void *p) {
+    int i;
+    for (i = 0; p && i < TD_MAX_REGIONS; i++) {
+        td_region_t *r = &td_regions[i];
+        if (r->host && (const unsigned char *)p >= r->host && (const unsigned char *)p <= r->host + r->bytes) return r;
+    }
+    return NULL;
+}
+
+/* The device twin of a host pointer (NULL stays NULL; a pointer outside every twinned region
+ * is a test bug). */
+static T_UNUSED void *td_dev(const void *p) {
+    td_region_t *r;
+    if (!p) return NULL;
+    if (!(r = td_find(p))) { fprintf(stderr, "t_device: %p is not in a twinned region\n", p); exit(70); }
+    return r->dev + ((const unsigned char *)p - r->host);
+}
+
+/* Copies [p - guard, p + bytes + guard) (within its region) one way. */
+static T_UNUSED void td_copy(const void *p, size_t bytes, int dir) {
+    td_region_t *r = td_find(p);
+    size_t lo, hi, off;
+    if (!p || !r) return;
+    off = (size_t)((const unsigned char *)p - r->host);
+    lo = off > TD_GUARD ? off - TD_GUARD : 0;
+    hi = off + bytes + TD_GUARD < r->bytes ? off + bytes + TD_GUARD : r->bytes;
+    if (hi <= lo) return;
+    if (dir == TD_H2D) td_cu.Memcpy(r->dev + lo, r->host + lo, hi - lo, TD_H2D);
+    else td_cu.Memcpy(r->host + lo, r->dev + lo, hi - lo, TD_D2H);
+}
+
+/* After a device call: wait for the communicator's stream (the one synchronisation a user of
+ * NCCL semantics must make), then copy back. */
+static T_UNUSED void td_after(const void *s, size_t sb, const void *r, size_t rb) {
+    const char *skip = getenv("T_DEVICE_SKIP_SYNC");
+    if (!(skip && !strcmp(skip, "1"))) td_cu.StreamSynchronize(td_stream);
+    td_copy(s, sb, TD_D2H);
+    td_copy(r, rb, TD_D2H);
+}
+
+static T_UNUSED ddp_result_t td_comm_init(ddp_comm_t **comm, int nranks, int rank, const ddp_comm_desc_t *d) {
+    ddp_result_t r = (ddp_comm_init)(comm, nranks, rank, d);
+    if (r != DDP_SUCCESS) return r;
+    td_load();
+    if (!td_stream && td_cu.StreamCreateWithFlags(&td_stream, 1 /* cudaStreamNonBlocking */) != 0) {
+        fprintf(stderr, "t_device: cudaStreamCreateWithFlags failed\n");
+        exit(70);
+    }
+    return ddp_comm_set_cuda_stream(*comm, td_stream);
+}
+
+#define TD_WRAP2(call, sb, rb)                                                      \
+    do {                                                                           \
+        ddp_result_t r_;                                                           \
+        td_copy(sendbuf, (sb), TD_H2D);                                            \
+        td_copy(recvbuf, (rb), TD_H2D);                                            \
+        r_ = call;                                                                 \
+        if (r_ == DDP_SUCCESS) td_after(sendbuf, (sb), recvbuf, (rb));             \
+        return r_;                                                                 \
+    } while (0)
+
+static T_UNUSED ddp_result_t td_all_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                           ddp_op_t op, ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt);
+    TD_WRAP2((ddp_all_reduce)(td_dev(sendbuf), td_dev(recvbuf), count, dt, op, c), b, b);
+}
+static T_UNUSED ddp_result_t td_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                               ddp_op_t op, ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
+    TD_WRAP2((ddp_reduce_scatter)(td_dev(sendbuf), td_dev(recvbuf), count, dt, op, c), p * b, b);
+}
+static T_UNUSED ddp_result_t td_all_gather(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                           ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
+    TD_WRAP2((ddp_all_gather)(td_dev(sendbuf), td_dev(recvbuf), count, dt, c), b, p * b);
+}
+static T_UNUSED ddp_result_t td_broadcast(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                          int root, ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt);
+    TD_WRAP2((ddp_broadcast)(td_dev(sendbuf), td_dev(recvbuf), count, dt, root, c), b, b);
+}
+static T_UNUSED ddp_result_t td_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                       ddp_op_t op, int root, ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt);
+    TD_WRAP2((ddp_reduce)(td_dev(sendbuf), td_dev(recvbuf), count, dt, op, root, c), b, b);
+}
+static T_UNUSED ddp_result_t td_gather(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                       int root, ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
+    TD_WRAP2((ddp_gather)(td_dev(sendbuf), td_dev(recvbuf), count, dt, root, c), b, p * b);
+}
+static T_UNUSED ddp_result_t td_scatter(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                        int root, ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
+    TD_WRAP2((ddp_scatter)(td_dev(sendbuf), td_dev(recvbuf), count, dt, root, c), p * b, b);
+}
+static T_UNUSED ddp_result_t td_all_to_all(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+                                           ddp_comm_t *c) {
+    size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
+    TD_WRAP2((ddp_all_to_all)(td_dev(sendbuf), td_dev(recvbuf), count, dt, c), p * b, p * b);
+}
+
+#endif /* T_DEVICE_H */

@@ -1,0 +1,429 @@
+/* tests/test_nccl.c — the NCCL transport (transports/ddp_nccl.h): device buffers through the same
+ * calls, against the fake NCCL/CUDA runtime (tests/fake_nccl), and the real NCCL's decline path
+ * on a machine without a GPU. Prints TAP.
+ *
+ *   build/test_nccl                    (DDP_TEST_ONLY=substring: one part)
+ *
+ * WHAT RUNS
+ *   - the collectives matrix of tests/test_collectives.c (included, unchanged) on device twins
+ *     of its buffers (tests/t_device.h) with DDP_NCCL=1: all-reduce, reduce-scatter,
+ *     all-gather, broadcast, barrier; every dtype x op, counts {0, 1, 3, 1000} and (1<<20)+7, in
+ *     and out of place, world sizes 1, 2, 3, 5, 8 over tcp and 4 over shm; results bit for bit,
+ *     guard bytes, sendbuf unchanged, determinism, the same hash on every rank. Once more at
+ *     p = 2 with the fake's streams running late (each operation starts 2 ms after it is due).
+ *   - late stream: async all-reduce on a non-blocking stream whose work starts 50 ms late;
+ *     ddp_wait, then a copy on another stream reads the right result (ddp_wait synchronised
+ *     through the CUDA event). A read made before ddp_wait is reported (diag) to see the old
+ *     data, which is what makes the check able to fail.
+ *   - barrier after a blocking device call: the result is there when the barrier returns.
+ *   - groups: a device ring shift (send right, receive left) and a send/recv to itself in one
+ *     group; a group mixing an all-reduce with the shift.
+ *   - split: p = 4 into two colors; an all-reduce on device in each half.
+ *   - failures: a rank that never arrives (FAKE_NCCL_HANG_RANK) -> every waiting rank gets
+ *     DDP_ERR_TIMEOUT within DDP_TIMEOUT_MS + 1 s naming the call and its number, with the
+ *     hang report naming the silent rank; a peer killed in a loop -> the survivors get an
+ *     error, no hang; ddp_comm_abort from another thread ends a hung ddp_wait with
+ *     DDP_ERR_ABORTED; an asynchronous NCCL error -> DDP_ERR_REMOTE from the watchdog;
+ *     DDP_NCCL_CHECK: mismatched counts -> DDP_ERR_MISMATCH naming both calls; mixed host and
+ *     device buffers -> DDP_ERR_INVALID_ARGUMENT, the communicator still usable; init reporting
+ *     ncclInProgress for a while -> still initialises; an NCCL older than 2.19 -> declined with
+ *     both versions named, device calls then DDP_ERR_UNSUPPORTED with the reason.
+ *   - the real NCCL here (no GPU): init succeeds, NCCL declined with the reason, host
+ *     collectives work; DDP_NCCL=1 turns the decline into an init error.
+ */
+#define _GNU_SOURCE
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
+#include "transports/ddp_nccl.h"
+#include "tests/ddp_test.h"
+#include "tests/t_device.h"
+
+#define malloc td_malloc
+#define free td_free
+#define ddp_comm_init td_comm_init
+#define ddp_all_reduce td_all_reduce
+#define ddp_reduce_scatter td_reduce_scatter
+#define ddp_all_gather td_all_gather
+#define ddp_broadcast td_broadcast
+#define main test_collectives_main
+#include "tests/test_collectives.c"
+#undef main
+#undef malloc
+#undef free
+#undef ddp_comm_init
+#undef ddp_all_reduce
+#undef ddp_reduce_scatter
+#undef ddp_all_gather
+#undef ddp_broadcast
+
+#include <pthread.h>
+#include <signal.h>
+
+/* ------------------------------------------------------------------------- scenarios */
+typedef struct {
+    int r[T_MAX_RANKS];                 /* the result that matters, per rank */
+    int bad[T_MAX_RANKS];               /* wrong values seen */
+    int stale[T_MAX_RANKS];             /* the early read saw old data */
+    int enabled[T_MAX_RANKS];
+    double secs[T_MAX_RANKS];
+    char msg[T_MAX_RANKS][1600];
+} nc_shm_t;
+static nc_shm_t *N;
+
+static void nc_msg(int rank, const char *m) { _ddp_strlcpy(N->msg[rank], m, sizeof N->msg[rank]); }
+
+static ddp_comm_t *nc_init(int rank, int p, int timeout_ms) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    t_desc(&d, timeout_ms);
+    N->r[rank] = td_comm_init(&c, p, rank, &d);
+    if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_last_init_error()); return NULL; }
+    N->enabled[rank] = ddp_comm_device_enabled(c, NULL, 0);
+    return c;
+}
+
+/* A device buffer of n floats, every element = v. */
+static float *nc_dev_floats(size_t n, float v) {
+    float *h = (float *)malloc(n * sizeof *h), *d = NULL;
+    size_t i;
+    td_load();
+    for (i = 0; i < n; i++) h[i] = v;
+    if (td_cu.Malloc((void **)&d, n * sizeof *d) != 0) exit(71);
+    td_cu.Memcpy(d, h, n * sizeof *d, TD_H2D);
+    free(h);
+    return d;
+}
+
+/* How many elements of device buffer d differ from want (a synchronous copy on the legacy
+ * stream, which does not wait for the communicator's non-blocking stream). */
+static int nc_count_bad(const float *d, size_t n, float want) {
+    float *h = (float *)malloc(n * sizeof *h);
+    size_t i;
+    int bad = 0;
+    td_cu.Memcpy(h, d, n * sizeof *h, TD_D2H);
+    for (i = 0; i < n; i++) bad += h[i] != want;
+    free(h);
+    return bad;
+}
+
+enum { NC_LATE, NC_BARRIER, NC_GROUPS, NC_SPLIT, NC_HANG, NC_DEAD, NC_ABORT, NC_ASYNC_ERR, NC_CHECK,
+       NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED };
+typedef struct { int which, p; } nc_arg_t;
+
+typedef struct { ddp_comm_t *c; } nc_abort_t;
+static void *nc_abort_later(void *arg) {
+    t_sleep_ms(300);
+    ddp_comm_abort(((nc_abort_t *)arg)->c);
+    return NULL;
+}
+
+static int nc_scenario(int rank, int p, void *arg) {
+    const nc_arg_t *a = (const nc_arg_t *)arg;
+    const size_t n = 4096;
+    ddp_comm_t *c = NULL;
+    ddp_request_t req;
+    float *x, *y;
+    double t0;
+    int it;
+    unsetenv("DDP_TRANSPORT");
+    switch (a->which) {
+    case NC_LATE: setenv("FAKE_CUDA_STREAM_DELAY_US", "50000", 1); break;
+    case NC_HANG: setenv("FAKE_NCCL_HANG_RANK", "1", 1); setenv("FAKE_NCCL_HANG_AFTER", "1", 1); break;
+    case NC_ABORT: setenv("FAKE_NCCL_HANG_RANK", "1", 1); break;
+    case NC_ASYNC_ERR: setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "2", 1); break;
+    case NC_CHECK: setenv("DDP_NCCL_CHECK", "1", 1); break;
+    case NC_INPROGRESS: setenv("FAKE_NCCL_INIT_INPROGRESS", "25", 1); break;
+    case NC_OLD: setenv("FAKE_NCCL_VERSION", "21805", 1); unsetenv("DDP_NCCL"); break;
+    case NC_REAL: case NC_REAL_REQUIRED:
+        unsetenv("DDP_NCCL_LIBRARY"); unsetenv("DDP_CUDART_LIBRARY");
+        if (a->which == NC_REAL) unsetenv("DDP_NCCL"); else setenv("DDP_NCCL", "1", 1);
+        break;
+    default: break;
+    }
+    if (a->which == NC_REAL || a->which == NC_REAL_REQUIRED) {
+        ddp_comm_desc_t d;
+        char why[512];
+        float v = (float)rank + 1.0f;
+        t_desc(&d, 30000);
+        N->r[rank] = (ddp_comm_init)(&c, p, rank, &d);
+        if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_last_init_error()); return 0; }
+        N->enabled[rank] = ddp_comm_device_enabled(c, why, sizeof why);
+        nc_msg(rank, why);
+        N->r[rank] = (ddp_all_reduce)(&v, &v, 1, DDP_FLOAT32, DDP_SUM, c);
+        N->bad[rank] = v != (float)(p * (p + 1) / 2);
+        ddp_comm_destroy(c);
+        return 0;
+    }
+    c = nc_init(rank, p, a->which == NC_HANG || a->which == NC_DEAD ? 3000 : 60000);
+    if (!c) return 0;
+    x = nc_dev_floats(n, (float)(rank + 1));
+    y = nc_dev_floats(n, -1.0f);
+    switch (a->which) {
+    case NC_LATE:
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        N->stale[rank] = nc_count_bad(y, n, (float)(p * (p + 1) / 2)) == (int)n;   /* read too early */
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+        N->bad[rank] = nc_count_bad(y, n, (float)(p * (p + 1) / 2));
+        break;
+    case NC_BARRIER:
+        N->r[rank] = (ddp_all_reduce)(x, x, n, DDP_FLOAT32, DDP_SUM, c);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(c);
+        N->bad[rank] = nc_count_bad(x, n, (float)(p * (p + 1) / 2));
+        break;
+    case NC_GROUPS: {
+        float *self = nc_dev_floats(n, 7.0f), *self_in = nc_dev_floats(n, 0.0f);
+        ddp_group_start(c);
+        ddp_send(x, n, DDP_FLOAT32, (rank + 1) % p, c);
+        ddp_recv(y, n, DDP_FLOAT32, (rank + p - 1) % p, c);
+        ddp_send(self, n, DDP_FLOAT32, rank, c);
+        ddp_recv(self_in, n, DDP_FLOAT32, rank, c);
+        N->r[rank] = ddp_group_end(c);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(c);
+        N->bad[rank] = nc_count_bad(y, n, (float)((rank + p - 1) % p + 1)) + nc_count_bad(self_in, n, 7.0f);
+        /* a collective and the shift in one group */
+        ddp_group_start(c);
+        (ddp_all_reduce)(self, self, n, DDP_FLOAT32, DDP_SUM, c);
+        ddp_send(x, n, DDP_FLOAT32, (rank + 1) % p, c);
+        ddp_recv(y, n, DDP_FLOAT32, (rank + p - 1) % p, c);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_group_end(c);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(c);
+        N->bad[rank] += nc_count_bad(self, n, 7.0f * (float)p);
+        nc_msg(rank, ddp_comm_last_error(c));
+        td_cu.Free(self); td_cu.Free(self_in);
+        break;
+    }
+    case NC_SPLIT: {
+        ddp_comm_t *half = NULL;
+        int color = rank % 2;
+        N->r[rank] = ddp_comm_split(c, color, rank, &half);
+        if (N->r[rank] == DDP_SUCCESS) {
+            float want = 0;
+            int q;
+            for (q = color; q < p; q += 2) want += (float)(q + 1);
+            N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, half);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(half);
+            N->bad[rank] = nc_count_bad(y, n, want) + !ddp_comm_device_enabled(half, NULL, 0);
+            nc_msg(rank, ddp_comm_last_error(half));
+            ddp_comm_destroy(half);
+        } else {
+            nc_msg(rank, ddp_comm_last_error(c));
+        }
+        break;
+    }
+    case NC_HANG:
+        /* The first call completes; from the second on, rank 1's calls never arrive. */
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+        if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); N->r[rank] = -1; break; }
+        t0 = t_now();
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+        N->secs[rank] = t_now() - t0;
+        nc_msg(rank, ddp_comm_last_error(c));
+        break;
+    case NC_DEAD:
+        for (it = 0; it < 200; it++) {
+            if (rank == 2 && it == 5) raise(SIGKILL);
+            t0 = t_now();
+            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+            N->secs[rank] = t_now() - t0;
+            if (N->r[rank] != DDP_SUCCESS) break;
+        }
+        nc_msg(rank, ddp_comm_last_error(c));
+        break;
+    case NC_ABORT:
+        if (rank == 0) {
+            nc_abort_t ab;
+            pthread_t th;
+            ab.c = c;
+            t0 = t_now();
+            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+            pthread_create(&th, NULL, nc_abort_later, &ab);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+            pthread_join(th, NULL);
+            N->secs[rank] = t_now() - t0;
+            nc_msg(rank, ddp_comm_last_error(c));
+        } else {
+            N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);   /* never arrives */
+        }
+        break;
+    case NC_ASYNC_ERR:
+        for (it = 0; it < 6; it++) {
+            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+            if (N->r[rank] != DDP_SUCCESS) break;
+        }
+        {
+            ddp_result_t e = DDP_SUCCESS;
+            ddp_comm_get_async_error(c, &e);
+            N->bad[rank] = e == DDP_SUCCESS;
+        }
+        nc_msg(rank, ddp_comm_last_error(c));
+        break;
+    case NC_CHECK:
+        N->r[rank] = (ddp_all_reduce)(x, y, rank == 0 ? n : n - 1, DDP_FLOAT32, DDP_SUM, c);
+        nc_msg(rank, ddp_comm_last_error(c));
+        break;
+    case NC_MIXED: {
+        float host[16] = {0};
+        N->r[rank] = (ddp_all_reduce)(host, y, 16, DDP_FLOAT32, DDP_SUM, c);
+        nc_msg(rank, ddp_comm_last_error(c));
+        N->bad[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c) != DDP_SUCCESS ||
+                       ddp_barrier(c) != DDP_SUCCESS || nc_count_bad(y, n, (float)(p * (p + 1) / 2)) != 0;
+        break;
+    }
+    case NC_INPROGRESS:
+        N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(c);
+        N->bad[rank] = nc_count_bad(y, n, (float)(p * (p + 1) / 2));
+        break;
+    case NC_OLD: {
+        char why[512];
+        N->enabled[rank] = ddp_comm_device_enabled(c, why, sizeof why);
+        N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
+        snprintf(N->msg[rank], sizeof N->msg[rank], "%s | %s", why, ddp_comm_last_error(c));
+        break;
+    }
+    default: break;
+    }
+    td_cu.Free(x);
+    td_cu.Free(y);
+    ddp_comm_destroy(c);
+    return 0;
+}
+
+static int nc_run(int which, int p, const char *name) {
+    nc_arg_t a;
+    if (!t_selected(name)) return 0;
+    a.which = which; a.p = p;
+    N = (nc_shm_t *)t_shm_user(sizeof(nc_shm_t));
+    run_ranks(p, nc_scenario, &a, 120);
+    ok(!t_last_run.killed_by_watchdog[0] && !t_last_run.killed_by_watchdog[p - 1], "%s: no rank hung (%.1f s)",
+       name, t_last_run.seconds);
+    return 1;
+}
+
+static void nc_scenarios(void) {
+    int q, good;
+    const char *real = "/usr/local/cuda/lib64/libnccl.so.2";
+    if (nc_run(NC_LATE, 2, "late stream")) {
+        for (q = 0; q < 2; q++) {
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "late stream: rank %d reads the right result after "
+               "ddp_wait (%s; %d wrong)", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q]);
+            diag("late stream: rank %d: a read before ddp_wait saw %s", q, N->stale[q] ? "the old data (the "
+                 "stream runs late, so the check above can fail)" : "the result already");
+        }
+    }
+    if (nc_run(NC_BARRIER, 3, "barrier drains device work"))
+        for (q = 0; q < 3; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "barrier: rank %d sees its device all-reduce done "
+               "(%s, %d wrong)", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q]);
+    if (nc_run(NC_GROUPS, 3, "groups on device"))
+        for (q = 0; q < 3; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "groups: rank %d: ring shift, self send/recv, "
+               "all-reduce in a group (%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
+    if (nc_run(NC_SPLIT, 4, "split on device"))
+        for (q = 0; q < 4; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "split: rank %d: all-reduce in its half on device "
+               "(%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
+    if (nc_run(NC_HANG, 3, "hang -> timeout")) {
+        for (q = 0; q < 3; q += 2) {
+            ok(N->r[q] == DDP_ERR_TIMEOUT, "hang: rank %d: DDP_ERR_TIMEOUT (got %s)", q,
+               N->r[q] < 0 ? "a failure of the first call" : ddp_strerror((ddp_result_t)N->r[q]));
+            ok(N->secs[q] < 3.0 + 1.0, "hang: rank %d: the error came %.2f s after the call "
+               "(DDP_TIMEOUT_MS 3000 + 1 s)", q, N->secs[q]);
+            ok(strstr(N->msg[q], "all_reduce #2") && t_mentions_int(N->msg[q], 3000) &&
+               strstr(N->msg[q], "rank 1: no report"), "hang: rank %d names the call, its number, the "
+               "timeout and the silent rank: %s", q, N->msg[q]);
+        }
+    }
+    if (nc_run(NC_DEAD, 3, "dead peer")) {
+        for (q = 0; q < 2; q++)
+            ok((N->r[q] == DDP_ERR_TIMEOUT || N->r[q] == DDP_ERR_REMOTE) && N->secs[q] < 3.0 + 1.0 &&
+               strstr(N->msg[q], "all_reduce #"), "dead peer: rank %d: %s within %.2f s, naming the call: %s",
+               q, ddp_strerror((ddp_result_t)N->r[q]), N->secs[q], N->msg[q]);
+    }
+    if (nc_run(NC_ABORT, 2, "abort from another thread"))
+        ok(N->r[0] == DDP_ERR_ABORTED && N->secs[0] < 30.0, "abort: ddp_wait of a hung device call returns "
+           "DDP_ERR_ABORTED (%s after %.2f s): %s", ddp_strerror((ddp_result_t)N->r[0]), N->secs[0], N->msg[0]);
+    if (nc_run(NC_ASYNC_ERR, 2, "asynchronous error"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_ERR_REMOTE && !N->bad[q] && strstr(N->msg[q], "asynchronous error"),
+               "async error: rank %d: %s, ddp_comm_get_async_error reports it: %s", q,
+               ddp_strerror((ddp_result_t)N->r[q]), N->msg[q]);
+    if (nc_run(NC_CHECK, 2, "DDP_NCCL_CHECK mismatch"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_ERR_MISMATCH && t_mentions_int(N->msg[q], 4096) && t_mentions_int(N->msg[q], 4095),
+               "DDP_NCCL_CHECK: rank %d: %s naming both counts: %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->msg[q]);
+    if (nc_run(NC_MIXED, 2, "mixed host and device buffers"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_ERR_INVALID_ARGUMENT && !N->bad[q] && strstr(N->msg[q], "not both"),
+               "mixed buffers: rank %d: %s, then a device call still works: %s", q,
+               ddp_strerror((ddp_result_t)N->r[q]), N->msg[q]);
+    if (nc_run(NC_INPROGRESS, 2, "init in progress"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0 && N->enabled[q], "init reporting ncclInProgress: "
+               "rank %d initialises and reduces (%s)", q, ddp_strerror((ddp_result_t)N->r[q]));
+    if (nc_run(NC_OLD, 2, "old NCCL")) {
+        for (q = 0; q < 2; q++)
+            ok(!N->enabled[q] && N->r[q] == DDP_ERR_UNSUPPORTED && strstr(N->msg[q], "2.18.5") &&
+               strstr(N->msg[q], "2.19.0"), "NCCL 2.18.5: rank %d declines naming both versions; a device "
+               "call is DDP_ERR_UNSUPPORTED with the reason: %s", q, N->msg[q]);
+    }
+    good = access(real, R_OK) == 0;
+    if (nc_run(NC_REAL, 2, "real NCCL, no GPU")) {
+        for (q = 0; q < 2; q++) {
+            ok(N->r[q] == DDP_SUCCESS && !N->bad[q] && !N->enabled[q] && N->msg[q][0], "real NCCL: rank %d "
+               "initialises, declines NCCL (%s) and all-reduces host buffers (%s)", q, N->msg[q],
+               ddp_strerror((ddp_result_t)N->r[q]));
+            if (good)
+                ok(strstr(N->msg[q], "cudaGetDeviceCount") != NULL, "real NCCL: rank %d's reason comes from "
+                   "the real CUDA runtime: %s", q, N->msg[q]);
+            else
+                diag("no %s here: the decline came before NCCL was loaded", real);
+        }
+    }
+    if (nc_run(NC_REAL_REQUIRED, 2, "real NCCL, DDP_NCCL=1"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_ERR_UNSUPPORTED && strstr(N->msg[q], "DDP_NCCL=1"), "DDP_NCCL=1 without a "
+               "usable NCCL: rank %d's init fails saying so: %s", q, N->msg[q]);
+}
+
+int main(void) {
+    static const size_t base_counts[] = {0, 1, 3, 1000};
+    run_cfg_t runs[16];
+    int nruns = 0, i, quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
+    t_init();
+    if (sizeof(coll_shm_t) > T_USER_BYTES || sizeof(nc_shm_t) > T_USER_BYTES) t_bail("shared state too big");
+    if (!td_use_fakes()) {
+        printf("1..0 # SKIP the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)\n");
+        return 0;
+    }
+    add_run(runs, &nruns, "tcp", 1, 0, NULL, BIG_NONE, 0, base_counts, 4);
+    add_run(runs, &nruns, "tcp", 2, 0, NULL, BIG_ALL, 0, base_counts, 4);
+    add_run(runs, &nruns, "tcp", 3, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
+    add_run(runs, &nruns, "tcp", 5, 0, NULL, quick ? BIG_NONE : BIG_SUBSET, 0, base_counts, 4);
+    if (!quick) add_run(runs, &nruns, "tcp", 8, 0, NULL, BIG_NONE, 0, base_counts, 4);
+    add_run(runs, &nruns, "shm", 4, 0, NULL, BIG_NONE, 0, base_counts, 4);
+    add_run(runs, &nruns, "late", 2, 0, NULL, BIG_NONE, 0, base_counts, 4);
+    for (i = 0; i < nruns; i++) {
+        char name[64];
+        int nbad;
+        snprintf(name, sizeof name, "device matrix %s p=%d", runs[i].mode, runs[i].p);
+        if (!t_selected(name)) continue;
+        if (!strcmp(runs[i].mode, "late")) {   /* test_collectives' tcp mode, streams 2 ms late */
+            runs[i].mode = "tcp";
+            setenv("FAKE_CUDA_STREAM_DELAY_US", "2000", 1);
+        }
+        S = (coll_shm_t *)t_shm_user(sizeof(coll_shm_t));
+        S->ncases = build_cases(&runs[i]);
+        nbad = run_ranks(runs[i].p, child, &runs[i], 300);
+        report_run(&runs[i], nbad);
+        unsetenv("FAKE_CUDA_STREAM_DELAY_US");
+    }
+    nc_scenarios();
+    return t_done();
+}

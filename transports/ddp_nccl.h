@@ -1,0 +1,1136 @@
+/* transports/ddp_nccl.h — libddp's NCCL transport: the same calls on GPU (device) buffers.
+ *
+ * In the file that defines DDP_IMPLEMENTATION:
+ *
+ *     #define DDP_IMPLEMENTATION
+ *     #include "ddp.h"
+ *     #include "transports/ddp_tcp.h"      (host buffers, and the rendezvous)
+ *     #include "transports/ddp_nccl.h"     (device buffers)
+ *
+ * No -lnccl -lcudart needed: NCCL and the CUDA runtime are loaded at run time (dlopen) through
+ * one function table, so the program also runs on machines without CUDA (the transport then
+ * declines, with one INFO line saying why, and host buffers work as before). Define
+ * DDP_NCCL_LINK (and link -lnccl -lcudart, with CUDA's include path) to call them directly.
+ * Needs NCCL >= 2.19 (nonblocking communicators, ncclCommSplit, ncclMemAlloc); an older one is
+ * declined, naming both versions.
+ *
+ * WHICH BUFFERS GO WHERE. Every call asks the CUDA runtime whether its buffers are device
+ * memory (cached): device buffers go to NCCL, host buffers to the host transports (tcp/shm) on
+ * the same communicator; a call that mixes them is DDP_ERR_INVALID_ARGUMENT. Every collective,
+ * send/recv and group works on device buffers (gather/scatter/all-to-all as NCCL's own calls
+ * when it has them, >= 2.28; otherwise as grouped send/recv), and ddp_comm_split splits the
+ * NCCL communicator too (ncclCommSplit).
+ *
+ * STREAMS: NCCL SEMANTICS. A call on device buffers is enqueued on the communicator's CUDA
+ * stream (the default stream unless ddp_comm_set_cuda_stream named one) and returns; the
+ * result is in place when the stream gets there: work you enqueue after it on that stream
+ * sees it; the host must synchronise (cudaStreamSynchronize, or ddp_wait on an async call)
+ * before reading. Host buffers keep host semantics (a blocking call returns with the result
+ * in place). The async forms return a request that ddp_test/ddp_wait complete through a CUDA
+ * event (ddp_wait blocks the host until the device work is done). ddp_barrier first waits for
+ * this communicator's device work, then meets the other ranks: when it returns, every rank's
+ * device work enqueued before the barrier is done. DDP_AVG is ncclAvg, which divides before
+ * summing for floats: results are identical on every rank but may differ from the host path's
+ * in the last bit.
+ *
+ * NO HANGS. NCCL has no timeouts of its own (NVIDIA/nccl#1260): a watchdog thread records a
+ * CUDA event after every call, enforces DDP_TIMEOUT_MS on each, polls ncclCommGetAsyncError,
+ * and on a timeout or an error aborts the NCCL communicator (ncclCommAbort). The error names
+ * the call, its number and how long it waited, followed by each rank's position (what it was
+ * waiting in, through the rendezvous store) so that a mismatched call is explained. Every
+ * wait of the host (init, ddp_wait, the ring of calls in flight) is bounded the same way.
+ * ddp_comm_abort aborts the NCCL communicator.
+ *
+ * ENVIRONMENT
+ *   DDP_NCCL              auto (default): use NCCL when every rank can; 0: never; 1: init fails
+ *                         when NCCL cannot be used (instead of declining).
+ *   DDP_NCCL_LIBRARY      the NCCL library to load (default libnccl.so.2, then CUDA_HOME's).
+ *   DDP_CUDART_LIBRARY    the CUDA runtime (default libcudart.so.13, .so.12, .so, CUDA_HOME's).
+ *   DDP_CUDA_DEVICE       the device this rank uses; default: local rank mod visible devices.
+ *   DDP_NCCL_CHECK        1: before each device call, the ranks compare its fingerprint (kind,
+ *                         count, dtype, op, root, number) over the host path, so a mismatched
+ *                         call is DDP_ERR_MISMATCH naming both calls instead of a hang (costs a
+ *                         host all-gather per call: for debugging).
+ *
+ * WHAT IS VERIFIED WHERE: against tests/fake_nccl (a fake NCCL and CUDA runtime whose streams
+ * really run late and whose "device" memory the host cannot touch) and the real library's
+ * failure paths; running on real GPUs is `make test-gpu` (see README, "NCCL").
+ */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_NCCL_IMPLEMENTATION)
+#define DDP_NCCL_IMPLEMENTATION
+#endif
+#if defined(DDP_NCCL_IMPLEMENTATION)
+#ifndef DDP_TRANSPORT_IMPLEMENTATION
+#define DDP_TRANSPORT_IMPLEMENTATION
+#endif
+#ifndef DDP_BASE_IMPLEMENTATION
+#define DDP_BASE_IMPLEMENTATION
+#endif
+#endif
+#include "ddp_transport.h"
+
+#ifndef DDP_NCCL_H_INCLUDED
+#define DDP_NCCL_H_INCLUDED
+#ifdef __cplusplus
+extern "C" {
+#endif
+DDP_API const ddp_transport_t *ddp_transport_nccl(void);
+#ifdef __cplusplus
+}
+#endif
+#endif /* DDP_NCCL_H_INCLUDED */
+
+#if defined(DDP_NCCL_IMPLEMENTATION) && !defined(DDP_NCCL_IMPL_INCLUDED)
+#define DDP_NCCL_IMPL_INCLUDED
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED)
+#error "transports/ddp_nccl.h's implementation needs ddp_transport.h's (define DDP_IMPLEMENTATION)"
+#endif
+#include <dlfcn.h>
+
+/* ---------------------------------------------------------------- the NCCL/CUDA types
+ * Linked: the real headers. Loaded: the same ABI spelled with plain C types (enums are
+ * int-sized; handles are pointers), so that ddp.h users need no CUDA headers. Layouts from
+ * nccl.h (2.19's ncclConfig_t: the version field tells NCCL which fields follow) and CUDA's
+ * driver_types.h (cudaPointerAttributes). */
+#ifdef DDP_NCCL_LINK
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"   /* CUDA's headers use anonymous unions */
+#endif
+#include <nccl.h>
+#include <cuda_runtime_api.h>
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+typedef ncclResult_t _ddp_nres_t;
+typedef ncclDataType_t _ddp_ndtype_t;
+typedef ncclRedOp_t _ddp_nop_t;
+typedef ncclComm_t _ddp_ncomm_t;
+typedef ncclUniqueId _ddp_nid_t;
+typedef ncclConfig_t _ddp_nconfig_t;
+typedef cudaError_t _ddp_cerr_t;
+typedef cudaStream_t _ddp_cstream_t;
+typedef cudaEvent_t _ddp_cevent_t;
+typedef struct cudaPointerAttributes _ddp_cattr_t;
+typedef enum cudaMemcpyKind _ddp_ckind_t;
+#define _DDP_NCCL_CONFIG_INIT(cfg) do { ncclConfig_t _i = NCCL_CONFIG_INITIALIZER; (cfg) = _i; } while (0)
+#else
+typedef int _ddp_nres_t;
+typedef int _ddp_ndtype_t;
+typedef int _ddp_nop_t;
+typedef struct _ddp_ncomm *_ddp_ncomm_t;
+typedef struct { char internal[128]; } _ddp_nid_t;
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int blocking, cgaClusterSize, minCTAs, maxCTAs;
+    const char *netName;
+    int splitShare;
+} _ddp_nconfig_t;
+typedef int _ddp_cerr_t;
+typedef struct _ddp_cstream *_ddp_cstream_t;
+typedef struct _ddp_cevent *_ddp_cevent_t;
+typedef struct {
+    int type, device;
+    void *devicePointer, *hostPointer;
+    long reserved[8];
+} _ddp_cattr_t;
+typedef int _ddp_ckind_t;
+#define _DDP_NCCL_CONFIG_INIT(cfg) do {                                                     \
+        memset(&(cfg), 0, sizeof(cfg));                                                     \
+        (cfg).size = sizeof(cfg); (cfg).magic = 0xcafebeefu; (cfg).version = 21900u;        \
+        (cfg).blocking = (cfg).cgaClusterSize = (cfg).minCTAs = (cfg).maxCTAs = INT_MIN;    \
+        (cfg).splitShare = INT_MIN;                                                          \
+    } while (0)
+#endif
+#define _DDP_NCCL_IN_PROGRESS ((_ddp_nres_t)7)   /* ncclInProgress */
+#define _DDP_NRES(v) ((_ddp_nres_t)(v))
+#define _DDP_CUDA_NOT_READY 600          /* cudaErrorNotReady */
+#define _DDP_CUDA_MEM_DEVICE 2           /* cudaMemoryTypeDevice */
+#define _DDP_CUDA_MEM_MANAGED 3
+#define _DDP_CUDA_COPY_DEFAULT 4         /* cudaMemcpyDefault: direction from the pointers */
+#define _DDP_CUDA_EVENT_NO_TIMING 2      /* cudaEventDisableTiming */
+#define _DDP_NCCL_MIN_VERSION 21900      /* 2.19.0 */
+#define _DDP_NCCL_SPLIT_NOCOLOR (-1)
+
+/* ---------------------------------------------------------------- the function table
+ * One per process, filled once (loaded or linked) and read-only afterwards. */
+typedef struct {
+    int loaded;                  /* 1 ok, -1 failed (why says why) */
+    char why[1024];
+    char nccl_path[256], cudart_path[256];
+    int version, runtime_version;
+    _ddp_nres_t (*GetVersion)(int *);
+    _ddp_nres_t (*GetUniqueId)(_ddp_nid_t *);
+    _ddp_nres_t (*CommInitRankConfig)(_ddp_ncomm_t *, int, _ddp_nid_t, int, _ddp_nconfig_t *);
+    _ddp_nres_t (*CommSplit)(_ddp_ncomm_t, int, int, _ddp_ncomm_t *, _ddp_nconfig_t *);
+    _ddp_nres_t (*CommGetAsyncError)(_ddp_ncomm_t, _ddp_nres_t *);
+    _ddp_nres_t (*CommAbort)(_ddp_ncomm_t);
+    _ddp_nres_t (*CommFinalize)(_ddp_ncomm_t);
+    _ddp_nres_t (*CommDestroy)(_ddp_ncomm_t);
+    const char *(*NcclErrorString)(_ddp_nres_t);
+    const char *(*NcclLastError)(_ddp_ncomm_t);
+    _ddp_nres_t (*AllReduce)(const void *, void *, size_t, _ddp_ndtype_t, _ddp_nop_t, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*ReduceScatter)(const void *, void *, size_t, _ddp_ndtype_t, _ddp_nop_t, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*AllGather)(const void *, void *, size_t, _ddp_ndtype_t, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*Broadcast)(const void *, void *, size_t, _ddp_ndtype_t, int, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*Reduce)(const void *, void *, size_t, _ddp_ndtype_t, _ddp_nop_t, int, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*Send)(const void *, size_t, _ddp_ndtype_t, int, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*Recv)(void *, size_t, _ddp_ndtype_t, int, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*GroupStart)(void);
+    _ddp_nres_t (*GroupEnd)(void);
+    /* NCCL >= 2.28; NULL before: grouped send/recv instead */
+    _ddp_nres_t (*AlltoAll)(const void *, void *, size_t, _ddp_ndtype_t, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*Gather)(const void *, void *, size_t, _ddp_ndtype_t, int, _ddp_ncomm_t, _ddp_cstream_t);
+    _ddp_nres_t (*Scatter)(const void *, void *, size_t, _ddp_ndtype_t, int, _ddp_ncomm_t, _ddp_cstream_t);
+    /* CUDA runtime */
+    _ddp_cerr_t (*GetDeviceCount)(int *);
+    _ddp_cerr_t (*SetDevice)(int);
+    _ddp_cerr_t (*PointerGetAttributes)(_ddp_cattr_t *, const void *);
+    _ddp_cerr_t (*Malloc)(void **, size_t);
+    _ddp_cerr_t (*Free)(void *);
+    _ddp_cerr_t (*MemcpyAsync)(void *, const void *, size_t, _ddp_ckind_t, _ddp_cstream_t);
+    _ddp_cerr_t (*MemsetAsync)(void *, int, size_t, _ddp_cstream_t);
+    _ddp_cerr_t (*EventCreateWithFlags)(_ddp_cevent_t *, unsigned int);
+    _ddp_cerr_t (*EventRecord)(_ddp_cevent_t, _ddp_cstream_t);
+    _ddp_cerr_t (*EventQuery)(_ddp_cevent_t);
+    _ddp_cerr_t (*EventDestroy)(_ddp_cevent_t);
+    _ddp_cerr_t (*CudaLastError)(void);
+    const char *(*CudaErrorString)(_ddp_cerr_t);
+    _ddp_cerr_t (*RuntimeGetVersion)(int *);
+} _ddp_nccl_api_t;
+
+static _ddp_nccl_api_t _ddp_nccl_api;
+static pthread_mutex_t _ddp_nccl_api_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#ifdef DDP_NCCL_LINK
+_DDP_PRIVATE void _ddp_nccl_bind(_ddp_nccl_api_t *a) {
+    a->GetVersion = ncclGetVersion; a->GetUniqueId = ncclGetUniqueId;
+    a->CommInitRankConfig = ncclCommInitRankConfig; a->CommSplit = ncclCommSplit;
+    a->CommGetAsyncError = ncclCommGetAsyncError; a->CommAbort = ncclCommAbort;
+    a->CommFinalize = ncclCommFinalize; a->CommDestroy = ncclCommDestroy;
+    a->NcclErrorString = ncclGetErrorString; a->NcclLastError = ncclGetLastError;
+    a->AllReduce = ncclAllReduce; a->ReduceScatter = ncclReduceScatter; a->AllGather = ncclAllGather;
+    a->Broadcast = ncclBroadcast; a->Reduce = ncclReduce; a->Send = ncclSend; a->Recv = ncclRecv;
+    a->GroupStart = ncclGroupStart; a->GroupEnd = ncclGroupEnd;
+#if NCCL_VERSION_CODE >= 22800
+    a->AlltoAll = ncclAlltoAll; a->Gather = ncclGather; a->Scatter = ncclScatter;
+#endif
+    a->GetDeviceCount = cudaGetDeviceCount; a->SetDevice = cudaSetDevice;
+    a->PointerGetAttributes = cudaPointerGetAttributes; a->Malloc = cudaMalloc; a->Free = cudaFree;
+    a->MemcpyAsync = cudaMemcpyAsync; a->MemsetAsync = cudaMemsetAsync;
+    a->EventCreateWithFlags = cudaEventCreateWithFlags; a->EventRecord = cudaEventRecord;
+    a->EventQuery = cudaEventQuery; a->EventDestroy = cudaEventDestroy;
+    a->CudaLastError = cudaGetLastError; a->CudaErrorString = cudaGetErrorString;
+    a->RuntimeGetVersion = cudaRuntimeGetVersion;
+    snprintf(a->nccl_path, sizeof a->nccl_path, "linked (DDP_NCCL_LINK)");
+    snprintf(a->cudart_path, sizeof a->cudart_path, "linked (DDP_NCCL_LINK)");
+}
+#else
+/* The first of the candidates that loads: env override alone, else the sonames (the loader's
+ * search path), else CUDA_HOME's and /usr/local/cuda's lib64. */
+_DDP_PRIVATE void *_ddp_nccl_dlopen(const char *env, const char *const *names, char *used,
+                                    size_t cap, char *err, size_t ecap) {
+    const char *forced = getenv(env), *home = getenv("CUDA_HOME");
+    const char *dirs[2];
+    void *h;
+    int i, k;
+    err[0] = 0;
+    if (forced && forced[0]) {
+        h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+        if (!h) snprintf(err, ecap, "%s=%s: %s", env, forced, dlerror());
+        else _ddp_strlcpy(used, forced, cap);
+        return h;
+    }
+    for (i = 0; names[i]; i++) {
+        if ((h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL)) != NULL) { _ddp_strlcpy(used, names[i], cap); return h; }
+        if (!err[0]) snprintf(err, ecap, "%s", dlerror());
+    }
+    dirs[0] = home && home[0] ? home : NULL;
+    dirs[1] = "/usr/local/cuda";
+    for (k = 0; k < 2; k++) {
+        char path[512];
+        if (!dirs[k]) continue;
+        for (i = 0; names[i]; i++) {
+            snprintf(path, sizeof path, "%s/lib64/%s", dirs[k], names[i]);
+            if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) { _ddp_strlcpy(used, path, cap); return h; }
+        }
+    }
+    return NULL;
+}
+
+/* dlsym into a function pointer without the object/function pointer cast (ISO C forbids it). */
+#define _DDP_NCCL_SYM(h, a, field, name, required)                                          \
+    do {                                                                                   \
+        void *_s = dlsym((h), (name));                                                     \
+        memcpy(&(a)->field, &_s, sizeof _s);                                               \
+        if (!_s && (required)) { missing = (name); }                                       \
+    } while (0)
+
+_DDP_PRIVATE void _ddp_nccl_bind(_ddp_nccl_api_t *a) {
+    static const char *const nccl_names[] = { "libnccl.so.2", "libnccl.so", NULL };
+    static const char *const cudart_names[] = { "libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL };
+    char err[256];
+    const char *missing = NULL;
+    void *cu, *nc;
+    /* The runtime first: NCCL needs it loaded, and a machine without CUDA stops here. */
+    cu = _ddp_nccl_dlopen("DDP_CUDART_LIBRARY", cudart_names, a->cudart_path, sizeof a->cudart_path,
+                          err, sizeof err);
+    if (!cu) { snprintf(a->why, sizeof a->why, "no CUDA runtime (%s)", err); a->loaded = -1; return; }
+    nc = _ddp_nccl_dlopen("DDP_NCCL_LIBRARY", nccl_names, a->nccl_path, sizeof a->nccl_path, err, sizeof err);
+    if (!nc) { snprintf(a->why, sizeof a->why, "no NCCL library (%s)", err); a->loaded = -1; return; }
+    _DDP_NCCL_SYM(nc, a, GetVersion, "ncclGetVersion", 1);
+    _DDP_NCCL_SYM(nc, a, GetUniqueId, "ncclGetUniqueId", 1);
+    _DDP_NCCL_SYM(nc, a, CommInitRankConfig, "ncclCommInitRankConfig", 1);
+    _DDP_NCCL_SYM(nc, a, CommSplit, "ncclCommSplit", 1);
+    _DDP_NCCL_SYM(nc, a, CommGetAsyncError, "ncclCommGetAsyncError", 1);
+    _DDP_NCCL_SYM(nc, a, CommAbort, "ncclCommAbort", 1);
+    _DDP_NCCL_SYM(nc, a, CommFinalize, "ncclCommFinalize", 1);
+    _DDP_NCCL_SYM(nc, a, CommDestroy, "ncclCommDestroy", 1);
+    _DDP_NCCL_SYM(nc, a, NcclErrorString, "ncclGetErrorString", 1);
+    _DDP_NCCL_SYM(nc, a, NcclLastError, "ncclGetLastError", 0);
+    _DDP_NCCL_SYM(nc, a, AllReduce, "ncclAllReduce", 1);
+    _DDP_NCCL_SYM(nc, a, ReduceScatter, "ncclReduceScatter", 1);
+    _DDP_NCCL_SYM(nc, a, AllGather, "ncclAllGather", 1);
+    _DDP_NCCL_SYM(nc, a, Broadcast, "ncclBroadcast", 1);
+    _DDP_NCCL_SYM(nc, a, Reduce, "ncclReduce", 1);
+    _DDP_NCCL_SYM(nc, a, Send, "ncclSend", 1);
+    _DDP_NCCL_SYM(nc, a, Recv, "ncclRecv", 1);
+    _DDP_NCCL_SYM(nc, a, GroupStart, "ncclGroupStart", 1);
+    _DDP_NCCL_SYM(nc, a, GroupEnd, "ncclGroupEnd", 1);
+    _DDP_NCCL_SYM(nc, a, AlltoAll, "ncclAlltoAll", 0);
+    _DDP_NCCL_SYM(nc, a, Gather, "ncclGather", 0);
+    _DDP_NCCL_SYM(nc, a, Scatter, "ncclScatter", 0);
+    _DDP_NCCL_SYM(cu, a, GetDeviceCount, "cudaGetDeviceCount", 1);
+    _DDP_NCCL_SYM(cu, a, SetDevice, "cudaSetDevice", 1);
+    _DDP_NCCL_SYM(cu, a, PointerGetAttributes, "cudaPointerGetAttributes", 1);
+    _DDP_NCCL_SYM(cu, a, Malloc, "cudaMalloc", 1);
+    _DDP_NCCL_SYM(cu, a, Free, "cudaFree", 1);
+    _DDP_NCCL_SYM(cu, a, MemcpyAsync, "cudaMemcpyAsync", 1);
+    _DDP_NCCL_SYM(cu, a, MemsetAsync, "cudaMemsetAsync", 1);
+    _DDP_NCCL_SYM(cu, a, EventCreateWithFlags, "cudaEventCreateWithFlags", 1);
+    _DDP_NCCL_SYM(cu, a, EventRecord, "cudaEventRecord", 1);
+    _DDP_NCCL_SYM(cu, a, EventQuery, "cudaEventQuery", 1);
+    _DDP_NCCL_SYM(cu, a, EventDestroy, "cudaEventDestroy", 1);
+    _DDP_NCCL_SYM(cu, a, CudaLastError, "cudaGetLastError", 1);
+    _DDP_NCCL_SYM(cu, a, CudaErrorString, "cudaGetErrorString", 1);
+    _DDP_NCCL_SYM(cu, a, RuntimeGetVersion, "cudaRuntimeGetVersion", 0);
+    if (missing) {
+        snprintf(a->why, sizeof a->why, "%s or %s lacks %s", a->nccl_path, a->cudart_path, missing);
+        a->loaded = -1;
+    }
+}
+#undef _DDP_NCCL_SYM
+#endif
+
+/* The table, loaded on first use (any thread); NULL with why filled when unusable. */
+_DDP_PRIVATE const _ddp_nccl_api_t *_ddp_nccl_load(char *why, size_t cap) {
+    _ddp_nccl_api_t *a = &_ddp_nccl_api;
+    pthread_mutex_lock(&_ddp_nccl_api_mu);
+    if (a->loaded == 0) {
+        _ddp_nccl_bind(a);
+        if (a->loaded == 0 && a->GetVersion(&a->version) != 0) {
+            snprintf(a->why, sizeof a->why, "ncclGetVersion failed");
+            a->loaded = -1;
+        }
+        if (a->loaded == 0 && a->version < _DDP_NCCL_MIN_VERSION) {
+            snprintf(a->why, sizeof a->why, "NCCL %d.%d.%d (%s) is older than the 2.19.0 libddp needs",
+                     a->version / 10000, a->version / 100 % 100, a->version % 100, a->nccl_path);
+            a->loaded = -1;
+        }
+        if (a->loaded == 0 && a->RuntimeGetVersion) a->RuntimeGetVersion(&a->runtime_version);
+        if (a->loaded == 0) a->loaded = 1;
+    }
+    pthread_mutex_unlock(&_ddp_nccl_api_mu);
+    if (a->loaded < 0) { _ddp_strlcpy(why, a->why, cap); return NULL; }
+    return a;
+}
+
+/* ---------------------------------------------------------------- per communicator */
+#define _DDP_NCCL_INFLIGHT 256          /* calls in flight before an enqueue waits (events) */
+#define _DDP_NCCL_PTR_CACHE 16
+#define _DDP_NCCL_REPORT_RANKS 16       /* the hang report names at most this many ranks */
+
+typedef struct {
+    uint64_t seq;                       /* 0: free */
+    ddp_device_call_t call;
+    int ncalls;                         /* > 1: a group ending with `call` */
+    int64_t t0_us;
+    _ddp_cevent_t event;
+} _ddp_nccl_rec_t;
+
+typedef struct {
+    const ddp_transport_ctx_t *ctx;
+    const _ddp_nccl_api_t *api;
+    char declined[384];                 /* why not (probe), "" when usable */
+    int device, ndevices, device_forced;
+    _ddp_ncomm_t comm;
+    _ddp_cstream_t stream;
+    /* comm_mu serialises the calls that use `comm` with the abort that frees it. */
+    pthread_mutex_t comm_mu;
+    int comm_dead;                      /* aborted or destroyed: never touch comm again */
+    /* the calls in flight, oldest first: rec[head..tail) modulo _DDP_NCCL_INFLIGHT */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                  /* watchdog: something to watch, or stop */
+    _ddp_nccl_rec_t rec[_DDP_NCCL_INFLIGHT];
+    uint64_t head, tail;                /* positions, not seqs */
+    uint64_t done_through;              /* every seq <= this completed */
+    uint64_t last_seq;                  /* the last call recorded */
+    ddp_result_t error;                 /* sticky */
+    char error_msg[1536];
+    pthread_t watchdog;
+    int watchdog_on, stop;
+    /* a group in progress: calls held by NCCL until the end, then one event for them */
+    int group_depth, group_n;
+    ddp_device_call_t group_last;
+    /* pointer classification cache (the caller's thread only) */
+    const void *cache_ptr[_DDP_NCCL_PTR_CACHE];
+    unsigned char cache_dev[_DDP_NCCL_PTR_CACHE];
+    unsigned cache_next;
+    int events_made;
+} _ddp_nccl_t;
+
+_DDP_PRIVATE const char *_ddp_nccl_kind_name(int kind) {
+    static const char *const names[] = { "?", "all_reduce", "reduce_scatter", "all_gather",
+        "broadcast", "barrier", "reduce", "gather", "scatter", "all_to_all", "send", "recv" };
+    return kind >= 1 && kind <= DDP_CALL_RECV ? names[kind] : "?";
+}
+
+_DDP_PRIVATE void _ddp_nccl_describe(const ddp_device_call_t *k, int ncalls, char *out, size_t cap) {
+    int n = snprintf(out, cap, "%s #%llu (%zu x %s", _ddp_nccl_kind_name(k->kind),
+                     (unsigned long long)k->seq, k->count, ddp_dtype_name(k->dtype));
+    if (n < 0 || (size_t)n >= cap) return;
+    if (k->kind == DDP_CALL_ALL_REDUCE || k->kind == DDP_CALL_REDUCE_SCATTER || k->kind == DDP_CALL_REDUCE)
+        n += snprintf(out + n, cap - (size_t)n, " %s", ddp_op_name(k->op));
+    if ((size_t)n >= cap) return;
+    if (k->kind == DDP_CALL_SEND || k->kind == DDP_CALL_RECV)
+        n += snprintf(out + n, cap - (size_t)n, " %s rank %d", k->kind == DDP_CALL_SEND ? "to" : "from", k->root);
+    else if (k->kind == DDP_CALL_BROADCAST || k->kind == DDP_CALL_REDUCE || k->kind == DDP_CALL_GATHER ||
+             k->kind == DDP_CALL_SCATTER)
+        n += snprintf(out + n, cap - (size_t)n, " root %d", k->root);
+    if ((size_t)n >= cap) return;
+    if (ncalls > 1) n += snprintf(out + n, cap - (size_t)n, ", the last of a group of %d", ncalls);
+    if ((size_t)n < cap) snprintf(out + n, cap - (size_t)n, ")");
+}
+
+_DDP_PRIVATE const char *_ddp_nccl_err(const _ddp_nccl_t *s, _ddp_nres_t r) {
+    const char *m = s->api->NcclErrorString(r);
+    return m ? m : "unknown NCCL error";
+}
+
+/* The sticky failure, from any thread (the watchdog's included): the first one wins, is logged
+ * at WARN, and becomes the communicator's last error when the user's thread next returns from
+ * this transport (_ddp_nccl_check: that buffer belongs to the user's thread). */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_fail(_ddp_nccl_t *s, ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+_DDP_PRIVATE ddp_result_t _ddp_nccl_fail(_ddp_nccl_t *s, ddp_result_t r, const char *fmt, ...) {
+    va_list ap;
+    int first;
+    char msg[sizeof s->error_msg];
+    pthread_mutex_lock(&s->mu);
+    first = s->error == DDP_SUCCESS;
+    if (first) {
+        va_start(ap, fmt);
+        vsnprintf(s->error_msg, sizeof s->error_msg, fmt, ap);
+        va_end(ap);
+        _ddp_strlcpy(msg, s->error_msg, sizeof msg);
+        __atomic_store_n(&s->error, r, __ATOMIC_SEQ_CST);
+    }
+    r = s->error;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (first) _DDP_TLOG(s->ctx, DDP_LOG_WARN, "%s [%s]", msg, ddp_strerror(r));
+    return r;
+}
+
+/* The failure a call on this communicator returns now (sticky error, or an abort), recorded as
+ * the communicator's last error. The user's thread only. */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_check(_ddp_nccl_t *s) {
+    ddp_result_t e = (ddp_result_t)__atomic_load_n(&s->error, __ATOMIC_SEQ_CST);
+    if (e != DDP_SUCCESS) {
+        char msg[sizeof s->error_msg];
+        pthread_mutex_lock(&s->mu);
+        _ddp_strlcpy(msg, s->error_msg, sizeof msg);
+        pthread_mutex_unlock(&s->mu);
+        if (s->ctx->fail) s->ctx->fail(s->ctx->host, e, msg);
+        return e;
+    }
+    if (ddp_transport_aborted(s->ctx)) return DDP_ERR_ABORTED;
+    return DDP_SUCCESS;
+}
+
+/* A failure found on the user's thread: sticky, and recorded at once. */
+#define _ddp_nccl_raise(s, ...) (_ddp_nccl_fail((s), __VA_ARGS__), _ddp_nccl_check(s))
+
+/* Frees the NCCL communicator now, whatever it is doing (once). */
+_DDP_PRIVATE void _ddp_nccl_abort_comm(_ddp_nccl_t *s, const char *why) {
+    pthread_mutex_lock(&s->comm_mu);
+    if (!s->comm_dead && s->comm) {
+        s->comm_dead = 1;
+        _DDP_TLOG(s->ctx, DDP_LOG_WARN, "nccl: ncclCommAbort (%s)", why);
+        s->api->CommAbort(s->comm);
+    }
+    s->comm_dead = 1;
+    pthread_mutex_unlock(&s->comm_mu);
+}
+
+/* After a call on a nonblocking communicator: ncclInProgress means "still being set up" (init,
+ * split, the first connection to a peer), to be polled until it settles. Bounded. */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_settle(_ddp_nccl_t *s, _ddp_ncomm_t comm, _ddp_nres_t r,
+                                           const char *what) {
+    int64_t deadline = _ddp_deadline(s->ctx->timeout_ms), t0 = _ddp_now_us();
+    int nap = 50;
+    while (r == _DDP_NCCL_IN_PROGRESS) {
+        struct timespec ts;
+        _ddp_nres_t async = _DDP_NRES(0);
+        if (ddp_transport_aborted(s->ctx)) return DDP_ERR_ABORTED;
+        if (deadline && _ddp_now_us() >= deadline)
+            return _ddp_nccl_raise(s, DDP_ERR_TIMEOUT, "nccl: %s still in progress after %d ms "
+                                  "(DDP_TIMEOUT_MS): a rank never joined it?", what,
+                                  (int)((_ddp_now_us() - t0) / 1000));
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)nap * 1000;
+        nanosleep(&ts, NULL);
+        if (nap < 10000) nap *= 2;
+        pthread_mutex_lock(&s->comm_mu);
+        if (s->comm_dead && comm == s->comm) { pthread_mutex_unlock(&s->comm_mu); return _ddp_nccl_check(s); }
+        if (s->api->CommGetAsyncError(comm, &async) != 0) async = _DDP_NRES(3);
+        pthread_mutex_unlock(&s->comm_mu);
+        r = async;
+    }
+    if (r != 0)
+        return _ddp_nccl_raise(s, r == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s", what,
+                              _ddp_nccl_err(s, r));
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- the watchdog
+ * Watches the oldest call in flight: completes it when its event fired, fails everything when
+ * it waited longer than the timeout or NCCL reported an asynchronous error. */
+
+/* Every rank that times out says where it is (through the store); the others' answers within a
+ * grace explain a mismatch (rank 0 in all_reduce #7, rank 1 in broadcast #7) or name the rank
+ * that stopped (no answer: it is not waiting in a device call). */
+_DDP_PRIVATE void _ddp_nccl_hang_report(_ddp_nccl_t *s, const char *mine, char *out, size_t cap) {
+    const ddp_transport_ctx_t *x = s->ctx;
+    int n = x->nranks, i, listed = 0, silent = 0;
+    int64_t until;
+    size_t off = 0;
+    char pos[384];
+    out[0] = 0;
+    _ddp_strlcpy(pos, mine, sizeof pos);
+    if (!x->publish || !x->published || !x->lookup ||
+        x->publish(x->host, "nccl.pos", pos, strlen(pos) + 1) != DDP_SUCCESS) return;
+    /* Healthy ranks time out within a short spread of each other: half a second of grace,
+     * so the error still comes well within DDP_TIMEOUT_MS + 1 s. */
+    until = _ddp_now_us() + 500000;
+    for (i = 0; i < n && off + 96 < cap; i++) {
+        char theirs[384];
+        size_t len = 0;
+        if (i == x->rank) continue;
+        while (!x->published(x->host, "nccl.pos", i) && _ddp_now_us() < until) {
+            struct timespec ts = { 0, 20000000 };
+            nanosleep(&ts, NULL);
+        }
+        if (!x->published(x->host, "nccl.pos", i)) {
+            silent++;
+            if (listed < _DDP_NCCL_REPORT_RANKS) {
+                off += (size_t)snprintf(out + off, cap - off, "; rank %d: no report (not waiting in a "
+                                        "device call: stuck before it, or dead)", i);
+                listed++;
+            }
+            continue;
+        }
+        if (x->lookup(x->host, "nccl.pos", i, theirs, sizeof theirs - 1, &len) != DDP_SUCCESS) continue;
+        theirs[len < sizeof theirs ? len : sizeof theirs - 1] = 0;
+        if (listed < _DDP_NCCL_REPORT_RANKS) {
+            off += (size_t)snprintf(out + off, cap - off, "; rank %d: %s", i, theirs);
+            listed++;
+        }
+    }
+    if (silent && off + 64 < cap)
+        snprintf(out + off, cap - off, " (%d rank%s without a report)", silent, silent == 1 ? "" : "s");
+}
+
+_DDP_PRIVATE void _ddp_nccl_timeout(_ddp_nccl_t *s, const _ddp_nccl_rec_t *r, int64_t waited_ms) {
+    char what[200], mine[320], report[1024];
+    _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
+    snprintf(mine, sizeof mine, "waiting in %s for %lld ms, completed through #%llu", what,
+             (long long)waited_ms, (unsigned long long)s->done_through);
+    _ddp_nccl_hang_report(s, mine, report, sizeof report);
+    _ddp_nccl_fail(s, DDP_ERR_TIMEOUT, "nccl: %s did not complete within %d ms (DDP_TIMEOUT_MS; "
+                   "waited %lld ms): NCCL communicator aborted. Rank %d: %s%s", what,
+                   s->ctx->timeout_ms, (long long)waited_ms, s->ctx->rank, mine, report);
+    _ddp_nccl_abort_comm(s, "timeout");
+}
+
+static void *_ddp_nccl_watchdog_main(void *arg) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)arg;
+    int nap = 100;
+    if (s->api->SetDevice(s->device) != 0) s->api->CudaLastError();
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        _ddp_nccl_rec_t *r;
+        _ddp_cerr_t q;
+        _ddp_nres_t async = _DDP_NRES(0);
+        struct timespec ts;
+        while (!s->stop && (s->head == s->tail || s->error != DDP_SUCCESS)) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            nap = 100;
+        }
+        if (s->stop) break;
+        r = &s->rec[s->head % _DDP_NCCL_INFLIGHT];
+        pthread_mutex_unlock(&s->mu);
+        q = s->api->EventQuery(r->event);
+        pthread_mutex_lock(&s->comm_mu);
+        if (!s->comm_dead && s->api->CommGetAsyncError(s->comm, &async) != 0) async = _DDP_NRES(3);
+        pthread_mutex_unlock(&s->comm_mu);
+        if (async != 0 && async != _DDP_NCCL_IN_PROGRESS) {
+            char what[200];
+            _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
+            _ddp_nccl_fail(s, async == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: asynchronous error "
+                           "during %s: %s%s%s; NCCL communicator aborted", what, _ddp_nccl_err(s, async),
+                           s->api->NcclLastError ? ": " : "", s->api->NcclLastError ?
+                           s->api->NcclLastError(s->comm) : "");
+            _ddp_nccl_abort_comm(s, "asynchronous error");
+        } else if (q == 0) {
+            pthread_mutex_lock(&s->mu);
+            if (r->seq > s->done_through) s->done_through = r->seq;
+            r->seq = 0;
+            s->head++;
+            pthread_cond_broadcast(&s->cv);
+            nap = 100;
+            continue;   /* holding mu */
+        } else if (q != _DDP_CUDA_NOT_READY) {
+            char what[200];
+            s->api->CudaLastError();
+            _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
+            _ddp_nccl_fail(s, DDP_ERR_SYSTEM, "nccl: cudaEventQuery after %s: %s", what,
+                           s->api->CudaErrorString(q));
+            _ddp_nccl_abort_comm(s, "CUDA error");
+        } else if (s->ctx->timeout_ms >= 0 &&
+                   _ddp_now_us() - r->t0_us > (int64_t)s->ctx->timeout_ms * 1000) {
+            _ddp_nccl_timeout(s, r, (_ddp_now_us() - r->t0_us) / 1000);
+        }
+        /* nothing finished: poll again soon, backing off to 5 ms (a device call takes
+         * microseconds to seconds; the watchdog must not cost a core) */
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)nap * 1000;
+        nanosleep(&ts, NULL);
+        if (nap < 5000) nap *= 2;
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Records an event after the work just enqueued: the watchdog watches it, tickets wait on it.
+ * Waits (bounded) for the oldest call when _DDP_NCCL_INFLIGHT are in flight. */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_record(_ddp_nccl_t *s, const ddp_device_call_t *k, int ncalls) {
+    _ddp_nccl_rec_t *r;
+    _ddp_cerr_t e;
+    int64_t deadline = _ddp_deadline(s->ctx->timeout_ms < 0 ? -1 : s->ctx->timeout_ms + 2000);
+    pthread_mutex_lock(&s->mu);
+    while (s->tail - s->head == _DDP_NCCL_INFLIGHT && s->error == DDP_SUCCESS) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        if (deadline && _ddp_now_us() > deadline) break;   /* the watchdog fails it first */
+    }
+    if (s->error != DDP_SUCCESS || s->tail - s->head == _DDP_NCCL_INFLIGHT) {
+        pthread_mutex_unlock(&s->mu);
+        return _ddp_nccl_check(s) != DDP_SUCCESS ? _ddp_nccl_check(s)
+               : _ddp_nccl_raise(s, DDP_ERR_TIMEOUT, "nccl: %d calls in flight and the oldest never "
+                                "completed", _DDP_NCCL_INFLIGHT);
+    }
+    r = &s->rec[s->tail % _DDP_NCCL_INFLIGHT];
+    pthread_mutex_unlock(&s->mu);
+    e = s->api->EventRecord(r->event, s->stream);
+    if (e != 0) {
+        s->api->CudaLastError();
+        return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: cudaEventRecord: %s", s->api->CudaErrorString(e));
+    }
+    pthread_mutex_lock(&s->mu);
+    r->call = *k;
+    r->ncalls = ncalls;
+    r->t0_us = _ddp_now_us();
+    r->seq = k->seq;
+    s->last_seq = k->seq;
+    s->tail++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- vtable: setup */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_init(const ddp_transport_ctx_t *ctx, void **state) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)ddp_transport_calloc(ctx, sizeof *s);
+    const char *mode = getenv("DDP_NCCL");
+    if (!s) return ddp_transport_fail(ctx, DDP_ERR_OUT_OF_MEMORY, "nccl: state");
+    s->ctx = ctx;
+    pthread_mutex_init(&s->comm_mu, NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (mode && !strcmp(mode, "0"))
+        snprintf(s->declined, sizeof s->declined, "DDP_NCCL=0");
+    else
+        s->api = _ddp_nccl_load(s->declined, sizeof s->declined);
+    *state = s;
+    return DDP_SUCCESS;
+}
+
+/* Never a host transport: device buffers only. */
+_DDP_PRIVATE int _ddp_nccl_reachable(void *state, int peer) { (void)state; (void)peer; return 0; }
+
+_DDP_PRIVATE int _ddp_nccl_local_rank(const ddp_transport_ctx_t *x) {
+    int i, lr = 0;
+    const char *me = x->host_id ? x->host_id(x->host, x->rank) : NULL;
+    for (i = 0; me && i < x->rank; i++) {
+        const char *h = x->host_id(x->host, i);
+        if (h && !strcmp(h, me)) lr++;
+    }
+    return lr;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_probe(void *state, char *why, size_t cap) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    _ddp_cerr_t e;
+    long forced = -1;
+    int env;
+    if (!s->declined[0] && s->api) {
+        e = s->api->GetDeviceCount(&s->ndevices);
+        if (e != 0) {
+            s->api->CudaLastError();
+            snprintf(s->declined, sizeof s->declined, "no usable CUDA device: cudaGetDeviceCount: %s "
+                     "(CUDA error %d)", s->api->CudaErrorString(e), (int)e);
+        } else if (s->ndevices < 1) {
+            snprintf(s->declined, sizeof s->declined, "no CUDA device visible");
+        }
+    }
+    if (!s->declined[0]) {
+        env = _ddp_env_int("DDP_CUDA_DEVICE", 0, 1 << 20, &forced);
+        if (env < 0) {
+            snprintf(s->declined, sizeof s->declined, "DDP_CUDA_DEVICE=%s is not a device number",
+                     getenv("DDP_CUDA_DEVICE"));
+        } else if (env > 0 && forced >= s->ndevices) {
+            snprintf(s->declined, sizeof s->declined, "DDP_CUDA_DEVICE=%ld but only %d devices are "
+                     "visible", forced, s->ndevices);
+        } else {
+            s->device_forced = env > 0;
+            s->device = env > 0 ? (int)forced : _ddp_nccl_local_rank(s->ctx) % s->ndevices;
+            if ((e = s->api->SetDevice(s->device)) != 0) {
+                s->api->CudaLastError();
+                snprintf(s->declined, sizeof s->declined, "cudaSetDevice(%d): %s", s->device,
+                         s->api->CudaErrorString(e));
+            }
+        }
+    }
+    _ddp_strlcpy(why, s->declined, cap);
+    return s->declined[0] ? DDP_ERR_UNSUPPORTED : DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    const ddp_transport_ctx_t *x = s->ctx;
+    _ddp_nconfig_t cfg;
+    _ddp_nid_t id;
+    _ddp_nres_t nr;
+    ddp_result_t r;
+    int i;
+    if (s->declined[0] || !s->api)
+        return ddp_transport_fail(x, DDP_ERR_UNSUPPORTED, "nccl: %s", s->declined);
+    if (inherited) {
+        s->comm = (_ddp_ncomm_t)inherited;
+        if ((r = _ddp_nccl_settle(s, s->comm, _DDP_NCCL_IN_PROGRESS, "ncclCommSplit")) != DDP_SUCCESS) {
+            _ddp_nccl_abort_comm(s, "split did not complete");
+            return r;
+        }
+    } else {
+        memset(&id, 0, sizeof id);
+        if (x->rank == 0) {
+            if ((nr = s->api->GetUniqueId(&id)) != 0)
+                return ddp_transport_fail(x, DDP_ERR_SYSTEM, "nccl: ncclGetUniqueId: %s", _ddp_nccl_err(s, nr));
+            if ((r = x->publish(x->host, "nccl", &id, sizeof id)) != DDP_SUCCESS) return r;
+        } else {
+            size_t len = 0;
+            if ((r = x->lookup(x->host, "nccl", 0, &id, sizeof id, &len)) != DDP_SUCCESS) return r;
+            if (len != sizeof id)
+                return ddp_transport_fail(x, DDP_ERR_MISMATCH, "nccl: rank 0's unique id has %zu bytes, "
+                                          "expected %zu", len, sizeof id);
+        }
+        _DDP_NCCL_CONFIG_INIT(cfg);
+        cfg.blocking = 0;   /* so that init can be bounded (polled) and aborted */
+        nr = s->api->CommInitRankConfig(&s->comm, x->nranks, id, x->rank, &cfg);
+        if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS) {
+            s->comm = NULL;
+            return _ddp_nccl_raise(s, nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: "
+                                  "ncclCommInitRankConfig (rank %d of %d, device %d): %s", x->rank,
+                                  x->nranks, s->device, _ddp_nccl_err(s, nr));
+        }
+        if ((r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommInitRankConfig")) != DDP_SUCCESS) {
+            _ddp_nccl_abort_comm(s, "init did not complete");
+            return r;
+        }
+    }
+    for (i = 0; i < _DDP_NCCL_INFLIGHT; i++) {
+        _ddp_cerr_t e = s->api->EventCreateWithFlags(&s->rec[i].event, _DDP_CUDA_EVENT_NO_TIMING);
+        if (e != 0) {
+            s->api->CudaLastError();
+            _ddp_nccl_abort_comm(s, "setup failed");
+            return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: cudaEventCreateWithFlags: %s",
+                                  s->api->CudaErrorString(e));
+        }
+        s->events_made = i + 1;
+    }
+    if (pthread_create(&s->watchdog, NULL, _ddp_nccl_watchdog_main, s) != 0) {
+        _ddp_nccl_abort_comm(s, "setup failed");
+        return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: watchdog thread: %s", strerror(errno));
+    }
+    s->watchdog_on = 1;
+    _DDP_TLOG(x, DDP_LOG_INFO, "nccl: NCCL %d.%d.%d (%s), CUDA runtime %d (%s); device %d of %d "
+              "(%s); %s; watchdog: %d ms per call (DDP_TIMEOUT_MS)", s->api->version / 10000,
+              s->api->version / 100 % 100, s->api->version % 100, s->api->nccl_path,
+              s->api->runtime_version, s->api->cudart_path, s->device, s->ndevices,
+              s->device_forced ? "DDP_CUDA_DEVICE" : "local rank mod visible devices",
+              inherited ? "communicator split from the parent's" : "communicator made through the store",
+              x->timeout_ms);
+    return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- vtable: calls */
+_DDP_PRIVATE int _ddp_nccl_is_device(void *state, const void *ptr) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    _ddp_cattr_t a;
+    unsigned i;
+    int dev;
+    if (!ptr || !s->api || s->ndevices < 1) return 0;
+    for (i = 0; i < _DDP_NCCL_PTR_CACHE; i++)
+        if (s->cache_ptr[i] == ptr) return s->cache_dev[i];
+    memset(&a, 0, sizeof a);
+    if (s->api->PointerGetAttributes(&a, ptr) != 0) { s->api->CudaLastError(); dev = 0; }
+    else dev = a.type == _DDP_CUDA_MEM_DEVICE || a.type == _DDP_CUDA_MEM_MANAGED;
+    i = s->cache_next++ % _DDP_NCCL_PTR_CACHE;
+    s->cache_ptr[i] = ptr;
+    s->cache_dev[i] = (unsigned char)dev;
+    return dev;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_set_stream(void *state, void *stream) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    s->stream = (_ddp_cstream_t)stream;
+    _DDP_TLOG(s->ctx, DDP_LOG_INFO, "nccl: device calls now go on CUDA stream %p", stream);
+    return DDP_SUCCESS;
+}
+
+/* One NCCL call for k, under comm_mu (so an abort from the watchdog cannot free the comm under
+ * it). Gather/scatter/all-to-all are NCCL's own calls when it has them (>= 2.28), else grouped
+ * send/recv. */
+_DDP_PRIVATE _ddp_nres_t _ddp_nccl_issue(_ddp_nccl_t *s, const ddp_device_call_t *k) {
+    const _ddp_nccl_api_t *a = s->api;
+    _ddp_ncomm_t c = s->comm;
+    _ddp_cstream_t st = s->stream;
+    _ddp_ndtype_t dt = (_ddp_ndtype_t)k->dtype;   /* libddp's dtype and op values are NCCL's */
+    _ddp_nop_t op = (_ddp_nop_t)k->op;
+    const int n = s->ctx->nranks, me = s->ctx->rank;
+    const size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    _ddp_nres_t r = _DDP_NRES(0), r2;
+    int i;
+    switch (k->kind) {
+    case DDP_CALL_ALL_REDUCE: return a->AllReduce(k->send, k->recv, k->count, dt, op, c, st);
+    case DDP_CALL_REDUCE_SCATTER: return a->ReduceScatter(k->send, k->recv, k->count, dt, op, c, st);
+    case DDP_CALL_ALL_GATHER: return a->AllGather(k->send, k->recv, k->count, dt, c, st);
+    case DDP_CALL_BROADCAST: return a->Broadcast(k->send, k->recv, k->count, dt, k->root, c, st);
+    case DDP_CALL_REDUCE: return a->Reduce(k->send, k->recv, k->count, dt, op, k->root, c, st);
+    case DDP_CALL_SEND: return a->Send(k->send, k->count, dt, k->root, c, st);
+    case DDP_CALL_RECV: return a->Recv(k->recv, k->count, dt, k->root, c, st);
+    case DDP_CALL_ALL_TO_ALL:
+        if (a->AlltoAll) return a->AlltoAll(k->send, k->recv, k->count, dt, c, st);
+        a->GroupStart();
+        for (i = 0; i < n && r == 0; i++) {
+            r = a->Send((const char *)k->send + (size_t)i * bytes, k->count, dt, i, c, st);
+            if (r == 0) r = a->Recv((char *)k->recv + (size_t)i * bytes, k->count, dt, i, c, st);
+        }
+        r2 = a->GroupEnd();
+        return r ? r : r2;
+    case DDP_CALL_GATHER:
+        if (a->Gather) return a->Gather(k->send, k->recv, k->count, dt, k->root, c, st);
+        a->GroupStart();
+        r = a->Send(k->send, k->count, dt, k->root, c, st);
+        for (i = 0; me == k->root && i < n && r == 0; i++)
+            r = a->Recv((char *)k->recv + (size_t)i * bytes, k->count, dt, i, c, st);
+        r2 = a->GroupEnd();
+        return r ? r : r2;
+    case DDP_CALL_SCATTER:
+        if (a->Scatter) return a->Scatter(k->send, k->recv, k->count, dt, k->root, c, st);
+        a->GroupStart();
+        for (i = 0; me == k->root && i < n && r == 0; i++)
+            r = a->Send((const char *)k->send + (size_t)i * bytes, k->count, dt, i, c, st);
+        if (r == 0) r = a->Recv(k->recv, k->count, dt, k->root, c, st);
+        r2 = a->GroupEnd();
+        return r ? r : r2;
+    default:
+        return _DDP_NRES(4);   /* ncclInvalidArgument */
+    }
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_enqueue(void *state, const ddp_device_call_t *k) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    char what[200];
+    _ddp_nres_t nr;
+    ddp_result_t r = _ddp_nccl_check(s);
+    if (r != DDP_SUCCESS) return r;
+    if (s->api->SetDevice(s->device) != 0) s->api->CudaLastError();
+    pthread_mutex_lock(&s->comm_mu);
+    nr = s->comm_dead ? _DDP_NRES(5) : _ddp_nccl_issue(s, k);
+    pthread_mutex_unlock(&s->comm_mu);
+    if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS) {
+        if ((r = _ddp_nccl_check(s)) != DDP_SUCCESS) return r;
+        _ddp_nccl_describe(k, 1, what, sizeof what);
+        return _ddp_nccl_raise(s, nr == 4 ? DDP_ERR_INVALID_ARGUMENT : nr == 5 ? DDP_ERR_INVALID_USAGE
+                              : nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s", what,
+                              _ddp_nccl_err(s, nr));
+    }
+    if (s->group_depth) {   /* held by NCCL until ncclGroupEnd: one event after the group */
+        s->group_n++;
+        s->group_last = *k;
+        return DDP_SUCCESS;
+    }
+    if (nr == _DDP_NCCL_IN_PROGRESS) {
+        _ddp_nccl_describe(k, 1, what, sizeof what);
+        if ((r = _ddp_nccl_settle(s, s->comm, nr, what)) != DDP_SUCCESS) return r;
+    }
+    return _ddp_nccl_record(s, k, 1);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_group(void *state, int start) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    _ddp_nres_t nr;
+    ddp_result_t r = _ddp_nccl_check(s);
+    if (r != DDP_SUCCESS) {
+        if (!start && s->group_depth > 0) {   /* close NCCL's group all the same */
+            s->group_depth--;
+            s->api->GroupEnd();
+        }
+        return r;
+    }
+    if (start) {
+        if (s->group_depth++ == 0) s->group_n = 0;
+        s->api->GroupStart();
+        return DDP_SUCCESS;
+    }
+    if (s->group_depth == 0) return DDP_ERR_INVALID_USAGE;
+    pthread_mutex_lock(&s->comm_mu);
+    nr = s->api->GroupEnd();
+    pthread_mutex_unlock(&s->comm_mu);
+    if (--s->group_depth > 0 || s->group_n == 0) return DDP_SUCCESS;
+    if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS)
+        return _ddp_nccl_raise(s, nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: ncclGroupEnd "
+                              "(a group of %d calls): %s", s->group_n, _ddp_nccl_err(s, nr));
+    if (nr == _DDP_NCCL_IN_PROGRESS && (r = _ddp_nccl_settle(s, s->comm, nr, "ncclGroupEnd")) != DDP_SUCCESS)
+        return r;
+    return _ddp_nccl_record(s, &s->group_last, s->group_n);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_mark(void *state, uint64_t *ticket) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    pthread_mutex_lock(&s->mu);
+    *ticket = s->last_seq;
+    pthread_mutex_unlock(&s->mu);
+    return _ddp_nccl_check(s);
+}
+
+/* Done once the watchdog saw everything through ticket complete, or ticket's own event fired
+ * (calls on different streams may finish out of order). */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_query(void *state, uint64_t ticket, int *done) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    uint64_t p;
+    _ddp_cevent_t ev = NULL;
+    ddp_result_t r = _ddp_nccl_check(s);
+    *done = 0;
+    if (r != DDP_SUCCESS) return r;
+    pthread_mutex_lock(&s->mu);
+    if (ticket <= s->done_through) *done = 1;
+    for (p = s->head; !*done && p < s->tail; p++)
+        if (s->rec[p % _DDP_NCCL_INFLIGHT].seq == ticket) ev = s->rec[p % _DDP_NCCL_INFLIGHT].event;
+    if (!*done && !ev) *done = 1;   /* no longer in flight: the watchdog completed it */
+    pthread_mutex_unlock(&s->mu);
+    if (ev) {
+        _ddp_cerr_t q = s->api->EventQuery(ev);
+        if (q == 0) *done = 1;
+        else if (q != _DDP_CUDA_NOT_READY) s->api->CudaLastError();
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_wait(void *state, uint64_t ticket) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    /* The watchdog fails the call at the timeout; this bound only guards the watchdog. */
+    int64_t deadline = _ddp_deadline(s->ctx->timeout_ms < 0 ? -1 : s->ctx->timeout_ms + 5000);
+    int nap = 20, done = 0;
+    for (;;) {
+        struct timespec ts;
+        ddp_result_t r = _ddp_nccl_query(state, ticket, &done);
+        if (r != DDP_SUCCESS || done) return r;
+        if (deadline && _ddp_now_us() > deadline)
+            return _ddp_nccl_raise(s, DDP_ERR_TIMEOUT, "nccl: call #%llu not complete after %d ms "
+                                  "(the watchdog did not see it end)", (unsigned long long)ticket,
+                                  s->ctx->timeout_ms + 5000);
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)nap * 1000;
+        nanosleep(&ts, NULL);
+        if (nap < 2000) nap *= 2;
+    }
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_async_error(void *state) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    return (ddp_result_t)__atomic_load_n(&s->error, __ATOMIC_SEQ_CST);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_split(void *state, int color, int key, void **inherited) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    _ddp_nconfig_t cfg;
+    _ddp_ncomm_t child = NULL;
+    _ddp_nres_t nr;
+    ddp_result_t r = _ddp_nccl_check(s);
+    *inherited = NULL;
+    if (r != DDP_SUCCESS) return r;
+    _DDP_NCCL_CONFIG_INIT(cfg);
+    cfg.blocking = 0;
+    pthread_mutex_lock(&s->comm_mu);
+    nr = s->comm_dead ? _DDP_NRES(5) : s->api->CommSplit(s->comm, color < 0 ? _DDP_NCCL_SPLIT_NOCOLOR : color, key,
+                                               &child, &cfg);
+    pthread_mutex_unlock(&s->comm_mu);
+    if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS)
+        return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: ncclCommSplit (color %d key %d): %s", color,
+                              key, _ddp_nccl_err(s, nr));
+    /* The parent settles first (the split is a collective over it); the child in its setup. */
+    if (nr == _DDP_NCCL_IN_PROGRESS && !child &&
+        (r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommSplit")) != DDP_SUCCESS) return r;
+    *inherited = child;
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE void _ddp_nccl_release_inherited(void *state, void *inherited) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    if (inherited && s->api) s->api->CommAbort((_ddp_ncomm_t)inherited);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_cuda(_ddp_nccl_t *s, _ddp_cerr_t e, const char *what) {
+    if (e == 0) return DDP_SUCCESS;
+    s->api->CudaLastError();
+    return ddp_transport_fail(s->ctx, e == 2 ? DDP_ERR_OUT_OF_MEMORY : DDP_ERR_SYSTEM, "nccl: %s: %s",
+                              what, s->api->CudaErrorString(e));
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_mem_alloc(void *state, size_t bytes, void **ptr) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    if (s->api->SetDevice(s->device) != 0) s->api->CudaLastError();
+    return _ddp_nccl_cuda(s, s->api->Malloc(ptr, bytes ? bytes : 1), "cudaMalloc");
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_mem_free(void *state, void *ptr) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    unsigned i;
+    for (i = 0; i < _DDP_NCCL_PTR_CACHE; i++) if (s->cache_ptr[i] == ptr) s->cache_ptr[i] = NULL;
+    return ptr ? _ddp_nccl_cuda(s, s->api->Free(ptr), "cudaFree") : DDP_SUCCESS;
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_copy(void *state, void *dst, const void *src, size_t bytes) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    if (!bytes) return DDP_SUCCESS;
+    return _ddp_nccl_cuda(s, s->api->MemcpyAsync(dst, src, bytes, (_ddp_ckind_t)_DDP_CUDA_COPY_DEFAULT, s->stream),
+                          "cudaMemcpyAsync");
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_fill_zero(void *state, void *dst, size_t bytes) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    if (!bytes) return DDP_SUCCESS;
+    return _ddp_nccl_cuda(s, s->api->MemsetAsync(dst, 0, bytes, s->stream), "cudaMemsetAsync");
+}
+
+/* ---------------------------------------------------------------- vtable: teardown */
+_DDP_PRIVATE void _ddp_nccl_abort(void *state) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    if (!s->comm) return;
+    _ddp_nccl_fail(s, DDP_ERR_ABORTED, "nccl: ddp_comm_abort: NCCL communicator aborted");
+    _ddp_nccl_abort_comm(s, "ddp_comm_abort");
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_nccl_finalize(void *state) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    const ddp_transport_ctx_t *ctx = s->ctx;
+    int i;
+    if (s->comm && !s->comm_dead) {
+        /* What is still in flight completes first (bounded), then a clean finalize; anything
+         * wrong, and the communicator is aborted instead. */
+        ddp_result_t r = s->last_seq ? _ddp_nccl_wait(s, s->last_seq) : DDP_SUCCESS;
+        if (r == DDP_SUCCESS) {
+            _ddp_nres_t nr;
+            pthread_mutex_lock(&s->comm_mu);
+            nr = s->api->CommFinalize(s->comm);
+            pthread_mutex_unlock(&s->comm_mu);
+            r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommFinalize");
+        }
+        pthread_mutex_lock(&s->comm_mu);
+        if (!s->comm_dead) {
+            if (r == DDP_SUCCESS) s->api->CommDestroy(s->comm);
+            else s->api->CommAbort(s->comm);
+            s->comm_dead = 1;
+        }
+        pthread_mutex_unlock(&s->comm_mu);
+    }
+    if (s->watchdog_on) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->watchdog, NULL);
+    }
+    for (i = 0; i < s->events_made; i++) s->api->EventDestroy(s->rec[i].event);
+    pthread_mutex_destroy(&s->comm_mu);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    ddp_transport_free(ctx, s);
+    return DDP_SUCCESS;
+}
+
+/* The point-to-point entries are never called (reachable says no peer). */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_no_connect(void *state, int peer, void **conn) {
+    (void)state; (void)peer; *conn = NULL; return DDP_ERR_UNSUPPORTED;
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_no_isend(void *conn, const void *buf, size_t len, uint64_t tag,
+                                             void *mr, void **req) {
+    (void)conn; (void)buf; (void)len; (void)tag; (void)mr; *req = NULL; return DDP_ERR_UNSUPPORTED;
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_no_irecv(void *conn, void *buf, size_t len, uint64_t tag,
+                                             void *mr, void **req) {
+    (void)conn; (void)buf; (void)len; (void)tag; (void)mr; *req = NULL; return DDP_ERR_UNSUPPORTED;
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_no_test(void *req, int *done) { (void)req; *done = 0; return DDP_ERR_UNSUPPORTED; }
+_DDP_PRIVATE ddp_result_t _ddp_nccl_no_wait(void *state, void *const *conns, int n, int ms) {
+    (void)state; (void)conns; (void)n; (void)ms; return DDP_ERR_UNSUPPORTED;
+}
+_DDP_PRIVATE ddp_result_t _ddp_nccl_no_close(void *conn) { (void)conn; return DDP_SUCCESS; }
+
+static const ddp_device_provider_t _ddp_nccl_device = {
+    _ddp_nccl_probe, _ddp_nccl_setup, _ddp_nccl_is_device, _ddp_nccl_set_stream, _ddp_nccl_enqueue,
+    _ddp_nccl_group, _ddp_nccl_mark, _ddp_nccl_query, _ddp_nccl_wait, _ddp_nccl_async_error,
+    _ddp_nccl_split, _ddp_nccl_release_inherited, _ddp_nccl_mem_alloc, _ddp_nccl_mem_free,
+    _ddp_nccl_copy, _ddp_nccl_fill_zero,
+};
+
+static const ddp_transport_t _ddp_nccl_transport = {
+    DDP_TRANSPORT_VERSION, "nccl", 40,
+    _ddp_nccl_init, _ddp_nccl_reachable, _ddp_nccl_no_connect, _ddp_nccl_no_connect,
+    NULL, NULL, _ddp_nccl_no_isend, _ddp_nccl_no_irecv, _ddp_nccl_no_test, _ddp_nccl_no_wait,
+    _ddp_nccl_no_close, _ddp_nccl_finalize, _ddp_nccl_abort, NULL, &_ddp_nccl_device,
+};
+
+DDP_API const ddp_transport_t *ddp_transport_nccl(void) { return &_ddp_nccl_transport; }
+
+_DDP_TRANSPORT_CONSTRUCTOR(_ddp_nccl_register) { ddp_transport_register(&_ddp_nccl_transport); }
+
+#endif /* DDP_NCCL implementation */
