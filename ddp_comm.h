@@ -192,6 +192,15 @@ DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *comm);
  * use NCCL), else 0 and ddp_comm_last_error-style text in why (may be NULL). */
 DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *comm, void *cuda_stream);
 DDP_API int ddp_comm_device_enabled(const ddp_comm_t *comm, char *why, size_t cap);
+/* For code that stages device data through the communicator (the reducer's buckets): 1 when
+ * ptr is device memory; device memory of the communicator's GPU (free waits for the
+ * communicator's device work first); a copy (either direction) and a fill with zeros, both
+ * enqueued on the communicator's stream. DDP_ERR_UNSUPPORTED without NCCL. */
+DDP_API int ddp_comm_is_device(ddp_comm_t *comm, const void *ptr);
+DDP_API ddp_result_t ddp_comm_device_alloc(ddp_comm_t *comm, size_t bytes, void **ptr);
+DDP_API ddp_result_t ddp_comm_device_free(ddp_comm_t *comm, void *ptr);
+DDP_API ddp_result_t ddp_comm_device_copy(ddp_comm_t *comm, void *dst, const void *src, size_t bytes);
+DDP_API ddp_result_t ddp_comm_device_zero(ddp_comm_t *comm, void *dst, size_t bytes);
 DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *async_error);
 /* MPI_Comm_split / ncclCommSplit: collective over comm; ranks with the same color form a new
  * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
@@ -2323,6 +2332,49 @@ DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *c, void *stream) {
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "set_cuda_stream: this communicator cannot use "
                              "NCCL: %s", c->dev_declined);
     return c->dev->set_stream(c->dev_state, stream);
+}
+
+DDP_API int ddp_comm_is_device(ddp_comm_t *c, const void *ptr) {
+    if (!c || !ptr || !_ddp_live_check(c, 0) || !c->dev_any) return 0;
+    return c->dev_any->is_device(c->dev_any_state, ptr);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_dev_usable(ddp_comm_t *c, const char *what) {
+    ddp_result_t r = _ddp_check_comm(c);
+    if (r != DDP_SUCCESS) return r;
+    if (!c->dev)
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "%s: this communicator cannot use NCCL: %s", what,
+                             c->dev_declined);
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_comm_device_alloc(ddp_comm_t *c, size_t bytes, void **ptr) {
+    ddp_result_t r = _ddp_dev_usable(c, "device_alloc");
+    if (ptr) *ptr = NULL;
+    if (r != DDP_SUCCESS) return r;
+    if (!ptr) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_alloc: NULL ptr");
+    return c->dev->mem_alloc(c->dev_state, bytes, ptr);
+}
+
+DDP_API ddp_result_t ddp_comm_device_free(ddp_comm_t *c, void *ptr) {
+    ddp_result_t r = _ddp_dev_usable(c, "device_free");
+    if (r != DDP_SUCCESS || !ptr) return r;
+    _ddp_dev_drain(c);   /* enqueued work may still read it; freed even if that failed */
+    return c->dev->mem_free(c->dev_state, ptr);
+}
+
+DDP_API ddp_result_t ddp_comm_device_copy(ddp_comm_t *c, void *dst, const void *src, size_t bytes) {
+    ddp_result_t r = _ddp_dev_usable(c, "device_copy");
+    if (r != DDP_SUCCESS || !bytes) return r;
+    if (!dst || !src) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_copy: NULL buffer");
+    return c->dev->copy(c->dev_state, dst, src, bytes);
+}
+
+DDP_API ddp_result_t ddp_comm_device_zero(ddp_comm_t *c, void *dst, size_t bytes) {
+    ddp_result_t r = _ddp_dev_usable(c, "device_zero");
+    if (r != DDP_SUCCESS || !bytes) return r;
+    if (!dst) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_zero: NULL buffer");
+    return c->dev->fill_zero(c->dev_state, dst, bytes);
 }
 
 DDP_API int ddp_comm_device_enabled(const ddp_comm_t *c, char *why, size_t cap) {

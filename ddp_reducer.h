@@ -78,6 +78,12 @@ extern "C" {
  *   - Marking a parameter twice in an iteration, finish twice in a row, a bad index:
  *     DDP_ERR_INVALID_USAGE / DDP_ERR_INVALID_ARGUMENT, explained by ddp_reducer_last_error
  *     (and ddp_comm_last_error); the communicator stays usable.
+ *   - Device (GPU) gradients, with transports/ddp_nccl.h: registered gradients in device
+ *     memory (or on_device = 1, for views) put the buckets in device memory; the copies in and
+ *     out and the all-reduces are enqueued on the communicator's CUDA stream in bucket order,
+ *     and finish enqueues the rest and returns (NCCL semantics: the averages are in the
+ *     gradients when that stream gets there; work enqueued after finish on it sees them).
+ *     Built-in compression on device buffers is DDP_ERR_UNSUPPORTED (it needs kernels).
  *   - Used by one thread at a time, as its communicator; it issues at most DDP_MAX_REQUESTS/2
  *     requests at once (it waits for the oldest bucket beyond that), the rest are the caller's. */
 typedef struct ddp_reducer ddp_reducer_t;
@@ -95,6 +101,7 @@ typedef struct ddp_reducer_desc {  /* zero = defaults */
     ddp_comm_hook_fn comm_hook;    /* NULL: all-reduce (average) each bucket */
     ddp_comm_hook_done_fn comm_hook_done;   /* optional */
     void *comm_hook_state;
+    int on_device;                 /* 1: gradients/buckets in device memory (0: found from them) */
 } ddp_reducer_desc_t;
 #define DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES ((size_t)25 << 20)
 #define DDP_REDUCER_DEFAULT_FIRST_BUCKET_BYTES ((size_t)1 << 20)
@@ -185,6 +192,7 @@ struct ddp_reducer {
     int next_launch, next_collect; /* buckets [next_collect, next_launch) are in flight */
     int in_iteration, finished, no_sync, rebuilt;
     ddp_result_t iter_err;         /* first communication failure of this iteration */
+    int dev;                       /* buckets in device memory: stream-ordered copies */
     char err[768];
 };
 
@@ -276,6 +284,21 @@ _DDP_PRIVATE int _ddp_reducer_compressed(const ddp_reducer_t *r, const _ddp_rbuc
     return r->d.compression != DDP_COMPRESS_NONE && (b->dtype == DDP_FLOAT32 || b->dtype == DDP_FLOAT64);
 }
 
+_DDP_PRIVATE void _ddp_reducer_free_arena(ddp_reducer_t *r, void *arena) {
+    if (!arena) return;
+    if (r->dev) ddp_comm_device_free(r->comm, arena);   /* after the device work using it */
+    else ddp_comm_free(r->comm, arena);
+}
+
+/* One gradient's bytes from src to dst: memcpy, or a copy on the communicator's stream. */
+_DDP_PRIVATE void _ddp_reducer_move(ddp_reducer_t *r, void *dst, const void *src, size_t bytes) {
+    if (!r->dev) { memcpy(dst, src, bytes); return; }
+    if (ddp_comm_device_copy(r->comm, dst, src, bytes) != DDP_SUCCESS && r->iter_err == DDP_SUCCESS) {
+        r->iter_err = DDP_ERR_SYSTEM;
+        snprintf(r->err, sizeof r->err, "device copy: %.700s", ddp_comm_last_error(r->comm));
+    }
+}
+
 /* The buckets' memory for the current assignment: one zeroed arena (each bucket 64-byte
  * aligned), plus the 16-bit copies the built-in compression sends. */
 _DDP_PRIVATE ddp_result_t _ddp_reducer_alloc(ddp_reducer_t *r) {
@@ -286,10 +309,21 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_alloc(ddp_reducer_t *r) {
         if (_ddp_reducer_compressed(r, &r->buckets[b])) halves += (r->buckets[b].count + 31) & ~(size_t)31;
     }
     /* + ALIGN: the allocator promises malloc's alignment only; buckets start on cache lines */
-    r->arena = (unsigned char *)ddp_comm_calloc(r->comm, total + _DDP_REDUCER_ALIGN);
-    r->half_arena = halves ? (unsigned char *)ddp_comm_calloc(r->comm, halves * 2 + _DDP_REDUCER_ALIGN) : NULL;
+    if (r->dev) {
+        void *a = NULL;
+        if (ddp_comm_device_alloc(r->comm, total + _DDP_REDUCER_ALIGN, &a) == DDP_SUCCESS &&
+            ddp_comm_device_zero(r->comm, a, total + _DDP_REDUCER_ALIGN) != DDP_SUCCESS) {
+            ddp_comm_device_free(r->comm, a);
+            a = NULL;
+        }
+        r->arena = (unsigned char *)a;
+        r->half_arena = NULL;
+    } else {
+        r->arena = (unsigned char *)ddp_comm_calloc(r->comm, total + _DDP_REDUCER_ALIGN);
+        r->half_arena = halves ? (unsigned char *)ddp_comm_calloc(r->comm, halves * 2 + _DDP_REDUCER_ALIGN) : NULL;
+    }
     if (!r->arena || (halves && !r->half_arena)) {
-        ddp_comm_free(r->comm, r->arena);
+        _ddp_reducer_free_arena(r, r->arena);
         ddp_comm_free(r->comm, r->half_arena);
         r->arena = r->half_arena = NULL;
         r->broken = DDP_ERR_OUT_OF_MEMORY;
@@ -347,6 +381,21 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_close(ddp_reducer_t *r) {
     if (r->closed) return DDP_SUCCESS;
     if (n == 0) return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "no parameters: call "
                                          "ddp_reducer_add_param first");
+    {   /* device gradients: all of them (or views asked for with on_device) */
+        int ndev = 0, nuser = 0;
+        for (k = 0; k < n; k++)
+            if (r->params[k].user) { nuser++; ndev += ddp_comm_is_device(r->comm, r->params[k].user); }
+        if (ndev && ndev != nuser)
+            return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "%d of the %d gradients are device "
+                                     "memory and the others host memory: one or the other", ndev, nuser);
+        r->dev = ndev > 0 || r->d.on_device;
+        if (r->dev && !ddp_comm_device_enabled(r->comm, NULL, 0))
+            return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "device gradients, but the communicator "
+                                     "cannot use NCCL: %.600s", ddp_comm_last_error(r->comm));
+        if (r->dev && r->d.compression != DDP_COMPRESS_NONE)
+            return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "built-in fp16/bf16 compression on "
+                                     "device gradients (it needs CUDA kernels): use a comm_hook");
+    }
     r->buckets = (_ddp_rbucket_t *)ddp_comm_calloc(r->comm, sizeof *r->buckets * (size_t)n);
     r->params_of = (int *)ddp_comm_calloc(r->comm, sizeof(int) * (size_t)n);
     r->work = (int *)ddp_comm_calloc(r->comm, sizeof(int) * 2 * (size_t)n);
@@ -369,6 +418,14 @@ _DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e);
 
 /* Waits for bucket b's reduction, then finishes it (hook's done, or decompression). */
 _DDP_PRIVATE void _ddp_reducer_collect(ddp_reducer_t *r, int b) {
+    if (r->dev) {   /* stream-ordered: nothing to wait for on the host; a failure is sticky */
+        ddp_result_t e = DDP_SUCCESS;
+        ddp_comm_get_async_error(r->comm, &e);
+        r->buckets[b].req.comm = NULL;
+        r->buckets[b].req.id = 0;
+        _ddp_reducer_post(r, b, e);
+        return;
+    }
     _ddp_reducer_post(r, b, ddp_wait(&r->buckets[b].req));
 }
 
@@ -380,7 +437,7 @@ _DDP_PRIVATE void _ddp_reducer_copy_back(ddp_reducer_t *r, int b) {
     int j;
     for (j = 0; j < bk->n; j++) {
         const _ddp_rparam_t *p = &r->params[r->params_of[bk->first + j]];
-        if (p->marked) memcpy(p->user, bk->buf + p->offset, p->bytes);
+        if (p->marked) _ddp_reducer_move(r, p->user, bk->buf + p->offset, p->bytes);
     }
 }
 
@@ -390,7 +447,7 @@ _DDP_PRIVATE void _ddp_reducer_copy_in(ddp_reducer_t *r, int b) {
     int j;
     for (j = 0; j < bk->n; j++) {
         const _ddp_rparam_t *p = &r->params[r->params_of[bk->first + j]];
-        if (p->marked) memcpy(bk->buf + p->offset, p->user, p->bytes);
+        if (p->marked) _ddp_reducer_move(r, bk->buf + p->offset, p->user, p->bytes);
     }
 }
 
@@ -483,6 +540,11 @@ _DDP_PRIVATE void _ddp_reducer_launch(ddp_reducer_t *r, int b) {
         if (!r->d.gradient_as_bucket_view) _ddp_reducer_copy_in(r, b);
         e = r->d.comm_hook(r->d.comm_hook_state, r->comm, b, bk->buf, bk->count, bk->dtype, &bk->req);
         if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "comm_hook", b);
+    } else if (r->dev) {   /* stream order does what the hooks do on the host */
+        if (!r->d.gradient_as_bucket_view) _ddp_reducer_copy_in(r, b);
+        e = ddp_all_reduce_async(bk->buf, bk->buf, bk->count, bk->dtype, DDP_AVG, r->comm, &bk->req);
+        if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "all-reduce", b);
+        else if (!r->d.gradient_as_bucket_view && !r->d.find_unused) _ddp_reducer_copy_back(r, b);
     } else {
         void *data = bk->half ? bk->half : (void *)bk->buf;
         int bf = r->d.compression == DDP_COMPRESS_BF16;
@@ -632,10 +694,10 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_rebuild(ddp_reducer_t *r) {
     if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) { ddp_comm_free(r->comm, old); return e; }
     if (old)
         for (k = 0; k < n; k++)
-            memcpy(r->buckets[r->params[k].bucket].buf + r->params[k].offset, old[k],
-                   r->params[k].bytes);
+            _ddp_reducer_move(r, r->buckets[r->params[k].bucket].buf + r->params[k].offset, old[k],
+                              r->params[k].bytes);
     ddp_comm_free(r->comm, old);
-    ddp_comm_free(r->comm, old_arena);
+    _ddp_reducer_free_arena(r, old_arena);
     ddp_comm_free(r->comm, old_half);
     r->rebuilt = 1;
     _ddp_reducer_log_layout(r, "rebuilt in rank 0's gradient ready order");
@@ -662,7 +724,8 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
         _ddp_rbucket_t *bk;
         if (p->marked) continue;
         bk = &r->buckets[p->bucket];
-        memset(bk->buf + p->offset, 0, p->bytes);
+        if (r->dev) ddp_comm_device_zero(r->comm, bk->buf + p->offset, p->bytes);
+        else memset(bk->buf + p->offset, 0, p->bytes);
         bk->pending--;
         if (nmissing++ < 16 && mlen < sizeof missing - 16)
             mlen += (size_t)snprintf(missing + mlen, sizeof missing - mlen, "%s%d", mlen ? ", " : "", k);
@@ -684,7 +747,7 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
             const _ddp_rparam_t *p = &r->params[k];
             /* unmarked: an error without find_unused; globally unused: left untouched */
             if (!p->marked && (!r->used || !r->used[k])) continue;
-            memcpy(p->user, r->buckets[p->bucket].buf + p->offset, p->bytes);
+            _ddp_reducer_move(r, p->user, r->buckets[p->bucket].buf + p->offset, p->bytes);
         }
     }
 
@@ -727,7 +790,7 @@ DDP_API ddp_result_t ddp_reducer_destroy(ddp_reducer_t *r) {
     ddp_comm_free(c, r->work);
     ddp_comm_free(c, r->order);
     ddp_comm_free(c, r->used);
-    ddp_comm_free(c, r->arena);
+    _ddp_reducer_free_arena(r, r->arena);
     ddp_comm_free(c, r->half_arena);
     ddp_comm_free(c, r);
     return DDP_SUCCESS;
@@ -760,8 +823,8 @@ DDP_API int ddp_reducer_rebuilt(const ddp_reducer_t *r) { return r ? r->rebuilt 
 DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r) { return r ? r->err : "NULL reducer"; }
 
 /* DDP's _sync_module_states: consecutive parameters of one dtype travel together through a
- * staging buffer of up to 4 MiB (one broadcast instead of many small ones); larger ones
- * directly. The grouping depends only on counts and dtypes, so it is the same on every rank. */
+ * staging buffer of up to 4 MiB (one broadcast instead of many small ones); larger ones and
+ * device ones (enqueued on the communicator's stream, NCCL semantics) directly. The grouping depends only on counts and dtypes, so it is the same on every rank. */
 DDP_API ddp_result_t ddp_broadcast_params(ddp_comm_t *comm, void *const *params, const size_t *counts,
                                           const ddp_dtype_t *dtypes, int nparams, int root) {
     const size_t cap = (size_t)4 << 20;
@@ -784,9 +847,10 @@ DDP_API ddp_result_t ddp_broadcast_params(ddp_comm_t *comm, void *const *params,
         size_t es = ddp_dtype_size(dtypes[i]), total = counts[i] * es, off;
         int k;
         j = i + 1;
-        if (total < cap / 2)
+        /* device parameters go one by one, straight to NCCL (the staging buffer is host memory) */
+        if (total < cap / 2 && !ddp_comm_is_device(comm, params[i]))
             while (j < nparams && dtypes[j] == dtypes[i] && counts[j] * es < cap / 2 &&
-                   total + counts[j] * es <= cap)
+                   total + counts[j] * es <= cap && !ddp_comm_is_device(comm, params[j]))
                 total += counts[j++] * es;
         if (j == i + 1) {
             e = ddp_broadcast(params[i], params[i], counts[i], dtypes[i], root, comm);
