@@ -201,6 +201,8 @@ DDP_API ddp_result_t ddp_comm_device_alloc(ddp_comm_t *comm, size_t bytes, void 
 DDP_API ddp_result_t ddp_comm_device_free(ddp_comm_t *comm, void *ptr);
 DDP_API ddp_result_t ddp_comm_device_copy(ddp_comm_t *comm, void *dst, const void *src, size_t bytes);
 DDP_API ddp_result_t ddp_comm_device_zero(ddp_comm_t *comm, void *dst, size_t bytes);
+/* Waits (bounded by the timeout) until the device work enqueued by this communicator is done. */
+DDP_API ddp_result_t ddp_comm_device_synchronize(ddp_comm_t *comm);
 DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *async_error);
 /* MPI_Comm_split / ncclCommSplit: collective over comm; ranks with the same color form a new
  * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
@@ -1123,6 +1125,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     int32_t first_no;
     ddp_result_t r;
     long chk = 0;
+    int local_no;
     int k;
     for (k = 0; k < c->ntinst && !c->dev_any; k++)
         if (c->tinst[k].t->device) {
@@ -1136,15 +1139,16 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     }
     if (is_lane) { _ddp_strlcpy(c->dev_declined, "a lane", sizeof c->dev_declined); return DDP_SUCCESS; }
     /* The first rank that cannot (INT32_MAX: all can), the same on every rank. */
-    first_no = c->dev_any->probe(c->dev_any_state, why, sizeof why) == DDP_SUCCESS ? INT32_MAX : c->eng.rank;
+    local_no = c->dev_any->probe(c->dev_any_state, why, sizeof why) != DDP_SUCCESS;
+    first_no = local_no ? c->eng.rank : INT32_MAX;
     c->last_error[0] = 0;
     if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
     if (first_no == INT32_MAX) {
-        r = c->dev_any->setup(c->dev_any_state, c->dev_inherited);
+        local_no = c->dev_any->setup(c->dev_any_state, c->dev_inherited) != DDP_SUCCESS;
         c->dev_inherited = NULL;   /* the setup's now, whatever happened */
-        if (r != DDP_SUCCESS) _ddp_strlcpy(why, c->last_error, sizeof why);
+        if (local_no) _ddp_strlcpy(why, c->last_error, sizeof why);
         c->last_error[0] = 0;
-        first_no = r == DDP_SUCCESS ? INT32_MAX : c->eng.rank;
+        first_no = local_no ? c->eng.rank : INT32_MAX;
         if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
         if (first_no == INT32_MAX) {
             c->dev = c->dev_any;
@@ -1155,7 +1159,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
                      c->dev_check ? "; DDP_NCCL_CHECK: each call's fingerprint compared across ranks" : "");
             return DDP_SUCCESS;
         }
-        if (first_no == c->eng.rank)
+        if (local_no)
             snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on this rank: %s", why);
         else
             snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on rank %d (its log "
@@ -1167,11 +1171,11 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
         if (c->dev_inherited && c->dev_any->release_inherited)
             c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);
         c->dev_inherited = NULL;
-        if (first_no == c->eng.rank)
+        if (local_no)
             snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL declined on this rank: %s", why);
         else
             snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL declined on rank %d (its log says "
-                     "why; this rank could)", (int)first_no);
+                     "why; this rank could use it)", (int)first_no);
         if (!required)
             _DDP_LOG(c, DDP_LOG_INFO, "device buffers: %s; host buffers use the host transports "
                      "(DDP_NCCL=0 to skip NCCL, =1 to require it)", c->dev_declined);
@@ -2375,6 +2379,11 @@ DDP_API ddp_result_t ddp_comm_device_zero(ddp_comm_t *c, void *dst, size_t bytes
     if (r != DDP_SUCCESS || !bytes) return r;
     if (!dst) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_zero: NULL buffer");
     return c->dev->fill_zero(c->dev_state, dst, bytes);
+}
+
+DDP_API ddp_result_t ddp_comm_device_synchronize(ddp_comm_t *c) {
+    ddp_result_t r = _ddp_dev_usable(c, "device_synchronize");
+    return r != DDP_SUCCESS ? r : _ddp_dev_drain(c);
 }
 
 DDP_API int ddp_comm_device_enabled(const ddp_comm_t *c, char *why, size_t cap) {

@@ -142,6 +142,11 @@ typedef struct bench_backend {
     int rs_inplace_result_at_start;
     const char *transport;    /* what carried the data ("tcp", "shm+tcp", "mpi", ...) */
     const char *description;  /* printed in the header and stored in the JSON */
+    /* Device buffers (-t nccl): told the sweep's host buffers once, the backend makes device
+     * twins and calls on them; `checking` is 1 around the checked (-c) calls, whose data it
+     * copies to the twins and back. The timed calls move no extra data. */
+    void (*buffers)(void *ctx, unsigned char *sendbuf, unsigned char *recvbuf, size_t cap);
+    int checking;
 } bench_backend_t;
 
 static double bench_now_s(void) {
@@ -872,8 +877,12 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
     row->inplace = inplace;
     for (c = 0; c < o->check; c++) {
         const unsigned char *res = rp;
+        int failed;
         bench_fill(o, &g, me, p, sp, rp, es);
-        if (bench_call(b, o, sp, rp, g.count, err, errcap)) return 1;
+        b->checking = 1;
+        failed = bench_call(b, o, sp, rp, g.count, err, errcap);
+        b->checking = 0;
+        if (failed) return 1;
         if (o->coll == BENCH_REDUCE_SCATTER && inplace && b->rs_inplace_result_at_start) res = sp;
         if (o->corrupt && me == bench_corrupt_rank(o) && g.out_elems)
             bench_corrupt((void *)res, g.out_elems / 2, o->dtype);
@@ -971,6 +980,7 @@ static int bench_main_sweep(const bench_opts_t *o, bench_backend_t *b) {
     }
     memset(sendbuf, 0, cap);   /* touch every page before timing */
     memset(recvbuf, 0, cap);
+    if (b->buffers) b->buffers(b->ctx, sendbuf, recvbuf, cap);
     if (me == 0) bench_header(o, b, pl, npl);
     for (s = 0; s < o->nsizes; s++) {
         for (k = 0; k < npl; k++) {

@@ -27,6 +27,11 @@
 #define DDPB_HAVE_SHM 1
 #endif
 /* RDMA needs libibverbs: only in build/ddp-bench-ibverbs (-DDDP_BENCH_IBVERBS ... -libverbs). */
+/* NCCL is loaded at run time (dlopen): always compiled in; -t nccl puts the buffers on the GPU. */
+#if __has_include("transports/ddp_nccl.h")
+#include "transports/ddp_nccl.h"
+#define DDPB_HAVE_NCCL 1
+#endif
 #if defined(DDP_BENCH_IBVERBS) && __has_include("transports/ddp_ibverbs.h")
 #include "transports/ddp_ibverbs.h"
 #define DDPB_HAVE_IBVERBS 1
@@ -44,6 +49,9 @@ static const char *const ddpb_transport_names[] = {
 #endif
 #ifdef DDPB_HAVE_IBVERBS
     "ibverbs",
+#endif
+#ifdef DDPB_HAVE_NCCL
+    "nccl",
 #endif
 };
 #define DDPB_NTRANSPORTS (sizeof ddpb_transport_names / sizeof ddpb_transport_names[0])
@@ -81,6 +89,62 @@ static int ddpb_coll(void *ctx, int coll, const void *s, void *r, size_t count, 
     return 1;
 }
 
+#ifdef DDPB_HAVE_NCCL
+/* -t nccl: device twins of the sweep's host buffers; each call runs on them and is waited for
+ * (ddp_comm_device_synchronize: the time is the host's view of completion, as nccl-tests'
+ * blocking mode); checked calls copy their data over and back around the call. */
+typedef struct {
+    ddp_comm_t *c;
+    unsigned char *hs, *hr, *ds, *dr;
+    size_t cap;
+} ddpb_dev_t;
+static ddpb_dev_t ddpb_dev;
+static bench_backend_t *ddpb_backend;
+
+static void ddpb_dev_buffers(void *ctx, unsigned char *s, unsigned char *r, size_t cap) {
+    ddpb_dev_t *d = &ddpb_dev;
+    void *a = NULL, *b = NULL;
+    d->c = (ddp_comm_t *)ctx;
+    d->hs = s; d->hr = r; d->cap = cap;
+    if (ddp_comm_device_alloc(d->c, cap, &a) != DDP_SUCCESS || ddp_comm_device_alloc(d->c, cap, &b) != DDP_SUCCESS) {
+        fprintf(stderr, "ddp-bench: device buffers: %s\n", ddp_comm_last_error(d->c));
+        exit(1);
+    }
+    d->ds = (unsigned char *)a; d->dr = (unsigned char *)b;
+}
+
+static void *ddpb_dev_ptr(const void *h) {
+    const unsigned char *p = (const unsigned char *)h;
+    if (!p) return NULL;
+    if (p >= ddpb_dev.hs && p <= ddpb_dev.hs + ddpb_dev.cap) return ddpb_dev.ds + (p - ddpb_dev.hs);
+    return ddpb_dev.dr + (p - ddpb_dev.hr);
+}
+
+static int ddpb_coll(void *ctx, int coll, const void *s, void *r, size_t count, int dtype, int op,
+                     int root, char *err, size_t errcap);
+static int ddpb_coll_dev(void *ctx, int coll, const void *s, void *r, size_t count, int dtype, int op,
+                         int root, char *err, size_t errcap) {
+    ddpb_dev_t *d = &ddpb_dev;
+    const int checking = ddpb_backend && ddpb_backend->checking;
+    int rc;
+    if (checking) {
+        ddp_comm_device_copy(d->c, d->ds, d->hs, d->cap);
+        ddp_comm_device_copy(d->c, d->dr, d->hr, d->cap);
+    }
+    rc = ddpb_coll(ctx, coll, ddpb_dev_ptr(s), ddpb_dev_ptr(r), count, dtype, op, root, err, errcap);
+    if (!rc && ddp_comm_device_synchronize(d->c) != DDP_SUCCESS) {
+        snprintf(err, errcap, "device synchronize: %s", ddp_comm_last_error(d->c));
+        return 1;
+    }
+    if (!rc && checking) {
+        ddp_comm_device_copy(d->c, d->hs, d->ds, d->cap);
+        ddp_comm_device_copy(d->c, d->hr, d->dr, d->cap);
+        ddp_comm_device_synchronize(d->c);
+    }
+    return rc;
+}
+#endif
+
 static int ddpb_barrier(void *ctx) { return ddp_barrier((ddp_comm_t *)ctx) != DDP_SUCCESS; }
 
 static int ddpb_reduce_doubles(void *ctx, double *v, int n, int op) {
@@ -113,11 +177,17 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     ddp_comm_t *c = NULL;
     ddp_comm_desc_t desc;
     bench_backend_t b;
-    char descr[256], used[64];
+    char descr[256], used[96];
     ddp_result_t r;
     int rc;
     memset(&desc, 0, sizeof desc);
     desc.transport = o->transport;
+#ifdef DDPB_HAVE_NCCL
+    if (o->transport && !strcmp(o->transport, "nccl")) {   /* host transports stay automatic */
+        desc.transport = NULL;
+        setenv("DDP_NCCL", "1", 1);
+    }
+#endif
     if (!(c = bench_ddp_init(&desc, nranks, rank, port, "ddp-bench"))) return 1;
     memset(&b, 0, sizeof b);
     b.name = "libddp";
@@ -129,6 +199,16 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     b.reduce_doubles = ddpb_reduce_doubles;
     b.bcast_int = ddpb_bcast_int;
     ddpb_transports_used(c, used, sizeof used);
+#ifdef DDPB_HAVE_NCCL
+    if (o->transport && !strcmp(o->transport, "nccl")) {
+        char host[48];
+        snprintf(host, sizeof host, "%s", used);
+        snprintf(used, sizeof used, "nccl (device buffers; host: %s)", host);
+        b.coll = ddpb_coll_dev;
+        b.buffers = ddpb_dev_buffers;
+        ddpb_backend = &b;
+    }
+#endif
     b.transport = used;
     snprintf(descr, sizeof descr, "libddp %d.%d, transport %s, %s", DDP_VERSION_MAJOR,
              DDP_VERSION_MINOR, used,
