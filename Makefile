@@ -14,7 +14,7 @@ B       := build
 # Every header, bottom layer first (README "Layout"); the ibverbs transport is checked by rdma-headers.
 HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_ring.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
-           transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h
+           transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h transports/ddp_nccl.h
 NP      ?= 4
 
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -43,7 +43,7 @@ $(B)/%: examples/%.c $(HEADERS) | $(B)
 
 # Each header alone (declarations and implementation, with and without DDP_STATIC, C99/C11 and
 # C++11/17/20, gcc and clang) and every ordered pair of headers: tests/check_headers.sh.
-headers: | $(B)/hdr
+headers: nccl-headers | $(B)/hdr
 	bash tests/check_headers.sh $(B)/hdr/matrix $(HEADERS)
 	@# One implementation file plus a C++ file that only includes the headers link together;
 	@# DDP_STATIC makes a private copy.
@@ -69,15 +69,51 @@ test-san: $(TESTS_SAN)
 	DDP_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
-TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads
+TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
+              $(B)/tsan/test_nccl
 $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(B)/tsan
 	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 test-tsan: $(TSAN_TESTS)
-	TSAN_OPTIONS=halt_on_error=1 prove -f $(TSAN_TESTS)
+	TSAN_OPTIONS=halt_on_error=1 T_NCCL_SCENARIOS_ONLY=1 prove -f $(TSAN_TESTS)
 
 test: headers test-plain test-san test-tsan test-fuzz-short test-rdma-vm
+
+# NCCL (transports/ddp_nccl.h, issue 15). No GPU here: tests/fake_nccl builds a fake NCCL and CUDA
+# runtime that test_nccl/test_nccl2 load instead of the real ones (DDP_NCCL_LIBRARY,
+# DDP_CUDART_LIBRARY); test_nccl also checks the real library's decline path. On a machine with
+# a GPU, `make test-gpu` runs the same collectives on real device buffers, then ddp-bench -t nccl.
+FAKE_NCCL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -pthread
+FAKE_NCCL := $(B)/fake_nccl/libcudart.so.13 $(B)/fake_nccl/libnccl.so.2
+$(B)/fake_nccl/libcudart.so.13: tests/fake_nccl/fake_cudart.c tests/fake_nccl/fake_cuda.h
+	@mkdir -p $(B)/fake_nccl
+	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libcudart.so.13 $< -o $@
+$(B)/fake_nccl/libnccl.so.2: tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cuda.h $(B)/fake_nccl/libcudart.so.13
+	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN'
+$(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c $(FAKE_NCCL)
+$(B)/test_nccl2 $(B)/san/test_nccl2: tests/test_collectives2.c $(FAKE_NCCL)
+
+.PHONY: test-gpu nccl-headers
+test-gpu: $(B)/test_nccl $(B)/test_nccl2 $(B)/ddp-bench
+	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); \
+	if [ "$$n" -lt 1 ]; then echo "test-gpu: skipped: no GPU here (nvidia-smi -L lists none)"; exit 0; fi; \
+	T_DEVICE_REAL=1 T_DEVICE_RANKS=$$n prove -v $(B)/test_nccl $(B)/test_nccl2 && \
+	$(B)/ddp-bench -p $$n -t nccl -o all_reduce -b 8 -e 256M -f 2 -c 1 && \
+	$(B)/ddp-bench -p $$n -t nccl -o all_gather -b 8 -e 256M -f 2 -c 1
+
+# transports/ddp_nccl.h with DDP_NCCL_LINK: compiled against CUDA's headers and linked with its
+# libraries (the dlopen build is in HEADERS' matrix), where /usr/local/cuda has them.
+CUDA_HOME ?= /usr/local/cuda
+nccl-headers: | $(B)/hdr
+	@if [ ! -f $(CUDA_HOME)/include/nccl.h ]; then echo "skipping the DDP_NCCL_LINK check: no $(CUDA_HOME)/include/nccl.h"; exit 0; fi; \
+	set -e; printf '#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#define DDP_IMPLEMENTATION\n#define DDP_NCCL_LINK\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "transports/ddp_nccl.h"\nint main(void){ return ddp_transport_nccl() == 0; }\n' > $(B)/hdr/nccl_link.c; \
+	cp $(B)/hdr/nccl_link.c $(B)/hdr/nccl_link.cpp; \
+	for cc in "$(CC) -std=c99" "$(CC) -std=c11" "clang -std=c99" "$(CXX) -std=c++17" "clang++ -std=c++17"; do \
+	  command -v $${cc%% *} >/dev/null || continue; \
+	  case $$cc in *++*) f=$(B)/hdr/nccl_link.cpp;; *) f=$(B)/hdr/nccl_link.c;; esac; \
+	  $$cc $(WARN) $(INC) -I$(CUDA_HOME)/include $$f -o $(B)/hdr/nccl_link -L$(CUDA_HOME)/lib64 -lnccl -lcudart -pthread -lm; \
+	done; echo "ok: transports/ddp_nccl.h with DDP_NCCL_LINK compiles (C99, C11, C++17; gcc and clang) and links against $(CUDA_HOME)'s NCCL and CUDA runtime"
 
 # A short fuzzing run of every harness (make fuzz is the long one) where clang's libFuzzer works;
 # .ci/run installs it.

@@ -13,6 +13,7 @@
  *     explicit synchronisation orders the collective before the copy back: with the fake's
  *     streams running late, T_DEVICE_SKIP_SYNC=1 makes the results wrong; see test_nccl.c).
  * CUDA is touched only in the forked ranks (the fake's stream threads do not survive fork).
+ * T_DEVICE_REAL=1 (make test-gpu) uses the real NCCL and CUDA runtime instead, one rank per GPU.
  */
 #ifndef T_DEVICE_H
 #define T_DEVICE_H
@@ -49,11 +50,19 @@ static char td_fake_dir[PATH_MAX];
 /* Points the library at the fakes (absolute paths, from this binary's location: build/ or
  * build/san/), and requires NCCL (DDP_NCCL=1: a decline is an init failure, never a quiet
  * host run). In the parent, before any fork. 0 if the fakes are not built. */
+static T_UNUSED int td_real;   /* T_DEVICE_REAL=1 (make test-gpu): the real NCCL and GPUs */
 static T_UNUSED int td_use_fakes(void) {
     char exe[PATH_MAX], lib[PATH_MAX + 64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     const char *sub[2] = { "/fake_nccl", "/../fake_nccl" };
+    const char *real = getenv("T_DEVICE_REAL");
     int i;
+    if (real && !strcmp(real, "1")) {
+        td_real = 1;
+        setenv("DDP_NCCL", "1", 1);
+        if (!getenv("DDP_CUDART_LIBRARY")) setenv("DDP_CUDART_LIBRARY", "libcudart.so", 0);
+        return 1;
+    }
     if (n <= 0) return 0;
     exe[n] = 0;
     for (i = 0; i < 2; i++) {

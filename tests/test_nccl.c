@@ -402,6 +402,11 @@ int main(void) {
         printf("1..0 # SKIP the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)\n");
         return 0;
     }
+    if (td_real) {   /* make test-gpu: one rank per GPU, the real NCCL; no fake, no scenarios */
+        int g = getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1;
+        for (i = 1; i <= g && i <= 8; i *= 2) add_run(runs, &nruns, "tcp", i, 0, NULL, BIG_ALL, 0, base_counts, 4);
+        if (g > 2 && g != 4 && g != 8) add_run(runs, &nruns, "tcp", g, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
+    } else {
     add_run(runs, &nruns, "tcp", 1, 0, NULL, BIG_NONE, 0, base_counts, 4);
     add_run(runs, &nruns, "tcp", 2, 0, NULL, BIG_ALL, 0, base_counts, 4);
     add_run(runs, &nruns, "tcp", 3, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
@@ -409,6 +414,8 @@ int main(void) {
     if (!quick) add_run(runs, &nruns, "tcp", 8, 0, NULL, BIG_NONE, 0, base_counts, 4);
     add_run(runs, &nruns, "shm", 4, 0, NULL, BIG_NONE, 0, base_counts, 4);
     add_run(runs, &nruns, "late", 2, 0, NULL, BIG_NONE, 0, base_counts, 4);
+    }
+    if (getenv("T_NCCL_SCENARIOS_ONLY")) nruns = 0;   /* make test-tsan: the threads are there */
     for (i = 0; i < nruns; i++) {
         char name[64];
         int nbad;
@@ -424,6 +431,6 @@ int main(void) {
         report_run(&runs[i], nbad);
         unsetenv("FAKE_CUDA_STREAM_DELAY_US");
     }
-    nc_scenarios();
+    if (!td_real) nc_scenarios();
     return t_done();
 }

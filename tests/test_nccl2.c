@@ -46,6 +46,7 @@ int main(void) {
         return 0;
     }
     for (i = 0; i < (int)(sizeof plan / sizeof plan[0]); i++) {
+        if (td_real && plan[i].p > (getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1)) continue;
         run_cfg_t *c = &runs[nruns++];
         memset(c, 0, sizeof *c);
         c->mode = plan[i].mode; c->p = plan[i].p; c->big = plan[i].big;
