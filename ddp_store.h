@@ -2013,6 +2013,15 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char 
     return DDP_SUCCESS;
 }
 
+/* Another client of the store `like` is connected to, in the same protocol (a communicator's
+ * lanes open their own): ddp_store_open's client, or a c10d one. */
+_DDP_PRIVATE ddp_result_t _ddp_store_client_like(ddp_store_t **out, const ddp_store_t *like,
+                                                 const ddp_store_desc_t *d, char *err, size_t errcap) {
+    if (!like) return DDP_ERR_INVALID_ARGUMENT;
+    if (like->c10d) return _ddp_store_connect_c10d(out, like->host, like->port, d, err, errcap);
+    return _ddp_store_open(out, like->host, like->port, 0, d, err, errcap);
+}
+
 DDP_API ddp_result_t ddp_store_connect_c10d(const char *host, int port, int timeout_ms, ddp_store_t **out) {
     ddp_store_desc_t d;
     char err[512];

@@ -11,7 +11,7 @@
  *   `expected` for a missing key and the client must say "missing"), check, delete from both
  *   sides, wait that succeeds at once, wait on 10 keys (several WAITs), wait that times out
  *   (then the handle still works), wait, get and wait-any that succeed when Python sets the key
- *   later, 4 threads adding through one handle, a second handle.
+ *   later, 4 threads adding through one handle, a second handle (_ddp_store_client_like).
  * - the dialect: PyTorch 1.x must be found to speak the "watch" dialect (no VALIDATE).
  * - failures: the server killed during a wait -> DDP_ERR_REMOTE naming host:port and WAIT, long
  *   before the wait's timeout; then a call reconnecting to nothing times out with the address;
@@ -391,7 +391,10 @@ static void *adder(void *arg) {
 static void real_threads(ddp_store_t *s, py_t *p) {
     pthread_t th[4];
     adder_t a[4];
-    ddp_store_t *s2;
+    ddp_store_t *s2 = NULL;
+    ddp_store_desc_t d;
+    char err[512] = "";
+    ddp_result_t r;
     int64_t v = 0;
     int i, fails = 0;
     for (i = 0; i < 4; i++) { a[i].s = s; a[i].fails = 0; pthread_create(&th[i], NULL, adder, &a[i]); }
@@ -399,9 +402,13 @@ static void real_threads(ddp_store_t *s, py_t *p) {
     py_cmd(p, g_ans, sizeof g_ans, "get tctr");
     ok(fails == 0 && !strcmp(g_ans, "323030"), "4 threads x 50 adds through one handle: Python reads "
        "'200' (%s, %d failures)", g_ans, fails);
-    if ((s2 = connect_or_bail(p->port, 30000)) != NULL) {
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 30000;
+    r = _ddp_store_client_like(&s2, s, &d, err, sizeof err);
+    if (ok(r == DDP_SUCCESS && s2 && s2->c10d == s->c10d, "a second client like the first (as a "
+           "communicator's lanes open): %s %s", ddp_strerror(r), r ? err : "")) {
         ddp_store_add(s2, "tctr", 1, &v);
-        ok(v == 201, "a second handle adds to the same counter: 201 (%lld)", (long long)v);
+        ok(v == 201, "it adds to the same counter: 201 (%lld)", (long long)v);
         ddp_store_close(s2);
     }
 }
