@@ -764,7 +764,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     for (i = 0; i < _ddp_ntransports && c->ntinst < _DDP_MAX_TRANSPORTS; i++) {
         const ddp_transport_t *t = _ddp_transports[i];
         void *state = NULL;
-        if (forced && strcmp(forced, t->name) != 0) continue;
+        /* DDP_TRANSPORT picks the host transport; a device one (NCCL) is for device buffers */
+        if (forced && strcmp(forced, t->name) != 0 && !t->device) continue;
         c->init_probe = !forced;
         r = t->init(&c->tctx, &state);
         c->init_probe = 0;

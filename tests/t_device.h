@@ -174,7 +174,8 @@ static T_UNUSED ddp_result_t td_comm_init(ddp_comm_t **comm, int nranks, int ran
         fprintf(stderr, "t_device: cudaStreamCreateWithFlags failed\n");
         exit(70);
     }
-    return ddp_comm_set_cuda_stream(*comm, td_stream);
+    /* a communicator that declined NCCL (a test of that) keeps the default stream */
+    return ddp_comm_device_enabled(*comm, NULL, 0) ? ddp_comm_set_cuda_stream(*comm, td_stream) : DDP_SUCCESS;
 }
 
 #define TD_WRAP2(call, sb, rb)                                                      \

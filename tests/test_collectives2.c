@@ -132,6 +132,25 @@ static uint64_t ref_reduce(const tcase_t *c, int p, size_t gi) {
     }
 }
 
+/* Set by test_nccl2.c: NCCL's average divides each input by p before summing floats, so its
+ * bits can differ from the exact sum divided once: 1 when got is within the rounding of that
+ * (p + 1 unit roundoffs of the sum of magnitudes / p, plus 2 of the result). */
+static int avg_divides_first;
+static int avg_close(const tcase_t *c, int p, size_t gi, uint64_t got) {
+    const int dt = c->dtype;
+    const double u = dt == DDP_FLOAT16 ? 1.0 / 2048 : dt == DDP_BFLOAT16 ? 1.0 / 256 :
+                     dt == DDP_FLOAT32 ? 1.0 / 16777216.0 : 1.0 / 9007199254740992.0;
+    double sum = 0, abssum = 0, ref, g = dec_float(dt, got);
+    int r;
+    for (r = 0; r < p; r++) {
+        double v = dec_float(dt, gen_bits(c, r, gi));
+        sum += v;
+        abssum += v < 0 ? -v : v;
+    }
+    ref = sum / p;
+    return (g > ref ? g - ref : ref - g) <= (p + 1) * u * abssum / p + 2 * u * (ref < 0 ? -ref : ref);
+}
+
 /* ------------------------------------------------------------------------- cases */
 static int add_case(int n, int coll, int dt, int op, int root, size_t count, int inplace) {
     tcase_t *c;
@@ -281,6 +300,8 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
             uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1), g0 = 0, e0 = 0;
             for (i = 0; i < n; i++) {
                 uint64_t got = load_elem(rp, i, es), exp = ref_reduce(c, p, i) & mask;
+                if (got != exp && avg_divides_first && c->op == DDP_AVG && !is_int(c->dtype) &&
+                    avg_close(c, p, i, got)) continue;
                 if (got != exp && !bad++) { first = i; g0 = got; e0 = exp; }
             }
             if (bad) case_fail(k, "%zu of %zu elements wrong; first %zu: got 0x%llx, expected 0x%llx", bad, n,

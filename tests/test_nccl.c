@@ -8,7 +8,8 @@
  *   - the collectives matrix of tests/test_collectives.c (included, unchanged) on device twins
  *     of its buffers (tests/t_device.h) with DDP_NCCL=1: all-reduce, reduce-scatter,
  *     all-gather, broadcast, barrier; every dtype x op, counts {0, 1, 3, 1000} and (1<<20)+7, in
- *     and out of place, world sizes 1, 2, 3, 5, 8 over tcp and 4 over shm; results bit for bit,
+ *     and out of place, world sizes 1, 2, 3, 5, 8 over tcp and 4 over shm; results bit for bit
+ *     (floating DDP_AVG within the random cases' tolerance: ncclAvg divides before summing),
  *     guard bytes, sendbuf unchanged, determinism, the same hash on every rank. Once more at
  *     p = 2 with the fake's streams running late (each operation starts 2 ms after it is due).
  *   - late stream: async all-reduce on a non-blocking stream whose work starts 50 ms late;
@@ -19,6 +20,8 @@
  *   - groups: a device ring shift (send right, receive left) and a send/recv to itself in one
  *     group; a group mixing an all-reduce with the shift.
  *   - split: p = 4 into two colors; an all-reduce on device in each half.
+ *   - reducer: device gradients in copy mode and in view mode (on_device), 3 iterations (the
+ *     first rebuilds the buckets), averages checked; ddp_broadcast_params of device parameters.
  *   - failures: a rank that never arrives (FAKE_NCCL_HANG_RANK) -> every waiting rank gets
  *     DDP_ERR_TIMEOUT within DDP_TIMEOUT_MS + 1 s naming the call and its number, with the
  *     hang report naming the silent rank; a peer killed in a loop -> the survivors get an
@@ -109,7 +112,7 @@ static int nc_count_bad(const float *d, size_t n, float want) {
 }
 
 enum { NC_LATE, NC_BARRIER, NC_GROUPS, NC_SPLIT, NC_HANG, NC_DEAD, NC_ABORT, NC_ASYNC_ERR, NC_CHECK,
-       NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED };
+       NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED, NC_REDUCER };
 typedef struct { int which, p; } nc_arg_t;
 
 typedef struct { ddp_comm_t *c; } nc_abort_t;
@@ -275,6 +278,59 @@ static int nc_scenario(int rank, int p, void *arg) {
                        ddp_barrier(c) != DDP_SUCCESS || nc_count_bad(y, n, (float)(p * (p + 1) / 2)) != 0;
         break;
     }
+    case NC_REDUCER: {
+        /* Device gradients, copy mode and view mode (on_device), 3 iterations each (the first
+         * one rebuilds the buckets); then broadcast_params of device parameters from rank 1. */
+        const size_t cnt[3] = {1000, 3, 70000};
+        float want = (float)(p + 1) / 2.0f;   /* the average of rank + 1 */
+        int mode;
+        for (mode = 0; mode < 2 && N->r[rank] == DDP_SUCCESS; mode++) {
+            ddp_reducer_desc_t rd;
+            ddp_reducer_t *red = NULL;
+            float *g[3];
+            int k;
+            memset(&rd, 0, sizeof rd);
+            rd.bucket_cap_bytes = 64 << 10;   /* several buckets */
+            rd.first_bucket_bytes = 4096;
+            rd.gradient_as_bucket_view = mode;
+            rd.on_device = mode;
+            ddp_reducer_create(&red, c, &rd);
+            for (k = 0; k < 3; k++) {
+                g[k] = mode ? NULL : nc_dev_floats(cnt[k], 0.0f);
+                ddp_reducer_add_param(red, g[k], cnt[k], DDP_FLOAT32);
+            }
+            for (it = 0; it < 3 && N->r[rank] == DDP_SUCCESS; it++) {
+                for (k = 2; k >= 0; k--) {
+                    float *dst = (float *)ddp_reducer_grad(red, k);
+                    float *src = nc_dev_floats(cnt[k], (float)(rank + 1));
+                    ddp_comm_device_copy(c, dst, src, cnt[k] * sizeof(float));
+                    ddp_comm_device_synchronize(c);
+                    td_cu.Free(src);
+                    N->r[rank] = ddp_reducer_grad_ready(red, k);
+                }
+                if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_reducer_finish(red);
+                if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(c);
+                for (k = 0; k < 3; k++) N->bad[rank] += nc_count_bad((float *)ddp_reducer_grad(red, k), cnt[k], want);
+            }
+            if (N->r[rank] != DDP_SUCCESS) nc_msg(rank, ddp_reducer_last_error(red));
+            N->stale[rank] += !ddp_reducer_rebuilt(red);
+            ddp_reducer_destroy(red);
+            for (k = 0; k < 3; k++) if (g[k]) td_cu.Free(g[k]);
+        }
+        if (N->r[rank] == DDP_SUCCESS) {
+            float *pa = nc_dev_floats(5, (float)rank), *pb = nc_dev_floats(100000, (float)rank * 2);
+            void *ps[2];
+            size_t pc[2] = {5, 100000};
+            ddp_dtype_t pd[2] = {DDP_FLOAT32, DDP_FLOAT32};
+            ps[0] = pa; ps[1] = pb;
+            N->r[rank] = ddp_broadcast_params(c, ps, pc, pd, 2, 1);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(c);
+            N->bad[rank] += nc_count_bad(pa, 5, 1.0f) + nc_count_bad(pb, 100000, 2.0f);
+            if (N->r[rank] != DDP_SUCCESS) nc_msg(rank, ddp_comm_last_error(c));
+            td_cu.Free(pa); td_cu.Free(pb);
+        }
+        break;
+    }
     case NC_INPROGRESS:
         N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(c);
@@ -325,6 +381,11 @@ static void nc_scenarios(void) {
         for (q = 0; q < 3; q++)
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "groups: rank %d: ring shift, self send/recv, "
                "all-reduce in a group (%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
+    if (nc_run(NC_REDUCER, 3, "reducer on device gradients"))
+        for (q = 0; q < 3; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0 && N->stale[q] == 0, "reducer: rank %d: device "
+               "gradients averaged in copy and view mode over 3 iterations (buckets rebuilt), device "
+               "parameters broadcast (%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
     if (nc_run(NC_SPLIT, 4, "split on device"))
         for (q = 0; q < 4; q++)
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "split: rank %d: all-reduce in its half on device "
@@ -402,6 +463,7 @@ int main(void) {
         printf("1..0 # SKIP the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)\n");
         return 0;
     }
+    avg_divides_first = 1;   /* ncclAvg: see test_collectives.c */
     if (td_real) {   /* make test-gpu: one rank per GPU, the real NCCL; no fake, no scenarios */
         int g = getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1;
         for (i = 1; i <= g && i <= 8; i *= 2) add_run(runs, &nruns, "tcp", i, 0, NULL, BIG_ALL, 0, base_counts, 4);

@@ -2,7 +2,8 @@
  * transport, against the fake NCCL/CUDA runtime (tests/fake_nccl). Prints TAP.
  *
  * The case matrix of tests/test_collectives2.c (included, unchanged): every dtype x op for
- * reduce, copies for gather/scatter/all-to-all, roots 0 and p-1, in place (NCCL's layouts) and
+ * reduce (floating DDP_AVG within rounding: ncclAvg divides before summing), copies for
+ * gather/scatter/all-to-all, roots 0 and p-1, in place (NCCL's layouts) and
  * out of place, counts {0, 1, 3, 1000} and 100003 for a subset, guard bytes, sendbuf unchanged,
  * non-roots' unused buffers NULL; each call made on device twins of its buffers
  * (tests/t_device.h) with DDP_NCCL=1, so NCCL (the fake) must run it. World sizes 1, 2, 3, 5 over
@@ -45,6 +46,7 @@ int main(void) {
         printf("1..0 # SKIP the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)\n");
         return 0;
     }
+    avg_divides_first = 1;   /* ncclAvg: see test_collectives2.c */
     for (i = 0; i < (int)(sizeof plan / sizeof plan[0]); i++) {
         if (td_real && plan[i].p > (getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1)) continue;
         run_cfg_t *c = &runs[nruns++];

@@ -157,6 +157,8 @@ typedef int _ddp_ckind_t;
  * One per process, filled once (loaded or linked) and read-only afterwards. */
 typedef struct {
     int loaded;                  /* 1 ok, -1 failed (why says why) */
+    int cuda_ok;                 /* the CUDA runtime is bound: pointers can be classified even
+                                  * when NCCL is missing or too old */
     char why[1024];
     char nccl_path[256], cudart_path[256];
     int version, runtime_version;
@@ -223,6 +225,7 @@ _DDP_PRIVATE void _ddp_nccl_bind(_ddp_nccl_api_t *a) {
     a->EventQuery = cudaEventQuery; a->EventDestroy = cudaEventDestroy;
     a->CudaLastError = cudaGetLastError; a->CudaErrorString = cudaGetErrorString;
     a->RuntimeGetVersion = cudaRuntimeGetVersion;
+    a->cuda_ok = 1;
     snprintf(a->nccl_path, sizeof a->nccl_path, "linked (DDP_NCCL_LINK)");
     snprintf(a->cudart_path, sizeof a->cudart_path, "linked (DDP_NCCL_LINK)");
 }
@@ -277,6 +280,26 @@ _DDP_PRIVATE void _ddp_nccl_bind(_ddp_nccl_api_t *a) {
     cu = _ddp_nccl_dlopen("DDP_CUDART_LIBRARY", cudart_names, a->cudart_path, sizeof a->cudart_path,
                           err, sizeof err);
     if (!cu) { snprintf(a->why, sizeof a->why, "no CUDA runtime (%s)", err); a->loaded = -1; return; }
+    _DDP_NCCL_SYM(cu, a, GetDeviceCount, "cudaGetDeviceCount", 1);
+    _DDP_NCCL_SYM(cu, a, SetDevice, "cudaSetDevice", 1);
+    _DDP_NCCL_SYM(cu, a, PointerGetAttributes, "cudaPointerGetAttributes", 1);
+    _DDP_NCCL_SYM(cu, a, Malloc, "cudaMalloc", 1);
+    _DDP_NCCL_SYM(cu, a, Free, "cudaFree", 1);
+    _DDP_NCCL_SYM(cu, a, MemcpyAsync, "cudaMemcpyAsync", 1);
+    _DDP_NCCL_SYM(cu, a, MemsetAsync, "cudaMemsetAsync", 1);
+    _DDP_NCCL_SYM(cu, a, EventCreateWithFlags, "cudaEventCreateWithFlags", 1);
+    _DDP_NCCL_SYM(cu, a, EventRecord, "cudaEventRecord", 1);
+    _DDP_NCCL_SYM(cu, a, EventQuery, "cudaEventQuery", 1);
+    _DDP_NCCL_SYM(cu, a, EventDestroy, "cudaEventDestroy", 1);
+    _DDP_NCCL_SYM(cu, a, CudaLastError, "cudaGetLastError", 1);
+    _DDP_NCCL_SYM(cu, a, CudaErrorString, "cudaGetErrorString", 1);
+    _DDP_NCCL_SYM(cu, a, RuntimeGetVersion, "cudaRuntimeGetVersion", 0);
+    if (missing) {
+        snprintf(a->why, sizeof a->why, "%s lacks %s", a->cudart_path, missing);
+        a->loaded = -1;
+        return;
+    }
+    a->cuda_ok = 1;
     nc = _ddp_nccl_dlopen("DDP_NCCL_LIBRARY", nccl_names, a->nccl_path, sizeof a->nccl_path, err, sizeof err);
     if (!nc) { snprintf(a->why, sizeof a->why, "no NCCL library (%s)", err); a->loaded = -1; return; }
     _DDP_NCCL_SYM(nc, a, GetVersion, "ncclGetVersion", 1);
@@ -301,29 +324,17 @@ _DDP_PRIVATE void _ddp_nccl_bind(_ddp_nccl_api_t *a) {
     _DDP_NCCL_SYM(nc, a, AlltoAll, "ncclAlltoAll", 0);
     _DDP_NCCL_SYM(nc, a, Gather, "ncclGather", 0);
     _DDP_NCCL_SYM(nc, a, Scatter, "ncclScatter", 0);
-    _DDP_NCCL_SYM(cu, a, GetDeviceCount, "cudaGetDeviceCount", 1);
-    _DDP_NCCL_SYM(cu, a, SetDevice, "cudaSetDevice", 1);
-    _DDP_NCCL_SYM(cu, a, PointerGetAttributes, "cudaPointerGetAttributes", 1);
-    _DDP_NCCL_SYM(cu, a, Malloc, "cudaMalloc", 1);
-    _DDP_NCCL_SYM(cu, a, Free, "cudaFree", 1);
-    _DDP_NCCL_SYM(cu, a, MemcpyAsync, "cudaMemcpyAsync", 1);
-    _DDP_NCCL_SYM(cu, a, MemsetAsync, "cudaMemsetAsync", 1);
-    _DDP_NCCL_SYM(cu, a, EventCreateWithFlags, "cudaEventCreateWithFlags", 1);
-    _DDP_NCCL_SYM(cu, a, EventRecord, "cudaEventRecord", 1);
-    _DDP_NCCL_SYM(cu, a, EventQuery, "cudaEventQuery", 1);
-    _DDP_NCCL_SYM(cu, a, EventDestroy, "cudaEventDestroy", 1);
-    _DDP_NCCL_SYM(cu, a, CudaLastError, "cudaGetLastError", 1);
-    _DDP_NCCL_SYM(cu, a, CudaErrorString, "cudaGetErrorString", 1);
-    _DDP_NCCL_SYM(cu, a, RuntimeGetVersion, "cudaRuntimeGetVersion", 0);
     if (missing) {
-        snprintf(a->why, sizeof a->why, "%s or %s lacks %s", a->nccl_path, a->cudart_path, missing);
+        snprintf(a->why, sizeof a->why, "%s lacks %s", a->nccl_path, missing);
         a->loaded = -1;
     }
 }
 #undef _DDP_NCCL_SYM
 #endif
 
-/* The table, loaded on first use (any thread); NULL with why filled when unusable. */
+/* The table, loaded on first use (any thread). NULL when not even the CUDA runtime is there;
+ * else the table, with why filled when NCCL itself is unusable (pointers can still be told
+ * apart, so a device buffer gets a clear error instead of a host dereference). */
 _DDP_PRIVATE const _ddp_nccl_api_t *_ddp_nccl_load(char *why, size_t cap) {
     _ddp_nccl_api_t *a = &_ddp_nccl_api;
     pthread_mutex_lock(&_ddp_nccl_api_mu);
@@ -342,8 +353,8 @@ _DDP_PRIVATE const _ddp_nccl_api_t *_ddp_nccl_load(char *why, size_t cap) {
         if (a->loaded == 0) a->loaded = 1;
     }
     pthread_mutex_unlock(&_ddp_nccl_api_mu);
-    if (a->loaded < 0) { _ddp_strlcpy(why, a->why, cap); return NULL; }
-    return a;
+    if (a->loaded < 0) _ddp_strlcpy(why, a->why, cap);
+    return a->cuda_ok ? a : NULL;
 }
 
 /* ---------------------------------------------------------------- per communicator */
@@ -676,10 +687,8 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_init(const ddp_transport_ctx_t *ctx, void **
     pthread_mutex_init(&s->comm_mu, NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (mode && !strcmp(mode, "0"))
-        snprintf(s->declined, sizeof s->declined, "DDP_NCCL=0");
-    else
-        s->api = _ddp_nccl_load(s->declined, sizeof s->declined);
+    s->api = _ddp_nccl_load(s->declined, sizeof s->declined);
+    if (mode && !strcmp(mode, "0")) snprintf(s->declined, sizeof s->declined, "DDP_NCCL=0");
     *state = s;
     return DDP_SUCCESS;
 }
@@ -702,15 +711,19 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_probe(void *state, char *why, size_t cap) {
     _ddp_cerr_t e;
     long forced = -1;
     int env;
-    if (!s->declined[0] && s->api) {
+    if (s->api) {   /* also when NCCL is unusable: is_device needs to know */
         e = s->api->GetDeviceCount(&s->ndevices);
         if (e != 0) {
             s->api->CudaLastError();
-            snprintf(s->declined, sizeof s->declined, "no usable CUDA device: cudaGetDeviceCount: %s "
-                     "(CUDA error %d)", s->api->CudaErrorString(e), (int)e);
-        } else if (s->ndevices < 1) {
+            s->ndevices = 0;
+            if (!s->declined[0])
+                snprintf(s->declined, sizeof s->declined, "no usable CUDA device: cudaGetDeviceCount: %s "
+                         "(CUDA error %d)", s->api->CudaErrorString(e), (int)e);
+        } else if (s->ndevices < 1 && !s->declined[0]) {
             snprintf(s->declined, sizeof s->declined, "no CUDA device visible");
         }
+    } else if (!s->declined[0]) {
+        snprintf(s->declined, sizeof s->declined, "no CUDA runtime");
     }
     if (!s->declined[0]) {
         env = _ddp_env_int("DDP_CUDA_DEVICE", 0, 1 << 20, &forced);
