@@ -999,6 +999,12 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
 }
 
 /* Step 2: the store: the caller's (split, threads), else rank 0 serves MASTER_ADDR:PORT. */
+/* torchrun without --standalone: its agent serves the store (TORCHELASTIC_USE_AGENT_STORE). */
+_DDP_PRIVATE int _ddp_torchrun_agent_store(void) {
+    const char *a = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    return a && (!strcmp(a, "True") || !strcmp(a, "true") || !strcmp(a, "1"));
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *d) {
     const int rank = c->eng.rank;
     ddp_result_t r;
@@ -1012,7 +1018,21 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
         sd.secret = d->job_secret;
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = rank + 1;
-        r = _ddp_store_open(&c->store, c->master_addr, c->master_port, rank == 0, &sd, err, sizeof err);
+        if (_ddp_torchrun_agent_store()) {
+            /* torchrun (not --standalone) already serves a c10d TCPStore on MASTER_PORT: every
+             * rank is a client of it. It outlives worker restarts, so the keys of this attempt
+             * get their own namespace unless the caller chose one. */
+            const char *run = getenv("TORCHELASTIC_RUN_ID"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+            if (!d->store_prefix)
+                snprintf(c->prefix, sizeof c->prefix, "libddp/%.40s/attempt_%.16s", run ? run : "none",
+                         att ? att : "0");
+            _DDP_LOG(c, DDP_LOG_INFO, "rendezvous through torchrun's agent store at %s:%d (c10d TCPStore "
+                     "protocol, TORCHELASTIC_USE_AGENT_STORE=True), keys under %s/", c->master_addr,
+                     c->master_port, c->prefix);
+            r = _ddp_store_connect_c10d(&c->store, c->master_addr, c->master_port, &sd, err, sizeof err);
+        } else {
+            r = _ddp_store_open(&c->store, c->master_addr, c->master_port, rank == 0, &sd, err, sizeof err);
+        }
         if (r != DDP_SUCCESS) {
             r = ddp_comm_fail(c, r, "init: %s", err);
             return r;
@@ -1855,7 +1875,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
     int want = c->coll || c->eng.nranks < 2 ? 1 : c->want_lanes, i;
     ddp_comm_desc_t d;
     ddp_store_desc_t sd;
-    char prefix[192];
+    char prefix[192], err[512] = "";
     ddp_result_t r;
     c->lanes[0].owner = c->lanes[0].exec = c;
     for (i = 1; i < want; i++) {
@@ -1868,9 +1888,9 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         sd.secret = c->store->secret;
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = c->eng.rank + 1;
-        if ((r = ddp_store_open(&client, c->store->host, c->store->port, 0, &sd)) != DDP_SUCCESS) {
+        if ((r = _ddp_store_client_like(&client, c->store, &sd, err, sizeof err)) != DDP_SUCCESS) {
             ddp_comm_fail(c, r, "init: async lane %d: connecting to the store at %s:%d: %.400s", i,
-                          c->store->host, c->store->port, client ? ddp_store_last_error(client) : "");
+                          c->store->host, c->store->port, err);
             if (client) ddp_store_close(client);
             return r;
         }
