@@ -78,7 +78,7 @@ $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 test-tsan: $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1 T_NCCL_SCENARIOS_ONLY=1 prove -f $(TSAN_TESTS)
 
-test: headers test-plain test-san test-tsan test-fuzz-short test-rdma-vm
+test: headers test-fake-nccl test-plain test-san test-tsan test-fuzz-short test-rdma-vm
 
 # NCCL (transports/ddp_nccl.h, issue 15). No GPU here: tests/fake_nccl builds a fake NCCL and CUDA
 # runtime that test_nccl/test_nccl2 load instead of the real ones (DDP_NCCL_LIBRARY,
@@ -90,9 +90,25 @@ $(B)/fake_nccl/libcudart.so.13: tests/fake_nccl/fake_cudart.c tests/fake_nccl/fa
 	@mkdir -p $(B)/fake_nccl
 	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libcudart.so.13 $< -o $@
 $(B)/fake_nccl/libnccl.so.2: tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cuda.h $(B)/fake_nccl/libcudart.so.13
-	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN'
+	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN'
 $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c $(FAKE_NCCL)
 $(B)/test_nccl2 $(B)/san/test_nccl2: tests/test_collectives2.c $(FAKE_NCCL)
+
+# The fakes' own selftest (tests/fake_nccl/selftest.c), plain and with each sanitizer (the
+# sanitized fakes are built together into their own directories by tests/fake_nccl/build.sh).
+.PHONY: test-fake-nccl
+$(B)/fake_nccl/selftest: tests/fake_nccl/selftest.c $(FAKE_NCCL)
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -pthread $< -o $@ -ldl
+FAKE_NCCL_SRCS := tests/fake_nccl/fake_cudart.c tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cuda.h \
+                  tests/fake_nccl/selftest.c tests/fake_nccl/build.sh
+$(B)/fake_nccl_san/selftest: $(FAKE_NCCL_SRCS)
+	CC="$(CC)" CFLAGS="-O1 -g" sh tests/fake_nccl/build.sh $(B)/fake_nccl_san $(SAN)
+$(B)/fake_nccl_tsan/selftest: $(FAKE_NCCL_SRCS)
+	CC="$(CC)" CFLAGS="-O1 -g" sh tests/fake_nccl/build.sh $(B)/fake_nccl_tsan -fsanitize=thread
+test-fake-nccl: $(B)/fake_nccl/selftest $(B)/fake_nccl_san/selftest $(B)/fake_nccl_tsan/selftest
+	prove -f $(B)/fake_nccl/selftest
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(B)/fake_nccl_san/selftest
+	TSAN_OPTIONS=halt_on_error=1 prove -f $(B)/fake_nccl_tsan/selftest
 
 .PHONY: test-gpu nccl-headers
 test-gpu: $(B)/test_nccl $(B)/test_nccl2 $(B)/ddp-bench

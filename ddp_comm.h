@@ -305,6 +305,7 @@ struct ddp_comm {
     /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
      * if no abort came first; abort poisons the communicator itself only if nothing runs). */
     int aborted, busy, abort_claimed;
+    int dev_busy;                  /* the user's thread is in a device call (atomic, nests) */
     pthread_mutex_t amu;           /* the request ring and the progress thread's state */
     pthread_cond_t acv;            /* something queued, or stop */
     pthread_cond_t adone;          /* an operation finished */
@@ -2074,7 +2075,8 @@ _DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const ch
         for (i = 0; i < c->ntinst; i++)
             if (c->tinst[i].t->abort && c->tinst[i].state) c->tinst[i].t->abort(c->tinst[i].state);
     }
-    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST)) _ddp_abort_poison(c);
+    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST) && !__atomic_load_n(&c->dev_busy, __ATOMIC_SEQ_CST))
+        _ddp_abort_poison(c);
     pthread_mutex_lock(&c->amu);
     pthread_cond_broadcast(&c->acv);
     pthread_cond_broadcast(&c->adone);
@@ -2294,6 +2296,17 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_check_call(ddp_comm_t *c, const _ddp_op_t *o,
     return DDP_SUCCESS;
 }
 
+/* Device calls own the communicator as host calls do (an abort from another thread leaves the
+ * poisoning to them: Dekker with _ddp_abort_internal), through their own flag: the progress
+ * thread may hold c->busy for host requests meanwhile, which device calls do not touch. */
+_DDP_PRIVATE void _ddp_dev_enter(ddp_comm_t *c) { __atomic_add_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST); }
+_DDP_PRIVATE ddp_result_t _ddp_dev_leave(ddp_comm_t *c, ddp_result_t r) {
+    if (r != DDP_SUCCESS)
+        r = __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST) ? _ddp_abort_poison(c) : _ddp_comm_poison(c, r);
+    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    return r;
+}
+
 /* Enqueues o on the device; with req, also a ticket that ddp_wait/ddp_test complete. A failure
  * poisons the communicator as a host failure does (the NCCL communicator was aborted). */
 _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_request_t *req) {
@@ -2301,9 +2314,8 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
     uint64_t ticket = 0;
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    /* No owner claim (c->busy): the progress thread may be running host requests meanwhile;
-     * device calls touch only the provider. */
-    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) return _ddp_abort_poison(c);
+    _ddp_dev_enter(c);
+    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) return _ddp_dev_leave(c, DDP_ERR_ABORTED);
     memset(&k, 0, sizeof k);
     k.kind = (ddp_call_kind_t)o->kind;
     k.send = o->send; k.recv = o->recv; k.count = o->count; k.dtype = o->dtype; k.op = o->op;
@@ -2319,9 +2331,8 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
     }
     if (r == DDP_SUCCESS) r = c->dev->enqueue(c->dev_state, &k);
     if (r == DDP_SUCCESS && req) r = c->dev->mark(c->dev_state, &ticket);
-    if (r != DDP_SUCCESS) return _ddp_comm_poison(c, r);
-    if (req) { req->comm = c; req->id = ticket | _DDP_DEV_REQ; }
-    return DDP_SUCCESS;
+    if (r == DDP_SUCCESS && req) { req->comm = c; req->id = ticket | _DDP_DEV_REQ; }
+    return _ddp_dev_leave(c, r);
 }
 
 /* ddp_wait/ddp_test of a device request. */
@@ -2331,9 +2342,11 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_complete(ddp_request_t *req, int *done) {
     ddp_result_t r;
     int fin = 0;
     if (!c->dev) return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "not a request of this communicator");
+    _ddp_dev_enter(c);
     r = done ? c->dev->query(c->dev_state, ticket, &fin) : c->dev->wait(c->dev_state, ticket);
     if (!done) fin = 1;
-    if (r != DDP_SUCCESS) { fin = 1; r = _ddp_comm_poison(c, r); }
+    if (r != DDP_SUCCESS) fin = 1;
+    r = _ddp_dev_leave(c, r);
     if (done) *done = fin;
     if (fin) { req->comm = NULL; req->id = 0; }
     return r;
@@ -2345,9 +2358,10 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_drain(ddp_comm_t *c) {
     uint64_t ticket = 0;
     ddp_result_t r;
     if (!c->dev) return DDP_SUCCESS;
+    _ddp_dev_enter(c);
     r = c->dev->mark(c->dev_state, &ticket);
     if (r == DDP_SUCCESS && ticket) r = c->dev->wait(c->dev_state, ticket);
-    return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
+    return _ddp_dev_leave(c, r);
 }
 
 DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *c, void *stream) {
@@ -2378,28 +2392,40 @@ DDP_API ddp_result_t ddp_comm_device_alloc(ddp_comm_t *c, size_t bytes, void **p
     if (ptr) *ptr = NULL;
     if (r != DDP_SUCCESS) return r;
     if (!ptr) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_alloc: NULL ptr");
-    return c->dev->mem_alloc(c->dev_state, bytes, ptr);
+    _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
+    r = c->dev->mem_alloc(c->dev_state, bytes, ptr);
+    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    return r;
 }
 
 DDP_API ddp_result_t ddp_comm_device_free(ddp_comm_t *c, void *ptr) {
     ddp_result_t r = _ddp_dev_usable(c, "device_free");
     if (r != DDP_SUCCESS || !ptr) return r;
     _ddp_dev_drain(c);   /* enqueued work may still read it; freed even if that failed */
-    return c->dev->mem_free(c->dev_state, ptr);
+    _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
+    r = c->dev->mem_free(c->dev_state, ptr);
+    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    return r;
 }
 
 DDP_API ddp_result_t ddp_comm_device_copy(ddp_comm_t *c, void *dst, const void *src, size_t bytes) {
     ddp_result_t r = _ddp_dev_usable(c, "device_copy");
     if (r != DDP_SUCCESS || !bytes) return r;
     if (!dst || !src) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_copy: NULL buffer");
-    return c->dev->copy(c->dev_state, dst, src, bytes);
+    _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
+    r = c->dev->copy(c->dev_state, dst, src, bytes);
+    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    return r;
 }
 
 DDP_API ddp_result_t ddp_comm_device_zero(ddp_comm_t *c, void *dst, size_t bytes) {
     ddp_result_t r = _ddp_dev_usable(c, "device_zero");
     if (r != DDP_SUCCESS || !bytes) return r;
     if (!dst) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_zero: NULL buffer");
-    return c->dev->fill_zero(c->dev_state, dst, bytes);
+    _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
+    r = c->dev->fill_zero(c->dev_state, dst, bytes);
+    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    return r;
 }
 
 DDP_API ddp_result_t ddp_comm_device_synchronize(ddp_comm_t *c) {
@@ -2541,8 +2567,10 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     }
     _ddp_free(&c->alloc, all);
     /* NCCL's split is a collective over the parent too (DDP_SPLIT_NOCOLOR ranks included). */
-    if (r == DDP_SUCCESS && c->dev && (r = c->dev->split(c->dev_state, color, key, &inherited)) != DDP_SUCCESS)
-        r = _ddp_comm_poison(c, r);
+    if (r == DDP_SUCCESS && c->dev) {
+        _ddp_dev_enter(c);
+        r = _ddp_dev_leave(c, c->dev->split(c->dev_state, color, key, &inherited));
+    }
     if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) return r;
     snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->prefix, c->splits, color);
     memset(&d, 0, sizeof d);
@@ -2726,9 +2754,12 @@ DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
     if (c->group_depth++ == 0) { c->group_n = 0; c->group_err = DDP_SUCCESS; }
-    if (c->dev && (r = c->dev->group(c->dev_state, 1)) != DDP_SUCCESS) {   /* NCCL's group too */
-        c->group_depth--;
-        return _ddp_comm_poison(c, r);
+    if (c->dev) {   /* NCCL's group too */
+        _ddp_dev_enter(c);
+        if ((r = _ddp_dev_leave(c, c->dev->group(c->dev_state, 1))) != DDP_SUCCESS) {
+            c->group_depth--;
+            return r;
+        }
     }
     return DDP_SUCCESS;
 }
@@ -2740,8 +2771,10 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     if (c->group_depth == 0)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "group_end without a group_start");
     if (c->dev) {   /* NCCL's group ends with ours: its device calls are issued now */
-        ddp_result_t dr = c->dev->group(c->dev_state, 0);
-        if (dr != DDP_SUCCESS && c->group_err == DDP_SUCCESS) c->group_err = _ddp_comm_poison(c, dr);
+        ddp_result_t dr;
+        _ddp_dev_enter(c);
+        dr = _ddp_dev_leave(c, c->dev->group(c->dev_state, 0));
+        if (dr != DDP_SUCCESS && c->group_err == DDP_SUCCESS) c->group_err = dr;
     }
     if (--c->group_depth) return DDP_SUCCESS;
     if (c->error != DDP_SUCCESS) { c->group_n = 0; return c->error; }

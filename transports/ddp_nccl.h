@@ -363,8 +363,8 @@ _DDP_PRIVATE const _ddp_nccl_api_t *_ddp_nccl_load(char *why, size_t cap) {
 #define _DDP_NCCL_REPORT_RANKS 16       /* the hang report names at most this many ranks */
 
 typedef struct {
-    uint64_t seq;                       /* 0: free */
-    ddp_device_call_t call;
+    uint64_t seq;                       /* its ticket (this transport's numbering); 0: free */
+    ddp_device_call_t call;             /* kind 0: copies/fills on the stream, no call */
     int ncalls;                         /* > 1: a group ending with `call` */
     int64_t t0_us;
     _ddp_cevent_t event;
@@ -385,8 +385,10 @@ typedef struct {
     pthread_cond_t cv;                  /* watchdog: something to watch, or stop */
     _ddp_nccl_rec_t rec[_DDP_NCCL_INFLIGHT];
     uint64_t head, tail;                /* positions, not seqs */
-    uint64_t done_through;              /* every seq <= this completed */
-    uint64_t last_seq;                  /* the last call recorded */
+    uint64_t done_through;              /* every ticket <= this completed */
+    uint64_t last_seq;                  /* the last ticket handed out */
+    uint64_t done_call;                 /* the last call (its number) seen complete */
+    int unrecorded;                     /* copies/fills enqueued since the last event */
     ddp_result_t error;                 /* sticky */
     char error_msg[1536];
     pthread_t watchdog;
@@ -408,7 +410,12 @@ _DDP_PRIVATE const char *_ddp_nccl_kind_name(int kind) {
 }
 
 _DDP_PRIVATE void _ddp_nccl_describe(const ddp_device_call_t *k, int ncalls, char *out, size_t cap) {
-    int n = snprintf(out, cap, "%s #%llu (%zu x %s", _ddp_nccl_kind_name(k->kind),
+    int n;
+    if (k->kind == 0) {
+        snprintf(out, cap, "copies on the stream after call #%llu", (unsigned long long)k->seq);
+        return;
+    }
+    n = snprintf(out, cap, "%s #%llu (%zu x %s", _ddp_nccl_kind_name(k->kind),
                      (unsigned long long)k->seq, k->count, ddp_dtype_name(k->dtype));
     if (n < 0 || (size_t)n >= cap) return;
     if (k->kind == DDP_CALL_ALL_REDUCE || k->kind == DDP_CALL_REDUCE_SCATTER || k->kind == DDP_CALL_REDUCE)
@@ -570,7 +577,7 @@ _DDP_PRIVATE void _ddp_nccl_timeout(_ddp_nccl_t *s, const _ddp_nccl_rec_t *r, in
     char what[200], mine[320], report[1024];
     _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
     snprintf(mine, sizeof mine, "waiting in %s for %lld ms, completed through #%llu", what,
-             (long long)waited_ms, (unsigned long long)s->done_through);
+             (long long)waited_ms, (unsigned long long)s->done_call);
     _ddp_nccl_hang_report(s, mine, report, sizeof report);
     _ddp_nccl_fail(s, DDP_ERR_TIMEOUT, "nccl: %s did not complete within %d ms (DDP_TIMEOUT_MS; "
                    "waited %lld ms): NCCL communicator aborted. Rank %d: %s%s", what,
@@ -600,16 +607,20 @@ static void *_ddp_nccl_watchdog_main(void *arg) {
         if (!s->comm_dead && s->api->CommGetAsyncError(s->comm, &async) != 0) async = _DDP_NRES(3);
         pthread_mutex_unlock(&s->comm_mu);
         if (async != 0 && async != _DDP_NCCL_IN_PROGRESS) {
-            char what[200];
+            char what[200], detail[256] = "";
+            const char *last = NULL;
             _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
+            pthread_mutex_lock(&s->comm_mu);
+            if (!s->comm_dead && s->api->NcclLastError) last = s->api->NcclLastError(s->comm);
+            if (last && last[0]) snprintf(detail, sizeof detail, " (%.240s)", last);
+            pthread_mutex_unlock(&s->comm_mu);
             _ddp_nccl_fail(s, async == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: asynchronous error "
-                           "during %s: %s%s%s; NCCL communicator aborted", what, _ddp_nccl_err(s, async),
-                           s->api->NcclLastError ? ": " : "", s->api->NcclLastError ?
-                           s->api->NcclLastError(s->comm) : "");
+                           "during %s: %s%s; NCCL communicator aborted", what, _ddp_nccl_err(s, async), detail);
             _ddp_nccl_abort_comm(s, "asynchronous error");
         } else if (q == 0) {
             pthread_mutex_lock(&s->mu);
             if (r->seq > s->done_through) s->done_through = r->seq;
+            if (r->call.kind && r->call.seq > s->done_call) s->done_call = r->call.seq;
             r->seq = 0;
             s->head++;
             pthread_cond_broadcast(&s->cv);
@@ -666,12 +677,12 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_record(_ddp_nccl_t *s, const ddp_device_call
         s->api->CudaLastError();
         return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: cudaEventRecord: %s", s->api->CudaErrorString(e));
     }
+    s->unrecorded = 0;   /* this event comes after them */
     pthread_mutex_lock(&s->mu);
     r->call = *k;
     r->ncalls = ncalls;
     r->t0_us = _ddp_now_us();
-    r->seq = k->seq;
-    s->last_seq = k->seq;
+    r->seq = ++s->last_seq;   /* under mu: tickets increase in record order */
     s->tail++;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -951,6 +962,16 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_group(void *state, int start) {
 
 _DDP_PRIVATE ddp_result_t _ddp_nccl_mark(void *state, uint64_t *ticket) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    if (s->unrecorded) {   /* copies since the last event: a ticket must cover them too */
+        ddp_device_call_t k;
+        ddp_result_t r;
+        memset(&k, 0, sizeof k);
+        pthread_mutex_lock(&s->mu);
+        k.seq = s->done_call;
+        pthread_mutex_unlock(&s->mu);
+        if ((r = _ddp_nccl_record(s, &k, 1)) != DDP_SUCCESS) return r;
+        s->unrecorded = 0;
+    }
     pthread_mutex_lock(&s->mu);
     *ticket = s->last_seq;
     pthread_mutex_unlock(&s->mu);
@@ -1055,12 +1076,14 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_mem_free(void *state, void *ptr) {
 _DDP_PRIVATE ddp_result_t _ddp_nccl_copy(void *state, void *dst, const void *src, size_t bytes) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     if (!bytes) return DDP_SUCCESS;
+    s->unrecorded = 1;
     return _ddp_nccl_cuda(s, s->api->MemcpyAsync(dst, src, bytes, (_ddp_ckind_t)_DDP_CUDA_COPY_DEFAULT, s->stream),
                           "cudaMemcpyAsync");
 }
 _DDP_PRIVATE ddp_result_t _ddp_nccl_fill_zero(void *state, void *dst, size_t bytes) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     if (!bytes) return DDP_SUCCESS;
+    s->unrecorded = 1;
     return _ddp_nccl_cuda(s, s->api->MemsetAsync(dst, 0, bytes, s->stream), "cudaMemsetAsync");
 }
 
@@ -1076,10 +1099,16 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_finalize(void *state) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     const ddp_transport_ctx_t *ctx = s->ctx;
     int i;
-    if (s->comm && !s->comm_dead) {
+    int alive;
+    pthread_mutex_lock(&s->comm_mu);
+    alive = s->comm && !s->comm_dead;
+    pthread_mutex_unlock(&s->comm_mu);
+    if (alive) {
         /* What is still in flight completes first (bounded), then a clean finalize; anything
          * wrong, and the communicator is aborted instead. */
-        ddp_result_t r = s->last_seq ? _ddp_nccl_wait(s, s->last_seq) : DDP_SUCCESS;
+        uint64_t last = 0;
+        ddp_result_t r = _ddp_nccl_mark(s, &last);
+        if (r == DDP_SUCCESS && last) r = _ddp_nccl_wait(s, last);
         if (r == DDP_SUCCESS) {
             _ddp_nres_t nr;
             pthread_mutex_lock(&s->comm_mu);
