@@ -292,6 +292,7 @@ struct ddp_comm {
     int master_port;
     char ifname[256];
     char prefix[128];
+    char job[160];                 /* the launcher's job identity ("" if none): rendezvous check */
     ddp_store_t *store;
     int own_store;
     char *host_ids;                /* nranks * _DDP_HOST_ID_LEN */
@@ -513,9 +514,8 @@ _DDP_PRIVATE ddp_result_t _ddp_ranks_from_env(_ddp_env_ranks_t *e) {
         if (_ddp_env_int(sets[i][3], 1, INT_MAX, &v) == 1) e->local_size = (int)v;
         return DDP_SUCCESS;
     }
-    snprintf(e->err, sizeof e->err, "no rank in the environment: set RANK and WORLD_SIZE (as "
-             "torchrun does), or run under ddprun, mpirun or srun");
-    return DDP_ERR_INVALID_ARGUMENT;
+    snprintf(e->err, sizeof e->err, "no rank in the environment");
+    return DDP_ERR_UNSUPPORTED;   /* the caller makes it a world of one */
 }
 
 /* Publishes the first failure of this communicator so that ranks which only see a closed
@@ -726,6 +726,25 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     ddp_result_t r;
     int i;
 
+    /* The job first: rank 0 says which job this store serves; a rank of another job that reached
+     * it (two jobs on one host and port) is refused here, naming both, before it counts in. */
+    _ddp_key(c, key, sizeof key, "job");
+    if (c->eng.rank == 0) {
+        r = ddp_store_set(c->store, key, c->job, strlen(c->job));
+    } else {
+        char theirs[sizeof c->job];
+        len = 0;
+        r = ddp_store_get(c->store, key, theirs, sizeof theirs - 1, &len);
+        if (r == DDP_SUCCESS) {
+            theirs[len < sizeof theirs ? len : sizeof theirs - 1] = 0;
+            if (strcmp(theirs, c->job) != 0)
+                return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: this rank belongs to job '%s' but the "
+                                     "store at %s:%d serves job '%s': two jobs met on one port; give "
+                                     "each job its own MASTER_PORT", c->job[0] ? c->job : "(none)",
+                                     c->master_addr, c->master_port, theirs[0] ? theirs : "(none)");
+        }
+    }
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
     /* World size, and DDP_ASYNC_LANES (each rank opens that many connection sets at init):
      * the first rank decides; anyone who disagrees fails loudly. */
     if ((r = _ddp_rendezvous_agree(c, "world_size", c->eng.nranks, "world size disagreement: this rank "
@@ -903,6 +922,36 @@ DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const
 
 /* Step 1: settings from the desc, else the environment, else measured defaults; the bounded
  * scratch and per-peer tables (the only allocations sized by the world). */
+/* ---- the launcher's job: what keeps two jobs on one host apart
+ * The job's identity as its launcher names it: torchrun's run id, Slurm's job and step, Open
+ * MPI's job (PMIx namespace); "" when none says. */
+_DDP_PRIVATE void _ddp_job_identity(char *out, size_t cap) {
+    const char *v;
+    out[0] = 0;
+    if ((v = getenv("DDP_JOB_ID")) && *v) snprintf(out, cap, "%.120s", v);
+    else if ((v = getenv("TORCHELASTIC_RUN_ID")) && *v && getenv("TORCHELASTIC_RESTART_COUNT"))
+        snprintf(out, cap, "torchrun:%.100s/attempt_%.16s", v, getenv("TORCHELASTIC_RESTART_COUNT"));
+    else if ((v = getenv("SLURM_JOB_ID")) && *v && getenv("SLURM_PROCID"))
+        snprintf(out, cap, "slurm:%.40s.%.40s", v, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
+    else if ((v = getenv("PMIX_NAMESPACE")) && *v) snprintf(out, cap, "pmix:%.100s", v);
+    else if ((v = getenv("OMPI_MCA_ess_base_jobid")) && *v) snprintf(out, cap, "ompi:%.100s", v);
+    else if ((v = getenv("PMI_KVSNAME")) && *v) snprintf(out, cap, "pmi:%.100s", v);
+}
+
+/* The first host of a Slurm node list ("node[07-09,12],login1" -> "node07"); 0 if none. */
+_DDP_PRIVATE int _ddp_slurm_first_host(const char *list, char *out, size_t cap) {
+    size_t n = 0;
+    const char *p = list;
+    if (!list || !*list || cap < 2) return 0;
+    while (*p && *p != ',' && *p != '[' && n + 1 < cap) out[n++] = *p++;
+    if (*p == '[') {
+        p++;
+        while (*p >= '0' && *p <= '9' && n + 1 < cap) out[n++] = *p++;
+    }
+    out[n] = 0;
+    return n > 0;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_t *d, const char **forced_out) {
     const int nranks = c->eng.nranks, rank = c->eng.rank;
     const char *s, *forced;
@@ -954,8 +1003,18 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     }
     s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
     _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
+    _ddp_job_identity(c->job, sizeof c->job);
     s = d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
-    _ddp_strlcpy(c->master_addr, (s && *s) ? s : "127.0.0.1", sizeof c->master_addr);
+    if (s && *s) {
+        _ddp_strlcpy(c->master_addr, s, sizeof c->master_addr);
+    } else if (getenv("SLURM_PROCID") &&
+               (_ddp_slurm_first_host(getenv("SLURM_STEP_NODELIST"), c->master_addr, sizeof c->master_addr) ||
+                _ddp_slurm_first_host(getenv("SLURM_JOB_NODELIST"), c->master_addr, sizeof c->master_addr))) {
+        _DDP_LOG(c, DDP_LOG_INFO, "init: master %s: the first host of Slurm's node list (MASTER_ADDR unset)",
+                 c->master_addr);
+    } else {
+        _ddp_strlcpy(c->master_addr, "127.0.0.1", sizeof c->master_addr);
+    }
     if (d->master_port) {
         c->master_port = d->master_port;
     } else if ((i = _ddp_env_int("MASTER_PORT", 1, 65535, &v)) == 1) {
@@ -964,10 +1023,19 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
         r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: MASTER_PORT='%s' is not a port "
                           "number (1..65535)", getenv("MASTER_PORT"));
         return r;
+    } else if (nranks == 1 && !d->store) {
+        c->master_port = 0;   /* nobody else connects: a port the kernel picks, never a clash */
+    } else if (c->job[0]) {
+        /* mpirun and srun set no MASTER_PORT: every job on a host would meet on 29500. A port
+         * from the job's identity (20000..31999, below Linux's ephemeral range) keeps them
+         * apart; the rendezvous still refuses a rank of another job (same port by chance). */
+        c->master_port = 20000 + (int)(_ddp_fnv1a(c->job, strlen(c->job), _DDP_FNV_INIT) % 12000u);
+        _DDP_LOG(c, DDP_LOG_INFO, "init: master port %d derived from the job's identity %s "
+                 "(MASTER_PORT unset)", c->master_port, c->job);
     } else {
         c->master_port = _DDP_DEFAULT_PORT;
     }
-    if (c->master_port < 1 || c->master_port > 65535) {
+    if ((c->master_port < 1 && !(nranks == 1 && c->master_port == 0)) || c->master_port > 65535) {
         r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->master_port);
         return r;
     }
@@ -1039,6 +1107,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
             return r;
         }
         c->own_store = 1;
+        if (c->master_port == 0) c->master_port = ddp_store_port(c->store);   /* world of one */
     }
     return DDP_SUCCESS;
 }
@@ -1417,6 +1486,16 @@ DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *
     *out = NULL;
     memset(&e, 0, sizeof e);
     r = _ddp_ranks_from_env(&e);
+    if (r == DDP_ERR_UNSUPPORTED) {
+        /* No launcher: the program was run directly. A world of one (every collective a
+         * local copy), as users of a single process expect. */
+        if (_ddp_log_level_from_env() >= DDP_LOG_INFO && !(d && d->log_level))
+            _ddp_log_str(0, DDP_LOG_INFO, "init: no launcher in the environment (RANK/WORLD_SIZE, "
+                         "OMPI_COMM_WORLD_*, PMI_*, SLURM_*): a world of one");
+        e.rank = 0;
+        e.nranks = 1;
+        r = DDP_SUCCESS;
+    }
     if (r != DDP_SUCCESS) {
         snprintf(_ddp_init_error, sizeof _ddp_init_error, "init: %s [%s]", e.err, ddp_strerror(r));
         if (_ddp_log_level_from_env() >= DDP_LOG_WARN) {
