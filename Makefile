@@ -2,6 +2,7 @@
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
 #   make test    every test (plain, then ASan+UBSan, TSan), header checks (C99/C11, C++11/17/20, gcc and clang)
 #   make bench   ddp-bench sweep (all_reduce, reduce_scatter, all_gather, broadcast; p = 2 and 4; every transport) -> bench/results/*.json, busbw.svg
+#   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-bench, ddp.pc; make uninstall removes them
 CC      ?= cc
 CXX     ?= g++
 WARN    := -Wall -Wextra -Wpedantic -Werror
@@ -258,3 +259,63 @@ fuzz: $(FUZZERS)
 	     ../../$$c ../../tests/fuzz/corpus_$${n#fuzz_}) 2>&1 | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|Done|==|SUMMARY|.*ERROR)' || true; \
 	  ls $(B)/fuzz/$$n-* >/dev/null 2>&1 && { echo "fuzz: $$n found a crash: $$(ls $(B)/fuzz/$$n-*)"; exit 1; }; \
 	done; echo "fuzz: no crashes"
+
+# Install (issue 16). make install [PREFIX=/usr/local] [DESTDIR=staging dir, for packagers]:
+#   $(INCLUDEDIR)/ddp/      every public header (HEADERS, IB_HEADERS), transports/ kept, so the
+#                           headers' relative includes ("ddp_base.h", "../ddp_socket.h") resolve
+#   $(BINDIR)/              ddprun and ddp-bench, built by the rules above (usual flags)
+#   $(PKGCONFIGDIR)/ddp.pc  from ddp.pc.in: Cflags -I$${includedir}/ddp, Libs -pthread -lm -ldl,
+#                           Version from DDP_VERSION_MAJOR/MINOR(/PATCH); no warning flags
+# The .pc goes to share/pkgconfig: the library is headers only, so the file is the same on every
+# architecture (where pkg-config looks for arch-independent .pc files; PKGCONFIGDIR overrides).
+# make uninstall removes those files, include/ddp, and the directories install created: install
+# records them in $(INCLUDEDIR)/ddp/.install-dirs (not under DESTDIR, whose staging trees
+# packagers ship: there uninstall removes the files and include/ddp only).
+# Our builds use -Werror; to build the tools with a compiler that warns more:
+# make install WARN='-Wall -Wextra'.
+PREFIX       = /usr/local
+BINDIR       = $(PREFIX)/bin
+INCLUDEDIR   = $(PREFIX)/include
+PKGCONFIGDIR = $(PREFIX)/share/pkgconfig
+INSTALL      = install
+INSTALL_HEADERS = $(sort $(HEADERS) $(IB_HEADERS))
+INSTALL_TOOLS   = ddprun ddp-bench
+# include/ddp and its subdirectories (transports), as installed; the headers in each.
+INSTALL_HDR_SUBDIRS = $(patsubst %/,%,$(filter-out ./,$(sort $(dir $(INSTALL_HEADERS)))))
+INSTALL_HDR_DIRS    = $(DESTDIR)$(INCLUDEDIR)/ddp $(addprefix $(DESTDIR)$(INCLUDEDIR)/ddp/,$(INSTALL_HDR_SUBDIRS))
+install_headers_in  = $(strip $(foreach h,$(INSTALL_HEADERS),$(if $(filter $(1)/,$(dir $(h))),$(h))))
+# MAJOR.MINOR[.PATCH] from the headers (ddp_base.h today; ddp.h if the macros move there).
+DDP_VERSION = $(shell for k in MAJOR MINOR PATCH; do \
+                sed -n "s/^[ \t]*.[ \t]*define[ \t][ \t]*DDP_VERSION_$$k[ \t][ \t]*\([0-9][0-9]*\).*/\1/p" ddp_base.h ddp.h | head -n 1; \
+              done | paste -s -d . -)
+# In the .pc, includedir relative to prefix when it is under it (pkg-config --define-prefix works).
+PC_INCLUDEDIR = $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))
+.PHONY: install uninstall
+
+install: $(addprefix $(B)/,$(INSTALL_TOOLS)) ddp.pc.in | $(B)
+	@v='$(DDP_VERSION)'; case $$v in [0-9]*.[0-9]*) ;; \
+	  *) echo "install: no DDP_VERSION_MAJOR/MINOR in ddp_base.h or ddp.h (got '$$v')" >&2; exit 1;; esac
+	sed -e 's|@prefix@|$(PREFIX)|g' -e 's|@includedir@|$(PC_INCLUDEDIR)|g' -e 's|@version@|$(DDP_VERSION)|g' \
+	  ddp.pc.in > $(B)/ddp.pc
+	@set -e; made=''; \
+	for d in $(DESTDIR)$(BINDIR) $(DESTDIR)$(PKGCONFIGDIR) $(INSTALL_HDR_DIRS); do \
+	  p=$$d; while [ ! -d "$$p" ]; do made="$$made $$p"; p=$$(dirname "$$p"); done; \
+	  $(INSTALL) -d "$$d"; \
+	done; \
+	if [ -z '$(DESTDIR)' ] && [ -n "$$made" ]; then \
+	  for p in $$made; do echo "$$p"; done >> $(INCLUDEDIR)/ddp/.install-dirs; \
+	fi
+	$(INSTALL) -m 755 $(addprefix $(B)/,$(INSTALL_TOOLS)) $(DESTDIR)$(BINDIR)/
+	$(INSTALL) -m 644 $(call install_headers_in,.) $(DESTDIR)$(INCLUDEDIR)/ddp/
+	$(foreach d,$(INSTALL_HDR_SUBDIRS),$(INSTALL) -m 644 $(call install_headers_in,$(d)) $(DESTDIR)$(INCLUDEDIR)/ddp/$(d)/ &&) true
+	$(INSTALL) -m 644 $(B)/ddp.pc $(DESTDIR)$(PKGCONFIGDIR)/ddp.pc
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALL_TOOLS)) $(DESTDIR)$(PKGCONFIGDIR)/ddp.pc
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/ddp/,$(INSTALL_HEADERS))
+	@m=$(DESTDIR)$(INCLUDEDIR)/ddp/.install-dirs; made=''; \
+	if [ -z '$(DESTDIR)' ] && [ -f "$$m" ]; then made=$$(cat "$$m"); rm -f "$$m"; fi; \
+	for d in $$(printf '%s\n' $(INSTALL_HDR_DIRS) $$made | LC_ALL=C sort -r -u); do \
+	  [ -d "$$d" ] && ! rmdir "$$d" 2>/dev/null && case $$d in $(DESTDIR)$(INCLUDEDIR)/ddp*) \
+	    echo "uninstall: kept $$d (not empty)" >&2;; esac; \
+	done; true
