@@ -293,6 +293,7 @@ struct ddp_comm {
     char ifname[256];
     char prefix[128];
     char job[160];                 /* the launcher's job identity ("" if none): rendezvous check */
+    int foreign;                   /* the store belongs to another job: never write to it */
     ddp_store_t *store;
     int own_store;
     char *host_ids;                /* nranks * _DDP_HOST_ID_LEN */
@@ -523,7 +524,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ranks_from_env(_ddp_env_ranks_t *e) {
 _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
     char key[256], cur[8];
     size_t curlen = 0;
-    if (!c->store) return;
+    if (!c->store || c->foreign) return;   /* another job's store is not ours to write */
     _ddp_key(c, key, sizeof key, "abort");
     _ddp_store_quick(c->store, 1);
     ddp_store_compare_set(c->store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
@@ -737,11 +738,13 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         r = ddp_store_get(c->store, key, theirs, sizeof theirs - 1, &len);
         if (r == DDP_SUCCESS) {
             theirs[len < sizeof theirs ? len : sizeof theirs - 1] = 0;
-            if (strcmp(theirs, c->job) != 0)
+            if (strcmp(theirs, c->job) != 0) {
+                c->foreign = 1;   /* not our store: leave its job alone (no failure published) */
                 return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: this rank belongs to job '%s' but the "
                                      "store at %s:%d serves job '%s': two jobs met on one port; give "
                                      "each job its own MASTER_PORT", c->job[0] ? c->job : "(none)",
                                      c->master_addr, c->master_port, theirs[0] ? theirs : "(none)");
+            }
         }
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
