@@ -96,8 +96,11 @@ MPIRUN="mpirun --allow-run-as-root --oversubscribe -np 2"
 two_mpirun() {
     k=0
     while [ $k -lt $ROUNDS ]; do
-        timeout 120 $MPIRUN $P $((500 + 2 * k)) 2 > "$tmp/m1" 2>&1 & a=$!
-        timeout 120 $MPIRUN $P $((501 + 2 * k)) 2 > "$tmp/m2" 2>&1 & b=$!
+        # Open MPI's own session directories race when two mpiruns start at once ("orte_session_dir
+        # failed"): each job gets its own base.
+        mkdir -p "$tmp/o1" "$tmp/o2"
+        OMPI_MCA_orte_tmpdir_base="$tmp/o1" timeout 120 $MPIRUN $P $((500 + 2 * k)) 2 > "$tmp/m1" 2>&1 & a=$!
+        OMPI_MCA_orte_tmpdir_base="$tmp/o2" timeout 120 $MPIRUN $P $((501 + 2 * k)) 2 > "$tmp/m2" 2>&1 & b=$!
         wait $a; ra=$?; wait $b; rb=$?
         [ $ra = 0 ] && [ $rb = 0 ] && oks "$tmp/m1" 2 && oks "$tmp/m2" 2 ||
             { why "round $k: rc $ra $rb"; why "$(cat "$tmp/m1" "$tmp/m2")"; return 1; }
