@@ -43,6 +43,8 @@ for tool in "$BENCH" "$CHART"; do
     [ -x "$tool" ] || { echo "sweep.sh: $tool is missing: run 'make bench' (or make $tool)" >&2; exit 2; }
 done
 TRANSPORTS=${TRANSPORTS:-$("$BENCH" --list-transports)}
+# nccl (device buffers) only where a GPU is: elsewhere it would only measure its refusal
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then TRANSPORTS=$(echo "$TRANSPORTS" | grep -vx nccl); fi
 [ -n "$TRANSPORTS" ] || { echo "sweep.sh: no transport compiled into $BENCH" >&2; exit 2; }
 mkdir -p "$OUT"
 

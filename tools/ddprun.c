@@ -162,6 +162,10 @@ static const char *const k_help[] = {
     "        appended to by restarts) instead of the terminal.\n",
     "    --tee\n",
     "        With --log-dir: also pass the output on to ddprun's stdout and stderr.\n",
+    "    --trace FILE\n",
+    "        Record every rank's collectives as Chrome trace events (DDP_TRACE=FILE.%r.part for\n",
+    "        the ranks) and merge this node's ranks into FILE when the job ends: open it in\n",
+    "        Perfetto (ui.perfetto.dev) or chrome://tracing; one process per rank.\n",
     "    --role NAME\n",
     "        ROLE_NAME for the ranks. Default \"default\".\n",
     "    --rdzv-id ID\n",
@@ -220,6 +224,7 @@ typedef struct {
     double grace_s;
     int prefix, tee;
     const char *log_dir, *role, *run_id;
+    const char *trace;        /* --trace FILE, or NULL */
     char **argv;              /* the program and its arguments */
 } opts_t;
 
@@ -344,7 +349,7 @@ static int int_arg(const char *opt, const char *v, long lo, long hi) {
 }
 
 enum { O_NPROC, O_NNODES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_MAX_RESTARTS, O_GRACE,
-       O_LOG_DIR, O_TEE, O_NO_PREFIX, O_ROLE, O_RDZV_ID, O_STANDALONE, O_HELP };
+       O_LOG_DIR, O_TEE, O_NO_PREFIX, O_ROLE, O_RDZV_ID, O_STANDALONE, O_TRACE, O_HELP };
 
 static const struct { const char *name; int id, has_arg; } k_opts[] = {
     {"--nproc-per-node", O_NPROC, 1},      {"--nnodes", O_NNODES, 1},
@@ -353,7 +358,8 @@ static const struct { const char *name; int id, has_arg; } k_opts[] = {
     {"--grace-period", O_GRACE, 1},        {"--log-dir", O_LOG_DIR, 1},
     {"--tee", O_TEE, 0},                   {"--no-prefix", O_NO_PREFIX, 0},
     {"--role", O_ROLE, 1},                 {"--rdzv-id", O_RDZV_ID, 1},
-    {"--standalone", O_STANDALONE, 0},     {"--help", O_HELP, 0},
+    {"--standalone", O_STANDALONE, 0},     {"--trace", O_TRACE, 1},
+    {"--help", O_HELP, 0},
 };
 
 static void parse_args(int argc, char **argv, opts_t *o) {
@@ -434,6 +440,10 @@ static void parse_args(int argc, char **argv, opts_t *o) {
         case O_ROLE: o->role = val; break;
         case O_RDZV_ID: o->run_id = val; break;
         case O_STANDALONE: standalone = 1; break;
+        case O_TRACE:
+            if (!*val) usage_error("%s: empty file name", name);
+            o->trace = val;
+            break;
         case O_HELP:
             for (k = 0; k < sizeof k_help / sizeof k_help[0]; k++) fputs(k_help[k], stdout);
             exit(0);
@@ -929,6 +939,38 @@ static int pending_signal(const sig_atomic_t *seen) {
 
 /* ---- main ---------------------------------------------------------------------------------- */
 
+/* --trace: the ranks wrote FILE.<rank>.part (JSON arrays of trace events, DDP_TRACE); this
+ * node's are joined into one array in FILE and removed. A rank that died mid-write leaves an
+ * unterminated array: its events up to the last complete one are kept. */
+static void merge_traces(const job_t *j) {
+    FILE *out = fopen(j->o.trace, "w");
+    int i, n = 0;
+    if (!out) { fprintf(stderr, "ddprun: --trace: cannot write %s: %s\n", j->o.trace, strerror(errno)); return; }
+    fputs("[\n", out);
+    for (i = 0; i < j->o.nproc; i++) {
+        char path[4096], *buf = NULL, *a, *z;
+        long len;
+        FILE *in;
+        snprintf(path, sizeof path, "%s.%d.part", j->o.trace, j->ranks[i].rank);
+        if (!(in = fopen(path, "r"))) continue;
+        if (fseek(in, 0, SEEK_END) == 0 && (len = ftell(in)) > 0 && fseek(in, 0, SEEK_SET) == 0 &&
+            (buf = (char *)malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, in) == (size_t)len) {
+            buf[len] = 0;
+            a = strchr(buf, '{');                  /* the first event */
+            z = strrchr(buf, '}');                 /* the end of the last complete one */
+            if (a && z && z > a) {
+                fprintf(out, "%s%.*s", n++ ? ",\n" : "", (int)(z - a + 1), a);
+            }
+        }
+        free(buf);
+        fclose(in);
+        unlink(path);
+    }
+    fputs("\n]\n", out);
+    fclose(out);
+    fprintf(stderr, "ddprun: --trace: %d ranks' events in %s\n", n, j->o.trace);
+}
+
 int main(int argc, char **argv) {
     job_t j;
     int i, attempt, wake[2], fd;
@@ -1020,9 +1062,15 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill ddprun while ranks run */
     for (i = 0; i < NSIG; i++) seen[i] = 0;
 
+    if (j.o.trace) {
+        char v[4200];
+        snprintf(v, sizeof v, "%s.%%r.part", j.o.trace);
+        setenv("DDP_TRACE", v, 1);
+    }
     for (attempt = 0;; attempt++) {
         outcome_t oc = run_attempt(&j, attempt, wake[0], seen);
         char stop[512];
+        if (j.o.trace) merge_traces(&j);
         if (oc.spawn_error) return 1;
         if (oc.signo) {
             describe_stop(&j, &oc, signal_name(oc.signo), stop, sizeof stop);
