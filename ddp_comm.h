@@ -37,6 +37,9 @@
 #ifndef DDP_RING_IMPLEMENTATION
 #define DDP_RING_IMPLEMENTATION
 #endif
+#ifndef DDP_TRACE_IMPLEMENTATION
+#define DDP_TRACE_IMPLEMENTATION
+#endif
 #endif
 #include "ddp_base.h"
 #include "ddp_store.h"
@@ -45,6 +48,7 @@
 #include "transports/ddp_transport.h"
 #include "ddp_engine.h"
 #include "ddp_ring.h"
+#include "ddp_trace.h"
 
 #ifndef DDP_COMM_H_INCLUDED
 #define DDP_COMM_H_INCLUDED
@@ -343,6 +347,8 @@ struct ddp_comm {
     uint64_t dev_seq;              /* device calls issued: their numbers in logs and errors */
     int dev_check;                 /* DDP_NCCL_CHECK: ranks compare each call's fingerprint */
     uint64_t *dev_prints;          /* nranks fingerprints (DDP_NCCL_CHECK only, kept) */
+    _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
+    int trace_open;
 };
 enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
 
@@ -663,6 +669,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->group_ops);
     _ddp_free(&a, c->fuse_buf);
     _ddp_free(&a, c->dev_prints);
+    if (c->trace_open) _ddp_trace_close(&c->trace, &a);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->eng.scratch);
     _ddp_free(&a, c->ops);
@@ -1332,6 +1339,15 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     c->local_rank = c->local_size = -1;
     if ((r = _ddp_init_settings(c, d, &forced)) != DDP_SUCCESS) goto fail;
     _ddp_init_contexts(c);
+    {
+        char terr[600];
+        if (_ddp_trace_open(&c->trace, &c->alloc, rank, !is_lane, terr, sizeof terr) != 0) {
+            r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: %s", terr);
+            c->trace_open = 1;
+            goto fail;
+        }
+        c->trace_open = 1;
+    }
     if ((r = _ddp_init_store(c, d)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_rendezvous(c, forced)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_init_pick_transports(c)) != DDP_SUCCESS) goto fail;
@@ -1342,6 +1358,10 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
         *dev_inherited = NULL;
     }
     if ((r = _ddp_init_device(c, is_lane)) != DDP_SUCCESS) goto fail;
+    snprintf(c->trace.transport, sizeof c->trace.transport, "%s", nranks == 1 ? "self" : c->coll ?
+             c->tinst[c->peers[(rank + 1) % nranks].tinst].t->name : ddp_comm_transport_name(c, (rank + 1) % nranks));
+    if (c->trace.file)
+        _DDP_LOG(c, DDP_LOG_INFO, "DDP_TRACE: writing this rank's calls as Chrome trace events");
     c->nlanes = 1;
     if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     {
@@ -1552,7 +1572,12 @@ _DDP_PRIVATE ddp_result_t _ddp_block(ddp_comm_t *c, const int *peers, int n, int
         conns[k++] = p->conn;
     }
     if (ti < 0 || !c->tinst[ti].t->wait) { usleep(20); return DDP_SUCCESS; }
-    return c->tinst[ti].t->wait(c->tinst[ti].state, conns, k, timeout_ms);
+    {   /* the timeline's "time spent waiting on each peer": the first one waited for */
+        int64_t t0 = _ddp_now_us();
+        ddp_result_t r = c->tinst[ti].t->wait(c->tinst[ti].state, conns, k, timeout_ms);
+        _ddp_trace_wait(&c->trace, peers[0], _ddp_now_us() - t0);
+        return r;
+    }
 }
 
 
@@ -2201,6 +2226,7 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
     _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s", c->eng.seq + 1, count,
              ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place",
              rd ? "recursive doubling" : "ring");
+    c->trace.cur.algo = rd ? "recursive doubling" : "ring";
     return rd ? _ddp_rd_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op)
               : _ddp_ring_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
 }
@@ -2236,6 +2262,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *o);   
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     ddp_result_t r;
     unsigned char token = 0;
+    c->trace.cur.algo = c->coll ? "by the transport" : o->kind == _DDP_KIND_BROADCAST ? "pipelined chain" :
+                        o->kind <= _DDP_KIND_ALL_GATHER ? "ring" : "";
     switch (o->kind) {
     case _DDP_KIND_ALL_REDUCE:
         if (c->coll) {
@@ -2294,8 +2322,23 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     return r;
 }
 
+_DDP_PRIVATE void _ddp_trace_log_line(void *arg, const char *s) {
+    ddp_comm_log((const ddp_comm_t *)arg, DDP_LOG_WARN, "%s", s);
+}
+
+/* Every host operation passes here: the flight recorder's record around it, and on a failure
+ * the recorder's last calls logged with the error. */
 _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
-    return _ddp_finish(c, _ddp_run_op_raw(c, o));
+    ddp_result_t r;
+    /* hooked requests are the reducer's buckets (its own thread row in the timeline) */
+    const int tid = o->hooks.before || o->hooks.after ? 2 :
+                    c->progress_on && pthread_equal(pthread_self(), c->lanes[0].thread) ? 1 : 0;
+    _ddp_trace_begin(&c->trace, c->eng.seq + 1, _ddp_kind_name(o->kind), o->count,
+                     _ddp_op_bytes(c, o, 1), (int)o->dtype, (int)o->op, o->root, tid);
+    r = _ddp_run_op_raw(c, o);
+    _ddp_trace_end(&c->trace, r);
+    if (r != DDP_SUCCESS && c->eng.log_level >= DDP_LOG_WARN) _ddp_trace_dump(&c->trace, _ddp_trace_log_line, c);
+    return _ddp_finish(c, r);
 }
 
 /* ---------------------------------------------------------------- device (GPU) buffers
@@ -2411,7 +2454,18 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
         r = _ddp_dev_check_call(c, o, k.seq);
         _ddp_end(c);
     }
-    if (r == DDP_SUCCESS) r = c->dev->enqueue(c->dev_state, &k);
+    {
+        _ddp_trace_rec_t tr;
+        memset(&tr, 0, sizeof tr);
+        tr.t0_us = _ddp_now_us();
+        if (r == DDP_SUCCESS) r = c->dev->enqueue(c->dev_state, &k);
+        if (c->trace.file) {   /* the enqueue (the device runs it later, on its stream) */
+            tr.seq = k.seq; tr.what = _ddp_kind_name(o->kind); tr.algo = "nccl (enqueued)";
+            tr.count = o->count; tr.bytes = _ddp_op_bytes(c, o, 1); tr.dtype = (int)o->dtype;
+            tr.op = (int)o->op; tr.root = o->root; tr.tid = 3; tr.result = r; tr.t1_us = _ddp_now_us();
+            _ddp_trace_span(&c->trace, &tr);
+        }
+    }
     if (r == DDP_SUCCESS && req) r = c->dev->mark(c->dev_state, &ticket);
     if (r == DDP_SUCCESS && req) { req->comm = c; req->id = ticket | _DDP_DEV_REQ; }
     return _ddp_dev_leave(c, r);
