@@ -2226,7 +2226,7 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
     _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s", c->eng.seq + 1, count,
              ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place",
              rd ? "recursive doubling" : "ring");
-    c->trace.cur.algo = rd ? "recursive doubling" : "ring";
+    c->trace.cur->algo = rd ? "recursive doubling" : "ring";
     return rd ? _ddp_rd_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op)
               : _ddp_ring_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
 }
@@ -2262,7 +2262,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *o);   
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     ddp_result_t r;
     unsigned char token = 0;
-    c->trace.cur.algo = c->coll ? "by the transport" : o->kind == _DDP_KIND_BROADCAST ? "pipelined chain" :
+    c->trace.cur->algo = c->coll ? "by the transport" : o->kind == _DDP_KIND_BROADCAST ? "pipelined chain" :
                         o->kind <= _DDP_KIND_ALL_GATHER ? "ring" : "";
     switch (o->kind) {
     case _DDP_KIND_ALL_REDUCE:

@@ -55,7 +55,9 @@ typedef struct {
 typedef struct {
     _ddp_trace_rec_t *ring;          /* _DDP_FLIGHT records, allocated once */
     uint64_t n;                      /* records ever written; the newest is (n - 1) % _DDP_FLIGHT */
-    _ddp_trace_rec_t cur;            /* the call in progress */
+    _ddp_trace_rec_t *cur;           /* the call in progress: the ring's next slot, filled in
+                                      * place (no copy: the recorder is always on) */
+    _ddp_trace_rec_t spare;          /* cur before the ring exists */
     int active;                      /* cur is being filled */
     FILE *file;                      /* DDP_TRACE, or NULL */
     int nevents;                     /* written to file (for the commas) */
@@ -71,12 +73,14 @@ _DDP_PRIVATE int _ddp_trace_open(_ddp_trace_t *t, const ddp_allocator_t *a, int 
                                  char *err, size_t cap) {
     const char *path = with_file ? getenv("DDP_TRACE") : NULL;
     memset(t, 0, sizeof *t);
+    t->cur = &t->spare;
     t->rank = rank;
     t->t_base_us = 0;   /* CLOCK_MONOTONIC as is: the ranks of one host share it, so a merged
                          * trace lines them up */
     pthread_mutex_init(&t->mu, NULL);
     t->ring = (_ddp_trace_rec_t *)_ddp_calloc(a, sizeof *t->ring * _DDP_FLIGHT);
     if (!t->ring) { snprintf(err, cap, "the flight recorder (%zu bytes)", sizeof *t->ring * _DDP_FLIGHT); return -1; }
+    t->cur = &t->ring[0];
     if (path && *path) {
         char name[512];
         const char *r = strstr(path, "%r");
@@ -98,13 +102,14 @@ _DDP_PRIVATE void _ddp_trace_close(_ddp_trace_t *t, const ddp_allocator_t *a) {
         t->file = NULL;
     }
     if (t->ring) { _ddp_free(a, t->ring); t->ring = NULL; }
+    t->cur = &t->spare;
     pthread_mutex_destroy(&t->mu);
 }
 
 /* A call starts: cheap (one clock read), always. */
 _DDP_PRIVATE void _ddp_trace_begin(_ddp_trace_t *t, uint64_t seq, const char *what, size_t count,
                                    size_t bytes, int dtype, int op, int root, int tid) {
-    _ddp_trace_rec_t *c = &t->cur;
+    _ddp_trace_rec_t *c = t->cur;
     c->seq = seq; c->what = what; c->algo = ""; c->count = count; c->bytes = bytes;
     c->dtype = dtype; c->op = op; c->root = root; c->tid = tid;
     c->npeers = 0; c->other_wait_us = 0;
@@ -115,7 +120,7 @@ _DDP_PRIVATE void _ddp_trace_begin(_ddp_trace_t *t, uint64_t seq, const char *wh
 
 /* Time the call spent blocked waiting on peer. */
 _DDP_PRIVATE void _ddp_trace_wait(_ddp_trace_t *t, int peer, int64_t us) {
-    _ddp_trace_rec_t *c = &t->cur;
+    _ddp_trace_rec_t *c = t->cur;
     int i;
     if (!t->active) return;
     for (i = 0; i < c->npeers; i++)
@@ -148,14 +153,14 @@ _DDP_PRIVATE void _ddp_trace_event_json(_ddp_trace_t *t, const _ddp_trace_rec_t 
 
 /* A call ends: into the ring (always) and the file (DDP_TRACE). */
 _DDP_PRIVATE void _ddp_trace_end(_ddp_trace_t *t, ddp_result_t r) {
-    _ddp_trace_rec_t *c = &t->cur;
+    _ddp_trace_rec_t *c = t->cur;
     if (!t->active || !t->ring) return;
     t->active = 0;
     c->t1_us = _ddp_now_us();
     c->result = r;
-    t->ring[t->n % _DDP_FLIGHT] = *c;
     t->n++;
-    _ddp_trace_event_json(t, c);
+    t->cur = &t->ring[t->n % _DDP_FLIGHT];
+    if (t->file) _ddp_trace_event_json(t, c);
 }
 
 /* An event recorded whole by its caller (the reducer's buckets, device calls as enqueued):
