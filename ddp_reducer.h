@@ -1,4 +1,5 @@
-/* ddp_reducer.h — libddp's gradient bucket reducer (PyTorch DistributedDataParallel's Reducer)
+/* ddp_reducer.h — libddp's gradient bucket reducer (PyTorch DistributedDataParallel's Reducer),
+ * its flat-buffer mode and ZeRO-1 (ZeroRedundancyOptimizer: reduce-scatter, shard, all-gather),
  * and ddp_broadcast_params (DDP's broadcast of the initial model state).
  *
  * Built on the communicator's public calls only (async all-reduce with progress-thread hooks,
@@ -85,7 +86,37 @@ extern "C" {
  *     gradients when that stream gets there; work enqueued after finish on it sees them).
  *     Built-in compression on device buffers is DDP_ERR_UNSUPPORTED (it needs kernels).
  *   - Used by one thread at a time, as its communicator; it issues at most DDP_MAX_REQUESTS/2
- *     requests at once (it waits for the oldest bucket beyond that), the rest are the caller's. */
+ *     requests at once (it waits for the oldest bucket beyond that), the rest are the caller's.
+ *
+ * FLAT-BUFFER TRAINERS (llm.c style: every gradient in one buffer). Set desc.flat_grads and
+ * desc.flat_bytes to that buffer and register each parameter's gradient as its slice (add_param
+ * with a pointer inside it, as before): the buckets are then views of the buffer itself, so
+ * there is no bucket memory, no copy, and ddp_reducer_grad(r, i) is the slice. A bucket is a
+ * contiguous range of registered slices, cut from the end of the buffer down (the first one up
+ * to first_bucket_bytes, then bucket_cap_bytes, whole parameters, as DDP): register in forward
+ * order with the buffer laid out in that order (llm.c's is) and the buckets follow backward.
+ * Slices must lie inside the buffer, share one dtype and not overlap (else add_param refuses
+ * with DDP_ERR_INVALID_ARGUMENT, named by ddp_reducer_last_error); memory between slices is
+ * never touched (a bucket never spans it). No rebuild: memory cannot be reordered, and bucket
+ * order only matters for overlap. find_unused: an unmarked slice is zeroed in place before its
+ * bucket is reduced (as with gradient_as_bucket_view), so it ends with the average of the
+ * ranks that used it, zero if none did. no_sync, comm hooks, compression and device buffers
+ * (a device flat buffer) work as above.
+ *
+ * ZeRO-1 (desc.zero_stage = 1, flat mode only; llm.c's multi-GPU path, PyTorch's
+ * ZeroRedundancyOptimizer): each bucket is reduce-scattered (DDP_AVG) instead of all-reduced,
+ * still launched from grad_ready while backward runs. After finish each rank holds the average
+ * of ITS shard only (the rest of the gradient buffer is unspecified); it updates its shard of
+ * the parameters, keeping optimizer state for the shard only (1/world of it), then
+ * ddp_reducer_all_gather_params makes every rank's parameter buffer whole again. A shard is one
+ * block per bucket: bucket boundaries are moved down to multiples of the world size from the
+ * start of each contiguous run of slices, so every bucket splits into world equal blocks in
+ * place (NCCL's reduce-scatter layout, no padding of the user's buffers); the last n mod world
+ * elements of a run (its tail) go through a scratch of world elements, one element to each of
+ * the first ranks. Loop over the shards (ddp_reducer_num_shards, ddp_reducer_shard); the shards
+ * cover every registered element exactly once across the ranks. Not with comm_hook or
+ * compression. zero_stage = 0 in flat mode: the shards are the buckets (every rank owns
+ * everything) and all_gather_params does nothing, so one optimizer loop serves both. */
 typedef struct ddp_reducer ddp_reducer_t;
 typedef enum { DDP_COMPRESS_NONE = 0, DDP_COMPRESS_FP16, DDP_COMPRESS_BF16 } ddp_compress_t;
 typedef ddp_result_t (*ddp_comm_hook_fn)(void *state, ddp_comm_t *comm, int bucket, void *buf,
@@ -102,13 +133,17 @@ typedef struct ddp_reducer_desc {  /* zero = defaults */
     ddp_comm_hook_done_fn comm_hook_done;   /* optional */
     void *comm_hook_state;
     int on_device;                 /* 1: gradients/buckets in device memory (0: found from them) */
+    void *flat_grads;              /* flat mode: the trainer's gradient buffer; slices are views */
+    size_t flat_bytes;             /* its size (its dtype is the slices') */
+    int zero_stage;                /* 1: ZeRO-1, reduce-scatter per bucket (flat mode only) */
 } ddp_reducer_desc_t;
 #define DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES ((size_t)25 << 20)
 #define DDP_REDUCER_DEFAULT_FIRST_BUCKET_BYTES ((size_t)1 << 20)
 DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **r, ddp_comm_t *comm,
                                         const ddp_reducer_desc_t *desc);
 /* In forward (model definition) order; returns the parameter's index (from 0), or -1 (bad
- * arguments, out of memory, or the list is closed). grad may be NULL with gradient_as_bucket_view. */
+ * arguments, out of memory, or the list is closed). grad may be NULL with gradient_as_bucket_view.
+ * Flat mode: grad is the parameter's slice of flat_grads. */
 DDP_API int ddp_reducer_add_param(ddp_reducer_t *r, void *grad, size_t count, ddp_dtype_t dtype);
 DDP_API ddp_result_t ddp_reducer_grad_ready(ddp_reducer_t *r, int param);  /* from backward */
 DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r);  /* waits; grads hold the average */
@@ -123,6 +158,20 @@ DDP_API int ddp_reducer_num_buckets(ddp_reducer_t *r);     /* -1 on bad argument
 DDP_API int ddp_reducer_bucket_info(ddp_reducer_t *r, int bucket, int *params, int cap,
                                     size_t *bytes, ddp_dtype_t *dtype);
 DDP_API int ddp_reducer_rebuilt(const ddp_reducer_t *r);   /* 1 once the buckets were rebuilt */
+/* Flat mode: this rank's shards, in bucket order; -1 on bad arguments or without flat_grads.
+ * *elems (may be NULL): their total, the elements of optimizer state the rank needs. */
+DDP_API int ddp_reducer_num_shards(ddp_reducer_t *r, size_t *elems);
+/* Shard k: elements [*offset, *offset + *count) of the flat buffers (gradients, parameters,
+ * anything laid out like them), and [*state, *state + *count) of the rank's packed optimizer
+ * state. Any pointer may be NULL. */
+DDP_API ddp_result_t ddp_reducer_shard(ddp_reducer_t *r, int k, size_t *offset, size_t *count,
+                                       size_t *state);
+/* ZeRO-1, after finish and the shard update: every rank's flat_params (laid out like the
+ * gradients, element for element; any dtype) gets every rank's shards (all-gather per bucket,
+ * in place). Host buffers: done on return; device: enqueued (NCCL semantics). Without
+ * zero_stage or with one rank: nothing to do. Not during an iteration (DDP_ERR_INVALID_USAGE). */
+DDP_API ddp_result_t ddp_reducer_all_gather_params(ddp_reducer_t *r, void *flat_params,
+                                                   ddp_dtype_t dtype);
 DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r);   /* "" when none */
 /* Every rank's params[i] (counts[i] x dtypes[i]) becomes root's: DDP's broadcast of the initial
  * model state; small parameters of one dtype travel coalesced. */
@@ -156,8 +205,9 @@ typedef struct {
     void *user;                    /* the caller's gradient (NULL allowed in view mode) */
     size_t count, bytes;
     ddp_dtype_t dtype;
-    int bucket;                    /* its bucket, and where in it (bytes) */
-    size_t offset;
+    int bucket, nb;                /* its buckets: [bucket, bucket + nb) (nb > 1: flat mode only) */
+    size_t offset;                 /* where in its bucket (bytes; not used in flat mode) */
+    size_t off;                    /* flat mode: its first element in the flat buffer */
     unsigned char marked;          /* ready in this iteration */
 } _ddp_rparam_t;
 
@@ -171,7 +221,12 @@ typedef struct {
     void *half;                    /* built-in compression: count 16-bit values, else NULL */
     struct ddp_reducer *owner;     /* for the progress thread's hooks */
     int index;
+    size_t lo;                     /* flat mode: its first element in the flat buffer */
+    int tail;                      /* ZeRO-1: fewer elements than ranks, through scratch */
+    unsigned char *scratch;        /* ZeRO-1 tail: world elements of up to 8 bytes */
 } _ddp_rbucket_t;
+
+typedef struct { size_t off, count, state; } _ddp_rshard_t;
 
 struct ddp_reducer {
     ddp_comm_t *comm;
@@ -181,9 +236,10 @@ struct ddp_reducer {
     int nparams, params_cap;
     int closed;                    /* buckets laid out: add_param refused from then on */
     ddp_result_t broken;           /* an allocation failed at close or rebuild */
-    _ddp_rbucket_t *buckets;       /* nparams slots (a bucket has >= 1 parameter) */
+    _ddp_rbucket_t *buckets;       /* nparams slots (a bucket has >= 1 parameter); flat: 2 nparams */
     int nbuckets;
-    int *params_of;                /* nparams: parameter indices grouped by bucket */
+    int *params_of;                /* parameter indices grouped by bucket (flat: 3 nparams slots, a
+                                    * parameter straddling buckets is in each) */
     int *work;                     /* 2 * nparams: scratch of the bucket assignment */
     int32_t *order;                /* 1 + nparams: [0] a flag, then this iteration's ready order */
     int nready;
@@ -193,6 +249,14 @@ struct ddp_reducer {
     int in_iteration, finished, no_sync, rebuilt;
     ddp_result_t iter_err;         /* first communication failure of this iteration */
     int dev;                       /* buckets in device memory: stream-ordered copies */
+    unsigned char *flat;           /* flat mode: desc.flat_grads; buckets are views of it */
+    size_t flat_es;                /* its element size, from the first slice (0 before) */
+    ddp_dtype_t flat_dtype;
+    int zero;                      /* ZeRO-1: reduce-scatter per bucket */
+    unsigned char *tail_arena;     /* ZeRO-1: the tails' scratch */
+    _ddp_rshard_t *shards;         /* flat mode: this rank's shards, packed state offsets */
+    int nshards;
+    size_t shard_elems;
     char err[768];
 };
 
@@ -263,6 +327,7 @@ _DDP_PRIVATE void _ddp_reducer_assign(ddp_reducer_t *r, const int32_t *order) {
         b = final_of[prov[order[k]]];
         bk = &r->buckets[b];
         p->bucket = b;
+        p->nb = 1;
         p->offset = bk->bytes;
         bk->bytes += p->bytes;
         bk->count += p->count;
@@ -300,14 +365,19 @@ _DDP_PRIVATE void _ddp_reducer_move(ddp_reducer_t *r, void *dst, const void *src
 }
 
 /* The buckets' memory for the current assignment: one zeroed arena (each bucket 64-byte
- * aligned), plus the 16-bit copies the built-in compression sends. */
+ * aligned), plus the 16-bit copies the built-in compression sends. Flat mode: no arena (the
+ * buckets are the user's buffer), only the 16-bit copies and the ZeRO-1 tails' scratch. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_alloc_flat(ddp_reducer_t *r, size_t halves, size_t tails);
 _DDP_PRIVATE ddp_result_t _ddp_reducer_alloc(ddp_reducer_t *r) {
-    size_t total = 0, halves = 0;
+    size_t total = 0, halves = 0, tails = 0;
     int b;
     for (b = 0; b < r->nbuckets; b++) {
-        total += (r->buckets[b].bytes + _DDP_REDUCER_ALIGN - 1) & ~(size_t)(_DDP_REDUCER_ALIGN - 1);
+        if (!r->flat)
+            total += (r->buckets[b].bytes + _DDP_REDUCER_ALIGN - 1) & ~(size_t)(_DDP_REDUCER_ALIGN - 1);
         if (_ddp_reducer_compressed(r, &r->buckets[b])) halves += (r->buckets[b].count + 31) & ~(size_t)31;
+        if (r->buckets[b].tail) tails++;
     }
+    if (r->flat) return _ddp_reducer_alloc_flat(r, halves, tails);
     /* + ALIGN: the allocator promises malloc's alignment only; buckets start on cache lines */
     if (r->dev) {
         void *a = NULL;
@@ -344,6 +414,44 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_alloc(ddp_reducer_t *r) {
     return DDP_SUCCESS;
 }
 
+/* Flat mode: the buckets point into the user's buffer; only the 16-bit copies of the built-in
+ * compression (host only) and 8 bytes x world per ZeRO-1 tail (any dtype fits) are ours. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_alloc_flat(ddp_reducer_t *r, size_t halves, size_t tails) {
+    size_t per_tail = (size_t)r->world * 8, h = 0, t = 0;
+    int b;
+    r->arena = NULL;
+    r->half_arena = halves ? (unsigned char *)ddp_comm_calloc(r->comm, halves * 2 + _DDP_REDUCER_ALIGN) : NULL;
+    r->tail_arena = NULL;
+    if (tails && r->dev) {
+        void *a = NULL;
+        if (ddp_comm_device_alloc(r->comm, tails * per_tail, &a) == DDP_SUCCESS) r->tail_arena = (unsigned char *)a;
+    } else if (tails) {
+        r->tail_arena = (unsigned char *)ddp_comm_calloc(r->comm, tails * per_tail);
+    }
+    if ((halves && !r->half_arena) || (tails && !r->tail_arena)) {
+        ddp_comm_free(r->comm, r->half_arena);
+        if (r->tail_arena && r->dev) ddp_comm_device_free(r->comm, r->tail_arena);
+        else ddp_comm_free(r->comm, r->tail_arena);
+        r->half_arena = r->tail_arena = NULL;
+        r->broken = DDP_ERR_OUT_OF_MEMORY;
+        return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "no memory for the %s", tails ?
+                                 "ZeRO-1 tails' scratch" : "16-bit copies of the buckets");
+    }
+    for (b = 0; b < r->nbuckets; b++) {
+        _ddp_rbucket_t *bk = &r->buckets[b];
+        bk->buf = r->flat + bk->lo * r->flat_es;
+        bk->half = NULL;
+        bk->scratch = NULL;
+        if (_ddp_reducer_compressed(r, bk)) {
+            bk->half = r->half_arena + (_DDP_REDUCER_ALIGN - (uintptr_t)r->half_arena % _DDP_REDUCER_ALIGN) +
+                       2 * h;
+            h += (bk->count + 31) & ~(size_t)31;
+        }
+        if (bk->tail) bk->scratch = r->tail_arena + per_tail * t++;
+    }
+    return DDP_SUCCESS;
+}
+
 /* Back to "no gradient ready": after finish, and once the buckets exist. */
 _DDP_PRIVATE void _ddp_reducer_reset(ddp_reducer_t *r) {
     int k;
@@ -364,12 +472,148 @@ _DDP_PRIVATE void _ddp_reducer_log_layout(ddp_reducer_t *r, const char *why) {
     int b;
     ddp_comm_log(r->comm, DDP_LOG_INFO, "reducer: %s: %d parameters in %d buckets (cap %zu bytes, first "
              "%zu)%s%s", why, r->nparams, r->nbuckets, r->d.bucket_cap_bytes, r->d.first_bucket_bytes,
+             r->zero ? ", ZeRO-1 (reduce-scatter)" : r->flat ? ", flat buffer" :
              r->d.gradient_as_bucket_view ? ", gradients as bucket views" : "",
              r->d.find_unused ? ", find_unused" : "");
     for (b = 0; b < r->nbuckets; b++)
         ddp_comm_log(r->comm, DDP_LOG_TRACE, "reducer: bucket %d: %d parameters (first %d), %zu x %s",
                  b, r->buckets[b].n, r->params_of[r->buckets[b].first], r->buckets[b].count,
                  ddp_dtype_name(r->buckets[b].dtype));
+}
+
+/* ---------------------------------------------------------------- flat mode
+ * The buckets are ranges of the user's buffer, so the layout is a function of where the slices
+ * are, not of the registration order: sort the slices, find the runs of adjacent ones (a bucket
+ * never spans memory nobody registered), and cut each run from its end down. */
+typedef struct { size_t off; int idx; } _ddp_rsorted_t;
+
+_DDP_PRIVATE int _ddp_reducer_cmp_off(const void *a, const void *b) {
+    size_t x = ((const _ddp_rsorted_t *)a)->off, y = ((const _ddp_rsorted_t *)b)->off;
+    return x < y ? -1 : x > y;
+}
+
+_DDP_PRIVATE void _ddp_reducer_emit(ddp_reducer_t *r, size_t lo, size_t hi, int tail) {
+    _ddp_rbucket_t *bk = &r->buckets[r->nbuckets++];
+    memset(bk, 0, sizeof *bk);
+    bk->lo = lo;
+    bk->count = hi - lo;
+    bk->bytes = bk->count * r->flat_es;
+    bk->dtype = r->flat_dtype;
+    bk->tail = tail;
+}
+
+/* One run of adjacent slices, sorted[i..j], elements [s, e): DDP's cut (whole parameters, from
+ * the top, the first bucket of the buffer up to first_bucket_bytes, the others up to
+ * bucket_cap_bytes, each closing once it reaches its limit). ZeRO-1 moves every cut down to
+ * s + a multiple of the world size, so that a bucket splits into world equal blocks in place
+ * (a cut that lands on the previous one vanishes, its parameters join the bucket below); the
+ * e - s mod world elements at the top are the run's tail. */
+_DDP_PRIVATE void _ddp_reducer_cut_run(ddp_reducer_t *r, const _ddp_rsorted_t *sorted, int i, int j,
+                                      int *first) {
+    const size_t P = (size_t)r->world;
+    size_t s = sorted[i].off, e = sorted[j].off + r->params[sorted[j].idx].count, top = e, acc = 0;
+    int k;
+    if (r->zero && (e - s) % P) {
+        top = s + (e - s) / P * P;
+        _ddp_reducer_emit(r, top, e, 1);
+    }
+    for (k = j; k >= i; k--) {
+        size_t c = sorted[k].off;
+        acc += r->params[sorted[k].idx].bytes;
+        if (acc < (*first ? r->d.first_bucket_bytes : r->d.bucket_cap_bytes) && k > i) continue;
+        if (r->zero) c = s + (c - s) / P * P;
+        if (c < top) {
+            _ddp_reducer_emit(r, c, top, 0);
+            top = c;
+            *first = 0;
+        }
+        acc = 0;
+    }
+}
+
+/* Buckets in descending address order (bucket 0 holds the buffer's last elements); then each
+ * bucket's parameters (those overlapping it, from the top; one straddling a ZeRO-1 boundary is
+ * in both buckets) by one sweep down the sorted slices; then this rank's shards. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_layout_flat(ddp_reducer_t *r) {
+    int n = r->nparams, i, j, k, b, npairs = 0, first = 1;
+    const size_t P = (size_t)r->world, me = (size_t)r->rank;
+    size_t state = 0;
+    _ddp_rsorted_t *sorted = (_ddp_rsorted_t *)ddp_comm_calloc(r->comm, sizeof *sorted * (size_t)n);
+    r->shards = (_ddp_rshard_t *)ddp_comm_calloc(r->comm, sizeof *r->shards * 2 * (size_t)n);
+    if (!sorted || !r->shards) {
+        ddp_comm_free(r->comm, sorted);
+        r->broken = DDP_ERR_OUT_OF_MEMORY;
+        return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "no memory for the flat layout of %d parameters", n);
+    }
+    for (k = 0; k < n; k++) { sorted[k].off = r->params[k].off; sorted[k].idx = k; }
+    qsort(sorted, (size_t)n, sizeof *sorted, _ddp_reducer_cmp_off);
+    r->nbuckets = 0;
+    for (j = n - 1; j >= 0; j = i - 1) {
+        for (i = j; i > 0 && sorted[i - 1].off + r->params[sorted[i - 1].idx].count == sorted[i].off; i--) {}
+        _ddp_reducer_cut_run(r, sorted, i, j, &first);
+    }
+    for (b = 0, k = n - 1; b < r->nbuckets; b++) {
+        _ddp_rbucket_t *bk = &r->buckets[b];
+        size_t lo = bk->lo, hi = bk->lo + bk->count;
+        while (k >= 0 && sorted[k].off >= hi) k--;
+        bk->first = npairs;
+        for (; k >= 0 && sorted[k].off + r->params[sorted[k].idx].count > lo; k--) {
+            _ddp_rparam_t *p = &r->params[sorted[k].idx];
+            if (!p->nb) p->bucket = b;
+            p->nb++;
+            r->params_of[npairs++] = sorted[k].idx;
+            if (sorted[k].off < lo) break;      /* it goes on in the next bucket */
+        }
+        bk->n = npairs - bk->first;
+    }
+    ddp_comm_free(r->comm, sorted);
+    for (b = 0, r->nshards = 0; b < r->nbuckets; b++) {
+        const _ddp_rbucket_t *bk = &r->buckets[b];
+        _ddp_rshard_t *sh = &r->shards[r->nshards];
+        if (!r->zero) { sh->off = bk->lo; sh->count = bk->count; }
+        else if (!bk->tail) { sh->count = bk->count / P; sh->off = bk->lo + me * sh->count; }
+        else if (me < bk->count) { sh->off = bk->lo + me; sh->count = 1; }
+        else continue;
+        sh->state = state;
+        state += sh->count;
+        r->nshards++;
+    }
+    r->shard_elems = state;
+    return _ddp_reducer_alloc(r);
+}
+
+/* add_param in flat mode: a slice of the flat buffer, of its dtype, overlapping no other. */
+_DDP_PRIVATE int _ddp_reducer_check_slice(ddp_reducer_t *r, const void *grad, size_t count, ddp_dtype_t dtype,
+                                          size_t *off_out) {
+    size_t es = ddp_dtype_size(dtype), at, off;
+    int k;
+    if (!grad)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: NULL gradient: in flat mode "
+                                 "pass the parameter's slice of flat_grads", r->nparams), -1;
+    if (r->flat_es && dtype != r->flat_dtype)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: dtype %s, but the flat buffer's "
+                                 "earlier slices are %s: one dtype per flat buffer (a reducer per dtype)",
+                                 r->nparams, ddp_dtype_name(dtype), ddp_dtype_name(r->flat_dtype)), -1;
+    at = (size_t)((uintptr_t)grad - (uintptr_t)r->flat);
+    if ((uintptr_t)grad < (uintptr_t)r->flat || at > r->d.flat_bytes || count > (r->d.flat_bytes - at) / es)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: %zu x %s at %p is not inside "
+                                 "flat_grads (%p, %zu bytes)", r->nparams, count, ddp_dtype_name(dtype), grad,
+                                 (void *)r->flat, r->d.flat_bytes), -1;
+    if (at % es)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: starts %zu bytes into flat_grads, "
+                                 "not a whole number of %s elements", r->nparams, at, ddp_dtype_name(dtype)), -1;
+    off = at / es;
+    for (k = 0; k < r->nparams; k++) {
+        const _ddp_rparam_t *q = &r->params[k];
+        if (off < q->off + q->count && q->off < off + count)
+            return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: elements [%zu, %zu) of the flat "
+                                     "buffer overlap parameter #%d's [%zu, %zu)", r->nparams, off, off + count,
+                                     k, q->off, q->off + q->count), -1;
+    }
+    r->flat_es = es;
+    r->flat_dtype = dtype;
+    *off_out = off;
+    return 0;
 }
 
 /* Closes the parameter list: the initial buckets, in reverse registration order. */
@@ -383,12 +627,18 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_close(ddp_reducer_t *r) {
                                          "ddp_reducer_add_param first");
     {   /* device gradients: all of them (or views asked for with on_device) */
         int ndev = 0, nuser = 0;
-        for (k = 0; k < n; k++)
+        for (k = 0; k < n && !r->flat; k++)
             if (r->params[k].user) { nuser++; ndev += ddp_comm_is_device(r->comm, r->params[k].user); }
         if (ndev && ndev != nuser)
             return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "%d of the %d gradients are device "
                                      "memory and the others host memory: one or the other", ndev, nuser);
         r->dev = ndev > 0 || r->d.on_device;
+        if (r->flat) {   /* the buffer says where the buckets are */
+            r->dev = ddp_comm_is_device(r->comm, r->flat);
+            if (r->d.on_device && !r->dev)
+                return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "on_device = 1, but flat_grads is "
+                                         "host memory");
+        }
         if (r->dev && !ddp_comm_device_enabled(r->comm, NULL, 0))
             return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "device gradients, but the communicator "
                                      "cannot use NCCL: %.600s", ddp_comm_last_error(r->comm));
@@ -396,8 +646,8 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_close(ddp_reducer_t *r) {
             return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "built-in fp16/bf16 compression on "
                                      "device gradients (it needs CUDA kernels): use a comm_hook");
     }
-    r->buckets = (_ddp_rbucket_t *)ddp_comm_calloc(r->comm, sizeof *r->buckets * (size_t)n);
-    r->params_of = (int *)ddp_comm_calloc(r->comm, sizeof(int) * (size_t)n);
+    r->buckets = (_ddp_rbucket_t *)ddp_comm_calloc(r->comm, sizeof *r->buckets * (size_t)n * (r->flat ? 2 : 1));
+    r->params_of = (int *)ddp_comm_calloc(r->comm, sizeof(int) * (size_t)n * (r->flat ? 3 : 1));
     r->work = (int *)ddp_comm_calloc(r->comm, sizeof(int) * 2 * (size_t)n);
     r->order = (int32_t *)ddp_comm_calloc(r->comm, sizeof(int32_t) * ((size_t)n + 1));
     if (r->d.find_unused) r->used = (unsigned char *)ddp_comm_calloc(r->comm, (size_t)n);
@@ -405,12 +655,16 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_close(ddp_reducer_t *r) {
         r->broken = DDP_ERR_OUT_OF_MEMORY;
         return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "no memory for %d parameters", n);
     }
-    for (k = 0; k < n; k++) r->order[1 + k] = n - 1 - k;
-    _ddp_reducer_assign(r, r->order + 1);
-    if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) return e;
+    if (r->flat) {
+        if ((e = _ddp_reducer_layout_flat(r)) != DDP_SUCCESS) return e;
+    } else {
+        for (k = 0; k < n; k++) r->order[1 + k] = n - 1 - k;
+        _ddp_reducer_assign(r, r->order + 1);
+        if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) return e;
+    }
     r->closed = 1;
     _ddp_reducer_reset(r);
-    _ddp_reducer_log_layout(r, "built in reverse registration order");
+    _ddp_reducer_log_layout(r, r->flat ? "views of the flat buffer, from its end" : "built in reverse registration order");
     return DDP_SUCCESS;
 }
 
@@ -515,7 +769,9 @@ _DDP_PRIVATE void _ddp_reducer_poll(ddp_reducer_t *r) {
 
 _DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e) {
     _ddp_rbucket_t *bk = &r->buckets[b];
-    if (e != DDP_SUCCESS) { _ddp_reducer_comm_err(r, e, "all-reduce", b); return; }
+    if (e != DDP_SUCCESS) { _ddp_reducer_comm_err(r, e, r->zero ? "reduce-scatter" : "all-reduce", b); return; }
+    if (bk->tail && !r->dev && (size_t)r->rank < bk->count)   /* ZeRO-1: our element of the tail */
+        memcpy(bk->buf + (size_t)r->rank * r->flat_es, bk->scratch + (size_t)r->rank * r->flat_es, r->flat_es);
     if (!r->d.comm_hook) return;     /* the progress thread finished the bucket */
     if (r->d.comm_hook_done) {
         e = r->d.comm_hook_done(r->d.comm_hook_state, r->comm, b, bk->buf, bk->count, bk->dtype);
@@ -523,6 +779,32 @@ _DDP_PRIVATE void _ddp_reducer_post(ddp_reducer_t *r, int b, ddp_result_t e) {
     }
     if (!r->d.gradient_as_bucket_view && !r->d.find_unused && r->iter_err == DDP_SUCCESS)
         _ddp_reducer_copy_back(r, b);
+}
+
+/* ZeRO-1: bucket bk's reduce-scatter (DDP_AVG), in place: rank r's block is [r rc, (r+1) rc)
+ * of the bucket (NCCL's layout, recvbuf = sendbuf + r rc). A tail (fewer elements than ranks)
+ * goes through its scratch, zero-padded to one element per rank; rank r < count gets element r
+ * back into the buffer (post, or a stream-ordered copy right behind the collective). */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_launch_zero(ddp_reducer_t *r, _ddp_rbucket_t *bk) {
+    const size_t es = r->flat_es, me = (size_t)r->rank, P = (size_t)r->world;
+    ddp_result_t e;
+    if (!bk->tail) {
+        size_t rc = bk->count / P;
+        return ddp_reduce_scatter_async(bk->buf, bk->buf + me * rc * es, rc, bk->dtype, DDP_AVG, r->comm, &bk->req);
+    }
+    if (r->dev) {
+        _ddp_reducer_move(r, bk->scratch, bk->buf, bk->bytes);
+        if (ddp_comm_device_zero(r->comm, bk->scratch + bk->bytes, (P - bk->count) * es) != DDP_SUCCESS &&
+            r->iter_err == DDP_SUCCESS)
+            _ddp_reducer_comm_err(r, DDP_ERR_SYSTEM, "device fill of the tail", bk->index);
+    } else {
+        memcpy(bk->scratch, bk->buf, bk->bytes);
+        memset(bk->scratch + bk->bytes, 0, (P - bk->count) * es);
+    }
+    e = ddp_reduce_scatter_async(bk->scratch, bk->scratch + me * es, 1, bk->dtype, DDP_AVG, r->comm, &bk->req);
+    if (e == DDP_SUCCESS && r->dev && me < bk->count)
+        _ddp_reducer_move(r, bk->buf + me * es, bk->scratch + me * es, es);
+    return e;
 }
 
 /* Starts bucket b's reduction (b == next_launch). */
@@ -540,6 +822,10 @@ _DDP_PRIVATE void _ddp_reducer_launch(ddp_reducer_t *r, int b) {
         if (!r->d.gradient_as_bucket_view) _ddp_reducer_copy_in(r, b);
         e = r->d.comm_hook(r->d.comm_hook_state, r->comm, b, bk->buf, bk->count, bk->dtype, &bk->req);
         if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "comm_hook", b);
+    } else if (r->zero) {
+        bk->index = b;
+        e = _ddp_reducer_launch_zero(r, bk);
+        if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "reduce-scatter", b);
     } else if (r->dev) {   /* stream order does what the hooks do on the host */
         if (!r->d.gradient_as_bucket_view) _ddp_reducer_copy_in(r, b);
         e = ddp_all_reduce_async(bk->buf, bk->buf, bk->count, bk->dtype, DDP_AVG, r->comm, &bk->req);
@@ -589,18 +875,34 @@ DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
     if (d.comm_hook_done && !d.comm_hook)
         return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: comm_hook_done "
                              "without comm_hook");
+    if (!d.flat_grads != !d.flat_bytes)
+        return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: flat_grads %s but "
+                             "flat_bytes %zu: give both (flat mode) or neither", d.flat_grads ? "set" : "NULL",
+                             d.flat_bytes);
+    if (d.zero_stage != 0 && d.zero_stage != 1)
+        return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: zero_stage %d (0: all-reduce, "
+                             "1: ZeRO-1; stages 2 and 3 shard gradients and parameters: not here)", d.zero_stage);
+    if (d.zero_stage && !d.flat_grads)
+        return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: zero_stage 1 needs flat_grads "
+                             "(a rank's shard is a range of the flat buffers)");
+    if (d.zero_stage && (d.comm_hook || d.compression != DDP_COMPRESS_NONE))
+        return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: zero_stage 1 reduce-scatters "
+                             "each bucket: not with a comm_hook or compression (they replace an all-reduce)");
+    if (d.flat_grads) d.gradient_as_bucket_view = 1;   /* the buffer is the buckets */
     r = (ddp_reducer_t *)ddp_comm_calloc(comm, sizeof *r);
     if (!r) return ddp_comm_fail(comm, DDP_ERR_OUT_OF_MEMORY, "reducer_create");
     r->comm = comm;
     r->d = d;
     r->world = world;
     r->rank = ddp_comm_rank(comm);
+    r->flat = (unsigned char *)d.flat_grads;
+    r->zero = d.zero_stage == 1;
     *out = r;
     return DDP_SUCCESS;
 }
 
 DDP_API int ddp_reducer_add_param(ddp_reducer_t *r, void *grad, size_t count, ddp_dtype_t dtype) {
-    size_t es = ddp_dtype_size(dtype);
+    size_t es = ddp_dtype_size(dtype), off = 0;
     _ddp_rparam_t *p;
     if (!r) return -1;
     if (r->closed) {
@@ -615,6 +917,7 @@ DDP_API int ddp_reducer_add_param(ddp_reducer_t *r, void *grad, size_t count, dd
                           "gradient_as_bucket_view)");
         return -1;
     }
+    if (r->flat && _ddp_reducer_check_slice(r, grad, count, dtype, &off) != 0) return -1;
     if (r->nparams == r->params_cap) {
         int cap = r->params_cap ? 2 * r->params_cap : 64;
         _ddp_rparam_t *np = (_ddp_rparam_t *)ddp_comm_calloc(r->comm, sizeof *np * (size_t)cap);
@@ -632,6 +935,7 @@ DDP_API int ddp_reducer_add_param(ddp_reducer_t *r, void *grad, size_t count, dd
     p->count = count;
     p->bytes = count * es;
     p->dtype = dtype;
+    p->off = off;
     return r->nparams++;
 }
 
@@ -654,8 +958,14 @@ DDP_API ddp_result_t ddp_reducer_grad_ready(ddp_reducer_t *r, int i) {
     p->marked = 1;
     r->order[1 + r->nready++] = i;
     if (r->used) r->used[i] = 1;
-    bk = &r->buckets[p->bucket];
-    if (--bk->pending == 0) _ddp_reducer_launch_ready(r);
+    {   /* flat ZeRO-1: a parameter may straddle bucket boundaries */
+        int b, launch = 0;
+        for (b = p->bucket; b < p->bucket + p->nb; b++) {
+            bk = &r->buckets[b];
+            launch |= --bk->pending == 0;
+        }
+        if (launch) _ddp_reducer_launch_ready(r);
+    }
     return r->iter_err;
 }
 
@@ -721,12 +1031,13 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     missing[0] = 0;
     for (k = 0; k < r->nparams; k++) {
         _ddp_rparam_t *p = &r->params[k];
-        _ddp_rbucket_t *bk;
+        unsigned char *g;
+        int b;
         if (p->marked) continue;
-        bk = &r->buckets[p->bucket];
-        if (r->dev) ddp_comm_device_zero(r->comm, bk->buf + p->offset, p->bytes);
-        else memset(bk->buf + p->offset, 0, p->bytes);
-        bk->pending--;
+        g = r->flat ? (unsigned char *)p->user : r->buckets[p->bucket].buf + p->offset;
+        if (r->dev) ddp_comm_device_zero(r->comm, g, p->bytes);
+        else memset(g, 0, p->bytes);
+        for (b = p->bucket; b < p->bucket + p->nb; b++) r->buckets[b].pending--;
         if (nmissing++ < 16 && mlen < sizeof missing - 16)
             mlen += (size_t)snprintf(missing + mlen, sizeof missing - mlen, "%s%d", mlen ? ", " : "", k);
     }
@@ -752,7 +1063,8 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     }
 
     e = r->iter_err;
-    if (!r->rebuilt && !r->d.find_unused && e == DDP_SUCCESS) e = _ddp_reducer_rebuild(r);
+    /* flat mode: the buckets are the user's memory, which cannot be reordered */
+    if (!r->rebuilt && !r->d.find_unused && !r->flat && e == DDP_SUCCESS) e = _ddp_reducer_rebuild(r);
     _ddp_reducer_reset(r);
     r->finished = 1;
     if (e != DDP_SUCCESS) return e;   /* r->err and the communicator say what failed */
@@ -791,14 +1103,16 @@ DDP_API ddp_result_t ddp_reducer_destroy(ddp_reducer_t *r) {
     ddp_comm_free(c, r->order);
     ddp_comm_free(c, r->used);
     _ddp_reducer_free_arena(r, r->arena);
+    _ddp_reducer_free_arena(r, r->tail_arena);
     ddp_comm_free(c, r->half_arena);
+    ddp_comm_free(c, r->shards);
     ddp_comm_free(c, r);
     return DDP_SUCCESS;
 }
 
 DDP_API void *ddp_reducer_grad(ddp_reducer_t *r, int i) {
     if (!r || i < 0 || i >= r->nparams) return NULL;
-    if (!r->d.gradient_as_bucket_view) return r->params[i].user;
+    if (!r->d.gradient_as_bucket_view || r->flat) return r->params[i].user;
     if (_ddp_reducer_close(r) != DDP_SUCCESS) return NULL;
     return r->buckets[r->params[i].bucket].buf + r->params[i].offset;
 }
@@ -820,6 +1134,110 @@ DDP_API int ddp_reducer_bucket_info(ddp_reducer_t *r, int b, int *params, int ca
 }
 
 DDP_API int ddp_reducer_rebuilt(const ddp_reducer_t *r) { return r ? r->rebuilt : 0; }
+
+DDP_API int ddp_reducer_num_shards(ddp_reducer_t *r, size_t *elems) {
+    if (elems) *elems = 0;
+    if (!r || _ddp_reducer_close(r) != DDP_SUCCESS) return -1;
+    if (!r->flat) {
+        _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "num_shards: shards are ranges of a flat buffer: "
+                          "create the reducer with flat_grads");
+        return -1;
+    }
+    if (elems) *elems = r->shard_elems;
+    return r->nshards;
+}
+
+DDP_API ddp_result_t ddp_reducer_shard(ddp_reducer_t *r, int k, size_t *offset, size_t *count, size_t *state) {
+    int n;
+    if (!r) return DDP_ERR_INVALID_ARGUMENT;
+    if ((n = ddp_reducer_num_shards(r, NULL)) < 0) return r->broken ? r->broken : DDP_ERR_INVALID_USAGE;
+    if (k < 0 || k >= n)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "shard %d: this rank has %d (0 .. %d)", k, n, n - 1);
+    if (offset) *offset = r->shards[k].off;
+    if (count) *count = r->shards[k].count;
+    if (state) *state = r->shards[k].state;
+    return DDP_SUCCESS;
+}
+
+/* A request of the reducer's, done: host requests are waited for; device ones are stream-ordered
+ * (the communicator's sticky error says whether something failed). */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_wait_req(ddp_reducer_t *r, ddp_request_t *req) {
+    ddp_result_t e = DDP_SUCCESS;
+    if (!r->dev) return ddp_wait(req);
+    ddp_comm_get_async_error(r->comm, &e);
+    req->comm = NULL;
+    req->id = 0;
+    return e;
+}
+
+/* Bucket b's all-gather: in place (sendbuf = recvbuf + r rc, NCCL's layout); a tail through its
+ * scratch, one element per rank (ranks past its count send a dummy nobody keeps). */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_gather_bucket(ddp_reducer_t *r, int b, unsigned char *params,
+                                                    size_t es, ddp_dtype_t dtype) {
+    _ddp_rbucket_t *bk = &r->buckets[b];
+    const size_t me = (size_t)r->rank, P = (size_t)r->world;
+    unsigned char *base = params + bk->lo * es;
+    ddp_result_t e;
+    bk->req.comm = NULL;
+    bk->req.id = 0;
+    if (!bk->tail) {
+        size_t rc = bk->count / P;
+        return ddp_all_gather_async(base + me * rc * es, base, rc, dtype, r->comm, &bk->req);
+    }
+    if (me < bk->count) _ddp_reducer_move(r, bk->scratch + me * es, base + me * es, es);
+    e = ddp_all_gather_async(bk->scratch + me * es, bk->scratch, 1, dtype, r->comm, &bk->req);
+    if (e == DDP_SUCCESS && r->dev) _ddp_reducer_move(r, base, bk->scratch, bk->count * es);
+    return e;
+}
+
+DDP_API ddp_result_t ddp_reducer_all_gather_params(ddp_reducer_t *r, void *flat_params, ddp_dtype_t dtype) {
+    size_t es = ddp_dtype_size(dtype);
+    ddp_result_t e, first = DDP_SUCCESS;
+    int b, done = 0, launched = 0;
+    if (!r) return DDP_ERR_INVALID_ARGUMENT;
+    if ((e = _ddp_reducer_close(r)) != DDP_SUCCESS) return e;
+    if (!r->flat)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "all_gather_params: needs flat mode (flat_grads "
+                                 "and zero_stage = 1)");
+    if (!flat_params || !es)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "all_gather_params: %s", !es ? "invalid dtype" :
+                                 "NULL flat_params");
+    if (r->in_iteration && !r->no_sync)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "all_gather_params during an iteration (%d "
+                                 "gradients marked ready): call it after finish and the shard update", r->nready);
+    if (!r->zero || r->world == 1) return DDP_SUCCESS;   /* every rank holds every parameter */
+    if (ddp_comm_is_device(r->comm, flat_params) != r->dev)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "all_gather_params: flat_params is %s memory, "
+                                 "the gradients %s memory", r->dev ? "host" : "device", r->dev ? "device" : "host");
+    r->iter_err = DDP_SUCCESS;
+    for (b = 0; b < r->nbuckets; b++) {
+        while (launched - done >= _DDP_REDUCER_MAX_INFLIGHT) {
+            _ddp_rbucket_t *bk = &r->buckets[done++];
+            if ((e = _ddp_reducer_wait_req(r, &bk->req)) != DDP_SUCCESS && first == DDP_SUCCESS) first = e;
+            if (e == DDP_SUCCESS && bk->tail && !r->dev)
+                memcpy((unsigned char *)flat_params + bk->lo * es, bk->scratch, bk->count * es);
+        }
+        if ((e = _ddp_reducer_gather_bucket(r, b, (unsigned char *)flat_params, es, dtype)) != DDP_SUCCESS) {
+            if (first == DDP_SUCCESS) first = e;
+            break;
+        }
+        launched++;
+    }
+    while (done < launched) {   /* the buffers are the library's until every request is done */
+        _ddp_rbucket_t *bk = &r->buckets[done++];
+        if ((e = _ddp_reducer_wait_req(r, &bk->req)) != DDP_SUCCESS && first == DDP_SUCCESS) first = e;
+        if (e == DDP_SUCCESS && bk->tail && !r->dev)
+            memcpy((unsigned char *)flat_params + bk->lo * es, bk->scratch, bk->count * es);
+    }
+    if (first == DDP_SUCCESS && r->iter_err != DDP_SUCCESS) first = r->iter_err;   /* a device copy */
+    r->iter_err = DDP_SUCCESS;
+    if (first != DDP_SUCCESS) {
+        snprintf(r->err, sizeof r->err, "all_gather_params (%d of %d buckets launched): %.700s", launched,
+                 r->nbuckets, ddp_comm_last_error(r->comm));
+        return first;
+    }
+    return DDP_SUCCESS;
+}
 DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r) { return r ? r->err : "NULL reducer"; }
 
 /* DDP's _sync_module_states: consecutive parameters of one dtype travel together through a
