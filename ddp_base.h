@@ -153,6 +153,7 @@ DDP_API const char *ddp_op_name(ddp_op_t op) {
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -312,6 +313,30 @@ _DDP_PRIVATE int64_t _ddp_jitter_us(int64_t base_us) {
     x *= 0x94d049bb133111ebull;
     x ^= x >> 31;
     return base_us / 2 + (int64_t)(x % (uint64_t)(base_us + 1));
+}
+
+/* ---------------------------------------------------------------- Linux calls glibc hides
+ * accept4, pipe2 and sched_getaffinity are declared only under _GNU_SOURCE, which an includer's
+ * earlier system headers may have settled without. The system calls themselves do what glibc's
+ * wrappers do: close-on-exec stays atomic, so a fork + exec in another thread never inherits
+ * the descriptor. */
+_DDP_PRIVATE int _ddp_accept4(int fd, struct sockaddr *sa, socklen_t *len, int flags) {
+    return (int)syscall(SYS_accept4, (long)fd, sa, len, (long)flags);   /* SOCK_CLOEXEC, SOCK_NONBLOCK */
+}
+_DDP_PRIVATE int _ddp_pipe2(int fds[2], int flags) {
+    return (int)syscall(SYS_pipe2, fds, (long)flags);                    /* O_CLOEXEC, O_NONBLOCK */
+}
+
+/* The CPUs this process may run on (its affinity mask, as sched_getaffinity + CPU_COUNT); 1 if
+ * unknown. The system call returns how many bytes of the mask it wrote. */
+_DDP_PRIVATE int _ddp_cpu_count(void) {
+    unsigned long mask[1024 / (8 * sizeof(unsigned long))];   /* 1024 CPUs, as glibc's cpu_set_t */
+    long i, n = 0, got = syscall(SYS_sched_getaffinity, 0L, (unsigned long)sizeof mask, mask);
+    for (i = 0; i < got / (long)sizeof mask[0]; i++) {
+        unsigned long w = mask[i];
+        for (; w; w &= w - 1) n++;
+    }
+    return n > 0 ? (int)n : 1;
 }
 
 /* FNV-1a (public domain hash, http://www.isthe.com/chongo/tech/comp/fnv/). */

@@ -797,7 +797,7 @@ _DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
     if (s->spare_fd >= 0) {
         int fd;
         close(s->spare_fd);
-        fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        fd = _ddp_accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) close(fd);
         s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         _ddp_store_warn_rate(s, &s->rate_fds, "store: cannot accept (%s; RLIMIT_NOFILE %llu, %zu "
@@ -819,7 +819,7 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
         socklen_t sl = sizeof ss;
         char addr[64];
         _ddp_store_conn_t *c;
-        int one = 1, fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int one = 1, fd = _ddp_accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
@@ -1915,7 +1915,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
     if ((r = _ddp_store_listen(s, host)) != DDP_SUCCESS) return r;
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (s->epfd < 0 || pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
+    if (s->epfd < 0 || _ddp_pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: %s", strerror(errno));
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;

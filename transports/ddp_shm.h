@@ -250,6 +250,16 @@ static void _ddp_shm_unmap(unsigned char *base, size_t bytes) {
         munmap(base, bytes);
 }
 
+/* Whether the process at the other end of a unix socket runs as this one's effective user
+ * (SO_PEERCRED). The answer is Linux's struct ucred (unix(7): pid, uid, gid, 32 bits each),
+ * spelled out here because glibc declares it only under _GNU_SOURCE. */
+static int _ddp_shm_same_user(int fd) {
+    struct { int32_t pid; uint32_t uid, gid; } cred;
+    socklen_t cl = sizeof cred;
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && cl == sizeof cred &&
+           cred.uid == (uint32_t)geteuid();
+}
+
 /* ---------------------------------------------------------------- setup */
 static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_shm_t *sp;
@@ -680,8 +690,6 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
     if (got == -2) { *why = "closed during the handshake"; return 1; }
     if (got < 0) { *why = "is not a libddp shm peer (malformed message)"; return 1; }
     if (pd->h.stage == 0) {
-        struct ucred cred;
-        socklen_t cl = sizeof cred;
         if (memfd >= 0) { close(memfd); *why = "sent a descriptor with its hello"; return 1; }
         if (h.kind != _DDP_SHM_HELLO) { *why = "is not a libddp shm peer (no hello)"; return 1; }
         if (h.comm_id != c->comm_id || h.to != sp->rank || h.from < 0 || h.from >= sp->nranks ||
@@ -692,7 +700,7 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
             *why = "names another communicator or ranks that do not fit this one";
             return 1;
         }
-        if (getsockopt(pd->h.fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
+        if (!_ddp_shm_same_user(pd->h.fd)) {
             *why = "belongs to another user";
             return 1;
         }
@@ -780,10 +788,8 @@ static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
     ddp_result_t r;
     if (!sp->pending) return DDP_SUCCESS;
     while (budget-- > 0) {
-        struct ucred cred;
-        socklen_t cl = sizeof cred;
         _ddp_shm_pending_t *pd;
-        int fd = accept4(sp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = _ddp_accept4(sp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if ((errno == EMFILE || errno == ENFILE) && sp->npending > 0) {
@@ -793,7 +799,7 @@ static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
             break;
         }
         /* Another user's process is refused before it can hold a slot. */
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
+        if (!_ddp_shm_same_user(fd)) {
             _ddp_transport_warn_limited(c, &sp->warn, "shm: rank %d refused a connection from another "
                                         "user's process", sp->rank);
             close(fd);

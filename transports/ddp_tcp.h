@@ -545,7 +545,7 @@ static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
         socklen_t sl = sizeof ss;
         _ddp_tcp_pending_t *p;
         const char *why;
-        int rc, fd = accept4(tp->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int rc, fd = _ddp_accept4(tp->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             if ((errno == EMFILE || errno == ENFILE) && tp->npending > 0) {

@@ -355,13 +355,17 @@ static inline void _ddp_transport_req_put(_ddp_transport_freelist_t *fl, void *q
  * with port < 0 a colon is part of the name (interface aliases such as eth0:1). */
 _DDP_PRIVATE int _ddp_transport_match_list(const char *spec, const char *name, int port) {
     int exclude = 0, exact = 0, hit = 0;
-    char buf[256], *tok, *save = NULL;
+    char buf[256], *tok, *next;
     if (*spec == '^') { exclude = 1; spec++; }
     if (*spec == '=') { exact = 1; spec++; }
     _ddp_strlcpy(buf, spec, sizeof buf);
-    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *colon = port >= 0 ? strchr(tok, ':') : NULL;
-        int want_port = colon ? atoi(colon + 1) : 0;
+    for (tok = buf; tok; tok = next) {   /* strtok_r's split, without its POSIX-only declaration */
+        char *colon;
+        int want_port;
+        if ((next = strchr(tok, ',')) != NULL) *next++ = 0;
+        if (!*tok) continue;             /* empty entries ("a,,b", a trailing comma) name nothing */
+        colon = port >= 0 ? strchr(tok, ':') : NULL;
+        want_port = colon ? atoi(colon + 1) : 0;
         if (colon) *colon = 0;
         if ((exact ? !strcmp(name, tok) : !strncmp(name, tok, strlen(tok))) &&
             (!want_port || want_port == port)) { hit = 1; break; }
@@ -436,10 +440,9 @@ static inline void _ddp_transport_bell_sleep(_ddp_transport_bell_t *b, uint32_t 
  * tens of microseconds), 50 us oversubscribed (spinning would steal the peer's CPU). */
 _DDP_PRIVATE int _ddp_transport_spin_us(const ddp_transport_ctx_t *ctx, const char *env, int nlocal,
                                         int *oversubscribed) {
-    cpu_set_t set;
     long v;
     const char *s = getenv(env);
-    int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int ncpu = _ddp_cpu_count();
     *oversubscribed = nlocal > ncpu;
     if (s && _ddp_parse_long(s, 0, 10000000, &v) == 0) return (int)v;
     if (getenv("DDP_SPIN_US") || ctx->spin_us != _DDP_DEFAULT_SPIN_US) return ctx->spin_us;
