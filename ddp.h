@@ -10,7 +10,9 @@
  *     #include "ddp.h"
  *     #include "transports/ddp_tcp.h"     // including a transport is what compiles it in
  *
- * and link with -pthread. Every other file just does #include "ddp.h".
+ * and link with -pthread. Every other file just does #include "ddp.h". No feature macro is
+ * needed (no _GNU_SOURCE): your own #includes may come first, in C99/C11 (strict -std=c99 too)
+ * or C++; ddp_base.h's FEATURE MACROS says how.
  *
  * BUILD OPTIONS (define before including; the one table for every libddp header)
  *   DDP_IMPLEMENTATION     impl. file only  compile the implementation of every libddp header

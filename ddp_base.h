@@ -10,7 +10,40 @@
  *   DDP_STATIC             global           every public function static (a private copy)
  *   DDP_MALLOC/DDP_FREE    impl. file only  allocator; define both or neither
  *   DDP_ASSERT(c)          impl. file only  checks for programmer bugs only (default: assert)
+ *
+ * FEATURE MACROS: none needed. The implementation file may include its own system headers
+ * first and define no feature macro, as C99/C11 (strict -std=c99 too) or C++. libddp calls
+ * nothing that glibc hides behind _GNU_SOURCE (accept4, pipe2 and sched_getaffinity go through
+ * syscall(2), SO_PEERCRED's struct ucred is spelled out); it needs POSIX.1-2008 plus glibc's
+ * default extras (syscall, usleep, MAP_ANONYMOUS): the set glibc calls _DEFAULT_SOURCE, which
+ * every compiler mode but a strict -std=cNN gives by default. When neither _DEFAULT_SOURCE nor
+ * _GNU_SOURCE is in effect, the implementation defines _DEFAULT_SOURCE before its own system
+ * headers and, if <features.h> has already run (an earlier #include), runs it again, so every
+ * system header included from there on has POSIX. ISO C headers included before that keep
+ * their ISO-only contents: libddp uses nothing POSIX from <stdio.h>, <stdlib.h> or <string.h>,
+ * and declares what it uses of <time.h> (clock_gettime, nanosleep, the two clock ids, exactly
+ * as POSIX and Linux define them) when that came first without them. A POSIX header included
+ * first under strict ISO C cannot be repaired and stops the build with an #error that says so.
+ * The rest of that file sees _DEFAULT_SOURCE; code of your own there that uses POSIX should still
+ * ask for it at the top, as POSIX says: glibc's later headers may count on the earlier ones
+ * having it (<sys/wait.h> leaves WIFEXITED & co. to an ISO-only <stdlib.h>).
  */
+/* The feature set (above), chosen before any system header of the implementation, ddp_base.h's
+ * own <stdint.h> included. glibc's <features.h> (guard _FEATURES_H) starts by undefining all it
+ * derived, so including it again recomputes the set; musl's (same guard) derives _BSD_SOURCE
+ * from _DEFAULT_SOURCE, and its headers test that at each include. A POSIX header that came
+ * first without that set is past repair (its guard keeps the rest out): say so. */
+#if defined(DDP_BASE_IMPLEMENTATION) && !defined(_DEFAULT_SOURCE) && !defined(_GNU_SOURCE)
+#if defined(__GLIBC__) && !defined(__USE_MISC) && (defined(_UNISTD_H) || defined(_FCNTL_H) || \
+    defined(_NETDB_H) || defined(_SYS_SOCKET_H) || defined(_SYS_MMAN_H) || defined(_NET_IF_H))
+#error "libddp: <unistd.h>, <fcntl.h>, <netdb.h>, <sys/socket.h>, <sys/mman.h> or <net/if.h> came before libddp's implementation without glibc's default features (strict -std=cNN and no feature macro, or _POSIX_C_SOURCE/_XOPEN_SOURCE alone), so it lacks what libddp needs (syscall, SO_PEERCRED, ...): include it after libddp, or define _DEFAULT_SOURCE at the top of the file"
+#endif
+#define _DEFAULT_SOURCE 1
+#ifdef _FEATURES_H
+#undef _FEATURES_H
+#include <features.h>
+#endif
+#endif
 /* DDP_IMPLEMENTATION builds the names (ddp_strerror & co.) here; the private helpers are built
  * when a header that uses them asks (DDP_BASE_IMPLEMENTATION). */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_BASE_NAMES_IMPLEMENTATION)
@@ -135,10 +168,6 @@ DDP_API const char *ddp_op_name(ddp_op_t op) {
 #if defined(DDP_BASE_IMPLEMENTATION) && !defined(DDP_BASE_IMPL_INCLUDED)
 #define DDP_BASE_IMPL_INCLUDED
 
-#if !defined(_GNU_SOURCE)
-#error "libddp: the implementation file must define _GNU_SOURCE before any #include (pipe2, accept4, MSG_NOSIGNAL, getifaddrs); or compile it with -D_GNU_SOURCE"
-#endif
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -152,6 +181,7 @@ DDP_API const char *ddp_op_name(ddp_op_t op) {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -161,6 +191,25 @@ DDP_API const char *ddp_op_name(ddp_op_t op) {
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <sched.h>
+
+/* <time.h> came first under strict ISO C (-std=c99 and no feature macro): its POSIX half was
+ * left out, and its include guard keeps it out. What libddp uses of it, as POSIX declares it;
+ * the clock ids are Linux's (<linux/time.h>). */
+#if !defined(CLOCK_MONOTONIC) && defined(__linux__)
+#if defined(_TIME_BITS) && _TIME_BITS == 64 && __SIZEOF_LONG__ == 4
+#error "libddp: <time.h> was included under strict ISO C before libddp, with _TIME_BITS=64: include libddp first, or compile with -std=gnu99/-D_DEFAULT_SOURCE"
+#endif
+#define CLOCK_REALTIME 0
+#define CLOCK_MONOTONIC 1
+#ifdef __cplusplus
+extern "C" {
+#endif
+extern int clock_gettime(clockid_t clock_id, struct timespec *tp);
+extern int nanosleep(const struct timespec *rqtp, struct timespec *rmtp);
+#ifdef __cplusplus
+}
+#endif
+#endif
 
 #ifndef DDP_ASSERT
 #include <assert.h>
@@ -317,9 +366,9 @@ _DDP_PRIVATE int64_t _ddp_jitter_us(int64_t base_us) {
 
 /* ---------------------------------------------------------------- Linux calls glibc hides
  * accept4, pipe2 and sched_getaffinity are declared only under _GNU_SOURCE, which an includer's
- * earlier system headers may have settled without. The system calls themselves do what glibc's
- * wrappers do: close-on-exec stays atomic, so a fork + exec in another thread never inherits
- * the descriptor. */
+ * earlier system headers may have settled without (FEATURE MACROS, above). The system calls
+ * themselves do what glibc's wrappers do: close-on-exec stays atomic, so a fork + exec in
+ * another thread never inherits the descriptor. */
 _DDP_PRIVATE int _ddp_accept4(int fd, struct sockaddr *sa, socklen_t *len, int flags) {
     return (int)syscall(SYS_accept4, (long)fd, sa, len, (long)flags);   /* SOCK_CLOEXEC, SOCK_NONBLOCK */
 }

@@ -2,7 +2,6 @@
  * semantics). Rank 0 of a communicator serves it on MASTER_ADDR:MASTER_PORT and every rank is a
  * client; it is also usable on its own:
  *
- *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION        // in one .c file (or DDP_STORE_IMPLEMENTATION)
  *     #include "ddp_store.h"
  *

@@ -6,7 +6,6 @@
  * shared memory when ddp_shm.h is included). Needs <infiniband/verbs.h> (Debian: libibverbs-dev)
  * and linking with -libverbs:
  *
- *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
  *     #include "ddp.h"
  *     #include "transports/ddp_tcp.h"

@@ -4,7 +4,6 @@
  * ddp_comm_init uses it for every peer on this host (priority 20, above TCP's 10; peers on other
  * hosts still go over TCP or RDMA in the same communicator):
  *
- *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
  *     #include "ddp.h"
  *     #include "transports/ddp_tcp.h"

@@ -3,7 +3,6 @@
  * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it (a
  * constructor), so ddp_comm_init can use it:
  *
- *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
  *     #include "ddp.h"
  *     #include "transports/ddp_tcp.h"

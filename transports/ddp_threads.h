@@ -6,7 +6,6 @@
  * process, and ddp_comm_init_threads prefers it. Peers in other processes of the same
  * communicator still go over shm, TCP or RDMA:
  *
- *     #define _GNU_SOURCE
  *     #define DDP_IMPLEMENTATION
  *     #include "ddp.h"
  *     #include "transports/ddp_tcp.h"
