@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every libddp header compiles alone, declarations and implementation, with and without
 # DDP_STATIC (implementation), as C99/C11 and C++11/17/20, with gcc and clang; and every pair of headers in both
-# orders (implementation, C99): a header that needs another one includes it itself.
+# orders (implementation, C99): a header that needs another one includes it itself. No file defines a
+# feature macro (libddp needs none), and the implementation is also compiled after the ISO C
+# headers a trainer includes first (mode "after": <stdio.h>, <stdlib.h>, <string.h>, <time.h>, ...).
 # Usage: tests/check_headers.sh OUTDIR HEADER...   (run from the repository root; make headers)
 set -euo pipefail
 out=$1; shift
@@ -14,18 +16,24 @@ have clang++ && compilers+=("clang++ -std=c++11" "clang++ -std=c++20")
 jobs=()
 n=0
 src() {   # src FILE MODE STATIC HEADER...
-    local f=$1 mode=$2 st=$3; shift 3
+    local f=$1 mode=$2 st=$3 h; shift 3
     {
+        if [ "$mode" = after ]; then
+            for h in assert.h errno.h limits.h math.h signal.h stdarg.h stddef.h stdint.h stdio.h stdlib.h string.h time.h; do
+                echo "#include <$h>"
+            done
+        fi
         [ "$st" = static ] && echo '#define DDP_STATIC'
-        if [ "$mode" = impl ]; then echo '#ifndef _GNU_SOURCE'; echo '#define _GNU_SOURCE'; echo '#endif'; echo '#define DDP_IMPLEMENTATION'; fi
+        [ "$mode" != decl ] && echo '#define DDP_IMPLEMENTATION'
         for h in "$@"; do echo "#include \"$h\""; done
         echo 'int main(void) { return 0; }'
     } > "$f"
 }
 for h in "$@"; do
-    for mode in decl impl; do
+    for mode in decl impl after; do
         for st in plain static; do
             [ "$mode" = decl ] && [ "$st" = static ] && continue   # DDP_STATIC only means something with the implementation
+            [ "$mode" = after ] && [ "$st" = static ] && continue
             n=$((n + 1))
             base="$out/h$n"
             src "$base.c" "$mode" "$st" "$h"
@@ -49,4 +57,4 @@ printf '%s\n' "${jobs[@]}" > "$out/jobs.txt"
 fail=0
 if ! xargs -P "$(nproc)" -I{} -d '\n' sh -c '{} 2>&1 || { echo "FAILED: {}"; exit 255; }' < "$out/jobs.txt" > "$out/log.txt"; then fail=1; fi
 if [ $fail = 1 ] || grep -q . "$out/log.txt"; then cat "$out/log.txt"; echo "headers: FAILED"; exit 1; fi
-echo "ok: ${#jobs[@]} compiles: $# headers alone (decl/impl, with/without DDP_STATIC, ${#compilers[@]} compiler/standard pairs) and every ordered pair"
+echo "ok: ${#jobs[@]} compiles: $# headers alone (decl/impl/impl after ISO C headers, impl with/without DDP_STATIC, ${#compilers[@]} compiler/standard pairs) and every ordered pair; no feature macros"
