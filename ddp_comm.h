@@ -1364,12 +1364,9 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
         _DDP_LOG(c, DDP_LOG_INFO, "DDP_TRACE: writing this rank's calls as Chrome trace events");
     c->nlanes = 1;
     if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
-    {
-        cpu_set_t set;
-        int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-        _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
-                 "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size, ncpu);
-    }
+    _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
+             "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size,
+             _ddp_cpu_count());
     _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
     *out = c;
     return DDP_SUCCESS;
