@@ -49,13 +49,22 @@
  *             parameters equal the replicated run's (bitwise at p <= 2, else within 1e-5 of
  *             their scale), and are bitwise identical on every rank after the all-gather;
  *             optimizer state per rank = its shard (sum over ranks = n).
+ *   device    the fake NCCL and CUDA runtime (tests/fake_nccl; skipped when not built): a flat
+ *             buffer in device memory (host reads of it crash), on a non-blocking stream whose
+ *             work starts 1 ms late, p = 2, 3, 4, DDP and ZeRO-1 with find_unused (one slice
+ *             unmarked on rank 1: zeroed on the device), a 1-element slice and a tail: the
+ *             averages after ddp_comm_device_synchronize, grad(i) the device slice, and
+ *             all_gather_params of a device parameter buffer (tail through device scratch).
+ *             Exact at p = 2, 4 (ncclAvg divides first: by 2 or 4, exact), 1e-6 at p = 3.
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
+#include "transports/ddp_nccl.h"
 #include "tests/ddp_test.h"
+#include "tests/t_device.h"
 
 #include <float.h>
 #include <math.h>
@@ -717,6 +726,83 @@ static int zero(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- device (fake NCCL) */
+#define DN 1001
+static int device(int rank, int p, void *arg) {
+    static const size_t dsz[3] = {600, 1, 400}, doff[3] = {0, 600, 601};
+    static float h[DN];
+    float *gd = NULL, *wd = NULL;
+    void *stream = NULL;
+    ddp_comm_t *c;
+    int zero, it, k, bad = 0, wrong = 0, gwrong = 0, views = 1;
+    const double tol = p == 3 ? 1e-6 : 0.0;
+    size_t j;
+    (void)arg;
+    setenv("FAKE_CUDA_STREAM_DELAY_US", "1000", 1);   /* streams made from now on run late */
+    if (!(c = init_comm(rank, p, 1))) return 1;
+    td_load();
+    if (td_cu.StreamCreateWithFlags(&stream, 1 /* cudaStreamNonBlocking */) != 0 ||
+        ddp_comm_set_cuda_stream(c, stream) != DDP_SUCCESS || td_cu.Malloc((void **)&gd, DN * sizeof(float)) != 0 ||
+        td_cu.Malloc((void **)&wd, DN * sizeof(float)) != 0) {
+        ok(0, "device setup: %s", ddp_comm_last_error(c));
+        return 1;
+    }
+    for (zero = 0; zero < 2; zero++) {
+        ddp_reducer_t *r = mk(c, gd, DN * sizeof(float), 64, 256, zero, 1);
+        int ns;
+        if (!r) return 1;
+        for (k = 0; k < 3; k++) bad += ddp_reducer_add_param(r, gd + doff[k], dsz[k], DDP_FLOAT32) != k;
+        for (k = 0; k < 3; k++) views &= ddp_reducer_grad(r, k) == (void *)(gd + doff[k]);
+        ns = ddp_reducer_num_shards(r, NULL);
+        for (it = 0; it < 2; it++) {
+            for (j = 0; j < DN; j++) h[j] = (float)(rank + 1 + (int)(j % 5) + it);
+            td_cu.Memcpy(gd, h, sizeof h, TD_H2D);   /* synchronous: there before the calls below */
+            for (k = 2; k >= 0; k--)
+                if (!(k == 1 && rank == 1) && ddp_reducer_grad_ready(r, k) != DDP_SUCCESS) bad++;
+            if (ddp_reducer_finish(r) != DDP_SUCCESS || ddp_comm_device_synchronize(c) != DDP_SUCCESS) {
+                bad++;
+                diag("%s", ddp_reducer_last_error(r));
+            }
+            td_cu.Memcpy(h, gd, sizeof h, TD_D2H);
+            for (k = 0; k < ns; k++) {
+                size_t o, cnt;
+                ddp_reducer_shard(r, k, &o, &cnt, NULL);
+                for (j = o; j < o + cnt; j++) {
+                    double want = (double)(p * (p + 1) / 2) / p + (double)(j % 5 + (size_t)it);
+                    if (j == 600) want = (double)(p * (p + 1) / 2 - 2 + (p - 1) * it) / p;   /* unmarked on rank 1 */
+                    if (fabs(h[j] - want) > tol * fabs(want)) wrong++;
+                }
+            }
+        }
+        if (zero) {   /* "updated" shards, -1 elsewhere; all_gather_params on the device */
+            int s;
+            for (j = 0; j < DN; j++) h[j] = -1.0f;
+            for (s = 0; s < ns; s++) {
+                size_t o, cnt;
+                ddp_reducer_shard(r, s, &o, &cnt, NULL);
+                for (j = o; j < o + cnt; j++) h[j] = (float)j + 0.5f;
+            }
+            td_cu.Memcpy(wd, h, sizeof h, TD_H2D);
+            if (ddp_reducer_all_gather_params(r, wd, DDP_FLOAT32) != DDP_SUCCESS ||
+                ddp_comm_device_synchronize(c) != DDP_SUCCESS) {
+                bad++;
+                diag("%s", ddp_reducer_last_error(r));
+            }
+            td_cu.Memcpy(h, wd, sizeof h, TD_D2H);
+            for (j = 0; j < DN; j++) gwrong += h[j] != (float)j + 0.5f;
+        }
+        ok(!bad && !wrong && !gwrong && views, "[device p=%d %s] flat device buffer: grad(i) the device slice: %s; "
+           "averages in the shards after device_synchronize, the unmarked slice zeroed on the device (%d wrong); "
+           "all_gather_params of device parameters (%d wrong); %d failed calls", p, zero ? "ZeRO-1" : "DDP",
+           views ? "yes" : "NO", wrong, gwrong, bad);
+        ddp_reducer_destroy(r);
+    }
+    td_cu.Free(gd);
+    td_cu.Free(wd);
+    ddp_comm_destroy(c);
+    return 0;
+}
+
 int main(void) {
     static const char *const modes[] = {"tcp", "shm", "rd"};
     const int quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
@@ -779,6 +865,17 @@ int main(void) {
                 diag("--- ZeRO-1 vs replicated AdamW, p = %d, %s", p, ddp_dtype_name(a.dt));
                 ok(run_ranks(p, zero, &a, 90) == 0, "zero: every rank exited cleanly");
             }
+    }
+    if (t_selected("device")) {
+        if (!td_use_fakes()) {
+            ok(1, "# SKIP device: the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)");
+        } else {
+            for (p = 2; p <= 4; p++) {
+                diag("--- device flat buffer (fake NCCL), p = %d", p);
+                ok(run_ranks(p, device, NULL, 90) == 0, "device: every rank exited cleanly");
+            }
+            unsetenv("DDP_NCCL");
+        }
     }
     return t_done();
 }
