@@ -582,33 +582,44 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_layout_flat(ddp_reducer_t *r) {
     return _ddp_reducer_alloc(r);
 }
 
-/* add_param in flat mode: a slice of the flat buffer, of its dtype, overlapping no other. */
+/* add_param in flat mode: a slice of the flat buffer, of its dtype, overlapping no other.
+ * 0, or -1 after recording why (DDP_ERR_INVALID_ARGUMENT). */
 _DDP_PRIVATE int _ddp_reducer_check_slice(ddp_reducer_t *r, const void *grad, size_t count, ddp_dtype_t dtype,
                                           size_t *off_out) {
-    size_t es = ddp_dtype_size(dtype), at, off;
+    const int me = r->nparams;
+    size_t es = ddp_dtype_size(dtype), at = (size_t)((uintptr_t)grad - (uintptr_t)r->flat), off;
     int k;
-    if (!grad)
-        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: NULL gradient: in flat mode "
-                                 "pass the parameter's slice of flat_grads", r->nparams), -1;
-    if (r->flat_es && dtype != r->flat_dtype)
-        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: dtype %s, but the flat buffer's "
-                                 "earlier slices are %s: one dtype per flat buffer (a reducer per dtype)",
-                                 r->nparams, ddp_dtype_name(dtype), ddp_dtype_name(r->flat_dtype)), -1;
-    at = (size_t)((uintptr_t)grad - (uintptr_t)r->flat);
-    if ((uintptr_t)grad < (uintptr_t)r->flat || at > r->d.flat_bytes || count > (r->d.flat_bytes - at) / es)
-        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: %zu x %s at %p is not inside "
-                                 "flat_grads (%p, %zu bytes)", r->nparams, count, ddp_dtype_name(dtype), grad,
-                                 (void *)r->flat, r->d.flat_bytes), -1;
-    if (at % es)
-        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: starts %zu bytes into flat_grads, "
-                                 "not a whole number of %s elements", r->nparams, at, ddp_dtype_name(dtype)), -1;
+    if (!grad) {
+        _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: NULL gradient: in flat mode pass the "
+                          "parameter's slice of flat_grads", me);
+        return -1;
+    }
+    if (r->flat_es && dtype != r->flat_dtype) {
+        _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: dtype %s, but the flat buffer's earlier "
+                          "slices are %s: one dtype per flat buffer (a reducer per dtype)", me,
+                          ddp_dtype_name(dtype), ddp_dtype_name(r->flat_dtype));
+        return -1;
+    }
+    if ((uintptr_t)grad < (uintptr_t)r->flat || at > r->d.flat_bytes || count > (r->d.flat_bytes - at) / es) {
+        _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: %zu x %s at %p is not inside flat_grads "
+                          "(%p, %zu bytes)", me, count, ddp_dtype_name(dtype), grad, (void *)r->flat,
+                          r->d.flat_bytes);
+        return -1;
+    }
+    if (at % es) {
+        _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: starts %zu bytes into flat_grads, not a "
+                          "whole number of %s elements", me, at, ddp_dtype_name(dtype));
+        return -1;
+    }
     off = at / es;
-    for (k = 0; k < r->nparams; k++) {
+    for (k = 0; k < me; k++) {
         const _ddp_rparam_t *q = &r->params[k];
-        if (off < q->off + q->count && q->off < off + count)
-            return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: elements [%zu, %zu) of the flat "
-                                     "buffer overlap parameter #%d's [%zu, %zu)", r->nparams, off, off + count,
-                                     k, q->off, q->off + q->count), -1;
+        if (off < q->off + q->count && q->off < off + count) {
+            _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "add_param #%d: elements [%zu, %zu) of the flat buffer "
+                              "overlap parameter #%d's [%zu, %zu)", me, off, off + count, k, q->off,
+                              q->off + q->count);
+            return -1;
+        }
     }
     r->flat_es = es;
     r->flat_dtype = dtype;
