@@ -48,14 +48,14 @@ headers: nccl-headers | $(B)/hdr
 	bash tests/check_headers.sh $(B)/hdr/matrix $(HEADERS)
 	@# One implementation file plus a C++ file that only includes the headers link together;
 	@# DDP_STATIC makes a private copy.
-	@printf '#define _GNU_SOURCE\n#define DDP_IMPLEMENTATION\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "ddp_sampler.h"\n' > $(B)/hdr/impl.c
+	@printf '#define DDP_IMPLEMENTATION\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "ddp_sampler.h"\n' > $(B)/hdr/impl.c
 	@printf '#include "ddp.h"\n#include "ddp_sampler.h"\n#include <cstdio>\nint main(){ std::puts(ddp_strerror(DDP_ERR_TIMEOUT)); return ddp_dtype_size(DDP_BFLOAT16) == 2 ? 0 : 1; }\n' > $(B)/hdr/user.cpp
 	$(CC) -std=c99 $(WARN) $(INC) -c $(B)/hdr/impl.c -o $(B)/hdr/impl.o
 	$(CXX) -std=c++17 $(WARN) $(INC) -c $(B)/hdr/user.cpp -o $(B)/hdr/user.o
 	$(CXX) $(B)/hdr/impl.o $(B)/hdr/user.o -o $(B)/hdr/linked -pthread && $(B)/hdr/linked >/dev/null
 	$(CC) -std=c99 $(WARN) $(INC) -DDDP_STATIC -c $(B)/hdr/impl.c -o $(B)/hdr/static.o
 	@# DDP_STATIC with the sampler first (the two headers used to define DDP_API differently).
-	@printf '#define _GNU_SOURCE\n#define DDP_STATIC\n#define DDP_IMPLEMENTATION\n#include "ddp_sampler.h"\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\nint main(void){return 0;}\n' > $(B)/hdr/static2.c
+	@printf '#define DDP_STATIC\n#define DDP_IMPLEMENTATION\n#include "ddp_sampler.h"\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\nint main(void){return 0;}\n' > $(B)/hdr/static2.c
 	$(CC) -std=c99 $(WARN) $(INC) -c $(B)/hdr/static2.c -o $(B)/hdr/static2.o
 	@# -Wformat-truncation and friends depend on inlining: check every optimisation level.
 	@for o in -O0 -O1 -O2 -O3 -Os; do $(CC) -std=c99 $$o $(WARN) $(INC) -c $(B)/hdr/impl.c -o $(B)/hdr/o.o || exit 1; done
@@ -124,7 +124,7 @@ test-gpu: $(B)/test_nccl $(B)/test_nccl2 $(B)/ddp-bench
 CUDA_HOME ?= /usr/local/cuda
 nccl-headers: | $(B)/hdr
 	@if [ ! -f $(CUDA_HOME)/include/nccl.h ]; then echo "skipping the DDP_NCCL_LINK check: no $(CUDA_HOME)/include/nccl.h"; exit 0; fi; \
-	set -e; printf '#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#define DDP_IMPLEMENTATION\n#define DDP_NCCL_LINK\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "transports/ddp_nccl.h"\nint main(void){ return ddp_transport_nccl() == 0; }\n' > $(B)/hdr/nccl_link.c; \
+	set -e; printf '#define DDP_IMPLEMENTATION\n#define DDP_NCCL_LINK\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "transports/ddp_nccl.h"\nint main(void){ return ddp_transport_nccl() == 0; }\n' > $(B)/hdr/nccl_link.c; \
 	cp $(B)/hdr/nccl_link.c $(B)/hdr/nccl_link.cpp; \
 	for cc in "$(CC) -std=c99" "$(CC) -std=c11" "clang -std=c99" "$(CXX) -std=c++17" "clang++ -std=c++17"; do \
 	  command -v $${cc%% *} >/dev/null || continue; \
@@ -161,8 +161,8 @@ $(B)/ddp-bench-ibverbs: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.
 rdma-headers: | $(B)/hdr
 	@set -e; for mode in decl impl dlopen; do \
 	  def='#include "ddp.h"\n'; \
-	  [ $$mode = impl ] && def='#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#define DDP_IMPLEMENTATION\n#include "ddp.h"\n'; \
-	  [ $$mode = dlopen ] && def='#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#define DDP_IMPLEMENTATION\n#define DDP_IBV_DLOPEN\n#include "ddp.h"\n'; \
+	  [ $$mode = impl ] && def='#define DDP_IMPLEMENTATION\n#include "ddp.h"\n'; \
+	  [ $$mode = dlopen ] && def='#define DDP_IMPLEMENTATION\n#define DDP_IBV_DLOPEN\n#include "ddp.h"\n'; \
 	  printf "$$def#include \"transports/ddp_ibverbs.h\"\nint main(void){ return ddp_transport_ibverbs() == 0; }\n" > $(B)/hdr/ib.c; \
 	  [ $$mode = decl ] && printf '#include "ddp.h"\n#include "transports/ddp_ibverbs.h"\nint main(void){ return 0; }\n' > $(B)/hdr/ib.c; \
 	  cp $(B)/hdr/ib.c $(B)/hdr/ib.cpp; \

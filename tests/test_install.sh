@@ -83,11 +83,6 @@ echo "# cflags+libs: $(pkg-config --cflags --libs ddp)"
 mkdir "$tmp/user"
 cat > "$tmp/user/hello_ddp.c" << 'EOF'
 /* An installed user's program: only the installed headers and pkg-config's flags. */
-/* The headers of libddp 0.2 refuse to build the implementation without _GNU_SOURCE; they are
- * dropping that requirement (issue 16). Defining it first stays harmless afterwards. */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"

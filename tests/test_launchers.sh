@@ -28,7 +28,7 @@ oks() { [ "$(grep -c 'launch_probe: ok' "$1")" -eq "$2" ] || { why "$(cat "$1")"
 
 echo "1..9"
 mkdir -p build
-if ! $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -D_GNU_SOURCE -I. tests/launch_probe.c -o $P -pthread -lm 2> "$tmp/why"; then
+if ! $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. tests/launch_probe.c -o $P -pthread -lm 2> "$tmp/why"; then
     notok "build launch_probe"; sed 's/^/#   /' "$tmp/why"; exit 1
 fi
 ok "build launch_probe"
