@@ -6,8 +6,8 @@
  * Scenarios:
  *   bitwise   the flat reducer against one ddp_all_reduce(flat, flat, n, dtype, DDP_AVG) of a
  *             copy: 8 slices of odd sizes (1 .. 100003 elements, 108,382 in all), float32 and
- *             float64, p = 1..4, three bucket caps (64 B / 256 B: dozens of buckets; 4 / 16
- *             KiB; DDP's 1 / 25 MiB), two iterations, odd ranks marking in forward order, even
+ *             float64, p = 1..4, three bucket caps (first / others 64 B / 256 B: a bucket per
+ *             parameter of 64 elements or more; 4 / 16 KiB; DDP's 1 / 25 MiB), two iterations, odd ranks marking in forward order, even
  *             ranks backward. Bit for bit where the reduction order cannot differ: any data at
  *             p <= 2 (one addition, commutative), data whose sums are exact (multiples of 1/8)
  *             at any p, any data at any p under DDP_ALGO=rd (recursive doubling combines the
@@ -37,9 +37,10 @@
  *             "[invalid argument]" from ddp_comm_last_error) and a message naming the problem;
  *             shards and all_gather_params without flat mode, all_gather_params mid-iteration:
  *             DDP_ERR_INVALID_USAGE; the communicator and the reducer still work afterwards.
- *   shards    ZeRO-1, p = 1..5: single slices of n = 1, 2, 3, 7, 1001, 65537 elements and a
+ *   shards    ZeRO-1, p = 1..5: single slices of n = 1, 2, 3, 7, 1001, 65537 elements, a
  *             7-slice buffer with a gap and 256-byte buckets (parameters straddling bucket
- *             boundaries): the ranks' shards (written to shared memory) cover every registered
+ *             boundaries), 100 small slices in up to 100 buckets (more than the reducer keeps in
+ *             flight, for the reduce-scatters and the all-gathers): the ranks' shards (written to shared memory) cover every registered
  *             element exactly once and nothing else; per-rank state within one element per
  *             run of ceil(n/p); the reduce-scatter leaves the exact average in each shard;
  *             all_gather_params gives every rank every shard, bitwise identical everywhere.
@@ -529,23 +530,45 @@ static int misuse(int rank, int p, void *arg) {
 }
 
 /* ----------------------------------------------------------------- shards */
-/* Configurations: single slices of these sizes, then a 7-slice buffer with a gap. */
-#define NCONF 7
-static const size_t single_n[NCONF - 1] = {1, 2, 3, 7, 1001, 65537};
-#define NM 7
-static const size_t msz7[NM] = {5, 1, 333, 2, 64, 9, 1000};
-static const size_t moff7[NM] = {0, 5, 6, 339, 341, 420, 429};   /* 405..420 is a gap */
-#define MN 1429
-#define MAXSH 1024
-typedef struct { int n; size_t elems; size_t off[MAXSH], cnt[MAXSH]; int bad, wrong, gathered_bad; uint64_t hash; } shard_rep_t;
-
-static size_t conf_total(int cf) { return cf < NCONF - 1 ? single_n[cf] : MN; }
-static int conf_registered(int cf, size_t x) {
+/* Configurations: single slices of n elements; 7 slices with a gap (two runs) and 256-byte
+ * buckets; 100 small slices with 8-byte buckets (a bucket per slice before ZeRO-1 merges the
+ * cuts that land on one another: more buckets than the reducer keeps in flight). */
+#define NCONF 8
+#define MAXSL 100
+static const size_t single_n[6] = {1, 2, 3, 7, 1001, 65537};
+typedef struct { int ns, runs; size_t n, first, cap, sz[MAXSL], off[MAXSL]; const char *what; } conf_t;
+static void conf_get(int cf, conf_t *c) {
+    static const size_t sz7[7] = {5, 1, 333, 2, 64, 9, 1000}, off7[7] = {0, 5, 6, 339, 341, 420, 429};
     int k;
-    if (cf < NCONF - 1) return x < single_n[cf];
-    for (k = 0; k < NM; k++) if (x >= moff7[k] && x < moff7[k] + msz7[k]) return 1;
+    memset(c, 0, sizeof *c);
+    c->runs = 1;
+    if (cf < 6) {
+        c->ns = 1;
+        c->n = c->sz[0] = single_n[cf];
+        c->what = "one slice";
+    } else if (cf == 6) {   /* elements 405..420 are nobody's */
+        c->ns = 7;
+        for (k = 0; k < 7; k++) { c->sz[k] = sz7[k]; c->off[k] = off7[k]; }
+        c->n = 1429;
+        c->runs = 2;
+        c->first = 64;
+        c->cap = 256;
+        c->what = "7 slices and a gap";
+    } else {
+        c->ns = MAXSL;
+        for (k = 0; k < MAXSL; k++) { c->sz[k] = (size_t)(k * 5 % 13) + 1; c->off[k] = c->n; c->n += c->sz[k]; }
+        c->first = 4;
+        c->cap = 8;
+        c->what = "100 slices, tiny buckets";
+    }
+}
+static int conf_registered(const conf_t *c, size_t x) {
+    int k;
+    for (k = 0; k < c->ns; k++) if (x >= c->off[k] && x < c->off[k] + c->sz[k]) return 1;
     return 0;
 }
+#define MAXSH 1024
+typedef struct { int n, nb; size_t elems; size_t off[MAXSH], cnt[MAXSH]; int bad, wrong, gathered_bad; uint64_t hash; } shard_rep_t;
 
 static int shards(int rank, int p, void *arg) {
     shard_rep_t *rep = (shard_rep_t *)arg + (size_t)rank * NCONF;
@@ -553,21 +576,24 @@ static int shards(int rank, int p, void *arg) {
     int cf, k;
     if (!(c = init_comm(rank, p, 1))) return 1;
     for (cf = 0; cf < NCONF; cf++) {
-        size_t n = conf_total(cf), j;
-        float *g = (float *)calloc(n, sizeof(float)), *w = (float *)calloc(n, sizeof(float));
-        ddp_reducer_t *r = cf < NCONF - 1 ? mk(c, g, n * sizeof(float), 0, 0, 1, 0)
-                                          : mk(c, g, n * sizeof(float), 64, 256, 1, 0);
+        conf_t cfg;
+        size_t n, j;
+        float *g, *w;
+        ddp_reducer_t *r;
         shard_rep_t *s = &rep[cf];
-        int np = cf < NCONF - 1 ? 1 : NM;
-        if (!r) return 1;
-        if (cf < NCONF - 1) s->bad += ddp_reducer_add_param(r, g, n, DDP_FLOAT32) != 0;
-        else for (k = 0; k < NM; k++) s->bad += ddp_reducer_add_param(r, g + moff7[k], msz7[k], DDP_FLOAT32) != k;
+        conf_get(cf, &cfg);
+        n = cfg.n;
+        g = (float *)calloc(n, sizeof(float));
+        w = (float *)calloc(n, sizeof(float));
+        if (!(r = mk(c, g, n * sizeof(float), cfg.first, cfg.cap, 1, 0))) return 1;
+        for (k = 0; k < cfg.ns; k++) s->bad += ddp_reducer_add_param(r, g + cfg.off[k], cfg.sz[k], DDP_FLOAT32) != k;
         s->n = ddp_reducer_num_shards(r, &s->elems);
+        s->nb = ddp_reducer_num_buckets(r);
         if (s->n < 0 || s->n > MAXSH) { s->bad++; s->n = 0; }
         for (k = 0; k < s->n; k++) ddp_reducer_shard(r, k, &s->off[k], &s->cnt[k], NULL);
         /* (rank + 1) + j mod 7: the average (p + 1)/2 + j mod 7 is exact */
         for (j = 0; j < n; j++) g[j] = (float)(rank + 1 + (int)(j % 7));
-        if (mark_all(r, np, rank % 2) != DDP_SUCCESS) { s->bad++; diag("%s", ddp_reducer_last_error(r)); }
+        if (mark_all(r, cfg.ns, rank % 2) != DDP_SUCCESS) { s->bad++; diag("%s", ddp_reducer_last_error(r)); }
         for (j = 0; j < n; j++) w[j] = -1.0f;
         for (k = 0; k < s->n; k++) {
             size_t x;
@@ -578,7 +604,7 @@ static int shards(int rank, int p, void *arg) {
         }
         if (ddp_reducer_all_gather_params(r, w, DDP_FLOAT32) != DDP_SUCCESS) { s->bad++; diag("%s", ddp_reducer_last_error(r)); }
         for (j = 0; j < n; j++)
-            if (conf_registered(cf, j) ? w[j] != (float)j * 0.5f + 0.25f : w[j] != -1.0f) s->gathered_bad++;
+            if (conf_registered(&cfg, j) ? w[j] != (float)j * 0.5f + 0.25f : w[j] != -1.0f) s->gathered_bad++;
         s->hash = t_hash(w, n * sizeof(float));
         ddp_reducer_destroy(r);
         free(g);
@@ -591,9 +617,13 @@ static int shards(int rank, int p, void *arg) {
 static void check_shards(int p, const shard_rep_t *all) {
     int cf, q, k;
     for (cf = 0; cf < NCONF; cf++) {
-        size_t n = conf_total(cf), j, registered = 0, total = 0, maxe = 0, mine = (size_t)-1;
-        unsigned char *seen = (unsigned char *)calloc(n + 1, 1);
+        conf_t cfg;
+        size_t n, j, registered = 0, total = 0, maxe = 0, mine = (size_t)-1;
+        unsigned char *seen;
         int twice = 0, outside = 0, stray = 0, bad = 0, wrong = 0, gbad = 0, hash_same = 1;
+        conf_get(cf, &cfg);
+        n = cfg.n;
+        seen = (unsigned char *)calloc(n + 1, 1);
         for (q = 0; q < p; q++) {
             const shard_rep_t *s = &all[(size_t)q * NCONF + cf];
             size_t sum = 0;
@@ -606,7 +636,7 @@ static void check_shards(int p, const shard_rep_t *all) {
                 for (j = s->off[k]; j < s->off[k] + s->cnt[k]; j++) {
                     if (j >= n) { outside++; continue; }
                     if (seen[j]++) twice++;
-                    if (!conf_registered(cf, j)) stray++;
+                    if (!conf_registered(&cfg, j)) stray++;
                 }
             }
             if (sum != s->elems) bad++;
@@ -614,18 +644,18 @@ static void check_shards(int p, const shard_rep_t *all) {
             if (s->elems > maxe) maxe = s->elems;
             if (s->elems < mine) mine = s->elems;
         }
-        for (j = 0; j < n; j++) {
-            if (conf_registered(cf, j)) { registered++; if (!seen[j]) outside++; }
-        }
-        /* one element of imbalance per run's tail: 1 run for the single slices, 2 for the gap */
-        ok(!twice && !outside && !stray && total == registered && maxe - mine <= (cf < NCONF - 1 ? 1u : 2u) &&
-           maxe <= (registered + (size_t)p - 1) / (size_t)p + (cf < NCONF - 1 ? 0u : 1u),
-           "[p=%d %s %zu elements] shards cover every registered element once (%d twice, %d missed or outside, "
-           "%d in the gap); optimizer state per rank %zu..%zu of %zu", p, cf < NCONF - 1 ? "one slice," : "7 slices + gap,",
-           registered, twice, outside, stray, mine, maxe, registered);
-        ok(!bad && !wrong && !gbad && hash_same, "[p=%d %zu elements] reduce-scatter: exact averages in every shard (%d "
-           "wrong); all_gather_params: every rank has every shard, gap untouched (%d wrong), bitwise identical on "
-           "every rank: %s; %d failed calls", p, registered, wrong, gbad, hash_same ? "yes" : "NO", bad);
+        for (j = 0; j < n; j++)
+            if (conf_registered(&cfg, j)) { registered++; if (!seen[j]) outside++; }
+        /* the only imbalance: one element per run's tail */
+        ok(!twice && !outside && !stray && total == registered && maxe - mine <= (size_t)cfg.runs &&
+           maxe <= (registered + (size_t)p - 1) / (size_t)p + (size_t)cfg.runs - 1,
+           "[p=%d %s, %zu elements, %d buckets] shards cover every registered element once (%d twice, %d missed "
+           "or outside, %d in a gap); optimizer state per rank %zu..%zu of %zu", p, cfg.what, registered, all[cf].nb,
+           twice, outside, stray, mine, maxe, registered);
+        ok(!bad && !wrong && !gbad && hash_same, "[p=%d %s, %zu elements] reduce-scatter: exact averages in every "
+           "shard (%d wrong); all_gather_params: every rank has every shard, gaps untouched (%d wrong), bitwise "
+           "identical on every rank: %s; %d failed calls", p, cfg.what, registered, wrong, gbad,
+           hash_same ? "yes" : "NO", bad);
         free(seen);
     }
 }
