@@ -30,6 +30,8 @@
  *             hangs, the next iteration works. The same in ZeRO-1 mode (checked on the shard).
  *   nosync    no_sync for two steps then a synchronised one: the average of the sums, in DDP
  *             and ZeRO-1 mode.
+ *   hooks     flat mode with an async comm_hook (called once per bucket per iteration, on a range
+ *             of the flat buffer, exact averages) and with fp16 compression (fp16 precision).
  *   misuse    slices outside the buffer (before, after, across its end), overlapping slices,
  *             mixed dtypes in one buffer, a slice not on an element boundary, NULL slice,
  *             flat_grads without flat_bytes, zero_stage 2, ZeRO-1 without a flat buffer or with a
@@ -422,6 +424,67 @@ static int nosync(int rank, int p, void *arg) {
     ok(!bad && !wrong, "[%s p=%d] no_sync for 2 steps, then a synchronised one: the average of the sums (%d "
        "wrong, %d failed calls)", zero ? "ZeRO-1" : "DDP", p, wrong, bad);
     ddp_reducer_destroy(r);
+    ddp_comm_destroy(c);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- hooks */
+typedef struct { const unsigned char *lo, *hi; int calls, inside; } hook_seen_t;
+static ddp_result_t hook_avg(void *st, ddp_comm_t *c, int b, void *buf, size_t n, ddp_dtype_t dt, ddp_request_t *req) {
+    hook_seen_t *h = (hook_seen_t *)st;
+    (void)b;
+    h->calls++;
+    h->inside += (const unsigned char *)buf >= h->lo && (const unsigned char *)buf + n * ddp_dtype_size(dt) <= h->hi;
+    return ddp_all_reduce_async(buf, buf, n, dt, DDP_AVG, c, req);
+}
+
+static int hooks(int rank, int p, void *arg) {
+    static const size_t sz[3] = {1000, 3, 2000};
+    static float g[3003];
+    ddp_comm_t *c;
+    int mode, it;
+    (void)arg;
+    if (!(c = init_comm(rank, p, 1))) return 1;
+    for (mode = 0; mode < 2; mode++) {   /* 0: an async user hook; 1: built-in fp16 compression */
+        ddp_reducer_desc_t d;
+        ddp_reducer_t *r = NULL;
+        hook_seen_t hs;
+        double maxrel = 0;
+        int bad = 0, nb;
+        memset(&d, 0, sizeof d);
+        memset(&hs, 0, sizeof hs);
+        hs.lo = (const unsigned char *)g;
+        hs.hi = (const unsigned char *)(g + 3003);
+        d.flat_grads = g;
+        d.flat_bytes = sizeof g;
+        d.first_bucket_bytes = 1024;
+        d.bucket_cap_bytes = 4096;
+        if (mode == 0) { d.comm_hook = hook_avg; d.comm_hook_state = &hs; }
+        else d.compression = DDP_COMPRESS_FP16;
+        if (ddp_reducer_create(&r, c, &d) != DDP_SUCCESS) return 1;
+        bad += add_slices(r, g, DDP_FLOAT32, sz, 3, NULL);
+        nb = ddp_reducer_num_buckets(r);
+        for (it = 0; it < 2; it++) {
+            size_t j;
+            /* sixteenths: exact sums for the hook; thousandths: not fp16 numbers, so compression shows */
+            const double step = mode ? 1e-3 : 1.0 / 16;
+            for (j = 0; j < 3003; j++) g[j] = (float)((rank + 1) * (1.0 + (double)(j % 11) * step));
+            if (mark_all(r, 3, rank % 2) != DDP_SUCCESS) { bad++; diag("%s", ddp_reducer_last_error(r)); }
+            for (j = 0; j < 3003; j++) {
+                double want = (double)(p + 1) / 2.0 * (1.0 + (double)(j % 11) * step);
+                double rel = fabs(g[j] - want) / want;
+                if (rel > maxrel) maxrel = rel;
+            }
+        }
+        if (mode == 0)
+            ok(!bad && maxrel == 0 && hs.calls == 2 * nb && hs.inside == hs.calls, "[p=%d] flat mode, async comm_hook: "
+               "%d calls for %d buckets x 2, each on a range of the flat buffer (%d), exact averages (max rel %.1e)",
+               p, hs.calls, nb, hs.inside, maxrel);
+        else
+            ok(!bad && maxrel > 0 && maxrel <= 2e-3, "[p=%d] flat mode, fp16 compression: averages within fp16 "
+               "precision, and really compressed (max rel %.1e)", p, maxrel);
+        ddp_reducer_destroy(r);
+    }
     ddp_comm_destroy(c);
     return 0;
 }
@@ -871,6 +934,12 @@ int main(void) {
         for (v = 0; v < 2; v++) {
             diag("--- no_sync accumulation (%s)", v ? "ZeRO-1" : "DDP");
             ok(run_ranks(3, nosync, &v, 60) == 0, "nosync: every rank exited cleanly");
+        }
+    }
+    if (t_selected("hooks")) {
+        for (p = 2; p <= 3; p++) {
+            diag("--- flat mode with a comm hook and with compression, p = %d", p);
+            ok(run_ranks(p, hooks, NULL, 60) == 0, "hooks: every rank exited cleanly");
         }
     }
     if (t_selected("misuse")) {
