@@ -5,21 +5,22 @@
  *
  * Scenarios:
  *   bitwise   the flat reducer against one ddp_all_reduce(flat, flat, n, dtype, DDP_AVG) of a
- *             copy: 8 slices of odd sizes (1 .. 100003 elements, 108,382 in all), float32 and
- *             float64, p = 1..4, three bucket caps (first / others 64 B / 256 B: a bucket per
- *             parameter of 64 elements or more; 4 / 16 KiB; DDP's 1 / 25 MiB), two iterations, odd ranks marking in forward order, even
- *             ranks backward. Bit for bit where the reduction order cannot differ: any data at
- *             p <= 2 (one addition, commutative), data whose sums are exact (multiples of 1/8)
- *             at any p, any data at any p under DDP_ALGO=rd (recursive doubling combines the
- *             ranks in the same tree whatever the count). Random data use every mantissa bit and
- *             exponents over [-4, 4) (e^[-4,4)), so that a different order shows. Otherwise (the ring, shared memory's
- *             big path: an element's summation order depends on where its chunk starts, so
- *             on the bucket boundaries) within the rounding bound 2 (p - 1) eps max|x|.
- *             Copy-free: ddp_reducer_grad(i) is the slice itself, the result is in the user's
- *             buffer, and the reducer allocated (counting allocator on the communicator) only
- *             bookkeeping: under 64 KiB for a 434 / 867 KB buffer, while a
- *             gradient_as_bucket_view reducer on the same gradients allocates all of them.
- *             Over tcp, over shm, and over tcp with DDP_ALGO=rd. No rebuild.
+ *             copy: 8 slices of odd sizes (1 .. 100003 elements, 108,381 in all), float32 and
+ *             float64, p = 1..4, three bucket caps (first / others: 64 B / 256 B, a bucket per
+ *             parameter of 64 elements or more; 4 / 16 KiB; DDP's 1 / 25 MiB), two iterations,
+ *             odd ranks marking in forward order, even ranks backward. Random data use every
+ *             mantissa bit and exponents spread over e^[-4, 4), so that another summation order
+ *             shows. Bit for bit where the order cannot differ: any data at p <= 2 (one
+ *             addition, commutative), data whose sums are exact (multiples of 1/8) at any p, any
+ *             data at any p under DDP_ALGO=rd (recursive doubling combines the ranks in the same
+ *             tree whatever the count). Otherwise (the ring, shared memory's big path: where an
+ *             element's sum starts depends on its chunk, so on the bucket boundaries) within
+ *             the rounding bound 2 (p - 1) eps max|x|. Copy-free: ddp_reducer_grad(i) is the
+ *             slice itself, the result is in the user's buffer, and the reducer allocated
+ *             (counting allocator on the communicator) only bookkeeping: under 64 KiB for a
+ *             434 / 867 KB buffer, while a gradient_as_bucket_view reducer on the same gradients
+ *             allocates all of them. Over tcp, over shm, and over tcp with DDP_ALGO=rd. No
+ *             rebuild.
  *   layout    one rank: buckets are contiguous ranges from the end of the buffer down (the
  *             shards of zero_stage 0), whole parameters, never across memory between slices
  *             (a gap), registration order irrelevant; two ranks: the gap's bytes are never
@@ -42,8 +43,8 @@
  *   shards    ZeRO-1, p = 1..5: single slices of n = 1, 2, 3, 7, 1001, 65537 elements, a
  *             7-slice buffer with a gap and 256-byte buckets (parameters straddling bucket
  *             boundaries), 100 small slices in up to 100 buckets (more than the reducer keeps in
- *             flight, for the reduce-scatters and the all-gathers): the ranks' shards (written to shared memory) cover every registered
- *             element exactly once and nothing else; per-rank state within one element per
+ *             flight, for the reduce-scatters and the all-gathers): the ranks' shards (written
+ *             to shared memory) cover every registered element exactly once and nothing else; per-rank state within one element per
  *             run of ceil(n/p); the reduce-scatter leaves the exact average in each shard;
  *             all_gather_params gives every rank every shard, bitwise identical everywhere.
  *   zero      ZeRO-1 vs replicated AdamW, p = 1..4, float32 and float64, 6 steps on a 20,011-
