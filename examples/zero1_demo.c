@@ -129,7 +129,11 @@ static void back_tanh(const float *w, const float *d, const float *h, int nin, i
     for (i = 0; i < nin; i++) din[i] *= 1 - h[i] * h[i];
 }
 
-typedef struct { float x[BATCH][IN], h1[BATCH][H], h2[BATCH][H], d3[BATCH][OUT], d2[BATCH][H], d1[BATCH][H]; int y[BATCH]; } batch_t;
+/* A batch's inputs, activations and deltas: backward goes layer by layer over all of them. */
+typedef struct {
+    float x[BATCH][IN], h1[BATCH][H], h2[BATCH][H], d3[BATCH][OUT], d2[BATCH][H], d1[BATCH][H];
+    int y[BATCH];
+} batch_t;
 
 /* Forward and backward of this rank's batch at step s into the flat gradient g (zeroed first),
  * layer by layer over the whole batch, marking each tensor ready as soon as it is final: the
