@@ -71,7 +71,7 @@ test-san: $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
-              $(B)/tsan/test_nccl
+              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer
 $(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(B)/tsan
 	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
@@ -94,6 +94,12 @@ $(B)/fake_nccl/libnccl.so.2: tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cu
 	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN'
 $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c $(FAKE_NCCL)
 $(B)/test_nccl2 $(B)/san/test_nccl2: tests/test_collectives2.c $(FAKE_NCCL)
+$(B)/test_flat_reducer $(B)/san/test_flat_reducer $(B)/tsan/test_flat_reducer: $(FAKE_NCCL)
+
+# ZeRO-1 against replicated AdamW (examples/zero1_demo.c, issue 17).
+.PHONY: zero1-demo
+zero1-demo: $(B)/zero1_demo $(B)/ddprun
+	$(B)/ddprun -n $(NP) $(B)/zero1_demo
 
 # The fakes' own selftest (tests/fake_nccl/selftest.c), plain and with each sanitizer (the
 # sanitized fakes are built together into their own directories by tests/fake_nccl/build.sh).
