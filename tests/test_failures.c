@@ -21,8 +21,8 @@
  * disagreement; two processes given the same rank; mismatched counts / dtypes / ops /
  * collectives / roots / algorithms and count 0 against 1000; strangers sending garbage to the
  * master port and to a rank's transport listener during rendezvous; ddp_comm_init_env with
- * missing or malformed variables (torchrun, Open MPI, PMI, Slurm names) and real ranks started
- * from the environment alone. */
+ * missing or malformed variables (torchrun, Open MPI, PMI, Slurm names), with none (a world of
+ * one) and real ranks started from the environment alone. */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -557,7 +557,6 @@ static void set_env(const char *spec) {
 
 static int env_cases(int rank, int p, void *arg) {
     static const struct { const char *env; const char *names; } bad[] = {
-        {"", "RANK"},
         {"RANK=0", "WORLD_SIZE"},
         {"WORLD_SIZE=2", "RANK"},
         {"RANK=x WORLD_SIZE=2", "RANK"},
@@ -592,6 +591,13 @@ static int env_cases(int rank, int p, void *arg) {
         if (c) ddp_comm_destroy(c);
     }
     ok(ddp_comm_init_env(NULL, NULL) == DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_env(NULL comm out)");
+    /* No launcher at all: a world of one (issue 16), its store on a port the kernel picks. */
+    set_env("");
+    c = NULL;
+    r = ddp_comm_init_env(&c, NULL);
+    ok(r == DDP_SUCCESS && ddp_comm_size(c) == 1 && ddp_comm_rank(c) == 0, "ddp_comm_init_env with {} -> "
+       "%s: a world of one (%s)", ddp_strerror(r), r ? ddp_last_init_error() : "rank 0 of 1");
+    if (c) ddp_comm_destroy(c);
     snprintf(port, sizeof port, "%d", t_free_port());
     {
         static const char *const good[] = {
