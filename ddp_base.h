@@ -369,11 +369,19 @@ _DDP_PRIVATE int64_t _ddp_jitter_us(int64_t base_us) {
  * earlier system headers may have settled without (FEATURE MACROS, above). The system calls
  * themselves do what glibc's wrappers do: close-on-exec stays atomic, so a fork + exec in
  * another thread never inherits the descriptor. */
+/* libc's own accept4 and pipe2, not raw system calls: ThreadSanitizer (and any interposer)
+ * must see them, or it loses the happens-before edges it draws through descriptors and reports
+ * the shared-memory handshake between thread ranks as a race. glibc declares them only under
+ * _GNU_SOURCE (musl under _BSD_SOURCE too, with the same prototypes): declared here otherwise. */
+#if !defined(_GNU_SOURCE) && !defined(__cplusplus)
+extern int accept4(int fd, struct sockaddr *addr, socklen_t *addrlen, int flags);
+extern int pipe2(int fds[2], int flags);
+#endif
 _DDP_PRIVATE int _ddp_accept4(int fd, struct sockaddr *sa, socklen_t *len, int flags) {
-    return (int)syscall(SYS_accept4, (long)fd, sa, len, (long)flags);   /* SOCK_CLOEXEC, SOCK_NONBLOCK */
+    return accept4(fd, sa, len, flags);   /* SOCK_CLOEXEC, SOCK_NONBLOCK: atomic, no fork window */
 }
 _DDP_PRIVATE int _ddp_pipe2(int fds[2], int flags) {
-    return (int)syscall(SYS_pipe2, fds, (long)flags);                    /* O_CLOEXEC, O_NONBLOCK */
+    return pipe2(fds, flags);             /* O_CLOEXEC, O_NONBLOCK */
 }
 
 /* The CPUs this process may run on (its affinity mask, as sched_getaffinity + CPU_COUNT); 1 if
