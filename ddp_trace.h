@@ -106,7 +106,26 @@ _DDP_PRIVATE void _ddp_trace_close(_ddp_trace_t *t, const ddp_allocator_t *a) {
     pthread_mutex_destroy(&t->mu);
 }
 
-/* A call starts: cheap (one clock read), always. */
+/* The recorder's clock. Without DDP_TRACE a call's start is read from the coarse clock (the
+ * kernel's tick, ~4 ms, in ~6 ns against ~25 ns for the precise one on the 2-core VMs) and its
+ * end only when it fails: two precise reads per call were the 0.05-0.1 us that small
+ * shared-memory all-reduces lost when the recorder came (bench/ab.sh, issue 17). A failure's
+ * dump then says how long before it each call started, to the tick; DDP_TRACE times every
+ * call to the microsecond. */
+_DDP_PRIVATE int64_t _ddp_trace_clock_us(const _ddp_trace_t *t) {
+#ifdef CLOCK_MONOTONIC_COARSE
+    if (!t->file) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    }
+#else
+    (void)t;
+#endif
+    return _ddp_now_us();
+}
+
+/* A call starts: cheap (one coarse clock read), always. */
 _DDP_PRIVATE void _ddp_trace_begin(_ddp_trace_t *t, uint64_t seq, const char *what, size_t count,
                                    size_t bytes, int dtype, int op, int root, int tid) {
     _ddp_trace_rec_t *c = t->cur;
@@ -114,7 +133,7 @@ _DDP_PRIVATE void _ddp_trace_begin(_ddp_trace_t *t, uint64_t seq, const char *wh
     c->dtype = dtype; c->op = op; c->root = root; c->tid = tid;
     c->npeers = 0; c->other_wait_us = 0;
     c->result = DDP_SUCCESS;
-    c->t0_us = _ddp_now_us();
+    c->t0_us = _ddp_trace_clock_us(t);
     t->active = 1;
 }
 
@@ -156,7 +175,7 @@ _DDP_PRIVATE void _ddp_trace_end(_ddp_trace_t *t, ddp_result_t r) {
     _ddp_trace_rec_t *c = t->cur;
     if (!t->active || !t->ring) return;
     t->active = 0;
-    c->t1_us = _ddp_now_us();
+    c->t1_us = t->file || r != DDP_SUCCESS ? _ddp_trace_clock_us(t) : 0;   /* 0: not timed */
     c->result = r;
     t->n++;
     t->cur = &t->ring[t->n % _DDP_FLIGHT];
@@ -172,10 +191,12 @@ _DDP_PRIVATE void _ddp_trace_span(_ddp_trace_t *t, const _ddp_trace_rec_t *c) {
 /* The last calls, oldest first, one line each, for the failure log. */
 _DDP_PRIVATE void _ddp_trace_dump(const _ddp_trace_t *t, void (*line)(void *arg, const char *s), void *arg) {
     uint64_t first = t->n > _DDP_FLIGHT_DUMP ? t->n - _DDP_FLIGHT_DUMP : 0, k;
-    char s[512];
+    const int64_t now = _ddp_trace_clock_us(t);
+    char s[512], took[48];
     if (!t->ring || !t->n) return;
-    snprintf(s, sizeof s, "flight recorder: the last %llu of this rank's %llu calls (oldest first):",
-             (unsigned long long)(t->n - first), (unsigned long long)t->n);
+    snprintf(s, sizeof s, "flight recorder: the last %llu of this rank's %llu calls (oldest first%s):",
+             (unsigned long long)(t->n - first), (unsigned long long)t->n,
+             t->file ? "" : "; starts to the clock tick, DDP_TRACE times every call");
     line(arg, s);
     for (k = first; k < t->n; k++) {
         const _ddp_trace_rec_t *c = &t->ring[k % _DDP_FLIGHT];
@@ -185,15 +206,18 @@ _DDP_PRIVATE void _ddp_trace_dump(const _ddp_trace_t *t, void (*line)(void *arg,
             w += c->peer_wait_us[i];
             if (c->peer_wait_us[i] > topw) { topw = c->peer_wait_us[i]; top = c->peer[i]; }
         }
-        if (top >= 0)
-            snprintf(s, sizeof s, "  #%llu %s %zu x %s (%s) %.3f ms, waited %.3f ms (most on rank %d): %s",
-                     (unsigned long long)c->seq, c->what, c->count, ddp_dtype_name((ddp_dtype_t)c->dtype),
-                     c->algo[0] ? c->algo : "-", (double)(c->t1_us - c->t0_us) / 1e3, (double)w / 1e3,
-                     top, ddp_strerror(c->result));
+        if (c->t1_us)
+            snprintf(took, sizeof took, "%.3f ms", (double)(c->t1_us - c->t0_us) / 1e3);
         else
-            snprintf(s, sizeof s, "  #%llu %s %zu x %s (%s) %.3f ms: %s", (unsigned long long)c->seq,
+            snprintf(took, sizeof took, "started %.0f ms before", (double)(now - c->t0_us) / 1e3);
+        if (top >= 0)
+            snprintf(s, sizeof s, "  #%llu %s %zu x %s (%s) %s, waited %.3f ms (most on rank %d): %s",
+                     (unsigned long long)c->seq, c->what, c->count, ddp_dtype_name((ddp_dtype_t)c->dtype),
+                     c->algo[0] ? c->algo : "-", took, (double)w / 1e3, top, ddp_strerror(c->result));
+        else
+            snprintf(s, sizeof s, "  #%llu %s %zu x %s (%s) %s: %s", (unsigned long long)c->seq,
                      c->what, c->count, ddp_dtype_name((ddp_dtype_t)c->dtype), c->algo[0] ? c->algo : "-",
-                     (double)(c->t1_us - c->t0_us) / 1e3, ddp_strerror(c->result));
+                     took, ddp_strerror(c->result));
         line(arg, s);
     }
 }

@@ -35,5 +35,5 @@ for cfg in configs:
     for b in sorted({k[0] for k in per}):
         o, n = statistics.median(per[(b, 'old')]), statistics.median(per[(b, 'new')])
         size = f'{b >> 20} MiB' if b >= 1 << 20 else f'{b >> 10} KiB' if b >= 1024 else f'{b} B'
-        print(f'| {t}, {p} | {size} | {o:.1f} | {n:.1f} | {n / o:.2f} |')
+        print(f'| {t}, {p} | {size} | {o:.2f} | {n:.2f} | {n / o:.2f} |')
 PY
