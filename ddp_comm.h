@@ -40,6 +40,9 @@
 #ifndef DDP_TRACE_IMPLEMENTATION
 #define DDP_TRACE_IMPLEMENTATION
 #endif
+#ifndef DDP_MODEL_IMPLEMENTATION
+#define DDP_MODEL_IMPLEMENTATION
+#endif
 #endif
 #include "ddp_base.h"
 #include "ddp_store.h"
@@ -49,6 +52,7 @@
 #include "ddp_engine.h"
 #include "ddp_ring.h"
 #include "ddp_trace.h"
+#include "ddp_model.h"
 
 #ifndef DDP_COMM_H_INCLUDED
 #define DDP_COMM_H_INCLUDED
@@ -331,6 +335,13 @@ struct ddp_comm {
     const ddp_coll_provider_t *coll; /* a transport that runs the collectives itself, or NULL */
     void *coll_state;
     size_t rd_max_bytes;           /* auto: recursive doubling up to this many bytes */
+    /* Hosts and the all-reduce cost model (issue 18): auto on several hosts picks by the model */
+    _ddp_layout_t layout;          /* ranks, hosts, fewest/most ranks on a host */
+    _ddp_hier_t hier;              /* this rank's groups in the hierarchical all-reduce */
+    int *hier_ranks;               /* the storage of hier.local.ranks and hier.inter.ranks */
+    _ddp_model_t model;            /* rank 0's (DDP_MODEL, else built in): the same everywhere */
+    signed char ar_pick[64];       /* calls of up to 2^k bytes: auto's algorithm (_ddp_ar_algo_t) */
+    signed char hier_pick[64];     /* DDP_ALGO=hier: the hierarchical algorithm the model picks */
     uint32_t *p2p;                 /* 4 per peer: ddp_send/ddp_recv messages sent to it and received
                                     * from it (the sequence in their tags); group_end's in flight */
     int group_depth, group_n, group_cap; /* ddp_group_start nesting; calls queued, room */
@@ -350,7 +361,10 @@ struct ddp_comm {
     _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
     int trace_open;
 };
-enum { _DDP_ALGO_AUTO, _DDP_ALGO_RING, _DDP_ALGO_RD };
+/* DDP_ALGO: auto, or one all-reduce algorithm (1 + _ddp_ar_algo_t), or "hier" (the hierarchical
+ * one whose inter-host part the model picks). */
+enum { _DDP_ALGO_AUTO = 0, _DDP_ALGO_RING = 1 + _DDP_AR_RING, _DDP_ALGO_RD = 1 + _DDP_AR_RD,
+       _DDP_ALGO_HIER = 1 + _DDP_AR_NUM };
 
 /* Live communicators, so that a call on a destroyed one is an error instead of a use after
  * free. Several communicators may live at once; the list is only touched at init/destroy and
@@ -471,7 +485,8 @@ DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *c, int peer) {
 
 /* Host identity: boot id + hostname + network namespace (two containers on one kernel share the
  * boot id but not the namespace; two hosts may share a name). DDP_HOST_ID overrides, so tests
- * can fake several hosts on one machine. */
+ * can fake several hosts on one machine (DDP_TEST_HOSTS, for the hierarchical algorithms'
+ * layout only, is read where the layout is made). */
 _DDP_PRIVATE void _ddp_host_id(char *out, size_t cap) {
     char boot[64] = "", host[64] = "", ns[64] = "";
     const char *env = getenv("DDP_HOST_ID");
@@ -671,6 +686,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->dev_prints);
     if (c->trace_open) _ddp_trace_close(&c->trace, &a);
     _ddp_free(&a, c->host_ids);
+    _ddp_free(&a, c->hier_ranks);
     _ddp_free(&a, c->eng.scratch);
     _ddp_free(&a, c->ops);
     if (c->async_init) {
@@ -990,11 +1006,11 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     if (c->eng.segment_bytes > (64u << 20)) c->eng.segment_bytes = 64u << 20;
     c->eng.segment_bytes &= ~(size_t)63;
     s = getenv("DDP_ALGO");
-    c->algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "ring") ? _DDP_ALGO_RING
-            : !strcmp(s, "rd") || !strcmp(s, "recursive_doubling") ? _DDP_ALGO_RD : -1;
-    if (c->algo < 0) {
-        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring "
-                          "or rd", s);
+    c->algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "hier") ? _DDP_ALGO_HIER
+            : 1 + _ddp_ar_algo_parse(s);
+    if (c->algo < 0 || (c->algo == 0 && s && *s && strcmp(s, "auto"))) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring, rd, "
+                          "rabenseifner, hier, hier_ring, hier_rd or hier_rabenseifner", s);
         return r;
     }
     /* Measured crossover (README, bench/): below it the ring's 2(p-1) hops cost more than
@@ -1159,7 +1175,8 @@ _DDP_PRIVATE ddp_result_t _ddp_init_coll_provider(ddp_comm_t *c) {
     {
         int same = c->peers[rank == 0 ? 1 : 0].tinst;
         for (k = 0; k < nranks; k++) if (k != rank && c->peers[k].tinst != same) same = -1;
-        if (same >= 0 && c->algo == _DDP_ALGO_AUTO && c->tinst[same].t->coll &&
+        /* (Several hosts in the layout: DDP_TEST_HOSTS over one transport; the model decides.) */
+        if (same >= 0 && c->algo == _DDP_ALGO_AUTO && c->layout.nhosts == 1 && c->tinst[same].t->coll &&
             c->tinst[same].t->coll->enable) {
             r = _ddp_connect_peers(c, NULL, nranks);
             if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
@@ -1212,6 +1229,224 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
     }
     return DDP_SUCCESS;
+}
+
+/* Step 6b: the hosts layout (from the host table, or DDP_TEST_HOSTS: a label per rank, for tests
+ * of the hierarchical algorithms with ranks that are threads of one process) and this rank's
+ * groups for the hierarchical all-reduce: the ranks of its host, and the ranks that have its
+ * local number on the other hosts. Hosts are told apart by hashing (a million ranks: no n^2
+ * string compares). */
+_DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
+    const int n = c->eng.nranks, me = c->eng.rank;
+    const char *labels = getenv("DDP_TEST_HOSTS");
+    const char **key = NULL;
+    int *lab_len = NULL, *host = NULL, *local = NULL, *count = NULL, *table = NULL;
+    size_t tsize = 4, mask;
+    int i, nhosts = 0, lmin = n, lmax = 0, nlocal, ninter;
+    ddp_result_t r = DDP_SUCCESS;
+    while (tsize < 2 * (size_t)n) tsize <<= 1;
+    mask = tsize - 1;
+    key = (const char **)_ddp_calloc(&c->alloc, sizeof *key * (size_t)n);
+    lab_len = (int *)_ddp_calloc(&c->alloc, sizeof *lab_len * (size_t)n);
+    host = (int *)_ddp_calloc(&c->alloc, sizeof *host * (size_t)n);
+    local = (int *)_ddp_calloc(&c->alloc, sizeof *local * (size_t)n);
+    count = (int *)_ddp_calloc(&c->alloc, sizeof *count * (size_t)n);
+    table = (int *)_ddp_calloc(&c->alloc, sizeof *table * tsize);
+    if (!key || !lab_len || !host || !local || !count || !table) {
+        r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout (%d ranks)", n);
+        goto done;
+    }
+    if (labels && *labels) {
+        const char *q = labels;
+        for (i = 0; i < n; i++) {
+            key[i] = q;
+            lab_len[i] = (int)strcspn(q, ",");
+            q += lab_len[i];
+            if (!lab_len[i] || (i < n - 1 && *q != ',')) break;
+            if (*q == ',') q++;
+        }
+        if (i < n || *q) {
+            r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_TEST_HOSTS='%.200s': expected %d "
+                              "comma-separated host labels, one per rank (none empty)", labels, n);
+            goto done;
+        }
+    } else {
+        for (i = 0; i < n; i++) {
+            key[i] = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+            lab_len[i] = (int)strlen(key[i]);
+        }
+    }
+    for (i = 0; i < (int)tsize; i++) table[i] = -1;
+    for (i = 0; i < n; i++) {
+        size_t h = (size_t)_ddp_fnv1a(key[i], (size_t)lab_len[i], _DDP_FNV_INIT) & mask;
+        for (;; h = (h + 1) & mask) {
+            const int j = table[h];
+            if (j < 0) { table[h] = i; host[i] = nhosts++; break; }
+            if (lab_len[j] == lab_len[i] && !memcmp(key[j], key[i], (size_t)lab_len[i])) { host[i] = host[j]; break; }
+        }
+        local[i] = count[host[i]]++;
+    }
+    for (i = 0; i < nhosts; i++) {
+        if (count[i] < lmin) lmin = count[i];
+        if (count[i] > lmax) lmax = count[i];
+    }
+    c->layout.nranks = n;
+    c->layout.nhosts = nhosts;
+    c->layout.local_min = lmin;
+    c->layout.local_max = lmax;
+    nlocal = count[host[me]];
+    ninter = local[me] < lmin ? nhosts : 0;
+    c->hier_ranks = (int *)_ddp_calloc(&c->alloc, sizeof *c->hier_ranks * (size_t)(nlocal + ninter + 1));
+    if (!c->hier_ranks) { r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout"); goto done; }
+    c->hier.local.ranks = c->hier_ranks;
+    c->hier.inter.ranks = c->hier_ranks + nlocal;
+    c->hier.local.n = c->hier.inter.n = 0;
+    for (i = 0; i < n; i++) {   /* both in rank order: every member makes the same list */
+        if (host[i] == host[me]) {
+            if (i == me) c->hier.local.me = c->hier.local.n;
+            c->hier_ranks[c->hier.local.n++] = i;
+        }
+        if (ninter && local[i] == local[me]) {
+            if (i == me) c->hier.inter.me = c->hier.inter.n;
+            c->hier_ranks[nlocal + c->hier.inter.n++] = i;
+        }
+    }
+    c->hier.slices = lmin;
+    c->hier.nhosts = nhosts;
+    c->hier.nranks = n;
+    if (labels && *labels)
+        _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: this rank on test host '%.*s'", lab_len[me], key[me]);
+    _DDP_LOG(c, DDP_LOG_INFO, "hosts: %d ranks on %d host%s, %d to %d per host; this host's ranks: %d, "
+             "local number %d%s", n, nhosts, nhosts == 1 ? "" : "s", lmin, lmax, nlocal, c->hier.local.me,
+             ninter ? "" : " (forwards only in the hierarchical all-reduce: more ranks here than on the "
+             "smallest host)");
+done:
+    _ddp_free(&c->alloc, key);
+    _ddp_free(&c->alloc, lab_len);
+    _ddp_free(&c->alloc, host);
+    _ddp_free(&c->alloc, local);
+    _ddp_free(&c->alloc, count);
+    _ddp_free(&c->alloc, table);
+    return r;
+}
+
+static const char *const _ddp_ar_long_names[_DDP_AR_NUM] = {
+    "ring", "recursive doubling", "rabenseifner", "hierarchical (ring across hosts)",
+    "hierarchical (recursive doubling across hosts)", "hierarchical (rabenseifner across hosts)"};
+
+/* Which algorithms can run a call of `bytes` here (recursive doubling exchanges whole buffers
+ * through the scratch; the hierarchical ones need a host with two ranks to pay). */
+_DDP_PRIVATE unsigned _ddp_ar_allowed(const ddp_comm_t *c, double bytes, int hier_only) {
+    const double L = c->layout.local_min > 0 ? c->layout.local_min : 1;
+    unsigned m = 0;
+    if (!hier_only) {
+        m |= 1u << _DDP_AR_RING | 1u << _DDP_AR_RAB;
+        if (bytes <= (double)c->eng.scratch_bytes) m |= 1u << _DDP_AR_RD;
+    }
+    if (hier_only || c->layout.local_max > 1) {
+        m |= 1u << _DDP_AR_HIER_RING | 1u << _DDP_AR_HIER_RAB;
+        if (bytes / L <= (double)c->eng.scratch_bytes) m |= 1u << _DDP_AR_HIER_RD;
+    }
+    return m;
+}
+
+_DDP_PRIVATE void _ddp_fmt_bytes(char *out, size_t cap, double b) {
+    if (b >= 1073741824.0) snprintf(out, cap, "%g GiB", b / 1073741824.0);
+    else if (b >= 1048576.0) snprintf(out, cap, "%g MiB", b / 1048576.0);
+    else if (b >= 1024.0) snprintf(out, cap, "%g KiB", b / 1024.0);
+    else snprintf(out, cap, "%g B", b);
+}
+
+/* Step 6c: the cost model. Rank 0 reads DDP_MODEL (else the built-in parameters) and publishes
+ * them: every rank must choose alike. Then the choice per power of two of the call size, and at
+ * INFO (rank 0) the table of predicted times it chose from and the crossovers. */
+_DDP_PRIVATE ddp_result_t _ddp_init_model(ddp_comm_t *c) {
+    const int multi = c->layout.nhosts > 1;
+    char key[256], err[512];
+    size_t len = 0;
+    ddp_result_t r;
+    int k, a;
+    _ddp_model_defaults(&c->model);
+    for (k = 0; k < 64; k++) c->ar_pick[k] = c->hier_pick[k] = (signed char)_DDP_AR_RING;
+    if (c->eng.nranks == 1 || (!multi && c->algo != _DDP_ALGO_HIER)) return DDP_SUCCESS;
+    _ddp_key(c, key, sizeof key, "model");
+    if (c->eng.rank == 0) {
+        const char *path = getenv("DDP_MODEL");
+        if (path && *path && _ddp_model_load(&c->model, path, err, sizeof err) != 0) {
+            r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_MODEL: %s", err);
+            _ddp_publish_failure(c);
+            return r;
+        }
+        r = ddp_store_set(c->store, key, &c->model, sizeof c->model);
+    } else {
+        r = ddp_store_get(c->store, key, &c->model, sizeof c->model, &len);
+        if (r == DDP_SUCCESS && len != sizeof c->model)
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rank 0's cost model has %zu bytes, this "
+                                 "build's %zu: every rank must run the same libddp", len, sizeof c->model);
+    }
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: cost model: %s", ddp_store_last_error(c->store));
+    c->model.source[sizeof c->model.source - 1] = 0;
+    for (k = 0; k < 64; k++) {
+        const double b = k < 50 ? (double)((uint64_t)1 << k) : 1125899906842624.0;
+        c->ar_pick[k] = (signed char)_ddp_model_ar_pick(&c->model, b, &c->layout, _ddp_ar_allowed(c, b, 0), NULL);
+        c->hier_pick[k] = (signed char)_ddp_model_ar_pick(&c->model, b, &c->layout, _ddp_ar_allowed(c, b, 1), NULL);
+    }
+    if (c->eng.rank == 0 && c->eng.log_level >= DDP_LOG_INFO) {
+        const signed char *pick = c->algo == _DDP_ALGO_HIER ? c->hier_pick : c->ar_pick;
+        char line[1024], sz[32], lo[32];
+        size_t o;
+        _DDP_LOG(c, DDP_LOG_INFO, "cost model (%s): alpha %.3g us local, %.3g us net; beta %.3g ns/B "
+                 "local, %.3g ns/B net; host link %.3g ns/B; reduce %.3g ns/B", c->model.source,
+                 c->model.alpha_us[0], c->model.alpha_us[1], c->model.beta_ns[0], c->model.beta_ns[1],
+                 c->model.nic_ns, c->model.gamma_ns);
+        o = (size_t)snprintf(line, sizeof line, "all_reduce predicted us:  %9s", "size");
+        for (a = 0; a < _DDP_AR_NUM; a++) o += (size_t)snprintf(line + o, sizeof line - o, " %17s", _ddp_ar_algo_name(a));
+        _DDP_LOG(c, DDP_LOG_INFO, "%s  -> %s", line, c->algo == _DDP_ALGO_HIER ? "DDP_ALGO=hier picks"
+                 : c->algo == _DDP_ALGO_AUTO ? "auto picks" : "(DDP_ALGO fixes the algorithm)");
+        for (k = 3; k <= 30; k += 3) {
+            const double b = (double)((uint64_t)1 << k);
+            double t[_DDP_AR_NUM];
+            unsigned allowed = _ddp_ar_allowed(c, b, c->algo == _DDP_ALGO_HIER);
+            _ddp_model_ar_pick(&c->model, b, &c->layout, allowed, t);
+            _ddp_fmt_bytes(sz, sizeof sz, b);
+            o = (size_t)snprintf(line, sizeof line, "all_reduce predicted us:  %9s", sz);
+            for (a = 0; a < _DDP_AR_NUM; a++) {
+                if (allowed & (1u << a) && t[a] < 1e15) o += (size_t)snprintf(line + o, sizeof line - o, " %17.1f", t[a]);
+                else o += (size_t)snprintf(line + o, sizeof line - o, " %17s", "-");
+            }
+            _DDP_LOG(c, DDP_LOG_INFO, "%s  -> %s", line, _ddp_ar_algo_name(pick[k]));
+        }
+        o = 0;
+        line[0] = 0;
+        for (k = 0; k < 64; k++) {
+            if (k < 63 && pick[k + 1] == pick[k]) continue;
+            _ddp_fmt_bytes(lo, sizeof lo, k < 50 ? (double)((uint64_t)1 << k) : 1125899906842624.0);
+            o += (size_t)snprintf(line + o, sizeof line - o, "%s%s%s%s", o ? ", " : "", _ddp_ar_algo_name(pick[k]),
+                                  k < 63 ? " up to " : " above", k < 63 ? lo : "");
+            if (o >= sizeof line) break;
+        }
+        _DDP_LOG(c, DDP_LOG_INFO, "all_reduce %s: %s (DDP_ALGO=... to force one, DDP_MODEL=file from "
+                 "`make calibrate`)", c->algo == _DDP_ALGO_HIER ? "DDP_ALGO=hier" : "auto", line);
+    }
+    return DDP_SUCCESS;
+}
+
+/* The all-reduce algorithm for a call whose whole (virtual) buffer has `bytes`: the same on
+ * every rank. */
+_DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
+    int k = 0;
+    while (k < 63 && ((uint64_t)1 << k) < (uint64_t)bytes) k++;
+    switch (c->algo) {
+    case _DDP_ALGO_AUTO:
+        if (c->layout.nhosts > 1) return c->ar_pick[k];
+        return bytes <= c->eng.scratch_bytes && bytes <= c->rd_max_bytes ? _DDP_AR_RD : _DDP_AR_RING;
+    case _DDP_ALGO_HIER: return c->hier_pick[k];
+    case 1 + _DDP_AR_RD: return bytes <= c->eng.scratch_bytes ? _DDP_AR_RD : _DDP_AR_RING;
+    case 1 + _DDP_AR_HIER_RD:   /* above the scratch: Rabenseifner, which adds in rd's order */
+        return (bytes + (size_t)c->hier.slices - 1) / (size_t)c->hier.slices <= c->eng.scratch_bytes
+               ? _DDP_AR_HIER_RD : _DDP_AR_HIER_RAB;
+    default: return c->algo - 1;
+    }
 }
 
 /* Step 7: device (GPU) buffers, when a transport offers them (transports/ddp_nccl.h). Every
@@ -1351,6 +1586,8 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     if ((r = _ddp_init_store(c, d)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_rendezvous(c, forced)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_init_pick_transports(c)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_layout(c)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_model(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_coll_provider(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_connect_neighbours(c)) != DDP_SUCCESS) goto fail;
     if (dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
@@ -1764,6 +2001,7 @@ typedef struct _ddp_op {
     size_t count;
     ddp_dtype_t dtype;
     ddp_op_t op;
+    size_t v_total, v_off;            /* all-reduce of a part of a flat buffer (0: the whole) */
     /* queued for the progress thread */
     int state;                        /* 0 free, 1 queued, 2 running, 3 done */
     uint64_t id;                      /* issue number, from 1 */
@@ -2214,18 +2452,28 @@ DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
 }
 
 
-/* The algorithm depends only on (bytes, world size, settings): the same on every rank. */
+/* The algorithm depends only on (bytes of the whole buffer, world size, hosts, settings): the
+ * same on every rank. The call's buffers may hold elements [v_off, v_off + count) of a virtual
+ * buffer of v_total (the reducer's flat buckets; v_total 0: the call is the whole): the choice
+ * and the chunks are then the whole's, so each element gets the whole's additions. */
 _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbuf, void *recvbuf,
-                                               size_t count, ddp_dtype_t dtype, ddp_op_t op) {
-    size_t bytes = count * ddp_dtype_size(dtype);
-    int rd = bytes <= c->eng.scratch_bytes &&
-             (c->algo == _DDP_ALGO_RD || (c->algo == _DDP_ALGO_AUTO && bytes <= c->rd_max_bytes));
-    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s", c->eng.seq + 1, count,
+                                               size_t count, ddp_dtype_t dtype, ddp_op_t op,
+                                               size_t v_total, size_t v_off) {
+    const size_t total = v_total ? v_total : count, off = v_total ? v_off : 0;
+    const int a = _ddp_ar_choose(c, total * ddp_dtype_size(dtype));
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s%s", c->eng.seq + 1, count,
              ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place",
-             rd ? "recursive doubling" : "ring");
-    c->trace.cur->algo = rd ? "recursive doubling" : "ring";
-    return rd ? _ddp_rd_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op)
-              : _ddp_ring_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
+             _ddp_ar_long_names[a], v_total ? " (a part of a flat buffer: cut as the whole)" : "");
+    c->trace.cur->algo = _ddp_ar_long_names[a];
+    switch (a) {
+    case _DDP_AR_RD: return _ddp_rd_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
+    case _DDP_AR_RAB: return _ddp_rab_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
+    case _DDP_AR_HIER_RING: case _DDP_AR_HIER_RD: case _DDP_AR_HIER_RAB:
+        return _ddp_hier_all_reduce(&c->eng, &c->hier, a == _DDP_AR_HIER_RD ? _DDP_INTER_RD
+                                    : a == _DDP_AR_HIER_RAB ? _DDP_INTER_RAB : _DDP_INTER_RING,
+                                    sendbuf, recvbuf, count, dtype, op, total, off);
+    default: return _ddp_ring_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op, total, off);
+    }
 }
 
 /* Argument checks, shared by the blocking and async entry points. */
@@ -2270,7 +2518,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
                      o->send == o->recv ? "in place" : "out of place");
             r = c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
         } else {
-            r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op);
+            r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
         }
         break;
     case _DDP_KIND_REDUCE_SCATTER:
@@ -2310,7 +2558,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
             r = c->coll->barrier(c->coll_state);
         } else {
             _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->eng.seq + 1);
-            r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX);
+            r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX, 0, 0);
         }
         break;
     default:   /* reduce, gather, scatter, all_to_all made async */
@@ -2639,6 +2887,24 @@ DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recv
                                                  const ddp_async_hooks_t *hooks, ddp_request_t *req) {
     _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
     if (hooks) o.hooks = *hooks;
+    return _ddp_async(c, o, "all_reduce_async_hooked", req);
+}
+
+/* The reducer's buckets of a flat gradient buffer: elements [v_off, v_off + count) of a buffer
+ * of v_total, all-reduced so that every element gets the additions of one all-reduce of the
+ * whole (same algorithm, same chunks): the flat reducer's result is the flat all-reduce's, bit
+ * for bit. */
+_DDP_PRIVATE ddp_result_t _ddp_all_reduce_async_part(const void *sendbuf, void *recvbuf, size_t count,
+                                                     ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
+                                                     const ddp_async_hooks_t *hooks, ddp_request_t *req,
+                                                     size_t v_total, size_t v_off) {
+    _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    if (hooks) o.hooks = *hooks;
+    if (v_total < count || v_off > v_total - count)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "all_reduce: part [%zu, %zu) outside a buffer "
+                             "of %zu elements", v_off, v_off + count, v_total);
+    o.v_total = v_total;
+    o.v_off = v_off;
     return _ddp_async(c, o, "all_reduce_async_hooked", req);
 }
 

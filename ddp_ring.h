@@ -72,12 +72,40 @@
 enum { _DDP_RING_AR = _DDP_KIND_ALL_REDUCE, _DDP_RING_RS = _DDP_KIND_REDUCE_SCATTER,
        _DDP_RING_AG = _DDP_KIND_ALL_GATHER, _DDP_RING_BCAST = _DDP_KIND_BROADCAST };
 
+/* A set of ranks an algorithm runs over: member i is rank ranks[i] (ranks NULL: rank i, the
+ * whole communicator); me is this rank's member number. The hierarchical all-reduce runs the
+ * ring over the ranks of one host, then over one rank per host. */
+typedef struct { int n, me; const int *ranks; } _ddp_group_t;
+static inline int _ddp_group_rank(const _ddp_group_t *gr, int i) { return gr->ranks ? gr->ranks[i] : i; }
+static inline _ddp_group_t _ddp_group_world(const _ddp_engine_t *e) {
+    _ddp_group_t gr;
+    gr.n = e->nranks; gr.me = e->rank; gr.ranks = NULL;
+    return gr;
+}
+
+/* Chunk geometry: chunk ch (of p) covers elements [start(ch), start(ch + 1)) of a "virtual" buffer
+ * of geo_total elements cut into geo_parts near-equal parts (chunks ch >= geo_parts are empty),
+ * seen through the window [geo_off, geo_off + count) that this call's buffers hold. The plain
+ * collectives use the whole buffer cut in p; the hierarchical all-reduce cuts a host's buffer in
+ * as many slices as the smallest host has ranks; a bucket of a flat gradient buffer (the
+ * reducer) is a window of that buffer, so each element meets the same chunk, hence the same
+ * order of additions, as in one all-reduce of the whole flat buffer. */
+static inline size_t _ddp_geo_start(size_t total, int parts, size_t ch) {
+    size_t base = total / (size_t)parts, rem = total % (size_t)parts;
+    return ch >= (size_t)parts ? total : ch * base + (ch < rem ? ch : rem);
+}
+
 typedef struct {
     _ddp_engine_t *e;
     int kind, p, r, next, prev, shift, nsteps, root;
+    int t0;             /* the first step run: the hierarchical all-reduce runs an all-reduce's
+                         * reduce-scatter half (t0 = 0, p - 1 steps) and later its all-gather
+                         * half (t0 = p - 1) */
     const unsigned char *send;
     unsigned char *recv;
-    size_t es, chunk_base, chunk_rem, seg_elems, nseg, group;
+    size_t count, geo_total, geo_off;
+    int geo_parts;
+    size_t es, own_off, seg_elems, nseg, group;
     ddp_dtype_t dtype;
     ddp_op_t op;
     uint64_t tag;
@@ -94,20 +122,31 @@ static inline size_t _ddp_ring_mod(const _ddp_ring_t *g, long v) {
     return (size_t)(m < 0 ? m + g->p : m);
 }
 
-/* Item number -> (step, segment); *gsize = segments in its group. */
+/* Item number -> (step, segment); *gsize = segments in its group. The step is the
+ * algorithm's (t0 added): only the dependency on the previous item looks at the item's own. */
 static inline void _ddp_ring_item(const _ddp_ring_t *g, size_t i, int *t, size_t *k, size_t *gsize) {
     size_t per = g->group * (size_t)g->nsteps, b = i / per, rem = i % per;
     size_t gs = (b + 1) * g->group <= g->nseg ? g->group : g->nseg - b * g->group;
-    *t = (int)(rem / gs);
+    *t = (int)(rem / gs) + g->t0;
     *k = b * g->group + rem % gs;
     *gsize = gs;
 }
 
+/* Elements [*coff, *coff + *clen) of this call's buffer that chunk ch covers. */
+static inline void _ddp_ring_chunk(const _ddp_ring_t *g, size_t ch, size_t *coff, size_t *clen) {
+    size_t a = _ddp_geo_start(g->geo_total, g->geo_parts, ch);
+    size_t b = _ddp_geo_start(g->geo_total, g->geo_parts, ch + 1);
+    const size_t lo = g->geo_off, hi = g->geo_off + g->count;
+    if (a < lo) a = lo;
+    if (b > hi) b = hi;
+    *coff = b > a ? a - lo : 0;
+    *clen = b > a ? b - a : 0;
+}
+
 /* Elements [*off, *off + *len) of the whole buffer that segment k of chunk ch covers. */
 static inline void _ddp_ring_seg(const _ddp_ring_t *g, size_t ch, size_t k, size_t *off, size_t *len) {
-    size_t clen = g->chunk_base + (ch < g->chunk_rem ? 1 : 0);
-    size_t coff = ch * g->chunk_base + (ch < g->chunk_rem ? ch : g->chunk_rem);
-    size_t s = k * g->seg_elems;
+    size_t clen, coff, s = k * g->seg_elems;
+    _ddp_ring_chunk(g, ch, &coff, &clen);
     *off = coff + (s < clen ? s : clen);
     *len = s < clen ? (clen - s < g->seg_elems ? clen - s : g->seg_elems) : 0;
 }
@@ -122,7 +161,7 @@ _DDP_PRIVATE void _ddp_ring_where(const _ddp_ring_t *g, size_t item, char *out, 
     const char *phase;
     _ddp_ring_item(g, item, &t, &k, &gs);
     phase = g->kind == _DDP_RING_BCAST ? "chain" : _ddp_ring_reduces(g, t) ? "reduce-scatter" : "all-gather";
-    step = (g->kind == _DDP_RING_AR && t >= g->p - 1) ? t - (g->p - 1) : t;
+    step = (g->kind == _DDP_RING_AR && t >= g->p - 1) ? t - (g->p - 1) : t;   /* t0 included */
     steps = g->kind == _DDP_RING_BCAST ? 1 : g->p - 1;
     snprintf(out, cap, "%s #%u, phase %s step %d/%d, segment %zu/%zu", _ddp_kind_name(g->kind),
              (unsigned)(g->tag & 0xffffffffu), phase, step + 1, steps, k + 1, g->nseg);
@@ -204,21 +243,21 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
             _ddp_ring_op_t *o = &sq[ns % W];
             _ddp_ring_item(g, ns, &t, &k, &gs);
             if (bcast && pos != 0) { if (dr <= ns) break; }       /* forward what arrived */
-            else if (t > 0 && dr <= ns - gs) break;               /* needs recv (t - 1, k) */
+            else if (t > g->t0 && dr <= ns - gs) break;           /* needs recv (t - 1, k) */
             ch = bcast ? 0 : _ddp_ring_mod(g, (long)g->r - t + g->shift);
             _ddp_ring_seg(g, ch, k, &off, &len);
             o->item = ns;
             o->req = NULL;
             o->slot = -1;
-            if (g->kind == _DDP_RING_RS && t > 0) {
+            if (g->kind == _DDP_RING_RS && t > g->t0) {
                 if (len) {
                     o->slot = parked[park_head++ % W];            /* the partial sum */
                     src = e->scratch + (size_t)o->slot * e->segment_bytes;
                 } else {
                     src = NULL;
                 }
-            } else if (t == 0 && !(bcast && pos != 0)) {
-                src = g->kind == _DDP_RING_AG ? g->send + (off - (size_t)g->r * g->chunk_base) * g->es
+            } else if (t == g->t0 && !(bcast && pos != 0)) {
+                src = g->kind == _DDP_RING_AG ? g->send + (off - g->own_off) * g->es
                                               : g->send + off * g->es;
             } else {
                 src = g->recv + off * g->es;
@@ -257,7 +296,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
                 if (g->kind == _DDP_RING_AR || t == g->p - 2) {
                     /* All-reduce accumulates in recvbuf; reduce-scatter's last step is our chunk. */
                     unsigned char *dst = g->kind == _DDP_RING_AR ? g->recv + off * g->es
-                                       : g->recv + (off - (size_t)g->r * g->chunk_base) * g->es;
+                                       : g->recv + (off - g->own_off) * g->es;
                     ddp_reduce_local(dst, scr, g->send + off * g->es, len, g->dtype, g->op);
                     if (t == g->p - 2 && g->op == DDP_AVG) ddp_divide_local(dst, len, g->dtype, g->p);
                     free_slots[nfree++] = o->slot;
@@ -303,37 +342,56 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_run(_ddp_ring_t *g) {
     return DDP_SUCCESS;
 }
 
-_DDP_PRIVATE void _ddp_ring_setup(_ddp_ring_t *g, _ddp_engine_t *e, int kind, const void *send, void *recv,
-                            ddp_dtype_t dtype, ddp_op_t op, size_t count, int root) {
+/* The ring over the members of gr, with this tag (the caller's _ddp_eng_tag: one per collective,
+ * whatever its phases). */
+_DDP_PRIVATE void _ddp_ring_setup_in(_ddp_ring_t *g, _ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
+                                     int kind, const void *send, void *recv, ddp_dtype_t dtype, ddp_op_t op,
+                                     int root) {
     memset(g, 0, sizeof *g);
     g->e = e;
     g->kind = kind;
-    g->p = e->nranks;
-    g->r = e->rank;
-    g->next = (e->rank + 1) % e->nranks;
-    g->prev = (e->rank + e->nranks - 1) % e->nranks;
+    g->p = gr->n;
+    g->r = gr->me;
+    g->next = _ddp_group_rank(gr, (gr->me + 1) % gr->n);
+    g->prev = _ddp_group_rank(gr, (gr->me + gr->n - 1) % gr->n);
     g->send = (const unsigned char *)send;
     g->recv = (unsigned char *)recv;
     g->dtype = dtype;
     g->op = op;
     g->es = ddp_dtype_size(dtype);
     g->root = root;
-    g->tag = _ddp_eng_tag(e, kind, dtype, op, count, root);
+    g->tag = tag;
 }
 
-/* Chunk geometry and segment size. A chunk is cut into at least _DDP_RING_MIN_SEGS segments when
- * that keeps them >= 64 KiB, so that mid-size messages pipeline too (a chunk sent as one segment
- * cannot be forwarded before it has fully arrived); never above DDP_SEGMENT_BYTES, the scratch
- * slot size. Every rank derives the same numbers from (count, dtype, p, DDP_SEGMENT_BYTES). */
+_DDP_PRIVATE void _ddp_ring_setup(_ddp_ring_t *g, _ddp_engine_t *e, int kind, const void *send, void *recv,
+                            ddp_dtype_t dtype, ddp_op_t op, size_t count, int root) {
+    _ddp_group_t world = _ddp_group_world(e);
+    _ddp_ring_setup_in(g, e, &world, _ddp_eng_tag(e, kind, dtype, op, count, root), kind, send, recv,
+                       dtype, op, root);
+}
+
+/* Chunk geometry (see _ddp_geo_start) and segment size. A chunk is cut into at least
+ * _DDP_RING_MIN_SEGS segments when that keeps them >= 64 KiB, so that mid-size messages pipeline
+ * too (a chunk sent as one segment cannot be forwarded before it has fully arrived); never above
+ * DDP_SEGMENT_BYTES, the scratch slot size. Every rank derives the same numbers from (count,
+ * geometry, dtype, p, DDP_SEGMENT_BYTES). */
 #define _DDP_RING_MIN_SEGS 4
 #define _DDP_RING_MIN_SEG_BYTES (64u << 10)
-_DDP_PRIVATE void _ddp_ring_plan(_ddp_ring_t *g, size_t chunk_base, size_t chunk_rem, size_t group) {
-    size_t maxc = chunk_base + (chunk_rem ? 1 : 0), cap = g->e->segment_bytes;
-    size_t want = (maxc * g->es / _DDP_RING_MIN_SEGS + 4095) & ~(size_t)4095;
-    size_t lo = _DDP_RING_MIN_SEG_BYTES < cap ? _DDP_RING_MIN_SEG_BYTES : cap;
-    size_t seg = want < lo ? lo : want > cap ? cap : want;
-    g->chunk_base = chunk_base;
-    g->chunk_rem = chunk_rem;
+_DDP_PRIVATE void _ddp_ring_plan(_ddp_ring_t *g, size_t count, size_t geo_total, size_t geo_off, int geo_parts,
+                                 size_t group) {
+    size_t maxc = 0, cap = g->e->segment_bytes, want, lo, seg, ch, coff, clen;
+    g->count = count;
+    g->geo_total = geo_total;
+    g->geo_off = geo_off;
+    g->geo_parts = geo_parts;
+    for (ch = 0; ch < (size_t)g->p; ch++) {
+        _ddp_ring_chunk(g, ch, &coff, &clen);
+        if (clen > maxc) maxc = clen;
+        if (ch == (size_t)g->r) g->own_off = coff;
+    }
+    want = (maxc * g->es / _DDP_RING_MIN_SEGS + 4095) & ~(size_t)4095;
+    lo = _DDP_RING_MIN_SEG_BYTES < cap ? _DDP_RING_MIN_SEG_BYTES : cap;
+    seg = want < lo ? lo : want > cap ? cap : want;
     g->seg_elems = seg / g->es;
     /* Number of segments of the largest chunk (empty segments of smaller chunks are skipped on
      * both sides, which compute the same geometry). */
@@ -341,18 +399,35 @@ _DDP_PRIVATE void _ddp_ring_plan(_ddp_ring_t *g, size_t chunk_base, size_t chunk
     g->group = group ? group : (g->nseg ? g->nseg : 1);
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_ring_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
-                                         size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+/* All-reduce over the members of gr, steps [t0, t0 + nsteps) of the 2(p - 1): the whole of it, or
+ * one half for the hierarchical all-reduce. The buffers hold elements [geo_off, geo_off + count)
+ * of a virtual buffer of geo_total cut into geo_parts chunks. */
+_DDP_PRIVATE ddp_result_t _ddp_ring_all_reduce_in(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
+                                                  const void *sendbuf, void *recvbuf, size_t count,
+                                                  ddp_dtype_t dtype, ddp_op_t op, size_t geo_total,
+                                                  size_t geo_off, int geo_parts, int t0, int nsteps) {
     _ddp_ring_t g;
-    _ddp_ring_setup(&g, e, _DDP_RING_AR, sendbuf, recvbuf, dtype, op, count, 0);
-    if (e->nranks == 1) {
+    _ddp_ring_setup_in(&g, e, gr, tag, _DDP_RING_AR, sendbuf, recvbuf, dtype, op, 0);
+    if (gr->n == 1 || !nsteps) {
         if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * g.es);
         return DDP_SUCCESS;
     }
     g.shift = -1;
-    g.nsteps = 2 * (g.p - 1);
-    _ddp_ring_plan(&g, count / (size_t)g.p, count % (size_t)g.p, 0);
+    g.t0 = t0;
+    g.nsteps = nsteps;
+    _ddp_ring_plan(&g, count, geo_total, geo_off, geo_parts, 0);
     return _ddp_ring_run(&g);
+}
+
+/* The buffers hold elements [geo_off, geo_off + count) of a virtual buffer of geo_total (count
+ * and 0: the buffer is the whole). */
+_DDP_PRIVATE ddp_result_t _ddp_ring_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
+                                         size_t count, ddp_dtype_t dtype, ddp_op_t op, size_t geo_total,
+                                         size_t geo_off) {
+    _ddp_group_t world = _ddp_group_world(e);
+    uint64_t tag = _ddp_eng_tag(e, _DDP_RING_AR, dtype, op, count, 0);
+    return _ddp_ring_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op, geo_total, geo_off,
+                                   e->nranks, 0, 2 * (e->nranks - 1));
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_ring_reduce_scatter(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
@@ -365,7 +440,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_reduce_scatter(_ddp_engine_t *e, const void 
     }
     g.shift = -1;
     g.nsteps = g.p - 1;
-    _ddp_ring_plan(&g, recvcount, 0, DDP_RING_WINDOW / 2);
+    _ddp_ring_plan(&g, recvcount * (size_t)g.p, recvcount * (size_t)g.p, 0, g.p, DDP_RING_WINDOW / 2);
     return _ddp_ring_run(&g);
 }
 
@@ -379,7 +454,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_all_gather(_ddp_engine_t *e, const void *sen
     if (e->nranks == 1) return DDP_SUCCESS;
     g.shift = 0;
     g.nsteps = g.p - 1;
-    _ddp_ring_plan(&g, sendcount, 0, 0);
+    _ddp_ring_plan(&g, sendcount * (size_t)g.p, sendcount * (size_t)g.p, 0, g.p, 0);
     return _ddp_ring_run(&g);
 }
 
@@ -390,7 +465,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_broadcast(_ddp_engine_t *e, const void *send
     if (e->rank == root && count && sendbuf != recvbuf) memmove(recvbuf, sendbuf, count * g.es);
     if (e->nranks == 1) return DDP_SUCCESS;
     g.nsteps = 1;
-    _ddp_ring_plan(&g, count, 0, 0);   /* one chunk: the whole buffer */
+    _ddp_ring_plan(&g, count, count, 0, 1, 0);   /* one chunk: the whole buffer */
     /* The chain forwards from recvbuf: the root's copy is already there. */
     g.send = g.recv;
     return _ddp_ring_run(&g);
@@ -453,11 +528,12 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_wait(_ddp_engine_t *e, const int *peers, void
 
 _DDP_PRIVATE int _ddp_log2(int v) { int k = 0; while ((1 << k) < v) k++; return k; }
 
-_DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
-                                       size_t count, ddp_dtype_t dtype, ddp_op_t op) {
-    const int p = e->nranks, r = e->rank;
+/* Over the members of gr (member numbers in the algorithm, ranks on the wire). */
+_DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
+                                                const void *sendbuf, void *recvbuf, size_t count,
+                                                ddp_dtype_t dtype, ddp_op_t op) {
+    const int p = gr->n, r = gr->me;
     const size_t bytes = count * ddp_dtype_size(dtype);
-    const uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_RECURSIVE_DOUBLING, dtype, op, count, 0);
     unsigned char *buf = (unsigned char *)recvbuf, *tmp = e->scratch;
     int p2 = 1, extra, mask, peers[2];
     void *reqs[2];
@@ -470,20 +546,20 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendb
     w.seq = (unsigned)(tag & 0xffffffffu);
     w.step = w.steps = 0;
     w.stage = r >= p2 ? "fold into" : "fold from";
-    w.partner = r >= p2 ? r - p2 : r + p2;
+    w.partner = _ddp_group_rank(gr, r >= p2 ? r - p2 : r < extra ? r + p2 : r);
     if (r >= p2) {          /* folded: give our data to r - p2, get the result back */
-        peers[0] = peers[1] = r - p2;
+        peers[0] = peers[1] = _ddp_group_rank(gr, r - p2);
         reqs[1] = NULL;
-        if ((rc = e->isend(e->host, r - p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+        if ((rc = e->isend(e->host, peers[0], buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 1, &w)) != DDP_SUCCESS ||
-            (rc = e->irecv(e->host, r - p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+            (rc = e->irecv(e->host, peers[0], buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return rc;
         return DDP_SUCCESS;
     }
     if (r < extra) {
-        peers[0] = r + p2;
-        if ((rc = e->irecv(e->host, r + p2, tmp, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+        peers[0] = _ddp_group_rank(gr, r + p2);
+        if ((rc = e->irecv(e->host, peers[0], tmp, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return rc;
         ddp_reduce_local(buf, buf, tmp, count, dtype, op);
@@ -493,10 +569,10 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendb
         while ((1 << step) < mask) step++;
         w.step = step + 1;
         w.steps = _ddp_log2(p2);
-        w.partner = partner;
-        peers[0] = peers[1] = partner;
-        if ((rc = e->irecv(e->host, partner, tmp, bytes, tag, &reqs[1])) != DDP_SUCCESS ||
-            (rc = e->isend(e->host, partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+        w.partner = _ddp_group_rank(gr, partner);
+        peers[0] = peers[1] = w.partner;
+        if ((rc = e->irecv(e->host, w.partner, tmp, bytes, tag, &reqs[1])) != DDP_SUCCESS ||
+            (rc = e->isend(e->host, w.partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 2, &w)) != DDP_SUCCESS)
             return rc;
         if (r < partner) ddp_reduce_local(buf, buf, tmp, count, dtype, op);
@@ -505,14 +581,21 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendb
     if (op == DDP_AVG) ddp_divide_local(buf, count, dtype, p);
     w.steps = 0;
     w.stage = "result to";
-    w.partner = r + p2;
+    w.partner = _ddp_group_rank(gr, r < extra ? r + p2 : r);
     if (r < extra) {
-        peers[0] = r + p2;
-        if ((rc = e->isend(e->host, r + p2, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
+        peers[0] = w.partner;
+        if ((rc = e->isend(e->host, w.partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return rc;
     }
     return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
+                                       size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    _ddp_group_t world = _ddp_group_world(e);
+    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_RECURSIVE_DOUBLING, dtype, op, count, 0);
+    return _ddp_rd_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op);
 }
 
 /* ---------------------------------------------------------------- reduce, gather, scatter,
@@ -631,6 +714,215 @@ _DDP_PRIVATE ddp_result_t _ddp_x_connect(const _ddp_x_t *x, const int *list, int
         return _ddp_x_fail(x->e, r, where);
     }
     return DDP_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- Rabenseifner
+ * For messages too big for recursive doubling's whole-buffer exchanges and too small for the
+ * ring's 2(p - 1) steps: a reduce-scatter by recursive halving, then an all-gather by recursive
+ * doubling (R. Rabenseifner, "Optimization of collective reduction operations", ICCS 2004;
+ * Thakur, Rabenseifner & Gropp 2005): 2 log2 p steps, each rank sending 2(p - 1)/p of the
+ * buffer, as the ring does. Extra members of a non-power-of-two group fold in first and get the
+ * result back, as in recursive doubling. Step i pairs member r with r ^ 2^i (i = 0, 1, ...); the
+ * two hold the same range, keep one half each (the lower member the lower half) and combine
+ * (lower member's data, higher member's): the additions of recursive doubling, in its order, so
+ * the two algorithms give the same bits, and a bucket of a flat buffer gets the bits of the whole
+ * (nothing depends on where the halves fall). Messages move in pieces of a scratch slot,
+ * DDP_RING_WINDOW of them per direction at a time. */
+#define _DDP_TAG_RABENSEIFNER 0x200
+
+typedef struct { int step, steps, partner; const char *stage; } _ddp_rab_where_t;
+
+/* Sends sn elements from sbuf to peer while receiving rn from it into rbuf: straight in
+ * (reduce 0), or through the scratch and combined into rbuf (lower: ours first). */
+_DDP_PRIVATE ddp_result_t _ddp_rab_xchg(const _ddp_x_t *x, int peer, const unsigned char *sbuf, size_t sn,
+                                        unsigned char *rbuf, size_t rn, int reduce, int lower,
+                                        ddp_dtype_t dtype, ddp_op_t op, uint64_t tag, const char *phase) {
+    _ddp_engine_t *e = x->e;
+    const size_t es = ddp_dtype_size(dtype), pe = e->segment_bytes / es ? e->segment_bytes / es : 1;
+    _ddp_xop_t ops[2 * DDP_RING_WINDOW];
+    size_t so = 0, ro = 0;
+    ddp_result_t r;
+    while (so < sn || ro < rn) {
+        size_t roff[DDP_RING_WINDOW], rlen[DDP_RING_WINDOW];
+        int n = 0, nrecv = 0, i;
+        for (i = 0; i < DDP_RING_WINDOW && ro < rn; i++, nrecv++) {
+            roff[i] = ro;
+            rlen[i] = rn - ro < pe ? rn - ro : pe;
+            r = _ddp_x_post(x, &ops[n++], peer, 0, reduce ? e->scratch + (size_t)i * e->segment_bytes
+                                                          : rbuf + ro * es, rlen[i] * es, tag, phase);
+            if (r != DDP_SUCCESS) return r;
+            ro += rlen[i];
+        }
+        for (i = 0; i < DDP_RING_WINDOW && so < sn; i++) {
+            size_t len = sn - so < pe ? sn - so : pe;
+            if ((r = _ddp_x_post(x, &ops[n++], peer, 1, sbuf + so * es, len * es, tag, phase)) != DDP_SUCCESS)
+                return r;
+            so += len;
+        }
+        if ((r = _ddp_x_waitall(x, ops, n, phase)) != DDP_SUCCESS) return r;
+        for (i = 0; reduce && i < nrecv; i++) {
+            unsigned char *acc = rbuf + roff[i] * es;
+            const unsigned char *in = e->scratch + (size_t)i * e->segment_bytes;
+            if (lower) ddp_reduce_local(acc, acc, in, rlen[i], dtype, op);
+            else ddp_reduce_local(acc, in, acc, rlen[i], dtype, op);
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rab_all_reduce_in(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
+                                                 const void *sendbuf, void *recvbuf, size_t count,
+                                                 ddp_dtype_t dtype, ddp_op_t op) {
+    const int p = gr->n, r = gr->me;
+    const size_t es = ddp_dtype_size(dtype);
+    unsigned char *buf = (unsigned char *)recvbuf;
+    size_t lo = 0, hi = count, los[32], his[32];
+    int p2 = 1, extra, mask, level = 0, nlist = 0, list[34];
+    char phase[96];
+    _ddp_x_t x;
+    ddp_result_t rc;
+    _ddp_x_setup(&x, e, "all_reduce", "rabenseifner", tag);
+    if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * es);
+    if (p == 1 || !count) return DDP_SUCCESS;
+    while (p2 * 2 <= p) p2 *= 2;
+    extra = p - p2;
+    if (r >= p2) list[nlist++] = _ddp_group_rank(gr, r - p2);
+    else {
+        if (r < extra) list[nlist++] = _ddp_group_rank(gr, r + p2);
+        for (mask = 1; mask < p2; mask <<= 1) list[nlist++] = _ddp_group_rank(gr, r ^ mask);
+    }
+    if ((rc = _ddp_x_connect(&x, list, nlist)) != DDP_SUCCESS) return rc;
+    if (r >= p2) {          /* folded: our data to r - p2, the result back */
+        snprintf(phase, sizeof phase, "phase fold into rank %d", list[0]);
+        if ((rc = _ddp_rab_xchg(&x, list[0], buf, count, NULL, 0, 0, 0, dtype, op, tag, phase)) != DDP_SUCCESS)
+            return rc;
+        snprintf(phase, sizeof phase, "phase result from rank %d", list[0]);
+        return _ddp_rab_xchg(&x, list[0], NULL, 0, buf, count, 0, 0, dtype, op, tag, phase);
+    }
+    if (r < extra) {
+        snprintf(phase, sizeof phase, "phase fold from rank %d", list[0]);
+        if ((rc = _ddp_rab_xchg(&x, list[0], NULL, 0, buf, count, 1, 1, dtype, op, tag, phase)) != DDP_SUCCESS)
+            return rc;
+    }
+    for (mask = 1; mask < p2; mask <<= 1, level++) {     /* recursive halving */
+        const int partner = r ^ mask, peer = _ddp_group_rank(gr, partner);
+        const size_t mid = lo + (hi - lo) / 2;
+        const int keep_low = r < partner;
+        los[level] = lo; his[level] = hi;
+        snprintf(phase, sizeof phase, "reduce-scatter step %d/%d with rank %d", level + 1, _ddp_log2(p2), peer);
+        rc = _ddp_rab_xchg(&x, peer, buf + (keep_low ? mid : lo) * es, keep_low ? hi - mid : mid - lo,
+                           buf + (keep_low ? lo : mid) * es, keep_low ? mid - lo : hi - mid, 1, keep_low,
+                           dtype, op, tag, phase);
+        if (rc != DDP_SUCCESS) return rc;
+        if (keep_low) hi = mid; else lo = mid;
+    }
+    if (op == DDP_AVG && hi > lo) ddp_divide_local(buf + lo * es, hi - lo, dtype, p);
+    for (mask = p2 >> 1; mask >= 1; mask >>= 1) {         /* recursive doubling, in reverse */
+        const int partner = r ^ mask, peer = _ddp_group_rank(gr, partner);
+        const size_t plo = los[--level], phi = his[level];
+        const size_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo;   /* the partner's half */
+        snprintf(phase, sizeof phase, "all-gather step %d/%d with rank %d", _ddp_log2(p2) - level,
+                 _ddp_log2(p2), peer);
+        rc = _ddp_rab_xchg(&x, peer, buf + lo * es, hi - lo, buf + olo * es, ohi - olo, 0, 0, dtype, op,
+                           tag, phase);
+        if (rc != DDP_SUCCESS) return rc;
+        lo = plo; hi = phi;
+    }
+    if (r < extra) {
+        snprintf(phase, sizeof phase, "phase result to rank %d", list[0]);
+        return _ddp_rab_xchg(&x, list[0], buf, count, NULL, 0, 0, 0, dtype, op, tag, phase);
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rab_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
+                                              size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    _ddp_group_t world = _ddp_group_world(e);
+    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_RABENSEIFNER, dtype, op, count, 0);
+    return _ddp_rab_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op);
+}
+
+/* ---------------------------------------------------------------- hierarchical all-reduce
+ * Many ranks on few hosts: a flat ring pays 2(p - 1) network latencies and drives each host's
+ * link with one stream. The two-level scheme of NCCL's trees/rings over nodes and Horovod's
+ * hierarchical all-reduce instead: (1) reduce-scatter inside each host (the ring over its
+ * ranks, shared memory) into L slices, L = the fewest ranks any host has; (2) the ranks with
+ * local number i < L, one per host, all-reduce slice i across the hosts (ring, recursive doubling
+ * or Rabenseifner), L of these at once, so every host's link carries L streams; (3) all-gather
+ * inside each host. A host with more than L ranks: its ranks >= L own empty slices and only
+ * forward inside the host. Each element is reduced in one fixed order (host ring, then across)
+ * and then copied, so every rank gets the same bits, run after run. AVG sums, then divides once
+ * by the world size where the slice is complete. The buffer may be a window of a virtual one
+ * (the reducer's flat buffers): slices and the ring's chunks are cut in the virtual buffer. */
+#define _DDP_TAG_HIER 0x400
+
+typedef struct {
+    _ddp_group_t local;   /* this host's ranks, in rank order */
+    _ddp_group_t inter;   /* the ranks with our local number, one per host in host order (if < slices) */
+    int slices;           /* fewest ranks on any host */
+    int nhosts, nranks;
+} _ddp_hier_t;
+
+enum { _DDP_INTER_RING, _DDP_INTER_RD, _DDP_INTER_RAB };
+
+_DDP_PRIVATE ddp_result_t _ddp_hier_all_reduce(_ddp_engine_t *e, const _ddp_hier_t *h, int inter,
+                                               const void *sendbuf, void *recvbuf, size_t count,
+                                               ddp_dtype_t dtype, ddp_op_t op, size_t v_total, size_t v_off) {
+    const uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_HIER | (inter << 12), dtype, op, count, 0);
+    const ddp_op_t sop = op == DDP_AVG ? DDP_SUM : op;
+    const int nl = h->local.n, L = h->slices;
+    const size_t es = ddp_dtype_size(dtype);
+    unsigned char *buf = (unsigned char *)recvbuf;
+    ddp_result_t r;
+    {   /* neighbours inside the host and partners across, connected on first use (both sides) */
+        int list[2 + 34], n = 0, mask, p2 = 1;
+        _ddp_x_t x;
+        _ddp_x_setup(&x, e, "all_reduce", "hierarchical", tag);
+        if (nl > 1) {
+            list[n++] = _ddp_group_rank(&h->local, (h->local.me + 1) % nl);
+            list[n++] = _ddp_group_rank(&h->local, (h->local.me + nl - 1) % nl);
+        }
+        if (h->local.me < L && h->inter.n > 1) {
+            const int hn = h->inter.n, me = h->inter.me;
+            list[n++] = _ddp_group_rank(&h->inter, (me + 1) % hn);
+            list[n++] = _ddp_group_rank(&h->inter, (me + hn - 1) % hn);
+            if (inter != _DDP_INTER_RING) {
+                while (p2 * 2 <= hn) p2 *= 2;
+                if (me >= p2) list[n++] = _ddp_group_rank(&h->inter, me - p2);
+                else {
+                    if (me + p2 < hn) list[n++] = _ddp_group_rank(&h->inter, me + p2);
+                    for (mask = 1; mask < p2; mask <<= 1) list[n++] = _ddp_group_rank(&h->inter, me ^ mask);
+                }
+            }
+        }
+        if (n && (r = _ddp_x_connect(&x, list, n)) != DDP_SUCCESS) return r;
+    }
+    /* (1) reduce-scatter inside the host: slice i ends on local rank i */
+    r = _ddp_ring_all_reduce_in(e, &h->local, tag ^ (1ull << 56), sendbuf, recvbuf, count, dtype, sop,
+                                v_total, v_off, L, 0, nl - 1);
+    if (r != DDP_SUCCESS) return r;
+    /* (2) slice i across the hosts: the part of it this window holds */
+    if (h->local.me < L) {
+        const size_t a = _ddp_geo_start(v_total, L, (size_t)h->local.me);
+        const size_t b = _ddp_geo_start(v_total, L, (size_t)h->local.me + 1);
+        const size_t wa = a > v_off ? a : v_off, wb = b < v_off + count ? b : v_off + count;
+        if (wb > wa) {
+            unsigned char *s = buf + (wa - v_off) * es;
+            const size_t n = wb - wa;
+            const uint64_t t2 = tag ^ (2ull << 56);
+            if (h->inter.n > 1) {
+                r = inter == _DDP_INTER_RD ? _ddp_rd_all_reduce_in(e, &h->inter, t2, s, s, n, dtype, sop)
+                  : inter == _DDP_INTER_RAB ? _ddp_rab_all_reduce_in(e, &h->inter, t2, s, s, n, dtype, sop)
+                  : _ddp_ring_all_reduce_in(e, &h->inter, t2, s, s, n, dtype, sop, b - a, wa - a, h->inter.n,
+                                            0, 2 * (h->inter.n - 1));
+                if (r != DDP_SUCCESS) return r;
+            }
+            if (op == DDP_AVG) ddp_divide_local(s, n, dtype, h->nranks);
+        }
+    }
+    /* (3) all-gather inside the host */
+    return _ddp_ring_all_reduce_in(e, &h->local, tag ^ (3ull << 56), recvbuf, recvbuf, count, dtype, sop,
+                                   v_total, v_off, L, nl - 1, nl - 1);
 }
 
 _DDP_PRIVATE int _ddp_pow2_ceil(int v) { int k = 1; while (k < v) k <<= 1; return k; }

@@ -36,9 +36,10 @@
  *   all-reduce, small   each rank copies its data to its staging buffer and publishes it; every
  *                       rank reduces all p buffers in rank order (one synchronisation).
  *   all-reduce, large   per chunk: copy in and publish; rank r reduces slice r of the chunk
- *                       from every staging buffer and publishes the result in place; every rank
- *                       copies the p slices out (two synchronisations per chunk). Each element
- *                       is reduced by one rank only, so all ranks get the same bits.
+ *                       from every staging buffer, in rank order, and publishes the result in
+ *                       place; every rank copies the p slices out (two synchronisations per
+ *                       chunk). Each element is reduced by one rank only, so all ranks get the
+ *                       same bits.
  *   reduce-scatter      per chunk: publish the blocks the others own; reduce your own block.
  *   all-gather          per chunk: publish your block; copy everyone's.
  *   broadcast           per chunk: the root publishes; everyone copies.
@@ -1232,14 +1233,17 @@ static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *
             if ((r = _ddp_shm_wait_all(sp, &sig, "copy-in", ci, nchunks)) != DDP_SUCCESS) return r;
             t0 -= _ddp_now_ns() - t1;                /* the wait does not count */
             if (hi > lo) {
+                /* In rank order (our own slice straight from sendbuf), as the small path: every
+                 * element gets the same additions wherever the chunks and slices fall, so a
+                 * bucket of a flat buffer gets the bits of an all-reduce of the whole. */
                 unsigned char *acc = mine + lo * es;
-                const unsigned char *in = src + (off + lo) * es;
-                for (q = 0; q < p; q++) {
-                    if (q == me) continue;
-                    ddp_reduce_local(acc, in, _ddp_shm_peer_stage(sp, q, sp->nchunk) + lo * es,
+                const unsigned char *own = src + (off + lo) * es;
+                ddp_reduce_local(acc, me == 0 ? own : _ddp_shm_peer_stage(sp, 0, sp->nchunk) + lo * es,
+                                 me == 1 ? own : _ddp_shm_peer_stage(sp, 1, sp->nchunk) + lo * es,
+                                 hi - lo, dtype, op);
+                for (q = 2; q < p; q++)
+                    ddp_reduce_local(acc, acc, q == me ? own : _ddp_shm_peer_stage(sp, q, sp->nchunk) + lo * es,
                                      hi - lo, dtype, op);
-                    in = acc;
-                }
                 if (op == DDP_AVG) ddp_divide_local(acc, hi - lo, dtype, p);
             }
             if (way >= 0) _ddp_shm_copyin_learn(sp, way, _ddp_now_ns() - t0, n * es);
