@@ -851,9 +851,17 @@ _DDP_PRIVATE void _ddp_reducer_launch(ddp_reducer_t *r, int b) {
         hooks.before = _ddp_reducer_before;
         hooks.after = _ddp_reducer_after;
         hooks.arg = bk;
-        e = ddp_all_reduce_async_hooked(data, data, bk->count,
-                                        bk->half ? (bf ? DDP_BFLOAT16 : DDP_FLOAT16) : bk->dtype,
-                                        bk->half ? DDP_SUM : DDP_AVG, r->comm, &hooks, &bk->req);
+        const size_t es = ddp_dtype_size(bk->dtype);
+        const size_t at = r->flat ? (size_t)((unsigned char *)bk->buf - r->flat) : 0;
+        if (r->flat && !bk->half && r->d.flat_bytes % es == 0 && at % es == 0)
+            /* A view of the flat buffer: cut as one all-reduce of the whole would be, so the
+             * result is that all-reduce's, bit for bit, whatever the bucket boundaries. */
+            e = _ddp_all_reduce_async_part(data, data, bk->count, bk->dtype, DDP_AVG, r->comm, &hooks, &bk->req,
+                                           r->d.flat_bytes / es, at / es);
+        else
+            e = ddp_all_reduce_async_hooked(data, data, bk->count,
+                                            bk->half ? (bf ? DDP_BFLOAT16 : DDP_FLOAT16) : bk->dtype,
+                                            bk->half ? DDP_SUM : DDP_AVG, r->comm, &hooks, &bk->req);
         if (e != DDP_SUCCESS) _ddp_reducer_comm_err(r, e, "all-reduce", b);
     }
 }
