@@ -1189,6 +1189,11 @@ _DDP_PRIVATE ddp_result_t _ddp_init_coll_provider(ddp_comm_t *c) {
     return DDP_SUCCESS;
 }
 
+/* What the logs and the timeline call each all-reduce algorithm. */
+static const char *const _ddp_ar_long_names[_DDP_AR_NUM] = {
+    "ring", "recursive doubling", "rabenseifner", "hierarchical (ring across hosts)",
+    "hierarchical (recursive doubling across hosts)", "hierarchical (rabenseifner across hosts)"};
+
 /* Step 6: the ring's neighbours and recursive doubling's partners, connected now (others on
  * first use). */
 _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
@@ -1218,13 +1223,25 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
             _DDP_LOG(c, DDP_LOG_INFO, "collectives: run by the %s transport itself (all %d ranks "
                      "reach each other through it); DDP_ALGO=ring or rd to use those instead",
                      c->tinst[c->peers[list[0]].tinst].t->name, nranks);
+        else if (c->algo == _DDP_ALGO_RD)
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: recursive doubling up to the scratch size "
+                     "(%zu bytes), ring above (DDP_ALGO)", c->eng.scratch_bytes);
+        else if (c->algo == 1 + _DDP_AR_HIER_RD)
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: hierarchical, recursive doubling across "
+                     "hosts while a slice fits the scratch (%zu bytes), Rabenseifner above (DDP_ALGO)",
+                     c->eng.scratch_bytes);
+        else if (c->algo == _DDP_ALGO_HIER)
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: hierarchical, across hosts as the cost "
+                     "model picks (DDP_ALGO)");
         else if (c->algo != _DDP_ALGO_AUTO)
-            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s",
-                     c->algo == _DDP_ALGO_RING ? "ring (DDP_ALGO)"
-                     : "recursive doubling up to the scratch size, ring above (DDP_ALGO)");
-        else
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s (DDP_ALGO)", _ddp_ar_long_names[c->algo - 1]);
+        else if (c->layout.nhosts == 1)
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: recursive doubling up to %zu bytes, "
-                     "ring above (DDP_ALGO, DDP_RD_MAX_BYTES override)", c->rd_max_bytes);
+                     "ring above (one host: measured thresholds; DDP_ALGO, DDP_RD_MAX_BYTES override)",
+                     c->rd_max_bytes);
+        else
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: by the cost model, per call size (%d hosts; "
+                     "rank 0 logs the table; DDP_ALGO overrides)", c->layout.nhosts);
         r = _ddp_connect_peers(c, list, j);
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
     }
@@ -1329,10 +1346,6 @@ done:
     _ddp_free(&c->alloc, table);
     return r;
 }
-
-static const char *const _ddp_ar_long_names[_DDP_AR_NUM] = {
-    "ring", "recursive doubling", "rabenseifner", "hierarchical (ring across hosts)",
-    "hierarchical (recursive doubling across hosts)", "hierarchical (rabenseifner across hosts)"};
 
 /* Which algorithms can run a call of `bytes` here (recursive doubling exchanges whole buffers
  * through the scratch; the hierarchical ones need a host with two ranks to pay). */
