@@ -539,6 +539,9 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
     void *reqs[2];
     _ddp_rd_where_t w;
     ddp_result_t rc;
+    if (bytes > e->scratch_bytes)   /* the callers choose rd only below it */
+        return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "all_reduce: recursive doubling: %zu bytes do not "
+                             "fit the %zu-byte scratch", bytes, e->scratch_bytes);
     if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
     if (p == 1 || !count) return DDP_SUCCESS;
     while (p2 * 2 <= p) p2 *= 2;
