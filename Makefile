@@ -14,7 +14,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 B       := build
 # Every header, bottom layer first (README "Layout"); the ibverbs transport is checked by rdma-headers.
 HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
-           ddp_ring.h ddp_trace.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
+           ddp_ring.h ddp_trace.h ddp_model.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h transports/ddp_nccl.h
 NP      ?= 4
 
@@ -228,6 +228,23 @@ scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).
 $(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# The all-reduce cost model (ddp_model.h, issue 18). ddp-calibrate measures its parameters here and
+# writes them for DDP_MODEL (make calibrate MODEL_OUT=path); ddp-simulate prints its predictions
+# and make simulate regenerates bench/results/projection.md and .svg (model output, not measurements).
+MODEL_OUT ?= $(B)/ddp_model.conf
+$(B)/ddp-calibrate: bench/calibrate.c bench/bench_fork.h ddp_model.h $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+$(B)/ddp-simulate: bench/simulate.c ddp_model.h ddp_base.h | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+.PHONY: calibrate simulate
+calibrate: $(B)/ddp-calibrate
+	$(B)/ddp-calibrate -o $(MODEL_OUT)
+
+simulate: $(B)/ddp-simulate
+	$(B)/ddp-simulate --project -o bench/results/projection.md --svg bench/results/projection.svg
 
 # 8 B .. 64 MiB, p = 2 and 4, the four ring collectives, every transport (2-4 minutes on 2 cores; knobs in
 # bench/sweep.sh): bench/results/<collective>_<transport>_p<N>.json and busbw.svg.

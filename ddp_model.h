@@ -18,7 +18,7 @@
  * communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel Computing 20, 1994).
  *
  * DEFAULTS: LOCAL and gamma measured on the development machine (2-core AMD EPYC VM, shm
- * transport, `make calibrate`); NET is an assumed 10 GbE link through one switch: alpha 25 us
+ * transport, `make calibrate`: alpha 3.4 us, beta 0.13 ns/B = 7.7 GB/s, gamma 0.10 ns/B); NET is an assumed 10 GbE link through one switch: alpha 25 us
  * (a TCP round trip of ~50 us through kernel stacks on both ends), beta = nic = 0.8 ns/B
  * (10 Gbit/s = 1.25 GB/s: one stream fills the link, so the link and the stream share one rate).
  *
@@ -128,9 +128,9 @@ typedef struct {
 #include <string.h>
 
 /* Measured by `make calibrate` on the development machine (see the top of this file). */
-#define _DDP_MODEL_ALPHA_LOCAL_US 2.0
-#define _DDP_MODEL_BETA_LOCAL_NS 0.1
-#define _DDP_MODEL_GAMMA_NS 0.1
+#define _DDP_MODEL_ALPHA_LOCAL_US 3.4   /* runs gave 2.6 .. 4.6 (a shared VM) */
+#define _DDP_MODEL_BETA_LOCAL_NS 0.13   /* 7.7 GB/s; runs gave 0.09 .. 0.16 */
+#define _DDP_MODEL_GAMMA_NS 0.10        /* 10 GB/s of operand; runs gave 0.076 .. 0.14 */
 /* Assumed: 10 GbE through one switch. */
 #define _DDP_MODEL_ALPHA_NET_US 25.0
 #define _DDP_MODEL_BETA_NET_NS 0.8
