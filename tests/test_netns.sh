@@ -19,27 +19,32 @@
 #      the master and join;
 #   4. a cut link: host 2's bridge port goes down while the ranks loop over all-reduces
 #      (DDP_TIMEOUT_MS=3000); every rank returns an error instead of hanging, and the connected
-#      hosts' messages name a rank of the cut host as the stuck one.
+#      hosts' messages name a rank of the cut host as the stuck one;
+#   5. the hierarchical and Rabenseifner all-reduces (issue 18): on 2 hosts x 2 ranks and on 3
+#      hosts with 2+1+2 ranks, for DDP_ALGO = hier_ring hier_rd hier_rabenseifner rabenseifner
+#      auto, netns_rank's matrix (dtype x op x count 0 1 3 7 1001 65537 and one past 1 MiB, in
+#      and out of place; all_reduce, and under auto every collective) is exact on every rank,
+#      every rank holds the same bits, and the trace (DDP_TRACE) shows that the all-reduces ran
+#      the algorithm asked for.
 # Names carry the shell's pid, so parallel runs cannot collide; nothing is created in the
 # calling namespace, and the namespaces (with the bridge and the ranks in them) go at exit.
-# Every rank runs under a hard `timeout`: the test cannot hang. ~15-20 s on 2 quiet cores.
+# Every rank runs under a hard `timeout`: the test cannot hang. The namespaces are made by
+# tests/netns_lib.sh (shared with bench/netns_bench.sh). 40-50 s on 2 quiet cores, ~85 s beside
+# a CPU hog (the hierarchical matrix is 10 runs of 2-4 s each).
 set -u
 
 CC=${CC:-cc}
 R=build/netns_rank
-NSS=ddpsw$$ NS1=ddph1_$$ NS2=ddph2_$$ NS3=ddph3_$$
-NSALL="$NSS $NS1 $NS2 $NS3"
-WORLD=5
 TIMEOUT_MS=3000
+ALGOS="hier_ring hier_rd hier_rabenseifner rabenseifner auto"
+# shellcheck source=tests/netns_lib.sh
+. "$(dirname "$0")/netns_lib.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/netns_test.XXXXXX") || { echo "Bail out! mktemp failed"; exit 1; }
 rank_pids=""
 # The ranks of a run still going (interrupted), then anything left in our namespaces.
 cleanup() {
     for p in $rank_pids; do kill "$p" 2>/dev/null; done
-    for ns in $NSALL; do
-        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-        ip netns del "$ns" 2>/dev/null
-    done
+    netns_destroy
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -53,30 +58,19 @@ command -v ip > /dev/null || skip_all "no ip command (apt-get install -y iproute
 command -v timeout > /dev/null || skip_all "no timeout command (coreutils)"
 
 # --- the hosts: every step must work, else this machine cannot run the test ------------------
-for ns in $NSALL; do
-    ip netns add "$ns" 2> "$tmp/err" || skip_all "ip netns add failed: $(head -1 "$tmp/err")"
-done
-ip netns exec "$NSS" true 2> "$tmp/err" || skip_all "ip netns exec failed: $(head -1 "$tmp/err")"
-ip -n "$NSS" link add br0 type bridge 2> "$tmp/err" || skip_all "no bridge support: $(head -1 "$tmp/err")"
-ip -n "$NSS" link set br0 up
-h=1
-for ns in $NS1 $NS2 $NS3; do
-    ip -n "$NSS" link add name "h$h" type veth peer name eth0 netns "$ns" 2> "$tmp/err" ||
-        skip_all "no veth support: $(head -1 "$tmp/err")"
-    ip -n "$NSS" link set "h$h" master br0 up &&
-        ip -n "$ns" link set lo up &&
-        ip -n "$ns" addr add "10.77.0.$h/24" dev eth0 &&
-        ip -n "$ns" link set eth0 up 2> "$tmp/err" || skip_all "setting up host $h failed: $(head -1 "$tmp/err")"
-    h=$((h + 1))
-done
+netns_create "ddpt$$" 3 || skip_all "$netns_why"
+NSS=$NETNS_SW NS1=$(netns_ns 1) NS2=$(netns_ns 2) NS3=$(netns_ns 3)
 
-echo "1..12"
+echo "1..$((12 + 2 * $(echo $ALGOS | wc -w)))"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now_ms() { date +%s%3N; }
 diag() { sed 's/^/#   /' "$@"; }
 
+# The ranks per host of the next start (host-major numbering): 2+2+1 except in section 5.
+use_layout() { netns_layout "$1"; WORLD=$NETNS_WORLD; }
+use_layout 2,2,1
 # host_of RANK: the namespace of a rank.
-host_of() { case $1 in 0|1) echo "$NS1" ;; 2|3) echo "$NS2" ;; *) echo "$NS3" ;; esac; }
+host_of() { netns_ns "$(netns_host_of "$1")"; }
 secret=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
 
 # start CASE PORT LIMIT_S ENV... -- ARGS...: every rank of the world in its namespace, in the
@@ -95,7 +89,7 @@ start() {
         rank_pids="$rank_pids $!"
     done
 }
-# finish: waits for the ranks of the last start; their exit codes in rc_0 .. rc_4.
+# finish: waits for the ranks of the last start; their exit codes in rc_0 .. rc_<WORLD-1>.
 finish() {
     r=0
     for p in $rank_pids; do wait "$p" 2>/dev/null; eval "rc_$r=$?"; r=$((r + 1)); done
@@ -107,7 +101,7 @@ rc_of() { eval "echo \$rc_$1"; }
 mkdir -p build
 build() {
     # up to date: newer than its source and every header
-    [ -x "$R" ] && [ -z "$(find tests/netns_rank.c ./*.h transports/*.h -newer "$R" 2>/dev/null)" ] && return 0
+    [ -x "$R" ] && [ -z "$(find tests/netns_rank.c tests/*.h ./*.h transports/*.h -newer "$R" 2>/dev/null)" ] && return 0
     $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. tests/netns_rank.c -o "$R" -pthread -lm \
         2> "$tmp/why" || { why "(the compiler's messages above)"; return 1; }
 }
@@ -154,7 +148,75 @@ coll_transport() {
 }
 check "transport per peer: shm within a namespace, tcp across namespaces (never shm across)" coll_transport
 
-# --- 5-7: 1% packet loss ----------------------------------------------------------------------
+# --- 5-14: hierarchical and Rabenseifner all-reduces (issue 18) ------------------------------
+# One run of `netns_rank matrix` per (layout, DDP_ALGO), with DDP_TRACE on: all_reduce only
+# (DDP_ALGO chooses nothing else), and every collective under auto. One TAP line for all of it: every rank exits 0 having passed its whole matrix; the hash files (one line per
+# case whose result every rank holds) are the same on every rank; and the all-reduces with
+# count > 0 ran the algorithm asked for ("algorithm" of the trace's all_reduce events; auto may
+# pick any, its mix is printed). 2 hosts x 2 ranks: two slices, each all-reduced across hosts by
+# the ranks of one local index. 2+1+2 on 3 hosts: hosts of different sizes, and a host of one
+# rank that is every slice's member there.
+# want_algo ALGO: the trace's names DDP_ALGO=ALGO may run, one a line (hier_rd turns to
+# Rabenseifner across hosts when a slice outgrows the scratch, as ddp_comm.h documents).
+want_algo() {
+    case $1 in
+        hier_ring) echo "hierarchical (ring across hosts)" ;;
+        hier_rd) printf '%s\n' "hierarchical (recursive doubling across hosts)" "hierarchical (rabenseifner across hosts)" ;;
+        hier_rabenseifner) echo "hierarchical (rabenseifner across hosts)" ;;
+        rabenseifner) echo "rabenseifner" ;;
+    esac
+}
+# algos_of CASE RANK: "N name" per all-reduce algorithm in that rank's trace (count > 0 only).
+algos_of() {
+    sed -n 's/.*"name":"all_reduce".*"count":\([0-9]*\),.*"algorithm":"\([^"]*\)".*/\1|\2/p' "$tmp/$1.trace.$2.json" 2>/dev/null |
+        awk -F'|' '$1 != 0 { print $2 }' | sort | uniq -c | sed 's/^ *//'
+}
+matrix_ok() {
+    c=$1 algo=$2
+    for r in $(seq 0 $((WORLD - 1))); do
+        [ "$(rc_of $r)" = 0 ] || why "rank $r exited $(rc_of $r) (124/137: killed by the hard timeout)"
+        grep -q ' PASS matrix: ' "$tmp/$c.$r.out" 2>/dev/null && continue
+        grep ' FAIL ' "$tmp/$c.$r.out" | head -4 >> "$tmp/why"
+        grep -v ' WARN ' "$tmp/$c.$r.err" | head -3 >> "$tmp/why"
+    done
+    [ ! -s "$tmp/why" ] || return 1
+    nh=$(wc -l < "$tmp/$c.hash.0")
+    [ "$nh" -ge 400 ] || why "rank 0 hashed $nh results, want >= 400"
+    for r in $(seq 1 $((WORLD - 1))); do
+        cmp -s "$tmp/$c.hash.0" "$tmp/$c.hash.$r" && continue
+        why "rank $r's results are not rank 0's bits (< rank 0, > rank $r):"
+        diff "$tmp/$c.hash.0" "$tmp/$c.hash.$r" | grep '^[<>]' | head -4 >> "$tmp/why"
+    done
+    want_algo "$algo" > "$tmp/want"
+    for r in $(seq 0 $((WORLD - 1))); do
+        algos_of "$c" $r > "$tmp/algos"
+        [ -s "$tmp/algos" ] || { why "rank $r: no all_reduce in its trace ($tmp/$c.trace.$r.json)"; continue; }
+        [ $r = 0 ] && echo "# $c: rank 0's all-reduces (count > 0): $(paste -sd, "$tmp/algos" | sed 's/,/, /g')"
+        [ -s "$tmp/want" ] || continue
+        if cut -d' ' -f2- "$tmp/algos" | grep -vxF -f "$tmp/want" > "$tmp/other"; then
+            why "rank $r: DDP_ALGO=$algo, but all-reduces ran: $(paste -sd, "$tmp/algos" | sed 's/,/, /g')"
+        fi
+    done
+    [ ! -s "$tmp/why" ]
+}
+mport=29510
+for lay in 2,2 2,1,2; do
+    use_layout $lay
+    for algo in $ALGOS; do
+        c=m$(echo $lay | tr -d ,)_$algo colls=all_reduce what="all_reduce"
+        [ $algo = auto ] && colls="" what="every collective"
+        t0=$(now_ms)
+        start "$c" $mport 90 DDP_ALGO=$algo "DDP_TRACE=$tmp/$c.trace.%r.json" -- matrix "$tmp/$c.hash" $colls
+        finish
+        echo "# $c: $(($(now_ms) - t0)) ms"
+        mport=$((mport + 1))
+        check "DDP_ALGO=$algo, $NETNS_NHOSTS hosts with $(echo $lay | tr , +) ranks: $what x dtype x op x count exact, the same bits on every rank, all-reduces by $algo" \
+            matrix_ok "$c" $algo
+    done
+done
+use_layout 2,2,1
+
+# --- 15-17: 1% packet loss ----------------------------------------------------------------------
 # numgen random: nftables' per-packet random number (this nft has no "meta random").
 LOSS_N=200
 load_loss() {
@@ -215,7 +277,7 @@ else
     ip netns exec "$NS2" nft delete table inet ddploss
 fi
 
-# --- 8: a host whose link comes up late -------------------------------------------------------
+# --- 18: a host whose link comes up late -------------------------------------------------------
 # Host 3's port is down when its rank starts and comes up 5 s later, well within the timeout:
 # its rank must keep trying the master and join. Meanwhile its connect() fails with "No route
 # to host" (ARP gives up after ~3 s): transient, retried (only a name that does not resolve is
@@ -243,7 +305,7 @@ if late_ok; then ok "late link: host 3 up 5 s after its rank started: it joins, 
 else notok "late link: host 3 up 5 s after its rank started: it joins, 20 all-reduces exact"; diag "$tmp/why"; fi
 for ns in $NS1 $NS2 $NS3; do ip -n "$ns" neigh flush dev eth0 2>/dev/null; done
 
-# --- 9-12: a cut link (last: host 2 stays cut off) ------------------------------------------
+# --- 19-22: a cut link (last: host 2 stays cut off) ------------------------------------------
 # Host 2's bridge port goes down, as a pulled cable: host 2 keeps its address and routes, and
 # nobody gets a reset; only the timeout can tell.
 start cut 29502 40 DDP_TIMEOUT_MS=$TIMEOUT_MS -- cut
@@ -267,7 +329,7 @@ finish
 echo "# cut: every rank ended $(($(now_ms) - t_cut)) ms after the cut (DDP_TIMEOUT_MS=$TIMEOUT_MS)"
 for r in $(seq 0 $((WORLD - 1))); do
     t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/cut.$r.out")
-    echo "# rank $r (host $(host_of $r | sed 's/ddph\([0-9]\).*/\1/')) exit $(rc_of $r)${t:+, error $((t - t_cut)) ms after the cut}:"
+    echo "# rank $r (host $(netns_host_of $r)) exit $(rc_of $r)${t:+, error $((t - t_cut)) ms after the cut}:"
     grep -E ' (ERROR|FAIL|destroy|no error)' "$tmp/cut.$r.out" | diag
     grep -v '^\[ddp rank [0-9]*\] WARN' "$tmp/cut.$r.err" | head -3 | diag
 done
