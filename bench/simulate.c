@@ -11,7 +11,7 @@
  *       100 and 400 Gbit/s with 2 and 20 us latency (the local link and gamma from MODEL): the
  *       winner, its time and busbw, and the runner-up at 8 B .. 256 MiB, and every layout's
  *       crossover sizes; --svg draws the predicted busbw against size for a few layouts.
- *   --scratch BYTES   rd is only allowed up to this (the scratch: 8 segments; default 8M);
+ *   --scratch BYTES   rd is only allowed up to this (the scratch: 8 segments of 512 KiB; default 4M);
  *                     hier_rd while bytes / local_min fits
  *   --stream-gbps G   --project: one TCP stream's ceiling (default 40): beta_net is the slower
  *                     of it and the link, nic_ns the link itself
@@ -323,7 +323,7 @@ static int sim_project(const sim_t *base, const char *out, const char *svg, doub
 static void sim_usage(FILE *f) {
     fprintf(f, "usage: ddp-simulate --predict [-m MODEL] -p P -H HOSTS [-s 8,4K,64K,1M,4M,16M,64M] [-J out.json]\n"
                "       ddp-simulate --project [-m MODEL] [-o out.md] [--svg out.svg] [--stream-gbps 40]\n"
-               "       common: --scratch BYTES (rd's limit, default 8M)\n");
+               "       common: --scratch BYTES (rd's limit, default 4M)\n");
 }
 
 int main(int argc, char **argv) {
@@ -333,7 +333,7 @@ int main(int argc, char **argv) {
     const char *model = NULL, *json = NULL, *out = NULL, *svg = NULL, *list = "8,4K,64K,1M,4M,16M,64M";
     char err[512], *end;
     _ddp_model_defaults(&s.m);
-    s.scratch = 8.0 * 1024 * 1024;
+    s.scratch = 4.0 * 1024 * 1024;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--predict")) mode = 1;
