@@ -106,6 +106,7 @@ typedef struct {
     size_t count, geo_total, geo_off;
     int geo_parts;
     size_t es, own_off, seg_elems, nseg, group;
+    const char *label;  /* where in a bigger algorithm (" (hierarchical, inside the host)"), or NULL */
     ddp_dtype_t dtype;
     ddp_op_t op;
     uint64_t tag;
@@ -163,8 +164,8 @@ _DDP_PRIVATE void _ddp_ring_where(const _ddp_ring_t *g, size_t item, char *out, 
     phase = g->kind == _DDP_RING_BCAST ? "chain" : _ddp_ring_reduces(g, t) ? "reduce-scatter" : "all-gather";
     step = (g->kind == _DDP_RING_AR && t >= g->p - 1) ? t - (g->p - 1) : t;   /* t0 included */
     steps = g->kind == _DDP_RING_BCAST ? 1 : g->p - 1;
-    snprintf(out, cap, "%s #%u, phase %s step %d/%d, segment %zu/%zu", _ddp_kind_name(g->kind),
-             (unsigned)(g->tag & 0xffffffffu), phase, step + 1, steps, k + 1, g->nseg);
+    snprintf(out, cap, "%s #%u%s, phase %s step %d/%d, segment %zu/%zu", _ddp_kind_name(g->kind),
+             (unsigned)(g->tag & 0xffffffffu), g->label ? g->label : "", phase, step + 1, steps, k + 1, g->nseg);
 }
 
 /* Re-words the transport's error with where in the algorithm it happened. */
@@ -405,9 +406,11 @@ _DDP_PRIVATE void _ddp_ring_plan(_ddp_ring_t *g, size_t count, size_t geo_total,
 _DDP_PRIVATE ddp_result_t _ddp_ring_all_reduce_in(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
                                                   const void *sendbuf, void *recvbuf, size_t count,
                                                   ddp_dtype_t dtype, ddp_op_t op, size_t geo_total,
-                                                  size_t geo_off, int geo_parts, int t0, int nsteps) {
+                                                  size_t geo_off, int geo_parts, int t0, int nsteps,
+                                                  const char *label) {
     _ddp_ring_t g;
     _ddp_ring_setup_in(&g, e, gr, tag, _DDP_RING_AR, sendbuf, recvbuf, dtype, op, 0);
+    g.label = label;
     if (gr->n == 1 || !nsteps) {
         if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, count * g.es);
         return DDP_SUCCESS;
@@ -427,7 +430,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_all_reduce(_ddp_engine_t *e, const void *sen
     _ddp_group_t world = _ddp_group_world(e);
     uint64_t tag = _ddp_eng_tag(e, _DDP_RING_AR, dtype, op, count, 0);
     return _ddp_ring_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op, geo_total, geo_off,
-                                   e->nranks, 0, 2 * (e->nranks - 1));
+                                   e->nranks, 0, 2 * (e->nranks - 1), NULL);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_ring_reduce_scatter(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
@@ -902,7 +905,7 @@ _DDP_PRIVATE ddp_result_t _ddp_hier_all_reduce(_ddp_engine_t *e, const _ddp_hier
     }
     /* (1) reduce-scatter inside the host: slice i ends on local rank i */
     r = _ddp_ring_all_reduce_in(e, &h->local, tag ^ (1ull << 56), sendbuf, recvbuf, count, dtype, sop,
-                                v_total, v_off, L, 0, nl - 1);
+                                v_total, v_off, L, 0, nl - 1, " (hierarchical, inside the host)");
     if (r != DDP_SUCCESS) return r;
     /* (2) slice i across the hosts: the part of it this window holds */
     if (h->local.me < L) {
@@ -917,7 +920,7 @@ _DDP_PRIVATE ddp_result_t _ddp_hier_all_reduce(_ddp_engine_t *e, const _ddp_hier
                 r = inter == _DDP_INTER_RD ? _ddp_rd_all_reduce_in(e, &h->inter, t2, s, s, n, dtype, sop)
                   : inter == _DDP_INTER_RAB ? _ddp_rab_all_reduce_in(e, &h->inter, t2, s, s, n, dtype, sop)
                   : _ddp_ring_all_reduce_in(e, &h->inter, t2, s, s, n, dtype, sop, b - a, wa - a, h->inter.n,
-                                            0, 2 * (h->inter.n - 1));
+                                            0, 2 * (h->inter.n - 1), " (hierarchical, across hosts)");
                 if (r != DDP_SUCCESS) return r;
             }
             if (op == DDP_AVG) ddp_divide_local(s, n, dtype, h->nranks);
@@ -925,7 +928,7 @@ _DDP_PRIVATE ddp_result_t _ddp_hier_all_reduce(_ddp_engine_t *e, const _ddp_hier
     }
     /* (3) all-gather inside the host */
     return _ddp_ring_all_reduce_in(e, &h->local, tag ^ (3ull << 56), recvbuf, recvbuf, count, dtype, sop,
-                                   v_total, v_off, L, nl - 1, nl - 1);
+                                   v_total, v_off, L, nl - 1, nl - 1, " (hierarchical, inside the host)");
 }
 
 _DDP_PRIVATE int _ddp_pow2_ceil(int v) { int k = 1; while (k < v) k <<= 1; return k; }
