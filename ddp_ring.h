@@ -815,7 +815,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rab_all_reduce_in(_ddp_engine_t *e, const _ddp_gr
         const size_t mid = lo + (hi - lo) / 2;
         const int keep_low = r < partner;
         los[level] = lo; his[level] = hi;
-        snprintf(phase, sizeof phase, "reduce-scatter step %d/%d with rank %d", level + 1, _ddp_log2(p2), peer);
+        snprintf(phase, sizeof phase, "phase reduce-scatter step %d/%d with rank %d", level + 1, _ddp_log2(p2), peer);
         rc = _ddp_rab_xchg(&x, peer, buf + (keep_low ? mid : lo) * es, keep_low ? hi - mid : mid - lo,
                            buf + (keep_low ? lo : mid) * es, keep_low ? mid - lo : hi - mid, 1, keep_low,
                            dtype, op, tag, phase);
@@ -827,7 +827,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rab_all_reduce_in(_ddp_engine_t *e, const _ddp_gr
         const int partner = r ^ mask, peer = _ddp_group_rank(gr, partner);
         const size_t plo = los[--level], phi = his[level];
         const size_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo;   /* the partner's half */
-        snprintf(phase, sizeof phase, "all-gather step %d/%d with rank %d", _ddp_log2(p2) - level,
+        snprintf(phase, sizeof phase, "phase all-gather step %d/%d with rank %d", _ddp_log2(p2) - level,
                  _ddp_log2(p2), peer);
         rc = _ddp_rab_xchg(&x, peer, buf + lo * es, hi - lo, buf + olo * es, ohi - olo, 0, 0, dtype, op,
                            tag, phase);

@@ -16,8 +16,9 @@
  * Scenarios: bad arguments (NULL comm/buffers, invalid dtype/op/root, count x size overflow,
  * bad init arguments; the communicator stays usable after rejected calls); calls on a destroyed
  * communicator (its memory kept alive by a run-time allocator, so the call is well defined); a
- * rank SIGKILLed mid-all-reduce (a middle rank, and rank 0, which also hosts the store); a rank
- * alive but silent; a rank that never starts (also rank 0, the master); world-size
+ * rank SIGKILLed mid-all-reduce (a middle rank, and rank 0, which also hosts the store; and in
+ * the hierarchical and Rabenseifner all-reduces over two fake hosts: inside a host, across,
+ * a folded rank); a rank alive but silent; a rank that never starts (also rank 0, the master); world-size
  * disagreement; two processes given the same rank; mismatched counts / dtypes / ops /
  * collectives / roots / algorithms and count 0 against 1000; strangers sending garbage to the
  * master port and to a rank's transport listener during rendezvous; ddp_comm_init_env with
@@ -245,19 +246,27 @@ static int killed(int rank, int p, void *arg) {
     return 0;
 }
 
-static void run_killed(int p, int victim) {
+/* algo / hosts: DDP_ALGO and DDP_TEST_HOSTS for the ranks (NULL: unset) */
+static void run_killed_with(int p, int victim, const char *algo, const char *hosts) {
     kill_arg_t ka;
     int r, bad = 0;
     ka.victim = victim;
     S = (fail_shm_t *)t_shm_user(sizeof *S);
     if (!t_selected("killed")) return;
-    diag("--- rank %d of %d killed (SIGKILL) in the middle of a 64 MiB all-reduce loop", victim, p);
+    diag("--- rank %d of %d killed (SIGKILL) in the middle of a 64 MiB all-reduce loop%s%s%s%s", victim, p,
+         algo ? ", DDP_ALGO=" : "", algo ? algo : "", hosts ? ", DDP_TEST_HOSTS=" : "", hosts ? hosts : "");
+    if (algo) setenv("DDP_ALGO", algo, 1);
+    if (hosts) setenv("DDP_TEST_HOSTS", hosts, 1);
     run_ranks(p, killed, &ka, 120);
+    unsetenv("DDP_ALGO");
+    unsetenv("DDP_TEST_HOSTS");
     ok(t_rank_signaled(victim, SIGKILL), "the victim died of SIGKILL, mid-collective");
     for (r = 0; r < p; r++)
         if (r != victim && !(t_last_run.exited[r] && t_last_run.code[r] == 0)) bad++;
     ok(bad == 0, "every survivor returned normally: no crash, no SIGPIPE, no hang");
 }
+
+static void run_killed(int p, int victim) { run_killed_with(p, victim, NULL, NULL); }
 
 /* ----------------------------------------------------------------- a silent rank */
 static int silent(int rank, int p, void *arg) {
@@ -670,6 +679,10 @@ int main(void) {
     run("calls on a destroyed communicator", 2, destroyed, NULL, 60);
     run_killed(4, 2);
     run_killed(4, 0);
+    /* the algorithms for several hosts: a rank inside a host, one across */
+    run_killed_with(4, 1, "hier_ring", "a,a,b,b");
+    run_killed_with(5, 3, "hier_rabenseifner", "a,a,b,b,b");
+    run_killed_with(5, 4, "rabenseifner", NULL);
     run("a silent rank (alive, never calls the collective)", 3, silent, NULL, 60);
     missing = 2;
     run("rank 2 never joins", 3, never_joins, &missing, 60);
