@@ -339,6 +339,7 @@ struct ddp_comm {
     _ddp_layout_t layout;          /* ranks, hosts, fewest/most ranks on a host */
     _ddp_hier_t hier;              /* this rank's groups in the hierarchical all-reduce */
     int *hier_ranks;               /* the storage of hier.local.ranks and hier.inter.ranks */
+    int *host_of;                  /* DDP_TEST_HOSTS only: each rank's host number (for splits) */
     _ddp_model_t model;            /* rank 0's (DDP_MODEL, else built in): the same everywhere */
     signed char ar_pick[64];       /* calls of up to 2^k bytes: auto's algorithm (_ddp_ar_algo_t) */
     signed char hier_pick[64];     /* DDP_ALGO=hier: the hierarchical algorithm the model picks */
@@ -687,6 +688,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     if (c->trace_open) _ddp_trace_close(&c->trace, &a);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->hier_ranks);
+    _ddp_free(&a, c->host_of);
     _ddp_free(&a, c->eng.scratch);
     _ddp_free(&a, c->ops);
     if (c->async_init) {
@@ -1248,6 +1250,10 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
     return DDP_SUCCESS;
 }
 
+/* A split of a communicator whose layout came from DDP_TEST_HOSTS: its members' host numbers, in
+ * the new ranks' order (set around the new communicator's init by ddp_comm_split). */
+static __thread const int *_ddp_split_hosts;
+
 /* Step 6b: the hosts layout (from the host table, or DDP_TEST_HOSTS: a label per rank, for tests
  * of the hierarchical algorithms with ranks that are threads of one process) and this rank's
  * groups for the hierarchical all-reduce: the ranks of its host, and the ranks that have its
@@ -1273,7 +1279,9 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
         r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout (%d ranks)", n);
         goto done;
     }
-    if (labels && *labels) {
+    if (_ddp_split_hosts) {   /* a split under DDP_TEST_HOSTS: the parent's layout */
+        for (i = 0; i < n; i++) { key[i] = (const char *)&_ddp_split_hosts[i]; lab_len[i] = (int)sizeof(int); }
+    } else if (labels && *labels) {
         const char *q = labels;
         for (i = 0; i < n; i++) {
             key[i] = q;
@@ -1331,8 +1339,17 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
     c->hier.slices = lmin;
     c->hier.nhosts = nhosts;
     c->hier.nranks = n;
-    if (labels && *labels)
-        _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: this rank on test host '%.*s'", lab_len[me], key[me]);
+    if (_ddp_split_hosts || (labels && *labels)) {   /* kept for this communicator's splits */
+        if (!(c->host_of = (int *)_ddp_calloc(&c->alloc, sizeof *c->host_of * (size_t)n))) {
+            r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout");
+            goto done;
+        }
+        memcpy(c->host_of, host, sizeof *host * (size_t)n);
+        if (_ddp_split_hosts)
+            _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: the parent communicator's test hosts");
+        else
+            _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: this rank on test host '%.*s'", lab_len[me], key[me]);
+    }
     _DDP_LOG(c, DDP_LOG_INFO, "hosts: %d ranks on %d host%s, %d to %d per host; this host's ranks: %d, "
              "local number %d%s", n, nhosts, nhosts == 1 ? "" : "s", lmin, lmax, nlocal, c->hier.local.me,
              ninter ? "" : " (forwards only in the hierarchical all-reduce: more ranks here than on the "
@@ -2954,7 +2971,7 @@ DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *c, ddp_request_t *req) {
 DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_t **out) {
     ddp_result_t r = _ddp_check_comm(c);
     int32_t mine[2], *all;
-    int i, n = 0, me = 0;
+    int i, n = 0, me = 0, *hosts = NULL;
     void *inherited = NULL;
     char prefix[192];
     ddp_comm_desc_t d;
@@ -2977,13 +2994,26 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
             if (all[2 * i + 1] < key || (all[2 * i + 1] == key && i < c->eng.rank)) me++;
         }
     }
+    if (r == DDP_SUCCESS && color != DDP_SPLIT_NOCOLOR && c->host_of) {
+        /* test hosts: the new ranks' host numbers, in their order (key, then parent rank) */
+        if (!(hosts = (int *)_ddp_alloc(&c->alloc, sizeof *hosts * (size_t)n))) r = DDP_ERR_OUT_OF_MEMORY;
+        for (i = 0; hosts && i < c->eng.nranks; i++) {
+            int j, at = 0;
+            if (all[2 * i] != color) continue;
+            for (j = 0; j < c->eng.nranks; j++)
+                if (all[2 * j] == color && (all[2 * j + 1] < all[2 * i + 1] || (all[2 * j + 1] == all[2 * i + 1] && j < i)))
+                    at++;
+            hosts[at] = c->host_of[i];
+        }
+    }
     _ddp_free(&c->alloc, all);
+    if (r == DDP_ERR_OUT_OF_MEMORY) return ddp_comm_fail(c, r, "comm_split");
     /* NCCL's split is a collective over the parent too (DDP_SPLIT_NOCOLOR ranks included). */
     if (r == DDP_SUCCESS && c->dev) {
         _ddp_dev_enter(c);
         r = _ddp_dev_leave(c, c->dev->split(c->dev_state, color, key, &inherited));
     }
-    if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) return r;
+    if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) { _ddp_free(&c->alloc, hosts); return r; }
     snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->prefix, c->splits, color);
     memset(&d, 0, sizeof d);
     d.master_addr = c->master_addr;
@@ -2999,7 +3029,10 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     d.allocator = c->alloc.alloc ? &c->alloc : NULL;
     _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
              color, key, me, n, prefix);
+    _ddp_split_hosts = hosts;
     r = _ddp_comm_init(out, n, me, &d, 0, &inherited);
+    _ddp_split_hosts = NULL;
+    _ddp_free(&c->alloc, hosts);
     if (inherited && c->dev->release_inherited) c->dev->release_inherited(c->dev_state, inherited);
     if (r != DDP_SUCCESS)
         ddp_comm_fail(c, r, "comm_split: the new communicator (color %d, rank %d of %d): %s",

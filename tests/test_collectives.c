@@ -1,7 +1,10 @@
 /* tests/test_collectives.c — every collective x dtype x op x count x world size, in place and out
  * of place, on real processes over loopback TCP, against a sequential reference. Prints TAP.
  *
- *   build/test_collectives            (DDP_TEST_QUICK=1: world sizes 1, 2, 3 and 5 only)
+ *   build/test_collectives            (DDP_TEST_QUICK=1: world sizes 1, 2, 3 and 5 only, and
+ *                                      12 of the 21 hierarchical / Rabenseifner runs;
+ *                                      DDP_TEST_ONLY=substring runs the runs whose name has it,
+ *                                      e.g. "algo=hier_rd" or "mixed[2+1+2]")
  *
  * WHAT IS CHECKED, per case (one communicator per world size per child; all cases run in it):
  *   - the result, bit for bit, against a reference computed sequentially from every rank's
@@ -24,6 +27,9 @@
  *   - out of place: sendbuf is unchanged; the receive buffer starts poisoned; count 0 is called
  *     with NULL buffers. Guard bytes before and after every buffer are untouched.
  *   - barrier: nobody leaves before the last rank (which sleeps first) has arrived.
+ *   - runs with DDP_ALGO: every rank's timeline (DDP_TRACE, read by the parent) names the
+ *     algorithm asked for on each all-reduce (rd, hier_rd: or their fallback above the scratch),
+ *     so that a silent fallback cannot pass for a test of it; for "auto", the choice is shown.
  *
  * WHAT RUNS (this machine has 2 cores and the suite also runs under ASan+UBSan):
  *   - world sizes 1..8 with the library's default segment size: counts {0, 1, 3, 1000} for
@@ -43,6 +49,18 @@
  *   - all-reduce alone with DDP_ALGO=rd at p = 4 (a power of two) and p = 7 (three ranks folded
  *     in), counts {1, 3, 1000, 100003}: recursive doubling well above its automatic threshold.
  *     (The default runs already use it for their small counts.)
+ *   - fake hosts ("mixed": shm inside a host, TCP across) in any layout: ranks per host
+ *     ("2+1+2") or a host label per rank ("0,1,0,1,1"). The default halves run every collective.
+ *   - hierarchical all-reduce alone (DDP_ALGO=hier_ring, hier_rd, hier_rabenseifner) on 2+2,
+ *     2+1+2 and 1+3 (uneven: ranks whose local index is at least the smallest host's size only
+ *     forward inside their host), counts {0, 1, 3, 1000, 100003}, every dtype x op, in and out
+ *     of place, random data; (1<<20)+7 once per algorithm (one exact dtype x op, on 2+1+2).
+ *     hier_ring also with 4 KiB segments (2+1+2; 3+1), on non-consecutive hosts (0,1,0,1,1);
+ *     hier_rd with one rank per host (1+1+1); DDP_ALGO=hier (2+1+2) and auto (2+2: the cost
+ *     model may choose hierarchical) likewise.
+ *   - Rabenseifner's all-reduce alone (DDP_ALGO=rabenseifner) at p = 4, 5, 7 on one host (TCP,
+ *     shm as point-to-point) and on fake hosts (2+2, 3+2, 1+4+2), the same counts; (1<<20)+7
+ *     once (p = 5).
  * AR/AG/BC results are verified in full by one rank per big case (rotating) and by every
  * rank for small ones; the hash comparison then covers the other ranks. */
 #define _GNU_SOURCE
@@ -72,16 +90,18 @@ typedef struct {
     uint64_t seed;
 } tcase_t;
 
-enum { BIG_NONE, BIG_ALL, BIG_SUBSET };
+enum { BIG_NONE, BIG_ALL, BIG_SUBSET, BIG_ONE };
 typedef struct {
     int p;
     size_t segment_bytes;  /* 0: the library's default */
     const char *algo;      /* DDP_ALGO for the children (NULL: unset, the library's choice) */
     size_t counts[6];
     int ncounts;
-    int big;               /* BIG_*: the (1<<20)+7 count for every dtype x op, or a subset */
+    int big;               /* BIG_*: the (1<<20)+7 count for every dtype x op, a subset, or one */
+    int big_pick;          /* BIG_ONE: the exact case dtype * DDP_NUM_OPS + op gets the big count */
     int ar_only;
     const char *mode;      /* transport set-up: see mode_setup() */
+    const char *layout;    /* mode "mixed": ranks per fake host, see layout_host() (NULL: halves) */
 } run_cfg_t;
 
 typedef struct {
@@ -132,7 +152,8 @@ static int build_cases(const run_cfg_t *cfg) {
                 }
                 if (cfg->big != BIG_NONE) {
                     size_t cnt = (coll == C_RS || coll == C_AG) ? per_rank(BIG, p) : BIG;
-                    if (cfg->big == BIG_ALL || (dt + op) % 5 == 0)
+                    if (cfg->big == BIG_ONE ? dt * DDP_NUM_OPS + op == cfg->big_pick
+                                            : cfg->big == BIG_ALL || (dt + op) % 5 == 0)
                         n = add_case(n, coll, dt, rop, cnt, (dt + op) % 2, K_EXACT, root);
                 }
             }
@@ -145,7 +166,7 @@ static int build_cases(const run_cfg_t *cfg) {
         for (dt = 0; dt < 4; dt++)
             for (op = 0; op < 3; op++)
                 for (ri = 0; ri < 2; ri++) {
-                    size_t cnt = ri == 0 ? 1000 : (cfg->big != BIG_NONE ? BIG : top);
+                    size_t cnt = ri == 0 ? 1000 : (cfg->big == BIG_ALL || cfg->big == BIG_SUBSET ? BIG : top);
                     if (ri == 1 && cfg->big == BIG_SUBSET && (dt + op) % 3 != 0) continue;
                     if (ri == 1 && cnt <= 1000) continue;
                     if (coll == C_RS && cnt > 1000) cnt = per_rank(cnt, p);
@@ -455,6 +476,29 @@ static size_t case_max_bytes(const tcase_t *c, int p) {
     return c->count * es;
 }
 
+/* The fake host of `rank` in a "mixed" run of p ranks. The layout is either the ranks per host
+ * in rank order, "2+1+2" (ranks 0-1 on host 0, rank 2 on host 1, ranks 3-4 on host 2), or a host
+ * label per rank, "0,1,0,1,1" (a host's ranks need not be consecutive). NULL: the first (p+1)/2
+ * ranks on one host, the others on another. -1 if the layout does not describe p ranks. */
+static int layout_host(const char *layout, int p, int rank) {
+    const char *s = layout;
+    const int labels = layout && strchr(layout, ',') != NULL;
+    int i = 0, h = 0, host = -1;
+    if (!layout) return rank < (p + 1) / 2 ? 0 : 1;
+    for (;;) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < (labels ? 0 : 1) || v > T_MAX_RANKS) return -1;
+        if (labels ? i == rank : rank >= i && rank < i + (int)v) host = labels ? (int)v : h;
+        i += labels ? 1 : (int)v;
+        h++;
+        if (!*end) break;
+        if (*end != (labels ? ',' : '+')) return -1;
+        s = end + 1;
+    }
+    return i == p ? host : -1;
+}
+
 /* The children's transport environment for a run (whatever the caller's environment says):
  *   tcp        every peer over TCP loopback (DDP_TRANSPORT=tcp)
  *   shm        all ranks on one host: shared memory, collectives run by the shm transport
@@ -463,10 +507,12 @@ static size_t case_max_bytes(const tcase_t *c, int p) {
  *   shm-p2p    shared memory as a point-to-point transport under the ring / recursive doubling
  *              (DDP_SHM_COLL=0), with tiny queues (2 cells of 256 bytes): every message is
  *              fragmented and the sender waits for room
- *   mixed      two fake hosts (DDP_HOST_ID): shm inside each, TCP between them, one ring */
-static void mode_setup(const char *mode, int rank, int p) {
+ *   mixed      fake hosts (DDP_HOST_ID "fake-host-<n>", n from the run's layout): shm inside
+ *              each, TCP between them */
+static void mode_setup(const run_cfg_t *cfg, int rank) {
     static const char *const vars[] = {"DDP_TRANSPORT", "DDP_HOST_ID", "DDP_SHM_COLL", "DDP_SHM_CHUNK",
                                        "DDP_SHM_SMALL_MAX", "DDP_SHM_CELLS", "DDP_SHM_CELL_BYTES"};
+    const char *mode = cfg->mode;
     size_t i;
     for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
     if (!strcmp(mode, "tcp")) setenv("DDP_TRANSPORT", "tcp", 1);
@@ -476,15 +522,24 @@ static void mode_setup(const char *mode, int rank, int p) {
         setenv("DDP_SHM_CELLS", "2", 1);
         setenv("DDP_SHM_CELL_BYTES", "256", 1);
     }
-    if (!strcmp(mode, "mixed")) setenv("DDP_HOST_ID", rank < (p + 1) / 2 ? "fake-host-a" : "fake-host-b", 1);
+    if (!strcmp(mode, "mixed")) {
+        char id[32];
+        snprintf(id, sizeof id, "fake-host-%d", layout_host(cfg->layout, cfg->p, rank));
+        setenv("DDP_HOST_ID", id, 1);
+    }
 }
 
 /* The transport each peer must be using in this mode ("" = don't care). */
-static const char *mode_expect(const char *mode, int rank, int peer, int p) {
-    if (!strcmp(mode, "tcp")) return "tcp";
-    if (!strcmp(mode, "mixed")) return (rank < (p + 1) / 2) == (peer < (p + 1) / 2) ? "shm" : "tcp";
+static const char *mode_expect(const run_cfg_t *cfg, int rank, int peer) {
+    if (!strcmp(cfg->mode, "tcp")) return "tcp";
+    if (!strcmp(cfg->mode, "mixed"))
+        return layout_host(cfg->layout, cfg->p, rank) == layout_host(cfg->layout, cfg->p, peer) ? "shm" : "tcp";
     return "shm";
 }
+
+/* Set by main(): runs with a DDP_ALGO write their timelines here (DDP_TRACE), and the parent
+ * checks that the all-reduces ran the algorithm asked for. */
+static char trace_dir[64];
 
 static int child(int rank, int p, void *arg) {
     const run_cfg_t *cfg = (const run_cfg_t *)arg;
@@ -496,7 +551,12 @@ static int child(int rank, int p, void *arg) {
     int k, status = 0;
     /* The run's settings, whatever the environment says. */
     if (cfg->algo) setenv("DDP_ALGO", cfg->algo, 1); else unsetenv("DDP_ALGO");
-    mode_setup(cfg->mode, rank, p);
+    if (cfg->algo && trace_dir[0]) {   /* which algorithm ran: see check_algorithm() */
+        char path[128];
+        snprintf(path, sizeof path, "%s/rank%%r.json", trace_dir);
+        setenv("DDP_TRACE", path, 1);
+    }
+    mode_setup(cfg, rank);
     unsetenv("DDP_RD_MAX_BYTES");
     unsetenv("DDP_SEGMENT_BYTES");
     t_desc(&d, 60000);
@@ -514,7 +574,7 @@ static int child(int rank, int p, void *arg) {
                  ddp_comm_rank(comm), ddp_comm_size(comm));
     }
     for (k = 0; k < p; k++) {
-        const char *want = mode_expect(cfg->mode, rank, k, p), *got = ddp_comm_transport_name(comm, k);
+        const char *want = mode_expect(cfg, rank, k), *got = ddp_comm_transport_name(comm, k);
         if (k == rank || !strcmp(want, got)) continue;
         S->init_failed[rank] = 1;
         snprintf(S->init_msg[rank], sizeof S->init_msg[rank], "peer %d uses transport '%s', "
@@ -544,12 +604,19 @@ static int child(int rank, int p, void *arg) {
 }
 
 /* ------------------------------------------------------------------------- the parent */
+/* A run's name in the report, and what DDP_TEST_ONLY matches: "mixed[2+1+2] p=5 algo=hier_rd". */
+static void run_tag(const run_cfg_t *cfg, char *out, size_t cap) {
+    char seg[32] = "";
+    if (cfg->segment_bytes) snprintf(seg, sizeof seg, " seg=%zu", cfg->segment_bytes);
+    snprintf(out, cap, "%s%s%s%s p=%d%s%s%s", cfg->mode, cfg->layout ? "[" : "", cfg->layout ? cfg->layout : "",
+             cfg->layout ? "]" : "", cfg->p, seg, cfg->algo ? " algo=" : "", cfg->algo ? cfg->algo : "");
+}
+
 static void report_run(const run_cfg_t *cfg, int nbad) {
     const int p = cfg->p;
     int k = 0, r;
-    char tag[64];
-    snprintf(tag, sizeof tag, "%s p=%d%s%s%s", cfg->mode, p, cfg->segment_bytes ? " seg=4096" : "",
-             cfg->algo ? " algo=" : "", cfg->algo ? cfg->algo : "");
+    char tag[96];
+    run_tag(cfg, tag, sizeof tag);
     for (r = 0; r < p; r++)
         if (S->init_failed[r]) diag("%s rank %d init: %s", tag, r, S->init_msg[r]);
     ok(nbad == 0, "%s: every rank ran all %d cases and exited cleanly (%.1f s)", tag, S->ncases, t_last_run.seconds);
@@ -617,11 +684,130 @@ static run_cfg_t *add_run(run_cfg_t *runs, int *n, const char *mode, int p, size
     return c;
 }
 
+/* The all-reduce algorithms named by the trace events in `path` (DDP_TRACE's JSON, one event a
+ * line), added to names/counts (at most 8 names); -1 if there is no such file. */
+static int tally_algorithms(const char *path, char names[8][64], int counts[8], int *nnames) {
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int events = 0;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *a;
+        size_t len;
+        int i;
+        if (!strstr(line, "\"name\":\"all_reduce\"") || !(a = strstr(line, "\"algorithm\":\""))) continue;
+        a += strlen("\"algorithm\":\"");
+        len = strcspn(a, "\"");
+        if (len > 63) len = 63;
+        for (i = 0; i < *nnames; i++) if (strlen(names[i]) == len && !strncmp(names[i], a, len)) break;
+        if (i == *nnames) {
+            if (i == 8) continue;
+            memcpy(names[i], a, len);
+            names[i][len] = 0;
+            counts[i] = 0;
+            (*nnames)++;
+        }
+        counts[i]++;
+        events++;
+    }
+    fclose(f);
+    return events;
+}
+
+/* After a run with DDP_ALGO: its all-reduces ran that algorithm on every rank (or its documented
+ * fallback: rd and hier_rd above the scratch), so a silent fallback cannot pass for a test of it;
+ * "hier" runs only hierarchical ones, "auto" anything (said in a diagnostic). */
+static void check_algorithm(const run_cfg_t *cfg, const char *tag) {
+    static const char *const table[][3] = {
+        {"ring", "ring", NULL},
+        {"rd", "recursive doubling", "ring"},
+        {"rabenseifner", "rabenseifner", NULL},
+        {"hier_ring", "hierarchical (ring across hosts)", NULL},
+        {"hier_rd", "hierarchical (recursive doubling across hosts)", "hierarchical (rabenseifner across hosts)"},
+        {"hier_rabenseifner", "hierarchical (rabenseifner across hosts)", NULL},
+        {"hier", "hierarchical", NULL},   /* a prefix: any of the three */
+        {"auto", "", NULL}};
+    char names[8][64], summary[600] = "", path[128];
+    int counts[8], nnames = 0, r, i, events = 0, missing = 0, bad = 0, want_seen = 0;
+    size_t k, off = 0;
+    const char *want = NULL, *also = NULL;
+    for (k = 0; k < sizeof table / sizeof table[0]; k++)
+        if (!strcmp(cfg->algo, table[k][0])) { want = table[k][1]; also = table[k][2]; }
+    for (r = 0; r < cfg->p; r++) {
+        int e;
+        snprintf(path, sizeof path, "%s/rank%d.json", trace_dir, r);
+        e = tally_algorithms(path, names, counts, &nnames);
+        if (e < 0) missing++; else events += e;
+        unlink(path);
+    }
+    for (i = 0; i < nnames; i++) {
+        int is_want = want && (!strcmp(cfg->algo, "hier") ? !strncmp(names[i], want, strlen(want)) : !strcmp(names[i], want));
+        if (is_want) want_seen = 1;
+        else if (!(also && !strcmp(names[i], also))) bad += counts[i];
+        if (off < sizeof summary)
+            off += (size_t)snprintf(summary + off, sizeof summary - off, "%s%s x %d", i ? ", " : "", names[i], counts[i]);
+    }
+    if (!want) { diag("%s: no expectation for DDP_ALGO=%s: %s", tag, cfg->algo, summary); return; }
+    if (!*want) { diag("%s: the library chose: %s", tag, summary); return; }
+    ok(!missing && events > 0 && want_seen && !bad, "%s: every rank's all-reduces ran %s%s%s%s (trace: %d events%s%s)",
+       tag, want, also ? " (or " : "", also ? also : "", also ? ")" : "", events, *summary ? ": " : "", summary);
+    if (missing) diag("%s: %d of %d ranks wrote no trace to %s", tag, missing, cfg->p, trace_dir);
+}
+
+/* An all-reduce-only run on fake hosts (mode "mixed"); p is what the layout describes. */
+static run_cfg_t *add_hosts_run(run_cfg_t *runs, int *n, const char *layout, size_t seg, const char *algo,
+                                int big_pick, const size_t *counts, int ncounts) {
+    int p = 1;
+    run_cfg_t *c;
+    while (p <= T_MAX_RANKS && layout_host(layout, p, 0) < 0) p++;
+    if (p > T_MAX_RANKS) t_bail("layout '%s' describes no world", layout);
+    c = add_run(runs, n, "mixed", p, seg, algo, big_pick >= 0 ? BIG_ONE : BIG_NONE, 1, counts, ncounts);
+    c->layout = layout;
+    c->big_pick = big_pick;
+    return c;
+}
+
+/* Hierarchical and Rabenseifner all-reduce (issue 18): every dtype x op, counts {0, 1, 3, 1000,
+ * 100003}, in and out of place, random data; each algorithm meets the big count once, on one
+ * exact dtype x op (its own, so that every element size is met). */
+static void add_hier_runs(run_cfg_t *runs, int *n, int quick) {
+    static const size_t counts[] = {0, 1, 3, 1000, MID};
+    static const char *const algos[3] = {"hier_ring", "hier_rd", "hier_rabenseifner"};
+    static const int picks[3] = {DDP_FLOAT16 * DDP_NUM_OPS + DDP_SUM, DDP_INT64 * DDP_NUM_OPS + DDP_PROD,
+                                 DDP_BFLOAT16 * DDP_NUM_OPS + DDP_AVG};
+    /* Even; uneven with a one-rank host in the middle (L = 1: ranks 1 and 4 only forward
+     * inside their host); the one-rank host first. */
+    static const char *const layouts[3] = {"2+2", "2+1+2", "1+3"};
+    int a, l;
+    for (a = 0; a < 3; a++)
+        for (l = 0; l < 3; l++) {
+            if (quick && l != 1 && l != a % 2 * 2) continue;   /* 2+1+2 and one other */
+            add_hosts_run(runs, n, layouts[l], 0, algos[a], l == 1 ? picks[a] : -1, counts, 5);
+        }
+    /* hier_ring with the smallest segments: a host's slice spans many of them. */
+    add_hosts_run(runs, n, "2+1+2", 4096, "hier_ring", -1, counts, 5);
+    if (!quick) add_hosts_run(runs, n, "3+1", 4096, "hier_ring", -1, counts, 5);
+    /* A host's ranks not consecutive; one rank per host (nothing to do inside a host); the
+     * library's choice of inner and outer algorithm. */
+    add_hosts_run(runs, n, "0,1,0,1,1", 0, "hier_ring", -1, counts, 5);
+    if (!quick) add_hosts_run(runs, n, "1+1+1", 0, "hier_rd", -1, counts, 5);
+    if (!quick) add_hosts_run(runs, n, "2+1+2", 0, "hier", -1, counts, 5);
+    /* The cost model's choice where hierarchical is a candidate. */
+    add_hosts_run(runs, n, "2+2", 0, "auto", DDP_UINT8 * DDP_NUM_OPS + DDP_MIN, counts, 5);
+    /* Rabenseifner: a power of two, an odd and a prime world, on one host and on fake hosts. */
+    add_run(runs, n, "tcp", 4, 0, "rabenseifner", BIG_NONE, 1, counts, 5);
+    add_run(runs, n, "shm", 5, 0, "rabenseifner", BIG_ONE, 1, counts, 5)->big_pick = DDP_FLOAT32 * DDP_NUM_OPS + DDP_MAX;
+    if (!quick) add_run(runs, n, "tcp", 7, 0, "rabenseifner", BIG_NONE, 1, counts, 5);
+    if (!quick) add_hosts_run(runs, n, "2+2", 0, "rabenseifner", -1, counts, 5);
+    add_hosts_run(runs, n, "3+2", 0, "rabenseifner", -1, counts, 5);
+    if (!quick) add_hosts_run(runs, n, "1+4+2", 0, "rabenseifner", -1, counts, 5);
+}
+
 int main(void) {
     static const size_t base_counts[] = {0, 1, 3, 1000};
     static const size_t ring_counts[] = {0, 1, 3, 1000, MID};
     static const size_t rd_counts[] = {1, 3, 1000, MID};
-    run_cfg_t runs[64];
+    run_cfg_t runs[96];
     int nruns = 0, i, quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
     double t0;
     t_init();
@@ -655,14 +841,22 @@ int main(void) {
     add_run(runs, &nruns, "mixed", 3, 4096, NULL, BIG_NONE, 0, ring_counts, 5);
     add_run(runs, &nruns, "mixed", 4, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
     if (!quick) add_run(runs, &nruns, "mixed", 8, 0, NULL, BIG_NONE, 0, ring_counts, 5);
+    add_hier_runs(runs, &nruns, quick);
+    snprintf(trace_dir, sizeof trace_dir, "/tmp/ddp_test_collectives_XXXXXX");
+    if (!mkdtemp(trace_dir)) trace_dir[0] = 0;
     t0 = t_now();
     for (i = 0; i < nruns; i++) {
         int nbad;
+        char tag[96];
+        run_tag(&runs[i], tag, sizeof tag);
+        if (!t_selected(tag)) continue;
         S = (coll_shm_t *)t_shm_user(sizeof(coll_shm_t));
         S->ncases = build_cases(&runs[i]);
         nbad = run_ranks(runs[i].p, child, &runs[i], 300);
         report_run(&runs[i], nbad);
+        if (runs[i].algo && trace_dir[0]) check_algorithm(&runs[i], tag);
     }
+    if (trace_dir[0]) rmdir(trace_dir);
     diag("total %.1f s", t_now() - t0);
     return t_done();
 }

@@ -33,6 +33,17 @@
  *             naming rank 0.
  *   closed    a rank destroys its communicator while the others wait for it: DDP_ERR_REMOTE
  *             naming it, long before the timeout.
+ *   hier      hierarchical all-reduce (issue 18), the thread ranks placed on fake hosts by
+ *             DDP_TEST_HOSTS (still reached by "threads"): DDP_ALGO=hier_ring, hier_rd and
+ *             hier_rabenseifner on 2+2, 3+1+2 (uneven) and 1+1, every dtype x op, counts
+ *             {0, 1, 3, 1000, 100003}, in and out of place, checked bit for bit, plus random
+ *             data (within (p+1) unit roundoffs, the same bits on every rank and when
+ *             repeated) and (1<<20)+7 once per algorithm; the timeline (DDP_TRACE) shows
+ *             that every all-reduce ran the algorithm asked for. Also hier_ring and
+ *             hier_rabenseifner with 4 KiB segments, 3+2 (L = 2), non-consecutive hosts
+ *             (1,0,1,0), one host, one rank, DDP_ALGO=hier and auto. A DDP_TEST_HOSTS with the
+ *             wrong number of entries fails init with DDP_ERR_INVALID_ARGUMENT, saying so.
+ *             Quick: each algorithm on one layout, hier_ring with 4 KiB segments, auto.
  *   process   4 ranks in 2 processes of 2 threads (ddp_comm_init): the peer in the same process
  *             is reached by "threads", the others by "shm"; collectives right (not under TSan).
  */
@@ -45,6 +56,7 @@
 #include "tests/ddp_test.h"
 #include "tests/ddp_test_data.h"
 
+#include <math.h>
 #include <pthread.h>
 
 #define MAXN 8
@@ -138,6 +150,7 @@ static const char *const coll_names[] = {"all_reduce", "reduce_scatter", "all_ga
 
 typedef struct {
     int coll, dt, op, inplace, root;
+    int random;        /* floating all-reduce on uniform data: checked within a tolerance */
     size_t count;      /* AR/BC/reduce: elements; RS/scatter: per rank received; AG/gather: per rank
                         * sent; all_to_all: per block; group: the first message's */
     uint64_t seed;
@@ -151,20 +164,30 @@ static void add(caselist_t *L, int coll, int dt, int op, size_t count, int inpla
     if (L->n == MAXCASES) t_bail("too many cases");
     c = &L->c[L->n++];
     c->coll = coll; c->dt = dt; c->op = op; c->count = count; c->inplace = inplace; c->root = root;
+    c->random = 0;
     c->seed = t_mix64(0x7468726561647300ull + (uint64_t)L->n);
 }
 
 static void case_str(const tc_t *c, int n, char *out, size_t cap) {
-    snprintf(out, cap, "%s %s %s count %zu %s root %d (n = %d)", coll_names[c->coll],
+    snprintf(out, cap, "%s %s %s count %zu %s%s root %d (n = %d)", coll_names[c->coll],
              ddp_dtype_name((ddp_dtype_t)c->dt), ddp_op_name((ddp_op_t)c->op), c->count,
-             c->inplace ? "in place" : "out of place", c->root, n);
+             c->inplace ? "in place" : "out of place", c->random ? " random" : "", c->root, n);
 }
 
 static int is_reduction(int coll) { return coll == C_AR || coll == C_RS || coll == C_REDUCE; }
 
-/* Element i of rank's input: reductions get order-independent values, copies any bits. */
+/* Uniform data, where the reduction order shows in the rounding: +-[0.5, 2) for PROD (no
+ * overflow or underflow), +-[0.001, 1) otherwise. */
+static uint64_t random_bits(int dt, int op, uint64_t u) {
+    double frac = (double)(u >> 11) * (1.0 / 9007199254740992.0), sign = (u & 1) ? -1.0 : 1.0;
+    return enc_float(dt, sign * (op == DDP_PROD ? 0.5 + 1.5 * frac : 0.001 + 0.999 * frac));
+}
+
+/* Element i of rank's input: reductions get order-independent values (or uniform ones in a
+ * random case), copies any bits. */
 static uint64_t in_bits(const tc_t *c, int rank, size_t i) {
     uint64_t u = case_rnd(c->seed, rank, i);
+    if (c->random) return random_bits(c->dt, c->op, u);
     return is_reduction(c->coll) ? exact_bits(c->dt, c->op, u) : u;
 }
 
@@ -225,6 +248,30 @@ static uint64_t ref_reduce(const tc_t *c, int p, size_t gi) {
         }
         return low_bits(enc_float(dt, acc), es);
     }
+}
+
+static double unit_roundoff(int dt) {
+    switch (dt) {
+    case DDP_FLOAT16: return ldexp(1.0, -11);
+    case DDP_BFLOAT16: return ldexp(1.0, -8);
+    case DDP_FLOAT32: return ldexp(1.0, -24);
+    default: return ldexp(1.0, -53);
+    }
+}
+
+/* A random case's element gi: within (p+1) unit roundoffs of the double-precision reference
+ * (PROD: 2p+2 of the product; AVG: the sum's bound divided by p, plus the division's). */
+static int near_ref(const tc_t *c, int p, size_t gi, uint64_t got, double *ref, double *tol) {
+    double sum = 0, abssum = 0, prod = 1, u = unit_roundoff(c->dt);
+    int r;
+    for (r = 0; r < p; r++) {
+        double v = dec_float(c->dt, in_bits(c, r, gi));
+        sum += v; abssum += fabs(v); prod *= v;
+    }
+    if (c->op == DDP_PROD) { *ref = prod; *tol = (2 * p + 2) * u * fabs(prod); }
+    else if (c->op == DDP_AVG) { *ref = sum / p; *tol = (p + 1) * u * abssum / p + 2 * u * fabs(*ref); }
+    else { *ref = sum; *tol = (p + 1) * u * abssum; }
+    return fabs(dec_float(c->dt, got) - *ref) <= *tol;
 }
 
 static void guard_set(unsigned char *reg, size_t bytes) {
@@ -299,6 +346,14 @@ static void run_case(rank_t *R, const tc_t *c, unsigned char *sreg, unsigned cha
     if (c->coll == C_AR && n > 10000) { lo = n * (size_t)me / (size_t)p; hi = n * (size_t)(me + 1) / (size_t)p; }
     for (i = lo; i < hi; i++) {
         uint64_t want, got = load(out, i, es);
+        if (c->random) {
+            double ref, tol;
+            if (near_ref(c, p, c->coll == C_RS ? (size_t)me * n + i : i, got, &ref, &tol)) continue;
+            case_str(c, p, what, sizeof what);
+            rfail(R, "%s: element %zu is %.9g, reference %.9g, tolerance %.3g", what, i,
+                  dec_float(c->dt, got), ref, tol);
+            break;
+        }
         switch (c->coll) {
         case C_AR: want = ref_reduce(c, p, i); break;
         case C_RS: want = ref_reduce(c, p, (size_t)me * n + i); break;
@@ -320,6 +375,17 @@ static void run_case(rank_t *R, const tc_t *c, unsigned char *sreg, unsigned cha
     if (!guard_ok(sreg, in_n * es) || !guard_ok(rreg, (in_n > out_n ? in_n : out_n) * es)) {
         case_str(c, p, what, sizeof what);
         rfail(R, "%s: guard bytes around a buffer overwritten", what);
+    }
+    /* Determinism: the same all-reduce again, out of place, gives the same bits. */
+    if (c->random && c->coll == C_AR && n && !R->bad) {
+        unsigned char *again = (unsigned char *)malloc(n * es);
+        fill(sb, c, me, 0, n);
+        r = again ? ddp_all_reduce(sb, again, n, dt, op, w->comms[me]) : DDP_ERR_OUT_OF_MEMORY;
+        R->checks++;
+        case_str(c, p, what, sizeof what);
+        if (r != DDP_SUCCESS) rfail(R, "%s, repeated -> %s: %s", what, ddp_strerror(r), ddp_comm_last_error(w->comms[me]));
+        else if (memcmp(again, out, n * es) != 0) rfail(R, "%s: repeating the call gave different bits", what);
+        free(again);
     }
 compare:
     /* Every rank passes both barriers of a case whatever happened, so nobody waits here for a
@@ -405,6 +471,233 @@ static void run_results(const char *label, int n, size_t segment, int big_all) {
         snprintf(what, sizeof what, "%s (%d cases)", label, g_cases.n);
         report_world(&w, what);
     }
+}
+
+/* ----------------------------------------------------------------- hierarchical */
+/* All-reduce alone: every dtype x op, counts {0, 1, 3, 1000, 100003}, in and out of place;
+ * random data (floating SUM/PROD/AVG; tolerance, determinism); big_dt >= 0: (1<<20)+7 once, of
+ * that dtype with op big_op. Quick (sanitizers): 100003 for a third of the dtype x op pairs. */
+static void build_hier(caselist_t *L, int big_dt, int big_op) {
+    static const size_t counts[5] = {0, 1, 3, 1000, 100003};
+    static const int fdts[4] = {DDP_FLOAT16, DDP_BFLOAT16, DDP_FLOAT32, DDP_FLOAT64};
+    int dt, op, k, ip;
+    L->n = 0;
+    for (dt = 0; dt < DDP_NUM_DTYPES; dt++)
+        for (op = 0; op < DDP_NUM_OPS; op++)
+            for (k = 0; k < 5; k++)
+                for (ip = 0; ip < 2; ip++) {
+                    if (g_quick && k == 4 && (dt + op + ip) % 3) continue;
+                    add(L, C_AR, dt, op, counts[k], ip, 0);
+                }
+    for (dt = 0; dt < 4; dt++)
+        for (op = 0; op < 3; op++)
+            for (k = 3; k < 5; k++) {
+                static const int fops[3] = {DDP_SUM, DDP_PROD, DDP_AVG};
+                if (g_quick && k == 4 && (dt + op) % 3) continue;
+                add(L, C_AR, fdts[dt], fops[op], counts[k], (dt + op + k) % 2, 0);
+                L->c[L->n - 1].random = 1;
+            }
+    if (big_dt >= 0) add(L, C_AR, big_dt, big_op, ((size_t)1 << 20) + 7, big_dt % 2, 0);
+}
+
+static void hier_body(rank_t *R) {
+    const caselist_t *L = (const caselist_t *)R->w->arg;
+    ddp_comm_t *c = R->w->comms[R->rank];
+    size_t cap = 64;
+    unsigned char *sreg, *rreg;
+    int k, q;
+    for (k = 0; k < L->n; k++) {
+        size_t b = L->c[k].count * ddp_dtype_size((ddp_dtype_t)L->c[k].dt);
+        if (b > cap) cap = b;
+    }
+    sreg = (unsigned char *)malloc(cap + 2 * GUARD);
+    rreg = (unsigned char *)malloc(cap + 2 * GUARD);
+    if (!sreg || !rreg) { rfail(R, "out of memory"); free(sreg); free(rreg); return; }
+    /* The hosts are a layout only: every peer is still reached by the threads transport. */
+    for (q = 0; q < R->w->n; q++) {
+        const char *name = ddp_comm_transport_name(c, q);
+        R->checks++;
+        if (strcmp(name, q == R->rank ? "self" : "threads") != 0)
+            rfail(R, "transport to rank %d is '%s', expected threads", q, name);
+    }
+    for (k = 0; k < L->n; k++) run_case(R, &L->c[k], sreg, rreg);
+    free(sreg);
+    free(rreg);
+}
+
+/* Where the hier worlds write their timelines (DDP_TRACE): which algorithm ran. */
+static char g_trace_dir[64];
+
+/* The all-reduce events of the DDP_TRACE file `path`: how many, and how many of them ran an
+ * algorithm whose name does not start with `want` (when `also` is not NULL, nor is `also`).
+ * The names met are appended to seen. -1 if there is no such file. */
+static int trace_algorithms(const char *path, const char *want, const char *also, int *other,
+                            char *seen, size_t cap) {
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int events = 0;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *a;
+        char name[64];
+        size_t len;
+        if (!strstr(line, "\"name\":\"all_reduce\"") || !(a = strstr(line, "\"algorithm\":\""))) continue;
+        a += strlen("\"algorithm\":\"");
+        len = strcspn(a, "\"");
+        if (len > sizeof name - 1) len = sizeof name - 1;
+        memcpy(name, a, len);
+        name[len] = 0;
+        events++;
+        if (strncmp(name, want, strlen(want)) != 0 && !(also && !strcmp(name, also))) (*other)++;
+        if (!strstr(seen, name) && strlen(seen) + len + 3 < cap) { if (*seen) strcat(seen, ", "); strcat(seen, name); }
+    }
+    fclose(f);
+    return events;
+}
+
+/* One world of thread ranks on the fake hosts `hosts` (DDP_TEST_HOSTS) with DDP_ALGO=algo. */
+static void run_hier_world(const char *label, const char *hosts, const char *algo, size_t segment,
+                           int big_dt, int big_op) {
+    world_t w;
+    ddp_comm_desc_t d;
+    int n = 1;
+    const char *s;
+    char path[128];
+    for (s = hosts; *s; s++) n += *s == ',';
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 60000;
+    d.segment_bytes = segment;
+    setenv("DDP_TEST_HOSTS", hosts, 1);
+    setenv("DDP_ALGO", algo, 1);
+    snprintf(path, sizeof path, "%s/rank%%r.json", g_trace_dir);
+    if (g_trace_dir[0]) setenv("DDP_TRACE", path, 1);
+    build_hier(&g_cases, big_dt, big_op);
+    diag("--- hier: DDP_TEST_HOSTS=%s (%s), DDP_ALGO=%s%s", hosts, label, algo, segment ? ", 4 KiB segments" : "");
+    if (run_world(&w, n, &d, hier_body, &g_cases)) {
+        char what[160], seen[400] = "";
+        int i, events = 0, other = 0, missing = 0;
+        /* DDP_ALGO=hier_X runs X across hosts (hier_rd: Rabenseifner above the scratch); hier:
+         * one of the three; auto: anything. */
+        const char *want = !strcmp(algo, "hier_ring") ? "hierarchical (ring across hosts)"
+                         : !strcmp(algo, "hier_rd") ? "hierarchical (recursive doubling across hosts)"
+                         : !strcmp(algo, "hier_rabenseifner") ? "hierarchical (rabenseifner across hosts)"
+                         : !strcmp(algo, "hier") ? "hierarchical" : "";
+        snprintf(what, sizeof what, "all_reduce, hosts %s (%s), DDP_ALGO=%s%s (%d cases)", hosts, label, algo,
+                 segment ? ", 4 KiB segments" : "", g_cases.n);
+        report_world(&w, what);
+        for (i = 0; g_trace_dir[0] && i < n; i++) {
+            int e;
+            snprintf(path, sizeof path, "%s/rank%d.json", g_trace_dir, i);
+            e = trace_algorithms(path, want, !strcmp(algo, "hier_rd") ? "hierarchical (rabenseifner across hosts)" : NULL,
+                                 &other, seen, sizeof seen);
+            if (e < 0) missing++; else events += e;
+            unlink(path);
+        }
+        if (!g_trace_dir[0]) diag("no trace directory: the algorithm is not checked");
+        else if (!*want) diag("... DDP_ALGO=%s chose: %s", algo, seen);
+        else ok(!missing && events > 0 && !other, "... every all-reduce ran %s%s (trace of %d ranks, %d events: %s)",
+                want, !strcmp(algo, "hier_rd") ? " or Rabenseifner across hosts" : "", n - missing, events, seen);
+    }
+    unsetenv("DDP_TEST_HOSTS");
+    unsetenv("DDP_ALGO");
+    unsetenv("DDP_TRACE");
+}
+
+/* DDP_TEST_HOSTS naming another number of ranks than the world's: init fails, explained. */
+static void run_hier_bad_hosts(void) {
+    static const char *const bad[2] = {"0,0,1", "0,0,1,1,1"};
+    int k, i;
+    for (k = 0; k < 2; k++) {
+        ddp_comm_t *comms[4] = {NULL, NULL, NULL, NULL};
+        ddp_comm_desc_t d;
+        ddp_result_t r;
+        int left = 0;
+        memset(&d, 0, sizeof d);
+        d.timeout_ms = 10000;
+        d.log_level = 1;
+        setenv("DDP_TEST_HOSTS", bad[k], 1);
+        r = ddp_comm_init_threads(comms, 4, &d);
+        unsetenv("DDP_TEST_HOSTS");
+        for (i = 0; i < 4; i++)
+            if (comms[i]) { left++; if (r == DDP_SUCCESS) ddp_comm_destroy(comms[i]); }
+        ok(r == DDP_ERR_INVALID_ARGUMENT && !left, "4 thread ranks, DDP_TEST_HOSTS=%s (%d entries): %s, "
+           "%d communicators left", bad[k], k ? 5 : 3, ddp_strerror(r), left);
+        ok(r != DDP_SUCCESS && strstr(ddp_last_init_error(), "DDP_TEST_HOSTS") != NULL,
+           "... the error names DDP_TEST_HOSTS: %s", r != DDP_SUCCESS ? ddp_last_init_error() : "(init succeeded)");
+    }
+}
+
+/* Splits of a communicator on test hosts 0,0,1,1 (DDP_ALGO=hier_ring): across the hosts
+ * (colour rank % 2: one rank per host) and inside each (colour rank / 2): each child keeps its
+ * members' test hosts (it cannot read them again from DDP_TEST_HOSTS, which names the parent's
+ * four), and its all-reduce is right. */
+static void hier_split_body(rank_t *R) {
+    ddp_comm_t *c = R->w->comms[R->rank];
+    float x[1001];
+    int k, i;
+    for (k = 0; k < 2 && !R->bad; k++) {
+        ddp_comm_t *sub = NULL;
+        const int color = k ? R->rank / 2 : R->rank % 2;
+        ddp_result_t r = ddp_comm_split(c, color, R->rank, &sub);
+        if (r != DDP_SUCCESS || !sub) { rfail(R, "split %d: %s: %s", k, ddp_strerror(r), ddp_comm_last_error(c)); break; }
+        for (i = 0; i < 1001; i++) x[i] = (float)(R->rank + i % 5);
+        r = ddp_all_reduce(x, x, 1001, DDP_FLOAT32, DDP_SUM, sub);
+        for (i = 0; i < 1001 && r == DDP_SUCCESS; i++) {
+            /* members: {c, c + 2} across, {2c, 2c + 1} inside */
+            const float want = (float)(k ? 4 * color + 1 : 2 * color + 2) + 2.0f * (float)(i % 5);
+            if (x[i] != want) { rfail(R, "split %d: element %d = %g, expected %g", k, i, (double)x[i], (double)want); break; }
+        }
+        if (r != DDP_SUCCESS) rfail(R, "split %d all_reduce: %s: %s", k, ddp_strerror(r), ddp_comm_last_error(sub));
+        R->checks++;
+        ddp_comm_destroy(sub);
+    }
+}
+
+static void run_hier_split(void) {
+    world_t w;
+    ddp_comm_desc_t d;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 60000;
+    setenv("DDP_TEST_HOSTS", "0,0,1,1", 1);
+    setenv("DDP_ALGO", "hier_ring", 1);
+    if (run_world(&w, 4, &d, hier_split_body, NULL))
+        report_world(&w, "DDP_TEST_HOSTS=0,0,1,1, hier_ring: comm_split across the hosts and inside each, "
+                     "then an all-reduce in each child");
+    unsetenv("DDP_TEST_HOSTS");
+    unsetenv("DDP_ALGO");
+}
+
+/* Hierarchical all-reduce with the thread ranks on fake hosts: even (2+2), uneven (3+1+2:
+ * L = 1, the other ranks of the first and last hosts only forward inside them), one rank per
+ * host (1+1); each algorithm meets the big count once, on 3+1+2. Then the smallest segments,
+ * hosts whose ranks are not consecutive, the library's choices (hier, auto). */
+static void run_hier(void) {
+    static const char *const hosts[3] = {"0,0,1,1", "0,0,0,1,2,2", "0,1"};
+    static const char *const labels[3] = {"2+2", "3+1+2", "1+1"};
+    static const char *const algos[3] = {"hier_ring", "hier_rd", "hier_rabenseifner"};
+    static const int big_dts[3] = {DDP_FLOAT32, DDP_UINT8, DDP_FLOAT64};
+    static const int big_ops[3] = {DDP_AVG, DDP_MIN, DDP_SUM};
+    int a, l;
+    snprintf(g_trace_dir, sizeof g_trace_dir, "/tmp/ddp_test_threads_XXXXXX");
+    if (!mkdtemp(g_trace_dir)) g_trace_dir[0] = 0;
+    for (a = 0; a < 3; a++)
+        for (l = 0; l < 3; l++) {
+            if (g_quick && l != a) continue;
+            run_hier_world(labels[l], hosts[l], algos[a], 0, l == 1 || g_quick ? big_dts[a] : -1, big_ops[a]);
+        }
+    run_hier_world("3+1+2", hosts[1], "hier_ring", 4096, -1, 0);
+    if (!g_quick) {
+        run_hier_world("3+1+2", hosts[1], "hier_rabenseifner", 4096, -1, 0);
+        run_hier_world("3+2: L = 2, rank 2 forwards", "0,0,0,1,1", "hier_rd", 0, -1, 0);
+        run_hier_world("hosts 1 and 0 alternating", "1,0,1,0", "hier_rabenseifner", 0, -1, 0);
+        run_hier_world("one host", "a,a,a", "hier_ring", 0, -1, 0);
+        run_hier_world("one rank", "0", "hier_rd", 0, -1, 0);
+        run_hier_world("3+1+2", hosts[1], "hier", 0, -1, 0);
+    }
+    run_hier_world("2+2", hosts[0], "auto", 0, -1, 0);
+    if (g_trace_dir[0]) rmdir(g_trace_dir);
+    run_hier_bad_hosts();
+    run_hier_split();
 }
 
 /* ----------------------------------------------------------------- rooted and p2p */
@@ -860,6 +1153,7 @@ int main(void) {
     unsetenv("DDP_ALGO");
     unsetenv("DDP_THREADS_COLL");
     unsetenv("DDP_THREADS_SMALL_MAX");
+    unsetenv("DDP_TEST_HOSTS");
     setenv("DDP_DEBUG", "NONE", 0);
     if (t_selected("results")) {
         for (k = 0; k < (g_quick ? 4 : MAXN); k++) {
@@ -890,6 +1184,7 @@ int main(void) {
         unsetenv("DDP_ALGO");
         unsetenv("DDP_THREADS_COLL");
     }
+    if (t_selected("hier")) run_hier();
     if (t_selected("rooted")) {
         for (k = 0; k < (g_quick ? 4 : MAXN); k++) {
             n = g_quick ? quick_sizes[k] : k + 1;
