@@ -435,6 +435,20 @@ static T_UNUSED int t_mentions_int(const char *msg, int v) {
     return 0;
 }
 
+/* One line of a DDP_TRACE file: 1 and the algorithm's name in name (cut to cap - 1) when it is
+ * an all-reduce event, else 0. The tests that force DDP_ALGO read back what ran with it. */
+static T_UNUSED int t_trace_all_reduce_algo(const char *line, char *name, size_t cap) {
+    const char *a;
+    size_t len;
+    if (!strstr(line, "\"name\":\"all_reduce\"") || !(a = strstr(line, "\"algorithm\":\""))) return 0;
+    a += strlen("\"algorithm\":\"");
+    len = strcspn(a, "\"");
+    if (len > cap - 1) len = cap - 1;
+    memcpy(name, a, len);
+    name[len] = 0;
+    return 1;
+}
+
 /* Does msg say "rank v" (also "rank(s) 1,v", "ranks v")? */
 static T_UNUSED int t_mentions_rank(const char *msg, int v) {
     const char *s = msg;

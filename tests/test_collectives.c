@@ -692,18 +692,13 @@ static int tally_algorithms(const char *path, char names[8][64], int counts[8], 
     int events = 0;
     if (!f) return -1;
     while (fgets(line, sizeof line, f)) {
-        const char *a;
-        size_t len;
+        char name[64];
         int i;
-        if (!strstr(line, "\"name\":\"all_reduce\"") || !(a = strstr(line, "\"algorithm\":\""))) continue;
-        a += strlen("\"algorithm\":\"");
-        len = strcspn(a, "\"");
-        if (len > 63) len = 63;
-        for (i = 0; i < *nnames; i++) if (strlen(names[i]) == len && !strncmp(names[i], a, len)) break;
+        if (!t_trace_all_reduce_algo(line, name, sizeof name)) continue;
+        for (i = 0; i < *nnames; i++) if (!strcmp(names[i], name)) break;
         if (i == *nnames) {
             if (i == 8) continue;
-            memcpy(names[i], a, len);
-            names[i][len] = 0;
+            strcpy(names[i], name);
             counts[i] = 0;
             (*nnames)++;
         }

@@ -538,15 +538,10 @@ static int trace_algorithms(const char *path, const char *want, const char *also
     int events = 0;
     if (!f) return -1;
     while (fgets(line, sizeof line, f)) {
-        const char *a;
         char name[64];
         size_t len;
-        if (!strstr(line, "\"name\":\"all_reduce\"") || !(a = strstr(line, "\"algorithm\":\""))) continue;
-        a += strlen("\"algorithm\":\"");
-        len = strcspn(a, "\"");
-        if (len > sizeof name - 1) len = sizeof name - 1;
-        memcpy(name, a, len);
-        name[len] = 0;
+        if (!t_trace_all_reduce_algo(line, name, sizeof name)) continue;
+        len = strlen(name);
         events++;
         if (strncmp(name, want, strlen(want)) != 0 && !(also && !strcmp(name, also))) (*other)++;
         if (!strstr(seen, name) && strlen(seen) + len + 3 < cap) { if (*seen) strcat(seen, ", "); strcat(seen, name); }
