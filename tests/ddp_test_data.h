@@ -11,6 +11,12 @@
 #ifndef DDP_TEST_DATA_H
 #define DDP_TEST_DATA_H
 
+/* Unit roundoff of a floating dtype (2^-p, p its significand bits with the hidden one): the
+ * random-data cases' tolerance is a multiple of it. */
+static T_UNUSED double unit_roundoff(int dt) {
+    return dt == DDP_FLOAT16 ? 1.0 / 2048 : dt == DDP_BFLOAT16 ? 1.0 / 256 : dt == DDP_FLOAT32 ? 1.0 / 16777216
+         : 1.0 / 9007199254740992.0;
+}
 static T_UNUSED int is_int(int dt) { return dt <= DDP_UINT64; }
 static T_UNUSED int is_signed_int(int dt) { return dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64; }
 static inline uint64_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

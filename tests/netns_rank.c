@@ -391,8 +391,7 @@ static uint64_t m_expect(const m_case_t *c, size_t gi) {
  * dtype's unit roundoff (fp16/bf16 rounded once more at the end). */
 static int m_within(const m_case_t *c, size_t gi, uint64_t got, double *want) {
     int dt = c->dtype, r;
-    double u = dt == DDP_FLOAT16 ? ldexp(1, -11) : dt == DDP_BFLOAT16 ? ldexp(1, -8) : dt == DDP_FLOAT32 ? ldexp(1, -24)
-               : ldexp(1, -53);
+    double u = unit_roundoff(dt);
     double sum = 0, mag = 0, prod = 1, tol, g = dec_float(dt, got);
     for (r = 0; r < nranks; r++) {
         double v = dec_float(dt, m_input(c, r, gi));

@@ -267,15 +267,6 @@ static uint64_t ref_exact(const tcase_t *c, int p, size_t gi) {
     }
 }
 
-static double unit_roundoff(int dt) {
-    switch (dt) {
-    case DDP_FLOAT16: return ldexp(1.0, -11);
-    case DDP_BFLOAT16: return ldexp(1.0, -8);
-    case DDP_FLOAT32: return ldexp(1.0, -24);
-    default: return ldexp(1.0, -53);
-    }
-}
-
 /* ------------------------------------------------------------------------- checking */
 static void case_fail(int k, const char *fmt, ...) T_PRINTF(2, 3);
 static void case_fail(int k, const char *fmt, ...) {

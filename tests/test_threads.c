@@ -101,6 +101,18 @@ static void rfail(rank_t *r, const char *fmt, ...) {
     if (r->w->comms[r->rank]) ddp_comm_abort(r->w->comms[r->rank]);
 }
 
+/* Every peer of R is reached by the threads transport (also on test hosts: a layout only). */
+static void check_threads_transport(rank_t *R) {
+    ddp_comm_t *c = R->w->comms[R->rank];
+    int q;
+    for (q = 0; q < R->w->n; q++) {
+        const char *name = ddp_comm_transport_name(c, q);
+        R->checks++;
+        if (strcmp(name, q == R->rank ? "self" : "threads") != 0)
+            rfail(R, "transport to rank %d is '%s', expected threads", q, name);
+    }
+}
+
 static void *rank_main(void *arg) {
     rank_t *r = (rank_t *)arg;
     r->w->body(r);
@@ -247,15 +259,6 @@ static uint64_t ref_reduce(const tc_t *c, int p, size_t gi) {
             return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
         }
         return low_bits(enc_float(dt, acc), es);
-    }
-}
-
-static double unit_roundoff(int dt) {
-    switch (dt) {
-    case DDP_FLOAT16: return ldexp(1.0, -11);
-    case DDP_BFLOAT16: return ldexp(1.0, -8);
-    case DDP_FLOAT32: return ldexp(1.0, -24);
-    default: return ldexp(1.0, -53);
     }
 }
 
@@ -437,14 +440,9 @@ static void results_body(rank_t *R) {
     const size_t cap = (BIG + 2 * MAXN) * 8 + 2 * GUARD;
     unsigned char *sreg = (unsigned char *)malloc(cap), *rreg = (unsigned char *)malloc(cap);
     ddp_comm_t *c = R->w->comms[R->rank];
-    int k, q;
+    int k;
     if (!sreg || !rreg) { rfail(R, "out of memory"); free(sreg); free(rreg); return; }
-    for (q = 0; q < R->w->n; q++) {
-        const char *name = ddp_comm_transport_name(c, q);
-        R->checks++;
-        if (strcmp(name, q == R->rank ? "self" : "threads") != 0)
-            rfail(R, "transport to rank %d is '%s', expected threads", q, name);
-    }
+    check_threads_transport(R);
     for (k = 0; k < L->n; k++) {
         if (L->c[k].coll == C_BARRIER) {
             R->checks++;
@@ -502,10 +500,9 @@ static void build_hier(caselist_t *L, int big_dt, int big_op) {
 
 static void hier_body(rank_t *R) {
     const caselist_t *L = (const caselist_t *)R->w->arg;
-    ddp_comm_t *c = R->w->comms[R->rank];
     size_t cap = 64;
     unsigned char *sreg, *rreg;
-    int k, q;
+    int k;
     for (k = 0; k < L->n; k++) {
         size_t b = L->c[k].count * ddp_dtype_size((ddp_dtype_t)L->c[k].dt);
         if (b > cap) cap = b;
@@ -513,13 +510,7 @@ static void hier_body(rank_t *R) {
     sreg = (unsigned char *)malloc(cap + 2 * GUARD);
     rreg = (unsigned char *)malloc(cap + 2 * GUARD);
     if (!sreg || !rreg) { rfail(R, "out of memory"); free(sreg); free(rreg); return; }
-    /* The hosts are a layout only: every peer is still reached by the threads transport. */
-    for (q = 0; q < R->w->n; q++) {
-        const char *name = ddp_comm_transport_name(c, q);
-        R->checks++;
-        if (strcmp(name, q == R->rank ? "self" : "threads") != 0)
-            rfail(R, "transport to rank %d is '%s', expected threads", q, name);
-    }
+    check_threads_transport(R);
     for (k = 0; k < L->n; k++) run_case(R, &L->c[k], sreg, rreg);
     free(sreg);
     free(rreg);
