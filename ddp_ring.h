@@ -104,6 +104,7 @@ typedef struct {
     const unsigned char *send;
     unsigned char *recv;
     size_t count, geo_total, geo_off;
+    size_t geo_base, geo_rem;   /* geo_total / geo_parts and its remainder: no division per item */
     int geo_parts;
     size_t es, own_off, seg_elems, nseg, group;
     const char *label;  /* where in a bigger algorithm (" (hierarchical, inside the host)"), or NULL */
@@ -133,10 +134,14 @@ static inline void _ddp_ring_item(const _ddp_ring_t *g, size_t i, int *t, size_t
     *gsize = gs;
 }
 
+/* _ddp_geo_start with the division done once, in the plan (this runs for every item). */
+static inline size_t _ddp_ring_geo_start(const _ddp_ring_t *g, size_t ch) {
+    return ch >= (size_t)g->geo_parts ? g->geo_total : ch * g->geo_base + (ch < g->geo_rem ? ch : g->geo_rem);
+}
+
 /* Elements [*coff, *coff + *clen) of this call's buffer that chunk ch covers. */
 static inline void _ddp_ring_chunk(const _ddp_ring_t *g, size_t ch, size_t *coff, size_t *clen) {
-    size_t a = _ddp_geo_start(g->geo_total, g->geo_parts, ch);
-    size_t b = _ddp_geo_start(g->geo_total, g->geo_parts, ch + 1);
+    size_t a = _ddp_ring_geo_start(g, ch), b = _ddp_ring_geo_start(g, ch + 1);
     const size_t lo = g->geo_off, hi = g->geo_off + g->count;
     if (a < lo) a = lo;
     if (b > hi) b = hi;
@@ -385,10 +390,17 @@ _DDP_PRIVATE void _ddp_ring_plan(_ddp_ring_t *g, size_t count, size_t geo_total,
     g->geo_total = geo_total;
     g->geo_off = geo_off;
     g->geo_parts = geo_parts;
-    for (ch = 0; ch < (size_t)g->p; ch++) {
-        _ddp_ring_chunk(g, ch, &coff, &clen);
-        if (clen > maxc) maxc = clen;
-        if (ch == (size_t)g->r) g->own_off = coff;
+    g->geo_base = geo_total / (size_t)geo_parts;
+    g->geo_rem = geo_total % (size_t)geo_parts;
+    if (!geo_off && count == geo_total) {   /* the whole buffer: the first chunk is the largest */
+        _ddp_ring_chunk(g, 0, &coff, &maxc);
+        _ddp_ring_chunk(g, (size_t)g->r, &g->own_off, &clen);
+    } else {                                /* a window: look at every chunk's part of it */
+        for (ch = 0; ch < (size_t)g->p; ch++) {
+            _ddp_ring_chunk(g, ch, &coff, &clen);
+            if (clen > maxc) maxc = clen;
+            if (ch == (size_t)g->r) g->own_off = coff;
+        }
     }
     want = (maxc * g->es / _DDP_RING_MIN_SEGS + 4095) & ~(size_t)4095;
     lo = _DDP_RING_MIN_SEG_BYTES < cap ? _DDP_RING_MIN_SEG_BYTES : cap;
@@ -735,8 +747,6 @@ _DDP_PRIVATE ddp_result_t _ddp_x_connect(const _ddp_x_t *x, const int *list, int
  * (nothing depends on where the halves fall). Messages move in pieces of a scratch slot,
  * DDP_RING_WINDOW of them per direction at a time. */
 #define _DDP_TAG_RABENSEIFNER 0x200
-
-typedef struct { int step, steps, partner; const char *stage; } _ddp_rab_where_t;
 
 /* Sends sn elements from sbuf to peer while receiving rn from it into rbuf: straight in
  * (reduce 0), or through the scratch and combined into rbuf (lower: ours first). */
