@@ -1463,14 +1463,18 @@ _DDP_PRIVATE ddp_result_t _ddp_init_model(ddp_comm_t *c) {
 
 /* The all-reduce algorithm for a call whose whole (virtual) buffer has `bytes`: the same on
  * every rank. */
-_DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
+_DDP_PRIVATE int _ddp_ar_pick_index(size_t bytes) {   /* the smallest k with 2^k >= bytes */
     int k = 0;
     while (k < 63 && ((uint64_t)1 << k) < (uint64_t)bytes) k++;
+    return k;
+}
+
+_DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
     switch (c->algo) {
     case _DDP_ALGO_AUTO:
-        if (c->layout.nhosts > 1) return c->ar_pick[k];
+        if (c->layout.nhosts > 1) return c->ar_pick[_ddp_ar_pick_index(bytes)];
         return bytes <= c->eng.scratch_bytes && bytes <= c->rd_max_bytes ? _DDP_AR_RD : _DDP_AR_RING;
-    case _DDP_ALGO_HIER: return c->hier_pick[k];
+    case _DDP_ALGO_HIER: return c->hier_pick[_ddp_ar_pick_index(bytes)];
     case 1 + _DDP_AR_RD: return bytes <= c->eng.scratch_bytes ? _DDP_AR_RD : _DDP_AR_RING;
     case 1 + _DDP_AR_HIER_RD:   /* above the scratch: Rabenseifner, which adds in rd's order */
         return (bytes + (size_t)c->hier.slices - 1) / (size_t)c->hier.slices <= c->eng.scratch_bytes
