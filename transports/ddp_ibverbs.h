@@ -1217,6 +1217,9 @@ static ddp_result_t _ddp_ib_wait(void *state, void *const *conns, int n, int tim
 static ddp_result_t _ddp_ib_close(void *conn) {
     _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)conn;
     if (!k) return DDP_SUCCESS;
+    /* A fork child shares the verbs context with the parent: destroying a queue pair here would
+     * destroy the parent's. Leave everything to the child's exit. */
+    if (ddp_transport_forked(k->st->ctx)) return DDP_SUCCESS;
     /* Goodbye, so that a peer still waiting on us fails now, not after a keepalive. Wait a
      * little for it to leave the queue (a dead peer never ACKs: then give up). */
     if (k->err == DDP_SUCCESS && !k->bye_us && k->sq_room > 0 &&
@@ -1236,7 +1239,7 @@ static ddp_result_t _ddp_ib_close(void *conn) {
 static ddp_result_t _ddp_ib_finalize(void *state) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     int i;
-    if (!st) return DDP_SUCCESS;
+    if (!st || ddp_transport_forked(st->ctx)) return DDP_SUCCESS;   /* see _ddp_ib_close */
     for (i = 0; st->pend && i < st->nranks; i++) if (st->pend[i]) _ddp_ib_conn_free(st->pend[i]);
     for (i = 0; i < _DDP_IB_REGS; i++) if (st->regs[i].mr) _ddp_ib_reg_drop(st, &st->regs[i]);
     if (st->ch) _ddp_ibv.destroy_comp_channel(st->ch);

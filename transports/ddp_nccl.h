@@ -1100,6 +1100,9 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_finalize(void *state) {
     const ddp_transport_ctx_t *ctx = s->ctx;
     int i;
     int alive;
+    /* A fork child: the device context and the watchdog thread are the parent's (CUDA is not
+     * usable after fork); leave everything to the child's exit. */
+    if (ddp_transport_forked(ctx)) return DDP_SUCCESS;
     pthread_mutex_lock(&s->comm_mu);
     alive = s->comm && !s->comm_dead;
     pthread_mutex_unlock(&s->comm_mu);

@@ -658,6 +658,9 @@ static ddp_result_t _ddp_thr_close(void *conn) {
     int spins = 0;
     if (!k) return DDP_SUCCESS;
     tp = k->tp;
+    /* A fork child: the peers were threads of the parent; nothing here is this process's to
+     * release but memory, left to its exit (their locks may have been copied held). */
+    if (ddp_transport_forked(tp->ctx)) return DDP_SUCCESS;
     __atomic_store_n(&tp->me->flags.v.closed, 1u, __ATOMIC_SEQ_CST);
     _ddp_thr_chan_close(k->out, 1);
     _ddp_thr_chan_close(k->in, 0);
@@ -679,7 +682,7 @@ static ddp_result_t _ddp_thr_close(void *conn) {
 static ddp_result_t _ddp_thr_finalize(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     int i;
-    if (!tp) return DDP_SUCCESS;
+    if (!tp || ddp_transport_forked(tp->ctx)) return DDP_SUCCESS;   /* see _ddp_thr_close */
     for (i = 0; tp->conns && i < tp->nranks; i++) if (tp->conns[i]) _ddp_thr_close(tp->conns[i]);
     if (tp->me) {
         _ddp_thr_ep_t **pp;

@@ -72,6 +72,12 @@ typedef struct ddp_transport_ctx {
      * returns r; last_error reads it back. */
     ddp_result_t (*fail)(void *host, ddp_result_t r, const char *msg);
     const char *(*last_error)(void *host);
+    /* Nonzero (read it with ddp_transport_forked) while a fork child destroys its copy of the
+     * communicator: close and finalize then release this process's descriptors, mappings and
+     * memory only. The parent still uses the same sockets, shared memory and device or verbs
+     * contexts: no messages, no shutdown(), no writes to shared memory, no calls into a
+     * device or verbs library, no joins (the threads stayed in the parent). */
+    const int *forked;
 } ddp_transport_ctx_t;
 
 typedef struct ddp_coll_provider {
@@ -193,6 +199,7 @@ DDP_API void ddp_transport_log(const ddp_transport_ctx_t *ctx, ddp_log_level_t l
 DDP_API void *ddp_transport_calloc(const ddp_transport_ctx_t *ctx, size_t size);
 DDP_API void ddp_transport_free(const ddp_transport_ctx_t *ctx, void *ptr);
 DDP_API int ddp_transport_aborted(const ddp_transport_ctx_t *ctx);
+DDP_API int ddp_transport_forked(const ddp_transport_ctx_t *ctx);
 
 #ifdef __cplusplus
 }
@@ -271,6 +278,9 @@ DDP_API void ddp_transport_free(const ddp_transport_ctx_t *ctx, void *ptr) {
 }
 DDP_API int ddp_transport_aborted(const ddp_transport_ctx_t *ctx) {
     return ctx && ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_SEQ_CST);
+}
+DDP_API int ddp_transport_forked(const ddp_transport_ctx_t *ctx) {
+    return ctx && ctx->forked && *ctx->forked;
 }
 
 /* ============================================================================================
