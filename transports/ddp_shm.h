@@ -21,13 +21,17 @@
  * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
  * message sizes.
  *
- * HANDSHAKE (version 2). Over the Unix socket, four fixed-size messages (one layout, a `kind`
+ * HANDSHAKE (version 3). Over the Unix socket, four fixed-size messages (one layout, a `kind`
  * field): HELLO {comm id, from, to, nonce_c} -> CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c,
  * region size} + memfd -> WELCOME {region size} + memfd, with the proofs of ddp_auth.h over the
  * communicator's key (label "shm <comm id hex> <from>-><to>"). A memfd goes only to a side that
  * has proven the key: a same-user process that knows the communicator id but not the key is
  * closed after its ANSWER and never sees a region. Another user's process is refused at accept
- * (SO_PEERCRED). The table of handshakes in progress holds world size + 64 entries; when full, the
+ * (SO_PEERCRED). Even a rank that proved the key is not trusted with anything that could crash
+ * the others: its pid comes from SO_PEERCRED, never from a message; no address is sent (a rank
+ * of the same process is found by the memfd's inode); and a region is mapped only if its memfd
+ * is sealed against shrinking and growing (and against removing the seals) and has the agreed
+ * size (fstat), so no peer can make another rank's access fault. The table of handshakes in progress holds world size + 64 entries; when full, the
  * oldest connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as
  * in the TCP transport; a full listen backlog makes a connect back off and retry.
  *
@@ -104,11 +108,25 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #endif
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 
+/* memfd seals (fcntl(2)), spelled out: glibc declares them only under _GNU_SOURCE. */
+#ifndef F_ADD_SEALS
+#define F_ADD_SEALS 1033
+#define F_GET_SEALS 1034
+#endif
+#ifndef F_SEAL_SEAL
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#endif
+#define _DDP_SHM_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
+
 #define _DDP_SHM_MAGIC 0x44445348u      /* "DDSH": region header and handshake */
-#define _DDP_SHM_VERSION 2u             /* 2: mutual challenge-response before any memfd */
+#define _DDP_SHM_VERSION 3u             /* 2: mutual challenge-response before any memfd;
+                                         * 3: sealed memfds, no pid or address on the wire */
 #define _DDP_SHM_HANDSHAKE_MS 10000
 #define _DDP_SHM_CONNECT_TRIES 12       /* a full backlog or an eviction: back off 5 ms .. 1 s */
 #define _DDP_SHM_POOL 32                /* requests per connection, as TCP */
@@ -147,9 +165,10 @@ typedef struct _ddp_shm_req {
 
 typedef struct _ddp_shm_conn {
     struct _ddp_shm *sp;
-    int peer, fd, peer_pid;
+    int peer, fd, peer_pid;           /* peer_pid: SO_PEERCRED's, never the peer's word */
     unsigned char *base;              /* the peer's region, mapped */
     size_t base_bytes;
+    int shared_map;                   /* base is the peer's own mapping (same process): counted */
     _ddp_shm_hdr_t *hdr;              /* = base */
     _ddp_shm_qctl_t *sq, *rq;         /* our queue to it (in our region), its queue to us */
     unsigned char *scells, *rcells;
@@ -168,9 +187,9 @@ enum { _DDP_SHM_HELLO = 1, _DDP_SHM_CHALLENGE, _DDP_SHM_ANSWER, _DDP_SHM_WELCOME
 typedef struct {
     uint32_t magic, version;
     uint64_t comm_id;
-    int32_t from, to, pid, kind;
+    int32_t from, to, unused0, kind;                   /* unused0, unused1: sent as 0, never read */
     int32_t status, pad;
-    uint64_t region_bytes, addr;                       /* ANSWER and WELCOME (with the memfd) */
+    uint64_t region_bytes, unused1;                    /* ANSWER and WELCOME (with the memfd) */
     unsigned char nonce[_DDP_AUTH_NONCE_BYTES];        /* HELLO: the connector's; CHALLENGE: ours */
     unsigned char proof[_DDP_AUTH_PROOF_BYTES];        /* CHALLENGE: proof_s; ANSWER: proof_c */
 } _ddp_shm_hello_t;
@@ -197,6 +216,7 @@ typedef struct _ddp_shm {
     unsigned char *mine;
     size_t region_bytes, chunk, cell_bytes, small_max, stream_min;
     int copyin_mode;                  /* -1: measure; 0 ordinary, 1 streaming stores */
+    struct _ddp_shm_mapped *mapped;   /* this region in the process's list (threads as ranks) */
     unsigned copyin_tries;
     double copyin_cost[2];            /* ns per byte of copy-in + reduce, by way */
     int ncells, coll_off, spin_us, oversubscribed;
@@ -242,22 +262,60 @@ static int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
     return 0;
 }
 
-/* Drops one user of a mapping (a region mapped once per process); the last unmaps it. */
-static void _ddp_shm_unmap(unsigned char *base, size_t bytes) {
+/* Drops one user of a mapping. A region shared by ranks of one process (shared: threads as
+ * ranks) is mapped once and counted; the last user unmaps it. Any other mapping is ours alone. */
+static void _ddp_shm_unmap(unsigned char *base, size_t bytes, int shared) {
     _ddp_shm_hdr_t *h = (_ddp_shm_hdr_t *)(void *)base;
-    /* Another process's region: our own mapping, not counted. */
-    if (h->pid != (int32_t)getpid() || __atomic_sub_fetch(&h->users, 1u, __ATOMIC_ACQ_REL) == 0)
-        munmap(base, bytes);
+    if (!shared || __atomic_sub_fetch(&h->users, 1u, __ATOMIC_ACQ_REL) == 0) munmap(base, bytes);
 }
 
-/* Whether the process at the other end of a unix socket runs as this one's effective user
- * (SO_PEERCRED). The answer is Linux's struct ucred (unix(7): pid, uid, gid, 32 bits each),
- * spelled out here because glibc declares it only under _GNU_SOURCE. */
-static int _ddp_shm_same_user(int fd) {
+/* The process at the other end of a unix socket (SO_PEERCRED: the kernel's word, not the
+ * peer's): 1 with *pid when it runs as this one's effective user. The answer is Linux's struct
+ * ucred (unix(7): pid, uid, gid, 32 bits each), spelled out here because glibc declares it
+ * only under _GNU_SOURCE. */
+static int _ddp_shm_peer_cred(int fd, int *pid) {
     struct { int32_t pid; uint32_t uid, gid; } cred;
     socklen_t cl = sizeof cred;
-    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 && cl == sizeof cred &&
-           cred.uid == (uint32_t)geteuid();
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred) return 0;
+    if (pid) *pid = cred.pid;
+    return cred.uid == (uint32_t)geteuid();
+}
+static int _ddp_shm_same_user(int fd) { return _ddp_shm_peer_cred(fd, NULL); }
+
+/* The regions this process made (threads as ranks), by memfd inode: a rank in the same
+ * process uses the owner's mapping, found from the descriptor it received, so both work on the
+ * same addresses (ThreadSanitizer then sees the whole protocol) and no address travels. */
+typedef struct _ddp_shm_mapped {
+    struct _ddp_shm_mapped *next;
+    dev_t dev;
+    ino_t ino;
+    unsigned char *base;
+} _ddp_shm_mapped_t;
+static pthread_mutex_t _ddp_shm_mapped_mu = PTHREAD_MUTEX_INITIALIZER;
+static _ddp_shm_mapped_t *_ddp_shm_mapped_list;
+
+/* The owner's mapping of the region behind st, with one more user, or NULL. */
+static unsigned char *_ddp_shm_mapped_use(const struct stat *st) {
+    _ddp_shm_mapped_t *m;
+    unsigned char *base = NULL;
+    pthread_mutex_lock(&_ddp_shm_mapped_mu);
+    for (m = _ddp_shm_mapped_list; m; m = m->next) {
+        if (m->dev == st->st_dev && m->ino == st->st_ino) {
+            base = m->base;
+            __atomic_add_fetch(&((_ddp_shm_hdr_t *)(void *)base)->users, 1u, __ATOMIC_ACQ_REL);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&_ddp_shm_mapped_mu);
+    return base;
+}
+
+static void _ddp_shm_mapped_drop(_ddp_shm_mapped_t *e) {
+    _ddp_shm_mapped_t **pp;
+    pthread_mutex_lock(&_ddp_shm_mapped_mu);
+    for (pp = &_ddp_shm_mapped_list; *pp; pp = &(*pp)->next)
+        if (*pp == e) { *pp = e->next; break; }
+    pthread_mutex_unlock(&_ddp_shm_mapped_mu);
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -273,7 +331,9 @@ static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
     sp->memfd = sp->listen_fd = -1;
     sp->rank = c->rank;
     sp->nranks = c->nranks;
-    sp->memfd = (int)syscall(SYS_memfd_create, "ddp-shm", 1u /* MFD_CLOEXEC */);
+    /* Sealable: sealed against resizing before any peer gets it (a peer that could shrink it
+     * would make every other rank's next access SIGBUS). */
+    sp->memfd = (int)syscall(SYS_memfd_create, "ddp-shm", 3u /* MFD_CLOEXEC | MFD_ALLOW_SEALING */);
     if (sp->memfd < 0) {
         ddp_result_t r = ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: memfd_create: %s", strerror(errno));
         ddp_transport_free(c, sp);
@@ -357,6 +417,9 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     if (ftruncate(sp->memfd, (off_t)sp->region_bytes) != 0)
         return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: sizing the %zu-byte region: %s",
                                   sp->region_bytes, strerror(errno));
+    if (fcntl(sp->memfd, F_ADD_SEALS, _DDP_SHM_SEALS) != 0)
+        return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: sealing the region against resizing: %s",
+                                  strerror(errno));
     sp->mine = (unsigned char *)mmap(NULL, sp->region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                                      sp->memfd, 0);
     if (sp->mine == MAP_FAILED) {
@@ -372,6 +435,19 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     me->pid = (int32_t)getpid();
     me->region_bytes = sp->region_bytes;
     me->users = 1;
+    {
+        struct stat st;
+        sp->mapped = (_ddp_shm_mapped_t *)ddp_transport_calloc(c, sizeof *sp->mapped);
+        if (!sp->mapped || fstat(sp->memfd, &st) != 0)
+            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: registering the region");
+        sp->mapped->dev = st.st_dev;
+        sp->mapped->ino = st.st_ino;
+        sp->mapped->base = sp->mine;
+        pthread_mutex_lock(&_ddp_shm_mapped_mu);
+        sp->mapped->next = _ddp_shm_mapped_list;
+        _ddp_shm_mapped_list = sp->mapped;
+        pthread_mutex_unlock(&_ddp_shm_mapped_mu);
+    }
     __atomic_store_n(&sp->me, me, __ATOMIC_RELEASE);
     _DDP_TLOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
               "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,
@@ -394,7 +470,6 @@ static void _ddp_shm_msg(const _ddp_shm_t *sp, _ddp_shm_hello_t *h, int to, int 
     h->comm_id = sp->ctx->comm_id;
     h->from = sp->rank;
     h->to = to;
-    h->pid = (int32_t)getpid();
     h->kind = kind;
 }
 
@@ -471,9 +546,10 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
                                        const _ddp_shm_hello_t *h, _ddp_shm_conn_t **out) {
     const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_conn_t *k;
-    unsigned char *base;
+    unsigned char *base = NULL;
     size_t bytes = (size_t)h->region_bytes;
-    int pl = sp->local_of[peer];
+    int pl = sp->local_of[peer], pid = 0, seals, shared = 0;
+    struct stat st;
     *out = NULL;
     if (bytes != sp->region_bytes) {
         close(memfd);
@@ -482,15 +558,24 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
                                   "%zu: the ranks use different DDP_SHM_* settings", peer, bytes,
                                   sp->region_bytes);
     }
-    /* A rank in this same process (threads as ranks): use its mapping, so both sides work on
-     * the same addresses (ThreadSanitizer then sees the whole protocol); the last user of a
-     * mapping unmaps it. Otherwise map the peer's memfd. */
-    if (h->pid == (int32_t)getpid() && h->addr) {
-        base = (unsigned char *)(uintptr_t)h->addr;
-        __atomic_add_fetch(&((_ddp_shm_hdr_t *)(void *)base)->users, 1u, __ATOMIC_ACQ_REL);
-    } else {
-        base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    /* Whatever the peer says, map only what cannot change under us: a memfd of the agreed size,
+     * sealed against shrinking and growing (and against unsealing). */
+    seals = fcntl(memfd, F_GET_SEALS);
+    if (fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != (uint64_t)bytes ||
+        seals < 0 || (seals & _DDP_SHM_SEALS) != _DDP_SHM_SEALS || !_ddp_shm_peer_cred(fd, &pid)) {
+        ddp_result_t r = ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d sent a region that "
+            "could change size under this rank (%s: %lld bytes, %zu expected; seals %#x, "
+            "shrink|grow|seal %#x required): refused", peer,
+            seals < 0 ? "not a sealable memfd" : "a memfd", (long long)st.st_size, bytes,
+            (unsigned)(seals < 0 ? 0 : seals), (unsigned)_DDP_SHM_SEALS);
+        close(memfd);
+        close(fd);
+        return r;
     }
+    /* A rank of this same process (threads as ranks): its own mapping, found by the memfd's
+     * inode, counted (the last user unmaps it). Otherwise map the memfd. */
+    if (pid == (int)getpid() && (base = _ddp_shm_mapped_use(&st)) != NULL) shared = 1;
+    else base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     close(memfd);
     if (base == MAP_FAILED) {
         close(fd);
@@ -500,7 +585,7 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     {
         _ddp_shm_hdr_t *ph = (_ddp_shm_hdr_t *)(void *)base;
         if (ph->magic != _DDP_SHM_MAGIC || ph->comm_id != c->comm_id || ph->rank != peer) {
-            _ddp_shm_unmap(base, bytes);
+            _ddp_shm_unmap(base, bytes, shared);
             close(fd);
             return ddp_transport_fail(c, DDP_ERR_MISMATCH, "shm: rank %d's region does not belong to "
                                       "this communicator", peer);
@@ -508,16 +593,17 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     }
     k = (_ddp_shm_conn_t *)ddp_transport_calloc(c, sizeof *k);
     if (!k) {
-        _ddp_shm_unmap(base, bytes);
+        _ddp_shm_unmap(base, bytes, shared);
         close(fd);
         return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: connection");
     }
     k->sp = sp;
     k->peer = peer;
     k->fd = fd;
-    k->peer_pid = h->pid;
+    k->peer_pid = pid;
     k->base = base;
     k->base_bytes = bytes;
+    k->shared_map = shared;
     k->hdr = (_ddp_shm_hdr_t *)(void *)base;
     k->sq = (_ddp_shm_qctl_t *)(void *)(sp->mine + sp->q_off + sp->q_stride * (size_t)pl);
     k->scells = (unsigned char *)(k->sq + 1);
@@ -608,7 +694,6 @@ static ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int
                                   "it is not rank %d of this job; refused", d->addr.name, peer, peer);
     _ddp_shm_msg(sp, &a, peer, _DDP_SHM_ANSWER);
     a.region_bytes = sp->region_bytes;
-    a.addr = (uint64_t)(uintptr_t)sp->mine;
     _ddp_transport_auth_proof(c, "shm", sp->rank, peer, _DDP_AUTH_CLIENT, h.nonce, d->nonce, a.proof);
     e = _ddp_shm_send_hello(sp, d->fd, &a, 1);
     _ddp_auth_wipe(&a, sizeof a);
@@ -730,7 +815,6 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
     }
     _ddp_shm_msg(sp, &out, pd->from, _DDP_SHM_WELCOME);
     out.region_bytes = sp->region_bytes;
-    out.addr = (uint64_t)(uintptr_t)sp->mine;
     if (_ddp_shm_send_hello(sp, pd->h.fd, &out, 1) != 0) {
         close(memfd);
         *why = "went away during the handshake";
@@ -1012,11 +1096,14 @@ static ddp_result_t _ddp_shm_close(void *conn) {
     _ddp_shm_t *sp;
     if (!k) return DDP_SUCCESS;
     sp = k->sp;
-    /* Tell every peer at once (the flag is ours, in our header) and wake it. */
-    __atomic_store_n(&sp->me->closed, 1u, __ATOMIC_SEQ_CST);
-    _ddp_transport_bell_ring(&k->hdr->bell, 1);
+    /* Tell every peer at once (the flag is ours, in our header) and wake it; not from a fork
+     * child, whose parent still uses the regions: it drops its own descriptor and mapping. */
+    if (!ddp_transport_forked(sp->ctx)) {
+        __atomic_store_n(&sp->me->closed, 1u, __ATOMIC_SEQ_CST);
+        _ddp_transport_bell_ring(&k->hdr->bell, 1);
+    }
     if (k->fd >= 0) close(k->fd);
-    if (k->base) _ddp_shm_unmap(k->base, k->base_bytes);
+    if (k->base) _ddp_shm_unmap(k->base, k->base_bytes, k->shared_map && !ddp_transport_forked(sp->ctx));
     if (sp->conns[k->peer] == k) sp->conns[k->peer] = NULL;
     sp->coll_enabled = 0;
     ddp_transport_free(sp->ctx, k);
@@ -1033,7 +1120,11 @@ static ddp_result_t _ddp_shm_finalize(void *state) {
     for (i = 0; sp->ready && i < sp->nranks; i++) if (sp->ready[i]) _ddp_shm_close(sp->ready[i]);
     for (i = 0; sp->conns && i < sp->nranks; i++) if (sp->conns[i]) _ddp_shm_close(sp->conns[i]);
     for (i = 0; sp->dial && i < sp->nranks; i++) if (sp->dial[i].fd >= 0) close(sp->dial[i].fd);
-    if (sp->mine) _ddp_shm_unmap(sp->mine, sp->region_bytes);
+    /* A fork child neither takes the region off the list (its lock may have been copied held)
+     * nor counts users in memory the parent shares. */
+    if (sp->mapped && !ddp_transport_forked(sp->ctx)) _ddp_shm_mapped_drop(sp->mapped);
+    if (sp->mine) _ddp_shm_unmap(sp->mine, sp->region_bytes, !ddp_transport_forked(sp->ctx));
+    if (!ddp_transport_forked(sp->ctx)) ddp_transport_free(sp->ctx, sp->mapped);
     if (sp->memfd >= 0) close(sp->memfd);
     ddp_transport_free(sp->ctx, sp->local_of);
     ddp_transport_free(sp->ctx, sp->conns);
