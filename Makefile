@@ -225,6 +225,10 @@ scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 	$(B)/store-bench -n 4096 -p 16
 	$(B)/store-bench -n 4096 -p 16 -s scale-bench-secret
 
+# ddp-kill-detect (bench/kill_detect.c): time from a rank's SIGKILL to each survivor's error.
+$(B)/ddp-kill-detect: bench/kill_detect.c $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).
 $(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)

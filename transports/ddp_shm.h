@@ -54,9 +54,12 @@
  *
  * WAITING. Spin (a pause loop, then sched_yield when there are more ranks than CPUs), then
  * sleep on a futex in the waiter's own header; a rank that publishes progress wakes peers
- * that said they sleep. Sleeps are cut into 50 ms slices to check the peers' sockets, so a
- * dead peer is DDP_ERR_REMOTE naming it within ~50 ms, never a hang; ddp_comm_abort wakes a
- * sleeping rank at once (the transport's abort entry rings its doorbell).
+ * that said they sleep. A dead peer cannot ring: a watcher thread per rank (started by the
+ * first sleep) waits in poll() on the peers' sockets and pidfds and rings the sleeper when one
+ * goes, so a killed peer is DDP_ERR_REMOTE naming it within about a millisecond, as over TCP.
+ * Sleeps are still cut into 50 ms slices that check the peers (the fallback when the watcher
+ * cannot run); ddp_comm_abort wakes a sleeping rank at once (the abort entry rings its
+ * doorbell).
  *
  * ENVIRONMENT
  *   DDP_SHM_COLL=0          point-to-point only (the communicator's ring/recursive doubling run
@@ -107,6 +110,7 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #error "transports/ddp_shm.h's implementation needs ddp_transport.h's and ddp_kernels.h's (define DDP_IMPLEMENTATION)"
 #endif
 
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -177,6 +181,8 @@ typedef struct _ddp_shm_conn {
     _ddp_transport_freelist_t free;
     ddp_result_t err;
     int64_t next_check_us;
+    int pidfd;                        /* the peer process (pidfd_open), or -1 */
+    uint32_t dead;                    /* the watcher saw the peer go (atomic) */
     _ddp_shm_req_t pool[_DDP_SHM_POOL];
 } _ddp_shm_conn_t;
 
@@ -236,6 +242,12 @@ typedef struct _ddp_shm {
     uint64_t nchunk;                  /* staging buffer uses (alternate buffers) */
     int coll_enabled;
     _ddp_shm_conn_t **ring;           /* the other ranks' connections, in rank order */
+    /* The watcher: a thread asleep in poll() on the peers' sockets and pidfds, started by the
+     * first wait that sleeps, that rings this rank's doorbell when a peer goes. */
+    pthread_t watch_thread;
+    int watch_state;                  /* 0 not started, 1 running, 2 over (or could not start) */
+    int watch_stop;                   /* eventfd: stop */
+    uint32_t gone_seen;               /* the watcher saw a peer go (atomic) */
 } _ddp_shm_t;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -250,6 +262,7 @@ static size_t _ddp_shm_env_size(const char *name, size_t def, size_t lo, size_t 
 static int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
     struct pollfd pfd;
     if (__atomic_load_n(&k->hdr->closed, __ATOMIC_ACQUIRE)) return 1;
+    if (__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) return 1;
     if (k->fd < 0) return 1;
     pfd.fd = k->fd;
     pfd.events = POLLIN;
@@ -328,7 +341,7 @@ static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
     sp = (_ddp_shm_t *)ddp_transport_calloc(c, sizeof *sp);
     if (!sp) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: init");
     sp->ctx = c;
-    sp->memfd = sp->listen_fd = -1;
+    sp->memfd = sp->listen_fd = sp->watch_stop = -1;
     sp->rank = c->rank;
     sp->nranks = c->nranks;
     /* Sealable: sealed against resizing before any peer gets it (a peer that could shrink it
@@ -601,6 +614,12 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     k->peer = peer;
     k->fd = fd;
     k->peer_pid = pid;
+    /* The process itself, not only its socket: a fork child of the peer holding a copy of the
+     * socket keeps it open after the peer dies. Opened while the peer is surely alive (it just
+     * finished the handshake), so a reused pid cannot be mistaken for it. Threads as ranks
+     * share our pid: the socket only. Without pidfd_open (Linux < 5.3): the socket only. */
+    k->pidfd = pid == (int)getpid() ? -1 : (int)syscall(434 /* SYS_pidfd_open; close-on-exec */,
+                                                       (pid_t)pid, 0u);
     k->base = base;
     k->base_bytes = bytes;
     k->shared_map = shared;
@@ -1070,10 +1089,80 @@ static int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- the watcher
+ * A sleeping rank sleeps on a futex, which a dead peer never rings: without help it would
+ * notice only at the end of its 50 ms slice. The watcher sleeps in poll() on every peer's
+ * socket (a hang-up when the peer's last copy closes) and pidfd (readable when the process
+ * exits, even while a fork child of it still holds the socket), marks the peer dead and rings
+ * this rank's doorbell: the sleeper wakes within microseconds and returns the error. It starts
+ * with the first wait that sleeps (the connections are all made by then; one made later is
+ * checked at the slices as before) and is stopped before any connection closes. */
+static void *_ddp_shm_watch_main(void *arg) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)arg;
+    struct pollfd pf[1 + 2 * 64];
+    _ddp_shm_conn_t *who[1 + 2 * 64];
+    int i, m = 1, live;
+    pf[0].fd = sp->watch_stop;
+    pf[0].events = POLLIN;
+    for (i = 0; i < sp->nranks && m + 2 <= (int)(sizeof pf / sizeof pf[0]); i++) {
+        _ddp_shm_conn_t *k = sp->conns[i];
+        if (!k) continue;
+        pf[m].fd = k->fd; pf[m].events = 0; who[m++] = k;            /* POLLHUP: always reported */
+        if (k->pidfd >= 0) { pf[m].fd = k->pidfd; pf[m].events = POLLIN; who[m++] = k; }
+    }
+    for (live = m - 1; live > 0;) {
+        /* Bounded like every wait: a lost stop is seen within a second. */
+        int n = poll(pf, (nfds_t)m, 1000);
+        if (__atomic_load_n(&sp->watch_state, __ATOMIC_ACQUIRE) != 1) break;
+        if (n <= 0) continue;
+        if (pf[0].revents) break;
+        for (i = 1; i < m; i++) {
+            if (pf[i].fd < 0 || !pf[i].revents) continue;
+            pf[i].fd = -1;   /* poll ignores it from now on */
+            live--;
+            __atomic_store_n(&who[i]->dead, 1u, __ATOMIC_RELEASE);
+            __atomic_store_n(&sp->gone_seen, 1u, __ATOMIC_RELEASE);
+            _ddp_transport_bell_ring(&sp->me->bell, 1);
+        }
+    }
+    return NULL;
+}
+
+/* From a wait about to sleep. A failure to start is no error: the slices still check. */
+static void _ddp_shm_watch_start(_ddp_shm_t *sp) {
+    sp->watch_state = 2;
+    if (sp->nranks - 1 > 64) return;   /* past 64 peers: the slices (bounded stack above) */
+    sp->watch_stop = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (sp->watch_stop < 0) return;
+    __atomic_store_n(&sp->watch_state, 1, __ATOMIC_RELEASE);
+    if (pthread_create(&sp->watch_thread, NULL, _ddp_shm_watch_main, sp) != 0) {
+        __atomic_store_n(&sp->watch_state, 2, __ATOMIC_RELEASE);
+        close(sp->watch_stop);
+        sp->watch_stop = -1;
+    }
+}
+
+/* Before any connection closes (the watcher reads them). A fork child has no watcher thread:
+ * it only closes its copy of the eventfd. */
+static void _ddp_shm_watch_end(_ddp_shm_t *sp) {
+    if (sp->watch_state == 1) {
+        __atomic_store_n(&sp->watch_state, 2, __ATOMIC_RELEASE);
+        if (!ddp_transport_forked(sp->ctx)) {
+            uint64_t one = 1;
+            if (write(sp->watch_stop, &one, sizeof one) < 0) {}
+            pthread_join(sp->watch_thread, NULL);
+        }
+    }
+    if (sp->watch_stop >= 0) close(sp->watch_stop);
+    sp->watch_stop = -1;
+}
+
 static ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int timeout_ms) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     int i, ms = timeout_ms < 0 || timeout_ms > _DDP_SHM_SLICE_MS ? _DDP_SHM_SLICE_MS : timeout_ms;
-    const uint32_t seen = _ddp_transport_bell_arm(&sp->me->bell);
+    uint32_t seen;
+    if (!sp->watch_state && ms > 0) _ddp_shm_watch_start(sp);
+    seen = _ddp_transport_bell_arm(&sp->me->bell);
     if (ddp_transport_aborted(sp->ctx)) ms = 0;
     for (i = 0; i < n && ms > 0; i++) {
         _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)conns[i];
@@ -1096,6 +1185,8 @@ static ddp_result_t _ddp_shm_close(void *conn) {
     _ddp_shm_t *sp;
     if (!k) return DDP_SUCCESS;
     sp = k->sp;
+    _ddp_shm_watch_end(sp);
+    if (k->pidfd >= 0) close(k->pidfd);
     /* Tell every peer at once (the flag is ours, in our header) and wake it; not from a fork
      * child, whose parent still uses the regions: it drops its own descriptor and mapping. */
     if (!ddp_transport_forked(sp->ctx)) {
@@ -1114,6 +1205,7 @@ static ddp_result_t _ddp_shm_finalize(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     int i;
     if (!sp) return DDP_SUCCESS;
+    _ddp_shm_watch_end(sp);
     if (sp->listen_fd >= 0) close(sp->listen_fd);
     for (i = 0; sp->pending && i < sp->npending; i++) if (sp->pending[i].h.fd >= 0) close(sp->pending[i].h.fd);
     ddp_transport_free(sp->ctx, sp->pending);
@@ -1194,10 +1286,15 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t
         }
         if (_ddp_transport_spin_slow(&s)) continue;
         {
-            const uint32_t seen = _ddp_transport_bell_arm(&sp->me->bell);
-            const int wait = __atomic_load_n(&k->hdr->phase, __ATOMIC_SEQ_CST) < target &&
-                             !ddp_transport_aborted(sp->ctx);
+            uint32_t seen;
+            int wait;
+            if (!sp->watch_state) _ddp_shm_watch_start(sp);
+            seen = _ddp_transport_bell_arm(&sp->me->bell);
+            wait = __atomic_load_n(&k->hdr->phase, __ATOMIC_SEQ_CST) < target &&
+                   !ddp_transport_aborted(sp->ctx) && !__atomic_load_n(&sp->gone_seen, __ATOMIC_ACQUIRE);
             _ddp_transport_bell_sleep(&sp->me->bell, seen, wait ? _DDP_SHM_SLICE_MS : 0, 1);
+            /* The watcher saw a peer go: look now, not at the next millisecond's checks. */
+            if (__atomic_load_n(&sp->gone_seen, __ATOMIC_ACQUIRE)) s.next_check = 0;
         }
     }
     return DDP_SUCCESS;
