@@ -361,6 +361,9 @@ struct ddp_comm {
     uint64_t *dev_prints;          /* nranks fingerprints (DDP_NCCL_CHECK only, kept) */
     _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
     int trace_open;
+    unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */
+    int pid;                       /* the creating process, for the fork error */
+    int forked;                    /* destroy in a fork child: tctx.forked points here */
 };
 /* DDP_ALGO: auto, or one all-reduce algorithm (1 + _ddp_ar_algo_t), or "hier" (the hierarchical
  * one whose inter-host part the model picks). */
@@ -373,6 +376,27 @@ enum { _DDP_ALGO_AUTO = 0, _DDP_ALGO_RING = 1 + _DDP_AR_RING, _DDP_ALGO_RD = 1 +
 static pthread_mutex_t _ddp_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static const ddp_comm_t **_ddp_live;
 static size_t _ddp_nlive, _ddp_live_cap;
+
+/* Fork. A communicator belongs to the process that created it: a fork child gets a copy of its
+ * memory but shares its sockets, epoll set, shared memory and device contexts with the parent,
+ * so any use would race the parent on them. A child handler (registered once) bumps this
+ * process-wide generation; entry points compare it with the communicator's, a plain load,
+ * where getpid() would be a syscall per call. The handlers also hold the live list's lock
+ * across fork, so a child never inherits it locked. */
+static unsigned _ddp_fork_gen;
+static pthread_once_t _ddp_fork_once = PTHREAD_ONCE_INIT;
+_DDP_PRIVATE void _ddp_fork_prepare(void) { pthread_mutex_lock(&_ddp_live_mu); }
+_DDP_PRIVATE void _ddp_fork_parent(void) { pthread_mutex_unlock(&_ddp_live_mu); }
+_DDP_PRIVATE void _ddp_fork_child(void) {
+    __atomic_add_fetch(&_ddp_fork_gen, 1u, __ATOMIC_RELAXED);
+    pthread_mutex_init(&_ddp_live_mu, NULL);   /* the forking thread's lock, in a new process */
+}
+_DDP_PRIVATE void _ddp_fork_register(void) {
+    pthread_atfork(_ddp_fork_prepare, _ddp_fork_parent, _ddp_fork_child);
+}
+static inline int _ddp_forked(const ddp_comm_t *c) {
+    return __atomic_load_n(&_ddp_fork_gen, __ATOMIC_RELAXED) != c->fork_gen;
+}
 
 _DDP_PRIVATE int _ddp_live_add(const ddp_comm_t *c) {
     int ok = 1;
@@ -430,6 +454,18 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *c, ddp_result_t r, const char *fm
     snprintf(c->last_error, sizeof c->last_error, "rank %d: %s [%s]", c->eng.rank, msg, ddp_strerror(r));
     if (!c->init_probe) _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
     return r;
+}
+
+/* A live communicator of this process: DDP_SUCCESS, else DDP_ERR_INVALID_USAGE (with the
+ * reason as last error when it is a fork child's copy). */
+_DDP_PRIVATE ddp_result_t _ddp_usable(ddp_comm_t *c) {
+    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if (_ddp_forked(c))
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "communicator created by pid %d, used from "
+                             "pid %d after fork; destroy it in the child (that releases only the "
+                             "child's copy) and create a new one there if the child needs one",
+                             c->pid, (int)getpid());
+    return DDP_SUCCESS;
 }
 
 _DDP_PRIVATE void _ddp_key(const ddp_comm_t *c, char *out, size_t cap, const char *fmt, ...) {
@@ -654,7 +690,11 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     ddp_allocator_t a;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
     if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
-    _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator");
+    /* A fork child's copy: release what this process holds (memory, descriptors, mappings),
+     * nothing the parent still uses; the threads stayed in the parent. */
+    c->forked = _ddp_forked(c);
+    _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator%s", c->forked ? " (a fork child's copy)" : "");
+    if (c->forked) c->progress_on = 0;
     if (c->progress_on) {
         /* Requests still queued run first (the peers run them too); then the threads end. */
         pthread_mutex_lock(&c->amu);
@@ -667,16 +707,21 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     for (i = 1; i < c->nlanes; i++) ddp_comm_destroy(c->lanes[i].exec);
     c->nlanes = 0;
     if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
-    _ddp_close_peers(c);
-    if (c->dev_inherited && c->dev_any && c->dev_any->release_inherited)
+    _ddp_close_peers(c);   /* transports see tctx.forked */
+    if (c->dev_inherited && c->dev_any && c->dev_any->release_inherited && !c->forked)
         c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);
     for (i = 0; i < c->ntinst; i++)
         if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
-    if (c->store && c->own_store) ddp_store_close(c->store);
-    /* ddp_comm_init_threads' private server: its clients are this process's other ranks, which
-     * need it no more (any destroy order returns at once, as NCCL's ncclCommInitAll users
-     * destroy 0..n-1 from one thread). */
-    if (c->extra_store) _ddp_store_close_within(c->extra_store, 0);
+    if (c->forked) {
+        if (c->store && c->own_store) _ddp_store_forget(c->store);
+        if (c->extra_store) _ddp_store_forget(c->extra_store);
+    } else {
+        if (c->store && c->own_store) ddp_store_close(c->store);
+        /* ddp_comm_init_threads' private server: its clients are this process's other ranks,
+         * which need it no more (any destroy order returns at once, as NCCL's ncclCommInitAll
+         * users destroy 0..n-1 from one thread). */
+        if (c->extra_store) _ddp_store_close_within(c->extra_store, 0);
+    }
     a = c->alloc;
     _ddp_auth_wipe(c->token, sizeof c->token);
     _ddp_auth_wipe(c->data_key, sizeof c->data_key);
@@ -685,13 +730,17 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->group_ops);
     _ddp_free(&a, c->fuse_buf);
     _ddp_free(&a, c->dev_prints);
+    if (c->trace_open && c->forked && c->trace.file) {
+        close(fileno(c->trace.file));   /* the parent's file: no flush of its buffered lines */
+        c->trace.file = NULL;           /* (the FILE itself is lost: fclose would flush) */
+    }
     if (c->trace_open) _ddp_trace_close(&c->trace, &a);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->hier_ranks);
     _ddp_free(&a, c->host_of);
     _ddp_free(&a, c->eng.scratch);
     _ddp_free(&a, c->ops);
-    if (c->async_init) {
+    if (c->async_init && !c->forked) {   /* a progress thread's lock may be copied held */
         pthread_mutex_destroy(&c->amu);
         pthread_cond_destroy(&c->acv);
         pthread_cond_destroy(&c->adone);
@@ -1601,6 +1650,9 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     pthread_cond_init(&c->acv, NULL);
     pthread_cond_init(&c->adone, NULL);
     c->async_init = 1;
+    pthread_once(&_ddp_fork_once, _ddp_fork_register);
+    c->fork_gen = __atomic_load_n(&_ddp_fork_gen, __ATOMIC_RELAXED);
+    c->pid = (int)getpid();
     if (!_ddp_live_add(c)) { _ddp_free(d->allocator, c); return DDP_ERR_OUT_OF_MEMORY; }
     if (d->allocator) c->alloc = *d->allocator;
     c->eng.rank = rank;
@@ -1906,6 +1958,7 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     x->master_addr = c->master_addr;
     x->allocator = c->alloc.alloc ? &c->alloc : NULL;
     x->abort_flag = &c->aborted;
+    x->forked = &c->forked;
     x->waiting_on = &e->waiting_on;
     x->auth_key = c->data_key;
     x->auth_key_len = sizeof c->data_key;
@@ -1917,8 +1970,9 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
 
 /* ---------------------------------------------------------------- collectives: checks */
 _DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
+    ddp_result_t r;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
-    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if ((r = _ddp_usable(c)) != DDP_SUCCESS) return r;
     return (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
 }
 
@@ -2376,7 +2430,7 @@ _DDP_PRIVATE int _ddp_req_check(ddp_request_t *req, const char *what, ddp_result
     *r = DDP_SUCCESS;
     if (!req) { *r = DDP_ERR_INVALID_ARGUMENT; return 0; }
     if (!req->comm || !req->id) return 0;                        /* the null request */
-    if (!_ddp_live_check(req->comm, 0)) { *r = DDP_ERR_INVALID_USAGE; return 0; }
+    if (_ddp_usable(req->comm) != DDP_SUCCESS) { *r = DDP_ERR_INVALID_USAGE; return 0; }
     if (!req->comm->ops) {
         *r = ddp_comm_fail(req->comm, DDP_ERR_INVALID_USAGE, "%s: not a request of this "
                            "communicator", what);
@@ -2394,7 +2448,7 @@ DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
     ddp_comm_t *c;
     _ddp_op_t *slot;
     if (req && req->comm && (req->id & _DDP_DEV_REQ) && _ddp_live_check(req->comm, 0))
-        return _ddp_dev_complete(req, NULL);
+        return _ddp_usable(req->comm) ? DDP_ERR_INVALID_USAGE : _ddp_dev_complete(req, NULL);
     if (!_ddp_req_check(req, "ddp_wait", &r)) return r;
     c = req->comm;
     pthread_mutex_lock(&c->amu);
@@ -2420,7 +2474,7 @@ DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
     if (!done) return DDP_ERR_INVALID_ARGUMENT;
     *done = 0;
     if (req && req->comm && (req->id & _DDP_DEV_REQ) && _ddp_live_check(req->comm, 0))
-        return _ddp_dev_complete(req, done);
+        return _ddp_usable(req->comm) ? DDP_ERR_INVALID_USAGE : _ddp_dev_complete(req, done);
     if (!_ddp_req_check(req, "ddp_test", &r)) { if (r == DDP_SUCCESS) *done = 1; return r; }
     c = req->comm;
     pthread_mutex_lock(&c->amu);
@@ -2462,7 +2516,7 @@ _DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const ch
 DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
     int i;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
-    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if (_ddp_usable(c) != DDP_SUCCESS) return DDP_ERR_INVALID_USAGE;
     _DDP_LOG(c, DDP_LOG_WARN, "ddp_comm_abort: every call on this communicator now returns "
              "DDP_ERR_ABORTED");
     _ddp_abort_internal(c, DDP_ERR_ABORTED, NULL);
@@ -2473,7 +2527,7 @@ DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
 
 DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
     if (!c || !e) return DDP_ERR_INVALID_ARGUMENT;
-    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if (_ddp_usable(c) != DDP_SUCCESS) return DDP_ERR_INVALID_USAGE;
     *e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
     if (*e == DDP_SUCCESS && __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
     if (*e == DDP_SUCCESS && c->dev) *e = c->dev->async_error(c->dev_state);   /* the watchdog's */
@@ -2789,7 +2843,7 @@ DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *c, void *stream) {
 }
 
 DDP_API int ddp_comm_is_device(ddp_comm_t *c, const void *ptr) {
-    if (!c || !ptr || !_ddp_live_check(c, 0) || !c->dev_any) return 0;
+    if (!c || !ptr || !_ddp_live_check(c, 0) || _ddp_forked(c) || !c->dev_any) return 0;
     return c->dev_any->is_device(c->dev_any_state, ptr);
 }
 
@@ -3216,7 +3270,7 @@ DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
 DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     ddp_result_t r;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
-    if (!_ddp_live_check(c, 0)) return DDP_ERR_INVALID_USAGE;
+    if (_ddp_usable(c) != DDP_SUCCESS) return DDP_ERR_INVALID_USAGE;
     if (c->group_depth == 0)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "group_end without a group_start");
     if (c->dev) {   /* NCCL's group ends with ours: its device calls are issued now */

@@ -2081,6 +2081,23 @@ DDP_API ddp_result_t ddp_store_close(ddp_store_t *s) {
     return _ddp_store_close_within(s, grace);
 }
 
+/* A fork child's copy of a store: close this process's descriptors, nothing more. A client
+ * sends nothing on close, so it goes as usual. A server's thread stayed in the parent and its
+ * connections may have been copied mid-change: nothing is joined, sent or taken off the epoll
+ * set (shared with the parent), and its memory is left to the child's exit. */
+_DDP_PRIVATE void _ddp_store_forget(ddp_store_t *s) {
+    int *fds[6];
+    int i;
+    if (!s) return;
+    if (!s->thread_started) { _ddp_store_close_within(s, 0); return; }
+    fds[0] = &s->fd; fds[1] = &s->listen_fd; fds[2] = &s->epfd; fds[3] = &s->spare_fd;
+    fds[4] = &s->wake[0]; fds[5] = &s->wake[1];
+    for (i = 0; i < 6; i++) {
+        if (*fds[i] >= 0) close(*fds[i]);
+        *fds[i] = -1;
+    }
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_store_check_key(ddp_store_t *s, const char *key) {
     size_t n;
     if (!s || !key) return DDP_ERR_INVALID_ARGUMENT;
