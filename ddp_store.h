@@ -185,7 +185,8 @@ typedef struct _ddp_store_conn {
     int waiting;              /* a GET/WAIT parked until its keys exist */
     int in_pending;           /* on the server's list of unauthenticated connections */
     uint32_t events;          /* what epoll watches for it */
-    size_t slot;              /* index in the server's connection table */
+    uint32_t serial;          /* never 0; with slot, the epoll token (_ddp_store_token) */
+    size_t slot;              /* index in the server's connection table (stable while it lives) */
     struct _ddp_store_conn *prev, *next;   /* pending list (accept order), or the dead list */
     int64_t deadline_us;      /* authenticate before this, or be closed */
     unsigned char nonce[_DDP_AUTH_NONCE_BYTES];   /* our challenge's nonce */
@@ -206,6 +207,7 @@ typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
 struct ddp_store {
     /* client side */
     int fd;
+    pid_t owner_pid;          /* the process that opened the handle (not a forked child) */
     pthread_mutex_t mu;
     char host[256];
     int port;
@@ -227,8 +229,10 @@ struct ddp_store {
     pthread_mutex_t srv_mu;   /* guards nclients for ddp_store_close */
     int nclients;             /* authenticated connections */
     int handshake_ms;
-    _ddp_store_conn_t **conns;
-    size_t nconns, conns_cap;
+    _ddp_store_conn_t **conns;  /* by slot; NULL = free (a slot keeps its connection for life) */
+    size_t *free_slots;       /* freed slots, reused first; as many entries as conns */
+    size_t nconns, conns_hwm, conns_cap, nfree;   /* live, slots ever used, allocated, free */
+    uint32_t next_serial;
     _ddp_store_conn_t *pending_head, *pending_tail;   /* unauthenticated, oldest first */
     int npending, max_pending;  /* how many; at most a quarter of the descriptors (set at start) */
     _ddp_store_conn_t *dead;  /* dropped during this round; freed at its end */
@@ -373,6 +377,44 @@ _DDP_PRIVATE int _ddp_conn_flush(_ddp_store_conn_t *c) {
     return 0;
 }
 
+/* What epoll hands back for a connection: its serial and slot, not its address. An event that
+ * outlives its connection (dropped earlier in the same batch, or a slot since reused) then
+ * names nothing instead of freed memory. Serial 0 is the server's own descriptors. */
+#define _DDP_STORE_TOKEN_WAKE 0u
+#define _DDP_STORE_TOKEN_LISTEN 1u
+_DDP_PRIVATE uint64_t _ddp_store_token(const _ddp_store_conn_t *c) {
+    return ((uint64_t)c->serial << 32) | (uint64_t)(uint32_t)c->slot;
+}
+
+_DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_of(const ddp_store_t *s, uint64_t token) {
+    uint32_t serial = (uint32_t)(token >> 32);
+    size_t slot = (size_t)(uint32_t)token;
+    _ddp_store_conn_t *c;
+    if (serial == 0 || slot >= s->conns_hwm || !(c = s->conns[slot])) return NULL;
+    return c->serial == serial && c->state != _DDP_CONN_DEAD ? c : NULL;
+}
+
+/* Every descriptor leaves epoll before it is closed. Closing is not enough: a registration
+ * belongs to the open file, which lives on while any copy of the descriptor does (a child
+ * forked after the server started holds copies of them all), and it would go on reporting
+ * events for a connection the server has freed. */
+_DDP_PRIVATE void _ddp_store_close_fd(ddp_store_t *s, int fd) {
+    if (fd < 0) return;
+    if (s->epfd >= 0) epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);   /* ENOENT when not watched */
+    close(fd);
+}
+
+/* Closes the client's connection. In the process that opened it, the connection ends for the
+ * server too, even where a forked child holds a copy of the descriptor (close alone would leave
+ * the socket open: a parked request, or a server's close waiting for its clients to leave). In
+ * such a child only its copy goes: the connection is the parent's. */
+_DDP_PRIVATE void _ddp_store_hangup(ddp_store_t *s) {
+    if (s->fd < 0) return;
+    if (getpid() == s->owner_pid) shutdown(s->fd, SHUT_RDWR);
+    close(s->fd);
+    s->fd = -1;
+}
+
 /* epoll interest: input unless closing, output while something is queued. */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
@@ -382,7 +424,7 @@ _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (want == c->events) return;
     memset(&ev, 0, sizeof ev);
     ev.events = want;
-    ev.data.ptr = c;
+    ev.data.u64 = _ddp_store_token(c);
     if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->events = want;
 }
 
@@ -396,10 +438,9 @@ _DDP_PRIVATE void _ddp_pending_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
     s->npending--;
 }
 
-/* Closes a connection now; its memory is freed by _ddp_store_reap (events of this round may
- * still name it). */
+/* Closes a connection now and frees its slot; its memory is freed by _ddp_store_reap (the
+ * handler that dropped it may still hold it; events of this round no longer find it). */
 _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
-    size_t last;
     if (c->state == _DDP_CONN_DEAD) return;
     _ddp_pending_unlink(s, c);
     if (c->state == _DDP_CONN_READY) {
@@ -408,10 +449,10 @@ _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
         pthread_mutex_unlock(&s->srv_mu);
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
-    last = --s->nconns;
-    s->conns[c->slot] = s->conns[last];
-    s->conns[c->slot]->slot = c->slot;
-    if (c->fd >= 0) close(c->fd);            /* also takes it out of the epoll set */
+    s->conns[c->slot] = NULL;
+    s->free_slots[s->nfree++] = c->slot;
+    s->nconns--;
+    _ddp_store_close_fd(s, c->fd);
     c->fd = -1;
     c->state = _DDP_CONN_DEAD;
     c->next = s->dead;
@@ -433,13 +474,17 @@ _DDP_PRIVATE void _ddp_store_reap(ddp_store_t *s) {
 _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, const char *addr) {
     _ddp_store_conn_t *c;
     _ddp_store_chal_t ch;
-    if (s->nconns == s->conns_cap) {
+    size_t slot;
+    if (!s->nfree && s->conns_hwm == s->conns_cap) {
         size_t cap = s->conns_cap ? s->conns_cap * 2 : 64;
         _ddp_store_conn_t **t = (_ddp_store_conn_t **)DDP_MALLOC(sizeof *t * cap);
-        if (!t) return NULL;
-        if (s->nconns) memcpy(t, s->conns, sizeof *t * s->nconns);
+        size_t *f = (size_t *)DDP_MALLOC(sizeof *f * cap);
+        if (!t || !f) { DDP_FREE(t); DDP_FREE(f); return NULL; }
+        if (s->conns_hwm) memcpy(t, s->conns, sizeof *t * s->conns_hwm);
         DDP_FREE(s->conns);
+        DDP_FREE(s->free_slots);
         s->conns = t;
+        s->free_slots = f;
         s->conns_cap = cap;
     }
     c = (_ddp_store_conn_t *)DDP_MALLOC(sizeof *c);
@@ -447,6 +492,10 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
     memset(c, 0, sizeof *c);
     c->fd = fd;
     c->state = _DDP_CONN_HELLO;
+    slot = s->nfree ? s->free_slots[s->nfree - 1] : s->conns_hwm;
+    c->slot = slot;
+    if (++s->next_serial == 0) s->next_serial = 1;
+    c->serial = s->next_serial;
     _ddp_strlcpy(c->addr, addr, sizeof c->addr);
     memset(&ch, 0, sizeof ch);
     if (_ddp_auth_nonce(c->nonce) != 0) { DDP_FREE(c); return NULL; }   /* never a weak nonce */
@@ -459,13 +508,15 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
         struct epoll_event ev;
         memset(&ev, 0, sizeof ev);
         ev.events = EPOLLIN;
-        ev.data.ptr = c;
+        ev.data.u64 = _ddp_store_token(c);
         if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) { DDP_FREE(c->out); DDP_FREE(c); return NULL; }
         c->events = EPOLLIN;
     }
     c->deadline_us = _ddp_now_us() + (int64_t)s->handshake_ms * 1000;
-    c->slot = s->nconns;
-    s->conns[s->nconns++] = c;
+    if (s->nfree) s->nfree--;
+    else s->conns_hwm++;
+    s->conns[slot] = c;
+    s->nconns++;
     c->in_pending = 1;
     s->npending++;
     c->prev = s->pending_tail;
@@ -749,16 +800,13 @@ _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t
 
 /* A write happened: answer the parked GET/WAITs whose keys now exist. */
 _DDP_PRIVATE void _ddp_store_rerun_waiting(ddp_store_t *s) {
-    size_t i = 0;
+    size_t i;
     s->changed = 0;
-    while (s->nwaiting && i < s->nconns) {
+    for (i = 0; s->nwaiting && i < s->conns_hwm; i++) {
         _ddp_store_conn_t *c = s->conns[i];
-        if (c->waiting) {
-            if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }  /* slot i refilled */
-            _ddp_conn_settle(s, c);
-            if (c->state == _DDP_CONN_DEAD) continue;
-        }
-        i++;
+        if (!c || !c->waiting) continue;
+        if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }
+        _ddp_conn_settle(s, c);
     }
 }
 
@@ -773,7 +821,7 @@ _DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
     if (!s->accept_resume_us || now < s->accept_resume_us) return;
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
-    ev.data.ptr = &s->listen_fd;
+    ev.data.u64 = _DDP_STORE_TOKEN_LISTEN;
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) == 0) s->accept_resume_us = 0;
     else s->accept_resume_us = now + 100000;
 }
@@ -887,14 +935,16 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
             n = 0;
         }
         for (i = 0; i < n; i++) {
-            void *p = ev[i].data.ptr;
-            if (p == (void *)&s->wake[0]) {
+            uint64_t token = ev[i].data.u64;
+            if (token == _DDP_STORE_TOKEN_WAKE) {
                 char b[64];
                 while (read(s->wake[0], b, sizeof b) > 0) {}
-            } else if (p == (void *)&s->listen_fd) {
-                _ddp_store_accept(s);
+            } else if (token == _DDP_STORE_TOKEN_LISTEN) {
+                if (!s->accept_resume_us) _ddp_store_accept(s);
             } else {
-                _ddp_conn_event(s, (_ddp_store_conn_t *)p, ev[i].events);
+                /* NULL: its connection was dropped earlier in this batch */
+                _ddp_store_conn_t *c = _ddp_store_conn_of(s, token);
+                if (c) _ddp_conn_event(s, c, ev[i].events);
             }
         }
         if (s->changed) _ddp_store_rerun_waiting(s);
@@ -1249,8 +1299,7 @@ _DDP_PRIVATE int _ddp_c10d_recv_value(int fd, void *out, size_t cap, uint64_t *l
 }
 
 _DDP_PRIVATE void _ddp_c10d_drop(ddp_store_t *s) {
-    if (s->fd >= 0) close(s->fd);
-    s->fd = -1;
+    _ddp_store_hangup(s);
 }
 
 /* A request failed: the stream is out of step or gone, so the connection is dropped (the next
@@ -1483,8 +1532,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t f
     if (outlen) *outlen = rc == 0 ? resp->vlen : 0;
     if (rc != 0) {
         /* The stream is out of step now: drop it; the next call reconnects. */
-        close(s->fd);
-        s->fd = -1;
+        _ddp_store_hangup(s);
         if (rc == -ETIMEDOUT)
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "no answer from master %s:%d within %d ms "
                                   "(key '%.*s')", s->host, s->port,
@@ -1918,10 +1966,10 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: %s", strerror(errno));
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
-    ev.data.ptr = &s->wake[0];
+    ev.data.u64 = _DDP_STORE_TOKEN_WAKE;
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->wake[0], &ev) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
-    ev.data.ptr = &s->listen_fd;
+    ev.data.u64 = _DDP_STORE_TOKEN_LISTEN;
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
     if (pthread_create(&s->thread, NULL, _ddp_store_thread, s) != 0)
@@ -1940,6 +1988,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     if (!s) return NULL;
     memset(s, 0, sizeof *s);
     s->fd = s->listen_fd = s->epfd = s->spare_fd = -1;
+    s->owner_pid = getpid();
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->srv_mu, NULL);
@@ -2038,10 +2087,10 @@ DDP_API ddp_result_t ddp_store_connect_c10d(const char *host, int port, int time
 #define _DDP_STORE_CLOSE_GRACE_MS 2000
 #endif
 _DDP_PRIVATE ddp_result_t _ddp_store_close_within(ddp_store_t *s, int grace_ms) {
+    size_t slot;
     int i;
     if (!s) return DDP_ERR_INVALID_ARGUMENT;
-    if (s->fd >= 0) close(s->fd);
-    s->fd = -1;
+    _ddp_store_hangup(s);
     if (s->thread_started) {
         int64_t deadline = _ddp_deadline(grace_ms < 0 ? 0 : grace_ms);
         for (;;) {
@@ -2056,14 +2105,15 @@ _DDP_PRIVATE ddp_result_t _ddp_store_close_within(ddp_store_t *s, int grace_ms) 
         if (write(s->wake[1], "x", 1) < 0) {}
         pthread_join(s->thread, NULL);
     }
-    while (s->nconns) _ddp_store_drop(s, s->conns[s->nconns - 1]);
+    for (slot = 0; slot < s->conns_hwm; slot++) if (s->conns[slot]) _ddp_store_drop(s, s->conns[slot]);
     _ddp_store_reap(s);
     DDP_FREE(s->conns);
-    if (s->listen_fd >= 0) close(s->listen_fd);
+    DDP_FREE(s->free_slots);
+    _ddp_store_close_fd(s, s->listen_fd);
+    _ddp_store_close_fd(s, s->wake[0]);
     if (s->epfd >= 0) close(s->epfd);
-    if (s->spare_fd >= 0) close(s->spare_fd);
-    if (s->wake[0] >= 0) close(s->wake[0]);
-    if (s->wake[1] >= 0) close(s->wake[1]);
+    if (s->spare_fd >= 0) close(s->spare_fd);   /* never watched */
+    if (s->wake[1] >= 0) close(s->wake[1]);     /* the write end: never watched */
     for (i = 0; i < _DDP_KV_BUCKETS; i++) {
         _ddp_kv_t *e = s->buckets[i];
         while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }

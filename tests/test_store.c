@@ -37,7 +37,10 @@
  *   - 2,000 idle connections against a server whose process starts with RLIMIT_NOFILE soft
  *     1024: it raises the soft limit to the hard one and keeps serving; with hard = 1024 too it
  *     cannot, sheds unauthenticated connections and still serves set/get/add/wait/compare_set
- *     to real clients (its own handle and a fresh connection work at the end). */
+ *     to real clients (its own handle and a fresh connection work at the end).
+ *   - a forked child holds copies of the server's sockets (a data-loader worker): strangers and
+ *     a real client that leave after the fork must not leave epoll pointing at freed memory;
+ *     the server serves on and closes cleanly. */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -1180,6 +1183,7 @@ static void idle_scenario(int hard_1024) {
     idle_hard_1024 = hard_1024;
     snprintf(name, sizeof name, "%d idle connections, server under RLIMIT_NOFILE 1024 (hard %s)", IDLE_CONNS,
              hard_1024 ? "1024 too" : "higher");
+    if (!t_selected(name)) return;
     diag("--- %s (3 processes)", name);
     bad = run_ranks(3, idle_conns, NULL, 120);
     ok(bad == 0, "%s: every process exited cleanly (%.1f s)", name, t_last_run.seconds);
@@ -1190,6 +1194,71 @@ static void idle_scenario(int hard_1024) {
         ok(S->server_soft == S->server_hard, "the server raised its soft limit to the hard one (%d)", S->server_soft);
     else
         diag("this host's hard RLIMIT_NOFILE is %d: the raise cannot be seen", S->server_hard);
+}
+
+/* ----------------------------------------------------------------- a fork holds the server's sockets
+ * A rank that forks a long-lived child (a data-loader worker) after its store started leaves the
+ * child holding copies of every descriptor, the server's connections included. epoll keeps a
+ * registration while any copy of the file lives, so a connection closed without leaving epoll
+ * first goes on reporting events for memory the server has freed. Strangers and a real client
+ * connect before the fork and leave after it; the server must go on serving and close cleanly. */
+#define FORK_STRANGERS 3
+static int fork_holds_fds(int rank, int p, void *arg) {
+    static const char secret[] = "fork-secret";
+    ddp_store_desc_t d = sdesc(10000, secret, 1);
+    ddp_store_t *s = NULL, *c = NULL, *late = NULL;
+    int fds[FORK_STRANGERS], go[2], ready[2], i, good = 1, st = 0, got = 0;
+    pid_t child;
+    char buf[32];
+    (void)rank; (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (!ok(ddp_store_open(&s, "127.0.0.1", 0, 1, &d) == DDP_SUCCESS, "server") ||
+        !ok(ddp_store_open(&c, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS, "a real client"))
+        return 1;
+    for (i = 0; i < FORK_STRANGERS; i++) {
+        struct pollfd pfd;
+        fds[i] = raw_connect(ddp_store_port(s));
+        /* the challenge arriving says the server has accepted it (and registered it with epoll) */
+        pfd.fd = fds[i]; pfd.events = POLLIN; pfd.revents = 0;
+        if (fds[i] >= 0 && poll(&pfd, 1, 10000) == 1) got++;
+    }
+    ok(got == FORK_STRANGERS, "%d of %d stranger connections accepted before the fork", got, FORK_STRANGERS);
+    if (pipe(go) != 0 || pipe(ready) != 0) return 1;
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {   /* the worker: holds the server's descriptors until the parent is done */
+        char b = 1;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(go[1]);
+        close(ready[0]);
+        /* the clients' ends are the strangers' (another process's, in life): let them go */
+        for (i = 0; i < FORK_STRANGERS; i++) if (fds[i] >= 0) close(fds[i]);
+        close(c->fd);
+        if (write(ready[1], &b, 1) != 1) _exit(1);
+        while (read(go[0], &b, 1) < 0 && errno == EINTR) {}
+        _exit(0);
+    }
+    close(go[0]);
+    close(ready[1]);
+    ok(child > 0 && read(ready[0], buf, 1) == 1, "forked a child that holds the server's sockets");
+    close(ready[0]);
+    for (i = 0; i < FORK_STRANGERS; i++) if (fds[i] >= 0) close(fds[i]);
+    ddp_store_close(c);   /* an authenticated connection leaves too */
+    for (i = 0; i < 200 && good; i++) {
+        char key[32], val[32];
+        snprintf(key, sizeof key, "fork/k%d", i);
+        snprintf(val, sizeof val, "v%d", i);
+        good = ddp_store_set(s, key, val, strlen(val)) == DDP_SUCCESS && get_str(s, key, buf, sizeof buf) &&
+               !strcmp(buf, val) && ddp_store_add(s, "fork/n", 1, NULL) == DDP_SUCCESS;
+    }
+    ok(good, "200 set/get/add rounds after the connections left (stopped at %d)", i);
+    ok(ddp_store_open(&late, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS &&
+       get_str(late, "fork/k7", buf, sizeof buf) && !strcmp(buf, "v7"), "a client connecting after the fork is served");
+    if (late) ddp_store_close(late);
+    ok(ddp_store_close(s) == DDP_SUCCESS, "the server closes cleanly while the child still holds its sockets");
+    close(go[1]);
+    ok(child > 0 && waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child exited");
+    return 0;
 }
 
 /* ----------------------------------------------------------------- hardening: where the server listens */
@@ -1237,6 +1306,7 @@ static int bind_address(int rank, int p, void *arg) {
 
 static void run(const char *name, int p, int (*fn)(int, int, void *), int timeout_s) {
     int bad;
+    if (!t_selected(name)) return;
     S = (store_shm_t *)t_shm_user(sizeof *S);
     diag("--- %s (%d processes)", name, p);
     bad = run_ranks(p, fn, NULL, timeout_s);
@@ -1259,6 +1329,7 @@ int main(void) {
     run("the secret never crosses the wire", 1, wire, 60);
     run("pre-auth memory is bounded", 1, preauth_memory, 60);
     run("where the server listens", 1, bind_address, 60);
+    run("a forked child holds the server's sockets", 1, fork_holds_fds, 60);
     idle_scenario(0);
     idle_scenario(1);
     return t_done();
