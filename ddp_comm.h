@@ -730,10 +730,9 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->group_ops);
     _ddp_free(&a, c->fuse_buf);
     _ddp_free(&a, c->dev_prints);
-    if (c->trace_open && c->forked && c->trace.file) {
-        close(fileno(c->trace.file));   /* the parent's file: no flush of its buffered lines */
-        c->trace.file = NULL;           /* (the FILE itself is lost: fclose would flush) */
-    }
+    /* The parent's trace file: a child's fclose would write the parent's buffered lines again
+     * (the FILE and its descriptor are left to the child's exit). */
+    if (c->forked) c->trace.file = NULL;
     if (c->trace_open) _ddp_trace_close(&c->trace, &a);
     _ddp_free(&a, c->host_ids);
     _ddp_free(&a, c->hier_ranks);
