@@ -512,7 +512,8 @@ DDP_API const char *ddp_comm_last_error(const ddp_comm_t *c) {
     if (!_ddp_live_check(c, 0)) return "not a live communicator (destroyed, or never created)";
     return c->last_error;
 }
-DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c ? c->store : NULL; }
+/* Not in a fork child: its connection to the store is the parent's too. */
+DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c && !_ddp_forked(c) ? c->store : NULL; }
 DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *c, int peer) {
     if (!c || !c->peers || peer < 0 || peer >= c->eng.nranks) return "";
     if (peer == c->eng.rank) return "self";

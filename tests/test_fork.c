@@ -10,8 +10,8 @@
  * and challenges them; the child inherits the descriptors on both sides) and starts an async
  * all-reduce; after the fork the parent closes the strangers. The child tries a blocking and
  * an async collective, ddp_wait on the parent's request, a split and an abort (each must be
- * DDP_ERR_INVALID_USAGE, saying "after fork"), destroys the communicator, then lives on holding
- * its descriptors until its parent is done. The parent runs many collectives, each result checked
+ * DDP_ERR_INVALID_USAGE, saying "after fork"), gets no store from ddp_comm_store, destroys
+ * the communicator, then lives on holding its descriptors until its parent is done. The parent runs many collectives, each result checked
  * exactly, destroys, and only then lets its child _exit(0). Scenarios: tcp and shm, p = 2 and
  * 3 or 4. Nothing depends on timing: the child outlives its parent's collectives by a pipe. */
 #define _GNU_SOURCE
@@ -67,6 +67,7 @@ static int child_main(ddp_comm_t *c, ddp_request_t *parents_req, int go_fd, int 
     if (ddp_wait(parents_req) != DDP_ERR_INVALID_USAGE) bad |= CH_WAIT;
     if (ddp_comm_split(c, 0, 0, &sub) != DDP_ERR_INVALID_USAGE || sub) bad |= CH_SPLIT;
     if (ddp_comm_abort(c) != DDP_ERR_INVALID_USAGE) bad |= CH_ABORT;
+    if (ddp_comm_store(c) != NULL) bad |= CH_ABORT;   /* the parent's store connection */
     if (ddp_barrier(c) != DDP_ERR_INVALID_USAGE) bad |= CH_BLOCKING;
     if (ddp_comm_destroy(c) != DDP_SUCCESS) bad |= CH_DESTROY;
     if (ddp_all_reduce(&x, &x, 1, DDP_INT32, DDP_SUM, c) != DDP_ERR_INVALID_USAGE) bad |= CH_AFTER;
