@@ -516,7 +516,6 @@ static int shm_stranger(int idx, int nproc, void *arg) {
         h.comm_id = id;
         h.from = 0;
         h.to = 1;
-        h.pid = (int32_t)getpid();
         h.kind = _DDP_SHM_HELLO;
         memset(h.nonce, 0x33, sizeof h.nonce);
         ok(fd >= 0 && connect(fd, (struct sockaddr *)&sa,

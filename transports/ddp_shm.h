@@ -247,6 +247,9 @@ typedef struct _ddp_shm {
     pthread_t watch_thread;
     int watch_state;                  /* 0 not started, 1 running, 2 over (or could not start) */
     int watch_stop;                   /* eventfd: stop */
+    struct pollfd *watch_fds;         /* stop, then each peer's socket and pidfd */
+    _ddp_shm_conn_t **watch_who;      /* the connection of each watch_fds entry */
+    int nwatch;
     uint32_t gone_seen;               /* the watcher saw a peer go (atomic) */
 } _ddp_shm_t;
 
@@ -1099,17 +1102,9 @@ static int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
  * checked at the slices as before) and is stopped before any connection closes. */
 static void *_ddp_shm_watch_main(void *arg) {
     _ddp_shm_t *sp = (_ddp_shm_t *)arg;
-    struct pollfd pf[1 + 2 * 64];
-    _ddp_shm_conn_t *who[1 + 2 * 64];
-    int i, m = 1, live;
-    pf[0].fd = sp->watch_stop;
-    pf[0].events = POLLIN;
-    for (i = 0; i < sp->nranks && m + 2 <= (int)(sizeof pf / sizeof pf[0]); i++) {
-        _ddp_shm_conn_t *k = sp->conns[i];
-        if (!k) continue;
-        pf[m].fd = k->fd; pf[m].events = 0; who[m++] = k;            /* POLLHUP: always reported */
-        if (k->pidfd >= 0) { pf[m].fd = k->pidfd; pf[m].events = POLLIN; who[m++] = k; }
-    }
+    struct pollfd *pf = sp->watch_fds;
+    _ddp_shm_conn_t **who = sp->watch_who;
+    int i, m = sp->nwatch, live;
     for (live = m - 1; live > 0;) {
         /* Bounded like every wait: a lost stop is seen within a second. */
         int n = poll(pf, (nfds_t)m, 1000);
@@ -1128,12 +1123,30 @@ static void *_ddp_shm_watch_main(void *arg) {
     return NULL;
 }
 
-/* From a wait about to sleep. A failure to start is no error: the slices still check. */
+/* From a wait about to sleep (once). A failure to start is no error: the slices still check. */
 static void _ddp_shm_watch_start(_ddp_shm_t *sp) {
+    const size_t cap = 1 + 2 * (size_t)sp->nranks;
+    int i, m = 1;
     sp->watch_state = 2;
-    if (sp->nranks - 1 > 64) return;   /* past 64 peers: the slices (bounded stack above) */
+    sp->watch_fds = (struct pollfd *)ddp_transport_calloc(sp->ctx, cap * sizeof *sp->watch_fds);
+    sp->watch_who = (_ddp_shm_conn_t **)ddp_transport_calloc(sp->ctx, cap * sizeof *sp->watch_who);
+    if (!sp->watch_fds || !sp->watch_who) return;
     sp->watch_stop = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (sp->watch_stop < 0) return;
+    sp->watch_fds[0].fd = sp->watch_stop;
+    sp->watch_fds[0].events = POLLIN;
+    for (i = 0; i < sp->nranks; i++) {
+        _ddp_shm_conn_t *k = sp->conns[i];
+        if (!k) continue;
+        sp->watch_fds[m].fd = k->fd;          /* events 0: POLLHUP is always reported */
+        sp->watch_who[m++] = k;
+        if (k->pidfd >= 0) {
+            sp->watch_fds[m].fd = k->pidfd;   /* readable once the process has exited */
+            sp->watch_fds[m].events = POLLIN;
+            sp->watch_who[m++] = k;
+        }
+    }
+    sp->nwatch = m;
     __atomic_store_n(&sp->watch_state, 1, __ATOMIC_RELEASE);
     if (pthread_create(&sp->watch_thread, NULL, _ddp_shm_watch_main, sp) != 0) {
         __atomic_store_n(&sp->watch_state, 2, __ATOMIC_RELEASE);
@@ -1155,6 +1168,10 @@ static void _ddp_shm_watch_end(_ddp_shm_t *sp) {
     }
     if (sp->watch_stop >= 0) close(sp->watch_stop);
     sp->watch_stop = -1;
+    ddp_transport_free(sp->ctx, sp->watch_fds);
+    ddp_transport_free(sp->ctx, sp->watch_who);
+    sp->watch_fds = NULL;
+    sp->watch_who = NULL;
 }
 
 static ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int timeout_ms) {
