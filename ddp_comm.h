@@ -2578,10 +2578,10 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     case _DDP_KIND_BROADCAST:
         _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
                  ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "pipelined chain");
-        if (c->coll) {
+        if (c->coll) {   /* the transport compares every rank's call, root included */
             c->eng.seq++;
             r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
-        } else {
+        } else if ((r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS) {
             r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
         }
         break;
@@ -3360,6 +3360,12 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
     const int p = c->eng.nranks;
     const size_t bytes = k->count * ddp_dtype_size(k->dtype);
     int tree;
+    ddp_result_t r;
+    /* A rank that is wrongly the root would wait for (or send) what nobody expects: agree on
+     * the call first (ddp_ring.h, _ddp_agree). */
+    if (k->kind != _DDP_KIND_ALL_TO_ALL && k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV &&
+        (r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS)
+        return r;
     switch (k->kind) {
     case _DDP_KIND_REDUCE:
         tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(p));

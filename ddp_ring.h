@@ -616,6 +616,76 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendb
     return _ddp_rd_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op);
 }
 
+/* ---------------------------------------------------------------- rooted calls: agree first
+ * Every message carries its collective's digest (root included), but a tag only catches a
+ * message that arrives: in a broadcast or scatter a rank that thinks it is the root receives
+ * nothing, so two self-made roots both "succeed", and in a reduce or gather a rank waits for a
+ * child nobody sends as. So before a rooted collective moves any data the ranks agree on the
+ * call: a recursive-doubling all-reduce (MAX) of (d, ~d), d a digest of (kind, dtype, op,
+ * count, root), leaves every rank with the largest and the smallest digest in log2(p)
+ * exchanges (one more for a world that is not a power of two). They are equal iff every rank
+ * called the same thing: each rank's digest enters the result (recursive doubling combines all
+ * inputs), and every rank computes the same result. Complete whatever the disagreement:
+ *   - the exchange's partners depend only on the world size and the rank, never on the root,
+ *     count or kind, so every rank reaches the same messages (a rank in another, unrooted
+ *     collective fails on the first message's tag, as before);
+ *   - each send meets its receive, so nothing is left on a connection either way;
+ *   - every rank gets the same verdict: on a mismatch all return DDP_ERR_MISMATCH, and the
+ *     communicator then poisons itself on every rank, like any failed collective.
+ * On a mismatch only, a second all-reduce tells every rank who called what: the highest rank
+ * holding the largest digest and the highest holding the smallest, with their calls (holders
+ * of one digest made the same call, so MAX over their fields is that call). Cost: one
+ * 16-byte exchange per step, before the data. */
+/* "reduce of 8 x float32, sum, root 0" */
+_DDP_PRIVATE void _ddp_call_str(const uint64_t f[5], char *out, size_t cap) {
+    const int red = f[0] == _DDP_KIND_REDUCE;
+    snprintf(out, cap, "%s of %llu x %s%s%s, root %llu", _ddp_kind_name((int)f[0]), (unsigned long long)f[3],
+             ddp_dtype_name((ddp_dtype_t)f[1]), red ? ", " : "", red ? ddp_op_name((ddp_op_t)f[2]) : "",
+             (unsigned long long)f[4]);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_agree_fail(_ddp_engine_t *e, ddp_result_t r, int kind) {
+    /* the exchange said "all_reduce #N, recursive doubling ...": say what it was for */
+    char prev[1024];
+    const char *rd;
+    _ddp_strlcpy(prev, e->last_error(e->host), sizeof prev);
+    if ((rd = strstr(prev, "recursive doubling")) == NULL) return r;
+    return _ddp_eng_fail(e, r, "%s #%u: agreeing on the call with the other ranks, %s", _ddp_kind_name(kind),
+                         e->seq + 1, rd);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_agree(_ddp_engine_t *e, int kind, ddp_dtype_t dtype, ddp_op_t op, size_t count,
+                                     int root) {
+    const _ddp_group_t world = _ddp_group_world(e);
+    const uint64_t seq = (uint32_t)(e->seq + 1);   /* the collective's own number: seq moves once */
+    uint64_t mine[5], v[2], who[12], d;
+    char hi[160], lo[160], me[160];
+    ddp_result_t rc;
+    if (e->nranks == 1) return DDP_SUCCESS;
+    mine[0] = (uint64_t)kind; mine[1] = (uint64_t)dtype; mine[2] = (uint64_t)op; mine[3] = count;
+    mine[4] = (uint64_t)root;
+    d = _ddp_fnv1a(mine, sizeof mine, _DDP_FNV_INIT);
+    v[0] = d;
+    v[1] = ~d;
+    rc = _ddp_rd_all_reduce_in(e, &world, (_ddp_fnv1a("agree", 5, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq,
+                               v, v, 2, DDP_UINT64, DDP_MAX);
+    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, kind);
+    if (v[0] == ~v[1]) return DDP_SUCCESS;
+    memset(who, 0, sizeof who);
+    if (d == v[0]) { who[0] = (uint64_t)e->rank; memcpy(who + 1, mine, sizeof mine); }
+    if (d == ~v[1]) { who[6] = (uint64_t)e->rank; memcpy(who + 7, mine, sizeof mine); }
+    rc = _ddp_rd_all_reduce_in(e, &world, (_ddp_fnv1a("agree who", 9, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq,
+                               who, who, 12, DDP_UINT64, DDP_MAX);
+    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, kind);
+    _ddp_call_str(who + 1, hi, sizeof hi);
+    _ddp_call_str(who + 7, lo, sizeof lo);
+    _ddp_call_str(mine, me, sizeof me);
+    return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "%s #%u: the ranks called different things (found before any data "
+                         "moved): rank %llu called %s, rank %llu called %s; this rank called %s",
+                         _ddp_kind_name(kind), e->seq + 1, (unsigned long long)who[0], hi,
+                         (unsigned long long)who[6], lo, me);
+}
+
 /* ---------------------------------------------------------------- reduce, gather, scatter,
  * all-to-all (ddp_comm.h posts send/recv and groups through the same helpers)
  * Every message of a collective carries its _ddp_eng_tag (a digest of kind, dtype, op, count,
