@@ -1922,6 +1922,13 @@ _DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
     return (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
 }
 
+/* The count argument's name in the call's documentation (NCCL's names). */
+_DDP_PRIVATE const char *_ddp_count_name(const char *what) {
+    if (!strncmp(what, "reduce_scatter", 14) || !strncmp(what, "scatter", 7)) return "recvcount";
+    if (!strncmp(what, "all_gather", 10) || !strncmp(what, "gather", 6)) return "sendcount";
+    return "count";
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const void *sendbuf,
                                           const void *recvbuf, size_t count, size_t mult,
                                           ddp_dtype_t dtype, int check_op, ddp_op_t op) {
@@ -1929,9 +1936,15 @@ _DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const
     if (!es) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)dtype);
     if (check_op && (unsigned)op >= DDP_NUM_OPS)
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid op %d", what, (int)op);
-    if (count > SIZE_MAX / es / mult)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: count %zu x %zu ranks x %zu bytes "
-                             "overflows size_t", what, count, mult, es);
+    /* A buffer holds at most PTRDIFF_MAX bytes (pointer differences, the transports' ssize_t
+     * lengths): refused here, on every rank alike, before any pointer is formed past it. */
+    if (count > (size_t)PTRDIFF_MAX / es / mult) {
+        char ranks[48] = "";
+        if (mult > 1) snprintf(ranks, sizeof ranks, " x %zu ranks", mult);
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %zu x %zu bytes%s is more than a "
+                             "buffer can hold (PTRDIFF_MAX bytes)", what, _ddp_count_name(what), count,
+                             es, ranks);
+    }
     if (count && (!sendbuf || !recvbuf))
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL %s buffer with count %zu",
                              what, sendbuf ? "receive" : "send", count);
