@@ -555,7 +555,7 @@ _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
 }
 
 /* Appends the first failure published by another rank, if any, to this rank's error.
- * Returns 1 if there was one. */
+ * Returns 1 if there was one, 2 if it was a disagreement (DDP_ERR_MISMATCH). */
 _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     char key[256], why[512];
     size_t len = 0, n = strlen(c->last_error);
@@ -570,6 +570,7 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
         why[len < sizeof why - 1 ? len : sizeof why - 1] = 0;
         if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
             snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
+        if (strstr(why, ddp_strerror(DDP_ERR_MISMATCH))) exists = 2;
     } else if (r == DDP_ERR_REMOTE && c->eng.rank != 0 && n + 32 < sizeof c->last_error) {
         /* The store lives in rank 0: losing it too means rank 0 is gone, most likely first. */
         snprintf(c->last_error + n, sizeof c->last_error - n, "; rank 0 is gone as well (its "
@@ -593,8 +594,14 @@ _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
 /* A collective failed: make the error sticky, tell the others (closing our connections wakes
  * every neighbour with EOF at once instead of after a timeout), and say where it started. */
 _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
+    int cause = 0;
     if (r == DDP_SUCCESS) return r;
-    if (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c)) _ddp_publish_failure(c);
+    if (r == DDP_ERR_REMOTE) cause = _ddp_add_root_cause(c);
+    if (!cause) _ddp_publish_failure(c);
+    /* A peer that left because the ranks called different things: this rank's call was part of
+     * the disagreement too, so it says so (the failure is published before the connections
+     * close, so whoever sees them close finds it). */
+    if (cause == 2) r = DDP_ERR_MISMATCH;
     __atomic_store_n(&c->error, r, __ATOMIC_SEQ_CST);
     _ddp_close_peers(c);
     _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
@@ -2594,8 +2601,13 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
         if (c->coll) {   /* the transport compares every rank's call, root included */
             c->eng.seq++;
             r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
-        } else if ((r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS) {
-            r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
+        } else {   /* small: the agreement carries the data; else agree, then the chain */
+            int done;
+            r = _ddp_agree_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root, &done);
+            if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
+            else if (r == DDP_SUCCESS &&
+                     (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
+                r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
         }
         break;
     case _DDP_KIND_BARRIER:

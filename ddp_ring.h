@@ -644,46 +644,112 @@ _DDP_PRIVATE void _ddp_call_str(const uint64_t f[5], char *out, size_t cap) {
              (unsigned long long)f[4]);
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_agree_fail(_ddp_engine_t *e, ddp_result_t r, int kind) {
-    /* the exchange said "all_reduce #N, recursive doubling ...": say what it was for */
-    char prev[1024];
-    const char *rd;
+_DDP_PRIVATE ddp_result_t _ddp_agree_fail(_ddp_engine_t *e, ddp_result_t r, const uint64_t mine[5]) {
+    /* the exchange said "all_reduce #N, recursive doubling ... [code]": say what it was for,
+     * and what this rank called (a peer with another count sent another length) */
+    char prev[1024], me[160], *rd, *tail;
     _ddp_strlcpy(prev, e->last_error(e->host), sizeof prev);
     if ((rd = strstr(prev, "recursive doubling")) == NULL) return r;
-    return _ddp_eng_fail(e, r, "%s #%u: agreeing on the call with the other ranks, %s", _ddp_kind_name(kind),
-                         e->seq + 1, rd);
+    if ((tail = strstr(rd, " [")) != NULL) *tail = 0;
+    _ddp_call_str(mine, me, sizeof me);
+    return _ddp_eng_fail(e, r, "%s #%u: agreeing on the call with the other ranks, %s; this rank called %s",
+                         _ddp_kind_name((int)mine[0]), e->seq + 1, rd, me);
+}
+
+static inline uint64_t _ddp_agree_tag(const char *what, uint64_t seq) {
+    return (_ddp_fnv1a(what, strlen(what), _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq;
+}
+
+static inline uint64_t _ddp_agree_digest(uint64_t mine[5], int kind, ddp_dtype_t dtype, ddp_op_t op, size_t count,
+                                         int root) {
+    mine[0] = (uint64_t)kind; mine[1] = (uint64_t)dtype; mine[2] = (uint64_t)op; mine[3] = count;
+    mine[4] = (uint64_t)root;
+    return _ddp_fnv1a(mine, 5 * sizeof mine[0], _DDP_FNV_INIT);
+}
+
+/* The ranks disagree (every rank knows it): find out who called what, for the message. */
+_DDP_PRIVATE ddp_result_t _ddp_agree_explain(_ddp_engine_t *e, int kind, const uint64_t mine[5], uint64_t d,
+                                             uint64_t seq, const uint64_t *v) {
+    const _ddp_group_t world = _ddp_group_world(e);
+    uint64_t w[2], who[12];
+    char hi[160], lo[160], me[160];
+    ddp_result_t rc;
+    if (!v) {   /* the verdict came from another exchange: get the extreme digests */
+        w[0] = d;
+        w[1] = ~d;
+        rc = _ddp_rd_all_reduce_in(e, &world, _ddp_agree_tag("agree extremes", seq), w, w, 2, DDP_UINT64, DDP_MAX);
+        if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, mine);
+        v = w;
+    }
+    memset(who, 0, sizeof who);
+    if (d == v[0]) { who[0] = (uint64_t)e->rank; memcpy(who + 1, mine, 5 * sizeof mine[0]); }
+    if (d == ~v[1]) { who[6] = (uint64_t)e->rank; memcpy(who + 7, mine, 5 * sizeof mine[0]); }
+    rc = _ddp_rd_all_reduce_in(e, &world, _ddp_agree_tag("agree who", seq), who, who, 12, DDP_UINT64, DDP_MAX);
+    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, mine);
+    _ddp_call_str(who + 1, hi, sizeof hi);
+    _ddp_call_str(who + 7, lo, sizeof lo);
+    _ddp_call_str(mine, me, sizeof me);
+    return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "%s #%u: the ranks called different things (found before any data "
+                         "was used): rank %llu called %s, rank %llu called %s; this rank called %s",
+                         _ddp_kind_name(kind), (unsigned)seq, (unsigned long long)who[0], hi,
+                         (unsigned long long)who[6], lo, me);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_agree(_ddp_engine_t *e, int kind, ddp_dtype_t dtype, ddp_op_t op, size_t count,
                                      int root) {
     const _ddp_group_t world = _ddp_group_world(e);
     const uint64_t seq = (uint32_t)(e->seq + 1);   /* the collective's own number: seq moves once */
-    uint64_t mine[5], v[2], who[12], d;
-    char hi[160], lo[160], me[160];
+    uint64_t mine[5], v[2], d;
     ddp_result_t rc;
     if (e->nranks == 1) return DDP_SUCCESS;
-    mine[0] = (uint64_t)kind; mine[1] = (uint64_t)dtype; mine[2] = (uint64_t)op; mine[3] = count;
-    mine[4] = (uint64_t)root;
-    d = _ddp_fnv1a(mine, sizeof mine, _DDP_FNV_INIT);
+    d = _ddp_agree_digest(mine, kind, dtype, op, count, root);
     v[0] = d;
     v[1] = ~d;
-    rc = _ddp_rd_all_reduce_in(e, &world, (_ddp_fnv1a("agree", 5, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq,
-                               v, v, 2, DDP_UINT64, DDP_MAX);
-    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, kind);
+    rc = _ddp_rd_all_reduce_in(e, &world, _ddp_agree_tag("agree", seq), v, v, 2, DDP_UINT64, DDP_MAX);
+    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, mine);
     if (v[0] == ~v[1]) return DDP_SUCCESS;
-    memset(who, 0, sizeof who);
-    if (d == v[0]) { who[0] = (uint64_t)e->rank; memcpy(who + 1, mine, sizeof mine); }
-    if (d == ~v[1]) { who[6] = (uint64_t)e->rank; memcpy(who + 7, mine, sizeof mine); }
-    rc = _ddp_rd_all_reduce_in(e, &world, (_ddp_fnv1a("agree who", 9, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq,
-                               who, who, 12, DDP_UINT64, DDP_MAX);
-    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, kind);
-    _ddp_call_str(who + 1, hi, sizeof hi);
-    _ddp_call_str(who + 7, lo, sizeof lo);
-    _ddp_call_str(mine, me, sizeof me);
-    return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "%s #%u: the ranks called different things (found before any data "
-                         "moved): rank %llu called %s, rank %llu called %s; this rank called %s",
-                         _ddp_kind_name(kind), e->seq + 1, (unsigned long long)who[0], hi,
-                         (unsigned long long)who[6], lo, me);
+    return _ddp_agree_explain(e, kind, mine, d, seq, v);
+}
+
+/* A small broadcast is the agreement itself: one recursive-doubling exchange of (d, ~d, data)
+ * as bytes under MAX, where only the root puts its data and the others zeros (max(x, 0) = x for
+ * unsigned bytes). The digests' bytes agree everywhere iff each byte's largest value equals its
+ * smallest (the complement of the complements' largest), i.e. iff every rank called the same
+ * broadcast; so it is as complete as _ddp_agree, at the cost of one exchange per step instead
+ * of an agreement and then the chain. Ranks with different counts send different lengths: the
+ * transport says DDP_ERR_MISMATCH at the first receive, and the others learn it from the
+ * failure it publishes. *done = 0 when it does not fit (the caller agrees, then runs the chain). */
+#define _DDP_AGREE_HDR 16
+#ifndef _DDP_BCAST_RD_MAX_BYTES
+#define _DDP_BCAST_RD_MAX_BYTES (16u << 10)
+#endif
+_DDP_PRIVATE ddp_result_t _ddp_agree_broadcast(_ddp_engine_t *e, const void *sendbuf, void *recvbuf, size_t count,
+                                               ddp_dtype_t dtype, int root, int *done) {
+    const _ddp_group_t world = _ddp_group_world(e);
+    const size_t bytes = count * ddp_dtype_size(dtype), half = (e->scratch_bytes / 2) & ~(size_t)15;
+    const uint64_t seq = (uint32_t)(e->seq + 1);
+    unsigned char *stage = e->scratch + half;   /* the exchange itself uses the first half */
+    uint64_t mine[5], d, nd;
+    ddp_result_t rc;
+    int i;
+    *done = 0;
+    if (e->nranks == 1 || bytes > _DDP_BCAST_RD_MAX_BYTES || _DDP_AGREE_HDR + bytes > half) return DDP_SUCCESS;
+    *done = 1;
+    d = _ddp_agree_digest(mine, _DDP_KIND_BROADCAST, dtype, DDP_SUM, count, root);
+    nd = ~d;
+    memcpy(stage, &d, 8);
+    memcpy(stage + 8, &nd, 8);
+    if (e->rank == root) { if (bytes) memcpy(stage + _DDP_AGREE_HDR, sendbuf, bytes); }
+    else memset(stage + _DDP_AGREE_HDR, 0, bytes);
+    rc = _ddp_rd_all_reduce_in(e, &world, _ddp_agree_tag("broadcast", seq), stage, stage, _DDP_AGREE_HDR + bytes,
+                               DDP_UINT8, DDP_MAX);
+    if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, mine);
+    for (i = 0; i < 8; i++)
+        if (stage[i] != (unsigned char)~stage[8 + i])
+            return _ddp_agree_explain(e, _DDP_KIND_BROADCAST, mine, d, seq, NULL);
+    e->seq++;   /* this was the broadcast */
+    if (bytes) memcpy(recvbuf, stage + _DDP_AGREE_HDR, bytes);
+    return DDP_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- reduce, gather, scatter,

@@ -5,7 +5,9 @@
  * roots (2 ranks, each its own root; 4 ranks with roots 0, 0, 0, 3), counts, dtypes and (reduce)
  * ops, over tcp and shm (processes) and the threads transport (ranks as threads). Every rank
  * must get DDP_ERR_MISMATCH, with a message that shows both calls, and the communicator must be
- * unusable afterwards on every rank. The timeout is 60 s and the watchdog 20 s: a rank that
+ * unusable afterwards on every rank. All-reduce, all-gather and reduce-scatter with disagreeing
+ * counts or dtypes: every rank returns (MISMATCH, or REMOTE on a rank that learns it from a
+ * peer that failed), at least one says MISMATCH. The timeout is 60 s and the watchdog 20 s: a rank that
  * only returns through its timeout fails the run (no timing is measured beyond that).
  *
  * Impossible sizes: every collective and send/recv with a count whose bytes (times the world
@@ -31,8 +33,10 @@
 #define MAXP 4
 #define N 8                       /* elements per call (the odd rank's count: N + 1) */
 
-enum { K_BROADCAST, K_REDUCE, K_GATHER, K_SCATTER, K_NUM };
-static const char *const kind_names[K_NUM] = {"broadcast", "reduce", "gather", "scatter"};
+enum { K_BROADCAST, K_REDUCE, K_GATHER, K_SCATTER, K_ROOTED, K_ALL_REDUCE = K_ROOTED, K_ALL_GATHER,
+       K_REDUCE_SCATTER, K_NUM };
+static const char *const kind_names[K_NUM] = {"broadcast", "reduce", "gather", "scatter", "all_reduce",
+                                              "all_gather", "reduce_scatter"};
 enum { V_ROOTS, V_COUNT, V_DTYPE, V_OP };
 static const char *const var_names[] = {"roots", "counts", "dtypes", "ops"};
 
@@ -77,7 +81,10 @@ static void one_rank(const scen_t *s, ddp_comm_t *c, int rank) {
     case K_BROADCAST: r = ddp_broadcast(send, recv, count, dt, root, c); break;
     case K_REDUCE: r = ddp_reduce(send, recv, count, dt, op, root, c); break;
     case K_GATHER: r = ddp_gather(send, recv, count, dt, root, c); break;
-    default: r = ddp_scatter(send, recv, count, dt, root, c); break;
+    case K_SCATTER: r = ddp_scatter(send, recv, count, dt, root, c); break;
+    case K_ALL_REDUCE: r = ddp_all_reduce(send, recv, count, dt, op, c); break;
+    case K_ALL_GATHER: r = ddp_all_gather(send, recv, count, dt, c); break;
+    default: r = ddp_reduce_scatter(send, recv, count, dt, op, c); break;
     }
     R->rc[rank] = r;
     snprintf(R->msg[rank], sizeof R->msg[rank], "%s", ddp_comm_last_error(c));
@@ -142,6 +149,15 @@ static int shows_both(const scen_t *s, const char *msg) {
     case V_DTYPE: snprintf(a, sizeof a, "float32"); snprintf(b, sizeof b, "int32"); break;
     default: snprintf(a, sizeof a, "sum"); snprintf(b, sizeof b, "max"); break;
     }
+    if (s->var == V_COUNT && s->kind == K_BROADCAST) {
+        /* a small broadcast travels with its agreement: the other count shows as the other
+         * length (16 bytes of digests + the data) */
+        char la[32], lb[32];
+        snprintf(la, sizeof la, "%d bytes", 16 + 4 * N);
+        snprintf(lb, sizeof lb, "%d bytes", 16 + 4 * (N + 1));
+        return (strstr(msg, a) || strstr(msg, la)) && (strstr(msg, b) || strstr(msg, lb)) &&
+               strstr(msg, kind_names[s->kind]);
+    }
     return strstr(msg, a) && strstr(msg, b) && strstr(msg, kind_names[s->kind]);
 }
 
@@ -156,6 +172,20 @@ static void run_scen(const scen_t *s) {
     bad = !strcmp(s->mode, "threads") ? run_ranks(1, threads_world, (void *)s, WATCHDOG_S)
                                       : run_ranks(s->p, proc_rank, (void *)s, WATCHDOG_S);
     ok(bad == 0, "%s: every rank returned, none hung (%.1f s; timeout 60 s)", name, t_last_run.seconds);
+    if (s->kind >= K_ROOTED) {
+        /* Unrooted: every rank receives from a neighbour, so the first message with another
+         * digest stops a rank at once; ranks whose own messages all matched learn it from a
+         * peer that left (DDP_ERR_REMOTE, the first failure appended). */
+        int nmm = 0;
+        for (r = 0; r < s->p; r++) {
+            nmm += R->rc[r] == DDP_ERR_MISMATCH;
+            ok(R->rc[r] == DDP_ERR_MISMATCH || R->rc[r] == DDP_ERR_REMOTE, "%s: rank %d gets MISMATCH or REMOTE "
+               "(got %s): %s", name, r, R->rc[r] < 0 ? "no return" : ddp_strerror((ddp_result_t)R->rc[r]), R->msg[r]);
+            ok(R->after[r] != DDP_SUCCESS && R->after[r] != -1, "%s: rank %d: the next call fails too", name, r);
+        }
+        ok(nmm >= 1, "%s: %d of %d ranks say DDP_ERR_MISMATCH", name, nmm, s->p);
+        return;
+    }
     for (r = 0; r < s->p; r++) {
         ok(R->rc[r] == DDP_ERR_MISMATCH, "%s: rank %d gets DDP_ERR_MISMATCH (got %s)", name, r,
            R->rc[r] < 0 ? "no return" : ddp_strerror((ddp_result_t)R->rc[r]));
@@ -237,8 +267,9 @@ int main(void) {
             for (v = V_ROOTS; v <= V_OP; v++) {
                 scen_t s;
                 if (v == V_OP && k != K_REDUCE) continue;
+                if (k >= K_ROOTED && v != V_COUNT && v != V_DTYPE) continue;
                 for (i = 0; i < 2; i++) {
-                    if (v != V_ROOTS && ps[i] != 2 && m != 0) continue;
+                    if (v != V_ROOTS && ps[i] != 2 && m != 0 && k < K_ROOTED) continue;
                     s.mode = modes[m]; s.kind = k; s.var = v; s.p = ps[i];
                     run_scen(&s);
                 }
