@@ -2603,7 +2603,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
             r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
         } else {   /* small: the agreement carries the data; else agree, then the chain */
             int done;
-            r = _ddp_agree_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root, &done);
+            r = _ddp_agree_with_data(&c->eng, o->kind, o->send, o->recv, o->count, o->dtype, DDP_SUM, o->root, &done);
             if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
             else if (r == DDP_SUCCESS &&
                      (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
@@ -3388,6 +3388,16 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
     ddp_result_t r;
     /* A rank that is wrongly the root would wait for (or send) what nobody expects: agree on
      * the call first (ddp_ring.h, _ddp_agree). */
+    if (k->kind == _DDP_KIND_REDUCE) {   /* small: the agreement carries the data */
+        int done;
+        r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
+        if (done) {
+            _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, recursive doubling with the agreement",
+                     c->eng.seq, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
+            c->trace.cur->algo = "recursive doubling, with the agreement";
+            return r;
+        }
+    }
     if (k->kind != _DDP_KIND_ALL_TO_ALL && k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV &&
         (r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS)
         return r;

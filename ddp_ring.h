@@ -543,12 +543,20 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_wait(_ddp_engine_t *e, const int *peers, void
 
 _DDP_PRIVATE int _ddp_log2(int v) { int k = 0; while ((1 << k) < v) k++; return k; }
 
-/* Over the members of gr (member numbers in the algorithm, ranks on the wire). */
-_DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
-                                                const void *sendbuf, void *recvbuf, size_t count,
-                                                ddp_dtype_t dtype, ddp_op_t op) {
+/* a op b into d, after hdr bytes combined as unsigned bytes under MAX (the agreement's digests) */
+static inline void _ddp_rd_combine(unsigned char *d, const unsigned char *a, const unsigned char *b, size_t hdr,
+                                   size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+    if (hdr) ddp_reduce_local(d, a, b, hdr, DDP_UINT8, DDP_MAX);
+    ddp_reduce_local(d + hdr, a + hdr, b + hdr, count, dtype, op);
+}
+
+/* Over the members of gr (member numbers in the algorithm, ranks on the wire). The buffers may
+ * start with hdr bytes reduced under byte MAX (_ddp_agree_reduce); 0 for a plain all-reduce. */
+_DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_hdr(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
+                                                 const void *sendbuf, void *recvbuf, size_t hdr, size_t count,
+                                                 ddp_dtype_t dtype, ddp_op_t op) {
     const int p = gr->n, r = gr->me;
-    const size_t bytes = count * ddp_dtype_size(dtype);
+    const size_t bytes = hdr + count * ddp_dtype_size(dtype);
     unsigned char *buf = (unsigned char *)recvbuf, *tmp = e->scratch;
     int p2 = 1, extra, mask, peers[2];
     void *reqs[2];
@@ -557,8 +565,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
     if (bytes > e->scratch_bytes)   /* the callers choose rd only below it */
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "all_reduce: recursive doubling: %zu bytes do not "
                              "fit the %zu-byte scratch", bytes, e->scratch_bytes);
-    if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
-    if (p == 1 || !count) return DDP_SUCCESS;
+    if (bytes && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
+    if (p == 1 || !bytes) return DDP_SUCCESS;
     while (p2 * 2 <= p) p2 *= 2;
     extra = p - p2;
     w.seq = (unsigned)(tag & 0xffffffffu);
@@ -580,7 +588,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
         if ((rc = e->irecv(e->host, peers[0], tmp, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 1, &w)) != DDP_SUCCESS)
             return rc;
-        ddp_reduce_local(buf, buf, tmp, count, dtype, op);
+        _ddp_rd_combine(buf, buf, tmp, hdr, count, dtype, op);
     }
     for (mask = 1; mask < p2; mask <<= 1) {
         int partner = r ^ mask, step = 0;
@@ -593,10 +601,10 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
             (rc = e->isend(e->host, w.partner, buf, bytes, tag, &reqs[0])) != DDP_SUCCESS ||
             (rc = _ddp_p2p_wait(e, peers, reqs, 2, &w)) != DDP_SUCCESS)
             return rc;
-        if (r < partner) ddp_reduce_local(buf, buf, tmp, count, dtype, op);
-        else ddp_reduce_local(buf, tmp, buf, count, dtype, op);
+        if (r < partner) _ddp_rd_combine(buf, buf, tmp, hdr, count, dtype, op);
+        else _ddp_rd_combine(buf, tmp, buf, hdr, count, dtype, op);
     }
-    if (op == DDP_AVG) ddp_divide_local(buf, count, dtype, p);
+    if (op == DDP_AVG) ddp_divide_local(buf + hdr, count, dtype, p);
     w.steps = 0;
     w.stage = "result to";
     w.partner = _ddp_group_rank(gr, r < extra ? r + p2 : r);
@@ -607,6 +615,12 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
             return rc;
     }
     return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_group_t *gr, uint64_t tag,
+                                                const void *sendbuf, void *recvbuf, size_t count,
+                                                ddp_dtype_t dtype, ddp_op_t op) {
+    return _ddp_rd_all_reduce_hdr(e, gr, tag, sendbuf, recvbuf, 0, count, dtype, op);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
@@ -649,7 +663,10 @@ _DDP_PRIVATE ddp_result_t _ddp_agree_fail(_ddp_engine_t *e, ddp_result_t r, cons
      * and what this rank called (a peer with another count sent another length) */
     char prev[1024], me[160], *rd, *tail;
     _ddp_strlcpy(prev, e->last_error(e->host), sizeof prev);
-    if ((rd = strstr(prev, "recursive doubling")) == NULL) return r;
+    if ((rd = strstr(prev, "recursive doubling")) == NULL) {   /* failed posting: "rank R: detail" */
+        rd = prev;
+        if (!strncmp(prev, "rank ", 5) && strstr(prev, ": ")) rd = strstr(prev, ": ") + 2;
+    }
     if ((tail = strstr(rd, " [")) != NULL) *tail = 0;
     _ddp_call_str(mine, me, sizeof me);
     return _ddp_eng_fail(e, r, "%s #%u: agreeing on the call with the other ranks, %s; this rank called %s",
@@ -711,44 +728,48 @@ _DDP_PRIVATE ddp_result_t _ddp_agree(_ddp_engine_t *e, int kind, ddp_dtype_t dty
     return _ddp_agree_explain(e, kind, mine, d, seq, v);
 }
 
-/* A small broadcast is the agreement itself: one recursive-doubling exchange of (d, ~d, data)
- * as bytes under MAX, where only the root puts its data and the others zeros (max(x, 0) = x for
- * unsigned bytes). The digests' bytes agree everywhere iff each byte's largest value equals its
- * smallest (the complement of the complements' largest), i.e. iff every rank called the same
- * broadcast; so it is as complete as _ddp_agree, at the cost of one exchange per step instead
- * of an agreement and then the chain. Ranks with different counts send different lengths: the
- * transport says DDP_ERR_MISMATCH at the first receive, and the others learn it from the
- * failure it publishes. *done = 0 when it does not fit (the caller agrees, then runs the chain). */
+/* A small broadcast or reduce is the agreement itself: one recursive-doubling exchange of
+ * (d, ~d, data), the 16 digest bytes combined under byte MAX and the data under the call's op
+ * (a broadcast's as bytes under MAX, with the root's data and zeros elsewhere: max(x, 0) = x).
+ * The digests agree everywhere iff each byte's largest value equals its smallest (the
+ * complement of the complements' largest), i.e. iff every rank made the same call; so this is
+ * as complete as _ddp_agree, for one exchange per step instead of an agreement and then the
+ * data's own hops. The data is used (copied out) only after the verdict. Ranks with different
+ * counts send different lengths: the transport says DDP_ERR_MISMATCH at the first receive, and
+ * the others learn it from the failure it publishes. *done = 0 when it does not fit (the
+ * caller agrees, then runs the chain or the tree). */
 #define _DDP_AGREE_HDR 16
-#ifndef _DDP_BCAST_RD_MAX_BYTES
-#define _DDP_BCAST_RD_MAX_BYTES (16u << 10)
+#ifndef _DDP_AGREE_DATA_MAX_BYTES
+#define _DDP_AGREE_DATA_MAX_BYTES (16u << 10)
 #endif
-_DDP_PRIVATE ddp_result_t _ddp_agree_broadcast(_ddp_engine_t *e, const void *sendbuf, void *recvbuf, size_t count,
-                                               ddp_dtype_t dtype, int root, int *done) {
+_DDP_PRIVATE ddp_result_t _ddp_agree_with_data(_ddp_engine_t *e, int kind, const void *sendbuf, void *recvbuf,
+                                               size_t count, ddp_dtype_t dtype, ddp_op_t op, int root, int *done) {
     const _ddp_group_t world = _ddp_group_world(e);
     const size_t bytes = count * ddp_dtype_size(dtype), half = (e->scratch_bytes / 2) & ~(size_t)15;
     const uint64_t seq = (uint32_t)(e->seq + 1);
+    const int bcast = kind == _DDP_KIND_BROADCAST;
     unsigned char *stage = e->scratch + half;   /* the exchange itself uses the first half */
     uint64_t mine[5], d, nd;
     ddp_result_t rc;
     int i;
     *done = 0;
-    if (e->nranks == 1 || bytes > _DDP_BCAST_RD_MAX_BYTES || _DDP_AGREE_HDR + bytes > half) return DDP_SUCCESS;
+    if (e->nranks == 1 || bytes > _DDP_AGREE_DATA_MAX_BYTES || _DDP_AGREE_HDR + bytes > half) return DDP_SUCCESS;
     *done = 1;
-    d = _ddp_agree_digest(mine, _DDP_KIND_BROADCAST, dtype, DDP_SUM, count, root);
+    d = _ddp_agree_digest(mine, kind, dtype, bcast ? DDP_SUM : op, count, root);
     nd = ~d;
     memcpy(stage, &d, 8);
     memcpy(stage + 8, &nd, 8);
-    if (e->rank == root) { if (bytes) memcpy(stage + _DDP_AGREE_HDR, sendbuf, bytes); }
+    if (!bcast || e->rank == root) { if (bytes) memcpy(stage + _DDP_AGREE_HDR, sendbuf, bytes); }
     else memset(stage + _DDP_AGREE_HDR, 0, bytes);
-    rc = _ddp_rd_all_reduce_in(e, &world, _ddp_agree_tag("broadcast", seq), stage, stage, _DDP_AGREE_HDR + bytes,
-                               DDP_UINT8, DDP_MAX);
+    rc = _ddp_rd_all_reduce_hdr(e, &world, _ddp_agree_tag(bcast ? "broadcast" : "reduce", seq), stage, stage,
+                                _DDP_AGREE_HDR, bcast ? bytes : count, bcast ? DDP_UINT8 : dtype,
+                                bcast ? DDP_MAX : op);
     if (rc != DDP_SUCCESS) return _ddp_agree_fail(e, rc, mine);
     for (i = 0; i < 8; i++)
         if (stage[i] != (unsigned char)~stage[8 + i])
-            return _ddp_agree_explain(e, _DDP_KIND_BROADCAST, mine, d, seq, NULL);
-    e->seq++;   /* this was the broadcast */
-    if (bytes) memcpy(recvbuf, stage + _DDP_AGREE_HDR, bytes);
+            return _ddp_agree_explain(e, kind, mine, d, seq, NULL);
+    e->seq++;   /* this was the collective */
+    if (bytes && (bcast || e->rank == root)) memcpy(recvbuf, stage + _DDP_AGREE_HDR, bytes);
     return DDP_SUCCESS;
 }
 

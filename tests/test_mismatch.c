@@ -149,9 +149,9 @@ static int shows_both(const scen_t *s, const char *msg) {
     case V_DTYPE: snprintf(a, sizeof a, "float32"); snprintf(b, sizeof b, "int32"); break;
     default: snprintf(a, sizeof a, "sum"); snprintf(b, sizeof b, "max"); break;
     }
-    if (s->var == V_COUNT && s->kind == K_BROADCAST) {
-        /* a small broadcast travels with its agreement: the other count shows as the other
-         * length (16 bytes of digests + the data) */
+    if (s->var == V_COUNT && (s->kind == K_BROADCAST || s->kind == K_REDUCE)) {
+        /* a small broadcast or reduce travels with its agreement: the other count shows as the
+         * other length (16 bytes of digests + the data) */
         char la[32], lb[32];
         snprintf(la, sizeof la, "%d bytes", 16 + 4 * N);
         snprintf(lb, sizeof lb, "%d bytes", 16 + 4 * (N + 1));
