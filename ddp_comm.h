@@ -1948,7 +1948,7 @@ _DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const
     if (count > (size_t)PTRDIFF_MAX / es / mult) {
         char ranks[48] = "";
         if (mult > 1) snprintf(ranks, sizeof ranks, " x %zu ranks", mult);
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %zu x %zu bytes%s is more than a "
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %zu x %zu bytes%s overflows what a "
                              "buffer can hold (PTRDIFF_MAX bytes)", what, _ddp_count_name(what), count,
                              es, ranks);
     }
