@@ -2597,7 +2597,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
         break;
     case _DDP_KIND_BROADCAST:
         _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
-                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "pipelined chain");
+                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "agreed on, then the data "
+                 "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
         if (c->coll) {   /* the transport compares every rank's call, root included */
             c->eng.seq++;
             r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);

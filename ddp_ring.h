@@ -12,8 +12,10 @@
  *                     optimal all-reduce algorithms for clusters of workstations", JPDC 2009).
  *   reduce-scatter  the first half alone; rank r ends with chunk r (NCCL's layout).
  *   all-gather      the second half alone.
- *   broadcast       a pipelined chain root -> root+1 -> ... (every link carries the buffer once).
- *   reduce          small: a binomial tree towards the root (log2 p hops; every rank adds its
+ *   broadcast       a pipelined chain root -> root+1 -> ... (every link carries the buffer once);
+ *                   up to 16 KiB inside the agreement below (recursive doubling).
+ *   reduce          small: inside the agreement (recursive doubling, up to 16 KiB), else a
+ *                   binomial tree towards the root (log2 p hops; every rank adds its
  *                   children's partial results in rank order); large: a pipelined chain
  *                   root+p-1 -> ... -> root+1 -> root, each rank adding its own data to the
  *                   segment passing through (every link carries the buffer once).
@@ -25,6 +27,9 @@
  *                   and direction DDP_RING_WINDOW in flight) and progresses them all.
  * Small means: reduce up to _DDP_TREE_MAX_BYTES (16 KiB) when (1 + log2 p) buffers fit the
  * scratch; gather/scatter up to 16 KiB for the whole p-block buffer, p > 2.
+ * The rooted ones (broadcast, reduce, gather, scatter) first have the ranks agree on the call
+ * (_ddp_agree: a tag cannot catch a rank that wrongly thinks it is the root, it receives
+ * nothing); a small broadcast or reduce carries its data in that exchange.
  * Chunks are cut into segments (DDP_SEGMENT_BYTES) and up to DDP_RING_WINDOW segments are in
  * flight per direction, so sending, receiving and reducing overlap; a step streams its chunk
  * while the previous step's data is still arriving. Scratch is the window, never the message.
