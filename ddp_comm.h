@@ -592,7 +592,7 @@ _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
 }
 
 /* Appends the first failure published by another rank, if any, to this rank's error.
- * Returns 1 if there was one. */
+ * Returns 1 if there was one, 2 if it was a disagreement (DDP_ERR_MISMATCH). */
 _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     char key[256], why[512];
     size_t len = 0, n = strlen(c->last_error);
@@ -607,6 +607,7 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
         why[len < sizeof why - 1 ? len : sizeof why - 1] = 0;
         if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
             snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
+        if (strstr(why, ddp_strerror(DDP_ERR_MISMATCH))) exists = 2;
     } else if (r == DDP_ERR_REMOTE && c->eng.rank != 0 && n + 32 < sizeof c->last_error) {
         /* The store lives in rank 0: losing it too means rank 0 is gone, most likely first. */
         snprintf(c->last_error + n, sizeof c->last_error - n, "; rank 0 is gone as well (its "
@@ -630,8 +631,14 @@ _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
 /* A collective failed: make the error sticky, tell the others (closing our connections wakes
  * every neighbour with EOF at once instead of after a timeout), and say where it started. */
 _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
+    int cause = 0;
     if (r == DDP_SUCCESS) return r;
-    if (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c)) _ddp_publish_failure(c);
+    if (r == DDP_ERR_REMOTE) cause = _ddp_add_root_cause(c);
+    if (!cause) _ddp_publish_failure(c);
+    /* A peer that left because the ranks called different things: this rank's call was part of
+     * the disagreement too, so it says so (the failure is published before the connections
+     * close, so whoever sees them close finds it). */
+    if (cause == 2) r = DDP_ERR_MISMATCH;
     __atomic_store_n(&c->error, r, __ATOMIC_SEQ_CST);
     _ddp_close_peers(c);
     _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
@@ -1976,6 +1983,13 @@ _DDP_PRIVATE ddp_result_t _ddp_check_comm(ddp_comm_t *c) {
     return (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
 }
 
+/* The count argument's name in the call's documentation (NCCL's names). */
+_DDP_PRIVATE const char *_ddp_count_name(const char *what) {
+    if (!strncmp(what, "reduce_scatter", 14) || !strncmp(what, "scatter", 7)) return "recvcount";
+    if (!strncmp(what, "all_gather", 10) || !strncmp(what, "gather", 6)) return "sendcount";
+    return "count";
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const void *sendbuf,
                                           const void *recvbuf, size_t count, size_t mult,
                                           ddp_dtype_t dtype, int check_op, ddp_op_t op) {
@@ -1983,9 +1997,15 @@ _DDP_PRIVATE ddp_result_t _ddp_check_args(ddp_comm_t *c, const char *what, const
     if (!es) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid dtype %d", what, (int)dtype);
     if (check_op && (unsigned)op >= DDP_NUM_OPS)
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: invalid op %d", what, (int)op);
-    if (count > SIZE_MAX / es / mult)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: count %zu x %zu ranks x %zu bytes "
-                             "overflows size_t", what, count, mult, es);
+    /* A buffer holds at most PTRDIFF_MAX bytes (pointer differences, the transports' ssize_t
+     * lengths): refused here, on every rank alike, before any pointer is formed past it. */
+    if (count > (size_t)PTRDIFF_MAX / es / mult) {
+        char ranks[48] = "";
+        if (mult > 1) snprintf(ranks, sizeof ranks, " x %zu ranks", mult);
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %zu x %zu bytes%s overflows what a "
+                             "buffer can hold (PTRDIFF_MAX bytes)", what, _ddp_count_name(what), count,
+                             es, ranks);
+    }
     if (count && (!sendbuf || !recvbuf))
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL %s buffer with count %zu",
                              what, sendbuf ? "receive" : "send", count);
@@ -2631,12 +2651,18 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
         break;
     case _DDP_KIND_BROADCAST:
         _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
-                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "pipelined chain");
-        if (c->coll) {
+                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "agreed on, then the data "
+                 "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
+        if (c->coll) {   /* the transport compares every rank's call, root included */
             c->eng.seq++;
             r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
-        } else {
-            r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
+        } else {   /* small: the agreement carries the data; else agree, then the chain */
+            int done;
+            r = _ddp_agree_with_data(&c->eng, o->kind, o->send, o->recv, o->count, o->dtype, DDP_SUM, o->root, &done);
+            if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
+            else if (r == DDP_SUCCESS &&
+                     (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
+                r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
         }
         break;
     case _DDP_KIND_BARRIER:
@@ -3414,6 +3440,22 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
     const int p = c->eng.nranks;
     const size_t bytes = k->count * ddp_dtype_size(k->dtype);
     int tree;
+    ddp_result_t r;
+    /* A rank that is wrongly the root would wait for (or send) what nobody expects: agree on
+     * the call first (ddp_ring.h, _ddp_agree). */
+    if (k->kind == _DDP_KIND_REDUCE) {   /* small: the agreement carries the data */
+        int done;
+        r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
+        if (done) {
+            _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, recursive doubling with the agreement",
+                     c->eng.seq, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
+            c->trace.cur->algo = "recursive doubling, with the agreement";
+            return r;
+        }
+    }
+    if (k->kind != _DDP_KIND_ALL_TO_ALL && k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV &&
+        (r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS)
+        return r;
     switch (k->kind) {
     case _DDP_KIND_REDUCE:
         tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(p));

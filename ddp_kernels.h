@@ -110,44 +110,64 @@ DDP_API uint16_t ddp_float_to_bfloat16(float f) { return _ddp_f2bf(f); }
 #endif
 #define _DDP_NOATTR
 #define _DDP_KB 16
-#define _DDP_KERNEL_VARIANTS(name, attr, T, LOAD, STORE, expr)                                \
-    attr static void name##_ab(T *_DDP_RESTRICT d, const T *_DDP_RESTRICT a,                       \
-                          const T *_DDP_RESTRICT b, size_t n) {                               \
-        size_t i = 0, j;                                                                      \
-        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                \
-            for (j = 0; j < _DDP_KB; j++) {                                                   \
-                size_t k = i + j;                                                             \
-                LOAD(p, a[k]); LOAD(q, b[k]); d[k] = STORE(expr);                              \
-            }                                                                                 \
-        for (; i < n; i++) { size_t k = i; LOAD(p, a[k]); LOAD(q, b[k]); d[k] = STORE(expr); } \
-    }                                                                                         \
-    attr static void name##_da(T *_DDP_RESTRICT d, const T *_DDP_RESTRICT b, size_t n) {           \
-        size_t i = 0, j;                                                                      \
-        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                \
-            for (j = 0; j < _DDP_KB; j++) {                                                   \
-                size_t k = i + j;                                                             \
-                LOAD(p, d[k]); LOAD(q, b[k]); d[k] = STORE(expr);                              \
-            }                                                                                 \
-        for (; i < n; i++) { size_t k = i; LOAD(p, d[k]); LOAD(q, b[k]); d[k] = STORE(expr); } \
-    }                                                                                         \
-    attr static void name##_db(T *_DDP_RESTRICT d, const T *_DDP_RESTRICT a, size_t n) {           \
-        size_t i = 0, j;                                                                      \
-        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                \
-            for (j = 0; j < _DDP_KB; j++) {                                                   \
-                size_t k = i + j;                                                             \
-                LOAD(p, a[k]); LOAD(q, d[k]); d[k] = STORE(expr);                              \
-            }                                                                                 \
-        for (; i < n; i++) { size_t k = i; LOAD(p, a[k]); LOAD(q, d[k]); d[k] = STORE(expr); } \
-    }                                                                                         \
-    attr static void name(void *d, const void *a, const void *b, size_t n) {                 \
-        if (a == b) { /* both inputs the same buffer: no restrict version fits */             \
-            T *x = (T *)d;                                                                    \
-            const T *y = (const T *)a;                                                        \
-            size_t i;                                                                         \
-            for (i = 0; i < n; i++) { LOAD(p, y[i]); LOAD(q, y[i]); x[i] = STORE(expr); }     \
-        } else if (d == a) name##_da((T *)d, (const T *)b, n);                                \
-        else if (d == b) name##_db((T *)d, (const T *)a, n);                                  \
-        else name##_ab((T *)d, (const T *)a, (const T *)b, n);                                \
+/* Buffers may start at any byte (a user's buffer, a segment of one, a field of a packed
+ * struct): the kernels read and write through element types of alignment 1, which is defined
+ * behaviour and compiles to the same (unaligned) vector moves the compilers use anyway, since
+ * they cannot know a buffer's alignment. libddp needs GCC or Clang (or a compiler that accepts
+ * their __atomic builtins and attributes, which all take this one); elsewhere the types are the
+ * plain ones. */
+#if defined(__GNUC__) || defined(__clang__)
+#define _DDP_ALIGN1 __attribute__((aligned(1)))
+#else
+#define _DDP_ALIGN1
+#endif
+typedef uint8_t _ddp_u_uint8_t;
+typedef int8_t _ddp_u_int8_t;
+typedef uint16_t _ddp_u_uint16_t _DDP_ALIGN1;
+typedef uint32_t _ddp_u_uint32_t _DDP_ALIGN1;
+typedef int32_t _ddp_u_int32_t _DDP_ALIGN1;
+typedef uint64_t _ddp_u_uint64_t _DDP_ALIGN1;
+typedef int64_t _ddp_u_int64_t _DDP_ALIGN1;
+typedef float _ddp_u_float _DDP_ALIGN1;
+typedef double _ddp_u_double _DDP_ALIGN1;
+#define _DDP_KERNEL_VARIANTS(name, attr, T, LOAD, STORE, expr)                                             \
+    attr static void name##_ab(_ddp_u_##T *_DDP_RESTRICT d, const _ddp_u_##T *_DDP_RESTRICT a,             \
+                          const _ddp_u_##T *_DDP_RESTRICT b, size_t n) {                                   \
+        size_t i = 0, j;                                                                                   \
+        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                             \
+            for (j = 0; j < _DDP_KB; j++) {                                                                \
+                size_t k = i + j;                                                                          \
+                LOAD(p, a[k]); LOAD(q, b[k]); d[k] = STORE(expr);                                          \
+            }                                                                                              \
+        for (; i < n; i++) { size_t k = i; LOAD(p, a[k]); LOAD(q, b[k]); d[k] = STORE(expr); }             \
+    }                                                                                                      \
+    attr static void name##_da(_ddp_u_##T *_DDP_RESTRICT d, const _ddp_u_##T *_DDP_RESTRICT b, size_t n) { \
+        size_t i = 0, j;                                                                                   \
+        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                             \
+            for (j = 0; j < _DDP_KB; j++) {                                                                \
+                size_t k = i + j;                                                                          \
+                LOAD(p, d[k]); LOAD(q, b[k]); d[k] = STORE(expr);                                          \
+            }                                                                                              \
+        for (; i < n; i++) { size_t k = i; LOAD(p, d[k]); LOAD(q, b[k]); d[k] = STORE(expr); }             \
+    }                                                                                                      \
+    attr static void name##_db(_ddp_u_##T *_DDP_RESTRICT d, const _ddp_u_##T *_DDP_RESTRICT a, size_t n) { \
+        size_t i = 0, j;                                                                                   \
+        for (; i + _DDP_KB <= n; i += _DDP_KB)                                                             \
+            for (j = 0; j < _DDP_KB; j++) {                                                                \
+                size_t k = i + j;                                                                          \
+                LOAD(p, a[k]); LOAD(q, d[k]); d[k] = STORE(expr);                                          \
+            }                                                                                              \
+        for (; i < n; i++) { size_t k = i; LOAD(p, a[k]); LOAD(q, d[k]); d[k] = STORE(expr); }             \
+    }                                                                                                      \
+    attr static void name(void *d, const void *a, const void *b, size_t n) {                               \
+        if (a == b) { /* both inputs the same buffer: no restrict version fits */                          \
+            _ddp_u_##T *x = (_ddp_u_##T *)d;                                                               \
+            const _ddp_u_##T *y = (const _ddp_u_##T *)a;                                                   \
+            size_t i;                                                                                      \
+            for (i = 0; i < n; i++) { LOAD(p, y[i]); LOAD(q, y[i]); x[i] = STORE(expr); }                  \
+        } else if (d == a) name##_da((_ddp_u_##T *)d, (const _ddp_u_##T *)b, n);                           \
+        else if (d == b) name##_db((_ddp_u_##T *)d, (const _ddp_u_##T *)a, n);                             \
+        else name##_ab((_ddp_u_##T *)d, (const _ddp_u_##T *)a, (const _ddp_u_##T *)b, n);                  \
     }
 #define _DDP_KERNEL(name, T, expr)                                                            \
     _DDP_KERNEL_VARIANTS(name, _DDP_NOATTR, T, _DDP_LD_##T, (T), expr)
@@ -218,18 +238,18 @@ static int _ddp_cpu_features(void) {
 /* fp16 with F16C: 8 lanes widened to fp32, combined, rounded to nearest even. MAXPS(p, q) is
  * exactly p > q ? p : q and MINPS(p, q) is p < q ? p : q (Intel SDM, MAXPS/MINPS), so results
  * match the scalar path bit for bit. dst may equal a or b: each block is loaded before stored. */
-#define _DDP_KERNEL_F16C(name, vexpr, expr)                                                   \
-    __attribute__((target("avx,f16c"))) static void name(void *dst_, const void *a_,         \
-                                                         const void *b_, size_t n) {         \
-        uint16_t *d = (uint16_t *)dst_;                                                       \
-        const uint16_t *a = (const uint16_t *)a_, *b = (const uint16_t *)b_;                  \
-        size_t i = 0;                                                                         \
-        for (; i + 8 <= n; i += 8) {                                                          \
-            __m256 p = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(a + i))); \
-            __m256 q = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(b + i))); \
-            _mm_storeu_si128((__m128i *)(void *)(d + i),                                      \
-                             _mm256_cvtps_ph(vexpr, _MM_FROUND_TO_NEAREST_INT));              \
-        }                                                                                     \
+#define _DDP_KERNEL_F16C(name, vexpr, expr)                                                         \
+    __attribute__((target("avx,f16c"))) static void name(void *dst_, const void *a_,                \
+                                                         const void *b_, size_t n) {                \
+        _ddp_u_uint16_t *d = (_ddp_u_uint16_t *)dst_;                                               \
+        const _ddp_u_uint16_t *a = (const _ddp_u_uint16_t *)a_, *b = (const _ddp_u_uint16_t *)b_;   \
+        size_t i = 0;                                                                               \
+        for (; i + 8 <= n; i += 8) {                                                                \
+            __m256 p = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(a + i)));    \
+            __m256 q = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(b + i)));    \
+            _mm_storeu_si128((__m128i *)(void *)(d + i),                                            \
+                             _mm256_cvtps_ph(vexpr, _MM_FROUND_TO_NEAREST_INT));                    \
+        }                                                                                           \
         for (; i < n; i++) { float p = _ddp_h2f(a[i]), q = _ddp_h2f(b[i]); d[i] = _ddp_f2h(expr); } \
     }
 _DDP_KERNEL_F16C(_ddp_sum_f16c, _mm256_add_ps(p, q), p + q)
@@ -280,16 +300,16 @@ DDP_API void ddp_divide_local(void *x, size_t n, ddp_dtype_t dtype, int divisor)
     size_t i;
     if (divisor == 1) return;
     switch (dtype) {
-    case DDP_INT8: { int8_t *v = (int8_t *)x; for (i = 0; i < n; i++) v[i] = (int8_t)(v[i] / divisor); break; }
-    case DDP_UINT8: { uint8_t *v = (uint8_t *)x; for (i = 0; i < n; i++) v[i] = (uint8_t)(v[i] / (unsigned)divisor); break; }
-    case DDP_INT32: { int32_t *v = (int32_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / divisor; break; }
-    case DDP_UINT32: { uint32_t *v = (uint32_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / (uint32_t)divisor; break; }
-    case DDP_INT64: { int64_t *v = (int64_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / divisor; break; }
-    case DDP_UINT64: { uint64_t *v = (uint64_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / (uint64_t)divisor; break; }
-    case DDP_FLOAT32: { float *v = (float *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = v[i] / d; break; }
-    case DDP_FLOAT64: { double *v = (double *)x; double d = (double)divisor; for (i = 0; i < n; i++) v[i] = v[i] / d; break; }
-    case DDP_FLOAT16: { uint16_t *v = (uint16_t *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = _ddp_f2h(_ddp_h2f(v[i]) / d); break; }
-    case DDP_BFLOAT16: { uint16_t *v = (uint16_t *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = _ddp_f2bf(_ddp_bf2f(v[i]) / d); break; }
+    case DDP_INT8: { _ddp_u_int8_t *v = (_ddp_u_int8_t *)x; for (i = 0; i < n; i++) v[i] = (int8_t)(v[i] / divisor); break; }
+    case DDP_UINT8: { _ddp_u_uint8_t *v = (_ddp_u_uint8_t *)x; for (i = 0; i < n; i++) v[i] = (uint8_t)(v[i] / (unsigned)divisor); break; }
+    case DDP_INT32: { _ddp_u_int32_t *v = (_ddp_u_int32_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / divisor; break; }
+    case DDP_UINT32: { _ddp_u_uint32_t *v = (_ddp_u_uint32_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / (uint32_t)divisor; break; }
+    case DDP_INT64: { _ddp_u_int64_t *v = (_ddp_u_int64_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / divisor; break; }
+    case DDP_UINT64: { _ddp_u_uint64_t *v = (_ddp_u_uint64_t *)x; for (i = 0; i < n; i++) v[i] = v[i] / (uint64_t)divisor; break; }
+    case DDP_FLOAT32: { _ddp_u_float *v = (_ddp_u_float *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = v[i] / d; break; }
+    case DDP_FLOAT64: { _ddp_u_double *v = (_ddp_u_double *)x; double d = (double)divisor; for (i = 0; i < n; i++) v[i] = v[i] / d; break; }
+    case DDP_FLOAT16: { _ddp_u_uint16_t *v = (_ddp_u_uint16_t *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = _ddp_f2h(_ddp_h2f(v[i]) / d); break; }
+    case DDP_BFLOAT16: { _ddp_u_uint16_t *v = (_ddp_u_uint16_t *)x; float d = (float)divisor; for (i = 0; i < n; i++) v[i] = _ddp_f2bf(_ddp_bf2f(v[i]) / d); break; }
     }
 }
 

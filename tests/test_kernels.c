@@ -19,6 +19,8 @@
  *   payloads included), whatever the position of an element in the buffer.
  * - ddp_divide_local: every dtype, divisors 1..8 and 16: truncating integer division (negative
  *   values included), IEEE division, fp16/bf16 divided in fp32 then rounded.
+ * - both at odd byte offsets (any dtype, dst apart / == a / == b, a == b): the aligned results,
+ *   and no misaligned access for UBSan (build/san/test_kernels).
  * ddp_ring.h picks F16C / AVX2 kernels at run time when the CPU has them: the position test
  * compares those vector paths with the scalar tails (the diagnostics say which ones ran). */
 #define _GNU_SOURCE
@@ -549,6 +551,48 @@ static void test_names_and_invalid(void) {
     ok(good, "ddp_reduce_local / ddp_divide_local with an invalid dtype or op leave dst alone");
 }
 
+/* Buffers need no alignment (a user's, or a segment of one, may start at any byte): the kernels
+ * at odd byte offsets must give the aligned kernels' bits, and the san build (UBSan's alignment
+ * check, fatal there) must find no misaligned load or store. */
+static void test_odd_offsets(void) {
+    enum { N = 100 };
+    static uint64_t abuf[N + 2], bbuf[N + 2], dbuf[N + 2], ref[N + 2], xa[N + 2], xb[N + 2];
+    static const size_t offs[] = {1, 3};
+    int dt, op;
+    for (dt = 0; dt < DDP_NUM_DTYPES; dt++) {
+        size_t es = ddp_dtype_size((ddp_dtype_t)dt), oi, i;
+        long bad = 0;
+        for (op = 0; op < DDP_NUM_OPS; op++)
+            for (oi = 0; oi < 2; oi++) {
+                unsigned char *a = (unsigned char *)abuf + offs[oi], *b = (unsigned char *)bbuf + offs[oi] + 1;
+                unsigned char *d = (unsigned char *)dbuf + offs[oi] + 2;
+                int mode;
+                for (i = 0; i < N; i++) { put_el((unsigned char *)xa, i, es, rand_elem(dt)); put_el((unsigned char *)xb, i, es, rand_elem(dt)); }
+                ddp_reduce_local(ref, xa, xb, N, (ddp_dtype_t)dt, (ddp_op_t)op);   /* aligned */
+                for (mode = 0; mode < 4; mode++) {   /* dst apart, dst == a, dst == b, a == b */
+                    unsigned char *dst = mode == 1 ? a : mode == 2 ? b : d;
+                    memcpy(a, xa, N * es);
+                    memcpy(b, mode == 3 ? xa : xb, N * es);
+                    ddp_reduce_local(dst, a, mode == 3 ? a : b, N, (ddp_dtype_t)dt, (ddp_op_t)op);
+                    if (mode == 3) {
+                        ddp_reduce_local(xb, xa, xa, N, (ddp_dtype_t)dt, (ddp_op_t)op);
+                        bad += memcmp(dst, xb, N * es) != 0;
+                        for (i = 0; i < N; i++) put_el((unsigned char *)xb, i, es, rand_elem(dt));
+                    } else {
+                        bad += memcmp(dst, ref, N * es) != 0;
+                    }
+                }
+                memcpy(a, xa, N * es);
+                memcpy(ref, xa, N * es);
+                ddp_divide_local(a, N, (ddp_dtype_t)dt, 3);
+                ddp_divide_local(ref, N, (ddp_dtype_t)dt, 3);
+                bad += memcmp(a, ref, N * es) != 0;
+            }
+        ok(bad == 0, "ddp_reduce_local / ddp_divide_local %s at odd byte offsets: the aligned results (%ld differ)",
+           ddp_dtype_name((ddp_dtype_t)dt), bad);
+    }
+}
+
 int main(void) {
     double t0;
     t_init();
@@ -570,6 +614,7 @@ int main(void) {
     test_reduce_local();
     test_reduce_position_independent();
     test_divide_local();
+    test_odd_offsets();
     diag("%.1f s", t_now() - t0);
     return t_done();
 }

@@ -769,11 +769,28 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t
             /* A peer that closed will not come; the one we wait for may still have arrived
              * meanwhile (the closer left after the end of this step): look again first. */
             if ((gone = _ddp_thr_closed_peer(tp, target)) >= 0 &&
-                __atomic_load_n(word, __ATOMIC_SEQ_CST) < target)
+                __atomic_load_n(word, __ATOMIC_SEQ_CST) < target) {
+                /* A rank that saw another call here fails and closes at once, maybe before the
+                 * rank we wait for arrives: every rank must still say MISMATCH, so look at the
+                 * calls of all who did arrive before blaming the closed one. */
+                int o;
+                for (o = 0; sig && o < p; o++) {
+                    const _ddp_thr_ep_t *f = tp->eps[o];
+                    char theirs[160], ours[160];
+                    if (o == tp->rank || __atomic_load_n(&f->slot[slot].v.step, __ATOMIC_ACQUIRE) < target ||
+                        !_ddp_transport_sig_differs(&f->slot[slot].v.sig, sig))
+                        continue;
+                    _ddp_transport_sig_str(&f->slot[slot].v.sig, theirs, sizeof theirs);
+                    _ddp_transport_sig_str(sig, ours, sizeof ours);
+                    return ddp_transport_fail(c, DDP_ERR_MISMATCH, "threads: rank %d called %s, "
+                                              "this rank %s: the ranks called different "
+                                              "collectives, dtypes, ops, roots or counts", o, theirs, ours);
+                }
                 return ddp_transport_fail(c, DDP_ERR_REMOTE, "threads: rank %d closed the "
                                           "connection (its communicator was destroyed, aborted or "
                                           "failed) during %s (phase %s)", gone,
                                           _ddp_transport_sig_kind(kind), step);
+            }
             if (_ddp_transport_spin_expired(&s)) {
                 if (c->waiting_on) *c->waiting_on = q;
                 return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "threads: %s (phase %s): rank %d did "
