@@ -1090,12 +1090,13 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
     }
     if (rc == -ETIMEDOUT)
         return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: rank 0's store at %s:%d accepted the "
-                              "connection but did not answer the handshake within %d ms: rank 0 is "
-                              "stopped, hung or overloaded, or out of descriptors (its log says so), "
-                              "or this port is not a libddp store of this version", s->host, s->port,
-                              (int)((_ddp_now_us() - t0) / 1000));
+                              "connection but did not answer the handshake (waited %d ms, timeout %d "
+                              "ms): rank 0 is stopped, hung or overloaded, or out of descriptors (its "
+                              "log says so), or this port is not a libddp store of this version",
+                              s->host, s->port, (int)((_ddp_now_us() - t0) / 1000), s->timeout_ms);
     *retry = 1;
-    snprintf(s->last_error, sizeof s->last_error, "connection to %s:%d lost during the handshake: %s",
+    snprintf(s->last_error, sizeof s->last_error, "connection to %s:%d lost during the handshake: %s "
+             "(a store out of descriptors or flooded drops what it cannot serve: see rank 0's log)",
              s->host, s->port, strerror(-rc));
     return DDP_ERR_REMOTE;
 }

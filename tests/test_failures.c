@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 typedef struct {
     double t_kill, t_err[T_MAX_RANKS];
@@ -419,6 +420,33 @@ static void run_stopped_master(int mode) {
         for (r = 1; r < 8; r++) if (S->t_err[r] > worst) worst = S->t_err[r];
         diag("%s: 8 ranks, timeout %d ms: slowest error after %.2f s", name, STOPPED_TIMEOUT_MS, worst);
     }
+}
+
+/* ----------------------------------------------------------------- rank 0 out of descriptors
+ * Rank 0 runs under RLIMIT_NOFILE 12 (soft and hard): its store cannot take every rank's
+ * connection, nor, at times, its own handle's. Whatever each rank's result, it comes within the
+ * rendezvous' deadline and a margin (asking who was missing used to reconnect once per rank, a
+ * timeout each: rank 0 outlived a 60 s watchdog with an 8 s timeout). */
+static int rank0_few_fds(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    double t0, dt;
+    (void)arg;
+    if (rank == 0) {
+        struct rlimit rl;
+        rl.rlim_cur = rl.rlim_max = 12;
+        if (!ok(setrlimit(RLIMIT_NOFILE, &rl) == 0, "rank 0 under RLIMIT_NOFILE 12")) return 1;
+    }
+    t_desc(&d, STOPPED_TIMEOUT_MS);
+    d.log_level = 1;
+    t0 = t_now();
+    r = ddp_comm_init(&c, p, rank, &d);
+    dt = t_now() - t0;
+    ok(dt < 3.0 * STOPPED_TIMEOUT_MS / 1000, "ddp_comm_init -> %s within 3x the %d ms timeout: %.2f s%s%.300s",
+       ddp_strerror(r), STOPPED_TIMEOUT_MS, dt, r ? ": " : "", r ? ddp_last_init_error() : "");
+    if (c) ddp_comm_destroy(c);
+    return 0;
 }
 
 /* ----------------------------------------------------------------- a master address that does not resolve
@@ -821,6 +849,7 @@ int main(void) {
     run_stopped_master(0);
     run_stopped_master(1);
     run("a master address that does not resolve", 1, unresolvable, NULL, 60);
+    run("rank 0 out of descriptors (RLIMIT_NOFILE 12)", 8, rank0_few_fds, NULL, 120);
     if (run("world size disagreement", 2, world_size, NULL, 60)) {
         int r, nmm = 0;
         for (r = 0; r < 2; r++) nmm += S->rc[r] == DDP_ERR_MISMATCH;
