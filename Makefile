@@ -219,6 +219,11 @@ $(B)/ddp-scale: bench/ddp_scale.c $(HEADERS) | $(B)
 $(B)/store-bench: bench/store_bench.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
+# rendezvous-stopped (bench/rendezvous_stopped.c): how soon every rank's init fails when rank 0
+# is stopped under its listening store (run: build/rendezvous-stopped -n 64 -t 2000).
+$(B)/rendezvous-stopped: bench/rendezvous_stopped.c $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
 .PHONY: scale
 scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 	bash bench/scale.sh $(SCALE_N)

@@ -311,6 +311,7 @@ struct ddp_comm {
     ddp_allocator_t alloc;
     ddp_result_t error;            /* sticky: set by a failed collective */
     int init_probe;                /* trying a transport under "auto": its failure is a notice */
+    int64_t init_deadline_us;      /* the whole rendezvous ends by then (0: no timeout) */
     char last_error[1024];
     /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
      * if no abort came first; abort poisons the communicator itself only if nothing runs). */
@@ -801,6 +802,52 @@ _DDP_PRIVATE void _ddp_derive_data_key(ddp_comm_t *c) {
     }
 }
 
+/* The rendezvous timed out waiting for "ready": who is missing, in what the deadline left (the
+ * ready wait kept a slice for it). Whether the store answers at all is what tells a stopped,
+ * overloaded or unreachable rank 0 from ranks that never came. */
+#define _DDP_JOINMASK_BITS 62
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_missing(ddp_comm_t *c) {
+    char missing[400] = "", key[256];
+    size_t off = 0;
+    int g, nmissing = 0, shown = 0;
+    const int groups = (c->eng.nranks + _DDP_JOINMASK_BITS - 1) / _DDP_JOINMASK_BITS;
+    for (g = 0; g < groups; g++) {
+        int64_t mask = 0;
+        int b;
+        ddp_result_t r;
+        _ddp_key(c, key, sizeof key, "joinmask/%d", g);
+        r = ddp_store_add(c->store, key, 0, &mask);   /* adding 0 reads it */
+        if (r != DDP_SUCCESS)
+            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: rank 0's store does "
+                                 "not answer: no rendezvous within %d ms, then no answer to a query "
+                                 "(rank 0 stopped, hung, overloaded or out of descriptors, or cut off "
+                                 "from this host)", c->master_addr, c->master_port, c->eng.timeout_ms);
+        for (b = 0; b < _DDP_JOINMASK_BITS && g * _DDP_JOINMASK_BITS + b < c->eng.nranks; b++) {
+            if (mask & ((int64_t)1 << b)) continue;
+            nmissing++;
+            if (off + 24 < sizeof missing) {
+                off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? "," : "",
+                                        g * _DDP_JOINMASK_BITS + b);
+                shown++;
+            }
+        }
+    }
+    if (shown < nmissing)
+        snprintf(missing + off, sizeof missing - off, " and %d more", nmissing - shown);
+    return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: ranks never joined within "
+                         "%d ms: %s", c->master_addr, c->master_port, c->eng.timeout_ms,
+                         nmissing ? missing : "none missing (they joined as the wait ended)");
+}
+
+/* What is left of the rendezvous' deadline, less `keep` ms kept for what follows; at least 1
+ * (0 would mean the store's own timeout). */
+_DDP_PRIVATE int _ddp_init_ms_left(const ddp_comm_t *c, int keep) {
+    int left = _ddp_ms_left(c->init_deadline_us);
+    if (left < 0) return -1;   /* no deadline: wait forever */
+    left -= keep;
+    return left < 1 ? 1 : left;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     char key[256], host[_DDP_HOST_ID_LEN], why_none[512] = "";
     size_t len = 0;
@@ -845,6 +892,11 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         _ddp_publish_failure(c);
         return r;
     }
+    /* This rank's bit in its group's join mask (a sum of distinct powers of two is their OR):
+     * a timed-out rendezvous names the missing ranks from a few reads, not one per rank. */
+    _ddp_key(c, key, sizeof key, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
+    r = ddp_store_add(c->store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
     _ddp_host_id(host, sizeof host);
     _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
     if ((r = ddp_store_set(c->store, key, host, strlen(host))) != DDP_SUCCESS)
@@ -906,19 +958,18 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         _ddp_key(c, k1, sizeof k1, "ready");
         _ddp_key(c, k2, sizeof k2, "abort");
         keys[0] = k1; keys[1] = k2;
-        r = _ddp_store_wait_keys(c->store, keys, 2, 0, 1);
+        /* A slice of the deadline is kept to ask who is missing (a tenth, 100 ms to 1 s). */
+        {
+            int keep = c->eng.timeout_ms / 10;
+            keep = keep < 100 ? 100 : keep > 1000 ? 1000 : keep;
+            r = _ddp_store_wait_keys(c->store, keys, 2, _ddp_init_ms_left(c, keep), 1);
+        }
         if (r == DDP_ERR_TIMEOUT) {
-            char missing[256] = "";
-            size_t off = 0;
-            for (i = 0; i < c->eng.nranks && off + 12 < sizeof missing; i++) {
-                int ex = 1;
-                _ddp_key(c, key, sizeof key, "rank/%d", i);
-                if (ddp_store_check(c->store, key, &ex) == DDP_SUCCESS && !ex)
-                    off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? "," : "", i);
-            }
-            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: ranks never "
-                                 "joined within %d ms: %s", c->master_addr, c->master_port,
-                                 c->eng.timeout_ms, off ? missing : "(unknown)");
+            /* A store init did not open is bounded only while it is asked who is missing. */
+            if (!c->own_store && c->init_deadline_us) _ddp_store_bound(c->store, c->init_deadline_us);
+            r = _ddp_rendezvous_missing(c);
+            if (!c->own_store) _ddp_store_bound(c->store, 0);
+            return r;
         }
         if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
         {
@@ -1192,6 +1243,8 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
         }
         c->own_store = 1;
         if (c->master_port == 0) c->master_port = ddp_store_port(c->store);   /* world of one */
+        /* Every request of this init ends by the rendezvous' deadline, not a timeout each. */
+        if (c->init_deadline_us) _ddp_store_bound(c->store, c->init_deadline_us);
     }
     return DDP_SUCCESS;
 }
@@ -1666,6 +1719,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     c->eng.nranks = nranks;
     c->local_rank = c->local_size = -1;
     if ((r = _ddp_init_settings(c, d, &forced)) != DDP_SUCCESS) goto fail;
+    c->init_deadline_us = _ddp_deadline(c->eng.timeout_ms);   /* one deadline for the rendezvous */
     _ddp_init_contexts(c);
     {
         char terr[600];
@@ -1698,9 +1752,11 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
              "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size,
              _ddp_cpu_count());
     _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
+    if (c->own_store) _ddp_store_bound(c->store, 0);   /* later requests: a timeout each */
     *out = c;
     return DDP_SUCCESS;
 fail:
+    if (c->store && c->own_store) _ddp_store_bound(c->store, 0);
     /* Ranks waiting in the rendezvous learn at once instead of at their timeout; a rank that
      * only saw a peer go away says why that peer went, if it told the store. */
     if (c->store && (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c))) _ddp_publish_failure(c);

@@ -212,6 +212,7 @@ struct ddp_store {
     char host[256];
     int port;
     int timeout_ms;
+    int64_t bound_us;         /* 0, or no request (connecting included) waits past it */
     int quick;                /* failure reporting: short waits, no reconnecting to a dead master */
     int c10d;                 /* 0: libddp's protocol; else a c10d client, its dialect (_DDP_C10D_*) */
     int log_level, log_rank;
@@ -956,6 +957,22 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
     return NULL;
 }
 
+/* ---------------------------------------------------------------- the client's deadlines
+ * A request waits at most timeout_ms, and never past the handle's bound: a communicator's init
+ * sets one for the whole rendezvous, so that n requests cannot cost n timeouts. */
+_DDP_PRIVATE int64_t _ddp_store_deadline(const ddp_store_t *s, int timeout_ms) {
+    int64_t d = _ddp_deadline(timeout_ms);
+    if (s->bound_us && (d == 0 || d > s->bound_us)) d = s->bound_us;
+    return d;
+}
+
+/* Sets (deadline_us != 0) or lifts the bound; the caller owns the handle for the while. */
+_DDP_PRIVATE void _ddp_store_bound(ddp_store_t *s, int64_t deadline_us) {
+    pthread_mutex_lock(&s->mu);
+    s->bound_us = deadline_us;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ---------------------------------------------------------------- the client's handshake
  * Two pure steps (no socket: the fuzzers call them on arbitrary bytes), _DDP_HS_* results. */
 enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _DDP_HS_NO_SECRET,
@@ -1051,6 +1068,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
     _ddp_store_resp_t resp;
     size_t msglen = 0, vlen = 0;
     int rc, hs;
+    const int64_t t0 = _ddp_now_us();
     *retry = 0;
     if ((rc = _ddp_auth_nonce(nc)) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: no random nonce for the handshake "
@@ -1071,17 +1089,20 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
         return hs == _DDP_HS_OK ? DDP_SUCCESS : _ddp_store_hs_error(s, hs);
     }
     if (rc == -ETIMEDOUT)
-        return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: master %s:%d accepted the connection "
-                              "but did not finish the handshake within %d ms (not a libddp store "
-                              "of this version?)", s->host, s->port, s->timeout_ms);
+        return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: rank 0's store at %s:%d accepted the "
+                              "connection but did not answer the handshake (waited %d ms, timeout %d "
+                              "ms): rank 0 is stopped, hung or overloaded, or out of descriptors (its "
+                              "log says so), or this port is not a libddp store of this version",
+                              s->host, s->port, (int)((_ddp_now_us() - t0) / 1000), s->timeout_ms);
     *retry = 1;
-    snprintf(s->last_error, sizeof s->last_error, "connection to %s:%d lost during the handshake: %s",
+    snprintf(s->last_error, sizeof s->last_error, "connection to %s:%d lost during the handshake: %s "
+             "(a store out of descriptors or flooded drops what it cannot serve: see rank 0's log)",
              s->host, s->port, strerror(-rc));
     return DDP_ERR_REMOTE;
 }
 
-/* The dial result for a host name that does not resolve: final, unlike a connect() error (a
- * "no route to host" while a link comes up is worth retrying). */
+/* The dial result for a host name that does not resolve. Said at once (WARN), then retried like
+ * a refused connect: DNS may come up after the job (a Kubernetes service's name). */
 #define _DDP_STORE_UNRESOLVABLE (-1000000)
 
 /* One try at every address host resolves to: a connected fd, or -errno (*why says what). */
@@ -1095,8 +1116,9 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
     snprintf(portstr, sizeof portstr, "%d", s->port);
     rc = getaddrinfo(s->host, portstr, &hints, &res);
     if (rc != 0) {
-        snprintf(why, whycap, "cannot resolve master address '%.200s': %s", s->host, gai_strerror(rc));
-        return rc == EAI_AGAIN ? -EAGAIN : _DDP_STORE_UNRESOLVABLE;
+        snprintf(why, whycap, "cannot resolve master address '%.200s': %s", s->host,
+                 rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+        return _DDP_STORE_UNRESOLVABLE;
     }
     for (ai = res; ai; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
@@ -1446,14 +1468,15 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_handshake(ddp_store_t *s, int *fd, int64_t d
  * by peer" at 1,536 ranks. Wrong secrets and versions are final at once. */
 _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
     char why[512] = "";
-    int64_t deadline = _ddp_deadline(s->timeout_ms);
-    int backoff_ms = 10, attempts = 0;
+    const int64_t t0 = _ddp_now_us(), deadline = _ddp_store_deadline(s, s->timeout_ms);
+    int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0;
     for (;;) {
         int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
         attempts++;
-        if (fd == _DDP_STORE_UNRESOLVABLE)
-            return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: master %s:%d: %s", s->host,
-                                  s->port, why);
+        last_unresolved = fd == _DDP_STORE_UNRESOLVABLE;
+        if (last_unresolved && !unresolved++)
+            _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms), as DNS "
+                           "may come up late", why, _ddp_ms_left(deadline));
         if (fd >= 0) {
             ddp_result_t r = s->c10d ? _ddp_c10d_handshake(s, &fd, deadline, &retry)
                                      : _ddp_store_handshake(s, fd, deadline, &retry);
@@ -1475,10 +1498,13 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             _ddp_strlcpy(why, s->last_error, sizeof why);
             _ddp_store_log(s, DDP_LOG_TRACE, "store: %s; retrying", why);
         }
+        if (_ddp_ms_left(deadline) == 0 && last_unresolved)
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: %s (retried for %d ms, %d attempts)",
+                                  why, (int)((_ddp_now_us() - t0) / 1000), attempts);
         if (_ddp_ms_left(deadline) == 0)
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s %s:%d unreachable after %d ms (%d attempts): "
-                                  "%s", s->c10d ? "c10d store" : "rendezvous: master", s->host,
-                                  s->port, s->timeout_ms, attempts, why);
+                                  "%s", s->c10d ? "c10d store" : "rendezvous: rank 0's store at", s->host,
+                                  s->port, (int)((_ddp_now_us() - t0) / 1000), attempts, why);
         {
             int ms = (int)(_ddp_jitter_us((int64_t)backoff_ms * 1000) / 1000), left = _ddp_ms_left(deadline);
             struct timespec ts;
@@ -1500,6 +1526,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t f
     _ddp_store_req_t rq;
     struct iovec iov[4];
     int64_t deadline;
+    const int64_t t0 = _ddp_now_us();
     int rc, i;
     ddp_result_t r;
     if (s->fd < 0) {
@@ -1507,7 +1534,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t f
         r = _ddp_store_connect(s);
         if (r != DDP_SUCCESS) return r;
     }
-    deadline = _ddp_deadline(timeout_ms ? timeout_ms : s->timeout_ms);
+    deadline = _ddp_store_deadline(s, timeout_ms ? timeout_ms : s->timeout_ms);
     memset(&rq, 0, sizeof rq);
     rq.magic = _DDP_STORE_MAGIC; rq.op = op; rq.klen = (uint32_t)klen; rq.v1len = (uint32_t)v1len;
     rq.v2len = (uint32_t)v2len; rq.flags = flags; rq.arg = arg;
@@ -1534,9 +1561,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, uint32_t op, uint32_t f
         /* The stream is out of step now: drop it; the next call reconnects. */
         _ddp_store_hangup(s);
         if (rc == -ETIMEDOUT)
-            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "no answer from master %s:%d within %d ms "
-                                  "(key '%.*s')", s->host, s->port,
-                                  timeout_ms ? timeout_ms : s->timeout_ms, (int)(klen > 200 ? 200 : klen), key);
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rank 0's store at %s:%d did not answer within "
+                                  "%d ms (key '%.*s')", s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
+                                  (int)(klen > 200 ? 200 : klen), key);
         return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
                               "store): %s", s->host, s->port, strerror(-rc));
     }
@@ -1570,7 +1597,7 @@ _DDP_PRIVATE int _ddp_c10d_ms(const ddp_store_t *s, int timeout_ms) {
  * sent just before the deadline is not mistaken for a server that does not answer. */
 _DDP_PRIVATE int64_t _ddp_c10d_after(const ddp_store_t *s, int64_t deadline) {
     const int64_t grace = _ddp_deadline(_DDP_C10D_GRACE_MS);
-    if (deadline == 0) return _ddp_deadline(s->timeout_ms);
+    if (deadline == 0) return _ddp_store_deadline(s, s->timeout_ms);
     return deadline > grace ? deadline : grace;
 }
 
@@ -1602,7 +1629,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_exists(ddp_store_t *s, const char *const *ke
  * been applied (one round trip, as our own store's SET). */
 _DDP_PRIVATE ddp_result_t _ddp_c10d_set(ddp_store_t *s, const char *key, const void *value,
                                         size_t len) {
-    const int64_t deadline = _ddp_deadline(s->timeout_ms);
+    const int64_t deadline = _ddp_store_deadline(s, s->timeout_ms);
     _ddp_c10d_msg_t m;
     unsigned char ans = 0xff;
     ddp_result_t r = _ddp_c10d_begin(s, &m, _DDP_CQ_SET);
@@ -1676,7 +1703,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_wait_batch(ddp_store_t *s, const char *const
  * as one WAIT for all). */
 _DDP_PRIVATE ddp_result_t _ddp_c10d_wait_all(ddp_store_t *s, const char *const *keys, int nkeys,
                                              int timeout_ms) {
-    const int64_t deadline = _ddp_deadline(_ddp_c10d_ms(s, timeout_ms));
+    const int64_t deadline = _ddp_store_deadline(s, _ddp_c10d_ms(s, timeout_ms));
     ddp_result_t r = DDP_SUCCESS;
     int i;
     for (i = 0; i < nkeys && r == DDP_SUCCESS; i += _DDP_C10D_BATCH)
@@ -1690,7 +1717,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_wait_all(ddp_store_t *s, const char *const *
 _DDP_PRIVATE ddp_result_t _ddp_c10d_wait_any(ddp_store_t *s, const char *const *keys, int nkeys,
                                              int timeout_ms) {
     const int ms = _ddp_c10d_ms(s, timeout_ms);
-    const int64_t deadline = _ddp_deadline(ms);
+    const int64_t deadline = _ddp_store_deadline(s, ms);
     int nap = 2;
     for (;;) {
         int i, j, left, exists[_DDP_C10D_BATCH];
@@ -1718,7 +1745,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_wait_any(ddp_store_t *s, const char *const *
  * torch's client does. */
 _DDP_PRIVATE ddp_result_t _ddp_c10d_get(ddp_store_t *s, const char *key, void *value, size_t cap,
                                         size_t *len) {
-    const int64_t deadline = _ddp_deadline(s->timeout_ms);
+    const int64_t deadline = _ddp_store_deadline(s, s->timeout_ms);
     _ddp_c10d_msg_t m;
     uint64_t n = 0;
     ddp_result_t r = _ddp_c10d_wait_batch(s, &key, 1, deadline, s->timeout_ms);
@@ -1740,7 +1767,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_get(ddp_store_t *s, const char *key, void *v
 
 _DDP_PRIVATE ddp_result_t _ddp_c10d_add(ddp_store_t *s, const char *key, int64_t delta,
                                         int64_t *result) {
-    const int64_t deadline = _ddp_deadline(s->timeout_ms);
+    const int64_t deadline = _ddp_store_deadline(s, s->timeout_ms);
     _ddp_c10d_msg_t m;
     int64_t v = 0;
     ddp_result_t r = _ddp_c10d_begin(s, &m, _DDP_CQ_ADD);
@@ -1764,7 +1791,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_add(ddp_store_t *s, const char *key, int64_t
 _DDP_PRIVATE ddp_result_t _ddp_c10d_cas(ddp_store_t *s, const char *key, const void *expected,
                                         size_t expected_len, const void *desired, size_t desired_len,
                                         void *actual, size_t cap, size_t *actual_len) {
-    const int64_t deadline = _ddp_deadline(s->timeout_ms);
+    const int64_t deadline = _ddp_store_deadline(s, s->timeout_ms);
     _ddp_c10d_msg_t m;
     uint64_t n = 0;
     int rc, same = 0, exists = 1;
@@ -1792,7 +1819,7 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_cas(ddp_store_t *s, const char *key, const v
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_c10d_delete(ddp_store_t *s, const char *key, int *deleted) {
-    const int64_t deadline = _ddp_deadline(s->timeout_ms);
+    const int64_t deadline = _ddp_store_deadline(s, s->timeout_ms);
     _ddp_c10d_msg_t m;
     int64_t v = 0;
     ddp_result_t r = _ddp_c10d_begin(s, &m, _DDP_CQ_DELETE);
@@ -2268,7 +2295,7 @@ DDP_API ddp_result_t ddp_store_check(ddp_store_t *s, const char *key, int *exist
     pthread_mutex_lock(&s->mu);
     if (s->c10d) {
         int ex = 0;
-        r = _ddp_c10d_exists(s, &key, 1, &ex, _ddp_deadline(s->timeout_ms), s->timeout_ms);
+        r = _ddp_c10d_exists(s, &key, 1, &ex, _ddp_store_deadline(s, s->timeout_ms), s->timeout_ms);
         pthread_mutex_unlock(&s->mu);
         if (r == DDP_SUCCESS && exists) *exists = ex;
         return r;

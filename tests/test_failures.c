@@ -33,12 +33,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 typedef struct {
     double t_kill, t_err[T_MAX_RANKS];
     int rc[T_MAX_RANKS];
     int twice;                      /* processes whose error says "twice" */
     int flag[8];
+    pid_t pid0;
     char msg[T_MAX_RANKS][1024];
 } fail_shm_t;
 
@@ -325,6 +327,162 @@ static int never_joins(int rank, int p, void *arg) {
         ok(tail && t_mentions_int(tail, missing), "the message names the missing rank %d: %s", missing, msg);
         ok(tail && !t_mentions_int(tail, rank), "... and not this rank, which did join");
     }
+    if (c) ddp_comm_destroy(c);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- rank 0 stopped under its listening store
+ * Rank 0 stops (SIGSTOP: hung, swapped out, in a debugger) while its store listens: the kernel
+ * still completes every connect, so the others reach a socket that never answers. Mode 0: it
+ * stops before the others start. Mode 1: it stops once the others have joined and wait for the
+ * last rank, which never comes (the last process only watches). The whole rendezvous has one
+ * deadline: each rank's error comes within the timeout and a margin, not a timeout per store
+ * request or per rank, and it names rank 0's store as not answering. */
+#define STOPPED_TIMEOUT_MS 2000
+static int raw_connect_port(int port);
+static int run(const char *name, int p, int (*fn)(int, int, void *), void *arg, int timeout_s);
+
+/* The watcher: once rank 0's store serves (mode 1: once `joined` ranks joined), stop rank 0. */
+static int stop_rank0(int joined) {
+    double tw = t_now();
+    pid_t pid0;
+    int fd = -1, ok_ = 0;
+    while (!(pid0 = __atomic_load_n(&S->pid0, __ATOMIC_SEQ_CST)) && t_now() - tw < 20) t_sleep_ms(2);
+    if (!joined) {
+        while (pid0 && (fd = raw_connect_port(t_master_port)) < 0 && t_now() - tw < 20) t_sleep_ms(5);
+        if (fd >= 0) close(fd);
+        ok_ = fd >= 0;
+    } else {
+        ddp_store_desc_t sd;
+        ddp_store_t *st = NULL;
+        int64_t n = 0;
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = 10000;
+        sd.log_level = 1;
+        if (pid0 && ddp_store_open(&st, "127.0.0.1", t_master_port, 0, &sd) == DDP_SUCCESS) {
+            while (ddp_store_add(st, "ddp/joined", 0, &n) == DDP_SUCCESS && n < joined && t_now() - tw < 20)
+                t_sleep_ms(5);
+            ddp_store_close(st);
+        }
+        ok_ = n == joined;
+    }
+    if (!ok(ok_ && kill(pid0, SIGSTOP) == 0, "rank 0's store serves%s; rank 0 stopped", joined ? " and the others joined" : ""))
+        return 1;
+    __atomic_store_n(&S->flag[0], 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static int stopped_master(int rank, int p, void *arg) {
+    const int mode = *(const int *)arg, ranks = mode ? p - 1 : p;   /* processes that init */
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    double t0, dt;
+    const char *msg;
+    char where[64];
+    t_desc(&d, STOPPED_TIMEOUT_MS);
+    d.log_level = 1;
+    if (rank == 0) {
+        __atomic_store_n(&S->pid0, getpid(), __ATOMIC_SEQ_CST);
+        if (ddp_comm_init(&c, p, rank, &d) == DDP_SUCCESS) ddp_comm_destroy(c);   /* stopped in there */
+        return 0;
+    }
+    if (mode == 1 && rank == p - 1) return stop_rank0(p - 1);
+    if (mode == 0) {
+        if (rank == 1 && stop_rank0(0) != 0) return 1;
+        t0 = t_now();
+        while (!__atomic_load_n(&S->flag[0], __ATOMIC_SEQ_CST) && t_now() - t0 < 20) t_sleep_ms(2);
+    }
+    t0 = t_now();
+    r = ddp_comm_init(&c, p, rank, &d);
+    dt = t_now() - t0;
+    msg = ddp_last_init_error();
+    snprintf(where, sizeof where, "127.0.0.1:%d", t_master_port);
+    ok(r != DDP_SUCCESS && c == NULL, "ddp_comm_init with rank 0 stopped -> %s", ddp_strerror(r));
+    /* generous (a busy machine), yet far below a timeout per request or per rank */
+    ok(dt < 3.0 * STOPPED_TIMEOUT_MS / 1000, "... within 3x the %d ms timeout: %.2f s", STOPPED_TIMEOUT_MS, dt);
+    ok(strstr(msg, where) && strstr(msg, "rank 0's store") && strstr(msg, "not answer"),
+       "the message names rank 0's store (%s) as not answering: %s", where, msg);
+    S->t_err[rank] = dt;
+    if (c) ddp_comm_destroy(c);
+    if (__atomic_add_fetch(&S->flag[1], 1, __ATOMIC_SEQ_CST) == ranks - 1)
+        kill(__atomic_load_n(&S->pid0, __ATOMIC_SEQ_CST), SIGCONT);   /* let rank 0 end */
+    return 0;
+}
+
+static void run_stopped_master(int mode) {
+    char name[128];
+    snprintf(name, sizeof name, "rank 0 stopped while its store listens, %s", mode ? "after the others joined" :
+             "before the others start");
+    if (run(name, 8, stopped_master, &mode, 120)) {
+        int r;
+        double worst = 0;
+        for (r = 1; r < 8; r++) if (S->t_err[r] > worst) worst = S->t_err[r];
+        diag("%s: 8 ranks, timeout %d ms: slowest error after %.2f s", name, STOPPED_TIMEOUT_MS, worst);
+    }
+}
+
+/* ----------------------------------------------------------------- rank 0 out of descriptors
+ * Rank 0 runs under RLIMIT_NOFILE 12 (soft and hard): its store cannot take every rank's
+ * connection, nor, at times, its own handle's. Whatever each rank's result, it comes within the
+ * rendezvous' deadline and a margin (asking who was missing used to reconnect once per rank, a
+ * timeout each: rank 0 outlived a 60 s watchdog with an 8 s timeout). */
+static int rank0_few_fds(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    double t0, dt;
+    (void)arg;
+    if (rank == 0) {
+        struct rlimit rl;
+        rl.rlim_cur = rl.rlim_max = 12;
+        if (!ok(setrlimit(RLIMIT_NOFILE, &rl) == 0, "rank 0 under RLIMIT_NOFILE 12")) return 1;
+    }
+    t_desc(&d, STOPPED_TIMEOUT_MS);
+    d.log_level = 1;
+    t0 = t_now();
+    r = ddp_comm_init(&c, p, rank, &d);
+    dt = t_now() - t0;
+    ok(dt < 3.0 * STOPPED_TIMEOUT_MS / 1000, "ddp_comm_init -> %s within 3x the %d ms timeout: %.2f s%s%.300s",
+       ddp_strerror(r), STOPPED_TIMEOUT_MS, dt, r ? ": " : "", r ? ddp_last_init_error() : "");
+    if (c) ddp_comm_destroy(c);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- a master address that does not resolve
+ * Said at once, at the default log level (a WARN naming the address and the resolver's reason,
+ * saying it retries: DNS may come up late), retried until the timeout, and the error says
+ * "cannot resolve". */
+static int unresolvable(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    char path[] = "/tmp/ddp_test_dns_XXXXXX", log[8192];
+    int fd = mkstemp(path), saved = dup(2), warns = 0;
+    ssize_t n;
+    const char *msg, *q;
+    (void)rank; (void)p; (void)arg;
+    if (!ok(fd >= 0 && saved >= 0, "a file for this rank's log")) return 1;
+    unlink(path);
+    unsetenv("DDP_DEBUG");
+    t_desc(&d, 1500);
+    d.master_addr = "no-such-host.invalid";
+    fflush(stderr);
+    dup2(fd, 2);
+    r = ddp_comm_init(&c, 2, 1, &d);   /* rank 1: a client only */
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    msg = ddp_last_init_error();
+    n = pread(fd, log, sizeof log - 1, 0);
+    close(fd);
+    log[n > 0 ? n : 0] = 0;
+    for (q = log; (q = strstr(q, "WARN store: cannot resolve master address 'no-such-host.invalid'")) != NULL; q++) warns++;
+    ok(r != DDP_SUCCESS && c == NULL, "ddp_comm_init with MASTER_ADDR no-such-host.invalid -> %s", ddp_strerror(r));
+    ok(strstr(msg, "cannot resolve") && strstr(msg, "no-such-host.invalid"), "the error says it cannot resolve it: %s", msg);
+    ok(warns == 1, "one WARN at the default log level names the address (%d)", warns);
+    q = strstr(log, "WARN store: cannot resolve");
+    ok(q && strstr(q, "retrying"), "... with the resolver's reason, and says it retries: %.300s", q ? q : log);
     if (c) ddp_comm_destroy(c);
     return 0;
 }
@@ -690,6 +848,10 @@ int main(void) {
     run("rank 2 never joins", 3, never_joins, &missing, 60);
     missing = 0;
     run("rank 0 (the master) never starts", 2, never_joins, &missing, 60);
+    run_stopped_master(0);
+    run_stopped_master(1);
+    run("a master address that does not resolve", 1, unresolvable, NULL, 60);
+    run("rank 0 out of descriptors (RLIMIT_NOFILE 12)", 8, rank0_few_fds, NULL, 120);
     if (run("world size disagreement", 2, world_size, NULL, 60)) {
         int r, nmm = 0;
         for (r = 0; r < 2; r++) nmm += S->rc[r] == DDP_ERR_MISMATCH;
