@@ -5,7 +5,7 @@
 #   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-bench, ddp.pc; make uninstall removes them
 CC      ?= cc
 CXX     ?= g++
-WARN    := -Wall -Wextra -Wpedantic -Werror
+WARN    := -Wall -Wextra -Wpedantic -Wshadow -Werror
 CFLAGS  ?= -O2 -g
 STD     := -std=c99
 INC     := -I.

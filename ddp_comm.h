@@ -1129,13 +1129,10 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
         c->rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
                         : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
     _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
-    {
-        long v;
-        s = getenv("DDP_ASYNC_LANES");
-        c->want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
-        c->lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
-        if (!c->lane_min_bytes) c->lane_min_bytes = _DDP_LANE_MIN_BYTES;
-    }
+    s = getenv("DDP_ASYNC_LANES");
+    c->want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
+    c->lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
+    if (!c->lane_min_bytes) c->lane_min_bytes = _DDP_LANE_MIN_BYTES;
     s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
     _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
     _ddp_job_identity(c->job, sizeof c->job);

@@ -8,7 +8,7 @@
 set -euo pipefail
 out=$1; shift
 mkdir -p "$out"
-WARN="-Wall -Wextra -Wpedantic -Werror"
+WARN="-Wall -Wextra -Wpedantic -Wshadow -Werror"
 have() { command -v "$1" >/dev/null 2>&1; }
 compilers=("gcc -std=c99" "gcc -std=c11" "g++ -std=c++11" "g++ -std=c++17" "g++ -std=c++20")
 have clang && compilers+=("clang -std=c99" "clang -std=c11")
