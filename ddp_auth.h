@@ -190,6 +190,65 @@ _DDP_PRIVATE void _ddp_hmac_sha256(const void *key, size_t keylen, const void *d
     _ddp_hmac_sha256_final(&h, out);
 }
 
+/* ---------------------------------------------------------------- PBKDF2-HMAC-SHA256 (RFC 8018)
+ * RFC 8018 section 5.2: T_i = U_1 ^ ... ^ U_c, U_1 = PRF(P, S || INT(i)), U_j = PRF(P, U_{j-1}),
+ * PRF = HMAC-SHA256; out = T_1 || T_2 || ... truncated to outlen. The key's padded inner and
+ * outer states are computed once, so an iteration costs two SHA-256 blocks (what an attacker
+ * pays per iteration too: the cost is the iteration count, not our implementation). */
+_DDP_PRIVATE void _ddp_pbkdf2_sha256(const void *pw, size_t pwlen, const void *salt, size_t saltlen,
+                                     uint32_t iterations, unsigned char *out, size_t outlen) {
+    _ddp_hmac_sha256_t base, h;
+    unsigned char u[_DDP_SHA256_BYTES], t[_DDP_SHA256_BYTES], ctr[4];
+    uint32_t block = 1, j;
+    int k;
+    _ddp_hmac_sha256_init(&base, pw, pwlen);
+    while (outlen) {
+        size_t take = outlen < sizeof t ? outlen : sizeof t;
+        ctr[0] = (unsigned char)(block >> 24); ctr[1] = (unsigned char)(block >> 16);
+        ctr[2] = (unsigned char)(block >> 8);  ctr[3] = (unsigned char)block;
+        h = base;
+        _ddp_hmac_sha256_update(&h, salt, saltlen);
+        _ddp_hmac_sha256_update(&h, ctr, sizeof ctr);
+        _ddp_hmac_sha256_final(&h, u);
+        memcpy(t, u, sizeof t);
+        for (j = 1; j < iterations; j++) {
+            h = base;
+            _ddp_hmac_sha256_update(&h, u, sizeof u);
+            _ddp_hmac_sha256_final(&h, u);
+            for (k = 0; k < _DDP_SHA256_BYTES; k++) t[k] ^= u[k];
+        }
+        memcpy(out, t, take);
+        out += take;
+        outlen -= take;
+        block++;
+    }
+    _ddp_auth_wipe(&base, sizeof base);
+    _ddp_auth_wipe(&h, sizeof h);
+    _ddp_auth_wipe(u, sizeof u);
+    _ddp_auth_wipe(t, sizeof t);
+}
+
+/* The key a job's connections prove: the job secret stretched by PBKDF2, so that every guess
+ * at a human-chosen secret (online, or offline from a captured handshake) costs
+ * _DDP_AUTH_KDF_ITERATIONS HMACs instead of one. The salt is public: the store server draws it
+ * at random when it starts and sends it in every challenge, so it binds the key to this job
+ * (a dictionary precomputed for one job is useless for the next). 100,000 iterations: about
+ * 0.1 s of one core (README "Security"), paid once per process: a split communicator reuses
+ * its parent's store, an async lane copies the key. */
+#ifndef _DDP_AUTH_KDF_ITERATIONS
+#define _DDP_AUTH_KDF_ITERATIONS 100000u
+#endif
+#define _DDP_AUTH_SALT_BYTES 16
+_DDP_PRIVATE void _ddp_auth_job_key(const char *secret, size_t len,
+                                    const unsigned char salt[_DDP_AUTH_SALT_BYTES],
+                                    unsigned char out[_DDP_SHA256_BYTES]) {
+    static const char tag[] = "libddp job key v1 ";
+    unsigned char s[sizeof tag - 1 + _DDP_AUTH_SALT_BYTES];
+    memcpy(s, tag, sizeof tag - 1);
+    memcpy(s + sizeof tag - 1, salt, _DDP_AUTH_SALT_BYTES);
+    _ddp_pbkdf2_sha256(secret, len, s, sizeof s, _DDP_AUTH_KDF_ITERATIONS, out, _DDP_SHA256_BYTES);
+}
+
 /* ---------------------------------------------------------------- comparison, nonces, proofs */
 /* 1 if equal. Time depends on n only, never on where the first difference is. */
 _DDP_PRIVATE int _ddp_auth_equal(const void *a, const void *b, size_t n) {

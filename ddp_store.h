@@ -138,18 +138,20 @@ DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
 #include <sys/epoll.h>
 #include <sys/resource.h>
 
-/* ---------------------------------------------------------------- wire protocol, version 2
+/* ---------------------------------------------------------------- wire protocol, version 3
  * Native byte order; the magic rejects strangers and peers of the other byte order.
  *   challenge (server -> client, first thing on every connection)
  *            {u32 magic, u32 proto, u32 flags (1: a job secret is required), u32 pad} nonce_s[32]
+ *            salt[16] (the server's, drawn at start: the key is the secret stretched with it)
  *   request  {u32 magic, u32 op, u32 klen, u32 v1len, u32 v2len, u32 flags, i64 arg} key v1 v2
  *   response {u32 magic, u32 status, u32 vlen, u32 pad, i64 num} value
  * The client's first request is HELLO: arg = protocol version, v1 = nonce_c, then (flags 1)
- * its proof; the answer's value is the server's proof (ddp_auth.h, label "store"). A wrong
+ * its proof; the answer's value is the server's proof (ddp_auth.h, label "store", keyed with
+ * the stretched secret: a client stretches it once per salt, the server once at start). A wrong
  * proof or version gets one error answer, then the server closes the connection. GET and WAIT
  * are answered when their keys exist, so a client blocks in recv with its own timeout. */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
-#define _DDP_STORE_PROTO 2u
+#define _DDP_STORE_PROTO 3u
 #define _DDP_STORE_LABEL "store"
 #define _DDP_STORE_HELLO_MAX 128            /* body bytes a peer may send before authenticating */
 #define _DDP_STORE_HANDSHAKE_MAX_MS 10000
@@ -166,7 +168,11 @@ enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _D
 
 typedef struct { uint32_t magic, op, klen, v1len, v2len, flags; int64_t arg; } _ddp_store_req_t;
 typedef struct { uint32_t magic, status, vlen, pad; int64_t num; } _ddp_store_resp_t;
-typedef struct { uint32_t magic, proto, flags, pad; unsigned char nonce[_DDP_AUTH_NONCE_BYTES]; } _ddp_store_chal_t;
+typedef struct {
+    uint32_t magic, proto, flags, pad;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];
+    unsigned char salt[_DDP_AUTH_SALT_BYTES];
+} _ddp_store_chal_t;
 #define _DDP_STORE_HELLO_BYTES (sizeof(_ddp_store_req_t) + 2 * _DDP_AUTH_NONCE_BYTES)
 
 typedef struct _ddp_kv {
@@ -213,7 +219,11 @@ struct ddp_store {
     int quick;                /* failure reporting: short waits, no reconnecting to a dead master */
     int c10d;                 /* 0: libddp's protocol; else a c10d client, its dialect (_DDP_C10D_*) */
     int log_level, log_rank;
-    char secret[256];         /* the HMAC key: never written to a socket or a log */
+    char secret[256];         /* the job secret: never written to a socket or a log */
+    unsigned char key[_DDP_SHA256_BYTES];   /* the secret stretched with `salt` (ddp_auth.h:
+                                             * _ddp_auth_job_key): the HMAC key of every proof */
+    size_t keylen;            /* 0: no key yet (or no job secret) */
+    unsigned char salt[_DDP_AUTH_SALT_BYTES];   /* the server's (in every challenge) */
     char last_error[512];
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
@@ -452,8 +462,9 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
     if (_ddp_auth_nonce(c->nonce) != 0) { DDP_FREE(c); return NULL; }   /* never a weak nonce */
     ch.magic = _DDP_STORE_MAGIC;
     ch.proto = _DDP_STORE_PROTO;
-    ch.flags = s->secret[0] ? _DDP_ST_CHAL_SECRET : 0u;
+    ch.flags = s->keylen ? _DDP_ST_CHAL_SECRET : 0u;
     memcpy(ch.nonce, c->nonce, sizeof ch.nonce);
+    memcpy(ch.salt, s->salt, sizeof ch.salt);
     if (_ddp_conn_queue(c, &ch, sizeof ch, NULL, 0) != 0) { DDP_FREE(c); return NULL; }
     if (fd >= 0 && s->epfd >= 0) {
         struct epoll_event ev;
@@ -485,7 +496,7 @@ typedef struct {
 } _ddp_store_msg_t;
 
 _DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
-    const size_t keylen = strlen(s->secret);
+    const size_t keylen = s->keylen;
     const int need_proof = keylen != 0, has_proof = (m->rq.flags & _DDP_ST_HELLO_PROOF) != 0;
     unsigned char proof[_DDP_AUTH_PROOF_BYTES];
     if (c->state != _DDP_CONN_HELLO || m->rq.klen || m->rq.v2len ||
@@ -500,7 +511,7 @@ _DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const
         return _ddp_conn_reply(c, DDP_ERR_MISMATCH, 0, NULL, 0) ? -1 : 2;
     }
     if (need_proof != has_proof ||
-        (need_proof && !_ddp_auth_verify(s->secret, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL,
+        (need_proof && !_ddp_auth_verify(s->key, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL,
                                          c->nonce, m->v1, m->v1 + _DDP_AUTH_NONCE_BYTES))) {
         _ddp_store_warn_rate(s, &s->rate_peer, "store: %s failed to authenticate (%s); connection "
                              "closed", c->addr, !has_proof ? "no job secret" : need_proof ?
@@ -508,7 +519,7 @@ _DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const
         return _ddp_conn_reply(c, DDP_ERR_AUTH, 0, NULL, 0) ? -1 : 2;
     }
     if (need_proof)
-        _ddp_auth_proof(s->secret, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, c->nonce, m->v1, proof);
+        _ddp_auth_proof(s->key, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, c->nonce, m->v1, proof);
     if (_ddp_conn_reply(c, DDP_SUCCESS, 0, proof, need_proof ? _DDP_AUTH_PROOF_BYTES : 0u)) return -1;
     _ddp_pending_unlink(s, c);
     c->state = _DDP_CONN_READY;
@@ -906,6 +917,25 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
     return NULL;
 }
 
+/* The key proofs are made with: the job secret stretched with `salt` (ddp_auth.h:
+ * _ddp_auth_job_key), computed only when the salt is new to this handle, so a process pays
+ * for it once: the server when it starts (its own client handle shares it), a client at its
+ * first handshake, a lane's client never (it copies its communicator's store: _ddp_store_copy_key). */
+_DDP_PRIVATE void _ddp_store_key_for(ddp_store_t *s, const unsigned char salt[_DDP_AUTH_SALT_BYTES]) {
+    if (!s->secret[0] || (s->keylen && !memcmp(s->salt, salt, sizeof s->salt))) return;
+    memcpy(s->salt, salt, sizeof s->salt);
+    _ddp_auth_job_key(s->secret, strlen(s->secret), s->salt, s->key);
+    s->keylen = sizeof s->key;
+}
+
+_DDP_PRIVATE void _ddp_store_copy_key(ddp_store_t *s, const ddp_store_t *like) {
+    if (!like || !like->secret[0]) return;
+    memcpy(s->secret, like->secret, sizeof s->secret);
+    memcpy(s->salt, like->salt, sizeof s->salt);
+    memcpy(s->key, like->key, sizeof s->key);
+    s->keylen = like->keylen;
+}
+
 /* ---------------------------------------------------------------- the client's handshake
  * Two pure steps (no socket: the fuzzers call them on arbitrary bytes), _DDP_HS_* results. */
 enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _DDP_HS_NO_SECRET,
@@ -913,11 +943,10 @@ enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _D
 
 /* Step 1: the server's challenge (n bytes) -> the HELLO to send (*msglen bytes into msg, which
  * holds _DDP_STORE_HELLO_BYTES) and the server's nonce. */
-_DDP_PRIVATE int _ddp_store_hs_hello(const char *secret, const void *chal, size_t n,
+_DDP_PRIVATE int _ddp_store_hs_hello(const unsigned char *key, size_t keylen, const void *chal, size_t n,
                                      const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
                                      unsigned char *msg, size_t *msglen,
                                      unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES]) {
-    const size_t keylen = secret ? strlen(secret) : 0;
     _ddp_store_chal_t ch;
     _ddp_store_req_t rq;
     *msglen = 0;
@@ -937,19 +966,18 @@ _DDP_PRIVATE int _ddp_store_hs_hello(const char *secret, const void *chal, size_
     memcpy(msg, &rq, sizeof rq);
     memcpy(msg + sizeof rq, nonce_c, _DDP_AUTH_NONCE_BYTES);
     if (keylen)
-        _ddp_auth_proof(secret, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL, nonce_s, nonce_c,
+        _ddp_auth_proof(key, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL, nonce_s, nonce_c,
                         msg + sizeof rq + _DDP_AUTH_NONCE_BYTES);
     *msglen = sizeof rq + rq.v1len;
     return _DDP_HS_OK;
 }
 
 /* Step 2: the answer to HELLO (header, then the vlen bytes of value that were read). */
-_DDP_PRIVATE int _ddp_store_hs_welcome(const char *secret,
+_DDP_PRIVATE int _ddp_store_hs_welcome(const unsigned char *key, size_t keylen,
                                        const unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES],
                                        const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
                                        const void *resp, size_t n, const unsigned char *val,
                                        size_t vlen) {
-    const size_t keylen = secret ? strlen(secret) : 0;
     _ddp_store_resp_t r;
     if (n != sizeof r) return _DDP_HS_MALFORMED;
     memcpy(&r, resp, sizeof r);
@@ -959,7 +987,7 @@ _DDP_PRIVATE int _ddp_store_hs_welcome(const char *secret,
     if (r.status != DDP_SUCCESS || r.vlen != vlen) return _DDP_HS_MALFORMED;
     if (!keylen) return vlen == 0 ? _DDP_HS_OK : _DDP_HS_MALFORMED;
     if (vlen != _DDP_AUTH_PROOF_BYTES ||
-        !_ddp_auth_verify(secret, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, nonce_s, nonce_c, val))
+        !_ddp_auth_verify(key, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, nonce_s, nonce_c, val))
         return _DDP_HS_BAD_PROOF;
     return _DDP_HS_OK;
 }
@@ -1007,7 +1035,14 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
                               "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
     rc = _ddp_recv_all(fd, chal, sizeof chal, deadline);
     if (rc == 0) {
-        hs = _ddp_store_hs_hello(s->secret, chal, sizeof chal, nc, msg, &msglen, ns);
+        _ddp_store_chal_t ch;
+        memcpy(&ch, chal, sizeof ch);
+        /* The key exists once the salt is known; a secret without one yet still says "I have
+         * a secret" to hs_hello, which refuses a master that asks for none. */
+        if (ch.magic == _DDP_STORE_MAGIC && ch.proto == _DDP_STORE_PROTO && (ch.flags & _DDP_ST_CHAL_SECRET))
+            _ddp_store_key_for(s, ch.salt);
+        hs = _ddp_store_hs_hello(s->key, s->secret[0] ? sizeof s->key : 0, chal, sizeof chal, nc, msg,
+                                 &msglen, ns);
         if (hs != _DDP_HS_OK) return _ddp_store_hs_error(s, hs);
         rc = _ddp_send_all(fd, msg, msglen, deadline);
     }
@@ -1017,7 +1052,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
         if (vlen) rc = _ddp_recv_all(fd, val, vlen, deadline);
     }
     if (rc == 0) {
-        hs = _ddp_store_hs_welcome(s->secret, ns, nc, &resp, sizeof resp, val, vlen);
+        hs = _ddp_store_hs_welcome(s->key, s->keylen, ns, nc, &resp, sizeof resp, val, vlen);
         return hs == _DDP_HS_OK ? DDP_SUCCESS : _ddp_store_hs_error(s, hs);
     }
     if (rc == -ETIMEDOUT)
@@ -1416,7 +1451,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
                                    _ddp_c10d_dialects[s->c10d - _DDP_C10D_WATCH]);
                 else
                     _ddp_store_log(s, DDP_LOG_INFO, "store: connected to master %s:%d%s", s->host,
-                                   s->port, s->secret[0] ? " (job secret proven both ways)" : "");
+                                   s->port, s->keylen ? " (job secret proven both ways)" : "");
                 if (attempts > 1)
                     _ddp_store_log(s, DDP_LOG_TRACE, "store: after %d attempts", attempts);
                 return r;
@@ -1912,6 +1947,14 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
     _ddp_store_raise_nofile(s);
     _ddp_store_pending_cap(s);
     if ((r = _ddp_store_listen(s, host)) != DDP_SUCCESS) return r;
+    if (s->secret[0]) {                       /* a fresh salt per server: per job */
+        unsigned char salt[_DDP_AUTH_SALT_BYTES];
+        int rc = _ddp_auth_random(salt, sizeof salt);
+        if (rc != 0)
+            return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: no random salt (getrandom and "
+                                  "/dev/urandom failed: %s)", strerror(-rc));
+        _ddp_store_key_for(s, salt);
+    }
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0 || _ddp_pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -1928,7 +1971,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server thread: %s", strerror(errno));
     s->thread_started = 1;
     _ddp_store_log(s, DDP_LOG_INFO, "store: serving rendezvous on port %d%s", s->port,
-                   s->secret[0] ? " (job secret required, proven by challenge-response)" :
+                   s->keylen ? " (job secret required, proven by challenge-response)" :
                    " (no job secret: anyone who reaches the port may use it)");
     return DDP_SUCCESS;
 }
@@ -1956,9 +1999,10 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     return s;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, int port,
-                                          int is_server, const ddp_store_desc_t *d, char *err,
-                                          size_t errcap) {
+/* like: a handle whose key this one reuses (NULL: stretch the secret here). */
+_DDP_PRIVATE ddp_result_t _ddp_store_open_like(ddp_store_t **out, const char *host, int port,
+                                               int is_server, const ddp_store_desc_t *d,
+                                               const ddp_store_t *like, char *err, size_t errcap) {
     ddp_store_t *s;
     ddp_result_t r;
     if (!out) return DDP_ERR_INVALID_ARGUMENT;
@@ -1971,6 +2015,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, i
         ddp_store_close(s);
         return r;
     }
+    _ddp_store_copy_key(s, like);
     pthread_mutex_lock(&s->mu);
     r = _ddp_store_connect(s);
     pthread_mutex_unlock(&s->mu);
@@ -1981,6 +2026,12 @@ _DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, i
     }
     *out = s;
     return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, int port,
+                                          int is_server, const ddp_store_desc_t *d, char *err,
+                                          size_t errcap) {
+    return _ddp_store_open_like(out, host, port, is_server, d, NULL, err, errcap);
 }
 
 DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int port, int is_server,
@@ -1991,8 +2042,9 @@ DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int por
 
 /* A c10d client: d as for ddp_store_open (timeout, log level and rank; the secret is kept for
  * the communicator's data key and never sent). On failure err says why (the handle is gone). */
-_DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char *host, int port,
-                                                  const ddp_store_desc_t *d, char *err, size_t errcap) {
+_DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d_like(ddp_store_t **out, const char *host, int port,
+                                                       const ddp_store_desc_t *d, const ddp_store_t *like,
+                                                       char *err, size_t errcap) {
     ddp_store_t *s;
     ddp_result_t r;
     if (!out) return DDP_ERR_INVALID_ARGUMENT;
@@ -2000,6 +2052,12 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char 
     if (port <= 0 || port > 65535 || !host || !*host) return DDP_ERR_INVALID_ARGUMENT;
     if (!(s = _ddp_store_new(host, port, d))) return DDP_ERR_OUT_OF_MEMORY;
     s->c10d = _DDP_C10D_UNKNOWN;
+    _ddp_store_copy_key(s, like);
+    {   /* No libddp server to send a salt: a fixed one. The key is never sent; it binds the data
+         * key (ddp_comm.h), which a guess must then stretch to check. */
+        static const unsigned char c10d_salt[_DDP_AUTH_SALT_BYTES] = {'c', '1', '0', 'd'};
+        _ddp_store_key_for(s, c10d_salt);
+    }
     pthread_mutex_lock(&s->mu);
     r = _ddp_store_connect(s);
     pthread_mutex_unlock(&s->mu);
@@ -2012,13 +2070,19 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char 
     return DDP_SUCCESS;
 }
 
+_DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char *host, int port,
+                                                  const ddp_store_desc_t *d, char *err, size_t errcap) {
+    return _ddp_store_connect_c10d_like(out, host, port, d, NULL, err, errcap);
+}
+
 /* Another client of the store `like` is connected to, in the same protocol (a communicator's
- * lanes open their own): ddp_store_open's client, or a c10d one. */
+ * lanes open their own): ddp_store_open's client, or a c10d one, with like's key (the secret
+ * is not stretched again; d->secret is ignored). */
 _DDP_PRIVATE ddp_result_t _ddp_store_client_like(ddp_store_t **out, const ddp_store_t *like,
                                                  const ddp_store_desc_t *d, char *err, size_t errcap) {
     if (!like) return DDP_ERR_INVALID_ARGUMENT;
-    if (like->c10d) return _ddp_store_connect_c10d(out, like->host, like->port, d, err, errcap);
-    return _ddp_store_open(out, like->host, like->port, 0, d, err, errcap);
+    if (like->c10d) return _ddp_store_connect_c10d_like(out, like->host, like->port, d, like, err, errcap);
+    return _ddp_store_open_like(out, like->host, like->port, 0, d, like, err, errcap);
 }
 
 DDP_API ddp_result_t ddp_store_connect_c10d(const char *host, int port, int timeout_ms, ddp_store_t **out) {
@@ -2069,6 +2133,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_close_within(ddp_store_t *s, int grace_ms) 
         while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
     }
     _ddp_auth_wipe(s->secret, sizeof s->secret);
+    _ddp_auth_wipe(s->key, sizeof s->key);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->srv_mu);
     DDP_FREE(s);
