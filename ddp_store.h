@@ -159,6 +159,17 @@ DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
 #define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
 #define _DDP_STORE_BACKOFF_MAX_MS 2000
 #define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads or accepts per event */
+/* Wrong proofs (see THE SERVER above): each source gets a few free, then waits BASE ms, doubling
+ * per further failure up to MAX, before its next proof is checked (and before its refusal is
+ * sent); a source silent for FORGET starts afresh. At most QUEUE of a source's hellos wait for
+ * their turn; SOURCES sources are remembered (the least recently failing one goes). */
+#define _DDP_STORE_THROTTLE_SOURCES 256
+#define _DDP_STORE_THROTTLE_FREE 3
+#define _DDP_STORE_THROTTLE_BASE_MS 100
+#define _DDP_STORE_THROTTLE_MAX_MS 2000
+#define _DDP_STORE_THROTTLE_QUEUE 4
+#define _DDP_STORE_THROTTLE_FORGET_MS 60000
+#define _DDP_STORE_SHORT_SECRET 16          /* a secret shorter than this gets a WARN */
 
 enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
        _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_NUM_OPS };
@@ -174,6 +185,19 @@ typedef struct {
     unsigned char salt[_DDP_AUTH_SALT_BYTES];
 } _ddp_store_chal_t;
 #define _DDP_STORE_HELLO_BYTES (sizeof(_ddp_store_req_t) + 2 * _DDP_AUTH_NONCE_BYTES)
+
+/* Whom wrong proofs are counted against: an IPv4 address, an IPv6 /64 (one host gets a whole
+ * /64), or, for a connection from this host, the user that owns the connecting socket. */
+enum { _DDP_SRC_NONE = 0, _DDP_SRC_V4, _DDP_SRC_V6, _DDP_SRC_LOOP, _DDP_SRC_LOOP_ADDR, _DDP_SRC_UID };
+typedef struct { unsigned char kind, b[16]; } _ddp_src_t;
+typedef struct {
+    _ddp_src_t src;
+    int used;
+    int queued;               /* its hellos waiting for their turn */
+    uint32_t failures;
+    int64_t last_fail_us;
+    int64_t next_us;          /* its next proof is checked no earlier than this */
+} _ddp_throttle_t;
 
 typedef struct _ddp_kv {
     struct _ddp_kv *next;
@@ -203,6 +227,10 @@ typedef struct _ddp_store_conn {
     unsigned char *out;       /* answers not yet sent */
     size_t out_len, out_off, out_cap;
     char addr[64];
+    _ddp_src_t src;           /* for the throttle */
+    int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
+    int64_t held_until_us;
+    struct _ddp_store_conn *hprev, *hnext;   /* the server's held list */
 } _ddp_store_conn_t;
 
 /* At most one log line a second per kind of trouble; the next line counts the others. */
@@ -245,7 +273,12 @@ struct ddp_store {
     int nwaiting;
     int changed;              /* a key was written: parked GET/WAITs may be answerable */
     int64_t accept_resume_us; /* accepting paused until then (0: not paused) */
-    _ddp_store_rate_t rate_peer, rate_fds;
+    _ddp_store_rate_t rate_peer, rate_fds, rate_throttle, rate_uid;
+    int diag_fd;              /* NETLINK_SOCK_DIAG: who owns a local peer's socket (-1: none) */
+    uid_t euid;
+    _ddp_throttle_t *throttle;   /* _DDP_STORE_THROTTLE_SOURCES, allocated at start (a secret) */
+    _ddp_store_conn_t *held_head, *held_tail;   /* connections the throttle holds back */
+    int64_t held_next_us;     /* the earliest held_until_us (0: none held) */
     _ddp_kv_t *buckets[_DDP_KV_BUCKETS];
 };
 
@@ -386,14 +419,142 @@ _DDP_PRIVATE int _ddp_conn_flush(_ddp_store_conn_t *c) {
 /* epoll interest: input unless closing, output while something is queued. */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
-    uint32_t want = c->state == _DDP_CONN_CLOSING ? 0u : (uint32_t)EPOLLIN;
+    uint32_t want = c->state == _DDP_CONN_CLOSING || c->held ? 0u : (uint32_t)EPOLLIN;
     if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
-    if (c->out_len > c->out_off) want |= (uint32_t)EPOLLOUT;
+    if (c->out_len > c->out_off && !c->held) want |= (uint32_t)EPOLLOUT;
     if (want == c->events) return;
     memset(&ev, 0, sizeof ev);
     ev.events = want;
     ev.data.ptr = c;
     if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->events = want;
+}
+
+/* ---------------------------------------------------------------- wrong proofs: the throttle
+ * Guessing the secret online costs a source one proof per turn: after _DDP_STORE_THROTTLE_FREE
+ * wrong proofs, each further one makes the source wait 100 ms, 200 ms, ... up to 2 s before its
+ * next proof is even checked, and holds the refusal for the same time (so one thread trying in
+ * sequence, and many connections trying at once, both get one check per turn). A correct proof
+ * from a penalised source waits for the turn too: answering it at once would tell a guesser with
+ * many connections which one was right. Never a sleep: held connections are timers in the loop.
+ * A connection from this host is counted against the user that owns its socket (sock_diag), so
+ * another user hammering 127.0.0.1 does not delay the job's own ranks. */
+_DDP_PRIVATE int _ddp_sa_is_loopback(const struct sockaddr *sa);
+
+_DDP_PRIVATE void _ddp_src_from(_ddp_src_t *src, const struct sockaddr *sa) {
+    struct sockaddr_storage ss;
+    memset(src, 0, sizeof *src);
+    memset(&ss, 0, sizeof ss);
+    memcpy(&ss, sa, sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    _ddp_sa_unmap(&ss);
+    if (ss.ss_family == AF_INET) {
+        src->kind = _ddp_sa_is_loopback((struct sockaddr *)&ss) ? _DDP_SRC_LOOP : _DDP_SRC_V4;
+        memcpy(src->b, &((struct sockaddr_in *)(void *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)(void *)&ss)->sin6_addr;
+        src->kind = IN6_IS_ADDR_LOOPBACK(a) ? _DDP_SRC_LOOP : _DDP_SRC_V6;
+        memcpy(src->b, a, src->kind == _DDP_SRC_LOOP ? 16 : 8);
+    }
+}
+
+/* A loopback source becomes its socket's owner when sock_diag can tell (once per connection). */
+_DDP_PRIVATE void _ddp_src_resolve(ddp_store_t *s, _ddp_store_conn_t *c) {
+    uid_t uid = 0;
+    if (c->src.kind != _DDP_SRC_LOOP) return;
+    if (c->fd >= 0 && _ddp_tcp_peer_uid(s->diag_fd, c->fd, &uid) == 0) {
+        memset(c->src.b, 0, sizeof c->src.b);
+        memcpy(c->src.b, &uid, sizeof uid);
+        c->src.kind = _DDP_SRC_UID;
+    } else {
+        c->src.kind = _DDP_SRC_LOOP_ADDR;
+    }
+}
+
+/* The source's entry (add: make one, evicting the one that failed least recently, preferring
+ * one with nothing queued). NULL when there is none (or no table: the fuzzers' store). */
+_DDP_PRIVATE _ddp_throttle_t *_ddp_throttle_find(ddp_store_t *s, const _ddp_src_t *src, int add) {
+    _ddp_throttle_t *victim = NULL;
+    int i;
+    if (!s->throttle) return NULL;
+    for (i = 0; i < _DDP_STORE_THROTTLE_SOURCES; i++) {
+        _ddp_throttle_t *e = &s->throttle[i];
+        if (e->used && !memcmp(&e->src, src, sizeof *src)) return e;
+        if (!add) continue;
+        if (!e->used) { if (!victim || victim->used) victim = e; continue; }
+        if (!victim || (victim->used && ((victim->queued && !e->queued) ||
+                                         (!victim->queued == !e->queued && e->last_fail_us < victim->last_fail_us))))
+            victim = e;
+    }
+    if (!victim) return NULL;
+    memset(victim, 0, sizeof *victim);
+    victim->src = *src;
+    victim->used = 1;
+    return victim;
+}
+
+_DDP_PRIVATE void _ddp_held_add(ddp_store_t *s, _ddp_store_conn_t *c, int held, int64_t until) {
+    c->held = held;
+    c->held_until_us = until;
+    c->hnext = NULL;
+    c->hprev = s->held_tail;
+    if (s->held_tail) s->held_tail->hnext = c; else s->held_head = c;
+    s->held_tail = c;
+    if (!s->held_next_us || until < s->held_next_us) s->held_next_us = until;
+}
+
+_DDP_PRIVATE void _ddp_held_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (!c->held) return;
+    if (c->held == 1) {
+        _ddp_throttle_t *e = _ddp_throttle_find(s, &c->src, 0);
+        if (e && e->queued > 0) e->queued--;
+    }
+    if (c->hprev) c->hprev->hnext = c->hnext; else s->held_head = c->hnext;
+    if (c->hnext) c->hnext->hprev = c->hprev; else s->held_tail = c->hprev;
+    c->hprev = c->hnext = NULL;
+    c->held = 0;
+}
+
+/* Before checking a proof: 0 check it now, 1 held until the source's turn, -1 the source has
+ * _DDP_STORE_THROTTLE_QUEUE hellos waiting already (closed unanswered: nothing was checked). */
+_DDP_PRIVATE int _ddp_throttle_admit(ddp_store_t *s, _ddp_store_conn_t *c) {
+    _ddp_throttle_t *e;
+    int64_t now;
+    int i, any = 0;
+    if (!s->throttle) return 0;
+    for (i = 0; i < _DDP_STORE_THROTTLE_SOURCES && !any; i++) any = s->throttle[i].used;
+    if (!any) return 0;                   /* nobody failed yet: no sock_diag query either */
+    _ddp_src_resolve(s, c);
+    now = _ddp_now_us();
+    if (!(e = _ddp_throttle_find(s, &c->src, 0)) || now >= e->next_us) return 0;
+    if (e->queued >= _DDP_STORE_THROTTLE_QUEUE) {
+        _ddp_store_warn_rate(s, &s->rate_throttle, "store: %s: %d hellos of this source already wait for "
+                             "their turn after %u wrong proofs; closed this one unanswered", c->addr,
+                             e->queued, e->failures);
+        return -1;
+    }
+    e->queued++;
+    _ddp_held_add(s, c, 1, e->next_us);
+    return 1;
+}
+
+/* A wrong proof: counted against the source; past the free ones the refusal is held back. */
+_DDP_PRIVATE void _ddp_throttle_failed(ddp_store_t *s, _ddp_store_conn_t *c) {
+    int64_t now = _ddp_now_us(), ms;
+    uint32_t k;
+    _ddp_throttle_t *e;
+    _ddp_src_resolve(s, c);
+    if (!(e = _ddp_throttle_find(s, &c->src, 1))) return;
+    if (now - e->last_fail_us > (int64_t)_DDP_STORE_THROTTLE_FORGET_MS * 1000) e->failures = 0;
+    e->failures++;
+    e->last_fail_us = now;
+    if (e->failures <= _DDP_STORE_THROTTLE_FREE) return;
+    k = e->failures - _DDP_STORE_THROTTLE_FREE - 1;
+    ms = k >= 16 ? _DDP_STORE_THROTTLE_MAX_MS : (int64_t)_DDP_STORE_THROTTLE_BASE_MS << k;
+    if (ms > _DDP_STORE_THROTTLE_MAX_MS) ms = _DDP_STORE_THROTTLE_MAX_MS;
+    if (ms > s->handshake_ms / 2) ms = s->handshake_ms / 2;   /* a waiting rank still makes it */
+    e->next_us = now + ms * 1000;
+    if (c->fd >= 0) _ddp_held_add(s, c, 2, e->next_us);
+    _ddp_store_warn_rate(s, &s->rate_throttle, "store: %u wrong proofs from %s's source: its next proof "
+                         "waits %lld ms", e->failures, c->addr, (long long)ms);
 }
 
 /* ---------------------------------------------------------------- connections come and go */
@@ -412,6 +573,7 @@ _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
     size_t last;
     if (c->state == _DDP_CONN_DEAD) return;
     _ddp_pending_unlink(s, c);
+    _ddp_held_unlink(s, c);
     if (c->state == _DDP_CONN_READY) {
         pthread_mutex_lock(&s->srv_mu);
         s->nclients--;
@@ -488,7 +650,8 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
 /* ---------------------------------------------------------------- one handler per request
  * Each gets the complete request and answers it: 0 answered, 1 parked (GET/WAIT whose keys do
  * not exist yet: run again after the next write), 2 answered and the connection closes once the
- * answer is out, -1 drop the connection now. */
+ * answer is out, 3 (HELLO) held by the throttle: run again at its source's turn, -1 drop the
+ * connection now. */
 typedef struct {
     _ddp_store_req_t rq;
     const char *key;
@@ -510,13 +673,19 @@ _DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const
                              (long long)m->rq.arg, _DDP_STORE_PROTO);
         return _ddp_conn_reply(c, DDP_ERR_MISMATCH, 0, NULL, 0) ? -1 : 2;
     }
+    if (need_proof && has_proof) {
+        int t = _ddp_throttle_admit(s, c);
+        if (t) return t > 0 ? 3 : -1;
+    }
     if (need_proof != has_proof ||
         (need_proof && !_ddp_auth_verify(s->key, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL,
                                          c->nonce, m->v1, m->v1 + _DDP_AUTH_NONCE_BYTES))) {
         _ddp_store_warn_rate(s, &s->rate_peer, "store: %s failed to authenticate (%s); connection "
                              "closed", c->addr, !has_proof ? "no job secret" : need_proof ?
                              "wrong job secret" : "it has a job secret and this store has none");
-        return _ddp_conn_reply(c, DDP_ERR_AUTH, 0, NULL, 0) ? -1 : 2;
+        if (_ddp_conn_reply(c, DDP_ERR_AUTH, 0, NULL, 0)) return -1;
+        if (need_proof && has_proof) _ddp_throttle_failed(s, c);
+        return 2;
     }
     if (need_proof)
         _ddp_auth_proof(s->key, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, c->nonce, m->v1, proof);
@@ -651,6 +820,7 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
     m.v1 = body + m.rq.klen;
     m.v2 = m.v1 + m.rq.v1len;
     r = _ddp_store_handlers[m.rq.op](s, c, &m);   /* op checked by _ddp_store_check_head */
+    if (r == 3) return 0;                          /* the hello stays where it is */
     if (r == 1) {
         if (!c->waiting) { c->waiting = 1; s->nwaiting++; }
         return 0;
@@ -667,7 +837,7 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
 }
 
 _DDP_PRIVATE int _ddp_conn_rx_space(_ddp_store_conn_t *c, unsigned char **p, size_t *n) {
-    if (c->waiting || (c->state != _DDP_CONN_HELLO && c->state != _DDP_CONN_READY)) return -1;
+    if (c->waiting || c->held || (c->state != _DDP_CONN_HELLO && c->state != _DDP_CONN_READY)) return -1;
     if (c->head_len < sizeof c->head) {
         *p = c->head + c->head_len;
         *n = sizeof c->head - c->head_len;
@@ -712,6 +882,7 @@ _DDP_PRIVATE int _ddp_store_feed(ddp_store_t *s, _ddp_store_conn_t *c, const voi
  * keep epoll's interest right. */
 _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (c->state == _DDP_CONN_DEAD) return;
+    if (c->held) { _ddp_conn_watch(s, c); return; }   /* its answer waits for the throttle */
     if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
     if (c->state == _DDP_CONN_CLOSING && c->out_len == c->out_off && c->fd >= 0) {
         _ddp_store_drop(s, c);
@@ -739,14 +910,14 @@ _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
         if (n == 0) return -1;
         if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         if (_ddp_conn_rx_done(s, c, (size_t)n) != 0) return -1;
-        if (c->waiting || c->state == _DDP_CONN_CLOSING) return 0;
+        if (c->waiting || c->held || c->state == _DDP_CONN_CLOSING) return 0;
     }
     return 0;
 }
 
 _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t ev) {
     if (c->state == _DDP_CONN_DEAD) return;
-    if ((ev & EPOLLOUT) && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+    if ((ev & EPOLLOUT) && !c->held && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         if (c->state == _DDP_CONN_CLOSING) {
             if (ev & (EPOLLHUP | EPOLLERR)) { _ddp_store_drop(s, c); return; }
@@ -822,6 +993,38 @@ _DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
     return 0;
 }
 
+/* Without a job secret, who may use the store from this host: only the store's own user. A
+ * connection whose socket (looked up by its exact 4-tuple, _ddp_tcp_peer_uid) belongs to
+ * another user is closed before anything is read or allocated for it; so is a loopback one
+ * whose socket no process owns any more. A peer on another host (not found here) is let in:
+ * that is the insecure mode the listen WARN names. 1 = refuse. */
+_DDP_PRIVATE int _ddp_store_foreign_user(ddp_store_t *s, int fd, const struct sockaddr *peer, const char *addr) {
+    uid_t uid = 0;
+    int rc;
+    if (s->diag_fd < 0) return 0;
+    rc = _ddp_tcp_peer_uid(s->diag_fd, fd, &uid);
+    if (rc == 0 && uid == s->euid) return 0;
+    if (rc == 0) {
+        _ddp_store_warn_rate(s, &s->rate_uid, "store: refused %s: its socket belongs to uid %u, not "
+                             "this job's user (uid %u); without a job secret only this user's "
+                             "processes on this host may use the store", addr, (unsigned)uid,
+                             (unsigned)s->euid);
+        return 1;
+    }
+    if (rc == -ENOENT) {
+        if (!_ddp_sa_is_loopback(peer)) return 0;
+        _ddp_store_warn_rate(s, &s->rate_uid, "store: refused %s: no process on this host owns its "
+                             "socket any more, so its user cannot be checked", addr);
+        return 1;
+    }
+    _ddp_store_log(s, DDP_LOG_WARN, "store: cannot tell which user a connection from this host "
+                   "comes from (sock_diag: %s): without a job secret any user of this host may "
+                   "use the store", strerror(-rc));
+    close(s->diag_fd);
+    s->diag_fd = -1;
+    return 0;
+}
+
 _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
     int i;
     for (i = 0; i < _DDP_STORE_BATCH; i++) {
@@ -844,6 +1047,10 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         _ddp_sockaddr_str((struct sockaddr *)&ss, addr, sizeof addr);
+        if (!s->keylen && _ddp_store_foreign_user(s, fd, (struct sockaddr *)&ss, addr)) {
+            close(fd);
+            continue;
+        }
         c = _ddp_store_conn_new(s, fd, addr);
         if (!c) {
             close(fd);
@@ -851,6 +1058,7 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
                                  "connection from %s; closed it", addr);
             continue;
         }
+        _ddp_src_from(&c->src, (struct sockaddr *)&ss);
         _ddp_store_log(s, DDP_LOG_TRACE, "store: client connected from %s", addr);
         /* The descriptors are the whole process's (the rank's transports need theirs too):
          * strangers that have not authenticated may hold at most a quarter of them. */
@@ -862,6 +1070,24 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
         }
         _ddp_conn_settle(s, c);
     }
+}
+
+/* Held connections whose time has come: a refusal goes out (and the connection closes), a
+ * hello is run again (checked now, or held again if another wrong proof moved its source's
+ * turn). */
+_DDP_PRIVATE void _ddp_store_release_held(ddp_store_t *s, int64_t now) {
+    _ddp_store_conn_t *c, *next;
+    if (!s->held_next_us || now < s->held_next_us) return;
+    for (c = s->held_head; c; c = next) {      /* one held again goes to the tail, in the future */
+        next = c->hnext;
+        if (c->held_until_us > now) continue;
+        _ddp_held_unlink(s, c);
+        if (c->state == _DDP_CONN_HELLO && _ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }
+        _ddp_conn_settle(s, c);
+    }
+    s->held_next_us = 0;
+    for (c = s->held_head; c; c = c->hnext)
+        if (!s->held_next_us || c->held_until_us < s->held_next_us) s->held_next_us = c->held_until_us;
 }
 
 /* Unauthenticated connections past their deadline go (the pending list is in deadline order). */
@@ -880,6 +1106,7 @@ _DDP_PRIVATE int _ddp_store_wait_ms(const ddp_store_t *s, int64_t now) {
     int64_t next = now + 1000000;
     if (s->pending_head && s->pending_head->deadline_us < next) next = s->pending_head->deadline_us;
     if (s->accept_resume_us && s->accept_resume_us < next) next = s->accept_resume_us;
+    if (s->held_next_us && s->held_next_us < next) next = s->held_next_us;
     return next <= now ? 0 : (int)((next - now + 999) / 1000);
 }
 
@@ -910,6 +1137,7 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
         }
         if (s->changed) _ddp_store_rerun_waiting(s);
         now = _ddp_now_us();
+        _ddp_store_release_held(s, now);
         _ddp_store_expire(s, now);
         _ddp_store_resume_accept(s, now);
         _ddp_store_reap(s);
@@ -1941,6 +2169,42 @@ _DDP_PRIVATE void _ddp_store_raise_nofile(ddp_store_t *s) {
                        "%llu to %llu: %s", was, (unsigned long long)rl.rlim_max, strerror(errno));
 }
 
+/* What the server's security rests on, said once at start: the throttle's table and the socket
+ * that tells local users apart; a WARN for a short secret, and for a secretless store that
+ * other hosts can reach. */
+_DDP_PRIVATE ddp_result_t _ddp_store_guard(ddp_store_t *s) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int exposed = getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) != 0 ||
+                  !_ddp_sa_is_loopback((struct sockaddr *)&ss);
+    size_t len = strlen(s->secret);
+    s->euid = geteuid();
+    s->diag_fd = _ddp_sock_diag_open();
+    if (len) {
+        s->throttle = (_ddp_throttle_t *)DDP_MALLOC(sizeof *s->throttle * _DDP_STORE_THROTTLE_SOURCES);
+        if (!s->throttle) return _ddp_store_err(s, DDP_ERR_OUT_OF_MEMORY, "store server: throttle table");
+        memset(s->throttle, 0, sizeof *s->throttle * _DDP_STORE_THROTTLE_SOURCES);
+    }
+    if (len && len < _DDP_STORE_SHORT_SECRET)
+        _ddp_store_log(s, DDP_LOG_WARN, "store: the job secret is %zu characters: if a person chose "
+                       "it, it can be guessed offline from one captured handshake (each guess costs "
+                       "%u PBKDF2 iterations, not enough for a short word); use %d or more random "
+                       "characters (ddprun makes 64 random hex digits when DDP_JOB_SECRET is unset)",
+                       len, (unsigned)_DDP_AUTH_KDF_ITERATIONS, _DDP_STORE_SHORT_SECRET);
+    if (!len && exposed)
+        _ddp_store_log(s, DDP_LOG_WARN, "store: listening on a network address (port %d) with no job "
+                       "secret: anyone on another host who can reach it can read and write the "
+                       "rendezvous store, and so join this job and see or alter its data (the data "
+                       "connections' key is handed out through it); set the same DDP_JOB_SECRET on "
+                       "every rank (ddprun makes one per job), or use a loopback MASTER_ADDR",
+                       s->port);
+    if (!len && s->diag_fd < 0)
+        _ddp_store_log(s, DDP_LOG_WARN, "store: cannot tell which user a connection from this host "
+                       "comes from (sock_diag: %s): without a job secret any user of this host may "
+                       "use the store", strerror(-s->diag_fd));
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *host) {
     struct epoll_event ev;
     ddp_result_t r;
@@ -1955,6 +2219,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
                                   "/dev/urandom failed: %s)", strerror(-rc));
         _ddp_store_key_for(s, salt);
     }
+    if ((r = _ddp_store_guard(s)) != DDP_SUCCESS) return r;
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0 || _ddp_pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -1972,6 +2237,8 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
     s->thread_started = 1;
     _ddp_store_log(s, DDP_LOG_INFO, "store: serving rendezvous on port %d%s", s->port,
                    s->keylen ? " (job secret required, proven by challenge-response)" :
+                   s->diag_fd >= 0 ? " (no job secret: on this host only this user's processes may use "
+                   "it; anyone on a host that reaches the port may)" :
                    " (no job secret: anyone who reaches the port may use it)");
     return DDP_SUCCESS;
 }
@@ -1982,7 +2249,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     ddp_store_t *s = (ddp_store_t *)DDP_MALLOC(sizeof *s);
     if (!s) return NULL;
     memset(s, 0, sizeof *s);
-    s->fd = s->listen_fd = s->epfd = s->spare_fd = -1;
+    s->fd = s->listen_fd = s->epfd = s->spare_fd = s->diag_fd = -1;
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->srv_mu, NULL);
@@ -2126,6 +2393,8 @@ _DDP_PRIVATE ddp_result_t _ddp_store_close_within(ddp_store_t *s, int grace_ms) 
     if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->epfd >= 0) close(s->epfd);
     if (s->spare_fd >= 0) close(s->spare_fd);
+    if (s->diag_fd >= 0) close(s->diag_fd);
+    DDP_FREE(s->throttle);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
     for (i = 0; i < _DDP_KV_BUCKETS; i++) {
