@@ -752,6 +752,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     int64_t joined = 0, n;
     ddp_result_t r;
     int i;
+    c->tctx.key_from_secret = c->store && c->store->keylen;   /* before any transport's init */
 
     /* The job first: rank 0 says which job this store serves; a rank of another job that reached
      * it (two jobs on one host and port) is refused here, naming both, before it counts in. */

@@ -5,7 +5,8 @@
  *   build/test_store_guard          (DDP_TEST_ONLY=<scenario name> runs one)
  *
  *   stretched-key  the store's proofs are keyed with PBKDF2(secret, the salt in its challenge):
- *                a proof keyed with that is accepted, one keyed with the raw secret refused.
+ *                a proof keyed with that is accepted, one keyed with the raw secret refused; a
+ *                7-character secret gets a WARN at the default log level, a 24-character one none.
  *   throttle     a guesser (a forked process; as root it first becomes nobody, uid 65534)
  *                sends wrong proofs one after another over fresh connections. The first
  *                _DDP_STORE_THROTTLE_FREE are refused at once; the k-th after them is refused
@@ -20,13 +21,19 @@
  *                one listening on every interface (dual stack): a process of another user
  *                (nobody) connecting over 127.0.0.1 or ::1 is closed before it is sent anything;
  *                this user's own client works on both.
+ *   secretless-warn  a 2-rank TCP job without a secret whose MASTER_ADDR is this host's first
+ *                non-loopback IPv4 address (skipped if none): rank 0's store and every rank's
+ *                TCP listener WARN (default log level) that they listen on a network address
+ *                without a secret; with MASTER_ADDR 127.0.0.1 none of them does.
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
+#include "transports/ddp_tcp.h"
 #include "tests/ddp_test.h"
 
 #include <grp.h>
+#include <ifaddrs.h>
 
 #define SECRET "guard-test-secret-4c1e7a"
 #define NOBODY 65534
@@ -214,6 +221,17 @@ static void throttle(int as_nobody) {
     ddp_store_close(srv);
 }
 
+static int file_has(const char *path, const char *a, const char *b) {
+    char buf[65536];
+    size_t n;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, a) && (!b || strstr(buf, b));
+}
+
 /* ----------------------------------------------------------------- stretched-key */
 /* A hello whose proof is keyed with key (keylen bytes): 1 when the store accepts it. */
 static int prove_with(int port, int stretch, const char *secret) {
@@ -247,6 +265,26 @@ static void stretched_key(void) {
     d.log_level = 1;
     if (!ok(ddp_store_open(&srv, "127.0.0.1", 0, 1, &d) == DDP_SUCCESS, "stretched-key: store server with a job secret")) return;
     port = ddp_store_port(srv);
+    {   /* a short secret gets a WARN at the default level; this one (24 characters) none */
+        static const char *const secrets[2] = {"hunter2", SECRET};
+        char path[128];
+        int k;
+        snprintf(path, sizeof path, "/tmp/ddp_guard_short_%d.log", (int)getpid());
+        for (k = 0; k < 2; k++) {
+            ddp_store_t *x = NULL;
+            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), saved = dup(2);
+            d.secret = secrets[k];
+            d.log_level = DDP_LOG_WARN + 1;
+            if (fd >= 0 && saved >= 0) dup2(fd, 2);
+            if (ddp_store_open(&x, "127.0.0.1", 0, 1, &d) == DDP_SUCCESS) ddp_store_close(x);
+            if (saved >= 0) { dup2(saved, 2); close(saved); }
+            if (fd >= 0) close(fd);
+            ok(file_has(path, "WARN store: the job secret is 7 characters", NULL) == (k == 0),
+               "stretched-key: a %zu-character secret %s a WARN", strlen(secrets[k]), k == 0 ? "gets" : "does not get");
+        }
+        unlink(path);
+        d.secret = SECRET;
+    }
     ok(prove_with(port, 1, SECRET), "stretched-key: a proof keyed with PBKDF2(secret, the challenge's salt) is accepted");
     ok(!prove_with(port, 0, SECRET), "stretched-key: a proof keyed with the raw secret is refused (one HMAC per guess "
        "no longer checks a guess)");
@@ -321,11 +359,68 @@ static void secretless_user(void) {
     }
 }
 
+/* ----------------------------------------------------------------- secretless-warn */
+typedef struct { const char *master; char files[2][128]; } warn_arg_t;
+
+/* A 2-rank job over TCP without a secret, each rank's stderr (its log) in a file. */
+static int warn_rank(int rank, int p, void *arg) {
+    warn_arg_t *a = (warn_arg_t *)arg;
+    ddp_comm_desc_t d;
+    ddp_comm_t *c;
+    int fd = open(a->files[rank], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), saved = dup(2);
+    if (fd < 0 || saved < 0 || dup2(fd, 2) < 0) return 1;
+    close(fd);
+    t_desc(&d, 20000);
+    d.master_addr = a->master;
+    d.job_secret = "";
+    d.transport = "tcp";
+    d.log_level = DDP_LOG_WARN + 1;
+    c = t_comm_init(rank, p, &d);
+    if (c) ddp_comm_destroy(c);
+    dup2(saved, 2);
+    close(saved);
+    return c ? 0 : 1;
+}
+
+static void secretless_warn(void) {
+    struct ifaddrs *ifs = NULL, *i;
+    char ip[INET_ADDRSTRLEN] = "";
+    warn_arg_t a;
+    int r, k;
+    if (getifaddrs(&ifs) == 0) {
+        for (i = ifs; i && !ip[0]; i = i->ifa_next)
+            if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+                !(i->ifa_flags & IFF_LOOPBACK))
+                inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, ip, sizeof ip);
+        freeifaddrs(ifs);
+    }
+    for (k = 0; k < 2; k++)
+        snprintf(a.files[k], sizeof a.files[k], "/tmp/ddp_guard_warn_%d_%d.log", (int)getpid(), k);
+    if (!ip[0]) {
+        ok(1, "# SKIP secretless-warn: no non-loopback IPv4 address here");
+    } else {
+        a.master = ip;
+        r = run_ranks(2, warn_rank, &a, 60);
+        ok(r == 0, "secretless-warn: a 2-rank job without a secret, MASTER_ADDR %s, initialises", ip);
+        ok(file_has(a.files[0], "WARN store: listening on a network address", "no job secret"),
+           "secretless-warn: rank 0 WARNs that its store listens on a network address without a secret");
+        for (k = 0; k < 2; k++)
+            ok(file_has(a.files[k], "WARN tcp: listening on", "the job has no secret"),
+               "secretless-warn: rank %d WARNs that its TCP listener is on a network address without a secret", k);
+    }
+    a.master = "127.0.0.1";
+    r = run_ranks(2, warn_rank, &a, 60);
+    ok(r == 0 && !file_has(a.files[0], "network address", NULL) && !file_has(a.files[1], "network address", NULL),
+       "secretless-warn: on loopback (MASTER_ADDR 127.0.0.1) neither the store nor the listeners WARN");
+    for (k = 0; k < 2; k++) unlink(a.files[k]);
+}
+
 int main(void) {
     t_init();
     if (t_selected("stretched-key")) stretched_key();
     if (t_selected("throttle")) throttle(geteuid() == 0);
     if (t_selected("same-source")) throttle(0);
     if (t_selected("secretless-user")) secretless_user();
+    if (t_selected("secretless-warn")) secretless_warn();
     return t_done();
 }
