@@ -44,6 +44,17 @@ _DDP_PRIVATE void _ddp_sockaddr_str(const struct sockaddr *sa, char *out, size_t
     }
 }
 
+/* A loopback address (127/8, ::1, or 127/8 mapped into IPv6): nothing off this host reaches it. */
+_DDP_PRIVATE int _ddp_sockaddr_is_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
 /* Who owns the socket at the other end of the connected TCP socket fd, when that end is on
  * this host: NETLINK_SOCK_DIAG's exact lookup (one request for the one 4-tuple, the peer's
  * local address being our remote one; a hash lookup in the kernel, not a scan of every socket

@@ -438,8 +438,6 @@ _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
  * many connections which one was right. Never a sleep: held connections are timers in the loop.
  * A connection from this host is counted against the user that owns its socket (sock_diag), so
  * another user hammering 127.0.0.1 does not delay the job's own ranks. */
-_DDP_PRIVATE int _ddp_sa_is_loopback(const struct sockaddr *sa);
-
 _DDP_PRIVATE void _ddp_src_from(_ddp_src_t *src, const struct sockaddr *sa) {
     struct sockaddr_storage ss;
     memset(src, 0, sizeof *src);
@@ -447,7 +445,7 @@ _DDP_PRIVATE void _ddp_src_from(_ddp_src_t *src, const struct sockaddr *sa) {
     memcpy(&ss, sa, sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
     _ddp_sa_unmap(&ss);
     if (ss.ss_family == AF_INET) {
-        src->kind = _ddp_sa_is_loopback((struct sockaddr *)&ss) ? _DDP_SRC_LOOP : _DDP_SRC_V4;
+        src->kind = _ddp_sockaddr_is_loopback((struct sockaddr *)&ss) ? _DDP_SRC_LOOP : _DDP_SRC_V4;
         memcpy(src->b, &((struct sockaddr_in *)(void *)&ss)->sin_addr, 4);
     } else if (ss.ss_family == AF_INET6) {
         const struct in6_addr *a = &((struct sockaddr_in6 *)(void *)&ss)->sin6_addr;
@@ -1012,7 +1010,7 @@ _DDP_PRIVATE int _ddp_store_foreign_user(ddp_store_t *s, int fd, const struct so
         return 1;
     }
     if (rc == -ENOENT) {
-        if (!_ddp_sa_is_loopback(peer)) return 0;
+        if (!_ddp_sockaddr_is_loopback(peer)) return 0;
         _ddp_store_warn_rate(s, &s->rate_uid, "store: refused %s: no process on this host owns its "
                              "socket any more, so its user cannot be checked", addr);
         return 1;
@@ -2176,7 +2174,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_guard(ddp_store_t *s) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int exposed = getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) != 0 ||
-                  !_ddp_sa_is_loopback((struct sockaddr *)&ss);
+                  !_ddp_sockaddr_is_loopback((struct sockaddr *)&ss);
     size_t len = strlen(s->secret);
     s->euid = geteuid();
     s->diag_fd = _ddp_sock_diag_open();
