@@ -19,14 +19,20 @@
  * challenge-response (ddp_auth.h, label "store"): the secret itself never crosses the wire. A
  * client that cannot prove it knows the secret gets one DDP_ERR_AUTH answer and is
  * disconnected; a client refuses (DDP_ERR_AUTH) a master that cannot prove it, or that asks for
- * no secret when the client has one. Without a secret anyone who reaches the port may use the
- * store: that is the insecure mode, fine on loopback or a private network.
+ * no secret when the client has one. The proofs are keyed with the secret stretched by PBKDF2
+ * (ddp_auth.h: _ddp_auth_job_key) with a salt the server draws at start. Without a secret anyone
+ * who reaches the port from another host may use the store, and on this host only the store's
+ * own user: that is the insecure mode, fine on loopback or a private network (a WARN says so
+ * when the server listens on a network address).
  *
  * THE SERVER listens on `host` when it is a loopback address (then nothing off this machine can
  * connect) or an address of this machine; otherwise, and when host is NULL, on every interface.
  * It logs the address at INFO. Before a connection has authenticated the server reads only the
  * hello (at most 128 bytes, whatever the peer announces) and allocates nothing the peer sizes;
  * a connection that has not authenticated within min(timeout, 10 s) (at least 1 s) is closed.
+ * Wrong proofs are throttled per source (see "the throttle" in the implementation): after 3, a
+ * source's next proof is checked only after 100 ms, doubling to 2 s. Without a secret, a
+ * connection from this host whose socket another user owns is closed unread (sock_diag).
  * Failed handshakes are logged at most once a second, with a count of those not shown. The
  * server raises its soft RLIMIT_NOFILE to the hard limit; when it runs out of descriptors all
  * the same it closes the oldest unauthenticated connection (else refuses the newcomer) and goes
