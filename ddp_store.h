@@ -1011,7 +1011,8 @@ _DDP_PRIVATE int _ddp_store_foreign_user(ddp_store_t *s, int fd, const struct so
     if (rc == 0) {
         _ddp_store_warn_rate(s, &s->rate_uid, "store: refused %s: its socket belongs to uid %u, not "
                              "this job's user (uid %u); without a job secret only this user's "
-                             "processes on this host may use the store", addr, (unsigned)uid,
+                             "processes on this host may use the store (ranks run by several users: "
+                             "set the same DDP_JOB_SECRET on every rank)", addr, (unsigned)uid,
                              (unsigned)s->euid);
         return 1;
     }
