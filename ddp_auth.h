@@ -1,10 +1,12 @@
-/* ddp_auth.h — libddp's private authentication helpers: SHA-256, HMAC-SHA256, constant-time
- * comparison, nonces, and the mutual challenge-response proof every libddp connection uses to
+/* ddp_auth.h — libddp's private authentication helpers: SHA-256, HMAC-SHA256, PBKDF2,
+ * constant-time comparison, nonces, and the mutual challenge-response proof every libddp connection uses to
  * show that both ends know the job secret without ever sending it. Nothing public: users never
  * include it. Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_AUTH_IMPLEMENTATION).
  *
  * THE HANDSHAKE (what a connection using it does; ddp_store.h is the first user)
- *   K = the job secret's bytes. Each side draws a fresh 32-byte nonce (_ddp_auth_nonce).
+ *   K = the key: for the store, the job secret stretched by PBKDF2 (_ddp_auth_job_key); for
+ *   data connections, a per-communicator key derived from it. Each side draws a fresh 32-byte
+ *   nonce (_ddp_auth_nonce).
  *     accepting side  -> nonce_server
  *     connecting side -> nonce_client, proof_c = HMAC(K, "ddp-auth-v1 client" || label || nonce_server || nonce_client)
  *     accepting side  -> proof_s = HMAC(K, "ddp-auth-v1 server" || label || nonce_client || nonce_server)
