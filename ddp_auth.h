@@ -1,7 +1,7 @@
 /* ddp_auth.h — libddp's private authentication helpers: SHA-256, HMAC-SHA256, PBKDF2,
- * constant-time comparison, nonces, and the mutual challenge-response proof every libddp connection uses to
- * show that both ends know the job secret without ever sending it. Nothing public: users never
- * include it. Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_AUTH_IMPLEMENTATION).
+ * constant-time comparison, nonces, and the mutual challenge-response proof every libddp
+ * connection uses to show that both ends know the job secret without ever sending it. Nothing
+ * public: users never include it. Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_AUTH_IMPLEMENTATION).
  *
  * THE HANDSHAKE (what a connection using it does; ddp_store.h is the first user)
  *   K = the key: for the store, the job secret stretched by PBKDF2 (_ddp_auth_job_key); for
