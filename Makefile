@@ -25,7 +25,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -222,6 +222,10 @@ $(B)/store-bench: bench/store_bench.c ddp_base.h ddp_socket.h ddp_auth.h ddp_sto
 # rendezvous-stopped (bench/rendezvous_stopped.c): how soon every rank's init fails when rank 0
 # is stopped under its listening store (run: build/rendezvous-stopped -n 64 -t 2000).
 $(B)/rendezvous-stopped: bench/rendezvous_stopped.c $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# guess-bench (bench/guess_bench.c): wrong job secrets per second from one thread against a store.
+$(B)/guess-bench: bench/guess_bench.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 .PHONY: scale

@@ -787,12 +787,13 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name,
 
 /* The key every data connection proves knowledge of (challenge-response, ddp_auth.h): rank 0's
  * random per-communicator token, handed out through the store, bound to the job secret when
- * there is one (then a token seen on the wire is useless without the secret). */
+ * there is one (then a token seen on the wire is useless without the secret). The store holds
+ * the secret already stretched (ddp_auth.h: _ddp_auth_job_key), so a guess checked against a
+ * captured data handshake costs the same as one against the store's. */
 _DDP_PRIVATE void _ddp_derive_data_key(ddp_comm_t *c) {
-    const char *secret = c->store ? c->store->secret : "";   /* the store resolved it */
-    if (secret[0]) {
+    if (c->store && c->store->keylen) {
         _ddp_hmac_sha256_t h;
-        _ddp_hmac_sha256_init(&h, secret, strlen(secret));
+        _ddp_hmac_sha256_init(&h, c->store->key, c->store->keylen);
         _ddp_hmac_sha256_update(&h, "ddp data key v1", 15);
         _ddp_hmac_sha256_update(&h, c->token, sizeof c->token);
         _ddp_hmac_sha256_final(&h, c->data_key);
@@ -854,6 +855,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     int64_t joined = 0, n;
     ddp_result_t r;
     int i;
+    c->tctx.key_from_secret = c->store && c->store->keylen;   /* before any transport's init */
 
     /* The job first: rank 0 says which job this store serves; a rank of another job that reached
      * it (two jobs on one host and port) is refused here, naming both, before it counts in. */
@@ -1033,7 +1035,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     }
     /* Across hosts without a secret the store and the token are readable by anyone who can
      * reach MASTER_PORT: say so once (rank 0), with the fix. */
-    if (c->eng.rank == 0 && c->store && !c->store->secret[0]) {
+    if (c->eng.rank == 0 && c->store && !c->store->keylen) {
         int other = 0;
         for (i = 1; i < c->eng.nranks && !other; i++)
             other = strcmp(c->host_ids + (size_t)i * _DDP_HOST_ID_LEN, c->host_ids) != 0;
@@ -2389,7 +2391,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
          * lanes report failures from their own threads. */
         memset(&sd, 0, sizeof sd);
         sd.timeout_ms = c->eng.timeout_ms;
-        sd.secret = c->store->secret;
+        sd.secret = "";                /* the lane's client takes the store's stretched key */
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = c->eng.rank + 1;
         if ((r = _ddp_store_client_like(&client, c->store, &sd, err, sizeof err)) != DDP_SUCCESS) {

@@ -19,14 +19,20 @@
  * challenge-response (ddp_auth.h, label "store"): the secret itself never crosses the wire. A
  * client that cannot prove it knows the secret gets one DDP_ERR_AUTH answer and is
  * disconnected; a client refuses (DDP_ERR_AUTH) a master that cannot prove it, or that asks for
- * no secret when the client has one. Without a secret anyone who reaches the port may use the
- * store: that is the insecure mode, fine on loopback or a private network.
+ * no secret when the client has one. The proofs are keyed with the secret stretched by PBKDF2
+ * (ddp_auth.h: _ddp_auth_job_key) with a salt the server draws at start. Without a secret anyone
+ * who reaches the port from another host may use the store, and on this host only the store's
+ * own user: that is the insecure mode, fine on loopback or a private network (a WARN says so
+ * when the server listens on a network address).
  *
  * THE SERVER listens on `host` when it is a loopback address (then nothing off this machine can
  * connect) or an address of this machine; otherwise, and when host is NULL, on every interface.
  * It logs the address at INFO. Before a connection has authenticated the server reads only the
  * hello (at most 128 bytes, whatever the peer announces) and allocates nothing the peer sizes;
  * a connection that has not authenticated within min(timeout, 10 s) (at least 1 s) is closed.
+ * Wrong proofs are throttled per source (see "the throttle" in the implementation): after 3, a
+ * source's next proof is checked only after 100 ms, doubling to 2 s. Without a secret, a
+ * connection from this host whose socket another user owns is closed unread (sock_diag).
  * Failed handshakes are logged at most once a second, with a count of those not shown. The
  * server raises its soft RLIMIT_NOFILE to the hard limit; when it runs out of descriptors all
  * the same it closes the oldest unauthenticated connection (else refuses the newcomer) and goes
@@ -138,18 +144,20 @@ DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
 #include <sys/epoll.h>
 #include <sys/resource.h>
 
-/* ---------------------------------------------------------------- wire protocol, version 2
+/* ---------------------------------------------------------------- wire protocol, version 3
  * Native byte order; the magic rejects strangers and peers of the other byte order.
  *   challenge (server -> client, first thing on every connection)
  *            {u32 magic, u32 proto, u32 flags (1: a job secret is required), u32 pad} nonce_s[32]
+ *            salt[16] (the server's, drawn at start: the key is the secret stretched with it)
  *   request  {u32 magic, u32 op, u32 klen, u32 v1len, u32 v2len, u32 flags, i64 arg} key v1 v2
  *   response {u32 magic, u32 status, u32 vlen, u32 pad, i64 num} value
  * The client's first request is HELLO: arg = protocol version, v1 = nonce_c, then (flags 1)
- * its proof; the answer's value is the server's proof (ddp_auth.h, label "store"). A wrong
+ * its proof; the answer's value is the server's proof (ddp_auth.h, label "store", keyed with
+ * the stretched secret: a client stretches it once per salt, the server once at start). A wrong
  * proof or version gets one error answer, then the server closes the connection. GET and WAIT
  * are answered when their keys exist, so a client blocks in recv with its own timeout. */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
-#define _DDP_STORE_PROTO 2u
+#define _DDP_STORE_PROTO 3u
 #define _DDP_STORE_LABEL "store"
 #define _DDP_STORE_HELLO_MAX 128            /* body bytes a peer may send before authenticating */
 #define _DDP_STORE_HANDSHAKE_MAX_MS 10000
@@ -157,6 +165,17 @@ DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
 #define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
 #define _DDP_STORE_BACKOFF_MAX_MS 2000
 #define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads or accepts per event */
+/* Wrong proofs (see THE SERVER above): each source gets a few free, then waits BASE ms, doubling
+ * per further failure up to MAX, before its next proof is checked (and before its refusal is
+ * sent); a source silent for FORGET starts afresh. At most QUEUE of a source's hellos wait for
+ * their turn; SOURCES sources are remembered (the least recently failing one goes). */
+#define _DDP_STORE_THROTTLE_SOURCES 256
+#define _DDP_STORE_THROTTLE_FREE 3
+#define _DDP_STORE_THROTTLE_BASE_MS 100
+#define _DDP_STORE_THROTTLE_MAX_MS 2000
+#define _DDP_STORE_THROTTLE_QUEUE 4
+#define _DDP_STORE_THROTTLE_FORGET_MS 60000
+#define _DDP_STORE_SHORT_SECRET 16          /* a secret shorter than this gets a WARN */
 
 enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
        _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_NUM_OPS };
@@ -166,8 +185,25 @@ enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _D
 
 typedef struct { uint32_t magic, op, klen, v1len, v2len, flags; int64_t arg; } _ddp_store_req_t;
 typedef struct { uint32_t magic, status, vlen, pad; int64_t num; } _ddp_store_resp_t;
-typedef struct { uint32_t magic, proto, flags, pad; unsigned char nonce[_DDP_AUTH_NONCE_BYTES]; } _ddp_store_chal_t;
+typedef struct {
+    uint32_t magic, proto, flags, pad;
+    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];
+    unsigned char salt[_DDP_AUTH_SALT_BYTES];
+} _ddp_store_chal_t;
 #define _DDP_STORE_HELLO_BYTES (sizeof(_ddp_store_req_t) + 2 * _DDP_AUTH_NONCE_BYTES)
+
+/* Whom wrong proofs are counted against: an IPv4 address, an IPv6 /64 (one host gets a whole
+ * /64), or, for a connection from this host, the user that owns the connecting socket. */
+enum { _DDP_SRC_NONE = 0, _DDP_SRC_V4, _DDP_SRC_V6, _DDP_SRC_LOOP, _DDP_SRC_LOOP_ADDR, _DDP_SRC_UID };
+typedef struct { unsigned char kind, b[16]; } _ddp_src_t;
+typedef struct {
+    _ddp_src_t src;
+    int used;
+    int queued;               /* its hellos waiting for their turn */
+    uint32_t failures;
+    int64_t last_fail_us;
+    int64_t next_us;          /* its next proof is checked no earlier than this */
+} _ddp_throttle_t;
 
 typedef struct _ddp_kv {
     struct _ddp_kv *next;
@@ -198,6 +234,10 @@ typedef struct _ddp_store_conn {
     unsigned char *out;       /* answers not yet sent */
     size_t out_len, out_off, out_cap;
     char addr[64];
+    _ddp_src_t src;           /* for the throttle */
+    int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
+    int64_t held_until_us;
+    struct _ddp_store_conn *hprev, *hnext;   /* the server's held list */
 } _ddp_store_conn_t;
 
 /* At most one log line a second per kind of trouble; the next line counts the others. */
@@ -216,7 +256,11 @@ struct ddp_store {
     int quick;                /* failure reporting: short waits, no reconnecting to a dead master */
     int c10d;                 /* 0: libddp's protocol; else a c10d client, its dialect (_DDP_C10D_*) */
     int log_level, log_rank;
-    char secret[256];         /* the HMAC key: never written to a socket or a log */
+    char secret[256];         /* the job secret: never written to a socket or a log */
+    unsigned char key[_DDP_SHA256_BYTES];   /* the secret stretched with `salt` (ddp_auth.h:
+                                             * _ddp_auth_job_key): the HMAC key of every proof */
+    size_t keylen;            /* 0: no key yet (or no job secret) */
+    unsigned char salt[_DDP_AUTH_SALT_BYTES];   /* the server's (in every challenge) */
     char last_error[512];
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
@@ -240,7 +284,12 @@ struct ddp_store {
     int nwaiting;
     int changed;              /* a key was written: parked GET/WAITs may be answerable */
     int64_t accept_resume_us; /* accepting paused until then (0: not paused) */
-    _ddp_store_rate_t rate_peer, rate_fds;
+    _ddp_store_rate_t rate_peer, rate_fds, rate_throttle, rate_uid;
+    int diag_fd;              /* NETLINK_SOCK_DIAG: who owns a local peer's socket (-1: none) */
+    uid_t euid;
+    _ddp_throttle_t *throttle;   /* _DDP_STORE_THROTTLE_SOURCES, allocated at start (a secret) */
+    _ddp_store_conn_t *held_head, *held_tail;   /* connections the throttle holds back */
+    int64_t held_next_us;     /* the earliest held_until_us (0: none held) */
     _ddp_kv_t *buckets[_DDP_KV_BUCKETS];
 };
 
@@ -419,14 +468,140 @@ _DDP_PRIVATE void _ddp_store_hangup(ddp_store_t *s) {
 /* epoll interest: input unless closing, output while something is queued. */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
-    uint32_t want = c->state == _DDP_CONN_CLOSING ? 0u : (uint32_t)EPOLLIN;
+    uint32_t want = c->state == _DDP_CONN_CLOSING || c->held ? 0u : (uint32_t)EPOLLIN;
     if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
-    if (c->out_len > c->out_off) want |= (uint32_t)EPOLLOUT;
+    if (c->out_len > c->out_off && !c->held) want |= (uint32_t)EPOLLOUT;
     if (want == c->events) return;
     memset(&ev, 0, sizeof ev);
     ev.events = want;
     ev.data.u64 = _ddp_store_token(c);
     if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->events = want;
+}
+
+/* ---------------------------------------------------------------- wrong proofs: the throttle
+ * Guessing the secret online costs a source one proof per turn: after _DDP_STORE_THROTTLE_FREE
+ * wrong proofs, each further one makes the source wait 100 ms, 200 ms, ... up to 2 s before its
+ * next proof is even checked, and holds the refusal for the same time (so one thread trying in
+ * sequence, and many connections trying at once, both get one check per turn). A correct proof
+ * from a penalised source waits for the turn too: answering it at once would tell a guesser with
+ * many connections which one was right. Never a sleep: held connections are timers in the loop.
+ * A connection from this host is counted against the user that owns its socket (sock_diag), so
+ * another user hammering 127.0.0.1 does not delay the job's own ranks. */
+_DDP_PRIVATE void _ddp_src_from(_ddp_src_t *src, const struct sockaddr *sa) {
+    struct sockaddr_storage ss;
+    memset(src, 0, sizeof *src);
+    memset(&ss, 0, sizeof ss);
+    memcpy(&ss, sa, sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    _ddp_sa_unmap(&ss);
+    if (ss.ss_family == AF_INET) {
+        src->kind = _ddp_sockaddr_is_loopback((struct sockaddr *)&ss) ? _DDP_SRC_LOOP : _DDP_SRC_V4;
+        memcpy(src->b, &((struct sockaddr_in *)(void *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)(void *)&ss)->sin6_addr;
+        src->kind = IN6_IS_ADDR_LOOPBACK(a) ? _DDP_SRC_LOOP : _DDP_SRC_V6;
+        memcpy(src->b, a, src->kind == _DDP_SRC_LOOP ? 16 : 8);
+    }
+}
+
+/* A loopback source becomes its socket's owner when sock_diag can tell (once per connection). */
+_DDP_PRIVATE void _ddp_src_resolve(ddp_store_t *s, _ddp_store_conn_t *c) {
+    uid_t uid = 0;
+    if (c->src.kind != _DDP_SRC_LOOP) return;
+    if (c->fd >= 0 && _ddp_tcp_peer_uid(s->diag_fd, c->fd, &uid) == 0) {
+        memset(c->src.b, 0, sizeof c->src.b);
+        memcpy(c->src.b, &uid, sizeof uid);
+        c->src.kind = _DDP_SRC_UID;
+    } else {
+        c->src.kind = _DDP_SRC_LOOP_ADDR;
+    }
+}
+
+/* The source's entry (add: make one, evicting the one that failed least recently, preferring
+ * one with nothing queued). NULL when there is none (or no table: the fuzzers' store). */
+_DDP_PRIVATE _ddp_throttle_t *_ddp_throttle_find(ddp_store_t *s, const _ddp_src_t *src, int add) {
+    _ddp_throttle_t *victim = NULL;
+    int i;
+    if (!s->throttle) return NULL;
+    for (i = 0; i < _DDP_STORE_THROTTLE_SOURCES; i++) {
+        _ddp_throttle_t *e = &s->throttle[i];
+        if (e->used && !memcmp(&e->src, src, sizeof *src)) return e;
+        if (!add) continue;
+        if (!e->used) { if (!victim || victim->used) victim = e; continue; }
+        if (!victim || (victim->used && ((victim->queued && !e->queued) ||
+                                         (!victim->queued == !e->queued && e->last_fail_us < victim->last_fail_us))))
+            victim = e;
+    }
+    if (!victim) return NULL;
+    memset(victim, 0, sizeof *victim);
+    victim->src = *src;
+    victim->used = 1;
+    return victim;
+}
+
+_DDP_PRIVATE void _ddp_held_add(ddp_store_t *s, _ddp_store_conn_t *c, int held, int64_t until) {
+    c->held = held;
+    c->held_until_us = until;
+    c->hnext = NULL;
+    c->hprev = s->held_tail;
+    if (s->held_tail) s->held_tail->hnext = c; else s->held_head = c;
+    s->held_tail = c;
+    if (!s->held_next_us || until < s->held_next_us) s->held_next_us = until;
+}
+
+_DDP_PRIVATE void _ddp_held_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (!c->held) return;
+    if (c->held == 1) {
+        _ddp_throttle_t *e = _ddp_throttle_find(s, &c->src, 0);
+        if (e && e->queued > 0) e->queued--;
+    }
+    if (c->hprev) c->hprev->hnext = c->hnext; else s->held_head = c->hnext;
+    if (c->hnext) c->hnext->hprev = c->hprev; else s->held_tail = c->hprev;
+    c->hprev = c->hnext = NULL;
+    c->held = 0;
+}
+
+/* Before checking a proof: 0 check it now, 1 held until the source's turn, -1 the source has
+ * _DDP_STORE_THROTTLE_QUEUE hellos waiting already (closed unanswered: nothing was checked). */
+_DDP_PRIVATE int _ddp_throttle_admit(ddp_store_t *s, _ddp_store_conn_t *c) {
+    _ddp_throttle_t *e;
+    int64_t now;
+    int i, any = 0;
+    if (!s->throttle) return 0;
+    for (i = 0; i < _DDP_STORE_THROTTLE_SOURCES && !any; i++) any = s->throttle[i].used;
+    if (!any) return 0;                   /* nobody failed yet: no sock_diag query either */
+    _ddp_src_resolve(s, c);
+    now = _ddp_now_us();
+    if (!(e = _ddp_throttle_find(s, &c->src, 0)) || now >= e->next_us) return 0;
+    if (e->queued >= _DDP_STORE_THROTTLE_QUEUE) {
+        _ddp_store_warn_rate(s, &s->rate_throttle, "store: %s: %d hellos of this source already wait for "
+                             "their turn after %u wrong proofs; closed this one unanswered", c->addr,
+                             e->queued, e->failures);
+        return -1;
+    }
+    e->queued++;
+    _ddp_held_add(s, c, 1, e->next_us);
+    return 1;
+}
+
+/* A wrong proof: counted against the source; past the free ones the refusal is held back. */
+_DDP_PRIVATE void _ddp_throttle_failed(ddp_store_t *s, _ddp_store_conn_t *c) {
+    int64_t now = _ddp_now_us(), ms;
+    uint32_t k;
+    _ddp_throttle_t *e;
+    _ddp_src_resolve(s, c);
+    if (!(e = _ddp_throttle_find(s, &c->src, 1))) return;
+    if (now - e->last_fail_us > (int64_t)_DDP_STORE_THROTTLE_FORGET_MS * 1000) e->failures = 0;
+    e->failures++;
+    e->last_fail_us = now;
+    if (e->failures <= _DDP_STORE_THROTTLE_FREE) return;
+    k = e->failures - _DDP_STORE_THROTTLE_FREE - 1;
+    ms = k >= 16 ? _DDP_STORE_THROTTLE_MAX_MS : (int64_t)_DDP_STORE_THROTTLE_BASE_MS << k;
+    if (ms > _DDP_STORE_THROTTLE_MAX_MS) ms = _DDP_STORE_THROTTLE_MAX_MS;
+    if (ms > s->handshake_ms / 2) ms = s->handshake_ms / 2;   /* a waiting rank still makes it */
+    e->next_us = now + ms * 1000;
+    if (c->fd >= 0) _ddp_held_add(s, c, 2, e->next_us);
+    _ddp_store_warn_rate(s, &s->rate_throttle, "store: %u wrong proofs from %s's source: its next proof "
+                         "waits %lld ms", e->failures, c->addr, (long long)ms);
 }
 
 /* ---------------------------------------------------------------- connections come and go */
@@ -444,6 +619,7 @@ _DDP_PRIVATE void _ddp_pending_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
 _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (c->state == _DDP_CONN_DEAD) return;
     _ddp_pending_unlink(s, c);
+    _ddp_held_unlink(s, c);
     if (c->state == _DDP_CONN_READY) {
         pthread_mutex_lock(&s->srv_mu);
         s->nclients--;
@@ -502,8 +678,9 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
     if (_ddp_auth_nonce(c->nonce) != 0) { DDP_FREE(c); return NULL; }   /* never a weak nonce */
     ch.magic = _DDP_STORE_MAGIC;
     ch.proto = _DDP_STORE_PROTO;
-    ch.flags = s->secret[0] ? _DDP_ST_CHAL_SECRET : 0u;
+    ch.flags = s->keylen ? _DDP_ST_CHAL_SECRET : 0u;
     memcpy(ch.nonce, c->nonce, sizeof ch.nonce);
+    memcpy(ch.salt, s->salt, sizeof ch.salt);
     if (_ddp_conn_queue(c, &ch, sizeof ch, NULL, 0) != 0) { DDP_FREE(c); return NULL; }
     if (fd >= 0 && s->epfd >= 0) {
         struct epoll_event ev;
@@ -529,7 +706,8 @@ _DDP_PRIVATE _ddp_store_conn_t *_ddp_store_conn_new(ddp_store_t *s, int fd, cons
 /* ---------------------------------------------------------------- one handler per request
  * Each gets the complete request and answers it: 0 answered, 1 parked (GET/WAIT whose keys do
  * not exist yet: run again after the next write), 2 answered and the connection closes once the
- * answer is out, -1 drop the connection now. */
+ * answer is out, 3 (HELLO) held by the throttle: run again at its source's turn, -1 drop the
+ * connection now. */
 typedef struct {
     _ddp_store_req_t rq;
     const char *key;
@@ -537,7 +715,7 @@ typedef struct {
 } _ddp_store_msg_t;
 
 _DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
-    const size_t keylen = strlen(s->secret);
+    const size_t keylen = s->keylen;
     const int need_proof = keylen != 0, has_proof = (m->rq.flags & _DDP_ST_HELLO_PROOF) != 0;
     unsigned char proof[_DDP_AUTH_PROOF_BYTES];
     if (c->state != _DDP_CONN_HELLO || m->rq.klen || m->rq.v2len ||
@@ -551,16 +729,22 @@ _DDP_PRIVATE int _ddp_store_on_hello(ddp_store_t *s, _ddp_store_conn_t *c, const
                              (long long)m->rq.arg, _DDP_STORE_PROTO);
         return _ddp_conn_reply(c, DDP_ERR_MISMATCH, 0, NULL, 0) ? -1 : 2;
     }
+    if (need_proof && has_proof) {
+        int t = _ddp_throttle_admit(s, c);
+        if (t) return t > 0 ? 3 : -1;
+    }
     if (need_proof != has_proof ||
-        (need_proof && !_ddp_auth_verify(s->secret, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL,
+        (need_proof && !_ddp_auth_verify(s->key, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL,
                                          c->nonce, m->v1, m->v1 + _DDP_AUTH_NONCE_BYTES))) {
         _ddp_store_warn_rate(s, &s->rate_peer, "store: %s failed to authenticate (%s); connection "
                              "closed", c->addr, !has_proof ? "no job secret" : need_proof ?
                              "wrong job secret" : "it has a job secret and this store has none");
-        return _ddp_conn_reply(c, DDP_ERR_AUTH, 0, NULL, 0) ? -1 : 2;
+        if (_ddp_conn_reply(c, DDP_ERR_AUTH, 0, NULL, 0)) return -1;
+        if (need_proof && has_proof) _ddp_throttle_failed(s, c);
+        return 2;
     }
     if (need_proof)
-        _ddp_auth_proof(s->secret, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, c->nonce, m->v1, proof);
+        _ddp_auth_proof(s->key, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, c->nonce, m->v1, proof);
     if (_ddp_conn_reply(c, DDP_SUCCESS, 0, proof, need_proof ? _DDP_AUTH_PROOF_BYTES : 0u)) return -1;
     _ddp_pending_unlink(s, c);
     c->state = _DDP_CONN_READY;
@@ -692,6 +876,7 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
     m.v1 = body + m.rq.klen;
     m.v2 = m.v1 + m.rq.v1len;
     r = _ddp_store_handlers[m.rq.op](s, c, &m);   /* op checked by _ddp_store_check_head */
+    if (r == 3) return 0;                          /* the hello stays where it is */
     if (r == 1) {
         if (!c->waiting) { c->waiting = 1; s->nwaiting++; }
         return 0;
@@ -708,7 +893,7 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
 }
 
 _DDP_PRIVATE int _ddp_conn_rx_space(_ddp_store_conn_t *c, unsigned char **p, size_t *n) {
-    if (c->waiting || (c->state != _DDP_CONN_HELLO && c->state != _DDP_CONN_READY)) return -1;
+    if (c->waiting || c->held || (c->state != _DDP_CONN_HELLO && c->state != _DDP_CONN_READY)) return -1;
     if (c->head_len < sizeof c->head) {
         *p = c->head + c->head_len;
         *n = sizeof c->head - c->head_len;
@@ -753,6 +938,7 @@ _DDP_PRIVATE int _ddp_store_feed(ddp_store_t *s, _ddp_store_conn_t *c, const voi
  * keep epoll's interest right. */
 _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (c->state == _DDP_CONN_DEAD) return;
+    if (c->held) { _ddp_conn_watch(s, c); return; }   /* its answer waits for the throttle */
     if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
     if (c->state == _DDP_CONN_CLOSING && c->out_len == c->out_off && c->fd >= 0) {
         _ddp_store_drop(s, c);
@@ -780,14 +966,14 @@ _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
         if (n == 0) return -1;
         if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         if (_ddp_conn_rx_done(s, c, (size_t)n) != 0) return -1;
-        if (c->waiting || c->state == _DDP_CONN_CLOSING) return 0;
+        if (c->waiting || c->held || c->state == _DDP_CONN_CLOSING) return 0;
     }
     return 0;
 }
 
 _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t ev) {
     if (c->state == _DDP_CONN_DEAD) return;
-    if ((ev & EPOLLOUT) && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+    if ((ev & EPOLLOUT) && !c->held && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         if (c->state == _DDP_CONN_CLOSING) {
             if (ev & (EPOLLHUP | EPOLLERR)) { _ddp_store_drop(s, c); return; }
@@ -860,6 +1046,39 @@ _DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
     return 0;
 }
 
+/* Without a job secret, who may use the store from this host: only the store's own user. A
+ * connection whose socket (looked up by its exact 4-tuple, _ddp_tcp_peer_uid) belongs to
+ * another user is closed before anything is read or allocated for it; so is a loopback one
+ * whose socket no process owns any more. A peer on another host (not found here) is let in:
+ * that is the insecure mode the listen WARN names. 1 = refuse. */
+_DDP_PRIVATE int _ddp_store_foreign_user(ddp_store_t *s, int fd, const struct sockaddr *peer, const char *addr) {
+    uid_t uid = 0;
+    int rc;
+    if (s->diag_fd < 0) return 0;
+    rc = _ddp_tcp_peer_uid(s->diag_fd, fd, &uid);
+    if (rc == 0 && uid == s->euid) return 0;
+    if (rc == 0) {
+        _ddp_store_warn_rate(s, &s->rate_uid, "store: refused %s: its socket belongs to uid %u, not "
+                             "this job's user (uid %u); without a job secret only this user's "
+                             "processes on this host may use the store (ranks run by several users: "
+                             "set the same DDP_JOB_SECRET on every rank)", addr, (unsigned)uid,
+                             (unsigned)s->euid);
+        return 1;
+    }
+    if (rc == -ENOENT) {
+        if (!_ddp_sockaddr_is_loopback(peer)) return 0;
+        _ddp_store_warn_rate(s, &s->rate_uid, "store: refused %s: no process on this host owns its "
+                             "socket any more, so its user cannot be checked", addr);
+        return 1;
+    }
+    _ddp_store_log(s, DDP_LOG_WARN, "store: cannot tell which user a connection from this host "
+                   "comes from (sock_diag: %s): without a job secret any user of this host may "
+                   "use the store", strerror(-rc));
+    close(s->diag_fd);
+    s->diag_fd = -1;
+    return 0;
+}
+
 _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
     int i;
     for (i = 0; i < _DDP_STORE_BATCH; i++) {
@@ -882,6 +1101,10 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         _ddp_sockaddr_str((struct sockaddr *)&ss, addr, sizeof addr);
+        if (!s->keylen && _ddp_store_foreign_user(s, fd, (struct sockaddr *)&ss, addr)) {
+            close(fd);
+            continue;
+        }
         c = _ddp_store_conn_new(s, fd, addr);
         if (!c) {
             close(fd);
@@ -889,6 +1112,7 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
                                  "connection from %s; closed it", addr);
             continue;
         }
+        _ddp_src_from(&c->src, (struct sockaddr *)&ss);
         _ddp_store_log(s, DDP_LOG_TRACE, "store: client connected from %s", addr);
         /* The descriptors are the whole process's (the rank's transports need theirs too):
          * strangers that have not authenticated may hold at most a quarter of them. */
@@ -900,6 +1124,24 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
         }
         _ddp_conn_settle(s, c);
     }
+}
+
+/* Held connections whose time has come: a refusal goes out (and the connection closes), a
+ * hello is run again (checked now, or held again if another wrong proof moved its source's
+ * turn). */
+_DDP_PRIVATE void _ddp_store_release_held(ddp_store_t *s, int64_t now) {
+    _ddp_store_conn_t *c, *next;
+    if (!s->held_next_us || now < s->held_next_us) return;
+    for (c = s->held_head; c; c = next) {      /* one held again goes to the tail, in the future */
+        next = c->hnext;
+        if (c->held_until_us > now) continue;
+        _ddp_held_unlink(s, c);
+        if (c->state == _DDP_CONN_HELLO && _ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }
+        _ddp_conn_settle(s, c);
+    }
+    s->held_next_us = 0;
+    for (c = s->held_head; c; c = c->hnext)
+        if (!s->held_next_us || c->held_until_us < s->held_next_us) s->held_next_us = c->held_until_us;
 }
 
 /* Unauthenticated connections past their deadline go (the pending list is in deadline order). */
@@ -918,6 +1160,7 @@ _DDP_PRIVATE int _ddp_store_wait_ms(const ddp_store_t *s, int64_t now) {
     int64_t next = now + 1000000;
     if (s->pending_head && s->pending_head->deadline_us < next) next = s->pending_head->deadline_us;
     if (s->accept_resume_us && s->accept_resume_us < next) next = s->accept_resume_us;
+    if (s->held_next_us && s->held_next_us < next) next = s->held_next_us;
     return next <= now ? 0 : (int)((next - now + 999) / 1000);
 }
 
@@ -950,6 +1193,7 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
         }
         if (s->changed) _ddp_store_rerun_waiting(s);
         now = _ddp_now_us();
+        _ddp_store_release_held(s, now);
         _ddp_store_expire(s, now);
         _ddp_store_resume_accept(s, now);
         _ddp_store_reap(s);
@@ -973,6 +1217,25 @@ _DDP_PRIVATE void _ddp_store_bound(ddp_store_t *s, int64_t deadline_us) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The key proofs are made with: the job secret stretched with `salt` (ddp_auth.h:
+ * _ddp_auth_job_key), computed only when the salt is new to this handle, so a process pays
+ * for it once: the server when it starts (its own client handle shares it), a client at its
+ * first handshake, a lane's client never (it copies its communicator's store: _ddp_store_copy_key). */
+_DDP_PRIVATE void _ddp_store_key_for(ddp_store_t *s, const unsigned char salt[_DDP_AUTH_SALT_BYTES]) {
+    if (!s->secret[0] || (s->keylen && !memcmp(s->salt, salt, sizeof s->salt))) return;
+    memcpy(s->salt, salt, sizeof s->salt);
+    _ddp_auth_job_key(s->secret, strlen(s->secret), s->salt, s->key);
+    s->keylen = sizeof s->key;
+}
+
+_DDP_PRIVATE void _ddp_store_copy_key(ddp_store_t *s, const ddp_store_t *like) {
+    if (!like || !like->secret[0]) return;
+    memcpy(s->secret, like->secret, sizeof s->secret);
+    memcpy(s->salt, like->salt, sizeof s->salt);
+    memcpy(s->key, like->key, sizeof s->key);
+    s->keylen = like->keylen;
+}
+
 /* ---------------------------------------------------------------- the client's handshake
  * Two pure steps (no socket: the fuzzers call them on arbitrary bytes), _DDP_HS_* results. */
 enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _DDP_HS_NO_SECRET,
@@ -980,11 +1243,10 @@ enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _D
 
 /* Step 1: the server's challenge (n bytes) -> the HELLO to send (*msglen bytes into msg, which
  * holds _DDP_STORE_HELLO_BYTES) and the server's nonce. */
-_DDP_PRIVATE int _ddp_store_hs_hello(const char *secret, const void *chal, size_t n,
+_DDP_PRIVATE int _ddp_store_hs_hello(const unsigned char *key, size_t keylen, const void *chal, size_t n,
                                      const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
                                      unsigned char *msg, size_t *msglen,
                                      unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES]) {
-    const size_t keylen = secret ? strlen(secret) : 0;
     _ddp_store_chal_t ch;
     _ddp_store_req_t rq;
     *msglen = 0;
@@ -1004,19 +1266,18 @@ _DDP_PRIVATE int _ddp_store_hs_hello(const char *secret, const void *chal, size_
     memcpy(msg, &rq, sizeof rq);
     memcpy(msg + sizeof rq, nonce_c, _DDP_AUTH_NONCE_BYTES);
     if (keylen)
-        _ddp_auth_proof(secret, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL, nonce_s, nonce_c,
+        _ddp_auth_proof(key, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL, nonce_s, nonce_c,
                         msg + sizeof rq + _DDP_AUTH_NONCE_BYTES);
     *msglen = sizeof rq + rq.v1len;
     return _DDP_HS_OK;
 }
 
 /* Step 2: the answer to HELLO (header, then the vlen bytes of value that were read). */
-_DDP_PRIVATE int _ddp_store_hs_welcome(const char *secret,
+_DDP_PRIVATE int _ddp_store_hs_welcome(const unsigned char *key, size_t keylen,
                                        const unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES],
                                        const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
                                        const void *resp, size_t n, const unsigned char *val,
                                        size_t vlen) {
-    const size_t keylen = secret ? strlen(secret) : 0;
     _ddp_store_resp_t r;
     if (n != sizeof r) return _DDP_HS_MALFORMED;
     memcpy(&r, resp, sizeof r);
@@ -1026,7 +1287,7 @@ _DDP_PRIVATE int _ddp_store_hs_welcome(const char *secret,
     if (r.status != DDP_SUCCESS || r.vlen != vlen) return _DDP_HS_MALFORMED;
     if (!keylen) return vlen == 0 ? _DDP_HS_OK : _DDP_HS_MALFORMED;
     if (vlen != _DDP_AUTH_PROOF_BYTES ||
-        !_ddp_auth_verify(secret, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, nonce_s, nonce_c, val))
+        !_ddp_auth_verify(key, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, nonce_s, nonce_c, val))
         return _DDP_HS_BAD_PROOF;
     return _DDP_HS_OK;
 }
@@ -1075,7 +1336,14 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
                               "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
     rc = _ddp_recv_all(fd, chal, sizeof chal, deadline);
     if (rc == 0) {
-        hs = _ddp_store_hs_hello(s->secret, chal, sizeof chal, nc, msg, &msglen, ns);
+        _ddp_store_chal_t ch;
+        memcpy(&ch, chal, sizeof ch);
+        /* The key exists once the salt is known; a secret without one yet still says "I have
+         * a secret" to hs_hello, which refuses a master that asks for none. */
+        if (ch.magic == _DDP_STORE_MAGIC && ch.proto == _DDP_STORE_PROTO && (ch.flags & _DDP_ST_CHAL_SECRET))
+            _ddp_store_key_for(s, ch.salt);
+        hs = _ddp_store_hs_hello(s->key, s->secret[0] ? sizeof s->key : 0, chal, sizeof chal, nc, msg,
+                                 &msglen, ns);
         if (hs != _DDP_HS_OK) return _ddp_store_hs_error(s, hs);
         rc = _ddp_send_all(fd, msg, msglen, deadline);
     }
@@ -1085,7 +1353,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
         if (vlen) rc = _ddp_recv_all(fd, val, vlen, deadline);
     }
     if (rc == 0) {
-        hs = _ddp_store_hs_welcome(s->secret, ns, nc, &resp, sizeof resp, val, vlen);
+        hs = _ddp_store_hs_welcome(s->key, s->keylen, ns, nc, &resp, sizeof resp, val, vlen);
         return hs == _DDP_HS_OK ? DDP_SUCCESS : _ddp_store_hs_error(s, hs);
     }
     if (rc == -ETIMEDOUT)
@@ -1488,7 +1756,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
                                    _ddp_c10d_dialects[s->c10d - _DDP_C10D_WATCH]);
                 else
                     _ddp_store_log(s, DDP_LOG_INFO, "store: connected to master %s:%d%s", s->host,
-                                   s->port, s->secret[0] ? " (job secret proven both ways)" : "");
+                                   s->port, s->keylen ? " (job secret proven both ways)" : "");
                 if (attempts > 1)
                     _ddp_store_log(s, DDP_LOG_TRACE, "store: after %d attempts", attempts);
                 return r;
@@ -1981,12 +2249,57 @@ _DDP_PRIVATE void _ddp_store_raise_nofile(ddp_store_t *s) {
                        "%llu to %llu: %s", was, (unsigned long long)rl.rlim_max, strerror(errno));
 }
 
+/* What the server's security rests on, said once at start: the throttle's table and the socket
+ * that tells local users apart; a WARN for a short secret, and for a secretless store that
+ * other hosts can reach. */
+_DDP_PRIVATE ddp_result_t _ddp_store_guard(ddp_store_t *s) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int exposed = getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) != 0 ||
+                  !_ddp_sockaddr_is_loopback((struct sockaddr *)&ss);
+    size_t len = strlen(s->secret);
+    s->euid = geteuid();
+    s->diag_fd = _ddp_sock_diag_open();
+    if (len) {
+        s->throttle = (_ddp_throttle_t *)DDP_MALLOC(sizeof *s->throttle * _DDP_STORE_THROTTLE_SOURCES);
+        if (!s->throttle) return _ddp_store_err(s, DDP_ERR_OUT_OF_MEMORY, "store server: throttle table");
+        memset(s->throttle, 0, sizeof *s->throttle * _DDP_STORE_THROTTLE_SOURCES);
+    }
+    if (len && len < _DDP_STORE_SHORT_SECRET)
+        _ddp_store_log(s, DDP_LOG_WARN, "store: the job secret is %zu characters: if a person chose "
+                       "it, it can be guessed offline from one captured handshake (each guess costs "
+                       "%u PBKDF2 iterations, not enough for a short word); use %d or more random "
+                       "characters (ddprun makes 64 random hex digits when DDP_JOB_SECRET is unset)",
+                       len, (unsigned)_DDP_AUTH_KDF_ITERATIONS, _DDP_STORE_SHORT_SECRET);
+    if (!len && exposed)
+        _ddp_store_log(s, DDP_LOG_WARN, "store: listening on a network address (port %d) with no job "
+                       "secret: anyone on another host who can reach it can read and write the "
+                       "rendezvous store, and so join this job and see or alter its data (the data "
+                       "connections' key is handed out through it); set the same DDP_JOB_SECRET on "
+                       "every rank (ddprun makes one per job), or use a loopback MASTER_ADDR",
+                       s->port);
+    if (!len && s->diag_fd < 0)
+        _ddp_store_log(s, DDP_LOG_WARN, "store: cannot tell which user a connection from this host "
+                       "comes from (sock_diag: %s): without a job secret any user of this host may "
+                       "use the store", strerror(-s->diag_fd));
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *host) {
     struct epoll_event ev;
     ddp_result_t r;
     _ddp_store_raise_nofile(s);
     _ddp_store_pending_cap(s);
     if ((r = _ddp_store_listen(s, host)) != DDP_SUCCESS) return r;
+    if (s->secret[0]) {                       /* a fresh salt per server: per job */
+        unsigned char salt[_DDP_AUTH_SALT_BYTES];
+        int rc = _ddp_auth_random(salt, sizeof salt);
+        if (rc != 0)
+            return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: no random salt (getrandom and "
+                                  "/dev/urandom failed: %s)", strerror(-rc));
+        _ddp_store_key_for(s, salt);
+    }
+    if ((r = _ddp_store_guard(s)) != DDP_SUCCESS) return r;
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0 || _ddp_pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -2003,7 +2316,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server thread: %s", strerror(errno));
     s->thread_started = 1;
     _ddp_store_log(s, DDP_LOG_INFO, "store: serving rendezvous on port %d%s", s->port,
-                   s->secret[0] ? " (job secret required, proven by challenge-response)" :
+                   s->keylen ? " (job secret required, proven by challenge-response)" :
+                   s->diag_fd >= 0 ? " (no job secret: on this host only this user's processes may use "
+                   "it; anyone on a host that reaches the port may)" :
                    " (no job secret: anyone who reaches the port may use it)");
     return DDP_SUCCESS;
 }
@@ -2014,7 +2329,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     ddp_store_t *s = (ddp_store_t *)DDP_MALLOC(sizeof *s);
     if (!s) return NULL;
     memset(s, 0, sizeof *s);
-    s->fd = s->listen_fd = s->epfd = s->spare_fd = -1;
+    s->fd = s->listen_fd = s->epfd = s->spare_fd = s->diag_fd = -1;
     s->owner_pid = getpid();
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
@@ -2032,9 +2347,10 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     return s;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, int port,
-                                          int is_server, const ddp_store_desc_t *d, char *err,
-                                          size_t errcap) {
+/* like: a handle whose key this one reuses (NULL: stretch the secret here). */
+_DDP_PRIVATE ddp_result_t _ddp_store_open_like(ddp_store_t **out, const char *host, int port,
+                                               int is_server, const ddp_store_desc_t *d,
+                                               const ddp_store_t *like, char *err, size_t errcap) {
     ddp_store_t *s;
     ddp_result_t r;
     if (!out) return DDP_ERR_INVALID_ARGUMENT;
@@ -2047,6 +2363,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, i
         ddp_store_close(s);
         return r;
     }
+    _ddp_store_copy_key(s, like);
     pthread_mutex_lock(&s->mu);
     r = _ddp_store_connect(s);
     pthread_mutex_unlock(&s->mu);
@@ -2057,6 +2374,12 @@ _DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, i
     }
     *out = s;
     return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_open(ddp_store_t **out, const char *host, int port,
+                                          int is_server, const ddp_store_desc_t *d, char *err,
+                                          size_t errcap) {
+    return _ddp_store_open_like(out, host, port, is_server, d, NULL, err, errcap);
 }
 
 DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int port, int is_server,
@@ -2067,8 +2390,9 @@ DDP_API ddp_result_t ddp_store_open(ddp_store_t **out, const char *host, int por
 
 /* A c10d client: d as for ddp_store_open (timeout, log level and rank; the secret is kept for
  * the communicator's data key and never sent). On failure err says why (the handle is gone). */
-_DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char *host, int port,
-                                                  const ddp_store_desc_t *d, char *err, size_t errcap) {
+_DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d_like(ddp_store_t **out, const char *host, int port,
+                                                       const ddp_store_desc_t *d, const ddp_store_t *like,
+                                                       char *err, size_t errcap) {
     ddp_store_t *s;
     ddp_result_t r;
     if (!out) return DDP_ERR_INVALID_ARGUMENT;
@@ -2076,6 +2400,12 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char 
     if (port <= 0 || port > 65535 || !host || !*host) return DDP_ERR_INVALID_ARGUMENT;
     if (!(s = _ddp_store_new(host, port, d))) return DDP_ERR_OUT_OF_MEMORY;
     s->c10d = _DDP_C10D_UNKNOWN;
+    _ddp_store_copy_key(s, like);
+    {   /* No libddp server to send a salt: a fixed one. The key is never sent; it binds the data
+         * key (ddp_comm.h), which a guess must then stretch to check. */
+        static const unsigned char c10d_salt[_DDP_AUTH_SALT_BYTES] = {'c', '1', '0', 'd'};
+        _ddp_store_key_for(s, c10d_salt);
+    }
     pthread_mutex_lock(&s->mu);
     r = _ddp_store_connect(s);
     pthread_mutex_unlock(&s->mu);
@@ -2088,13 +2418,19 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char 
     return DDP_SUCCESS;
 }
 
+_DDP_PRIVATE ddp_result_t _ddp_store_connect_c10d(ddp_store_t **out, const char *host, int port,
+                                                  const ddp_store_desc_t *d, char *err, size_t errcap) {
+    return _ddp_store_connect_c10d_like(out, host, port, d, NULL, err, errcap);
+}
+
 /* Another client of the store `like` is connected to, in the same protocol (a communicator's
- * lanes open their own): ddp_store_open's client, or a c10d one. */
+ * lanes open their own): ddp_store_open's client, or a c10d one, with like's key (the secret
+ * is not stretched again; d->secret is ignored). */
 _DDP_PRIVATE ddp_result_t _ddp_store_client_like(ddp_store_t **out, const ddp_store_t *like,
                                                  const ddp_store_desc_t *d, char *err, size_t errcap) {
     if (!like) return DDP_ERR_INVALID_ARGUMENT;
-    if (like->c10d) return _ddp_store_connect_c10d(out, like->host, like->port, d, err, errcap);
-    return _ddp_store_open(out, like->host, like->port, 0, d, err, errcap);
+    if (like->c10d) return _ddp_store_connect_c10d_like(out, like->host, like->port, d, like, err, errcap);
+    return _ddp_store_open_like(out, like->host, like->port, 0, d, like, err, errcap);
 }
 
 DDP_API ddp_result_t ddp_store_connect_c10d(const char *host, int port, int timeout_ms, ddp_store_t **out) {
@@ -2140,12 +2476,15 @@ _DDP_PRIVATE ddp_result_t _ddp_store_close_within(ddp_store_t *s, int grace_ms) 
     _ddp_store_close_fd(s, s->wake[0]);
     if (s->epfd >= 0) close(s->epfd);
     if (s->spare_fd >= 0) close(s->spare_fd);   /* never watched */
+    if (s->diag_fd >= 0) close(s->diag_fd);     /* never watched */
+    DDP_FREE(s->throttle);
     if (s->wake[1] >= 0) close(s->wake[1]);     /* the write end: never watched */
     for (i = 0; i < _DDP_KV_BUCKETS; i++) {
         _ddp_kv_t *e = s->buckets[i];
         while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
     }
     _ddp_auth_wipe(s->secret, sizeof s->secret);
+    _ddp_auth_wipe(s->key, sizeof s->key);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->srv_mu);
     DDP_FREE(s);

@@ -16,6 +16,12 @@
  *   "... server" || label || nonce_c || nonce_s); each side's verify accepts the other's; a
  *   wrong key, swapped nonces, another nonce, another label, the other role, or an empty key
  *   gives a different proof; a proof that differs in one bit is refused.
+ * - PBKDF2-HMAC-SHA256 (RFC 8018) against RFC 7914 section 11's two vectors ("passwd"/"salt",
+ *   1 iteration, and "Password"/"NaCl", 80,000 iterations, 64 bytes each: two blocks), and a
+ *   40-byte output (a partial second block) with an 80-byte salt checked against Python's
+ *   hashlib.pbkdf2_hmac; the job key is PBKDF2 with 20,000 iterations over the salt
+ *   "libddp job key v1 " || the store's 16-byte random salt, 32 bytes (value from hashlib),
+ *   and another salt gives another key. The job key's cost is printed as a diagnostic.
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -213,8 +219,43 @@ static void proofs(void) {
     ok(i == 256, "every one-bit change of a proof is refused");
 }
 
+static void pbkdf2(void) {
+    unsigned char out[64], salt[80];
+    char h[129];
+    double t0;
+    int i;
+    _ddp_pbkdf2_sha256("passwd", 6, "salt", 4, 1, out, 64);
+    hex(out, 64, h);
+    ok(!strcmp(h, "55ac046e56e3089fec1691c22544b605f94185216dde0465e68b9d57c20dacbc"
+                  "49ca9cccf179b645991664b39d77ef317c71b845b1e30bd509112041d3a19783"),
+       "PBKDF2-HMAC-SHA256(\"passwd\", \"salt\", 1, 64) (RFC 7914 section 11)");
+    _ddp_pbkdf2_sha256("Password", 8, "NaCl", 4, 80000, out, 64);
+    hex(out, 64, h);
+    ok(!strcmp(h, "4ddcd8f60b98be21830cee5ef22701f9641a4418d04c0414aeff08876b34ab56"
+                  "a1d425a1225833549adb841b51c9b3176a272bdebba1d078478f62b397f33c8d"),
+       "PBKDF2-HMAC-SHA256(\"Password\", \"NaCl\", 80000, 64) (RFC 7914 section 11)");
+    for (i = 0; i < 80; i++) salt[i] = (unsigned char)"salt"[i % 4];
+    _ddp_pbkdf2_sha256("pw", 2, salt, sizeof salt, 3, out, 40);
+    hex(out, 40, h);
+    ok(!strcmp(h, "ff3f76ac351c12a224c057dc9cce52932b100760bad442f5016b3ef8dc77a490499d5cb6b55aea65"),
+       "PBKDF2-HMAC-SHA256: 40 bytes (a partial second block), 80-byte salt, 3 iterations (hashlib)");
+    for (i = 0; i < 16; i++) salt[i] = (unsigned char)i;
+    t0 = t_now();
+    _ddp_auth_job_key("correct horse", 13, salt, out);
+    diag("job key: PBKDF2-HMAC-SHA256, %u iterations: %.1f ms", (unsigned)_DDP_AUTH_KDF_ITERATIONS,
+         (t_now() - t0) * 1e3);
+    hex(out, 32, h);
+    ok(!strcmp(h, "953a871e0edf5e505d27284b567a95990b11d9742a9271a4fd9e69f86b3e4710"),
+       "job key = PBKDF2(secret, \"libddp job key v1 \" || salt, 20000 iterations, 32 bytes) (hashlib)");
+    memcpy(salt + 16, out, 32);
+    salt[15] ^= 1;
+    _ddp_auth_job_key("correct horse", 13, salt, out);
+    ok(memcmp(salt + 16, out, 32) != 0, "another salt -> another job key");
+}
+
 int main(void) {
     t_init();
+    pbkdf2();
     sha256_vectors();
     hmac_vectors();
     incremental();

@@ -347,14 +347,17 @@ static int relay(int idx, int nproc, void *arg) {
             free(ab.buf); free(ba.buf);
             return 1;
         }
-        ddp_store_close(s);
-        {   /* The key the ranks prove, as the communicator derives it (ddp_comm.h). */
+        {   /* The key the ranks prove, as the communicator derives it (ddp_comm.h) from the
+             * secret stretched with the store's salt (ddp_auth.h), as this client did. */
             _ddp_hmac_sha256_t hm;
-            _ddp_hmac_sha256_init(&hm, SECRET, strlen(SECRET));
+            unsigned char job_key[32];
+            _ddp_auth_job_key(SECRET, strlen(SECRET), s->salt, job_key);
+            _ddp_hmac_sha256_init(&hm, job_key, sizeof job_key);
             _ddp_hmac_sha256_update(&hm, "ddp data key v1", 15);
             _ddp_hmac_sha256_update(&hm, token, sizeof token);
             _ddp_hmac_sha256_final(&hm, key);
         }
+        ddp_store_close(s);
         set_flag(0);
         a = accept_within(lfd, 20000);
         b = connect_to(&real, (socklen_t)len);

@@ -270,6 +270,12 @@ static ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
               c->ifname && *c->ifname ? "the interface DDP_SOCKET_IFNAME chose"
                                       : "the address that reaches the master",
               tp->bufsize > 0 ? "; fixed socket buffers" : "; autotuned socket buffers");
+    if (!c->key_from_secret && !_ddp_sockaddr_is_loopback((struct sockaddr *)&ss))
+        _DDP_TLOG(c, DDP_LOG_WARN, "tcp: listening on %s, a network address, and the job has no secret: "
+                  "a peer must prove this communicator's key, but without DDP_JOB_SECRET that key "
+                  "is handed out through the rendezvous store, so anyone who can reach %s's store "
+                  "port can join these connections; set the same DDP_JOB_SECRET on every rank",
+                  tp->addr_str, c->master_addr ? c->master_addr : "the master");
     *state = tp;
     return DDP_SUCCESS;
 }

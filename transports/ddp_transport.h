@@ -57,6 +57,10 @@ typedef struct ddp_transport_ctx {
      * is done, before any connect/accept. */
     const unsigned char *auth_key;
     size_t auth_key_len;
+    /* 1: auth_key is bound to the job secret; 0: the job has none, so anyone who can read the
+     * rendezvous store can derive it (a listener on a network address should say so). Filled
+     * before init. */
+    int key_from_secret;
     void *host;                   /* opaque: handed back to the callbacks below */
     /* The host identity of a rank (hostname + boot id + network namespace, or DDP_HOST_ID). */
     const char *(*host_id)(void *host, int peer);
