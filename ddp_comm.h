@@ -390,7 +390,9 @@ _DDP_PRIVATE void _ddp_fork_prepare(void) { pthread_mutex_lock(&_ddp_live_mu); }
 _DDP_PRIVATE void _ddp_fork_parent(void) { pthread_mutex_unlock(&_ddp_live_mu); }
 _DDP_PRIVATE void _ddp_fork_child(void) {
     __atomic_add_fetch(&_ddp_fork_gen, 1u, __ATOMIC_RELAXED);
-    pthread_mutex_init(&_ddp_live_mu, NULL);   /* the forking thread's lock, in a new process */
+    /* The child runs in the thread that took the lock in prepare: it releases it (re-initialising
+     * a held mutex is undefined, and ThreadSanitizer then sees the lock held forever). */
+    pthread_mutex_unlock(&_ddp_live_mu);
 }
 _DDP_PRIVATE void _ddp_fork_register(void) {
     pthread_atfork(_ddp_fork_prepare, _ddp_fork_parent, _ddp_fork_child);
