@@ -2103,16 +2103,6 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_delete(ddp_store_t *s, const char *key, int 
 }
 
 /* ---------------------------------------------------------------- starting the server */
-_DDP_PRIVATE int _ddp_sa_is_loopback(const struct sockaddr *sa) {
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
-    if (sa->sa_family == AF_INET6) {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
-        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
-    }
-    return 0;
-}
-
 _DDP_PRIVATE int _ddp_sa_same_ip(const struct sockaddr *a, const struct sockaddr *b) {
     if (a->sa_family != b->sa_family) return 0;
     if (a->sa_family == AF_INET)
@@ -2138,7 +2128,7 @@ _DDP_PRIVATE int _ddp_store_bind_choice(const char *host, struct sockaddr_storag
     hints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return 0;
     for (ai = res; ai; ai = ai->ai_next) {
-        if (_ddp_sa_is_loopback(ai->ai_addr)) {
+        if (_ddp_sockaddr_is_loopback(ai->ai_addr)) {
             if (!loop || (loop->ai_family != AF_INET && ai->ai_family == AF_INET)) loop = ai;
         } else {
             only_loopback = 0;
@@ -2147,7 +2137,7 @@ _DDP_PRIVATE int _ddp_store_bind_choice(const char *host, struct sockaddr_storag
     if (!only_loopback && getifaddrs(&ifs) == 0) {
         for (ai = res; ai && !local; ai = ai->ai_next)
             for (ifa = ifs; ifa && !local; ifa = ifa->ifa_next)
-                if (ifa->ifa_addr && !_ddp_sa_is_loopback(ai->ai_addr) && _ddp_sa_same_ip(ai->ai_addr, ifa->ifa_addr))
+                if (ifa->ifa_addr && !_ddp_sockaddr_is_loopback(ai->ai_addr) && _ddp_sa_same_ip(ai->ai_addr, ifa->ifa_addr))
                     local = ai;
         freeifaddrs(ifs);
     }
