@@ -95,7 +95,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-typedef struct ddp_ibverbs_stats {
+typedef struct ddp_ibverbs_stats_s {   /* not the function's name: C++ -Wshadow */
     uint64_t reg_registrations;   /* cache misses: ibv_reg_mr of a user buffer */
     uint64_t reg_hits;            /* messages served by a cached registration */
     uint64_t reg_stale;           /* cached entries found stale (buffer freed, memory remapped) */
