@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp.h — libddp: data-parallel collectives for C training code.           v0.2
  *
  * What torch.distributed + DistributedDataParallel give PyTorch, as a header-only C library:

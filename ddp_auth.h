@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_auth.h — libddp's private authentication helpers: SHA-256, HMAC-SHA256, PBKDF2,
  * constant-time comparison, nonces, and the mutual challenge-response proof every libddp
  * connection uses to show that both ends know the job secret without ever sending it. Nothing

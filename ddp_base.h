@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_base.h — libddp's foundation: result codes, dtypes, reduction ops, log levels, the
  * allocator type, DDP_API, and (in the implementation) the private helpers every other libddp
  * header shares: clocks, allocation, string and environment parsing, logging.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_comm.h — libddp's communicator: rendezvous, the operation engine and the public
  * collectives.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_engine.h — what an algorithm sees of a communicator: the point-to-point engine.
  *
  * ddp_ring.h's algorithms (ring, recursive doubling, trees, chain, linear, pairwise) are written

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_kernels.h — libddp's local reduction kernels and fp16/bf16 conversion.
  *
  * ddp_reduce_local(dst, a, b, n, dtype, op) computes dst = a op b elementwise for every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_model.h — libddp's all-reduce cost model: the predicted time of each all-reduce algorithm
  * for a size, a world size and a hosts layout, and the pick of the fastest. Private: the
  * communicator (ddp_comm.h) asks it once per call; bench/simulate.c projects it to large jobs

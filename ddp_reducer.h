@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_reducer.h — libddp's gradient bucket reducer (PyTorch DistributedDataParallel's Reducer),
  * its flat-buffer mode and ZeRO-1 (ZeroRedundancyOptimizer: reduce-scatter, shard, all-gather),
  * and ddp_broadcast_params (DDP's broadcast of the initial model state).

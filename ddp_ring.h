@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_ring.h — libddp's collective algorithms, private.
  *
  * Written against the point-to-point engine of ddp_engine.h (rank, size, scratch, isend/irecv/

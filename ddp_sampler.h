@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_sampler.h — libddp: PyTorch's DistributedSampler, bit for bit, in C.        v0.1
  *
  * Every data-parallel job gives each rank a disjoint shard of the data, reshuffled every epoch,

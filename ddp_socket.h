@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_socket.h — libddp's private socket helpers, shared by the rendezvous store and the TCP
  * transport: non-blocking mode, address formatting, whole-buffer send/recv with a deadline,
  * and who owns the other end of a TCP connection made from this host (_ddp_tcp_peer_uid).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_store.h — libddp's rendezvous key-value store, client and server (c10d TCPStore
  * semantics). Rank 0 of a communicator serves it on MASTER_ADDR:MASTER_PORT and every rank is a
  * client; it is also usable on its own:

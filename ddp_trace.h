@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_trace.h — libddp's timeline and flight recorder: what each collective did and how long,
  * kept for the last calls always, written as Chrome trace events on request. Private: the
  * communicator (ddp_comm.h) records into it; users see DDP_TRACE and the failure logs.

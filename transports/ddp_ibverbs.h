@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_ibverbs.h — libddp's RDMA transport on libibverbs (InfiniBand, RoCE).
  *
  * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_nccl.h — libddp's NCCL transport: the same calls on GPU (device) buffers.
  *
  * In the file that defines DDP_IMPLEMENTATION:

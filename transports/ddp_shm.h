@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_shm.h — libddp's shared-memory transport for ranks on the same host.
  *
  * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it, so

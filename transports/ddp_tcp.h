@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_tcp.h — libddp's TCP socket transport (the default; needs only libc + pthreads).
  *
  * In the file that defines DDP_IMPLEMENTATION this compiles the transport and registers it (a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_threads.h — libddp's in-process transport: ranks that are threads of one
  * process reduce and copy straight from each other's buffers (no staging copy, no socket).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_transport.h — the transport interface, for transport authors.
  *
  * A transport moves tagged byte messages between two ranks over a bidirectional connection
