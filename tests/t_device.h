@@ -153,8 +153,15 @@ static T_UNUSED void td_copy(const void *p, size_t bytes, int dir) {
     lo = off > TD_GUARD ? off - TD_GUARD : 0;
     hi = off + bytes + TD_GUARD < r->bytes ? off + bytes + TD_GUARD : r->bytes;
     if (hi <= lo) return;
-    if (dir == TD_H2D) td_cu.Memcpy(r->dev + lo, r->host + lo, hi - lo, TD_H2D);
-    else td_cu.Memcpy(r->host + lo, r->dev + lo, hi - lo, TD_D2H);
+    if (dir == TD_H2D) {
+        /* From pageable memory cudaMemcpy may return once the data is staged, before it lands
+         * (CUDA runtime API, "API synchronization behavior"); the call that follows runs on a
+         * non-blocking stream, which does not wait for the legacy stream: wait here. */
+        td_cu.Memcpy(r->dev + lo, r->host + lo, hi - lo, TD_H2D);
+        td_cu.DeviceSynchronize();
+    } else {
+        td_cu.Memcpy(r->host + lo, r->dev + lo, hi - lo, TD_D2H);
+    }
 }
 
 /* After a device call: wait for the communicator's stream (the one synchronisation a user of
@@ -167,7 +174,14 @@ static T_UNUSED void td_after(const void *s, size_t sb, const void *r, size_t rb
 }
 
 static T_UNUSED ddp_result_t td_comm_init(ddp_comm_t **comm, int nranks, int rank, const ddp_comm_desc_t *d) {
-    ddp_result_t r = (ddp_comm_init)(comm, nranks, rank, d);
+    ddp_result_t r;
+    const char *hostid = getenv("T_DEVICE_HOSTID");
+    if (td_real && hostid && hostid[0]) {   /* several ranks on one GPU: see tests/gpu/test_gpu.sh */
+        char v[128];
+        snprintf(v, sizeof v, "%s-rank%d", hostid, rank);
+        setenv("NCCL_HOSTID", v, 1);
+    }
+    r = (ddp_comm_init)(comm, nranks, rank, d);
     if (r != DDP_SUCCESS) return r;
     td_load();
     if (!td_stream && td_cu.StreamCreateWithFlags(&td_stream, 1 /* cudaStreamNonBlocking */) != 0) {

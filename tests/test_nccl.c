@@ -95,6 +95,7 @@ static float *nc_dev_floats(size_t n, float v) {
     for (i = 0; i < n; i++) h[i] = v;
     if (td_cu.Malloc((void **)&d, n * sizeof *d) != 0) exit(71);
     td_cu.Memcpy(d, h, n * sizeof *d, TD_H2D);
+    td_cu.DeviceSynchronize();   /* the copy may return before it lands (see td_copy) */
     free(h);
     return d;
 }
