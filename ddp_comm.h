@@ -1625,11 +1625,14 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     c->last_error[0] = 0;
     if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
     if (first_no == INT32_MAX) {
-        local_no = c->dev_any->setup(c->dev_any_state, c->dev_inherited) != DDP_SUCCESS;
+        /* DDP_ERR_REMOTE: this rank gave up because another's setup failed (it said so through
+         * the store), so the ranks agree at once; that rank is the one to name. */
+        ddp_result_t sr = c->dev_any->setup(c->dev_any_state, c->dev_inherited);
+        local_no = sr != DDP_SUCCESS;
         c->dev_inherited = NULL;   /* the setup's now, whatever happened */
         if (local_no) _ddp_strlcpy(why, c->last_error, sizeof why);
         c->last_error[0] = 0;
-        first_no = local_no ? c->eng.rank : INT32_MAX;
+        first_no = !local_no ? INT32_MAX : sr == DDP_ERR_REMOTE ? INT32_MAX - 1 : c->eng.rank;
         if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
         if (first_no == INT32_MAX) {
             c->dev = c->dev_any;
@@ -1640,8 +1643,16 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
                      c->dev_check ? "; DDP_NCCL_CHECK: each call's fingerprint compared across ranks" : "");
             return DDP_SUCCESS;
         }
-        if (local_no)
+        if (local_no && sr != DDP_ERR_REMOTE)
             snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on this rank: %s", why);
+        else if (local_no) {   /* gave up: why names the rank and its reason */
+            char me[24];
+            int skip = snprintf(me, sizeof me, "rank %d: ", c->eng.rank);
+            snprintf(c->dev_declined, sizeof c->dev_declined, "%s",
+                     strncmp(why, me, (size_t)skip) ? why : why + skip);
+        }
+        else if (first_no == INT32_MAX - 1)
+            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on another rank");
         else
             snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on rank %d (its log "
                      "says why)", (int)first_no);
@@ -2008,6 +2019,28 @@ _DDP_PRIVATE int _ddp_host_published(void *h, const char *name, int peer) {
     return ddp_store_check(c->store, key, &exists) == DDP_SUCCESS && exists;
 }
 
+/* A note under name for every rank (ddp_transport.h: post/posted). */
+_DDP_PRIVATE ddp_result_t _ddp_host_post(void *h, const char *name, const char *msg) {
+    ddp_comm_t *c = (ddp_comm_t *)h;
+    char key[256], cur[8];
+    size_t curlen = 0;
+    if (!c->store || c->foreign || !name || !msg) return DDP_ERR_INVALID_ARGUMENT;
+    _ddp_key(c, key, sizeof key, "%s", name);
+    return ddp_store_compare_set(c->store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
+}
+_DDP_PRIVATE int _ddp_host_posted(void *h, const char *name, char *msg, size_t cap) {
+    ddp_comm_t *c = (ddp_comm_t *)h;
+    char key[256];
+    size_t len = 0;
+    int exists = 0;
+    if (!c->store || !name || !msg || cap < 1) return 0;
+    _ddp_key(c, key, sizeof key, "%s", name);
+    if (ddp_store_check(c->store, key, &exists) != DDP_SUCCESS || !exists) return 0;
+    if (ddp_store_get(c->store, key, msg, cap - 1, &len) != DDP_SUCCESS) return 0;
+    msg[len < cap - 1 ? len : cap - 1] = 0;
+    return 1;
+}
+
 /* After the settings: both views read the communicator's fields through these. */
 _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     _ddp_engine_t *e = &c->eng;
@@ -2031,6 +2064,7 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     x->host_id = _ddp_host_peer_id; x->publish = _ddp_host_publish; x->lookup = _ddp_host_lookup;
     x->published = _ddp_host_published; x->log = _ddp_host_log; x->fail = _ddp_host_fail;
     x->last_error = _ddp_host_last_error;
+    x->post = _ddp_host_post; x->posted = _ddp_host_posted;
 }
 
 /* ---------------------------------------------------------------- collectives: checks */
@@ -2855,7 +2889,14 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
     ddp_device_call_t k;
     uint64_t ticket = 0;
     ddp_result_t r = _ddp_check_comm(c);
+    int held = 0;
     if (r != DDP_SUCCESS) return r;
+    if (req && c->dev->in_group(c->dev_state, &held))
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s_async on device buffers while an NCCL group "
+                             "is open on this thread (ddp_group_start, on this or another communicator): "
+                             "NCCL holds the call until the outermost ddp_group_end, so there would be "
+                             "nothing to wait for yet; make it a blocking call in the group, or end the "
+                             "group first", _ddp_kind_name(o->kind));
     _ddp_dev_enter(c);
     if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) return _ddp_dev_leave(c, DDP_ERR_ABORTED);
     memset(&k, 0, sizeof k);
@@ -2910,7 +2951,13 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_complete(ddp_request_t *req, int *done) {
 _DDP_PRIVATE ddp_result_t _ddp_dev_drain(ddp_comm_t *c) {
     uint64_t ticket = 0;
     ddp_result_t r;
+    int held = 0;
     if (!c->dev) return DDP_SUCCESS;
+    if (c->dev->in_group(c->dev_state, &held) && held)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%d device call(s) of this communicator are held "
+                             "in an NCCL group still open on this thread (ddp_group_start, on this or "
+                             "another communicator); NCCL issues them at the outermost ddp_group_end: "
+                             "end the group before waiting for them", held);
     _ddp_dev_enter(c);
     r = c->dev->mark(c->dev_state, &ticket);
     if (r == DDP_SUCCESS && ticket) r = c->dev->wait(c->dev_state, ticket);

@@ -22,7 +22,18 @@
  *   - split: p = 4 into two colors; an all-reduce on device in each half.
  *   - reducer: device gradients in copy mode and in view mode (on_device), 3 iterations (the
  *     first rebuilds the buckets), averages checked; ddp_broadcast_params of device parameters.
- *   - failures: a rank that never arrives (FAKE_NCCL_HANG_RANK) -> every waiting rank gets
+ *   - nested groups over two communicators (p = 2 and 3): start(C) start(D) all_reduce(C)
+ *     all_reduce(D) end(D) end(C) with D's stream 20 ms late: D's synchronize returns only once
+ *     its all-reduce ran; a D call while only C's group is open is held too, and waiting for it
+ *     inside the group (synchronize, barrier, an async call) is DDP_ERR_INVALID_USAGE while D
+ *     stays usable.
+ *   - NCCL failing the second call with the stream moving on (FAKE_NCCL_FAIL_OP): ddp_test in
+ *     a tight loop never says success; the error carries NCCL's text.
+ *   - a peer's asynchronous error (rank 2's NCCL breaks): ranks 0 and 1, waiting in their next
+ *     call, fail with DDP_ERR_REMOTE naming rank 2 through the store, not by their timeout.
+ *   - NCCL init failing on rank 1 only: every rank's init returns at once, the same way (auto:
+ *     NCCL declined naming rank 1, host calls work; DDP_NCCL=1: an init error naming it).
+ *   - failures: a rank that stops calling (alive, in no device call) -> every waiting rank gets
  *     DDP_ERR_TIMEOUT within DDP_TIMEOUT_MS + 1 s naming the call and its number, with the
  *     hang report naming the silent rank; a peer killed in a loop -> the survivors get an
  *     error, no hang; ddp_comm_abort from another thread ends a hung ddp_wait with
@@ -33,6 +44,13 @@
  *     both versions named, device calls then DDP_ERR_UNSUPPORTED with the reason.
  *   - the real NCCL here (no GPU): init succeeds, NCCL declined with the reason, host
  *     collectives work; DDP_NCCL=1 turns the decline into an init error.
+ *
+ * REAL MODE (T_DEVICE_REAL=1, make test-gpu): the real NCCL and CUDA runtime, T_DEVICE_RANKS
+ * ranks (T_DEVICE_HOSTID gives each its own NCCL host id, so several share one GPU): the
+ * matrix at p = 1, 2, 4.. up to it, and the scenarios a real NCCL can be made to show (a rank
+ * that stops calling, ddp_comm_abort, a killed peer, nested groups, barrier, groups, split,
+ * reducer, DDP_NCCL_CHECK, mixed buffers); the ones that need the fake's switches are skipped
+ * (tests/fake_nccl/README.md has the fault model).
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -71,6 +89,8 @@ typedef struct {
     int stale[T_MAX_RANKS];             /* the early read saw old data */
     int enabled[T_MAX_RANKS];
     double secs[T_MAX_RANKS];
+    int finished[T_MAX_RANKS];          /* a rank that stops calling waits for these */
+    int misuse[T_MAX_RANKS];            /* refusals that were expected, counted */
     char msg[T_MAX_RANKS][1600];
 } nc_shm_t;
 static nc_shm_t *N;
@@ -113,7 +133,23 @@ static int nc_count_bad(const float *d, size_t n, float want) {
 }
 
 enum { NC_LATE, NC_BARRIER, NC_GROUPS, NC_SPLIT, NC_HANG, NC_DEAD, NC_ABORT, NC_ASYNC_ERR, NC_CHECK,
-       NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED, NC_REDUCER };
+       NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED, NC_REDUCER, NC_NESTED, NC_FAIL_OP,
+       NC_PEER_ASYNC, NC_INIT_FAIL, NC_INIT_FAIL_REQUIRED };
+
+/* A rank that stops calling (it is alive, in no device call) until the others are done, as a
+ * stuck process would: the real failure, on a GPU as on the fake. */
+static void nc_stop_calling(int rank, int p) {
+    int q, waiting;
+    double t0 = t_now();
+    do {
+        t_sleep_ms(10);
+        for (q = 0, waiting = 0; q < p; q++) waiting += q != rank && !__atomic_load_n(&N->finished[q], __ATOMIC_SEQ_CST);
+    } while (waiting && t_now() - t0 < 100.0);
+}
+
+/* The timeout the hang scenarios use: short on the fake; a real NCCL over sockets needs longer
+ * to set up. */
+static int nc_hang_ms(void) { return td_real ? 10000 : 3000; }
 typedef struct { int which, p; } nc_arg_t;
 
 typedef struct { ddp_comm_t *c; } nc_abort_t;
@@ -139,9 +175,13 @@ static int nc_scenario(int rank, int p, void *arg) {
         setenv("FAKE_CUDA_STREAM_DELAY_US", "50000", 1);
         break;
     }
-    case NC_HANG: setenv("FAKE_NCCL_HANG_RANK", "1", 1); setenv("FAKE_NCCL_HANG_AFTER", "1", 1); break;
-    case NC_ABORT: setenv("FAKE_NCCL_HANG_RANK", "1", 1); break;
     case NC_ASYNC_ERR: setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "2", 1); break;
+    case NC_FAIL_OP: setenv("FAKE_NCCL_FAIL_OP", "2", 1); break;
+    case NC_PEER_ASYNC: if (rank == 2) setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "1", 1); break;
+    case NC_INIT_FAIL: case NC_INIT_FAIL_REQUIRED:
+        if (rank == 1) setenv("FAKE_NCCL_INIT_FAIL", "1", 1);
+        if (a->which == NC_INIT_FAIL) unsetenv("DDP_NCCL"); else setenv("DDP_NCCL", "1", 1);
+        break;
     case NC_CHECK: setenv("DDP_NCCL_CHECK", "1", 1); break;
     case NC_INPROGRESS: setenv("FAKE_NCCL_INIT_INPROGRESS", "25", 1); break;
     case NC_OLD: setenv("FAKE_NCCL_VERSION", "21805", 1); unsetenv("DDP_NCCL"); break;
@@ -150,6 +190,23 @@ static int nc_scenario(int rank, int p, void *arg) {
         if (a->which == NC_REAL) unsetenv("DDP_NCCL"); else setenv("DDP_NCCL", "1", 1);
         break;
     default: break;
+    }
+    if (a->which == NC_INIT_FAIL || a->which == NC_INIT_FAIL_REQUIRED) {
+        /* NCCL's init fails on rank 1 only: every rank decides the same, at once */
+        ddp_comm_desc_t d;
+        char why[512];
+        int v = rank + 1;
+        t_desc(&d, 20000);
+        t0 = t_now();
+        N->r[rank] = td_comm_init(&c, p, rank, &d);
+        N->secs[rank] = t_now() - t0;
+        if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_last_init_error()); return 0; }
+        N->enabled[rank] = ddp_comm_device_enabled(c, why, sizeof why);
+        nc_msg(rank, why);
+        N->r[rank] = (ddp_all_reduce)(&v, &v, 1, DDP_INT32, DDP_SUM, c);
+        N->bad[rank] = v != p * (p + 1) / 2;
+        ddp_comm_destroy(c);
+        return 0;
     }
     if (a->which == NC_REAL || a->which == NC_REAL_REQUIRED) {
         ddp_comm_desc_t d;
@@ -165,7 +222,8 @@ static int nc_scenario(int rank, int p, void *arg) {
         ddp_comm_destroy(c);
         return 0;
     }
-    c = nc_init(rank, p, a->which == NC_HANG || a->which == NC_DEAD ? 3000 : 60000);
+    c = nc_init(rank, p, a->which == NC_HANG || a->which == NC_DEAD ? nc_hang_ms() :
+                         a->which == NC_PEER_ASYNC ? 20000 : 60000);
     if (!c) return 0;
     x = nc_dev_floats(n, (float)(rank + 1));
     y = nc_dev_floats(n, -1.0f);
@@ -225,10 +283,11 @@ static int nc_scenario(int rank, int p, void *arg) {
         break;
     }
     case NC_HANG:
-        /* The first call completes; from the second on, rank 1's calls never arrive. */
+        /* The first call completes; then rank 1 stops calling. */
         N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
         if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); N->r[rank] = -1; break; }
+        if (rank == 1) { nc_stop_calling(rank, p); break; }
         t0 = t_now();
         N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
@@ -259,7 +318,7 @@ static int nc_scenario(int rank, int p, void *arg) {
             N->secs[rank] = t_now() - t0;
             nc_msg(rank, ddp_comm_last_error(c));
         } else {
-            N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);   /* never arrives */
+            nc_stop_calling(rank, p);   /* never arrives */
         }
         break;
     case NC_ASYNC_ERR:
@@ -272,6 +331,76 @@ static int nc_scenario(int rank, int p, void *arg) {
             ddp_result_t e = DDP_SUCCESS;
             ddp_comm_get_async_error(c, &e);
             N->bad[rank] = e == DDP_SUCCESS;
+        }
+        nc_msg(rank, ddp_comm_last_error(c));
+        break;
+    case NC_NESTED: {
+        /* NCCL's group is the thread's: calls on D inside a group opened for C run at the
+         * outermost end. D's stream runs 20 ms late, so an event recorded before its call ran
+         * would let the host read stale data. */
+        ddp_comm_t *d = NULL;
+        void *st = NULL;
+        const float want = (float)(p * (p + 1) / 2);
+        float *xd = nc_dev_floats(n, (float)(rank + 1)), *yd = nc_dev_floats(n, -1.0f);
+        float *yd2 = nc_dev_floats(n, -1.0f);
+        ddp_result_t e;
+        if ((N->r[rank] = ddp_comm_split(c, 0, rank, &d)) != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); break; }
+        setenv("FAKE_CUDA_STREAM_DELAY_US", "20000", 1);
+        if (td_cu.StreamCreateWithFlags(&st, 1 /* cudaStreamNonBlocking */) != 0) exit(72);
+        unsetenv("FAKE_CUDA_STREAM_DELAY_US");
+        ddp_comm_set_cuda_stream(d, st);
+        /* nested: start(C) start(D) all_reduce(C) all_reduce(D) end(D) end(C) */
+        ddp_group_start(c);
+        ddp_group_start(d);
+        (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
+        (ddp_all_reduce)(xd, yd, n, DDP_FLOAT32, DDP_SUM, d);
+        N->r[rank] = ddp_group_end(d);
+        if ((e = ddp_group_end(c)) != DDP_SUCCESS && N->r[rank] == DDP_SUCCESS) N->r[rank] = e;
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(d);
+        N->bad[rank] = nc_count_bad(yd, n, want);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(c);
+        N->bad[rank] += nc_count_bad(y, n, want);
+        /* a call on D while only C's group is open: held too; waiting for it inside the group
+         * is refused (nothing to wait for yet), without breaking D */
+        if (N->r[rank] == DDP_SUCCESS) {
+            ddp_group_start(c);
+            (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
+            N->r[rank] = (ddp_all_reduce)(xd, yd2, n, DDP_FLOAT32, DDP_SUM, d);
+            N->misuse[rank] += ddp_comm_device_synchronize(d) == DDP_ERR_INVALID_USAGE;
+            N->misuse[rank] += ddp_barrier(d) == DDP_ERR_INVALID_USAGE;
+            N->misuse[rank] += (ddp_all_reduce_async)(xd, yd, n, DDP_FLOAT32, DDP_SUM, d, &req) == DDP_ERR_INVALID_USAGE;
+            if ((e = ddp_group_end(c)) != DDP_SUCCESS && N->r[rank] == DDP_SUCCESS) N->r[rank] = e;
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(d);
+            N->bad[rank] += nc_count_bad(yd2, n, want);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(d);   /* D still works */
+        }
+        nc_msg(rank, N->r[rank] == DDP_SUCCESS ? ddp_comm_last_error(d) : ddp_comm_last_error(c));
+        ddp_comm_destroy(d);
+        td_cu.StreamDestroy(st);
+        td_cu.Free(xd); td_cu.Free(yd); td_cu.Free(yd2);
+        break;
+    }
+    case NC_FAIL_OP: {
+        /* NCCL fails the second call and the stream moves on (its event fires): the host must
+         * not call it done. ddp_test in a tight loop sees the event at once. */
+        int done = 0;
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+        if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); N->r[rank] = -1; break; }
+        N->r[rank] = (ddp_all_reduce_async)(y, x, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        while (N->r[rank] == DDP_SUCCESS && !done) N->r[rank] = ddp_test(&req, &done);
+        N->bad[rank] = N->r[rank] == DDP_SUCCESS;   /* success for a failed call */
+        nc_msg(rank, ddp_comm_last_error(c));
+        break;
+    }
+    case NC_PEER_ASYNC:
+        /* rank 2's NCCL breaks after its first call; its peers wait in the second for it */
+        for (it = 0; it < 2; it++) {
+            t0 = t_now();
+            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+            N->secs[rank] = t_now() - t0;
+            if (N->r[rank] != DDP_SUCCESS) break;
         }
         nc_msg(rank, ddp_comm_last_error(c));
         break;
@@ -354,15 +483,30 @@ static int nc_scenario(int rank, int p, void *arg) {
     }
     default: break;
     }
+    __atomic_store_n(&N->finished[rank], 1, __ATOMIC_SEQ_CST);
     td_cu.Free(x);
     td_cu.Free(y);
     ddp_comm_destroy(c);
     return 0;
 }
 
+/* Real mode (make test-gpu): only what a real NCCL can be made to do (FAKE_* switches mean
+ * nothing there), with at most T_DEVICE_RANKS ranks. */
+static int nc_real_ok(int which) {
+    switch (which) {
+    case NC_ASYNC_ERR: case NC_FAIL_OP: case NC_PEER_ASYNC: case NC_INIT_FAIL: case NC_INIT_FAIL_REQUIRED:
+    case NC_INPROGRESS: case NC_OLD: case NC_REAL: case NC_REAL_REQUIRED: return 0;
+    default: return 1;
+    }
+}
+
 static int nc_run(int which, int p, const char *name) {
     nc_arg_t a;
     if (!t_selected(name)) return 0;
+    if (td_real) {
+        int g = getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1;
+        if (!nc_real_ok(which) || p > g) return 0;
+    }
     a.which = which; a.p = p;
     N = (nc_shm_t *)t_shm_user(sizeof(nc_shm_t));
     run_ranks(p, nc_scenario, &a, 120);
@@ -372,7 +516,7 @@ static int nc_run(int which, int p, const char *name) {
 }
 
 static void nc_scenarios(void) {
-    int q, good;
+    int q, good, np;
     const char *real = "/usr/local/cuda/lib64/libnccl.so.2";
     if (nc_run(NC_LATE, 2, "late stream")) {
         for (q = 0; q < 2; q++) {
@@ -400,19 +544,57 @@ static void nc_scenarios(void) {
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "split: rank %d: all-reduce in its half on device "
                "(%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
     if (nc_run(NC_HANG, 3, "hang -> timeout")) {
+        const int ms = nc_hang_ms();
         for (q = 0; q < 3; q += 2) {
-            ok(N->r[q] == DDP_ERR_TIMEOUT, "hang: rank %d: DDP_ERR_TIMEOUT (got %s)", q,
-               N->r[q] < 0 ? "a failure of the first call" : ddp_strerror((ddp_result_t)N->r[q]));
+            /* its own timeout, or (a loaded machine: the other waiting rank timed out first and
+             * said so) that rank's report, which names the same call and silent rank */
+            ok(N->r[q] == DDP_ERR_TIMEOUT || N->r[q] == DDP_ERR_REMOTE, "hang: rank %d: DDP_ERR_TIMEOUT "
+               "(got %s)", q, N->r[q] < 0 ? "a failure of the first call" : ddp_strerror((ddp_result_t)N->r[q]));
             /* no timing assertion (the machine may be loaded): the error must come, not hang;
              * the target (DDP_TIMEOUT_MS + 1 s) is reported and measured in the issue's note */
-            ok(N->secs[q] < 3.0 + 30.0, "hang: rank %d: the error came, %.2f s after the call", q, N->secs[q]);
-            diag("hang: rank %d: %.2f s against the target of DDP_TIMEOUT_MS 3000 + 1 s: %s", q, N->secs[q],
-                 N->secs[q] < 4.0 ? "met" : "MISSED (a loaded machine?)");
-            ok(strstr(N->msg[q], "all_reduce #2") && t_mentions_int(N->msg[q], 3000) &&
+            ok(N->secs[q] < ms / 1000.0 + 30.0, "hang: rank %d: the error came, %.2f s after the call", q, N->secs[q]);
+            diag("hang: rank %d: %.2f s against the target of DDP_TIMEOUT_MS %d + 1 s: %s", q, N->secs[q], ms,
+                 N->secs[q] < ms / 1000.0 + 1.0 ? "met" : "MISSED (a loaded machine?)");
+            ok(strstr(N->msg[q], "all_reduce #2") && t_mentions_int(N->msg[q], ms) &&
                strstr(N->msg[q], "rank 1: no report"), "hang: rank %d names the call, its number, the "
                "timeout and the silent rank: %s", q, N->msg[q]);
         }
     }
+    for (np = 2; np <= 3; np++) {
+        char name[64];
+        snprintf(name, sizeof name, "nested groups over two communicators p=%d", np);
+        if (!nc_run(NC_NESTED, np, name)) continue;
+        for (q = 0; q < np; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0 && N->misuse[q] == 3, "nested groups p=%d: rank %d: "
+               "a call on D held by a group of C completes before D's synchronize/barrier return (%s, "
+               "%d wrong); waiting for it inside the group refused %d of 3 times %s", np, q,
+               ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->misuse[q], N->msg[q]);
+    }
+    if (nc_run(NC_FAIL_OP, 2, "a failed call whose event fires"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_ERR_REMOTE && !N->bad[q] && strstr(N->msg[q], "asynchronous error") &&
+               strstr(N->msg[q], "(NCCL: "), "failed call: rank %d: ddp_test says %s, not success, "
+               "with NCCL's own text: %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->msg[q]);
+    if (nc_run(NC_PEER_ASYNC, 3, "a peer's asynchronous error")) {
+        ok(N->r[2] == DDP_ERR_REMOTE && strstr(N->msg[2], "asynchronous error"), "peer async error: "
+           "rank 2 (whose NCCL failed): %s: %s", ddp_strerror((ddp_result_t)N->r[2]), N->msg[2]);
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_ERR_REMOTE && strstr(N->msg[q], "rank 2: ") &&
+               strstr(N->msg[q], "asynchronous error"), "peer async error: rank %d learns rank 2's error "
+               "through the store (%s after %.2f s, DDP_TIMEOUT_MS 20000), not by its timeout: %s", q,
+               ddp_strerror((ddp_result_t)N->r[q]), N->secs[q], N->msg[q]);
+    }
+    if (nc_run(NC_INIT_FAIL, 3, "NCCL init fails on one rank"))
+        for (q = 0; q < 3; q++)
+            ok(N->r[q] == DDP_SUCCESS && !N->enabled[q] && !N->bad[q] &&
+               strstr(N->msg[q], q == 1 ? "this rank" : "rank 1: "), "init failing on rank 1: rank %d "
+               "initialises in %.2f s (DDP_TIMEOUT_MS 20000), declines NCCL as every rank does, and "
+               "reduces host buffers: %s", q, N->secs[q], N->msg[q]);
+    if (nc_run(NC_INIT_FAIL_REQUIRED, 3, "NCCL init fails on one rank, DDP_NCCL=1"))
+        for (q = 0; q < 3; q++)
+            ok(N->r[q] == DDP_ERR_UNSUPPORTED && strstr(N->msg[q], "DDP_NCCL=1") &&
+               strstr(N->msg[q], q == 1 ? "this rank" : "rank 1: "), "init failing on rank 1, DDP_NCCL=1: "
+               "rank %d's init fails at once (%.2f s) naming it: %s", q, N->secs[q], N->msg[q]);
     if (nc_run(NC_DEAD, 3, "dead peer")) {
         for (q = 0; q < 2; q++)
             ok((N->r[q] == DDP_ERR_TIMEOUT || N->r[q] == DDP_ERR_REMOTE) && N->secs[q] < 3.0 + 30.0 &&
@@ -476,7 +658,7 @@ int main(void) {
         return 0;
     }
     avg_divides_first = 1;   /* ncclAvg: see test_collectives.c */
-    if (td_real) {   /* make test-gpu: one rank per GPU, the real NCCL; no fake, no scenarios */
+    if (td_real) {   /* make test-gpu: the real NCCL, T_DEVICE_RANKS ranks (T_DEVICE_HOSTID: on one GPU) */
         int g = getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1;
         for (i = 1; i <= g && i <= 8; i *= 2) add_run(runs, &nruns, "tcp", i, 0, NULL, BIG_ALL, 0, base_counts, 4);
         if (g > 2 && g != 4 && g != 8) add_run(runs, &nruns, "tcp", g, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
@@ -505,6 +687,6 @@ int main(void) {
         report_run(&runs[i], nbad);
         unsetenv("FAKE_CUDA_STREAM_DELAY_US");
     }
-    if (!td_real) nc_scenarios();
+    nc_scenarios();   /* real mode: those a real NCCL can be made to show (nc_real_ok) */
     return t_done();
 }

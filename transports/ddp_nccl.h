@@ -40,7 +40,21 @@
  * the call, its number and how long it waited, followed by each rank's position (what it was
  * waiting in, through the rendezvous store) so that a mismatched call is explained. Every
  * wait of the host (init, ddp_wait, the ring of calls in flight) is bounded the same way.
- * ddp_comm_abort aborts the NCCL communicator.
+ * ddp_comm_abort aborts the NCCL communicator. An operation is done only when its event fired
+ * AND its communicator reports no asynchronous error (a failed operation ends too, its output
+ * undefined). The first failure of a rank's device calls goes on the communicator's failure
+ * board in the store; a peer whose call has waited 200 ms reads it (every 200 ms) and fails
+ * with it, naming that rank, instead of waiting for its timeout. A rank whose NCCL setup fails
+ * says so the same way, so every rank's init decides at once and alike (NCCL declined with the
+ * failing rank named, or with DDP_NCCL=1 an init error naming it). Errors carry NCCL's own
+ * text (ncclGetLastError).
+ *
+ * GROUPS ARE THE THREAD'S. NCCL holds every call a thread makes, on any communicator, from its
+ * first ncclGroupStart to its outermost ncclGroupEnd. libddp follows: a device call on D inside
+ * a group opened for C is held, and D's completion event is recorded at the outermost
+ * ddp_group_end. Waiting for held calls inside the group (ddp_comm_device_synchronize or
+ * ddp_barrier on D, an async call on any communicator while a group is open on the thread) is
+ * DDP_ERR_INVALID_USAGE, which leaves the communicator usable.
  *
  * ENVIRONMENT
  *   DDP_NCCL              auto (default): use NCCL when every rank can; 0: never; 1: init fails
@@ -404,6 +418,25 @@ typedef struct {
     int events_made;
 } _ddp_nccl_t;
 
+/* NCCL's group is the calling thread's, across communicators (nccl.h: ncclGroupStart "start a
+ * group call"; calls on any communicator until the outermost ncclGroupEnd are held). An event
+ * recorded at an inner end would precede the held calls on the stream, so the thread keeps the
+ * depth and the communicators whose calls are held, and the outermost end records their
+ * events. */
+#define _DDP_NCCL_GROUP_COMMS 64
+typedef struct {
+    int depth;
+    int n;
+    _ddp_nccl_t *held[_DDP_NCCL_GROUP_COMMS];
+} _ddp_nccl_tgroup_t;
+static __thread _ddp_nccl_tgroup_t _ddp_nccl_tg;
+
+_DDP_PRIVATE int _ddp_nccl_tg_find(const _ddp_nccl_t *s) {
+    int i;
+    for (i = 0; i < _ddp_nccl_tg.n; i++) if (_ddp_nccl_tg.held[i] == s) return i;
+    return -1;
+}
+
 _DDP_PRIVATE const char *_ddp_nccl_kind_name(int kind) {
     static const char *const names[] = { "?", "all_reduce", "reduce_scatter", "all_gather",
         "broadcast", "barrier", "reduce", "gather", "scatter", "all_to_all", "send", "recv" };
@@ -435,6 +468,15 @@ _DDP_PRIVATE void _ddp_nccl_describe(const ddp_device_call_t *k, int ncalls, cha
 _DDP_PRIVATE const char *_ddp_nccl_err(const _ddp_nccl_t *s, _ddp_nres_t r) {
     const char *m = s->api->NcclErrorString(r);
     return m ? m : "unknown NCCL error";
+}
+
+/* NCCL's own account of its last failure (ncclGetLastError, >= 2.13), as " (NCCL: ...)", or "".
+ * The caller holds comm_mu or owns comm (setup). */
+_DDP_PRIVATE const char *_ddp_nccl_last(const _ddp_nccl_t *s, _ddp_ncomm_t comm, char *out, size_t cap) {
+    const char *last = s->api->NcclLastError ? s->api->NcclLastError(comm) : NULL;
+    out[0] = 0;
+    if (last && last[0]) snprintf(out, cap, " (NCCL: %.300s)", last);
+    return out;
 }
 
 /* The sticky failure, from any thread (the watchdog's included): the first one wins, is logged
@@ -496,16 +538,55 @@ _DDP_PRIVATE void _ddp_nccl_abort_comm(_ddp_nccl_t *s, const char *why) {
     pthread_mutex_unlock(&s->comm_mu);
 }
 
+/* A rank whose device setup failed says so at once (the others would wait in NCCL's init for
+ * it until the timeout), then fails. */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_setup_fail(_ddp_nccl_t *s, ddp_result_t r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+_DDP_PRIVATE ddp_result_t _ddp_nccl_setup_fail(_ddp_nccl_t *s, ddp_result_t r, const char *fmt, ...) {
+    const ddp_transport_ctx_t *x = s->ctx;
+    char msg[1024], note[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* a rank that gave up because of a peer's note adds none of its own */
+    if (r != DDP_ERR_REMOTE && x->post) {
+        snprintf(note, sizeof note, "rank %d: %s", x->rank, msg);
+        if (x->post(x->host, "nccl.setup", note) != DDP_SUCCESS)
+            _DDP_TLOG(x, DDP_LOG_WARN, "nccl: could not tell the other ranks that this rank's NCCL "
+                      "setup failed; they learn it at their timeout");
+    }
+    return _ddp_nccl_raise(s, r, "%s", msg);
+}
+
+/* A peer's setup failure (its note), while this rank waits in a collective setup. 1: there is
+ * one, in out. Asked at most every 50 ms. */
+_DDP_PRIVATE int _ddp_nccl_peer_setup_failed(_ddp_nccl_t *s, int64_t *next_us, char *out, size_t cap) {
+    const ddp_transport_ctx_t *x = s->ctx;
+    int64_t now = _ddp_now_us();
+    if (!x->posted || now < *next_us) return 0;
+    *next_us = now + 50000;
+    return x->posted(x->host, "nccl.setup", out, cap);
+}
+
 /* After a call on a nonblocking communicator: ncclInProgress means "still being set up" (init,
- * split, the first connection to a peer), to be polled until it settles. Bounded. */
+ * split, the first connection to a peer), to be polled until it settles. Bounded; in a setup
+ * (init, split), a peer's posted setup failure ends it too (DDP_ERR_REMOTE). */
 _DDP_PRIVATE ddp_result_t _ddp_nccl_settle(_ddp_nccl_t *s, _ddp_ncomm_t comm, _ddp_nres_t r,
-                                           const char *what) {
-    int64_t deadline = _ddp_deadline(s->ctx->timeout_ms), t0 = _ddp_now_us();
+                                           const char *what, int setup) {
+    int64_t deadline = _ddp_deadline(s->ctx->timeout_ms), t0 = _ddp_now_us(), next_note = t0;
     int nap = 50;
     while (r == _DDP_NCCL_IN_PROGRESS) {
         struct timespec ts;
         _ddp_nres_t async = _DDP_NRES(0);
+        char note[1100];
         if (ddp_transport_aborted(s->ctx)) return DDP_ERR_ABORTED;
+        if (setup && _ddp_nccl_peer_setup_failed(s, &next_note, note, sizeof note))
+            return _ddp_nccl_raise(s, DDP_ERR_REMOTE, "nccl: %s abandoned: the NCCL setup failed on "
+                                  "another rank: %s", what, note);
         if (deadline && _ddp_now_us() >= deadline)
             return _ddp_nccl_raise(s, DDP_ERR_TIMEOUT, "nccl: %s still in progress after %d ms "
                                   "(DDP_TIMEOUT_MS): a rank never joined it?", what,
@@ -520,9 +601,18 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_settle(_ddp_nccl_t *s, _ddp_ncomm_t comm, _d
         pthread_mutex_unlock(&s->comm_mu);
         r = async;
     }
-    if (r != 0)
-        return _ddp_nccl_raise(s, r == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s", what,
-                              _ddp_nccl_err(s, r));
+    if (r != 0) {
+        char last[340];
+        pthread_mutex_lock(&s->comm_mu);
+        if (!s->comm_dead || comm != s->comm) _ddp_nccl_last(s, comm, last, sizeof last);
+        else last[0] = 0;
+        pthread_mutex_unlock(&s->comm_mu);
+        if (setup)
+            return _ddp_nccl_setup_fail(s, r == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s%s",
+                                        what, _ddp_nccl_err(s, r), last);
+        return _ddp_nccl_raise(s, r == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s%s", what,
+                              _ddp_nccl_err(s, r), last);
+    }
     return DDP_SUCCESS;
 }
 
@@ -586,8 +676,47 @@ _DDP_PRIVATE void _ddp_nccl_timeout(_ddp_nccl_t *s, const _ddp_nccl_rec_t *r, in
     _ddp_nccl_abort_comm(s, "timeout");
 }
 
+/* The first failure of this rank's device calls goes on the communicator's failure board, so
+ * that peers waiting in the same call stop at once instead of at their timeout. */
+_DDP_PRIVATE void _ddp_nccl_tell_peers(_ddp_nccl_t *s) {
+    const ddp_transport_ctx_t *x = s->ctx;
+    char note[sizeof s->error_msg + 16];
+    pthread_mutex_lock(&s->mu);
+    snprintf(note, sizeof note, "rank %d: %s", x->rank, s->error_msg);
+    pthread_mutex_unlock(&s->mu);
+    if (x->post) x->post(x->host, "abort", note);
+}
+
+/* NCCL reported an asynchronous error (ncclCommGetAsyncError) during the call r: fail, abort
+ * the NCCL communicator, tell the peers. Any thread. */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_async_failed(_ddp_nccl_t *s, const _ddp_nccl_rec_t *r,
+                                                 const ddp_device_call_t *k, int ncalls, _ddp_nres_t async) {
+    char what[200], last[340] = "";
+    ddp_result_t e;
+    if (r || k) _ddp_nccl_describe(r ? &r->call : k, r ? r->ncalls : ncalls, what, sizeof what);
+    else snprintf(what, sizeof what, "the device work through call #%llu", (unsigned long long)s->done_call);
+    pthread_mutex_lock(&s->comm_mu);
+    if (!s->comm_dead) _ddp_nccl_last(s, s->comm, last, sizeof last);
+    pthread_mutex_unlock(&s->comm_mu);
+    e = _ddp_nccl_fail(s, async == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: asynchronous error "
+                       "during %s: %s%s; NCCL communicator aborted", what, _ddp_nccl_err(s, async), last);
+    _ddp_nccl_abort_comm(s, "asynchronous error");
+    _ddp_nccl_tell_peers(s);
+    return e;
+}
+
+/* NCCL's asynchronous error of this communicator: 0, or the ncclResult_t (not ncclInProgress). */
+_DDP_PRIVATE _ddp_nres_t _ddp_nccl_async(_ddp_nccl_t *s) {
+    _ddp_nres_t async = _DDP_NRES(0);
+    pthread_mutex_lock(&s->comm_mu);
+    if (!s->comm_dead && s->api->CommGetAsyncError(s->comm, &async) != 0) async = _DDP_NRES(3);
+    pthread_mutex_unlock(&s->comm_mu);
+    return async == _DDP_NCCL_IN_PROGRESS ? _DDP_NRES(0) : async;
+}
+
 static void *_ddp_nccl_watchdog_main(void *arg) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)arg;
+    int64_t next_board = 0;
     int nap = 100;
     if (s->api->SetDevice(s->device) != 0) s->api->CudaLastError();
     pthread_mutex_lock(&s->mu);
@@ -603,21 +732,18 @@ static void *_ddp_nccl_watchdog_main(void *arg) {
         if (s->stop) break;
         r = &s->rec[s->head % _DDP_NCCL_INFLIGHT];
         pthread_mutex_unlock(&s->mu);
-        q = s->api->EventQuery(r->event);
-        pthread_mutex_lock(&s->comm_mu);
-        if (!s->comm_dead && s->api->CommGetAsyncError(s->comm, &async) != 0) async = _DDP_NRES(3);
-        pthread_mutex_unlock(&s->comm_mu);
-        if (async != 0 && async != _DDP_NCCL_IN_PROGRESS) {
-            char what[200], detail[256] = "";
-            const char *last = NULL;
+        q = s->api->EventQuery(r->event);   /* before the error: done means done without one */
+        async = _ddp_nccl_async(s);
+        if (async != 0) {
+            _ddp_nccl_async_failed(s, r, NULL, 0, async);
+        } else if (q != 0 && q != _DDP_CUDA_NOT_READY) {
+            char what[200];
+            s->api->CudaLastError();
             _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
-            pthread_mutex_lock(&s->comm_mu);
-            if (!s->comm_dead && s->api->NcclLastError) last = s->api->NcclLastError(s->comm);
-            if (last && last[0]) snprintf(detail, sizeof detail, " (%.240s)", last);
-            pthread_mutex_unlock(&s->comm_mu);
-            _ddp_nccl_fail(s, async == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: asynchronous error "
-                           "during %s: %s%s; NCCL communicator aborted", what, _ddp_nccl_err(s, async), detail);
-            _ddp_nccl_abort_comm(s, "asynchronous error");
+            _ddp_nccl_fail(s, DDP_ERR_SYSTEM, "nccl: cudaEventQuery after %s: %s", what,
+                           s->api->CudaErrorString(q));
+            _ddp_nccl_abort_comm(s, "CUDA error");
+            _ddp_nccl_tell_peers(s);
         } else if (q == 0) {
             pthread_mutex_lock(&s->mu);
             if (r->seq > s->done_through) s->done_through = r->seq;
@@ -627,16 +753,21 @@ static void *_ddp_nccl_watchdog_main(void *arg) {
             pthread_cond_broadcast(&s->cv);
             nap = 100;
             continue;   /* holding mu */
-        } else if (q != _DDP_CUDA_NOT_READY) {
-            char what[200];
-            s->api->CudaLastError();
-            _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
-            _ddp_nccl_fail(s, DDP_ERR_SYSTEM, "nccl: cudaEventQuery after %s: %s", what,
-                           s->api->CudaErrorString(q));
-            _ddp_nccl_abort_comm(s, "CUDA error");
         } else if (s->ctx->timeout_ms >= 0 &&
                    _ddp_now_us() - r->t0_us > (int64_t)s->ctx->timeout_ms * 1000) {
             _ddp_nccl_timeout(s, r, (_ddp_now_us() - r->t0_us) / 1000);
+        } else if (_ddp_now_us() - r->t0_us > 200000 && _ddp_now_us() >= next_board && s->ctx->posted) {
+            /* waiting long: has another rank failed (its NCCL error, a host failure)? Then this
+             * call cannot complete; say why now, not at the timeout. */
+            char note[1100];
+            next_board = _ddp_now_us() + 200000;
+            if (s->ctx->posted(s->ctx->host, "abort", note, sizeof note)) {
+                char what[200];
+                _ddp_nccl_describe(&r->call, r->ncalls, what, sizeof what);
+                _ddp_nccl_fail(s, DDP_ERR_REMOTE, "nccl: %s cannot complete: another rank failed "
+                               "(%s); NCCL communicator aborted", what, note);
+                _ddp_nccl_abort_comm(s, "a peer failed");
+            }
         }
         /* nothing finished: poll again soon, backing off to 5 ms (a device call takes
          * microseconds to seconds; the watchdog must not cost a core) */
@@ -771,7 +902,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
         return ddp_transport_fail(x, DDP_ERR_UNSUPPORTED, "nccl: %s", s->declined);
     if (inherited) {
         s->comm = (_ddp_ncomm_t)inherited;
-        if ((r = _ddp_nccl_settle(s, s->comm, _DDP_NCCL_IN_PROGRESS, "ncclCommSplit")) != DDP_SUCCESS) {
+        if ((r = _ddp_nccl_settle(s, s->comm, _DDP_NCCL_IN_PROGRESS, "ncclCommSplit", 1)) != DDP_SUCCESS) {
             _ddp_nccl_abort_comm(s, "split did not complete");
             return r;
         }
@@ -779,10 +910,26 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
         memset(&id, 0, sizeof id);
         if (x->rank == 0) {
             if ((nr = s->api->GetUniqueId(&id)) != 0)
-                return ddp_transport_fail(x, DDP_ERR_SYSTEM, "nccl: ncclGetUniqueId: %s", _ddp_nccl_err(s, nr));
+                return _ddp_nccl_setup_fail(s, DDP_ERR_SYSTEM, "nccl: ncclGetUniqueId: %s", _ddp_nccl_err(s, nr));
             if ((r = x->publish(x->host, "nccl", &id, sizeof id)) != DDP_SUCCESS) return r;
         } else {
+            /* rank 0's id, unless rank 0 said its setup failed (it then never publishes one) */
+            int64_t deadline = _ddp_deadline(x->timeout_ms), next_note = 0;
             size_t len = 0;
+            int nap = 1000;
+            char note[1100];
+            while (!x->published(x->host, "nccl", 0)) {
+                struct timespec ts;
+                if (ddp_transport_aborted(x)) return DDP_ERR_ABORTED;
+                if (_ddp_nccl_peer_setup_failed(s, &next_note, note, sizeof note))
+                    return _ddp_nccl_raise(s, DDP_ERR_REMOTE, "nccl: the NCCL setup failed on another "
+                                          "rank: %s", note);
+                if (deadline && _ddp_now_us() >= deadline) break;   /* the lookup says so */
+                ts.tv_sec = 0;
+                ts.tv_nsec = (long)nap * 1000;
+                nanosleep(&ts, NULL);
+                if (nap < 20000) nap *= 2;
+            }
             if ((r = x->lookup(x->host, "nccl", 0, &id, sizeof id, &len)) != DDP_SUCCESS) return r;
             if (len != sizeof id)
                 return ddp_transport_fail(x, DDP_ERR_MISMATCH, "nccl: rank 0's unique id has %zu bytes, "
@@ -792,12 +939,14 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
         cfg.blocking = 0;   /* so that init can be bounded (polled) and aborted */
         nr = s->api->CommInitRankConfig(&s->comm, x->nranks, id, x->rank, &cfg);
         if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS) {
+            char last[340];
+            _ddp_nccl_last(s, NULL, last, sizeof last);
             s->comm = NULL;
-            return _ddp_nccl_raise(s, nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: "
-                                  "ncclCommInitRankConfig (rank %d of %d, device %d): %s", x->rank,
-                                  x->nranks, s->device, _ddp_nccl_err(s, nr));
+            return _ddp_nccl_setup_fail(s, nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: "
+                                        "ncclCommInitRankConfig (rank %d of %d, device %d): %s%s", x->rank,
+                                        x->nranks, s->device, _ddp_nccl_err(s, nr), last);
         }
-        if ((r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommInitRankConfig")) != DDP_SUCCESS) {
+        if ((r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommInitRankConfig", 1)) != DDP_SUCCESS) {
             _ddp_nccl_abort_comm(s, "init did not complete");
             return r;
         }
@@ -807,14 +956,14 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
         if (e != 0) {
             s->api->CudaLastError();
             _ddp_nccl_abort_comm(s, "setup failed");
-            return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: cudaEventCreateWithFlags: %s",
-                                  s->api->CudaErrorString(e));
+            return _ddp_nccl_setup_fail(s, DDP_ERR_SYSTEM, "nccl: cudaEventCreateWithFlags: %s",
+                                        s->api->CudaErrorString(e));
         }
         s->events_made = i + 1;
     }
     if (pthread_create(&s->watchdog, NULL, _ddp_nccl_watchdog_main, s) != 0) {
         _ddp_nccl_abort_comm(s, "setup failed");
-        return _ddp_nccl_raise(s, DDP_ERR_SYSTEM, "nccl: watchdog thread: %s", strerror(errno));
+        return _ddp_nccl_setup_fail(s, DDP_ERR_SYSTEM, "nccl: watchdog thread: %s", strerror(errno));
     }
     s->watchdog_on = 1;
     _DDP_TLOG(x, DDP_LOG_INFO, "nccl: NCCL %d.%d.%d (%s), CUDA runtime %d (%s); device %d of %d "
@@ -907,62 +1056,117 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_enqueue(void *state, const ddp_device_call_t
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     char what[200];
     _ddp_nres_t nr;
+    _ddp_nccl_tgroup_t *tg = &_ddp_nccl_tg;
     ddp_result_t r = _ddp_nccl_check(s);
     if (r != DDP_SUCCESS) return r;
+    if (tg->depth && _ddp_nccl_tg_find(s) < 0 && tg->n == _DDP_NCCL_GROUP_COMMS)
+        return ddp_transport_fail(s->ctx, DDP_ERR_INVALID_USAGE, "nccl: calls on more than %d "
+                                  "communicators in one group", _DDP_NCCL_GROUP_COMMS);
     if (s->api->SetDevice(s->device) != 0) s->api->CudaLastError();
     pthread_mutex_lock(&s->comm_mu);
     nr = s->comm_dead ? _DDP_NRES(5) : _ddp_nccl_issue(s, k);
     pthread_mutex_unlock(&s->comm_mu);
     if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS) {
+        char last[340];
         if ((r = _ddp_nccl_check(s)) != DDP_SUCCESS) return r;
         _ddp_nccl_describe(k, 1, what, sizeof what);
+        pthread_mutex_lock(&s->comm_mu);
+        if (!s->comm_dead) _ddp_nccl_last(s, s->comm, last, sizeof last);
+        else last[0] = 0;
+        pthread_mutex_unlock(&s->comm_mu);
         return _ddp_nccl_raise(s, nr == 4 ? DDP_ERR_INVALID_ARGUMENT : nr == 5 ? DDP_ERR_INVALID_USAGE
-                              : nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s", what,
-                              _ddp_nccl_err(s, nr));
+                              : nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s%s", what,
+                              _ddp_nccl_err(s, nr), last);
     }
-    if (s->group_depth) {   /* held by NCCL until ncclGroupEnd: one event after the group */
+    if (tg->depth) {   /* held by NCCL until the thread's outermost ncclGroupEnd: events then */
+        if (_ddp_nccl_tg_find(s) < 0) tg->held[tg->n++] = s;
         s->group_n++;
         s->group_last = *k;
         return DDP_SUCCESS;
     }
     if (nr == _DDP_NCCL_IN_PROGRESS) {
         _ddp_nccl_describe(k, 1, what, sizeof what);
-        if ((r = _ddp_nccl_settle(s, s->comm, nr, what)) != DDP_SUCCESS) return r;
+        if ((r = _ddp_nccl_settle(s, s->comm, nr, what, 0)) != DDP_SUCCESS) return r;
     }
     return _ddp_nccl_record(s, k, 1);
 }
 
+/* ncclGroupEnd with the communicators whose calls it issues locked (in address order, so two
+ * threads cannot deadlock): the watchdog must not abort one of them meanwhile. */
+_DDP_PRIVATE _ddp_nres_t _ddp_nccl_group_end_locked(_ddp_nccl_t *s, int outermost) {
+    _ddp_nccl_t *lk[_DDP_NCCL_GROUP_COMMS + 1];
+    int n = 0, i, j;
+    _ddp_nres_t nr;
+    lk[n++] = s;
+    for (i = 0; outermost && i < _ddp_nccl_tg.n; i++)
+        if (_ddp_nccl_tg.held[i] != s) lk[n++] = _ddp_nccl_tg.held[i];
+    for (i = 1; i < n; i++)   /* insertion sort by address */
+        for (j = i; j > 0 && (uintptr_t)lk[j] < (uintptr_t)lk[j - 1]; j--) {
+            _ddp_nccl_t *t = lk[j]; lk[j] = lk[j - 1]; lk[j - 1] = t;
+        }
+    for (i = 0; i < n; i++) pthread_mutex_lock(&lk[i]->comm_mu);
+    nr = s->api->GroupEnd();
+    for (i = n - 1; i >= 0; i--) pthread_mutex_unlock(&lk[i]->comm_mu);
+    return nr;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_nccl_group(void *state, int start) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    _ddp_nccl_tgroup_t *tg = &_ddp_nccl_tg;
+    _ddp_nccl_t *held[_DDP_NCCL_GROUP_COMMS];
+    ddp_result_t r = _ddp_nccl_check(s), mine = DDP_SUCCESS;
     _ddp_nres_t nr;
-    ddp_result_t r = _ddp_nccl_check(s);
-    if (r != DDP_SUCCESS) {
-        if (!start && s->group_depth > 0) {   /* close NCCL's group all the same */
-            s->group_depth--;
-            s->api->GroupEnd();
-        }
-        return r;
-    }
+    int nheld, i;
     if (start) {
-        if (s->group_depth++ == 0) s->group_n = 0;
+        if (r != DDP_SUCCESS) return r;
+        s->group_depth++;
+        tg->depth++;
         s->api->GroupStart();
         return DDP_SUCCESS;
     }
-    if (s->group_depth == 0) return DDP_ERR_INVALID_USAGE;
-    pthread_mutex_lock(&s->comm_mu);
-    nr = s->api->GroupEnd();
-    pthread_mutex_unlock(&s->comm_mu);
-    if (--s->group_depth > 0 || s->group_n == 0) return DDP_SUCCESS;
-    if (nr != 0 && nr != _DDP_NCCL_IN_PROGRESS)
-        return _ddp_nccl_raise(s, nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: ncclGroupEnd "
-                              "(a group of %d calls): %s", s->group_n, _ddp_nccl_err(s, nr));
-    if (nr == _DDP_NCCL_IN_PROGRESS && (r = _ddp_nccl_settle(s, s->comm, nr, "ncclGroupEnd")) != DDP_SUCCESS)
-        return r;
-    return _ddp_nccl_record(s, &s->group_last, s->group_n);
+    if (s->group_depth == 0 || tg->depth == 0) return DDP_ERR_INVALID_USAGE;
+    /* NCCL's group ends whatever this communicator's state (the thread's depth must match) */
+    s->group_depth--;
+    nr = _ddp_nccl_group_end_locked(s, tg->depth == 1);
+    if (--tg->depth > 0) return r;   /* inner: the calls stay held */
+    nheld = tg->n;
+    memcpy(held, tg->held, sizeof held[0] * (size_t)nheld);
+    tg->n = 0;
+    for (i = 0; i < nheld; i++) {
+        _ddp_nccl_t *h = held[i];
+        const int calls = h->group_n;
+        ddp_result_t hr = _ddp_nccl_check(h);
+        h->group_n = 0;
+        if (hr == DDP_SUCCESS && nr != 0 && nr != _DDP_NCCL_IN_PROGRESS) {
+            char last[340];
+            pthread_mutex_lock(&h->comm_mu);
+            if (!h->comm_dead) _ddp_nccl_last(h, h->comm, last, sizeof last);
+            else last[0] = 0;
+            pthread_mutex_unlock(&h->comm_mu);
+            hr = _ddp_nccl_fail(h, nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: ncclGroupEnd (a group "
+                                "holding %d calls of this communicator): %s%s", calls, _ddp_nccl_err(h, nr), last);
+        }
+        if (hr == DDP_SUCCESS && nr == _DDP_NCCL_IN_PROGRESS)
+            hr = _ddp_nccl_settle(h, h->comm, nr, "ncclGroupEnd", 0);
+        if (hr == DDP_SUCCESS) hr = _ddp_nccl_record(h, &h->group_last, calls);
+        if (h == s) mine = hr;
+    }
+    if (r != DDP_SUCCESS) return r;
+    return mine != DDP_SUCCESS ? _ddp_nccl_check(s) : DDP_SUCCESS;
+}
+
+_DDP_PRIVATE int _ddp_nccl_in_group(void *state, int *held) {
+    _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    *held = _ddp_nccl_tg.depth && _ddp_nccl_tg_find(s) >= 0 ? s->group_n : 0;
+    return _ddp_nccl_tg.depth;
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_nccl_mark(void *state, uint64_t *ticket) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
+    int held = 0;
+    if (_ddp_nccl_in_group(s, &held) && held)   /* no event can follow them yet */
+        return ddp_transport_fail(s->ctx, DDP_ERR_INVALID_USAGE, "nccl: %d call(s) of this "
+                                  "communicator are held in a group still open on this thread", held);
     if (s->unrecorded) {   /* copies since the last event: a ticket must cover them too */
         ddp_device_call_t k;
         ddp_result_t r;
@@ -980,18 +1184,28 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_mark(void *state, uint64_t *ticket) {
 }
 
 /* Done once the watchdog saw everything through ticket complete, or ticket's own event fired
- * (calls on different streams may finish out of order). */
+ * (calls on different streams may finish out of order), and NCCL reports no asynchronous
+ * error: a failed operation ends too (its kernel leaves, the stream moves on and the event
+ * fires) with its output undefined, so a fired event alone proves nothing. */
 _DDP_PRIVATE ddp_result_t _ddp_nccl_query(void *state, uint64_t ticket, int *done) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     uint64_t p;
     _ddp_cevent_t ev = NULL;
+    ddp_device_call_t k;
+    int ncalls = 1;
+    _ddp_nres_t async;
     ddp_result_t r = _ddp_nccl_check(s);
     *done = 0;
     if (r != DDP_SUCCESS) return r;
+    memset(&k, 0, sizeof k);
     pthread_mutex_lock(&s->mu);
     if (ticket <= s->done_through) *done = 1;
     for (p = s->head; !*done && p < s->tail; p++)
-        if (s->rec[p % _DDP_NCCL_INFLIGHT].seq == ticket) ev = s->rec[p % _DDP_NCCL_INFLIGHT].event;
+        if (s->rec[p % _DDP_NCCL_INFLIGHT].seq == ticket) {
+            ev = s->rec[p % _DDP_NCCL_INFLIGHT].event;
+            k = s->rec[p % _DDP_NCCL_INFLIGHT].call;
+            ncalls = s->rec[p % _DDP_NCCL_INFLIGHT].ncalls;
+        }
     if (!*done && !ev) *done = 1;   /* no longer in flight: the watchdog completed it */
     pthread_mutex_unlock(&s->mu);
     if (ev) {
@@ -999,14 +1213,19 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_query(void *state, uint64_t ticket, int *don
         if (q == 0) *done = 1;
         else if (q != _DDP_CUDA_NOT_READY) s->api->CudaLastError();
     }
-    return DDP_SUCCESS;
+    if (*done && (async = _ddp_nccl_async(s)) != 0) {
+        *done = 0;
+        _ddp_nccl_async_failed(s, NULL, ev ? &k : NULL, ncalls, async);
+    }
+    return _ddp_nccl_check(s);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_nccl_wait(void *state, uint64_t ticket) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     /* The watchdog fails the call at the timeout; this bound only guards the watchdog. */
     int64_t deadline = _ddp_deadline(s->ctx->timeout_ms < 0 ? -1 : s->ctx->timeout_ms + 5000);
-    int nap = 20, done = 0;
+    int64_t t0 = _ddp_now_us();
+    int nap = 10, done = 0;
     for (;;) {
         struct timespec ts;
         ddp_result_t r = _ddp_nccl_query(state, ticket, &done);
@@ -1015,10 +1234,14 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_wait(void *state, uint64_t ticket) {
             return _ddp_nccl_raise(s, DDP_ERR_TIMEOUT, "nccl: call #%llu not complete after %d ms "
                                   "(the watchdog did not see it end)", (unsigned long long)ticket,
                                   s->ctx->timeout_ms + 5000);
+        /* The host learns of completion only by asking: naps of at most 250 us while the wait
+         * is young (a call of microseconds to milliseconds is seen within a quarter of a
+         * millisecond of its end, not two), growing to 2 ms after 20 ms (a long wait must
+         * not cost a core). */
         ts.tv_sec = 0;
         ts.tv_nsec = (long)nap * 1000;
         nanosleep(&ts, NULL);
-        if (nap < 2000) nap *= 2;
+        if (nap < (_ddp_now_us() - t0 < 20000 ? 250 : 2000)) nap *= 2;
     }
 }
 
@@ -1046,7 +1269,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_split(void *state, int color, int key, void 
                               key, _ddp_nccl_err(s, nr));
     /* The parent settles first (the split is a collective over it); the child in its setup. */
     if (nr == _DDP_NCCL_IN_PROGRESS && !child &&
-        (r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommSplit")) != DDP_SUCCESS) return r;
+        (r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommSplit", 0)) != DDP_SUCCESS) return r;
     *inherited = child;
     return DDP_SUCCESS;
 }
@@ -1104,6 +1327,10 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_finalize(void *state) {
     /* A fork child: the device context and the watchdog thread are the parent's (CUDA is not
      * usable after fork); leave everything to the child's exit. */
     if (ddp_transport_forked(ctx)) return DDP_SUCCESS;
+    if ((i = _ddp_nccl_tg_find(s)) >= 0) {   /* destroyed inside an open group: forget it */
+        _ddp_nccl_tg.held[i] = _ddp_nccl_tg.held[--_ddp_nccl_tg.n];
+        s->group_n = 0;
+    }
     pthread_mutex_lock(&s->comm_mu);
     alive = s->comm && !s->comm_dead;
     pthread_mutex_unlock(&s->comm_mu);
@@ -1118,7 +1345,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_finalize(void *state) {
             pthread_mutex_lock(&s->comm_mu);
             nr = s->api->CommFinalize(s->comm);
             pthread_mutex_unlock(&s->comm_mu);
-            r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommFinalize");
+            r = _ddp_nccl_settle(s, s->comm, nr, "ncclCommFinalize", 0);
         }
         pthread_mutex_lock(&s->comm_mu);
         if (!s->comm_dead) {
@@ -1163,7 +1390,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_no_close(void *conn) { (void)conn; return DD
 
 static const ddp_device_provider_t _ddp_nccl_device = {
     _ddp_nccl_probe, _ddp_nccl_setup, _ddp_nccl_is_device, _ddp_nccl_set_stream, _ddp_nccl_enqueue,
-    _ddp_nccl_group, _ddp_nccl_mark, _ddp_nccl_query, _ddp_nccl_wait, _ddp_nccl_async_error,
+    _ddp_nccl_group, _ddp_nccl_in_group, _ddp_nccl_mark, _ddp_nccl_query, _ddp_nccl_wait, _ddp_nccl_async_error,
     _ddp_nccl_split, _ddp_nccl_release_inherited, _ddp_nccl_mem_alloc, _ddp_nccl_mem_free,
     _ddp_nccl_copy, _ddp_nccl_fill_zero,
 };

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define DDP_TRANSPORT_VERSION 3
+#define DDP_TRANSPORT_VERSION 4
 
 /* What a transport knows of its communicator. Filled by the communicator before init and valid
  * (same address) until finalize; transports keep the pointer. */
@@ -77,6 +77,14 @@ typedef struct ddp_transport_ctx {
      * returns r; last_error reads it back. */
     ddp_result_t (*fail)(void *host, ddp_result_t r, const char *msg);
     const char *(*last_error)(void *host);
+    /* A note every rank of the communicator can read at once under `name` (one per name; the
+     * first post wins, later ones change nothing): how a failure only this rank saw reaches the
+     * others without a timeout. "abort" is the communicator's failure board (the first failure,
+     * which every rank's error then names); "nccl.setup" says a device setup failed. posted
+     * copies the note (NUL-terminated) and returns 1, or returns 0 when there is none. Both
+     * may be called from a transport's own threads. */
+    ddp_result_t (*post)(void *host, const char *name, const char *msg);
+    int (*posted)(void *host, const char *name, char *msg, size_t cap);
     /* Nonzero (read it with ddp_transport_forked) while a fork child destroys its copy of the
      * communicator: close and finalize then release this process's descriptors, mappings and
      * memory only. The parent still uses the same sockets, shared memory and device or verbs
@@ -137,6 +145,10 @@ typedef struct ddp_device_provider {
     ddp_result_t (*set_stream)(void *state, void *stream);    /* NULL: the default stream */
     ddp_result_t (*enqueue)(void *state, const ddp_device_call_t *call);
     ddp_result_t (*group)(void *state, int start);            /* 1: start, 0: end */
+    /* NCCL's groups belong to the calling thread, whatever communicator opened them: how deep
+     * the calling thread's group is (0: none open), and in *held how many calls of this
+     * communicator it holds (they run, and can be waited for, only at the outermost end). */
+    int (*in_group)(void *state, int *held);
     /* A ticket for all the work enqueued so far; query/wait it (waits are bounded). */
     ddp_result_t (*mark)(void *state, uint64_t *ticket);
     ddp_result_t (*query)(void *state, uint64_t ticket, int *done);
