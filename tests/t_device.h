@@ -59,8 +59,7 @@ static T_UNUSED int td_use_fakes(void) {
     int i;
     if (real && !strcmp(real, "1")) {
         td_real = 1;
-        setenv("DDP_NCCL", "1", 1);
-        if (!getenv("DDP_CUDART_LIBRARY")) setenv("DDP_CUDART_LIBRARY", "libcudart.so", 0);
+        setenv("DDP_NCCL", "1", 1);   /* the libraries: DDP_*_LIBRARY, else the library's search */
         return 1;
     }
     if (n <= 0) return 0;
@@ -84,9 +83,13 @@ static T_UNUSED int td_use_fakes(void) {
 
 static T_UNUSED void td_load(void) {
     void *h;
+    const char *lib = getenv("DDP_CUDART_LIBRARY");
     if (td_loaded) return;
-    h = dlopen(getenv("DDP_CUDART_LIBRARY"), RTLD_NOW | RTLD_LOCAL);
-    if (!h) { fprintf(stderr, "t_device: %s\n", dlerror()); exit(70); }
+    /* the runtime the library loaded (a second copy would be a second CUDA context) */
+    h = lib && lib[0] ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!h && !(lib && lib[0])) h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!h && !(lib && lib[0])) h = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "t_device: %s (set DDP_CUDART_LIBRARY)\n", dlerror()); exit(70); }
 #define TD_SYM(f, name) do { void *s_ = dlsym(h, name); if (!s_) { fprintf(stderr, "t_device: no %s\n", name); exit(70); } memcpy(&td_cu.f, &s_, sizeof s_); } while (0)
     TD_SYM(Malloc, "cudaMalloc");
     TD_SYM(Free, "cudaFree");

@@ -59,8 +59,11 @@
  * ENVIRONMENT
  *   DDP_NCCL              auto (default): use NCCL when every rank can; 0: never; 1: init fails
  *                         when NCCL cannot be used (instead of declining).
- *   DDP_NCCL_LIBRARY      the NCCL library to load (default libnccl.so.2, then CUDA_HOME's).
- *   DDP_CUDART_LIBRARY    the CUDA runtime (default libcudart.so.13, .so.12, .so, CUDA_HOME's).
+ *   DDP_NCCL_LIBRARY      the NCCL library to load (default libnccl.so.2 on the loader's path,
+ *                         then CUDA_HOME's and /usr/local/cuda's lib64, CONDA_PREFIX/lib, and
+ *                         the active virtualenv's site-packages/nvidia/<package>/lib, where
+ *                         PyTorch's wheels put it).
+ *   DDP_CUDART_LIBRARY    the CUDA runtime (libcudart.so.13, .so.12, .so; the same places).
  *   DDP_CUDA_DEVICE       the device this rank uses; default: local rank mod visible devices.
  *   DDP_NCCL_CHECK        1: before each device call, the ranks compare its fingerprint (kind,
  *                         count, dtype, op, root, number) over the host path, so a mismatched
@@ -101,6 +104,7 @@ DDP_API const ddp_transport_t *ddp_transport_nccl(void);
 #error "transports/ddp_nccl.h's implementation needs ddp_transport.h's (define DDP_IMPLEMENTATION)"
 #endif
 #include <dlfcn.h>
+#include <glob.h>
 
 /* ---------------------------------------------------------------- the NCCL/CUDA types
  * Linked: the real headers. Loaded: the same ABI spelled with plain C types (enums are
@@ -246,10 +250,14 @@ _DDP_PRIVATE void _ddp_nccl_bind(_ddp_nccl_api_t *a) {
 }
 #else
 /* The first of the candidates that loads: env override alone, else the sonames (the loader's
- * search path), else CUDA_HOME's and /usr/local/cuda's lib64. */
+ * search path), else CUDA_HOME's and /usr/local/cuda's lib64, else the active Python
+ * environment's wheels (VIRTUAL_ENV: site-packages/nvidia/<pkg>/lib, where PyTorch's NCCL and
+ * CUDA runtime live) and CONDA_PREFIX/lib. */
 _DDP_PRIVATE void *_ddp_nccl_dlopen(const char *env, const char *const *names, char *used,
                                     size_t cap, char *err, size_t ecap) {
+    static const char *const wheels[] = { "nccl", "cu13", "cuda_runtime", "cu12" };
     const char *forced = getenv(env), *home = getenv("CUDA_HOME");
+    const char *venv = getenv("VIRTUAL_ENV"), *conda = getenv("CONDA_PREFIX");
     const char *dirs[2];
     void *h;
     int i, k;
@@ -273,6 +281,29 @@ _DDP_PRIVATE void *_ddp_nccl_dlopen(const char *env, const char *const *names, c
             snprintf(path, sizeof path, "%s/lib64/%s", dirs[k], names[i]);
             if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) { _ddp_strlcpy(used, path, cap); return h; }
         }
+    }
+    for (i = 0; conda && conda[0] && names[i]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/lib/%s", conda, names[i]);
+        if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) { _ddp_strlcpy(used, path, cap); return h; }
+    }
+    for (k = 0; venv && venv[0] && k < (int)(sizeof wheels / sizeof wheels[0]); k++) {
+        char pattern[512];
+        glob_t g;
+        size_t j;
+        snprintf(pattern, sizeof pattern, "%s/lib/python3*/site-packages/nvidia/%s/lib", venv, wheels[k]);
+        if (glob(pattern, 0, NULL, &g) != 0) continue;
+        for (j = 0; j < g.gl_pathc; j++)
+            for (i = 0; names[i]; i++) {
+                char path[768];
+                snprintf(path, sizeof path, "%s/%s", g.gl_pathv[j], names[i]);
+                if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+                    _ddp_strlcpy(used, path, cap);
+                    globfree(&g);
+                    return h;
+                }
+            }
+        globfree(&g);
     }
     return NULL;
 }
