@@ -57,7 +57,7 @@ case $DRY in '' | 0 | no | false) DRY=0 ;; *) DRY=1 ;; esac
 for a in "$@"; do
     case $a in
     --dry-run) DRY=1 ;;
-    -h | --help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '3,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "test_gpu.sh: unknown argument '$a' (--dry-run, --help)" >&2; exit 2 ;;
     esac
 done
@@ -389,6 +389,7 @@ one_gpu_env=()   # several ranks on one GPU: each its own NCCL host, over loopba
 if [ "$DRY" = 1 ]; then
     say "dry run: $G GPU$([ "$G" = 1 ] || echo s), world sizes $PLIST; would run, in this order, each under timeout -k 5 LIMIT"
     echo "  export DDP_CUDART_LIBRARY=$(q "$CUDART") DDP_NCCL_LIBRARY=$(q "$NCCL") NCCL_DEBUG=$NCCL_DEBUG"
+    echo "  (and per step NCCL_DEBUG_FILE=$PWD/$B/nccl/STEP.%p.log; stdout to $B/STEP.log, stderr to STEP.err)"
 else
     if [ -z "$CUDART" ] || [ -z "$NCCL" ]; then
         mkdir -p "$B"
