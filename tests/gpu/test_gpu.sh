@@ -189,7 +189,7 @@ describe() {
 # ---- steps --------------------------------------------------------------------------------
 ORDER=()
 declare -A R_DESC R_RES R_SECS R_PASS R_FAIL R_SKIP R_P R_SAID
-KEEP=0 FAILED=0
+KEEP=0 FAILED=0 CUR=""   # CUR: the timeout processes running now (the trap stops them)
 
 # q ARGS...: the arguments as one shell-quoted line
 q() {
@@ -221,9 +221,14 @@ step() {
     [ "$lim" -gt "$left" ] && lim=$left
     say "$desc${p:+ p=$p} (up to $lim s)"
     q "$@" > "$B/$id.cmd"
+    R_RES[$id]="interrupted"
     t0=$(date +%s)
-    NCCL_DEBUG_FILE="$PWD/$B/nccl/$id.%p.log" timeout -k 5 "$lim" "$@" > "$B/$id.log" 2> "$B/$id.err" < /dev/null
+    # in the background, so that Ctrl-C reaches the trap now, not when the step ends
+    NCCL_DEBUG_FILE="$PWD/$B/nccl/$id.%p.log" timeout -k 5 "$lim" "$@" > "$B/$id.log" 2> "$B/$id.err" < /dev/null &
+    CUR=$!
+    wait "$CUR"
     rc=$?
+    CUR=""
     R_SECS[$id]=$(($(date +%s) - t0))
     case $rc in
     0) R_RES[$id]=ok ;;
@@ -391,6 +396,7 @@ if [ "$DRY" = 1 ]; then
     echo "  export DDP_CUDART_LIBRARY=$(q "$CUDART") DDP_NCCL_LIBRARY=$(q "$NCCL") NCCL_DEBUG=$NCCL_DEBUG"
     echo "  (and per step NCCL_DEBUG_FILE=$PWD/$B/nccl/STEP.%p.log; stdout to $B/STEP.log, stderr to STEP.err)"
 else
+    rm -rf "$B"
     if [ -z "$CUDART" ] || [ -z "$NCCL" ]; then
         mkdir -p "$B"
         R_RES[libs]="no library"; ORDER=(libs); R_DESC[libs]="find libcudart and libnccl"; R_SECS[libs]=0; R_P[libs]=""
@@ -398,9 +404,9 @@ else
         say "FAILED: a GPU is here but no CUDA runtime or NCCL was found; see $B/summary.txt"
         exit 1
     fi
-    rm -rf "$B"
     mkdir -p "$B/nccl"
-    trap 'write_summary; say "interrupted; summary in $B/summary.txt"; exit 130' INT TERM
+    # shellcheck disable=SC2086  # CUR is a list of pids
+    trap '[ -n "$CUR" ] && kill -TERM $CUR 2> /dev/null; wait; write_summary; say "interrupted; summary in $B/summary.txt"; exit 130' INT TERM
 fi
 
 # 1. build, in parallel
@@ -424,8 +430,10 @@ else
         (t0=$(date +%s); timeout -k 5 "$lim" $cmd > "$B/build_$name.log" 2>&1; echo "$? $(($(date +%s) - t0))" > "$B/build_$name.rc") &
         pids="$pids $!"
     done
+    CUR=$pids
     # shellcheck disable=SC2086
     wait $pids
+    CUR=""
     for b in $BUILDS; do
         name=${b%%:*} id=build_$name
         read -r rc secs < "$B/$id.rc" 2> /dev/null || { rc=1 secs=0; }
