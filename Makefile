@@ -25,7 +25,8 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench \
+     $(B)/nccl-raw
 
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
@@ -84,7 +85,7 @@ test: headers test-fake-nccl test-plain test-san test-tsan test-fuzz-short test-
 # NCCL (transports/ddp_nccl.h, issue 15). No GPU here: tests/fake_nccl builds a fake NCCL and CUDA
 # runtime that test_nccl/test_nccl2 load instead of the real ones (DDP_NCCL_LIBRARY,
 # DDP_CUDART_LIBRARY); test_nccl also checks the real library's decline path. On a machine with
-# a GPU, `make test-gpu` runs the same collectives on real device buffers, then ddp-bench -t nccl.
+# a GPU, `make test-gpu` (below) runs the same collectives on real device buffers.
 FAKE_NCCL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -pthread
 FAKE_NCCL := $(B)/fake_nccl/libcudart.so.13 $(B)/fake_nccl/libnccl.so.2
 $(B)/fake_nccl/libcudart.so.13: tests/fake_nccl/fake_cudart.c tests/fake_nccl/fake_cuda.h
@@ -117,13 +118,20 @@ test-fake-nccl: $(B)/fake_nccl/selftest $(B)/fake_nccl_san/selftest $(B)/fake_nc
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(B)/fake_nccl_san/selftest
 	TSAN_OPTIONS=halt_on_error=1 prove -f $(B)/fake_nccl_tsan/selftest
 
+# On a machine with a GPU: tests/gpu/test_gpu.sh finds the real NCCL and CUDA runtime, builds
+# what it runs into build/gpu/ itself (no fake NCCL: the real libraries are loaded at run time),
+# runs the device matrices at p = 1, 2, 3 (several ranks sharing one GPU), test_nccl's scenarios,
+# and nccl-raw against ddp-bench -t nccl, all within about 5 minutes; build/gpu/summary.txt says
+# what happened. Where nvidia-smi lists no GPU it says so and succeeds. DRY=1 prints the libraries
+# it found and the commands, and runs nothing (tests/test_gpu_script.sh checks that in make test).
 .PHONY: test-gpu nccl-headers
-test-gpu: $(B)/test_nccl $(B)/test_nccl2 $(B)/ddp-bench
-	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); \
-	if [ "$$n" -lt 1 ]; then echo "test-gpu: skipped: no GPU here (nvidia-smi -L lists none)"; exit 0; fi; \
-	T_DEVICE_REAL=1 T_DEVICE_RANKS=$$n prove -v $(B)/test_nccl $(B)/test_nccl2 && \
-	$(B)/ddp-bench -p $$n -t nccl -o all_reduce -b 8 -e 256M -f 2 -c 1 && \
-	$(B)/ddp-bench -p $$n -t nccl -o all_gather -b 8 -e 256M -f 2 -c 1
+test-gpu:
+	@CC="$(CC)" DRY="$(DRY)" bash tests/gpu/test_gpu.sh
+
+# nccl-raw (bench/nccl_raw.c): ncclAllReduce alone, the baseline test-gpu sets ddp-bench -t nccl
+# against; loads NCCL and the CUDA runtime at run time, so it builds without either.
+$(B)/nccl-raw: bench/nccl_raw.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS) -ldl
 
 # transports/ddp_nccl.h with DDP_NCCL_LINK: compiled against CUDA's headers and linked with its
 # libraries (the dlopen build is in HEADERS' matrix), where /usr/local/cuda has them.
