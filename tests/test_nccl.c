@@ -287,7 +287,7 @@ static int nc_scenario(int rank, int p, void *arg) {
         N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
         if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); N->r[rank] = -1; break; }
-        if (rank == 1) { nc_stop_calling(rank, p); break; }
+        if (rank == 1) { nc_stop_calling(rank, p); ddp_comm_abort(c); break; }   /* then it is killed */
         t0 = t_now();
         N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
@@ -318,7 +318,8 @@ static int nc_scenario(int rank, int p, void *arg) {
             N->secs[rank] = t_now() - t0;
             nc_msg(rank, ddp_comm_last_error(c));
         } else {
-            nc_stop_calling(rank, p);   /* never arrives */
+            nc_stop_calling(rank, p);   /* never arrives; then it is killed */
+            ddp_comm_abort(c);
         }
         break;
     case NC_ASYNC_ERR:
@@ -539,8 +540,9 @@ static void nc_scenarios(void) {
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0 && N->stale[q] == 0, "reducer: rank %d: device "
                "gradients averaged in copy and view mode over 3 iterations (buckets rebuilt), device "
                "parameters broadcast (%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
-    if (nc_run(NC_SPLIT, 4, "split on device"))
-        for (q = 0; q < 4; q++)
+    np = td_real && getenv("T_DEVICE_RANKS") && atoi(getenv("T_DEVICE_RANKS")) < 4 ? 3 : 4;
+    if (nc_run(NC_SPLIT, np, "split on device"))
+        for (q = 0; q < np; q++)
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "split: rank %d: all-reduce in its half on device "
                "(%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
     if (nc_run(NC_HANG, 3, "hang -> timeout")) {

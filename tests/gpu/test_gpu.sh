@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT (see LICENSE)
 # tests/gpu/test_gpu.sh — `make test-gpu`: libddp's NCCL transport on real GPUs, as one command
-# that ends within TEST_GPU_SECONDS (default 280).
+# that ends within TEST_GPU_SECONDS (default 360).
 #
 #   make test-gpu              (bash tests/gpu/test_gpu.sh)
 #   make test-gpu DRY=1        (bash tests/gpu/test_gpu.sh --dry-run): the libraries it finds and
@@ -31,7 +31,7 @@
 # Versioned names only (libcudart.so.13, libcudart.so.12, libnccl.so.2): an unversioned
 # libcudart.so is a development link that may point anywhere.
 #
-# Knobs: TEST_GPU_SECONDS (280), TEST_GPU_RANKS (world sizes, "1 2 3" on one GPU),
+# Knobs: TEST_GPU_SECONDS (360), TEST_GPU_RANKS (world sizes, "1 2 3" on one GPU),
 # TEST_GPU_SIZES ("-b 16 -e 256M -f 4"), TEST_GPU_ITERS ("-n 20 -w 5"), DDP_TEST_ONLY (the
 # scenarios), NCCL_DEBUG (INFO, into build/gpu/nccl/), CC, OUT. Test hooks replacing the
 # search's sources: TEST_GPU_LDCONFIG (a command), TEST_GPU_CUDA_DIRS, TEST_GPU_PYTHONS,
@@ -43,7 +43,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 B=build/gpu
 T_START=$(date +%s)
-TOTAL=${TEST_GPU_SECONDS:-280}
+TOTAL=${TEST_GPU_SECONDS:-360}
 DEADLINE=$((T_START + TOTAL))
 CC=${CC:-cc}
 SIZES=${TEST_GPU_SIZES:--b 16 -e 256M -f 4}
@@ -451,7 +451,7 @@ else
 fi
 
 # 2. what is here: the GPUs, driver, NCCL and CUDA runtime versions
-KEEP=130
+KEEP=170
 step smi info "" "nvidia-smi" 20 "" "$SMI" --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv,noheader
 [ "$DRY" = 0 ] && [ -s "$B/smi.err" ] && [ ! -s "$B/smi.log" ] &&
     step smi2 info "" "nvidia-smi (fewer fields)" 20 "" "$SMI" --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
@@ -459,7 +459,7 @@ step smi info "" "nvidia-smi" 20 "" "$SMI" --query-gpu=index,name,driver_version
 step versions info "" "nccl-raw -V (libraries, versions)" 30 nccl-raw "$B/nccl-raw" -V
 
 # 3. the device matrices, by world size
-KEEP=130
+KEEP=170
 for p in $PLIST; do
     hostid=()
     [ "$G" = 1 ] && [ "$p" -gt 1 ] && hostid=(T_DEVICE_HOSTID="gpu-m$p" "${one_gpu_env[@]}")
@@ -476,7 +476,7 @@ KEEP=85
 scen_env=(T_DEVICE_REAL=1 T_DEVICE_RANKS="$PMAX" T_NCCL_SCENARIOS_ONLY=1)
 [ "$G" = 1 ] && [ "$PMAX" -gt 1 ] && scen_env+=(T_DEVICE_HOSTID=gpu-s "${one_gpu_env[@]}")
 if [ -n "${DDP_TEST_ONLY:-}" ]; then scen_env+=(DDP_TEST_ONLY="$DDP_TEST_ONLY"); else scen_env=(-u DDP_TEST_ONLY "${scen_env[@]}"); fi
-step scen tap "$PMAX" "test_nccl scenarios" 90 test_nccl env "${scen_env[@]}" "$B/test_nccl"
+step scen tap "$PMAX" "test_nccl scenarios" 120 test_nccl env "${scen_env[@]}" "$B/test_nccl"
 
 # 5. all_reduce: nccl-raw against ddp-bench -t nccl, one rank per process under ddprun
 KEEP=45
