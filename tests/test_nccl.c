@@ -311,8 +311,10 @@ static int nc_scenario(int rank, int p, void *arg) {
             pthread_t th;
             ab.c = c;
             t0 = t_now();
-            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+            /* the abort first: a real NCCL connects to a peer at its first call, and the call
+             * itself waits for rank 1 (bounded: ncclInProgress, polled) */
             pthread_create(&th, NULL, nc_abort_later, &ab);
+            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
             if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
             pthread_join(th, NULL);
             N->secs[rank] = t_now() - t0;
