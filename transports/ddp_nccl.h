@@ -557,13 +557,87 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_check(_ddp_nccl_t *s) {
 /* A failure found on the user's thread: sticky, and recorded at once. */
 #define _ddp_nccl_raise(s, ...) (_ddp_nccl_fail((s), __VA_ARGS__), _ddp_nccl_check(s))
 
+/* ncclCommAbort, bounded. NCCL's abort can itself block (seen with NCCL 2.28.3 on an H200: a
+ * rank whose call had failed because a peer was killed never came back from it), and nothing
+ * may hang: it runs on a thread of its own; if it has not returned within the communicator's
+ * timeout (at least 1 s; 60 s when there is none), the communicator is abandoned (its memory
+ * and NCCL's threads stay until the process exits) and the caller goes on. */
+typedef struct {
+    const _ddp_nccl_api_t *api;
+    _ddp_ncomm_t comm;
+    int device;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, abandoned;
+} _ddp_nccl_aborter_t;
+
+_DDP_PRIVATE void _ddp_nccl_aborter_free(_ddp_nccl_aborter_t *a) {
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    DDP_FREE(a);
+}
+
+static void *_ddp_nccl_aborter_main(void *arg) {
+    _ddp_nccl_aborter_t *a = (_ddp_nccl_aborter_t *)arg;
+    int abandoned;
+    if (a->api->SetDevice(a->device) != 0) a->api->CudaLastError();
+    a->api->CommAbort(a->comm);
+    pthread_mutex_lock(&a->mu);
+    a->done = 1;
+    abandoned = a->abandoned;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (abandoned) _ddp_nccl_aborter_free(a);   /* nobody waits for it any more */
+    return NULL;
+}
+
+_DDP_PRIVATE void _ddp_nccl_abort_bounded(_ddp_nccl_t *s, _ddp_ncomm_t comm) {
+    const int ms = s->ctx->timeout_ms < 0 ? 60000 : s->ctx->timeout_ms < 1000 ? 1000 : s->ctx->timeout_ms;
+    _ddp_nccl_aborter_t *a = (_ddp_nccl_aborter_t *)DDP_MALLOC(sizeof *a);   /* outlives s if abandoned */
+    pthread_attr_t attr;
+    pthread_t th;
+    struct timespec until;
+    int started = 0, done;
+    if (!comm) return;
+    if (a) {
+        memset(a, 0, sizeof *a);
+        a->api = s->api; a->comm = comm; a->device = s->device;
+        pthread_mutex_init(&a->mu, NULL);
+        pthread_cond_init(&a->cv, NULL);
+        if (pthread_attr_init(&attr) == 0) {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            started = pthread_create(&th, &attr, _ddp_nccl_aborter_main, a) == 0;
+            pthread_attr_destroy(&attr);
+        }
+    }
+    if (!started) {   /* no thread: abort here, unbounded (what NCCL offers) */
+        if (a) _ddp_nccl_aborter_free(a);
+        s->api->CommAbort(comm);
+        return;
+    }
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&a->mu);
+    while (!a->done && pthread_cond_timedwait(&a->cv, &a->mu, &until) == 0) {}
+    done = a->done;
+    if (!done) a->abandoned = 1;
+    pthread_mutex_unlock(&a->mu);
+    if (done) _ddp_nccl_aborter_free(a);
+    else
+        _DDP_TLOG(s->ctx, DDP_LOG_WARN, "nccl: ncclCommAbort did not return within %d ms (NCCL's own "
+                  "teardown is stuck); the NCCL communicator is abandoned: its GPU memory and threads "
+                  "stay until the process exits", ms);
+}
+
 /* Frees the NCCL communicator now, whatever it is doing (once). */
 _DDP_PRIVATE void _ddp_nccl_abort_comm(_ddp_nccl_t *s, const char *why) {
     pthread_mutex_lock(&s->comm_mu);
     if (!s->comm_dead && s->comm) {
         s->comm_dead = 1;
         _DDP_TLOG(s->ctx, DDP_LOG_WARN, "nccl: ncclCommAbort (%s)", why);
-        s->api->CommAbort(s->comm);
+        _ddp_nccl_abort_bounded(s, s->comm);
     }
     s->comm_dead = 1;
     pthread_mutex_unlock(&s->comm_mu);
@@ -1109,9 +1183,14 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_enqueue(void *state, const ddp_device_call_t
         if (!s->comm_dead) _ddp_nccl_last(s, s->comm, last, sizeof last);
         else last[0] = 0;
         pthread_mutex_unlock(&s->comm_mu);
-        return _ddp_nccl_raise(s, nr == 4 ? DDP_ERR_INVALID_ARGUMENT : nr == 5 ? DDP_ERR_INVALID_USAGE
-                              : nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s%s", what,
-                              _ddp_nccl_err(s, nr), last);
+        r = _ddp_nccl_fail(s, nr == 4 ? DDP_ERR_INVALID_ARGUMENT : nr == 5 ? DDP_ERR_INVALID_USAGE
+                           : nr == 6 ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM, "nccl: %s: %s%s", what,
+                           _ddp_nccl_err(s, nr), last);
+        if (nr != 4 && nr != 5) {   /* NCCL itself failed (a peer, the network): as an async error */
+            _ddp_nccl_abort_comm(s, "the call failed");
+            _ddp_nccl_tell_peers(s);
+        }
+        return _ddp_nccl_check(s);
     }
     if (tg->depth) {   /* held by NCCL until the thread's outermost ncclGroupEnd: events then */
         if (_ddp_nccl_tg_find(s) < 0) tg->held[tg->n++] = s;
@@ -1313,7 +1392,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_split(void *state, int color, int key, void 
 
 _DDP_PRIVATE void _ddp_nccl_release_inherited(void *state, void *inherited) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
-    if (inherited && s->api) s->api->CommAbort((_ddp_ncomm_t)inherited);
+    if (inherited && s->api) _ddp_nccl_abort_bounded(s, (_ddp_ncomm_t)inherited);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_nccl_cuda(_ddp_nccl_t *s, _ddp_cerr_t e, const char *what) {
@@ -1387,7 +1466,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_finalize(void *state) {
         pthread_mutex_lock(&s->comm_mu);
         if (!s->comm_dead) {
             if (r == DDP_SUCCESS) s->api->CommDestroy(s->comm);
-            else s->api->CommAbort(s->comm);
+            else _ddp_nccl_abort_bounded(s, s->comm);
             s->comm_dead = 1;
         }
         pthread_mutex_unlock(&s->comm_mu);
