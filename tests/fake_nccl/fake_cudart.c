@@ -903,7 +903,7 @@ static int copy_submit(struct copy_work *w, void *stream, int sync) {
 }
 
 API int cudaMemcpy(void *dst, const void *src, size_t count, int kind) {
-    struct copy_work *w;
+    struct copy_work *w = NULL;
     int err = need_device();
     if (!err) err = copy_prepare(dst, src, count, kind, &w);
     if (!err) err = copy_submit(w, NULL, 1);
@@ -911,7 +911,7 @@ API int cudaMemcpy(void *dst, const void *src, size_t count, int kind) {
 }
 
 API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void *stream) {
-    struct copy_work *w;
+    struct copy_work *w = NULL;
     int err = need_device();
     if (!err) err = copy_prepare(dst, src, count, kind, &w);
     if (!err) err = copy_submit(w, stream, 0);
@@ -919,7 +919,7 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void
 }
 
 API int cudaMemset(void *devPtr, int value, size_t count) {
-    struct copy_work *w;
+    struct copy_work *w = NULL;
     int err = need_device();
     if (!err) err = memset_prepare(devPtr, value, count, &w);
     if (!err) err = copy_submit(w, NULL, 1);
@@ -927,7 +927,7 @@ API int cudaMemset(void *devPtr, int value, size_t count) {
 }
 
 API int cudaMemsetAsync(void *devPtr, int value, size_t count, void *stream) {
-    struct copy_work *w;
+    struct copy_work *w = NULL;
     int err = need_device();
     if (!err) err = memset_prepare(devPtr, value, count, &w);
     if (!err) err = copy_submit(w, stream, 0);
@@ -995,8 +995,8 @@ API int cudaStreamQuery(void *stream) {
 }
 
 API int cudaStreamWaitEvent(void *stream, void *event, unsigned int flags) {
-    struct stream *s;
-    struct event *e;
+    struct stream *s = NULL;
+    struct event *e = NULL;
     struct item *wait;
     int err;
     if (flags & ~1u) return ret(FAKE_cudaErrorInvalidValue);   /* 0, or cudaEventWaitExternal */
@@ -1048,7 +1048,7 @@ API int cudaEventCreate(void **event) {
 }
 
 API int cudaEventRecord(void *event, void *stream) {
-    struct stream *s;
+    struct stream *s = NULL;
     struct event *e;
     struct item *mark;
     int err;

@@ -563,6 +563,7 @@ static int seg_open(struct comm *c, char **out) {
     struct stat st;
     int fd = shm_open(c->name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
     char *map;
+    *out = NULL;
     if (fd < 0) return set_error(ncclSystemError, "shm_open(%s): %s", c->name, strerror(errno));
     if (flock(fd, LOCK_EX) != 0 || fstat(fd, &st) != 0 ||
         ((size_t)st.st_size < c->L.total && ftruncate(fd, (off_t)c->L.total) != 0)) {
@@ -584,7 +585,7 @@ static int seg_attach(struct comm *c) {
     struct attach_ctx all;
     int32_t expect = 0;
     uint32_t zero = 0;
-    char *map;
+    char *map = NULL;   /* gcc 13 -O2 cannot see that seg_open sets it whenever it returns 0 */
     int rc, r;
     layout_of(c->nranks, &c->L);
     if ((rc = seg_open(c, &map)) != 0) return rc;
@@ -1533,7 +1534,7 @@ static void coll_extents(const struct coll_args *a, int rank, int n, size_t *sen
 
 static int coll_call(const struct coll_args *a, ncclComm_t comm, void *stream) {
     struct comm *c = comm_acquire(comm);
-    struct op *op;
+    struct op *op = NULL;
     size_t es = dtype_size(a->dtype), se, re;
     int su, ru, rc;
     char *send = NULL, *recv = NULL;
@@ -1577,7 +1578,7 @@ static int coll_call(const struct coll_args *a, ncclComm_t comm, void *stream) {
 
 static int p2p_call(int is_send, const void *buf, size_t count, int dtype, int peer, ncclComm_t comm, void *stream) {
     struct comm *c = comm_acquire(comm);
-    struct op *op;
+    struct op *op = NULL;
     size_t es = dtype_size(dtype);
     char *shadow = NULL;
     int rc;
