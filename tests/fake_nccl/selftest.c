@@ -1527,6 +1527,175 @@ static void test_init_fail(void) {
     ok(A.ncclCommDestroy(c) == 0, "destroy the failed communicator");
 }
 
+/* Two nonblocking ranks driven from this thread; only rank 1's communicator is created with
+ * NAME=VALUE in the environment (the switches are read when a communicator is created), as a
+ * test sets a switch in one forked rank. Returns the two init results. */
+static void init_pair_rank1_env(comm_t c[2], int rc[2], const char *name, const char *value,
+                                const char *name2, const char *value2) {
+    uid_t128 id;
+    config_t nb = config_init(0);
+    A.ncclGetUniqueId(&id);
+    rc[0] = A.ncclCommInitRankConfig(&c[0], 2, id, 0, &nb);
+    setenv(name, value, 1);
+    if (name2) setenv(name2, value2, 1);
+    rc[1] = A.ncclCommInitRankConfig(&c[1], 2, id, 1, &nb);
+    unsetenv(name);
+    if (name2) unsetenv(name2);
+}
+
+/* FAKE_NCCL_FAIL_OP on rank 1 only (with FAKE_NCCL_ASYNC_ERROR_CODE=3 there, to tell its own
+ * error from the peer's): its operation fails and completes without work; rank 0, waiting for
+ * it in a collective (p2p: 0) or a receive (p2p: 1), ends with ncclRemoteError; later
+ * operations complete at once on both; ncclGetLastError says which. */
+static void test_fail_op(int p2p) {
+    const char *what = p2p ? "send/recv" : "all-reduce";
+    comm_t c[2] = {NULL, NULL};
+    void *s[2] = {NULL, NULL}, *e[2] = {NULL, NULL};
+    int *send[2] = {NULL, NULL}, *recv[2] = {NULL, NULL}, rc[2], r, v, got[2], err[2], q[2], i;
+    char text[2][256];
+    init_pair_rank1_env(c, rc, "FAKE_NCCL_FAIL_OP", p2p ? "1" : "2", "FAKE_NCCL_ASYNC_ERROR_CODE", "3");
+    ok(rc[0] == 7 && rc[1] == 7 && wait_ready(c[0], NULL) == 0 && wait_ready(c[1], NULL) == 0,
+       "FAKE_NCCL_FAIL_OP=%d on rank 1 only (%s): init", p2p ? 1 : 2, what);
+    for (r = 0; r < 2; r++) {
+        A.cudaStreamCreateWithFlags(&s[r], NONBLOCKING_STREAM);
+        A.cudaEventCreate(&e[r]);
+        A.cudaMalloc((void **)&send[r], 4);
+        A.cudaMalloc((void **)&recv[r], 4);
+        v = r + 1;
+        to_device(send[r], &v, 4);
+        v = -1;
+        to_device(recv[r], &v, 4);
+    }
+    if (!p2p) {
+        for (r = 0; r < 2; r++) A.ncclAllReduce(send[r], send[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
+        for (r = 0; r < 2; r++) {
+            A.cudaStreamSynchronize(s[r]);
+            A.cudaMemcpy(&got[r], send[r], 4, D2H);
+            err[r] = async_error(c[r]);
+        }
+        ok(got[0] == 3 && got[1] == 3 && err[0] == 0 && err[1] == 0, "... operation 1 runs (%d %d, errors %d %d)",
+           got[0], got[1], err[0], err[1]);
+        for (r = 0; r < 2; r++) A.ncclAllReduce(send[r], recv[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
+    } else {
+        A.ncclRecv(recv[0], 1, DT_INT32, 1, c[0], s[0]);
+        A.ncclSend(send[1], 1, DT_INT32, 0, c[1], s[1]);
+    }
+    for (r = 0; r < 2; r++) A.cudaEventRecord(e[r], s[r]);
+    for (r = 0; r < 2; r++) q[r] = A.cudaEventSynchronize(e[r]);
+    for (r = 0; r < 2; r++) {
+        A.cudaMemcpy(&got[r], recv[r], 4, D2H);
+        err[r] = async_error(c[r]);
+        snprintf(text[r], sizeof text[r], "%s", A.ncclGetLastError(c[r]));   /* one buffer per thread */
+    }
+    ok(q[0] == 0 && q[1] == 0, "... the failing operation completes on rank 1 and ends rank 0's wait: "
+       "events recorded after them fire");
+    ok(err[1] == 3 && err[0] == 6, "... async errors: rank 1 FAKE_NCCL_ASYNC_ERROR_CODE (%d), rank 0 "
+       "ncclRemoteError (%d)", err[1], err[0]);
+    ok(got[0] == -1 && got[1] == -1, "... output buffers untouched (%d %d)", got[0], got[1]);
+    ok(strstr(text[1], p2p ? "operation 1 failed (FAKE_NCCL_FAIL_OP=1)" : "operation 2 failed (FAKE_NCCL_FAIL_OP=2)") &&
+       strstr(text[0], "peer rank 1 failed"), "... ncclGetLastError: \"%s\" / \"%s\"", text[1], text[0]);
+    for (i = 0; i < 2; i++) {
+        for (r = 0; r < 2; r++) A.ncclAllReduce(send[r], recv[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
+        for (r = 0; r < 2; r++) A.cudaEventRecord(e[r], s[r]);
+    }
+    for (r = 0; r < 2; r++) {
+        q[r] = A.cudaEventSynchronize(e[r]);
+        A.cudaMemcpy(&got[r], recv[r], 4, D2H);
+        err[r] = async_error(c[r]);
+    }
+    ok(q[0] == 0 && q[1] == 0 && got[0] == -1 && got[1] == -1 && err[1] == 3 && err[0] == 6,
+       "... later operations complete at once without work on both ranks, the errors stay");
+    ok(A.ncclCommAbort(c[0]) == 0 && A.ncclCommAbort(c[1]) == 0, "... ncclCommAbort both");
+    for (r = 0; r < 2; r++) {
+        A.cudaStreamDestroy(s[r]);
+        A.cudaEventDestroy(e[r]);
+        A.cudaFree(send[r]);
+        A.cudaFree(recv[r]);
+    }
+}
+
+/* NCCL's groups belong to the thread, not to a communicator: an all-reduce on D inside a group
+ * opened around one on C is held until the outermost ncclGroupEnd, so an event recorded on D's
+ * (late) stream after the inner End comes before it. */
+static void test_group_thread_wide(void) {
+    uid_t128 idc, idd;
+    comm_t cc = NULL, cd = NULL;
+    void *sc = NULL, *sd = NULL, *reader = NULL, *e = NULL;
+    int *bc = NULL, *send = NULL, *recv = NULL, v, got = 0, rc[4], q;
+    A.ncclGetUniqueId(&idc);
+    A.ncclGetUniqueId(&idd);
+    ok(A.ncclCommInitRank(&cc, 1, idc, 0) == 0 && A.ncclCommInitRank(&cd, 1, idd, 0) == 0,
+       "thread-wide group: two 1-rank communicators C and D");
+    A.cudaStreamCreateWithFlags(&sc, NONBLOCKING_STREAM);
+    setenv("FAKE_CUDA_STREAM_DELAY_US", "20000", 1);
+    A.cudaStreamCreateWithFlags(&sd, NONBLOCKING_STREAM);    /* D's stream runs 20 ms late */
+    unsetenv("FAKE_CUDA_STREAM_DELAY_US");
+    A.cudaStreamCreateWithFlags(&reader, NONBLOCKING_STREAM);
+    A.cudaEventCreate(&e);
+    A.cudaMalloc((void **)&bc, 4);
+    A.cudaMalloc((void **)&send, 4);
+    A.cudaMalloc((void **)&recv, 4);
+    v = 5;
+    to_device(send, &v, 4);
+    to_device(bc, &v, 4);
+    v = -1;
+    to_device(recv, &v, 4);
+    rc[0] = A.ncclGroupStart();
+    rc[1] = A.ncclGroupStart();
+    A.ncclAllReduce(bc, bc, 1, DT_INT32, OP_SUM, cc, sc);
+    A.ncclAllReduce(send, recv, 1, DT_INT32, OP_SUM, cd, sd);
+    rc[2] = A.ncclGroupEnd();
+    A.cudaEventRecord(e, sd);
+    q = A.cudaEventSynchronize(e);
+    A.cudaMemcpyAsync(&got, recv, 4, D2H, reader);
+    A.cudaStreamSynchronize(reader);
+    ok(rc[0] == 0 && rc[1] == 0 && rc[2] == 0 && q == 0 && got == -1,
+       "... groupStart; groupStart; all-reduce(C); all-reduce(D); groupEnd; event on D's stream: it fires "
+       "before D's all-reduce ran (recv still %d)", got);
+    rc[3] = A.ncclGroupEnd();
+    A.cudaStreamSynchronize(sd);
+    A.cudaMemcpyAsync(&got, recv, 4, D2H, reader);
+    A.cudaStreamSynchronize(reader);
+    ok(rc[3] == 0 && got == 5, "... the outermost groupEnd issues it (recv %d)", got);
+    A.ncclCommDestroy(cc);
+    A.ncclCommDestroy(cd);
+    A.cudaStreamDestroy(sc);
+    A.cudaStreamDestroy(sd);
+    A.cudaStreamDestroy(reader);
+    A.cudaEventDestroy(e);
+    A.cudaFree(bc);
+    A.cudaFree(send);
+    A.cudaFree(recv);
+}
+
+/* FAKE_NCCL_INIT_FAIL on rank 1 only, nonblocking: rank 1 reports ncclInProgress, then the
+ * error; rank 0 stays in progress (its peer never joins) until ncclCommAbort, which returns at
+ * once and leaves no segment behind. */
+static void test_init_fail_one_rank(void) {
+    comm_t c[2] = {NULL, NULL};
+    char prefix[64];
+    int rc[2], e1, i, still = 1, polls;
+    double t0, dt;
+    init_pair_rank1_env(c, rc, "FAKE_NCCL_INIT_FAIL", "2", NULL, NULL);
+    e1 = wait_ready(c[1], &polls);
+    ok(rc[0] == 7 && rc[1] == 7 && e1 == 2, "FAKE_NCCL_INIT_FAIL=2 on rank 1 only, nonblocking: both ncclInProgress; "
+       "rank 1 then ncclSystemError (%d)", e1);
+    ok(strstr(A.ncclGetLastError(c[1]), "init failed (FAKE_NCCL_INIT_FAIL=2)") != NULL,
+       "... ncclGetLastError: \"%s\"", A.ncclGetLastError(c[1]));
+    for (i = 0; i < 100; i++) {
+        still &= async_error(c[0]) == 7;
+        sleep_ms(1);
+    }
+    ok(still, "... rank 0 is still in progress 100 polls later (its peer never joins)");
+    t0 = now_s();
+    rc[0] = A.ncclCommAbort(c[0]);
+    dt = now_s() - t0;
+    ok(rc[0] == 0 && dt < 1.0, "... ncclCommAbort of the in-progress init returns promptly (%.1f ms)", dt * 1e3);
+    ok(A.ncclCommAbort(c[1]) == 0, "... abort the failed one");
+    snprintf(prefix, sizeof prefix, "fake_nccl_%d_", (int)getpid());
+    ok(shm_count(prefix) == 0, "... no segment left in /dev/shm");
+}
+
 static void test_nccl_misc(void) {
     uid_t128 id, bogus;
     comm_t c = NULL;
@@ -1625,6 +1794,10 @@ int main(int argc, char **argv) {
     test_abort_hung();
     test_async_error();
     test_init_fail();
+    test_init_fail_one_rank();
+    test_fail_op(0);
+    test_fail_op(1);
+    test_group_thread_wide();
     test_nccl_misc();
     test_unload();
 
