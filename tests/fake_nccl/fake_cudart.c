@@ -1020,7 +1020,7 @@ API int cudaMemcpy(void *dst, const void *src, size_t count, int kind) {
 
 API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void *stream) {
     struct copy_work *w = NULL;
-    int dir, err = need_device();
+    int dir = MEMCPY_H2H, err = need_device();
     if (!err) err = copy_prepare(dst, src, count, kind, &w, &dir);
     if (!err) err = copy_submit(w, stream, 0);
     return ret(err);
