@@ -849,7 +849,11 @@ static int device(int rank, int p, void *arg) {
         ns = ddp_reducer_num_shards(r, NULL);
         for (it = 0; it < 2; it++) {
             for (j = 0; j < DN; j++) h[j] = (float)(rank + 1 + (int)(j % 5) + it);
-            td_cu.Memcpy(gd, h, sizeof h, TD_H2D);   /* synchronous: there before the calls below */
+            /* cudaMemcpy from pageable memory may return before the data lands (CUDA runtime
+             * API, "API synchronization behavior"), and the reducer's stream is non-blocking:
+             * it does not wait for the legacy stream the copy runs on. */
+            td_cu.Memcpy(gd, h, sizeof h, TD_H2D);
+            td_cu.DeviceSynchronize();
             for (k = 2; k >= 0; k--)
                 if (!(k == 1 && rank == 1) && ddp_reducer_grad_ready(r, k) != DDP_SUCCESS) bad++;
             if (ddp_reducer_finish(r) != DDP_SUCCESS || ddp_comm_device_synchronize(c) != DDP_SUCCESS) {
@@ -876,6 +880,7 @@ static int device(int rank, int p, void *arg) {
                 for (j = o; j < o + cnt; j++) h[j] = (float)j + 0.5f;
             }
             td_cu.Memcpy(wd, h, sizeof h, TD_H2D);
+            td_cu.DeviceSynchronize();   /* as above */
             if (ddp_reducer_all_gather_params(r, wd, DDP_FLOAT32) != DDP_SUCCESS ||
                 ddp_comm_device_synchronize(c) != DDP_SUCCESS) {
                 bad++;

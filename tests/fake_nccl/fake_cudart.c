@@ -20,12 +20,24 @@
  *              default stream (NULL, cudaStreamLegacy, cudaStreamPerThread: one per device,
  *              started on first use) follows CUDA's rules: its work waits for everything enqueued
  *              before on the device's blocking streams, and their later work waits for its
- *              earlier work; cudaStreamNonBlocking streams are independent. cudaMemcpy and
- *              cudaMemset are work on the legacy stream followed by waiting for it. A stream
- *              created after FAKE_CUDA_STREAM_DELAY_US=N is set sleeps N us before each work item
- *              (copies, memsets, collectives), so a caller that reads results without
- *              synchronising sees stale data. Host pointers given to async copies are read and
- *              written when the copy runs, not when it is enqueued.
+ *              earlier work; cudaStreamNonBlocking streams are independent. A stream created
+ *              after FAKE_CUDA_STREAM_DELAY_US=N is set sleeps N us before each work item (copies,
+ *              memsets, collectives), so a caller that reads results without synchronising sees
+ *              stale data. Host pointers given to async copies are read and written when the
+ *              copy runs, not when it is enqueued.
+ *   Copies     cudaMemcpy and cudaMemset are work on the legacy stream, with the weakest host
+ *              synchronisation CUDA documents (runtime API, "API synchronization behavior"; all
+ *              host memory is pageable here): host to device performs a stream sync (waits for
+ *              the legacy stream's earlier work), copies the source into staging memory, and
+ *              returns; the write to the device lands later, like any work item, so a
+ *              non-blocking stream that does not wait for the legacy stream may read the old
+ *              data. Device to host returns once the copy is complete. Device to device and
+ *              cudaMemset of device memory return once enqueued. Host to host is a plain memmove.
+ *              Staging is capped at 1 GiB in flight per device (then the call waits for earlier
+ *              copies to land) and freed when the copy lands; cudaFree waits for it like any
+ *              work. FAKE_CUDA_SYNC_COPIES=1 (read at load) makes every cudaMemcpy and cudaMemset
+ *              wait for the legacy stream, as this fake did before: a way to tell whether a
+ *              failure is a missing synchronisation after a copy.
  *   Events     cudaEventRecord enqueues a marker; an event is complete once every stream has
  *              reached its latest record (never recorded: complete, as in CUDA).
  *              cudaStreamWaitEvent enqueues a wait for that record. Implicit legacy-stream
@@ -70,6 +82,7 @@
 #define API FAKE_EXPORT
 #define MAX_DEVICES 64
 #define MAX_ALLOC_BYTES ((size_t)16 << 30)   /* one allocation; pages are used only as touched */
+#define STAGING_CAP ((size_t)1 << 30)        /* staged host->device bytes in flight, per device */
 
 /* Enum values from driver_types.h that only the runtime needs. */
 enum { cudaErrorInitializationError = 3, cudaErrorIllegalAddress = 700 };
@@ -146,6 +159,8 @@ static struct {
     size_t nallocs, cap;
     int ndevices;
     int host_visible;
+    int sync_copies;             /* FAKE_CUDA_SYNC_COPIES=1: the pre-staging behaviour */
+    size_t staged[MAX_DEVICES];  /* bytes of staged host->device copies not yet landed (g.mu) */
     /* What a forked child inherited: kept reachable, never touched again. */
     struct stream *parked_streams;
     struct event *parked_events;
@@ -223,8 +238,8 @@ static struct item *item_new(enum item_kind kind, struct event *ev, uint64_t n) 
 /* ---------------------------------------------------------------- stream workers */
 
 static void run_item(struct stream *s, struct item *it) {
+    (void)s;
     if (it->kind == ITEM_WORK) {
-        if (s->delay_us > 0) sleep_us(s->delay_us);
         it->fn(it->arg);
         return;
     }
@@ -249,6 +264,14 @@ static void *stream_worker(void *arg) {
         while (!s->head && !s->stopping) pthread_cond_wait(&s->work_cv, &g.mu);
         it = s->head;
         if (!it) break;                       /* stopping, and the queue is drained */
+        if (it->kind == ITEM_WORK && s->delay_us > 0) {
+            /* Late, with the item still queued; taking it under g.mu afterwards orders it after
+             * whatever other streams finished meanwhile (ThreadSanitizer then sees a read that a
+             * late write missed as what it is: earlier, not a data race). */
+            pthread_mutex_unlock(&g.mu);
+            sleep_us(s->delay_us);
+            pthread_mutex_lock(&g.mu);
+        }
         s->head = it->next;
         if (!s->head) s->tail = NULL;
         pthread_mutex_unlock(&g.mu);
@@ -558,7 +581,10 @@ static void fork_child(void) {
         s->next = g.parked_streams;
         g.parked_streams = s;
     }
-    for (d = 0; d < MAX_DEVICES; d++) g.legacy[d] = NULL;
+    for (d = 0; d < MAX_DEVICES; d++) {
+        g.legacy[d] = NULL;
+        g.staged[d] = 0;        /* the parent's staged copies are parked with its streams */
+    }
     if (g.events) {
         struct event *last = g.events;
         while (last->next) last = last->next;
@@ -583,6 +609,7 @@ static void fork_child(void) {
 __attribute__((constructor)) static void fake_cudart_load(void) {
     g.ndevices = (int)env_long("FAKE_CUDA_DEVICES", 1, 0, MAX_DEVICES);
     g.host_visible = env_long("FAKE_CUDA_HOST_VISIBLE", 0, 0, 1) != 0;
+    g.sync_copies = env_long("FAKE_CUDA_SYNC_COPIES", 0, 0, 1) != 0;
     pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
@@ -837,7 +864,7 @@ static int resolve_range(const void *p, size_t n, char **where, int *is_device) 
 /* Validate a copy, and build its work item. An explicit kind must agree with the pointers, so a
  * library bug that passes the wrong direction (or a host pointer as device) is an error here
  * instead of a silent success. */
-static int copy_prepare(void *dst, const void *src, size_t count, int kind, struct copy_work **out) {
+static int copy_prepare(void *dst, const void *src, size_t count, int kind, struct copy_work **out, int *dir) {
     struct copy_work *w;
     int dst_dev, src_dev, err;
     char *d, *s;
@@ -851,6 +878,7 @@ static int copy_prepare(void *dst, const void *src, size_t count, int kind, stru
         int want_dst_dev = kind == MEMCPY_H2D || kind == MEMCPY_D2D;
         if (src_dev != want_src_dev || dst_dev != want_dst_dev) return FAKE_cudaErrorInvalidMemcpyDirection;
     }
+    *dir = src_dev ? (dst_dev ? MEMCPY_D2D : MEMCPY_D2H) : (dst_dev ? MEMCPY_H2D : MEMCPY_H2H);
     if (!(w = calloc(1, sizeof *w))) return FAKE_cudaErrorMemoryAllocation;
     w->dst = d;
     w->src = s;
@@ -902,32 +930,115 @@ static int copy_submit(struct copy_work *w, void *stream, int sync) {
     return err;
 }
 
+/* A host->device copy whose source has been copied to staging memory: lands, then gives the
+ * staging memory back. */
+struct staged_copy {
+    char *dst, *staging;
+    size_t n;
+    int device;
+};
+
+static void staged_run(void *arg) {
+    struct staged_copy *c = arg;
+    memcpy(c->dst, c->staging, c->n);
+    free(c->staging);
+    pthread_mutex_lock(&g.mu);
+    g.staged[c->device] -= c->n;    /* the worker broadcasts g.progress once we return */
+    pthread_mutex_unlock(&g.mu);
+    free(c);
+}
+
+/* cudaMemcpy from pageable host memory to the device, as CUDA documents it (runtime API, "API
+ * synchronization behavior", Memcpy, synchronous): a stream sync before the copy starts, then
+ * the call returns once the source is in staging memory; the write to the device is work on the
+ * legacy stream that lands later (after the stream's delay, like any work item). Staging is
+ * bounded per device: past STAGING_CAP outstanding bytes the call waits for earlier copies to
+ * land (one copy bigger than the cap still goes, alone). Consumes w. */
+static int copy_submit_staged(struct copy_work *w) {
+    struct staged_copy *c = calloc(1, sizeof *c);
+    struct item *it = item_new(ITEM_WORK, NULL, 0);
+    struct stream *s = NULL;
+    int err;
+    if (!c || !it) {
+        err = FAKE_cudaErrorMemoryAllocation;
+        goto out;
+    }
+    c->dst = w->dst;
+    c->n = w->n;
+    pthread_mutex_lock(&g.mu);
+    err = stream_resolve(NULL, &s);
+    if (!err) err = stream_wait_idle(s);
+    if (!err) {
+        c->device = s->device;
+        while (g.staged[c->device] > 0 && g.staged[c->device] + c->n > STAGING_CAP)
+            pthread_cond_wait(&g.progress, &g.mu);
+        g.staged[c->device] += c->n;
+    }
+    pthread_mutex_unlock(&g.mu);
+    if (err) goto out;
+    /* Outside the lock: a big copy must not stall every stream. */
+    if ((c->staging = malloc(c->n)) != NULL) memcpy(c->staging, w->src, c->n);
+    it->fn = staged_run;
+    it->arg = c;
+    pthread_mutex_lock(&g.mu);
+    if (!c->staging) err = FAKE_cudaErrorMemoryAllocation;
+    else err = stream_enqueue(s, it);
+    if (err) g.staged[c->device] -= c->n;
+    pthread_mutex_unlock(&g.mu);
+    if (!err) {
+        it = NULL;
+        c = NULL;
+    }
+out:
+    if (c) free(c->staging);
+    free(c);
+    free(it);
+    free(w);
+    return err;
+}
+
+/* cudaMemcpy, per direction (the same section of CUDA's documentation): host to device is
+ * staged (above); device to host returns once the copy is complete; device to device does no
+ * host-side synchronisation; host to host is fully synchronous. FAKE_CUDA_SYNC_COPIES=1: every
+ * direction waits for the legacy stream, as this fake did before it staged copies. */
 API int cudaMemcpy(void *dst, const void *src, size_t count, int kind) {
-    struct copy_work *w;
-    int err = need_device();
-    if (!err) err = copy_prepare(dst, src, count, kind, &w);
-    if (!err) err = copy_submit(w, NULL, 1);
-    return ret(err);
+    struct copy_work *w = NULL;
+    int dir = MEMCPY_H2H, err = need_device();
+    if (!err) err = copy_prepare(dst, src, count, kind, &w, &dir);
+    if (err || !w) return ret(err);
+    if (g.sync_copies) return ret(copy_submit(w, NULL, 1));
+    switch (dir) {
+    case MEMCPY_H2H:
+        memmove(w->dst, w->src, w->n);
+        free(w);
+        return FAKE_cudaSuccess;
+    case MEMCPY_H2D: return ret(copy_submit_staged(w));
+    case MEMCPY_D2D: return ret(copy_submit(w, NULL, 0));
+    default: return ret(copy_submit(w, NULL, 1));
+    }
 }
 
 API int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void *stream) {
-    struct copy_work *w;
-    int err = need_device();
-    if (!err) err = copy_prepare(dst, src, count, kind, &w);
+    struct copy_work *w = NULL;
+    int dir = MEMCPY_H2H, err = need_device();
+    if (!err) err = copy_prepare(dst, src, count, kind, &w, &dir);
     if (!err) err = copy_submit(w, stream, 0);
     return ret(err);
 }
 
+/* CUDA's synchronous cudaMemset is asynchronous with respect to the host when the target is
+ * device memory (runtime API, "API synchronization behavior", Memset): work on the legacy
+ * stream, not waited for (FAKE_CUDA_SYNC_COPIES=1: waited for). */
 API int cudaMemset(void *devPtr, int value, size_t count) {
-    struct copy_work *w;
+    struct copy_work *w = NULL;
     int err = need_device();
     if (!err) err = memset_prepare(devPtr, value, count, &w);
-    if (!err) err = copy_submit(w, NULL, 1);
+    if (!err) err = copy_submit(w, NULL, g.sync_copies);
     return ret(err);
 }
 
 API int cudaMemsetAsync(void *devPtr, int value, size_t count, void *stream) {
-    struct copy_work *w;
+    struct copy_work *w = NULL;
     int err = need_device();
     if (!err) err = memset_prepare(devPtr, value, count, &w);
     if (!err) err = copy_submit(w, stream, 0);
@@ -995,8 +1106,8 @@ API int cudaStreamQuery(void *stream) {
 }
 
 API int cudaStreamWaitEvent(void *stream, void *event, unsigned int flags) {
-    struct stream *s;
-    struct event *e;
+    struct stream *s = NULL;
+    struct event *e = NULL;
     struct item *wait;
     int err;
     if (flags & ~1u) return ret(FAKE_cudaErrorInvalidValue);   /* 0, or cudaEventWaitExternal */
@@ -1048,7 +1159,7 @@ API int cudaEventCreate(void **event) {
 }
 
 API int cudaEventRecord(void *event, void *stream) {
-    struct stream *s;
+    struct stream *s = NULL;
     struct event *e;
     struct item *mark;
     int err;

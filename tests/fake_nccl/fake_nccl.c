@@ -42,11 +42,15 @@
  *                 buffer is left untouched). Outside a group each ncclSend/ncclRecv is its own
  *                 operation (so, as in NCCL, a rank that sends before it receives may wait for
  *                 a peer that does the same).
- *   Groups        ncclGroupStart/End nest (a depth per thread). Calls in between are checked at
- *                 once and held; the outermost End issues, per communicator in order of first
- *                 appearance, its collectives in call order, then all of its sends and receives
- *                 as one operation that progresses them together (sending to and receiving
- *                 from the same peer, or itself, cannot deadlock). ncclCommInitRank[Config] and
+ *   Groups        ncclGroupStart/End nest, with one depth per thread for all communicators (NCCL:
+ *                 "group primitives define the behavior of the current thread"). Calls in
+ *                 between, whichever communicator they are for, are checked at once and held
+ *                 (NCCL: inside a group an operation may return before it is enqueued), so
+ *                 stream work enqueued between an inner End and the outermost one (an event
+ *                 record) comes before them. The outermost End issues, per communicator in order
+ *                 of first appearance, its collectives in call order, then all of its sends and
+ *                 receives as one operation that progresses them together (sending to and
+ *                 receiving from the same peer, or itself, cannot deadlock). ncclCommInitRank[Config] and
  *                 ncclCommSplit inside a group run their rendezvous in the background; End
  *                 waits for the blocking ones.
  *   Init/split    Blocking by default. With config->blocking == 0 the call returns
@@ -75,12 +79,15 @@
  *   comms         communicators too (NCCL may return ncclInProgress there; callers must accept
  *                 both). A collective on a communicator still initialising: ncclInvalidUsage.
  *
- * INJECTION SWITCHES (environment, read when a communicator is created: init or split)
+ * INJECTION SWITCHES (environment, read when a communicator is created: init or split; they
+ * act on the process that has them, so a test sets one in a single forked rank to fail that rank)
  *   FAKE_NCCL_VERSION=V          ncclGetVersion reports V (default 22809; 21805 plays NCCL 2.18.5);
  *                                read at every call. Every function exists whatever V says.
  *   FAKE_NCCL_INIT_FAIL=code     ncclCommInitRank[Config] fails with that ncclResult_t (1 is what
  *                                the real library returns without a GPU). Blocking: returned, and
  *                                *comm = NULL; nonblocking: ncclInProgress, then the async error.
+ *                                The rank never joins: its peers' inits stay in progress (blocking:
+ *                                never return) until ncclCommAbort, which returns at once.
  *   FAKE_NCCL_INIT_INPROGRESS=N  a nonblocking init/split reports ncclInProgress for the first N
  *                                polls of ncclCommGetAsyncError, and in any case until the peers
  *                                have all arrived (default: until they have, plus one poll).
@@ -92,8 +99,27 @@
  *                                call returns ncclSuccess, nothing is enqueued: that process is
  *                                "stuck before the call"); its peers wait until aborted.
  *   FAKE_NCCL_HANG_AFTER=N       with HANG_RANK: only from that rank's (N+1)-th operation on.
+ *   FAKE_NCCL_FAIL_OP=N          this rank's N-th operation (from 1) fails as a broken NCCL
+ *                                operation does: when the stream reaches it, the communicator's
+ *                                async error becomes FAKE_NCCL_ASYNC_ERROR_CODE (default 6), then
+ *                                it completes without doing its work (output buffers keep their
+ *                                contents), so events recorded after it fire; so does every later
+ *                                operation, until ncclCommAbort. The shared segment is marked
+ *                                broken: whatever a peer is waiting for on it (its matching
+ *                                operation, later ones, a split) ends with the async error
+ *                                ncclRemoteError on the peer's communicator, as when a real
+ *                                peer's connection closes; so the switch may be set on one rank
+ *                                only. A peer that is not inside an operation learns of it with
+ *                                its next one (nothing is reported while it is idle).
  *   An "operation" is what reaches a stream: a collective, an ncclSend or ncclRecv outside a
- *   group, or all of one communicator's sends and receives of one group.
+ *   group, or all of one communicator's sends and receives of one group. Count-0 collectives are
+ *   not operations; operations dropped by HANG_RANK are.
+ *   ncclGetLastError names each injected failure: "fake NCCL: operation 3 failed
+ *   (FAKE_NCCL_FAIL_OP=3): error 6", "fake NCCL: peer rank 1 failed (FAKE_NCCL_FAIL_OP there):
+ *   remote error", "fake NCCL: init failed (FAKE_NCCL_INIT_FAIL=1)", "fake NCCL: asynchronous
+ *   error 6 after 2 operations (FAKE_NCCL_ASYNC_ERROR_AFTER)". NCCL's last error is per process
+ *   (comm is unused); the fake returns comm's own injected failure when the latest one in the
+ *   process was another communicator's (thread ranks sharing a process).
  *
  * Written from the public NCCL documentation and nccl.h's signatures; no NCCL or CUDA header is
  * included. Limits: at most 1024 ranks; dtypes 0..9 (no fp8); ops sum, prod, max, min, avg.
@@ -135,6 +161,7 @@ enum {
     ncclInProgress = 7
 };
 #define RC_ABORTED (-1)          /* internal: the wait was cut short by ncclCommAbort */
+#define RC_BROKEN (-2)           /* internal: a peer's FAKE_NCCL_FAIL_OP broke the communicator */
 
 enum {
     DT_INT8, DT_UINT8, DT_INT32, DT_UINT32, DT_INT64, DT_UINT64,
@@ -190,6 +217,7 @@ struct slot {
 struct seg_header {
     _Atomic int32_t nranks;        /* the first rank to attach sets it; the others compare */
     _Atomic uint32_t attached;
+    _Atomic int32_t broken_by;     /* 1 + the rank whose FAKE_NCCL_FAIL_OP fired; 0: none */
     struct barrier coll;           /* collectives, on stream workers */
     struct barrier boot;           /* host-side exchanges (split) */
 };
@@ -259,11 +287,12 @@ struct comm {
     uint64_t calls;              /* operations issued or dropped: the injections count these */
     uint64_t issued, executed;   /* stream operations: the next one runs when executed == seq */
     uint64_t ops_done;           /* completed, for FAKE_NCCL_ASYNC_ERROR_AFTER */
+    char last_error[256];        /* the latest injected failure's text (mu), for ncclGetLastError */
     uint64_t splits, split_turn; /* splits called / finished their exchange on this parent */
     int finalizing;
     uint32_t coll_gen, boot_gen; /* barrier generations this rank has passed */
     /* Injections. */
-    long async_error_after, hang_after;
+    long async_error_after, hang_after, fail_op;
     int hang_rank, async_error_code, init_fail;
 };
 
@@ -293,7 +322,9 @@ struct op {
     size_t count;
     int dtype, redop, root;
     uint64_t seq;
+    uint64_t number;             /* this rank's operation count, from 1 (FAKE_NCCL_FAIL_OP) */
     int broken;                  /* FAKE_NCCL_ASYNC_ERROR_AFTER: never completes until abort */
+    int fail;                    /* FAKE_NCCL_FAIL_OP: fails, and so does every later one */
     struct p2p *p2p;
     int np2p;
 };
@@ -303,6 +334,7 @@ static struct {
     struct comm *comms;
     struct comm *parked;         /* inherited by a forked child: never touched */
     char last_error[256];
+    const struct comm *last_error_comm;   /* an injected failure's communicator (compared only) */
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local struct {
@@ -329,9 +361,16 @@ static int set_error(int rc, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(g.last_error, sizeof g.last_error, fmt, ap);
     va_end(ap);
+    g.last_error_comm = NULL;
     pthread_mutex_unlock(&g.mu);
     return rc;
 }
+
+/* An injected failure of communicator c: its text becomes the last error, and stays c's own
+ * (ncclGetLastError(c)) even if another communicator of this process fails after it. Only the
+ * first injected failure of c is kept: later ones are its consequences. */
+struct comm;
+static void comm_note_error(struct comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static size_t dtype_size(int dtype) {
     static const size_t sizes[DT_COUNT] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
@@ -394,7 +433,9 @@ static void bell_sleep(struct bell *b, uint32_t seen) {
 typedef int (*wait_pred)(const struct comm *c, const void *ctx);
 
 /* Wait on c's segment until done(c, ctx) holds. 0, or RC_ABORTED when c or *also_stop (a split
- * child waiting on its parent's segment) is aborted. */
+ * child waiting on its parent's segment) is aborted, or RC_BROKEN when a rank's
+ * FAKE_NCCL_FAIL_OP broke the communicator (as a real NCCL's wait ends when a peer's connection
+ * closes). */
 static int seg_wait(const struct comm *c, atomic_int *also_stop, wait_pred done, const void *ctx) {
     struct bell *b = &seg_slot(c, c->rank)->bell;
     for (;;) {
@@ -402,6 +443,7 @@ static int seg_wait(const struct comm *c, atomic_int *also_stop, wait_pred done,
         if (done(c, ctx)) return 0;
         if (atomic_load(&((struct comm *)c)->aborted) || (also_stop && atomic_load(also_stop)))
             return RC_ABORTED;
+        if (atomic_load(&seg_header(c)->broken_by)) return RC_BROKEN;
         bell_sleep(b, seen);
     }
 }
@@ -421,14 +463,15 @@ static int barrier_passed(const struct comm *c, const void *ctx) {
  * next generation, so nobody can arrive early at the next barrier and be counted here. */
 static int barrier_wait(const struct comm *c, atomic_int *also_stop, struct barrier *b, uint32_t *gen) {
     struct barrier_ctx x;
+    int rc;
     x.b = b;
     x.gen = *gen;
     if (atomic_fetch_add(&b->count, 1) + 1 == (uint32_t)c->nranks) {
         atomic_store(&b->count, 0);
         atomic_store(&b->gen, x.gen + 1);
         ring_all(c);
-    } else if (seg_wait(c, also_stop, barrier_passed, &x) != 0) {
-        return RC_ABORTED;
+    } else if ((rc = seg_wait(c, also_stop, barrier_passed, &x)) != 0) {
+        return rc;
     }
     *gen = x.gen + 1;
     return 0;
@@ -508,6 +551,7 @@ static struct comm *comm_new(int nranks, int rank, int blocking) {
     c->hang_after = env_long("FAKE_NCCL_HANG_AFTER", 0);
     c->inprogress_polls = env_long("FAKE_NCCL_INIT_INPROGRESS", -1);
     c->init_fail = (int)env_long("FAKE_NCCL_INIT_FAIL", 0);
+    c->fail_op = env_long("FAKE_NCCL_FAIL_OP", 0);
     c->refs = 1;
     c->handle_live = 1;
     pthread_mutex_lock(&g.mu);
@@ -547,6 +591,24 @@ static int comm_usable(struct comm *c) {
     return ncclSuccess;
 }
 
+static void comm_note_error(struct comm *c, const char *fmt, ...) {
+    char text[sizeof c->last_error];
+    va_list ap;
+    int first;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    first = c->last_error[0] == 0;
+    if (first) memcpy(c->last_error, text, sizeof text);
+    pthread_mutex_unlock(&c->mu);
+    if (!first) return;
+    pthread_mutex_lock(&g.mu);
+    memcpy(g.last_error, text, sizeof text);
+    g.last_error_comm = c;
+    pthread_mutex_unlock(&g.mu);
+}
+
 /* ---------------------------------------------------------------- rendezvous */
 
 struct attach_ctx {
@@ -563,6 +625,7 @@ static int seg_open(struct comm *c, char **out) {
     struct stat st;
     int fd = shm_open(c->name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
     char *map;
+    *out = NULL;
     if (fd < 0) return set_error(ncclSystemError, "shm_open(%s): %s", c->name, strerror(errno));
     if (flock(fd, LOCK_EX) != 0 || fstat(fd, &st) != 0 ||
         ((size_t)st.st_size < c->L.total && ftruncate(fd, (off_t)c->L.total) != 0)) {
@@ -584,7 +647,7 @@ static int seg_attach(struct comm *c) {
     struct attach_ctx all;
     int32_t expect = 0;
     uint32_t zero = 0;
-    char *map;
+    char *map = NULL;   /* gcc 13 -O2 cannot see that seg_open sets it whenever it returns 0 */
     int rc, r;
     layout_of(c->nranks, &c->L);
     if ((rc = seg_open(c, &map)) != 0) return rc;
@@ -633,17 +696,18 @@ static int split_exchange(struct comm *p, uint64_t seq, int color, int key, atom
                           int *new_rank, int *new_n) {
     struct slot *me = seg_slot(p, p->rank);
     int r, rank = 0, n = 0;
+    int rc;
     if (split_wait_turn(p, seq, also_stop) != 0) return RC_ABORTED;
     me->split_color = color;
     me->split_key = key;
-    if (barrier_wait(p, also_stop, &seg_header(p)->boot, &p->boot_gen) != 0) return RC_ABORTED;
+    if ((rc = barrier_wait(p, also_stop, &seg_header(p)->boot, &p->boot_gen)) != 0) return rc;
     for (r = 0; r < p->nranks; r++) {
         const struct slot *s = seg_slot(p, r);
         if (s->split_color != color || color == SPLIT_NOCOLOR) continue;
         n++;
         if (s->split_key < key || (s->split_key == key && r < p->rank)) rank++;
     }
-    if (barrier_wait(p, also_stop, &seg_header(p)->boot, &p->boot_gen) != 0) return RC_ABORTED;
+    if ((rc = barrier_wait(p, also_stop, &seg_header(p)->boot, &p->boot_gen)) != 0) return rc;
     pthread_mutex_lock(&p->mu);
     p->split_turn++;
     pthread_cond_broadcast(&p->cv);
@@ -678,6 +742,8 @@ static int comm_rendezvous(struct comm *c) {
     int rc;
     if (c->parent) {
         rc = split_exchange(c->parent, c->split_seq, c->color, c->key, &c->aborted, &c->rank, &c->nranks);
+        if (rc == RC_BROKEN)
+            return set_error(ncclRemoteError, "fake NCCL: split of a communicator a peer's FAKE_NCCL_FAIL_OP broke");
         if (rc) return set_error(ncclInvalidUsage, "split aborted");
         split_name(c->parent, c->split_seq, c->color, c->name);
     }
@@ -686,15 +752,19 @@ static int comm_rendezvous(struct comm *c) {
 
 /* Publish the outcome; FAKE_NCCL_ASYNC_ERROR_AFTER=0 breaks the communicator from the start. */
 static void comm_set_ready(struct comm *c, int rc) {
+    int broken = rc == 0 && c->async_error_after == 0;
+    if (broken) comm_note_error(c, "fake NCCL: asynchronous error %d from the start (FAKE_NCCL_ASYNC_ERROR_AFTER=0)",
+                                c->async_error_code);
     pthread_mutex_lock(&c->mu);
     c->init_result = rc;
-    if (rc == 0 && c->async_error_after == 0) atomic_store(&c->async_error, c->async_error_code);
+    if (broken) atomic_store(&c->async_error, c->async_error_code);
     atomic_store(&c->ready, 1);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
 
 static void task_rendezvous(struct comm *c) {
+    if (c->init_fail) comm_note_error(c, "fake NCCL: init failed (FAKE_NCCL_INIT_FAIL=%d)", c->init_fail);
     comm_set_ready(c, c->init_fail ? c->init_fail : comm_rendezvous(c));
 }
 
@@ -766,7 +836,7 @@ static int comm_launch(struct comm *c, ncclComm_t *out) {
     if (c->blocking && !in_group()) {
         rc = c->init_fail ? c->init_fail : comm_rendezvous(c);
         if (rc) {
-            if (c->init_fail) set_error(rc, "FAKE_NCCL_INIT_FAIL=%d", rc);
+            if (c->init_fail) set_error(rc, "fake NCCL: init failed (FAKE_NCCL_INIT_FAIL=%d)", rc);
             comm_wake(c);
             comm_release_handle(c);
             *out = NULL;
@@ -1011,12 +1081,29 @@ API const char *ncclGetErrorString(int result) {
     }
 }
 
+/* NCCL's last error is the process's (its comm argument is unused). Here too, except that when
+ * the latest error was another communicator's injected failure and comm has one of its own,
+ * comm's is returned: thread ranks of one process do not read each other's. */
 API const char *ncclGetLastError(ncclComm_t comm) {
     static _Thread_local char copy[sizeof g.last_error];
-    (void)comm;
-    pthread_mutex_lock(&g.mu);
-    memcpy(copy, g.last_error, sizeof copy);
-    pthread_mutex_unlock(&g.mu);
+    struct comm *c = comm_acquire(comm);
+    int own = 0;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        if (c->last_error[0]) {
+            pthread_mutex_lock(&g.mu);
+            own = g.last_error_comm && g.last_error_comm != c;
+            pthread_mutex_unlock(&g.mu);
+            if (own) memcpy(copy, c->last_error, sizeof copy);
+        }
+        pthread_mutex_unlock(&c->mu);
+        comm_release(c);
+    }
+    if (!own) {
+        pthread_mutex_lock(&g.mu);
+        memcpy(copy, g.last_error, sizeof copy);
+        pthread_mutex_unlock(&g.mu);
+    }
     return copy;
 }
 
@@ -1291,13 +1378,13 @@ static int coll_run(struct comm *c, const struct op *op) {
     uint64_t rounds = (op->count + chunk - 1) / chunk, r;
     for (r = 0; r < rounds; r++) {
         size_t lo = (size_t)r * chunk, k = op->count - lo < chunk ? op->count - lo : chunk;
-        int agree;
+        int agree, rc;
         coll_write(c, op, lo, k, chunk);
         coll_describe(op, r, &seg_slot(c, c->rank)->desc);
-        if (barrier_wait(c, NULL, b, &c->coll_gen) != 0) return RC_ABORTED;
+        if ((rc = barrier_wait(c, NULL, b, &c->coll_gen)) != 0) return rc;
         agree = coll_descs_agree(c);
         if (agree) coll_read(c, op, lo, k, chunk);
-        if (barrier_wait(c, NULL, b, &c->coll_gen) != 0) return RC_ABORTED;
+        if ((rc = barrier_wait(c, NULL, b, &c->coll_gen)) != 0) return rc;
         if (!agree) {
             set_error(ncclInvalidUsage, "ranks disagree on a collective (kind, count, dtype, op or root)");
             return ncclInvalidUsage;
@@ -1382,6 +1469,7 @@ static int p2p_run(struct comm *c, struct op *op) {
         if (!pending) break;
         if (moved) continue;
         if (atomic_load(&c->aborted)) return RC_ABORTED;
+        if (atomic_load(&seg_header(c)->broken_by)) return RC_BROKEN;
         bell_sleep(bell, seen);
     }
     for (i = 0; i < op->np2p; i++) mismatch |= op->p2p[i].mismatch;
@@ -1409,13 +1497,45 @@ static void comm_wait_abort(struct comm *c) {
 /* The operation is over (done, failed, or cut short): let the next one run, and count it for
  * FAKE_NCCL_ASYNC_ERROR_AFTER. */
 static void comm_finish_turn(struct comm *c, int rc) {
+    int injected = 0;
     pthread_mutex_lock(&c->mu);
     c->executed++;
     if (rc > 0 && atomic_load(&c->async_error) == 0) atomic_store(&c->async_error, rc);
-    if (rc != RC_ABORTED && ++c->ops_done == (uint64_t)c->async_error_after)
+    if (rc != RC_ABORTED && ++c->ops_done == (uint64_t)c->async_error_after) {
         atomic_store(&c->async_error, c->async_error_code);
+        injected = 1;
+    }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (injected)
+        comm_note_error(c, "fake NCCL: asynchronous error %d after %ld operations (FAKE_NCCL_ASYNC_ERROR_AFTER)",
+                        c->async_error_code, c->async_error_after);
+}
+
+/* FAKE_NCCL_FAIL_OP: operation op->number, or a later one, on this rank. The first sets the
+ * asynchronous error and marks the shared segment broken (ringing every rank, so that peers
+ * waiting for us give up: seg_wait, p2p_run); each completes without touching its buffers. */
+static int op_fail(struct comm *c, const struct op *op) {
+    int32_t none = 0;
+    int first = atomic_load(&c->async_error) == 0;
+    if (first) {
+        atomic_store(&c->async_error, c->async_error_code);
+        comm_note_error(c, "fake NCCL: operation %llu failed (FAKE_NCCL_FAIL_OP=%ld): error %d",
+                        (unsigned long long)op->number, c->fail_op, c->async_error_code);
+    }
+    if (atomic_compare_exchange_strong(&seg_header(c)->broken_by, &none, c->rank + 1)) ring_all(c);
+    return c->async_error_code;
+}
+
+/* A peer's FAKE_NCCL_FAIL_OP broke the communicator: the wait ends with ncclRemoteError, as a
+ * real NCCL's does when the peer's proxy closes the connection. */
+static int op_peer_failed(struct comm *c) {
+    int by = atomic_load(&seg_header(c)->broken_by) - 1;
+    if (atomic_load(&c->async_error) == 0) {
+        atomic_store(&c->async_error, ncclRemoteError);
+        comm_note_error(c, "fake NCCL: peer rank %d failed (FAKE_NCCL_FAIL_OP there): remote error", by);
+    }
+    return ncclRemoteError;
 }
 
 /* The stream worker's entry point for every operation. */
@@ -1424,9 +1544,12 @@ static void op_run(void *arg) {
     struct comm *c = op->comm;
     int rc = RC_ABORTED;
     if (comm_wait_turn(c, op->seq) == 0) {
-        if (op->broken) comm_wait_abort(c);
+        if (op->fail) rc = op_fail(c, op);
+        else if (op->broken) comm_wait_abort(c);
+        else if (atomic_load(&seg_header(c)->broken_by)) rc = RC_BROKEN;
         else rc = op->kind == OP_P2P ? p2p_run(c, op) : coll_run(c, op);
     }
+    if (rc == RC_BROKEN) rc = op_peer_failed(c);
     comm_finish_turn(c, rc);
     op_free(op);                    /* drops the reference: may free an aborted comm */
 }
@@ -1466,6 +1589,8 @@ static int op_issue(struct op *op) {
         return ncclSuccess;
     }
     op->broken = c->async_error_after >= 0 && index >= (uint64_t)c->async_error_after;
+    op->number = index + 1;
+    op->fail = c->fail_op > 0 && op->number >= (uint64_t)c->fail_op;
     op->seq = c->issued++;
     if (op->kind == OP_P2P) p2p_join_streams(op, 1);
     err = fake_cuda_enqueue(op->stream, op_run, op);
@@ -1533,7 +1658,7 @@ static void coll_extents(const struct coll_args *a, int rank, int n, size_t *sen
 
 static int coll_call(const struct coll_args *a, ncclComm_t comm, void *stream) {
     struct comm *c = comm_acquire(comm);
-    struct op *op;
+    struct op *op = NULL;
     size_t es = dtype_size(a->dtype), se, re;
     int su, ru, rc;
     char *send = NULL, *recv = NULL;
@@ -1577,7 +1702,7 @@ static int coll_call(const struct coll_args *a, ncclComm_t comm, void *stream) {
 
 static int p2p_call(int is_send, const void *buf, size_t count, int dtype, int peer, ncclComm_t comm, void *stream) {
     struct comm *c = comm_acquire(comm);
-    struct op *op;
+    struct op *op = NULL;
     size_t es = dtype_size(dtype);
     char *shadow = NULL;
     int rc;

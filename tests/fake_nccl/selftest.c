@@ -208,6 +208,21 @@ static void sleep_ms(int ms) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
+/* cudaMemcpy host->device may return before the data lands, and cudaMemset of device memory
+ * before it is done (CUDA allows both; the fake does both: fake_cudart.c, "Copies"), and an
+ * NCCL call on a non-blocking stream does not wait for the legacy stream they run on. So the
+ * NCCL tests wait for the legacy stream after each: that stream only, since
+ * cudaDeviceSynchronize would also wait for the streams of thread ranks inside a collective. */
+static void to_device(void *dev, const void *host, size_t bytes) {
+    A.cudaMemcpy(dev, host, bytes, H2D);
+    A.cudaStreamSynchronize(NULL);
+}
+
+static void dev_memset(void *dev, int value, size_t bytes) {
+    A.cudaMemset(dev, value, bytes);
+    A.cudaStreamSynchronize(NULL);
+}
+
 /* A work item that holds its stream until the test opens it. */
 struct gate {
     pthread_mutex_t mu;
@@ -745,6 +760,107 @@ static void test_stream_delay(void) {
     A.cudaFree(d);
 }
 
+/* cudaMemcpy and cudaMemset as CUDA documents them (runtime API, "API synchronization behavior"),
+ * re-exec'd with FAKE_CUDA_SYNC_COPIES=0 (the default) or 1. Only the legacy stream runs late
+ * (it is made while FAKE_CUDA_STREAM_DELAY_US is set); the other streams are on time, so a read
+ * on a non-blocking stream shows what has landed. Returns one bit per failed check (AC_*). */
+enum {
+    AC_H2D_EARLY = 1,      /* H2D returned at once; a non-blocking read sees the old data */
+    AC_H2D_LANDS = 2,      /* after cudaDeviceSynchronize: the data as it was at the call */
+    AC_D2H_DONE = 4,       /* D2H complete on return, after the H2D before it */
+    AC_MEMSET_EARLY = 8,   /* cudaMemset of device memory returned before it was done */
+    AC_D2D_EARLY = 16,     /* cudaMemcpy device to device too */
+    AC_BLOCKING = 32,      /* a blocking stream's later work waits for them */
+    AC_SETUP = 64
+};
+#define AC_DELAY_US 200000
+
+static int child_async_copies(void) {
+    enum { N = 1 << 16 };
+    const char *mode = getenv("FAKE_CUDA_SYNC_COPIES");
+    int sync = mode && strcmp(mode, "1") == 0, fail = 0;
+    unsigned char *h = malloc(N), *out = malloc(N);
+    char *d = NULL, *d2 = NULL, *d3 = NULL;
+    void *nb = NULL, *blocking = NULL;
+    double t0, dt;
+    if (load_fakes() != 0 || !h || !out) return AC_SETUP;
+    setenv("FAKE_CUDA_STREAM_DELAY_US", "200000", 1);
+    A.cudaStreamQuery(NULL);                        /* the legacy stream exists now: late */
+    unsetenv("FAKE_CUDA_STREAM_DELAY_US");
+    if (A.cudaStreamCreateWithFlags(&nb, NONBLOCKING_STREAM) != 0 || A.cudaStreamCreate(&blocking) != 0 ||
+        A.cudaMalloc((void **)&d, N) != 0 || A.cudaMalloc((void **)&d2, N) != 0 || A.cudaMalloc((void **)&d3, N) != 0)
+        return AC_SETUP;
+    A.cudaMemsetAsync(d, 0x11, N, nb);              /* the old data, on time */
+    A.cudaStreamSynchronize(nb);
+
+    memset(h, 0x22, N);
+    t0 = now_s();
+    A.cudaMemcpy(d, h, N, H2D);
+    dt = now_s() - t0;
+    memset(h, 0x33, N);                             /* too late: the copy has its own */
+    A.cudaMemcpyAsync(out, d, N, D2H, nb);
+    A.cudaStreamSynchronize(nb);
+    if (sync ? out[0] != 0x22 : out[0] != 0x11 || out[N - 1] != 0x11 || dt * 1e6 >= AC_DELAY_US) fail |= AC_H2D_EARLY;
+    A.cudaDeviceSynchronize();
+    A.cudaMemcpyAsync(out, d, N, D2H, nb);
+    A.cudaStreamSynchronize(nb);
+    if (out[0] != 0x22 || out[N - 1] != 0x22) fail |= AC_H2D_LANDS;
+
+    memset(h, 0x44, N);
+    A.cudaMemcpy(d, h, N, H2D);
+    memset(out, 0, N);
+    A.cudaMemcpy(out, d, N, D2H);                   /* the legacy stream: after the H2D */
+    if (out[0] != 0x44 || out[N - 1] != 0x44) fail |= AC_D2H_DONE;
+
+    A.cudaMemset(d, 0x55, N);
+    A.cudaMemcpyAsync(out, d, N, D2H, nb);
+    A.cudaStreamSynchronize(nb);
+    if (out[0] != (sync ? 0x55 : 0x44)) fail |= AC_MEMSET_EARLY;
+    A.cudaMemcpy(d2, d, N, D2D);                    /* d2 is fresh: zeros */
+    A.cudaMemcpyAsync(out, d2, N, D2H, nb);
+    A.cudaStreamSynchronize(nb);
+    if (out[0] != (sync ? 0x55 : 0)) fail |= AC_D2D_EARLY;
+    A.cudaMemcpyAsync(out, d2, N, D2H, blocking);
+    A.cudaStreamSynchronize(blocking);
+    if (out[0] != 0x55 || out[N - 1] != 0x55) fail |= AC_BLOCKING;
+
+    A.cudaMemcpy(d3, h, N, H2D);                    /* cudaFree waits for it to land (else SIGSEGV) */
+    A.cudaFree(d3);
+    A.cudaFree(d2);
+    A.cudaFree(d);
+    A.cudaStreamDestroy(nb);
+    A.cudaStreamDestroy(blocking);
+    unload_fakes();
+    free(h);
+    free(out);
+    return fail;
+}
+
+static void test_async_copies(void) {
+    static const struct { int bit; const char *async_text, *sync_text; } checks[] = {
+        {AC_H2D_EARLY, "cudaMemcpy H2D returns before the late legacy stream lands it: a non-blocking "
+         "stream's async D2H reads the old data", "cudaMemcpy H2D waited: a non-blocking read sees the new data"},
+        {AC_H2D_LANDS, "... after cudaDeviceSynchronize it reads the new data, as the host buffer was at the "
+         "call (staged)", "... and still does after cudaDeviceSynchronize"},
+        {AC_D2H_DONE, "cudaMemcpy D2H is complete on return, and ordered after the H2D before it",
+         "cudaMemcpy D2H is complete on return"},
+        {AC_MEMSET_EARLY, "cudaMemset of device memory returns before it is done",
+         "cudaMemset of device memory waited"},
+        {AC_D2D_EARLY, "cudaMemcpy D2D returns before it is done", "cudaMemcpy D2D waited"},
+        {AC_BLOCKING, "a blocking stream's later work waits for the legacy stream's copies",
+         "a blocking stream's later work sees the copies"},
+    };
+    int mode;
+    for (mode = 0; mode < 2; mode++) {
+        int st = run_self("--child-async-copies", "FAKE_CUDA_SYNC_COPIES", mode ? "1" : "0"), i;
+        int fail = WIFEXITED(st) ? WEXITSTATUS(st) : 0xff;
+        if (fail & AC_SETUP) diag("async copies: setup failed, or the child died (status %d)", st);
+        for (i = 0; i < (int)(sizeof checks / sizeof checks[0]); i++)
+            ok(!(fail & checks[i].bit), "FAKE_CUDA_SYNC_COPIES=%d, legacy stream %d ms late: %s", mode,
+               AC_DELAY_US / 1000, mode ? checks[i].sync_text : checks[i].async_text);
+    }
+}
+
 /* ---------------------------------------------------------------- NCCL: processes */
 
 /* One rank of a 2-process all-reduce; returns 0 when every check passed. */
@@ -760,7 +876,7 @@ static int two_process_rank(uid_t128 id, int rank) {
     A.cudaMalloc((void **)&d, N * sizeof *d);
     A.cudaMalloc((void **)&d2, N * sizeof *d2);
     for (i = 0; i < N; i++) h[i] = (float)(i % 1000) + (float)rank * 0.5f;
-    A.cudaMemcpy(d, h, N * sizeof *h, H2D);
+    to_device(d, h, N * sizeof *h);
     if (A.ncclAllReduce(d, d2, N, DT_F32, OP_SUM, comm, s) != 0) bad |= 1;
     if (A.ncclAllReduce(d, d, N, DT_F32, OP_MAX, comm, s) != 0) bad |= 2;       /* in place */
     A.cudaStreamSynchronize(s);
@@ -933,14 +1049,14 @@ static void matrix_allreduce(struct world *w, struct rank_bufs *b, int rank) {
                 encode(dt, mval(rank, i), b->hsend + i * es);
                 encode(dt, reduce_expect(op, w->n, i, rank_of_identity), b->hwant + i * es);
             }
-            A.cudaMemcpy(b->dsend, b->hsend, K * es, H2D);
+            to_device(b->dsend, b->hsend, K * es);
             if (A.ncclAllReduce(b->dsend, b->drecv, K, dt, op, b->comm, b->stream) != 0 ||
                 !recv_matches(b, 0, K * es)) {
                 if (all) diag("rank %d: all-reduce dtype %d op %d differs", rank, dt, op);
                 all = 0;
             }
             if (op == OP_SUM || op == OP_AVG) {           /* the same, in place */
-                A.cudaMemcpy(b->drecv, b->hsend, K * es, H2D);
+                to_device(b->drecv, b->hsend, K * es);
                 if (A.ncclAllReduce(b->drecv, b->drecv, K, dt, op, b->comm, b->stream) != 0 ||
                     !recv_matches(b, 0, K * es))
                     inplace = 0;
@@ -960,7 +1076,7 @@ static void matrix_allreduce_big(struct world *w, struct rank_bufs *b, int rank)
         memcpy(b->hsend + i * 4, &x, 4);
         memcpy(b->hwant + i * 4, &want, 4);
     }
-    A.cudaMemcpy(b->dsend, b->hsend, n * 4, H2D);
+    to_device(b->dsend, b->hsend, n * 4);
     rcheck(w, M_ALLREDUCE_BIG, rank,
            A.ncclAllReduce(b->dsend, b->drecv, n, DT_F32, OP_SUM, b->comm, b->stream) == 0 && recv_matches(b, 0, n * 4),
            "wrong sums");
@@ -976,13 +1092,13 @@ static void matrix_reduce_scatter(struct world *w, struct rank_bufs *b, int rank
         for (r = 0; r < w->n; r++) want += (long)(((size_t)rank * rc + i) % 1000) + r;
         encode(DT_INT32, want, b->hwant + i * 4);
     }
-    A.cudaMemcpy(b->dsend, b->hsend, rc * n * 4, H2D);
+    to_device(b->dsend, b->hsend, rc * n * 4);
     rcheck(w, M_REDUCE_SCATTER, rank,
            A.ncclReduceScatter(b->dsend, b->drecv, rc, DT_INT32, OP_SUM, b->comm, b->stream) == 0 &&
                recv_matches(b, 0, rc * 4),
            "wrong block");
     /* in place: recv = send + rank*rc, in the send allocation */
-    A.cudaMemcpy(b->drecv, b->hsend, rc * n * 4, H2D);
+    to_device(b->drecv, b->hsend, rc * n * 4);
     {
         char *recv = b->drecv + (size_t)rank * rc * 4;
         int rcode = A.ncclReduceScatter(b->drecv, recv, rc, DT_INT32, OP_SUM, b->comm, b->stream);
@@ -999,17 +1115,17 @@ static void matrix_all_gather(struct world *w, struct rank_bufs *b, int rank) {
     for (i = 0; i < k; i++) b->hsend[i] = (unsigned char)(i + (size_t)rank * 17);
     for (r = 0; r < w->n; r++)
         for (i = 0; i < k; i++) b->hwant[(size_t)r * k + i] = (unsigned char)(i + (size_t)r * 17);
-    A.cudaMemcpy(b->dsend, b->hsend, k, H2D);
+    to_device(b->dsend, b->hsend, k);
     good &= A.ncclAllGather(b->dsend, b->drecv, k, DT_UINT8, b->comm, b->stream) == 0 && recv_matches(b, 0, k * n);
     /* int32 */
     fill_i32(b->hsend, k, 1000000L * rank);
     for (r = 0; r < w->n; r++) fill_i32(b->hwant + (size_t)r * k * 4, k, 1000000L * r);
-    A.cudaMemcpy(b->dsend, b->hsend, k * 4, H2D);
+    to_device(b->dsend, b->hsend, k * 4);
     good &= A.ncclAllGather(b->dsend, b->drecv, k, DT_INT32, b->comm, b->stream) == 0 && recv_matches(b, 0, k * n * 4);
     rcheck(w, M_ALL_GATHER, rank, good, "wrong blocks");
     /* in place: our block already sits at recv + rank*k */
-    A.cudaMemset(b->drecv, 0, k * n * 4);
-    A.cudaMemcpy(b->drecv + (size_t)rank * k * 4, b->hsend, k * 4, H2D);
+    dev_memset(b->drecv, 0, k * n * 4);
+    to_device(b->drecv + (size_t)rank * k * 4, b->hsend, k * 4);
     rcheck(w, M_ALL_GATHER_INPLACE, rank,
            A.ncclAllGather(b->drecv + (size_t)rank * k * 4, b->drecv, k, DT_INT32, b->comm, b->stream) == 0 &&
                recv_matches(b, 0, k * n * 4),
@@ -1023,19 +1139,19 @@ static void matrix_rooted(struct world *w, struct rank_bufs *b, int rank) {
     /* broadcast from 1: non-roots pass send = NULL */
     fill_i32(b->hsend, k, 777);
     fill_i32(b->hwant, k, 777);
-    if (rank == 1) A.cudaMemcpy(b->dsend, b->hsend, k * 4, H2D);
-    A.cudaMemset(b->drecv, 0, k * 4);
+    if (rank == 1) to_device(b->dsend, b->hsend, k * 4);
+    dev_memset(b->drecv, 0, k * 4);
     rc = A.ncclBroadcast(rank == 1 ? b->dsend : NULL, b->drecv, k, DT_INT32, 1, b->comm, b->stream);
     rcheck(w, M_BROADCAST, rank, rc == 0 && recv_matches(b, 0, k * 4), "wrong data");
-    A.cudaMemset(b->drecv, 0, k * 4);
-    if (rank == 1) A.cudaMemcpy(b->drecv, b->hsend, k * 4, H2D);
+    dev_memset(b->drecv, 0, k * 4);
+    if (rank == 1) to_device(b->drecv, b->hsend, k * 4);
     rc = A.ncclBroadcast(b->drecv, b->drecv, k, DT_INT32, 1, b->comm, b->stream);
     rcheck(w, M_BROADCAST_INPLACE, rank, rc == 0 && recv_matches(b, 0, k * 4), "wrong data");
 
     /* reduce to 2, max over int64; non-roots pass recv = NULL */
     for (i = 0; i < k; i++) encode(DT_INT64, (long)i * (rank + 1), b->hsend + i * 8);
     for (i = 0; i < k; i++) encode(DT_INT64, (long)i * w->n, b->hwant + i * 8);
-    A.cudaMemcpy(b->dsend, b->hsend, k * 8, H2D);
+    to_device(b->dsend, b->hsend, k * 8);
     rc = A.ncclReduce(b->dsend, rank == 2 ? b->drecv : NULL, k, DT_INT64, OP_MAX, 2, b->comm, b->stream);
     good = rc == 0;
     if (rank == 2) good &= recv_matches(b, 0, k * 8);
@@ -1045,7 +1161,7 @@ static void matrix_rooted(struct world *w, struct rank_bufs *b, int rank) {
     /* all-to-all: block j of rank r carries (r, j) */
     for (r = 0; r < w->n; r++) fill_i32(b->hsend + (size_t)r * k * 4, k, 100000L * rank + 10L * r);
     for (r = 0; r < w->n; r++) fill_i32(b->hwant + (size_t)r * k * 4, k, 100000L * r + 10L * rank);
-    A.cudaMemcpy(b->dsend, b->hsend, k * n * 4, H2D);
+    to_device(b->dsend, b->hsend, k * n * 4);
     rcheck(w, M_ALL_TO_ALL, rank,
            A.ncclAlltoAll(b->dsend, b->drecv, k, DT_INT32, b->comm, b->stream) == 0 && recv_matches(b, 0, k * n * 4),
            "wrong blocks");
@@ -1053,14 +1169,14 @@ static void matrix_rooted(struct world *w, struct rank_bufs *b, int rank) {
     /* gather to 0, then in place (send = recv + root*k at the root) */
     fill_i32(b->hsend, k, 5000000L * rank);
     for (r = 0; r < w->n; r++) fill_i32(b->hwant + (size_t)r * k * 4, k, 5000000L * r);
-    A.cudaMemcpy(b->dsend, b->hsend, k * 4, H2D);
+    to_device(b->dsend, b->hsend, k * 4);
     rc = A.ncclGather(b->dsend, rank == 0 ? b->drecv : NULL, k, DT_INT32, 0, b->comm, b->stream);
     good = rc == 0;
     if (rank == 0) good &= recv_matches(b, 0, k * n * 4);
     else run_sync(b);
     if (rank == 0) {
-        A.cudaMemset(b->drecv, 0, k * n * 4);
-        A.cudaMemcpy(b->drecv, b->hsend, k * 4, H2D);      /* root 0: its block at offset 0 */
+        dev_memset(b->drecv, 0, k * n * 4);
+        to_device(b->drecv, b->hsend, k * 4);      /* root 0: its block at offset 0 */
         rc = A.ncclGather(b->drecv, b->drecv, k, DT_INT32, 0, b->comm, b->stream);
         good &= rc == 0 && recv_matches(b, 0, k * n * 4);
     } else {
@@ -1073,16 +1189,16 @@ static void matrix_rooted(struct world *w, struct rank_bufs *b, int rank) {
     /* scatter from 1, then in place (recv = send + root*k at the root) */
     for (r = 0; r < w->n; r++) fill_i32(b->hsend + (size_t)r * k * 4, k, 3000000L * r + 1);
     fill_i32(b->hwant, k, 3000000L * rank + 1);
-    if (rank == 1) A.cudaMemcpy(b->dsend, b->hsend, k * n * 4, H2D);
-    A.cudaMemset(b->drecv, 0, k * 4);
+    if (rank == 1) to_device(b->dsend, b->hsend, k * n * 4);
+    dev_memset(b->drecv, 0, k * 4);
     rc = A.ncclScatter(rank == 1 ? b->dsend : NULL, b->drecv, k, DT_INT32, 1, b->comm, b->stream);
     good = rc == 0 && recv_matches(b, 0, k * 4);
     if (rank == 1) {
-        A.cudaMemcpy(b->drecv, b->hsend, k * n * 4, H2D);
+        to_device(b->drecv, b->hsend, k * n * 4);
         rc = A.ncclScatter(b->drecv, b->drecv + k * 4, k, DT_INT32, 1, b->comm, b->stream);
         good &= rc == 0 && recv_matches(b, k * 4, k * 4);
     } else {
-        A.cudaMemset(b->drecv, 0, k * 4);
+        dev_memset(b->drecv, 0, k * 4);
         rc = A.ncclScatter(NULL, b->drecv, k, DT_INT32, 1, b->comm, b->stream);
         good &= rc == 0 && recv_matches(b, 0, k * 4);
     }
@@ -1112,8 +1228,8 @@ static void matrix_p2p(struct world *w, struct rank_bufs *b, int rank) {
     int next = (rank + 1) % w->n, prev = (rank + w->n - 1) % w->n, good = 1;
     fill_i32(b->hsend, k, 7000000L * rank);
     fill_i32(b->hsend + k * 4, self, 900L + rank);
-    A.cudaMemcpy(b->dsend, b->hsend, (k + self) * 4, H2D);
-    A.cudaMemset(b->drecv, 0, (k + self) * 4);
+    to_device(b->dsend, b->hsend, (k + self) * 4);
+    dev_memset(b->drecv, 0, (k + self) * 4);
     good &= A.ncclGroupStart() == 0;
     good &= A.ncclGroupStart() == 0;                 /* nested */
     good &= A.ncclSend(b->dsend, k, DT_INT32, next, b->comm, b->stream) == 0;
@@ -1233,7 +1349,7 @@ static void *split_rank(void *arg) {
         good &= child != NULL && A.ncclCommCount(child, &count) == 0 && A.ncclCommUserRank(child, &me) == 0;
         good &= count == want_n && me == want_rank;
         v = rank + 1;
-        A.cudaMemcpy(d, &v, sizeof v, H2D);
+        to_device(d, &v, sizeof v);
         A.ncclAllReduce(d, d, 1, DT_INT32, OP_SUM, child, s);
         A.cudaStreamSynchronize(s);
         A.cudaMemcpy(&v, d, sizeof v, D2H);
@@ -1245,7 +1361,7 @@ static void *split_rank(void *arg) {
     good &= wait_ready(all, &polls) == 0 && polls >= 1;
     good &= A.ncclCommCount(all, &count) == 0 && count == 4 && A.ncclCommUserRank(all, &me) == 0 && me == rank;
     v = 1;
-    A.cudaMemcpy(d, &v, sizeof v, H2D);
+    to_device(d, &v, sizeof v);
     A.ncclAllReduce(d, d, 1, DT_INT32, OP_SUM, all, s);
     A.cudaStreamSynchronize(s);
     A.cudaMemcpy(&v, d, sizeof v, D2H);
@@ -1330,7 +1446,7 @@ static void test_abort_hung(void) {
     for (r = 0; r < 2; r++) {
         A.cudaStreamCreateWithFlags(&s[r], NONBLOCKING_STREAM);
         A.cudaMalloc((void **)&d[r], 4);
-        A.cudaMemcpy(d[r], &v[r], 4, H2D);
+        to_device(d[r], &v[r], 4);
     }
     A.ncclGroupStart();
     for (r = 0; r < 2; r++) A.ncclAllReduce(d[r], d[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
@@ -1411,6 +1527,175 @@ static void test_init_fail(void) {
     ok(A.ncclCommDestroy(c) == 0, "destroy the failed communicator");
 }
 
+/* Two nonblocking ranks driven from this thread; only rank 1's communicator is created with
+ * NAME=VALUE in the environment (the switches are read when a communicator is created), as a
+ * test sets a switch in one forked rank. Returns the two init results. */
+static void init_pair_rank1_env(comm_t c[2], int rc[2], const char *name, const char *value,
+                                const char *name2, const char *value2) {
+    uid_t128 id;
+    config_t nb = config_init(0);
+    A.ncclGetUniqueId(&id);
+    rc[0] = A.ncclCommInitRankConfig(&c[0], 2, id, 0, &nb);
+    setenv(name, value, 1);
+    if (name2) setenv(name2, value2, 1);
+    rc[1] = A.ncclCommInitRankConfig(&c[1], 2, id, 1, &nb);
+    unsetenv(name);
+    if (name2) unsetenv(name2);
+}
+
+/* FAKE_NCCL_FAIL_OP on rank 1 only (with FAKE_NCCL_ASYNC_ERROR_CODE=3 there, to tell its own
+ * error from the peer's): its operation fails and completes without work; rank 0, waiting for
+ * it in a collective (p2p: 0) or a receive (p2p: 1), ends with ncclRemoteError; later
+ * operations complete at once on both; ncclGetLastError says which. */
+static void test_fail_op(int p2p) {
+    const char *what = p2p ? "send/recv" : "all-reduce";
+    comm_t c[2] = {NULL, NULL};
+    void *s[2] = {NULL, NULL}, *e[2] = {NULL, NULL};
+    int *send[2] = {NULL, NULL}, *recv[2] = {NULL, NULL}, rc[2], r, v, got[2], err[2], q[2], i;
+    char text[2][256];
+    init_pair_rank1_env(c, rc, "FAKE_NCCL_FAIL_OP", p2p ? "1" : "2", "FAKE_NCCL_ASYNC_ERROR_CODE", "3");
+    ok(rc[0] == 7 && rc[1] == 7 && wait_ready(c[0], NULL) == 0 && wait_ready(c[1], NULL) == 0,
+       "FAKE_NCCL_FAIL_OP=%d on rank 1 only (%s): init", p2p ? 1 : 2, what);
+    for (r = 0; r < 2; r++) {
+        A.cudaStreamCreateWithFlags(&s[r], NONBLOCKING_STREAM);
+        A.cudaEventCreate(&e[r]);
+        A.cudaMalloc((void **)&send[r], 4);
+        A.cudaMalloc((void **)&recv[r], 4);
+        v = r + 1;
+        to_device(send[r], &v, 4);
+        v = -1;
+        to_device(recv[r], &v, 4);
+    }
+    if (!p2p) {
+        for (r = 0; r < 2; r++) A.ncclAllReduce(send[r], send[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
+        for (r = 0; r < 2; r++) {
+            A.cudaStreamSynchronize(s[r]);
+            A.cudaMemcpy(&got[r], send[r], 4, D2H);
+            err[r] = async_error(c[r]);
+        }
+        ok(got[0] == 3 && got[1] == 3 && err[0] == 0 && err[1] == 0, "... operation 1 runs (%d %d, errors %d %d)",
+           got[0], got[1], err[0], err[1]);
+        for (r = 0; r < 2; r++) A.ncclAllReduce(send[r], recv[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
+    } else {
+        A.ncclRecv(recv[0], 1, DT_INT32, 1, c[0], s[0]);
+        A.ncclSend(send[1], 1, DT_INT32, 0, c[1], s[1]);
+    }
+    for (r = 0; r < 2; r++) A.cudaEventRecord(e[r], s[r]);
+    for (r = 0; r < 2; r++) q[r] = A.cudaEventSynchronize(e[r]);
+    for (r = 0; r < 2; r++) {
+        A.cudaMemcpy(&got[r], recv[r], 4, D2H);
+        err[r] = async_error(c[r]);
+        snprintf(text[r], sizeof text[r], "%s", A.ncclGetLastError(c[r]));   /* one buffer per thread */
+    }
+    ok(q[0] == 0 && q[1] == 0, "... the failing operation completes on rank 1 and ends rank 0's wait: "
+       "events recorded after them fire");
+    ok(err[1] == 3 && err[0] == 6, "... async errors: rank 1 FAKE_NCCL_ASYNC_ERROR_CODE (%d), rank 0 "
+       "ncclRemoteError (%d)", err[1], err[0]);
+    ok(got[0] == -1 && got[1] == -1, "... output buffers untouched (%d %d)", got[0], got[1]);
+    ok(strstr(text[1], p2p ? "operation 1 failed (FAKE_NCCL_FAIL_OP=1)" : "operation 2 failed (FAKE_NCCL_FAIL_OP=2)") &&
+       strstr(text[0], "peer rank 1 failed"), "... ncclGetLastError: \"%s\" / \"%s\"", text[1], text[0]);
+    for (i = 0; i < 2; i++) {
+        for (r = 0; r < 2; r++) A.ncclAllReduce(send[r], recv[r], 1, DT_INT32, OP_SUM, c[r], s[r]);
+        for (r = 0; r < 2; r++) A.cudaEventRecord(e[r], s[r]);
+    }
+    for (r = 0; r < 2; r++) {
+        q[r] = A.cudaEventSynchronize(e[r]);
+        A.cudaMemcpy(&got[r], recv[r], 4, D2H);
+        err[r] = async_error(c[r]);
+    }
+    ok(q[0] == 0 && q[1] == 0 && got[0] == -1 && got[1] == -1 && err[1] == 3 && err[0] == 6,
+       "... later operations complete at once without work on both ranks, the errors stay");
+    ok(A.ncclCommAbort(c[0]) == 0 && A.ncclCommAbort(c[1]) == 0, "... ncclCommAbort both");
+    for (r = 0; r < 2; r++) {
+        A.cudaStreamDestroy(s[r]);
+        A.cudaEventDestroy(e[r]);
+        A.cudaFree(send[r]);
+        A.cudaFree(recv[r]);
+    }
+}
+
+/* NCCL's groups belong to the thread, not to a communicator: an all-reduce on D inside a group
+ * opened around one on C is held until the outermost ncclGroupEnd, so an event recorded on D's
+ * (late) stream after the inner End comes before it. */
+static void test_group_thread_wide(void) {
+    uid_t128 idc, idd;
+    comm_t cc = NULL, cd = NULL;
+    void *sc = NULL, *sd = NULL, *reader = NULL, *e = NULL;
+    int *bc = NULL, *send = NULL, *recv = NULL, v, got = 0, rc[4], q;
+    A.ncclGetUniqueId(&idc);
+    A.ncclGetUniqueId(&idd);
+    ok(A.ncclCommInitRank(&cc, 1, idc, 0) == 0 && A.ncclCommInitRank(&cd, 1, idd, 0) == 0,
+       "thread-wide group: two 1-rank communicators C and D");
+    A.cudaStreamCreateWithFlags(&sc, NONBLOCKING_STREAM);
+    setenv("FAKE_CUDA_STREAM_DELAY_US", "20000", 1);
+    A.cudaStreamCreateWithFlags(&sd, NONBLOCKING_STREAM);    /* D's stream runs 20 ms late */
+    unsetenv("FAKE_CUDA_STREAM_DELAY_US");
+    A.cudaStreamCreateWithFlags(&reader, NONBLOCKING_STREAM);
+    A.cudaEventCreate(&e);
+    A.cudaMalloc((void **)&bc, 4);
+    A.cudaMalloc((void **)&send, 4);
+    A.cudaMalloc((void **)&recv, 4);
+    v = 5;
+    to_device(send, &v, 4);
+    to_device(bc, &v, 4);
+    v = -1;
+    to_device(recv, &v, 4);
+    rc[0] = A.ncclGroupStart();
+    rc[1] = A.ncclGroupStart();
+    A.ncclAllReduce(bc, bc, 1, DT_INT32, OP_SUM, cc, sc);
+    A.ncclAllReduce(send, recv, 1, DT_INT32, OP_SUM, cd, sd);
+    rc[2] = A.ncclGroupEnd();
+    A.cudaEventRecord(e, sd);
+    q = A.cudaEventSynchronize(e);
+    A.cudaMemcpyAsync(&got, recv, 4, D2H, reader);
+    A.cudaStreamSynchronize(reader);
+    ok(rc[0] == 0 && rc[1] == 0 && rc[2] == 0 && q == 0 && got == -1,
+       "... groupStart; groupStart; all-reduce(C); all-reduce(D); groupEnd; event on D's stream: it fires "
+       "before D's all-reduce ran (recv still %d)", got);
+    rc[3] = A.ncclGroupEnd();
+    A.cudaStreamSynchronize(sd);
+    A.cudaMemcpyAsync(&got, recv, 4, D2H, reader);
+    A.cudaStreamSynchronize(reader);
+    ok(rc[3] == 0 && got == 5, "... the outermost groupEnd issues it (recv %d)", got);
+    A.ncclCommDestroy(cc);
+    A.ncclCommDestroy(cd);
+    A.cudaStreamDestroy(sc);
+    A.cudaStreamDestroy(sd);
+    A.cudaStreamDestroy(reader);
+    A.cudaEventDestroy(e);
+    A.cudaFree(bc);
+    A.cudaFree(send);
+    A.cudaFree(recv);
+}
+
+/* FAKE_NCCL_INIT_FAIL on rank 1 only, nonblocking: rank 1 reports ncclInProgress, then the
+ * error; rank 0 stays in progress (its peer never joins) until ncclCommAbort, which returns at
+ * once and leaves no segment behind. */
+static void test_init_fail_one_rank(void) {
+    comm_t c[2] = {NULL, NULL};
+    char prefix[64];
+    int rc[2], e1, i, still = 1, polls;
+    double t0, dt;
+    init_pair_rank1_env(c, rc, "FAKE_NCCL_INIT_FAIL", "2", NULL, NULL);
+    e1 = wait_ready(c[1], &polls);
+    ok(rc[0] == 7 && rc[1] == 7 && e1 == 2, "FAKE_NCCL_INIT_FAIL=2 on rank 1 only, nonblocking: both ncclInProgress; "
+       "rank 1 then ncclSystemError (%d)", e1);
+    ok(strstr(A.ncclGetLastError(c[1]), "init failed (FAKE_NCCL_INIT_FAIL=2)") != NULL,
+       "... ncclGetLastError: \"%s\"", A.ncclGetLastError(c[1]));
+    for (i = 0; i < 100; i++) {
+        still &= async_error(c[0]) == 7;
+        sleep_ms(1);
+    }
+    ok(still, "... rank 0 is still in progress 100 polls later (its peer never joins)");
+    t0 = now_s();
+    rc[0] = A.ncclCommAbort(c[0]);
+    dt = now_s() - t0;
+    ok(rc[0] == 0 && dt < 1.0, "... ncclCommAbort of the in-progress init returns promptly (%.1f ms)", dt * 1e3);
+    ok(A.ncclCommAbort(c[1]) == 0, "... abort the failed one");
+    snprintf(prefix, sizeof prefix, "fake_nccl_%d_", (int)getpid());
+    ok(shm_count(prefix) == 0, "... no segment left in /dev/shm");
+}
+
 static void test_nccl_misc(void) {
     uid_t128 id, bogus;
     comm_t c = NULL;
@@ -1425,7 +1710,7 @@ static void test_nccl_misc(void) {
            A.ncclCommCuDevice(c, &dev) == 0 && dev == 0,
        "a 1-rank communicator: count 1, device 0");
     A.cudaMalloc((void **)&d, 4);
-    A.cudaMemcpy(d, &v, 4, H2D);
+    to_device(d, &v, 4);
     ok(A.ncclAllReduce(d, d, 1, DT_INT32, OP_SUM, c, NULL) == 0 && A.cudaStreamSynchronize(NULL) == 0,
        "all-reduce on the legacy default stream (1 rank)");
     A.cudaMemcpy(&v, d, 4, D2H);
@@ -1478,6 +1763,7 @@ int main(int argc, char **argv) {
         snprintf(lib_dir, sizeof lib_dir, "%s", argv[2]);
         if (strcmp(argv[1], "--child-devices") == 0) return child_devices();
         if (strcmp(argv[1], "--child-nccl-first") == 0) return child_nccl_first();
+        if (strcmp(argv[1], "--child-async-copies") == 0) return child_async_copies();
         return 2;
     }
     find_lib_dir(argc, argv);
@@ -1499,6 +1785,7 @@ int main(int argc, char **argv) {
     test_legacy_stream();
     test_stream_destroy_pending();
     test_stream_delay();
+    test_async_copies();
     test_two_processes();
     test_dead_peer();
     test_thread_matrix();
@@ -1507,6 +1794,10 @@ int main(int argc, char **argv) {
     test_abort_hung();
     test_async_error();
     test_init_fail();
+    test_init_fail_one_rank();
+    test_fail_op(0);
+    test_fail_op(1);
+    test_group_thread_wide();
     test_nccl_misc();
     test_unload();
 
