@@ -134,7 +134,7 @@ static int nc_count_bad(const float *d, size_t n, float want) {
 
 enum { NC_LATE, NC_BARRIER, NC_GROUPS, NC_SPLIT, NC_HANG, NC_DEAD, NC_ABORT, NC_ASYNC_ERR, NC_CHECK,
        NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED, NC_REDUCER, NC_NESTED, NC_FAIL_OP,
-       NC_PEER_ASYNC, NC_INIT_FAIL, NC_INIT_FAIL_REQUIRED };
+       NC_PEER_ASYNC, NC_INIT_FAIL, NC_INIT_FAIL_REQUIRED, NC_ABORT_STUCK };
 
 /* A rank that stops calling (it is alive, in no device call) until the others are done, as a
  * stuck process would: the real failure, on a GPU as on the fake. */
@@ -177,6 +177,7 @@ static int nc_scenario(int rank, int p, void *arg) {
     }
     case NC_ASYNC_ERR: setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "2", 1); break;
     case NC_FAIL_OP: setenv("FAKE_NCCL_FAIL_OP", "2", 1); break;
+    case NC_ABORT_STUCK: setenv("FAKE_NCCL_ABORT_HANG_MS", "600000", 1); break;
     case NC_PEER_ASYNC: if (rank == 2) setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "1", 1); break;
     case NC_INIT_FAIL: case NC_INIT_FAIL_REQUIRED:
         if (rank == 1) setenv("FAKE_NCCL_INIT_FAIL", "1", 1);
@@ -223,6 +224,7 @@ static int nc_scenario(int rank, int p, void *arg) {
         return 0;
     }
     c = nc_init(rank, p, a->which == NC_HANG || a->which == NC_DEAD ? nc_hang_ms() :
+                         a->which == NC_ABORT_STUCK ? 2000 :
                          a->which == NC_PEER_ASYNC ? 20000 : 60000);
     if (!c) return 0;
     x = nc_dev_floats(n, (float)(rank + 1));
@@ -407,6 +409,18 @@ static int nc_scenario(int rank, int p, void *arg) {
         }
         nc_msg(rank, ddp_comm_last_error(c));
         break;
+    case NC_ABORT_STUCK:
+        /* NCCL's abort never comes back: ddp_comm_abort and destroy still return */
+        N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(c);
+        t0 = t_now();
+        ddp_comm_abort(c);
+        td_cu.Free(x);
+        td_cu.Free(y);
+        ddp_comm_destroy(c);
+        N->secs[rank] = t_now() - t0;
+        __atomic_store_n(&N->finished[rank], 1, __ATOMIC_SEQ_CST);
+        return 0;
     case NC_CHECK:
         N->r[rank] = (ddp_all_reduce)(x, y, rank == 0 ? n : n - 1, DDP_FLOAT32, DDP_SUM, c);
         nc_msg(rank, ddp_comm_last_error(c));
@@ -498,6 +512,7 @@ static int nc_scenario(int rank, int p, void *arg) {
 static int nc_real_ok(int which) {
     switch (which) {
     case NC_ASYNC_ERR: case NC_FAIL_OP: case NC_PEER_ASYNC: case NC_INIT_FAIL: case NC_INIT_FAIL_REQUIRED:
+    case NC_ABORT_STUCK:
     case NC_INPROGRESS: case NC_OLD: case NC_REAL: case NC_REAL_REQUIRED: return 0;
     default: return 1;
     }
@@ -588,6 +603,10 @@ static void nc_scenarios(void) {
                "through the store (%s after %.2f s, DDP_TIMEOUT_MS 20000), not by its timeout: %s", q,
                ddp_strerror((ddp_result_t)N->r[q]), N->secs[q], N->msg[q]);
     }
+    if (nc_run(NC_ABORT_STUCK, 2, "ncclCommAbort that never returns"))
+        for (q = 0; q < 2; q++)
+            ok(N->r[q] == DDP_SUCCESS && N->finished[q], "stuck ncclCommAbort: rank %d: ddp_comm_abort and "
+               "ddp_comm_destroy returned (%.2f s; DDP_TIMEOUT_MS 2000, NCCL's abort sleeps 600 s)", q, N->secs[q]);
     if (nc_run(NC_INIT_FAIL, 3, "NCCL init fails on one rank"))
         for (q = 0; q < 3; q++)
             ok(N->r[q] == DDP_SUCCESS && !N->enabled[q] && !N->bad[q] &&

@@ -83,6 +83,8 @@
  * act on the process that has them, so a test sets one in a single forked rank to fail that rank)
  *   FAKE_NCCL_VERSION=V          ncclGetVersion reports V (default 22809; 21805 plays NCCL 2.18.5);
  *                                read at every call. Every function exists whatever V says.
+ *   FAKE_NCCL_ABORT_HANG_MS=N    ncclCommAbort sleeps N ms before it aborts (read at each call):
+ *                                an abort that does not come back, as a real NCCL's can.
  *   FAKE_NCCL_INIT_FAIL=code     ncclCommInitRank[Config] fails with that ncclResult_t (1 is what
  *                                the real library returns without a GPU). Blocking: returned, and
  *                                *comm = NULL; nonblocking: ncclInProgress, then the async error.
@@ -1024,7 +1026,12 @@ static void comm_abort(struct comm *c) {
 
 API int ncclCommAbort(ncclComm_t comm) {
     struct comm *c = comm_acquire(comm);
+    long stuck_ms = env_long("FAKE_NCCL_ABORT_HANG_MS", 0);
     if (!c) return set_error(ncclInvalidArgument, "invalid communicator");
+    if (stuck_ms > 0) {   /* an abort that does not come back (seen with NCCL 2.28.3) */
+        struct timespec ts = { stuck_ms / 1000, (stuck_ms % 1000) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
     comm_abort(c);
     comm_release(c);
     return ncclSuccess;
