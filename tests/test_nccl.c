@@ -134,7 +134,7 @@ static int nc_count_bad(const float *d, size_t n, float want) {
 
 enum { NC_LATE, NC_BARRIER, NC_GROUPS, NC_SPLIT, NC_HANG, NC_DEAD, NC_ABORT, NC_ASYNC_ERR, NC_CHECK,
        NC_MIXED, NC_INPROGRESS, NC_OLD, NC_REAL, NC_REAL_REQUIRED, NC_REDUCER, NC_NESTED, NC_FAIL_OP,
-       NC_PEER_ASYNC, NC_INIT_FAIL, NC_INIT_FAIL_REQUIRED, NC_ABORT_STUCK };
+       NC_PEER_ASYNC, NC_INIT_FAIL, NC_INIT_FAIL_REQUIRED, NC_ABORT_STUCK, NC_CALL_FAIL };
 
 /* A rank that stops calling (it is alive, in no device call) until the others are done, as a
  * stuck process would: the real failure, on a GPU as on the fake. */
@@ -159,6 +159,23 @@ static void *nc_abort_later(void *arg) {
     return NULL;
 }
 
+/* Up to `calls` async all-reduces, each waited for, until one fails (its time and message
+ * kept); the process kills itself before call `die_at` (-1: never). */
+static void nc_timed_calls(int rank, ddp_comm_t *c, float *x, float *y, size_t n, int calls, int die_at) {
+    ddp_request_t req;
+    int it;
+    for (it = 0; it < calls; it++) {
+        double t0;
+        if (it == die_at) raise(SIGKILL);
+        t0 = t_now();
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+        N->secs[rank] = t_now() - t0;
+        if (N->r[rank] != DDP_SUCCESS) break;
+    }
+    nc_msg(rank, ddp_comm_last_error(c));
+}
+
 static int nc_scenario(int rank, int p, void *arg) {
     const nc_arg_t *a = (const nc_arg_t *)arg;
     const size_t n = 4096;
@@ -178,6 +195,7 @@ static int nc_scenario(int rank, int p, void *arg) {
     case NC_ASYNC_ERR: setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "2", 1); break;
     case NC_FAIL_OP: setenv("FAKE_NCCL_FAIL_OP", "2", 1); break;
     case NC_ABORT_STUCK: setenv("FAKE_NCCL_ABORT_HANG_MS", "600000", 1); break;
+    case NC_CALL_FAIL: if (rank == 0) setenv("FAKE_NCCL_CALL_FAIL", "3", 1); break;
     case NC_PEER_ASYNC: if (rank == 2) setenv("FAKE_NCCL_ASYNC_ERROR_AFTER", "1", 1); break;
     case NC_INIT_FAIL: case NC_INIT_FAIL_REQUIRED:
         if (rank == 1) setenv("FAKE_NCCL_INIT_FAIL", "1", 1);
@@ -296,16 +314,8 @@ static int nc_scenario(int rank, int p, void *arg) {
         N->secs[rank] = t_now() - t0;
         nc_msg(rank, ddp_comm_last_error(c));
         break;
-    case NC_DEAD:
-        for (it = 0; it < 200; it++) {
-            if (rank == 2 && it == 5) raise(SIGKILL);
-            t0 = t_now();
-            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
-            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
-            N->secs[rank] = t_now() - t0;
-            if (N->r[rank] != DDP_SUCCESS) break;
-        }
-        nc_msg(rank, ddp_comm_last_error(c));
+    case NC_DEAD:   /* rank 2 is killed before its sixth call */
+        nc_timed_calls(rank, c, x, y, n, 200, rank == 2 ? 5 : -1);
         break;
     case NC_ABORT:
         if (rank == 0) {
@@ -398,17 +408,25 @@ static int nc_scenario(int rank, int p, void *arg) {
         nc_msg(rank, ddp_comm_last_error(c));
         break;
     }
-    case NC_PEER_ASYNC:
-        /* rank 2's NCCL breaks after its first call; its peers wait in the second for it */
-        for (it = 0; it < 2; it++) {
-            t0 = t_now();
-            N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
-            if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
-            N->secs[rank] = t_now() - t0;
-            if (N->r[rank] != DDP_SUCCESS) break;
-        }
-        nc_msg(rank, ddp_comm_last_error(c));
+    case NC_PEER_ASYNC:   /* rank 2's NCCL breaks after its first call; its peers wait in the second */
+        nc_timed_calls(rank, c, x, y, n, 2, -1);
         break;
+    case NC_CALL_FAIL: {
+        /* rank 1 stops calling after the first call; rank 0's second call waits for it, and
+         * NCCL refuses its third at once (ncclRemoteError): the communicator must be aborted
+         * then, or the second call's kernel never ends and cudaFree (which waits for the
+         * device) blocks for ever, as on an H200 after a peer was killed */
+        ddp_request_t req2;
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_wait(&req);
+        if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); N->r[rank] = -1; break; }
+        if (rank == 1) { nc_stop_calling(rank, p); ddp_comm_abort(c); break; }
+        N->r[rank] = (ddp_all_reduce_async)(x, y, n, DDP_FLOAT32, DDP_SUM, c, &req2);
+        if (N->r[rank] == DDP_SUCCESS) N->r[rank] = (ddp_all_reduce_async)(y, x, n, DDP_FLOAT32, DDP_SUM, c, &req);
+        nc_msg(rank, ddp_comm_last_error(c));
+        N->bad[rank] = ddp_wait(&req2) == DDP_SUCCESS;   /* it cannot have completed */
+        break;   /* then cudaFree of x and y */
+    }
     case NC_ABORT_STUCK:
         /* NCCL's abort never comes back: ddp_comm_abort and destroy still return */
         N->r[rank] = (ddp_all_reduce)(x, y, n, DDP_FLOAT32, DDP_SUM, c);
@@ -512,7 +530,7 @@ static int nc_scenario(int rank, int p, void *arg) {
 static int nc_real_ok(int which) {
     switch (which) {
     case NC_ASYNC_ERR: case NC_FAIL_OP: case NC_PEER_ASYNC: case NC_INIT_FAIL: case NC_INIT_FAIL_REQUIRED:
-    case NC_ABORT_STUCK:
+    case NC_ABORT_STUCK: case NC_CALL_FAIL:
     case NC_INPROGRESS: case NC_OLD: case NC_REAL: case NC_REAL_REQUIRED: return 0;
     default: return 1;
     }
@@ -607,6 +625,10 @@ static void nc_scenarios(void) {
         for (q = 0; q < 2; q++)
             ok(N->r[q] == DDP_SUCCESS && N->finished[q], "stuck ncclCommAbort: rank %d: ddp_comm_abort and "
                "ddp_comm_destroy returned (%.2f s; DDP_TIMEOUT_MS 2000, NCCL's abort sleeps 600 s)", q, N->secs[q]);
+    if (nc_run(NC_CALL_FAIL, 2, "a call NCCL refuses at once"))
+        ok(N->r[0] == DDP_ERR_REMOTE && !N->bad[0] && strstr(N->msg[0], "FAKE_NCCL_CALL_FAIL") &&
+           N->finished[0], "refused call: rank 0: %s, the call before it fails too, and cudaFree returns "
+           "(the communicator was aborted): %s", ddp_strerror((ddp_result_t)N->r[0]), N->msg[0]);
     if (nc_run(NC_INIT_FAIL, 3, "NCCL init fails on one rank"))
         for (q = 0; q < 3; q++)
             ok(N->r[q] == DDP_SUCCESS && !N->enabled[q] && !N->bad[q] &&

@@ -557,9 +557,8 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_check(_ddp_nccl_t *s) {
 /* A failure found on the user's thread: sticky, and recorded at once. */
 #define _ddp_nccl_raise(s, ...) (_ddp_nccl_fail((s), __VA_ARGS__), _ddp_nccl_check(s))
 
-/* ncclCommAbort, bounded. NCCL's abort can itself block (seen with NCCL 2.28.3 on an H200: a
- * rank whose call had failed because a peer was killed never came back from it), and nothing
- * may hang: it runs on a thread of its own; if it has not returned within the communicator's
+/* ncclCommAbort, bounded. NCCL's abort waits for its own threads and the device work it ends,
+ * which a wedged proxy or device can hold up, and nothing may hang: it runs on a thread of its own; if it has not returned within the communicator's
  * timeout (at least 1 s; 60 s when there is none), the communicator is abandoned (its memory
  * and NCCL's threads stay until the process exits) and the caller goes on. */
 typedef struct {

@@ -83,6 +83,10 @@
  * act on the process that has them, so a test sets one in a single forked rank to fail that rank)
  *   FAKE_NCCL_VERSION=V          ncclGetVersion reports V (default 22809; 21805 plays NCCL 2.18.5);
  *                                read at every call. Every function exists whatever V says.
+ *   FAKE_NCCL_CALL_FAIL=N        from this rank's N-th operation on, the call itself returns
+ *                                ncclRemoteError and enqueues nothing (NCCL refusing a call at
+ *                                once because a peer is gone); earlier operations are unaffected
+ *                                (one still waiting for a peer waits until ncclCommAbort).
  *   FAKE_NCCL_ABORT_HANG_MS=N    ncclCommAbort sleeps N ms before it aborts (read at each call):
  *                                an abort that does not come back, as a real NCCL's can.
  *   FAKE_NCCL_INIT_FAIL=code     ncclCommInitRank[Config] fails with that ncclResult_t (1 is what
@@ -294,7 +298,7 @@ struct comm {
     int finalizing;
     uint32_t coll_gen, boot_gen; /* barrier generations this rank has passed */
     /* Injections. */
-    long async_error_after, hang_after, fail_op;
+    long async_error_after, hang_after, fail_op, call_fail;
     int hang_rank, async_error_code, init_fail;
 };
 
@@ -554,6 +558,7 @@ static struct comm *comm_new(int nranks, int rank, int blocking) {
     c->inprogress_polls = env_long("FAKE_NCCL_INIT_INPROGRESS", -1);
     c->init_fail = (int)env_long("FAKE_NCCL_INIT_FAIL", 0);
     c->fail_op = env_long("FAKE_NCCL_FAIL_OP", 0);
+    c->call_fail = env_long("FAKE_NCCL_CALL_FAIL", 0);
     c->refs = 1;
     c->handle_live = 1;
     pthread_mutex_lock(&g.mu);
@@ -1594,6 +1599,13 @@ static int op_issue(struct op *op) {
         pthread_mutex_unlock(&c->mu);
         op_free(op);
         return ncclSuccess;
+    }
+    if (c->call_fail > 0 && index + 1 >= (uint64_t)c->call_fail) {
+        c->calls--;
+        pthread_mutex_unlock(&c->mu);
+        op_free(op);
+        return set_error(ncclRemoteError, "fake NCCL: operation %llu refused (FAKE_NCCL_CALL_FAIL=%ld): "
+                         "a peer is gone", (unsigned long long)(index + 1), c->call_fail);
     }
     op->broken = c->async_error_after >= 0 && index >= (uint64_t)c->async_error_after;
     op->number = index + 1;
