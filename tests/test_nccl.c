@@ -425,7 +425,12 @@ static int nc_scenario(int rank, int p, void *arg) {
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = (ddp_all_reduce_async)(y, x, n, DDP_FLOAT32, DDP_SUM, c, &req);
         nc_msg(rank, ddp_comm_last_error(c));
         N->bad[rank] = ddp_wait(&req2) == DDP_SUCCESS;   /* it cannot have completed */
-        break;   /* then cudaFree of x and y */
+        td_cu.Free(x);   /* waits for the device's work, the second call's included */
+        td_cu.Free(y);
+        N->stale[rank] = 1;   /* came back */
+        __atomic_store_n(&N->finished[rank], 1, __ATOMIC_SEQ_CST);
+        ddp_comm_destroy(c);
+        return 0;
     }
     case NC_ABORT_STUCK:
         /* NCCL's abort never comes back: ddp_comm_abort and destroy still return */
@@ -627,7 +632,7 @@ static void nc_scenarios(void) {
                "ddp_comm_destroy returned (%.2f s; DDP_TIMEOUT_MS 2000, NCCL's abort sleeps 600 s)", q, N->secs[q]);
     if (nc_run(NC_CALL_FAIL, 2, "a call NCCL refuses at once"))
         ok(N->r[0] == DDP_ERR_REMOTE && !N->bad[0] && strstr(N->msg[0], "FAKE_NCCL_CALL_FAIL") &&
-           N->finished[0], "refused call: rank 0: %s, the call before it fails too, and cudaFree returns "
+           N->stale[0], "refused call: rank 0: %s, the call before it fails too, and cudaFree returns "
            "(the communicator was aborted): %s", ddp_strerror((ddp_result_t)N->r[0]), N->msg[0]);
     if (nc_run(NC_INIT_FAIL, 3, "NCCL init fails on one rank"))
         for (q = 0; q < 3; q++)
