@@ -1,17 +1,30 @@
 # tests/tap.sh — TAP helpers shared by the shell tests (sourced by tests/test_*.sh, not run).
 #   ok DESC / notok DESC       print the next numbered result line
-#   check DESC COMMAND...      ok when COMMAND succeeds; else notok, and what the command left
-#                              in $tmp/why (written with `why TEXT`) as # diagnostics
+#   check DESC COMMAND...      ok when COMMAND succeeds; else notok, with what the command left
+#                              in $tmp/why (written with `why TEXT`, one line a reason) on the
+#                              `not ok` line itself, and again in full as # diagnostics
+# The `not ok` line carries the reason because it is what `prove -f` shows; the # lines show
+# only under prove -v. So a reason names what was expected and what was found.
 # The sourcing script creates $tmp (a scratch directory) first.
 n=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() { n=$((n + 1)); echo "not ok $n - $1"; }
+ok() { n=$((n + 1)); printf 'ok %d - %s\n' "$n" "$1"; }
+notok() { n=$((n + 1)); printf 'not ok %d - %s\n' "$n" "$1"; }
 check() {
     d=$1; shift
     rm -f "$tmp/why"
     if "$@"; then ok "$d"; else
-        notok "$d"
-        [ -s "$tmp/why" ] && sed 's/^/#   /' "$tmp/why"
+        if [ -s "$tmp/why" ]; then
+            notok "$d: $(why_line)"
+            sed 's/^/#   /' "$tmp/why"
+        else
+            notok "$d: (the check wrote no reason)"
+        fi
     fi
 }
 why() { printf '%s\n' "$*" >> "$tmp/why"; }
+# why_line: $tmp/why as one line for a TAP description: lines joined with "; ", cut at 400
+# characters, '#' escaped (a "# SKIP" or "# TODO" after an unescaped '#' would be a directive).
+why_line() {
+    awk '{ s = s (NR > 1 ? "; " : "") $0 } END { if (length(s) > 400) s = substr(s, 1, 400) " ..."; print s }' \
+        "$tmp/why" | sed 's/#/\\#/g'
+}
