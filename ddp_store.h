@@ -2659,8 +2659,10 @@ DDP_API const char *ddp_store_last_error(const ddp_store_t *s) { return s ? s->l
  * reconnecting (the master may be the rank that died). */
 _DDP_PRIVATE void _ddp_store_quick(ddp_store_t *s, int on) {
     static const int quick_ms = 1000;
+    pthread_mutex_lock(&s->mu);   /* a transport's thread may be in a request (its timeout) */
     if (on && !s->quick) { s->quick = s->timeout_ms; s->timeout_ms = quick_ms; }
     else if (!on && s->quick) { s->timeout_ms = s->quick; s->quick = 0; }
+    pthread_mutex_unlock(&s->mu);
 }
 
 #endif /* DDP_STORE_IMPLEMENTATION */

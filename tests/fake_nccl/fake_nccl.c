@@ -1513,15 +1513,14 @@ static void comm_finish_turn(struct comm *c, int rc) {
     pthread_mutex_lock(&c->mu);
     c->executed++;
     if (rc > 0 && atomic_load(&c->async_error) == 0) atomic_store(&c->async_error, rc);
-    if (rc != RC_ABORTED && ++c->ops_done == (uint64_t)c->async_error_after) {
-        atomic_store(&c->async_error, c->async_error_code);
-        injected = 1;
-    }
+    if (rc != RC_ABORTED && ++c->ops_done == (uint64_t)c->async_error_after) injected = 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    if (injected)
+    if (injected) {   /* the text first: whoever sees the error may ask for it at once */
         comm_note_error(c, "fake NCCL: asynchronous error %d after %ld operations (FAKE_NCCL_ASYNC_ERROR_AFTER)",
                         c->async_error_code, c->async_error_after);
+        atomic_store(&c->async_error, c->async_error_code);
+    }
 }
 
 /* FAKE_NCCL_FAIL_OP: operation op->number, or a later one, on this rank. The first sets the
@@ -1530,10 +1529,10 @@ static void comm_finish_turn(struct comm *c, int rc) {
 static int op_fail(struct comm *c, const struct op *op) {
     int32_t none = 0;
     int first = atomic_load(&c->async_error) == 0;
-    if (first) {
-        atomic_store(&c->async_error, c->async_error_code);
+    if (first) {   /* the text first: whoever sees the error may ask for it at once */
         comm_note_error(c, "fake NCCL: operation %llu failed (FAKE_NCCL_FAIL_OP=%ld): error %d",
                         (unsigned long long)op->number, c->fail_op, c->async_error_code);
+        atomic_store(&c->async_error, c->async_error_code);
     }
     if (atomic_compare_exchange_strong(&seg_header(c)->broken_by, &none, c->rank + 1)) ring_all(c);
     return c->async_error_code;
@@ -1544,8 +1543,8 @@ static int op_fail(struct comm *c, const struct op *op) {
 static int op_peer_failed(struct comm *c) {
     int by = atomic_load(&seg_header(c)->broken_by) - 1;
     if (atomic_load(&c->async_error) == 0) {
-        atomic_store(&c->async_error, ncclRemoteError);
         comm_note_error(c, "fake NCCL: peer rank %d failed (FAKE_NCCL_FAIL_OP there): remote error", by);
+        atomic_store(&c->async_error, ncclRemoteError);
     }
     return ncclRemoteError;
 }
