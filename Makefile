@@ -28,7 +28,7 @@ EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench \
      $(B)/nccl-raw
 
-$(B)/ddprun: tools/ddprun.c | $(B)
+$(B)/ddprun: tools/ddprun.c ddp_base.h | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
 
 $(B) $(B)/san $(B)/hdr:

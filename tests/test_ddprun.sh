@@ -14,7 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 ulimit -c 0 2>/dev/null # the SIGSEGV check must not write a core file
 unset OMP_NUM_THREADS DDP_JOB_SECRET TORCH_NCCL_ASYNC_ERROR_HANDLING
 
-echo "1..28"
+echo "1..32"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now() { date +%s.%N; }
 elapsed_below() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN { exit !(b - a < lim) }'; }
@@ -36,7 +36,7 @@ wait_for() { i=0; while [ ! -e "$1" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i +
 mkdir -p build
 # --- 1: build ------------------------------------------------------------------------------
 build_ddprun() {
-    if [ -x "$D" ] && [ "$D" -nt tools/ddprun.c ]; then return 0; fi
+    if [ -x "$D" ] && [ "$D" -nt tools/ddprun.c ] && [ "$D" -nt ddp_base.h ]; then return 0; fi
     $CC $CFLAGS_T tools/ddprun.c -o "$D" 2> "$tmp/why"
 }
 check "build/ddprun builds (C99, -Wall -Wextra -Wpedantic -Werror)" build_ddprun
@@ -72,6 +72,20 @@ check "bad values: -n 0, -n x, --grace-period -1, --node-rank 2 of --nnodes 2: e
 check "missing program, missing value, --nnodes 2 without --master-port: exit 2" \
     sh -c "'$D' -n 2 2>/dev/null; [ \$? -eq 2 ] && '$D' -n 2>/dev/null; [ \$? -eq 2 ] &&
            '$D' --nnodes 2 true 2>/dev/null; [ \$? -eq 2 ]"
+version_ok() {
+    want=$(sed -n 's/^#define DDP_VERSION_\(MAJOR\|MINOR\) \([0-9]*\).*/\2/p' ddp_base.h | paste -sd. -)
+    got=$("$D" --version 2> "$tmp/why") || { why "--version exited $?"; return 1; }
+    why "--version printed '$got'; ddp_base.h says $want"
+    case $got in "ddprun (libddp) $want"*) return 0 ;; esac
+    return 1
+}
+check "--version prints libddp's version (ddp_base.h) on stdout and exits 0" version_ok
+np_ok() {
+    "$D" -np 2 sh -c 'echo "np $RANK of $WORLD_SIZE"' > "$tmp/np2" 2>&1 || { why "exit $?"; cat "$tmp/np2" >> "$tmp/why"; return 1; }
+    cat "$tmp/np2" > "$tmp/why"
+    grep -qxF '[rank 0] np 0 of 2' "$tmp/np2" && grep -qxF '[rank 1] np 1 of 2' "$tmp/np2"
+}
+check "-np 2 (mpirun's spelling) means -n 2" np_ok
 bad_line=$("$D" --nnodes=2 --nproc_per_node=2 true 2>&1 | head -1)
 case $bad_line in
     *"--master-port"*) ok "torchrun spellings (--nproc_per_node=2) are accepted; the error names the fix" ;;
@@ -350,6 +364,32 @@ no_prefix() {
     grep -qx 'plain 0' "$tmp/np.out" && grep -qx 'plain 1' "$tmp/np.out" && ! grep -q '\[rank' "$tmp/np.out"
 }
 check "--no-prefix: lines passed on as they are" no_prefix
+
+# A rank printing a line every 0.5 s with printf (no fflush): its first line must reach ddprun's
+# stdout while it runs, not when it exits. The rank runs until the test has seen that line (or 30
+# s passed) and creates the flag file: no timing is assumed either way.
+streams_lines() {
+    $CC $CFLAGS_T $H/print_slowly.c -o "$tmp/print_slowly" 2> "$tmp/why" || return 1
+    $T "$D" -n 1 "$tmp/print_slowly" "$tmp/flag" > "$tmp/slow.out" 2> "$tmp/slow.err" &
+    pid=$!
+    i=0
+    while ! grep -qxF '[rank 0] line 1' "$tmp/slow.out" && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done
+    seen=$(grep -c '' "$tmp/slow.out")
+    touch "$tmp/flag"
+    wait $pid
+    rc=$?
+    why "ddprun exit $rc; lines on ddprun's stdout before the rank was released: $seen (want >= 1); all output:"
+    cat "$tmp/slow.out" "$tmp/slow.err" >> "$tmp/why"
+    [ $rc -eq 0 ] && [ "$seen" -ge 1 ] && grep -qxF '[rank 0] done' "$tmp/slow.out"
+}
+check "a rank's printf lines reach ddprun's stdout as they are printed (stdout is a pseudo-terminal)" streams_lines
+no_pty_ok() {
+    "$D" -n 1 --no-pty sh -c '[ -t 1 ] && echo tty || echo pipe' > "$tmp/nopty" 2>&1 &&
+        "$D" -n 1 sh -c '[ -t 1 ] && echo tty || echo pipe' >> "$tmp/nopty" 2>&1
+    cat "$tmp/nopty" > "$tmp/why"
+    [ "$(cat "$tmp/nopty")" = "$(printf '[rank 0] pipe\n[rank 0] tty')" ]
+}
+check "--no-pty gives the rank's stdout a pipe; by default it is a terminal" no_pty_ok
 
 log_dir() {
     "$D" -n 2 --log-dir "$tmp/logs/sub" sh -c 'echo "out $RANK"; echo "err $RANK" >&2' > "$tmp/ld.out" 2>&1 ||

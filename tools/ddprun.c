@@ -41,6 +41,15 @@
  * know only that one), as with torchrun's static rendezvous. A job stopped by a signal to ddprun
  * is not restarted (in torchrun a SignalException ends the run, too).
  *
+ * OUTPUT AS IT IS PRINTED. A rank's stdout is a pseudo-terminal (raw mode: no echo, no CR added),
+ * as Open MPI's mpirun gives its local processes, because C's stdio (and Python's) buffers a
+ * pipe in blocks of 4-64 KiB but a terminal by lines: through a pipe a rank printing one line a
+ * second showed nothing until it exited. stderr stays a pipe (it is unbuffered already). The
+ * slave side is opened with O_NOCTTY before fork and never becomes the rank's controlling
+ * terminal, so no SIGHUP or job control reaches a rank through it. --no-pty keeps a pipe (for
+ * programs that change behaviour on a terminal); without a usable /dev/ptmx ddprun falls back to
+ * a pipe and says so once.
+ *
  * NEVER HANG. The only unbounded wait is for ranks that are running normally. Once ddprun stops a
  * group (a rank failed, or ddprun got a signal) it waits at most the grace period before SIGKILL,
  * then at most KILL_WAIT_MS for the kernel to deliver it, and after the last rank has exited it
@@ -51,6 +60,7 @@
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
+#include <getopt.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -64,11 +74,13 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
+#include "../ddp_base.h" /* DDP_VERSION_* only: ddprun uses nothing else of the library */
 
 enum {
     MAX_NPROC = 1024,
@@ -110,7 +122,9 @@ static const char *const k_help[] = {
     "\n",
     "    Each line a rank writes to stdout or stderr goes to ddprun's stdout or stderr\n",
     "    with the prefix \"[rank N] \", written whole, so lines of different ranks never mix;\n",
-    "    an unfinished last line is passed on when the rank exits.\n",
+    "    an unfinished last line is passed on when the rank exits. A rank's stdout is a\n",
+    "    pseudo-terminal (as under mpirun), so its lines arrive as they are printed, not\n",
+    "    when a pipe's buffer fills (see --no-pty).\n",
     "\n",
     "    Fail-fast: when a rank exits with a non-zero code or is killed by a signal, every\n",
     "    other rank gets SIGTERM, and SIGKILL if it is still running after the grace period.\n",
@@ -136,9 +150,9 @@ static const char *const k_help[] = {
     "    option also accepts torchrun's spelling with underscores (--nproc_per_node) and\n",
     "    the form --option=value.\n",
     "\n",
-    "    -n NPROC, --nproc-per-node NPROC\n",
+    "    -n NPROC, -np NPROC, --nproc-per-node NPROC\n",
     "        Ranks on this host, 1..1024, or \"cpu\"/\"auto\" for the number of online CPUs.\n",
-    "        Default 1.\n",
+    "        Default 1. (-np is mpirun's spelling.)\n",
     "    --nnodes N\n",
     "        Number of hosts (each runs its own ddprun). Default 1. Elastic ranges\n",
     "        (MIN:MAX) are not supported.\n",
@@ -173,8 +187,15 @@ static const char *const k_help[] = {
     "        default) on several.\n",
     "    --standalone\n",
     "        Accepted for torchrun compatibility: one host, free port (the default).\n",
+    "    --no-pty\n",
+    "        Give each rank's stdout a pipe instead of a pseudo-terminal. With a pipe, C and\n",
+    "        Python buffer stdout in blocks, so lines arrive late (when the buffer fills or\n",
+    "        the rank exits) unless the program flushes; use it for programs that behave\n",
+    "        differently on a terminal.\n",
     "    -h, --help\n",
-    "        Print this manual and exit.\n",
+    "        Print this manual to stdout and exit 0.\n",
+    "    -V, --version\n",
+    "        Print ddprun's (libddp's) version and exit 0.\n",
     "\n",
     "ENVIRONMENT\n",
     "    Set for every rank (torchrun's names and values):\n",
@@ -223,6 +244,7 @@ typedef struct {
     int max_restarts;
     double grace_s;
     int prefix, tee;
+    int no_pty;               /* --no-pty: stdout through a pipe */
     const char *log_dir, *role, *run_id;
     const char *trace;        /* --trace FILE, or NULL */
     char **argv;              /* the program and its arguments */
@@ -255,6 +277,7 @@ typedef struct {
     char *outbuf;             /* one prefixed line, assembled for one write(2) */
     int console_dead[3];      /* stdout/stderr gone (EPIPE...): output is dropped, ranks go on */
     int file_warned;
+    int pty_warned;           /* said once that stdout goes through pipes */
 } job_t;
 
 /* What ended an attempt. */
@@ -348,22 +371,42 @@ static int int_arg(const char *opt, const char *v, long lo, long hi) {
     return (int)x;
 }
 
-enum { O_NPROC, O_NNODES, O_NODE_RANK, O_MASTER_ADDR, O_MASTER_PORT, O_MAX_RESTARTS, O_GRACE,
-       O_LOG_DIR, O_TEE, O_NO_PREFIX, O_ROLE, O_RDZV_ID, O_STANDALONE, O_TRACE, O_HELP };
+enum { O_NPROC = 'n', O_HELP = 'h', O_VERSION = 'V', O_NNODES = 256, O_NODE_RANK, O_MASTER_ADDR,
+       O_MASTER_PORT, O_MAX_RESTARTS, O_GRACE, O_LOG_DIR, O_TEE, O_NO_PREFIX, O_ROLE, O_RDZV_ID,
+       O_STANDALONE, O_TRACE, O_NO_PTY };
 
-static const struct { const char *name; int id, has_arg; } k_opts[] = {
-    {"--nproc-per-node", O_NPROC, 1},      {"--nnodes", O_NNODES, 1},
-    {"--node-rank", O_NODE_RANK, 1},       {"--master-addr", O_MASTER_ADDR, 1},
-    {"--master-port", O_MASTER_PORT, 1},   {"--max-restarts", O_MAX_RESTARTS, 1},
-    {"--grace-period", O_GRACE, 1},        {"--log-dir", O_LOG_DIR, 1},
-    {"--tee", O_TEE, 0},                   {"--no-prefix", O_NO_PREFIX, 0},
-    {"--role", O_ROLE, 1},                 {"--rdzv-id", O_RDZV_ID, 1},
-    {"--standalone", O_STANDALONE, 0},     {"--trace", O_TRACE, 1},
-    {"--help", O_HELP, 0},
+/* Each long option in both spellings: ours and torchrun's with underscores (--nproc_per_node). */
+static const struct option k_long[] = {
+    {"nproc-per-node", required_argument, NULL, O_NPROC}, {"nproc_per_node", required_argument, NULL, O_NPROC},
+    {"nnodes", required_argument, NULL, O_NNODES},
+    {"node-rank", required_argument, NULL, O_NODE_RANK},  {"node_rank", required_argument, NULL, O_NODE_RANK},
+    {"master-addr", required_argument, NULL, O_MASTER_ADDR}, {"master_addr", required_argument, NULL, O_MASTER_ADDR},
+    {"master-port", required_argument, NULL, O_MASTER_PORT}, {"master_port", required_argument, NULL, O_MASTER_PORT},
+    {"max-restarts", required_argument, NULL, O_MAX_RESTARTS}, {"max_restarts", required_argument, NULL, O_MAX_RESTARTS},
+    {"grace-period", required_argument, NULL, O_GRACE},   {"grace_period", required_argument, NULL, O_GRACE},
+    {"log-dir", required_argument, NULL, O_LOG_DIR},      {"log_dir", required_argument, NULL, O_LOG_DIR},
+    {"tee", no_argument, NULL, O_TEE},
+    {"no-prefix", no_argument, NULL, O_NO_PREFIX},        {"no_prefix", no_argument, NULL, O_NO_PREFIX},
+    {"no-pty", no_argument, NULL, O_NO_PTY},              {"no_pty", no_argument, NULL, O_NO_PTY},
+    {"role", required_argument, NULL, O_ROLE},
+    {"rdzv-id", required_argument, NULL, O_RDZV_ID},      {"rdzv_id", required_argument, NULL, O_RDZV_ID},
+    {"standalone", no_argument, NULL, O_STANDALONE},
+    {"trace", required_argument, NULL, O_TRACE},
+    {"help", no_argument, NULL, O_HELP},
+    {"version", no_argument, NULL, O_VERSION},
+    {NULL, 0, NULL, 0}
 };
 
+/* The option as the user wrote it, for messages: "-n", "--nproc_per_node". */
+static const char *opt_name(int c, int long_index, char *buf, size_t cap) {
+    if (long_index >= 0) snprintf(buf, cap, "--%s", k_long[long_index].name);
+    else snprintf(buf, cap, "-%c", c);
+    return buf;
+}
+
 static void parse_args(int argc, char **argv, opts_t *o) {
-    int i = 1, standalone = 0;
+    int c, long_index, standalone = 0;
+    size_t k;
     memset(o, 0, sizeof *o);
     o->nproc = 1;
     o->nnodes = 1;
@@ -371,43 +414,34 @@ static void parse_args(int argc, char **argv, opts_t *o) {
     o->grace_s = DEFAULT_GRACE_S;
     o->prefix = 1;
     o->role = "default";
-    while (i < argc && argv[i][0] == '-' && argv[i][1]) {
-        const char *a = argv[i], *val = NULL, *eq;
+    opterr = 0;   /* our own messages, with the usage line */
+    /* "+": options end at the program's name, so its own options are left alone. */
+    for (;;) {
         char name[64];
-        size_t k, n;
-        int id = -1, has_arg = 0;
-        if (strcmp(a, "--") == 0) { i++; break; }
-        if (a[1] == 'n' && a[2] != '-') {                 /* -n N, -nN */
-            id = O_NPROC; has_arg = 1;
-            if (a[2]) val = a + 2;
-            snprintf(name, sizeof name, "-n");
-        } else if (strcmp(a, "-h") == 0) {
-            id = O_HELP;
-            snprintf(name, sizeof name, "-h");
-        } else if (a[1] == '-') {
-            eq = strchr(a, '=');
-            n = eq ? (size_t)(eq - a) : strlen(a);
-            if (n >= sizeof name) usage_error("unknown option '%s'", a);
-            for (k = 0; k < n; k++) name[k] = (char)(k > 1 && a[k] == '_' ? '-' : a[k]);
-            name[n] = 0;
-            for (k = 0; k < sizeof k_opts / sizeof k_opts[0]; k++)
-                if (strcmp(name, k_opts[k].name) == 0) { id = k_opts[k].id; has_arg = k_opts[k].has_arg; }
-            if (id < 0) usage_error("unknown option '%s'", a);
-            if (eq && !has_arg) usage_error("option '%s' takes no value", name);
-            if (eq) val = eq + 1;
-        } else {
-            usage_error("unknown option '%s'", a);
+        const char *val;
+        long_index = -1;
+        c = getopt_long(argc, argv, "+:n:hV", k_long, &long_index);
+        if (c == -1) break;
+        if (c == '?') {
+            const char *arg = argv[optind - 1];
+            if (arg[0] == '-' && arg[1] == '-')
+                usage_error(optopt ? "option '%s' takes no value" : "unknown option '%s'", arg);
+            usage_error("unknown option '-%c'", optopt);
         }
-        if (has_arg && !val) {
-            if (i + 1 >= argc) usage_error("option '%s' needs a value", name);
-            val = argv[++i];
+        if (c == ':') usage_error("option '%s' needs a value", argv[optind - 1]);
+        opt_name(c, long_index, name, sizeof name);
+        val = optarg;
+        if (c == O_NPROC && long_index < 0 && val && val[0] == 'p') {   /* -np N, -npN: mpirun's */
+            snprintf(name, sizeof name, "-np");
+            if (val[1]) val++;
+            else if (optind < argc) val = argv[optind++];
+            else usage_error("option '-np' needs a value");
         }
-        i++;
-        switch (id) {
+        switch (c) {
         case O_NPROC:
             if (strcmp(val, "cpu") == 0 || strcmp(val, "auto") == 0) {
-                long c = sysconf(_SC_NPROCESSORS_ONLN);
-                o->nproc = c < 1 ? 1 : c > MAX_NPROC ? MAX_NPROC : (int)c;
+                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                o->nproc = n < 1 ? 1 : n > MAX_NPROC ? MAX_NPROC : (int)n;
             } else {
                 o->nproc = int_arg(name, val, 1, MAX_NPROC);
             }
@@ -437,6 +471,7 @@ static void parse_args(int argc, char **argv, opts_t *o) {
             break;
         case O_TEE: o->tee = 1; break;
         case O_NO_PREFIX: o->prefix = 0; break;
+        case O_NO_PTY: o->no_pty = 1; break;
         case O_ROLE: o->role = val; break;
         case O_RDZV_ID: o->run_id = val; break;
         case O_STANDALONE: standalone = 1; break;
@@ -447,10 +482,18 @@ static void parse_args(int argc, char **argv, opts_t *o) {
         case O_HELP:
             for (k = 0; k < sizeof k_help / sizeof k_help[0]; k++) fputs(k_help[k], stdout);
             exit(0);
+        case O_VERSION:
+#ifdef DDP_VERSION_PATCH
+            printf("ddprun (libddp) %d.%d.%d\n", DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH);
+#else
+            printf("ddprun (libddp) %d.%d\n", DDP_VERSION_MAJOR, DDP_VERSION_MINOR);
+#endif
+            exit(0);
+        default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (i >= argc) usage_error("no program to run");
-    o->argv = argv + i;
+    if (optind >= argc) usage_error("no program to run");
+    o->argv = argv + optind;
     if (o->node_rank >= o->nnodes)
         usage_error("--node-rank %d is not below --nnodes %d", o->node_rank, o->nnodes);
     if (standalone && o->nnodes > 1) usage_error("--standalone means one host, but --nnodes is %d", o->nnodes);
@@ -579,8 +622,8 @@ static int stream_read(job_t *j, rank_t *r, stream_t *s) {
         got = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
         if (got >= 0 || errno != EINTR) break;
     }
-    if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : 0;
-    if (got == 0) {
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
+    if (got <= 0) {   /* a pipe's end, or EIO: a pseudo-terminal whose every slave is closed */
         if (s->len) emit_line(j, r, s, s->buf, s->len); /* the unfinished last line */
         s->len = 0;
         return 0;
@@ -657,11 +700,42 @@ static void child_exec(const job_t *j, const rank_t *r, int attempt, int port, c
     _exit(errno == ENOENT ? 127 : 126); /* the shell's codes for "not found", "not runnable" */
 }
 
+/* A pseudo-terminal for a rank's stdout (see OUTPUT AS IT IS PRINTED): p[0] the master, read by
+ * ddprun, p[1] the slave, the rank's stdout; both close-on-exec. Returns -1 with errno. */
+static int open_pty(int p[2]) {
+    struct termios t;
+    const char *name;
+    int m = posix_openpt(O_RDWR | O_NOCTTY), sl = -1;
+    if (m < 0) return -1;
+    if (fcntl(m, F_SETFD, FD_CLOEXEC) != 0 || grantpt(m) != 0 || unlockpt(m) != 0 || !(name = ptsname(m)))
+        goto fail;
+    sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (sl < 0 || tcgetattr(sl, &t) != 0) goto fail;
+    cfmakeraw(&t);   /* bytes as written: no "\r\n" for "\n", no echo, no line editing */
+    if (tcsetattr(sl, TCSANOW, &t) != 0) goto fail;
+    p[0] = m;
+    p[1] = sl;
+    return 0;
+fail:
+    {
+        int e = errno;
+        if (sl >= 0) close(sl);
+        close(m);
+        errno = e;
+    }
+    return -1;
+}
+
 static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *secret, char *err, size_t errcap) {
     int outp[2], errp[2];
     sigset_t all, old;
     pid_t pid, self = getpid();
-    if (pipe2(outp, O_CLOEXEC) != 0) { snprintf(err, errcap, "pipe: %s", strerror(errno)); return -1; }
+    if (j->o.no_pty || open_pty(outp) != 0) {
+        if (!j->o.no_pty && !j->pty_warned++)
+            fprintf(stderr, "ddprun: no pseudo-terminal for the ranks' stdout (%s); using pipes, so "
+                            "their stdout arrives in blocks unless they flush\n", strerror(errno));
+        if (pipe2(outp, O_CLOEXEC) != 0) { snprintf(err, errcap, "pipe: %s", strerror(errno)); return -1; }
+    }
     if (pipe2(errp, O_CLOEXEC) != 0) {
         snprintf(err, errcap, "pipe: %s", strerror(errno));
         close(outp[0]); close(outp[1]);
