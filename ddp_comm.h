@@ -806,41 +806,71 @@ _DDP_PRIVATE void _ddp_derive_data_key(ddp_comm_t *c) {
     }
 }
 
+/* Who has not joined yet, from the join masks (a few reads, not one per rank), written as ranks:
+ * "ranks 2, 5-7" (at most `cap` bytes, then "and N more"). Returns the store's error, if any. */
+#define _DDP_JOINMASK_BITS 62
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_absent(ddp_comm_t *c, char *out, size_t cap, int *nmissing) {
+    char key[256];
+    size_t off = 0;
+    int g, shown = 0, run_start = -1, run_end = -1, more = 0;
+    const int groups = (c->eng.nranks + _DDP_JOINMASK_BITS - 1) / _DDP_JOINMASK_BITS;
+    *nmissing = 0;
+    out[0] = 0;
+    for (g = 0; g <= groups; g++) {
+        int64_t mask = 0;
+        int b;
+        if (g < groups) {
+            ddp_result_t r;
+            _ddp_key(c, key, sizeof key, "joinmask/%d", g);
+            if ((r = ddp_store_add(c->store, key, 0, &mask)) != DDP_SUCCESS) return r;   /* adding 0 reads */
+        }
+        for (b = 0; b < _DDP_JOINMASK_BITS; b++) {
+            const int rank = g * _DDP_JOINMASK_BITS + b, absent = g < groups && rank < c->eng.nranks &&
+                             !(mask & ((int64_t)1 << b));
+            if (absent) {
+                ++*nmissing;
+                if (run_start >= 0 && rank == run_end + 1) { run_end = rank; continue; }
+            }
+            if (run_start >= 0) {   /* a run of absent ranks ended: write it */
+                if (off + 32 < cap) {
+                    off += (size_t)snprintf(out + off, cap - off, run_end > run_start ? "%s%d-%d" : "%s%d",
+                                            shown ? ", " : "", run_start, run_end);
+                    shown++;
+                } else {
+                    more += run_end - run_start + 1;
+                }
+                run_start = -1;
+            }
+            if (absent) run_start = run_end = rank;
+            if (g == groups) break;
+        }
+    }
+    if (more && off + 24 < cap) snprintf(out + off, cap - off, " and %d more", more);
+    return DDP_SUCCESS;
+}
+
+/* "rank 2" or "ranks 2, 5-7". */
+_DDP_PRIVATE const char *_ddp_ranks_word(int n) { return n == 1 ? "rank" : "ranks"; }
+
 /* The rendezvous timed out waiting for "ready": who is missing, in what the deadline left (the
  * ready wait kept a slice for it). Whether the store answers at all is what tells a stopped,
  * overloaded or unreachable rank 0 from ranks that never came. */
-#define _DDP_JOINMASK_BITS 62
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_missing(ddp_comm_t *c) {
-    char missing[400] = "", key[256];
-    size_t off = 0;
-    int g, nmissing = 0, shown = 0;
-    const int groups = (c->eng.nranks + _DDP_JOINMASK_BITS - 1) / _DDP_JOINMASK_BITS;
-    for (g = 0; g < groups; g++) {
-        int64_t mask = 0;
-        int b;
-        ddp_result_t r;
-        _ddp_key(c, key, sizeof key, "joinmask/%d", g);
-        r = ddp_store_add(c->store, key, 0, &mask);   /* adding 0 reads it */
-        if (r != DDP_SUCCESS)
-            return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: rank 0's store does "
-                                 "not answer: no rendezvous within %d ms, then no answer to a query "
-                                 "(rank 0 stopped, hung, overloaded or out of descriptors, or cut off "
-                                 "from this host)", c->master_addr, c->master_port, c->eng.timeout_ms);
-        for (b = 0; b < _DDP_JOINMASK_BITS && g * _DDP_JOINMASK_BITS + b < c->eng.nranks; b++) {
-            if (mask & ((int64_t)1 << b)) continue;
-            nmissing++;
-            if (off + 24 < sizeof missing) {
-                off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? "," : "",
-                                        g * _DDP_JOINMASK_BITS + b);
-                shown++;
-            }
-        }
-    }
-    if (shown < nmissing)
-        snprintf(missing + off, sizeof missing - off, " and %d more", nmissing - shown);
-    return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: ranks never joined within "
-                         "%d ms: %s", c->master_addr, c->master_port, c->eng.timeout_ms,
-                         nmissing ? missing : "none missing (they joined as the wait ended)");
+    char missing[400];
+    int nmissing = 0;
+    if (_ddp_rendezvous_absent(c, missing, sizeof missing, &nmissing) != DDP_SUCCESS)
+        return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: rank 0's store does "
+                             "not answer: no rendezvous within %d ms, then no answer to a query "
+                             "(rank 0 stopped, hung, overloaded or out of descriptors, or cut off "
+                             "from this host)", c->master_addr, c->master_port, c->eng.timeout_ms);
+    if (!nmissing)
+        return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: no rendezvous within %d "
+                             "ms, yet every rank joined as the wait ended", c->master_addr,
+                             c->master_port, c->eng.timeout_ms);
+    return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: %d of %d ranks never joined "
+                         "within %d ms: %s %s (check WORLD_SIZE and that every rank was started)",
+                         c->master_addr, c->master_port, nmissing, c->eng.nranks, c->eng.timeout_ms,
+                         _ddp_ranks_word(nmissing), missing);
 }
 
 /* What is left of the rendezvous' deadline, less `keep` ms kept for what follows; at least 1
@@ -852,22 +882,17 @@ _DDP_PRIVATE int _ddp_init_ms_left(const ddp_comm_t *c, int keep) {
     return left < 1 ? 1 : left;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
-    char key[256], host[_DDP_HOST_ID_LEN], why_none[512] = "";
-    size_t len = 0;
-    int64_t joined = 0, n;
+/* Rendezvous, phase 1: rank 0 says which job this store serves; a rank of another job that
+ * reached it (two jobs on one host and port) is refused here, naming both, before it counts in. */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_job(ddp_comm_t *c) {
+    char key[256];
     ddp_result_t r;
-    int i;
-    c->tctx.key_from_secret = c->store && c->store->keylen;   /* before any transport's init */
-
-    /* The job first: rank 0 says which job this store serves; a rank of another job that reached
-     * it (two jobs on one host and port) is refused here, naming both, before it counts in. */
     _ddp_key(c, key, sizeof key, "job");
     if (c->eng.rank == 0) {
         r = ddp_store_set(c->store, key, c->job, strlen(c->job));
     } else {
         char theirs[sizeof c->job];
-        len = 0;
+        size_t len = 0;
         r = ddp_store_get(c->store, key, theirs, sizeof theirs - 1, &len);
         if (r == DDP_SUCCESS) {
             theirs[len < sizeof theirs ? len : sizeof theirs - 1] = 0;
@@ -888,6 +913,15 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
         (r = _ddp_rendezvous_agree(c, "async_lanes", c->want_lanes, "DDP_ASYNC_LANES is %d on this "
                                    "rank, %s on the job's first rank: set it the same everywhere")) != DDP_SUCCESS)
         return r;
+    return DDP_SUCCESS;
+}
+
+/* Phase 2: this rank counts once, sets its join-mask bit, publishes its host; rank 0 draws the
+ * communicator's identity (id and connection token). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *host) {
+    char key[256];
+    int64_t n;
+    ddp_result_t r;
     _ddp_key(c, key, sizeof key, "rank/%d", c->eng.rank);
     r = ddp_store_add(c->store, key, 1, &n);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
@@ -902,7 +936,6 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     _ddp_key(c, key, sizeof key, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
     r = ddp_store_add(c->store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    _ddp_host_id(host, sizeof host);
     _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
     if ((r = ddp_store_set(c->store, key, host, strlen(host))) != DDP_SUCCESS)
         return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
@@ -920,11 +953,17 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
             return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
         _ddp_derive_data_key(c);
     }
+    return DDP_SUCCESS;
+}
 
-    /* Transports listen and publish their addresses before we count ourselves in. */
+/* Phase 3: the transports listen and publish their addresses before this rank counts itself in. */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *forced) {
+    char why_none[512] = "";
+    int i;
     for (i = 0; i < _ddp_ntransports && c->ntinst < _DDP_MAX_TRANSPORTS; i++) {
         const ddp_transport_t *t = _ddp_transports[i];
         void *state = NULL;
+        ddp_result_t r;
         /* DDP_TRANSPORT picks the host transport; a device one (NCCL) is for device buffers */
         if (forced && strcmp(forced, t->name) != 0 && !t->device) continue;
         c->init_probe = !forced;
@@ -946,68 +985,115 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     if (c->ntinst == 0 && c->eng.nranks > 1)
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport (%s)",
                              why_none[0] ? why_none : "none compiled in: include transports/ddp_tcp.h");
+    return DDP_SUCCESS;
+}
 
-    _ddp_key(c, key, sizeof key, "joined");
-    if ((r = ddp_store_add(c->store, key, 1, &joined)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+/* A wait that lasts says what it waits for: after 10 s, 30 s, 60 s, then every 5 minutes. */
+_DDP_PRIVATE int64_t _ddp_next_wait_note_ms(int64_t waited_ms) {
+    return waited_ms < 10000 ? 10000 : waited_ms < 30000 ? 30000 : waited_ms < 60000 ? 60000
+           : (waited_ms / 300000 + 1) * 300000;
+}
+
+_DDP_PRIVATE int _ddp_torchrun_agent_store(void);
+
+/* "2 of 3 ranks joined after 30 s; still waiting for rank 2": said at WARN while the ready
+ * wait lasts, by every waiting rank (and the rank hosting the store says so). */
+_DDP_PRIVATE void _ddp_rendezvous_note(ddp_comm_t *c, int64_t waited_ms) {
+    char missing[400];
+    int nmissing = 0;
+    const int hosts = c->own_store && c->eng.rank == 0 && !_ddp_torchrun_agent_store();
+    if (_ddp_rendezvous_absent(c, missing, sizeof missing, &nmissing) != DDP_SUCCESS)
+        _DDP_LOG(c, DDP_LOG_WARN, "init: waiting %lld s for the rendezvous at %s:%d%s; the store does "
+                 "not answer a query", (long long)(waited_ms / 1000), c->master_addr, c->master_port,
+                 hosts ? " (this rank hosts the store)" : "");
+    else if (nmissing)
+        _DDP_LOG(c, DDP_LOG_WARN, "init: %d of %d ranks joined the rendezvous at %s:%d%s after %lld s; "
+                 "still waiting for %s %s (check WORLD_SIZE and that every rank was started)",
+                 c->eng.nranks - nmissing, c->eng.nranks, c->master_addr, c->master_port,
+                 hosts ? " (hosted by this rank)" : "", (long long)(waited_ms / 1000),
+                 _ddp_ranks_word(nmissing), missing);
+}
+
+/* Phase 4: count in, then wait until every rank has (or one aborted the rendezvous). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
+    char k_ready[256], k_abort[256];
+    const char *keys[2];
+    int64_t joined = 0, t0 = _ddp_now_us(), waited_ms = 0;
+    int keep = c->eng.timeout_ms / 10, ex = 0;
+    ddp_result_t r;
+    _ddp_key(c, k_ready, sizeof k_ready, "ready");
+    _ddp_key(c, k_abort, sizeof k_abort, "abort");
+    keys[0] = k_ready; keys[1] = k_abort;
+    {
+        char key[256];
+        _ddp_key(c, key, sizeof key, "joined");
+        if ((r = ddp_store_add(c->store, key, 1, &joined)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
     _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
              c->master_addr, c->master_port, c->eng.rank, c->eng.nranks, (long long)joined);
-    if (joined == c->eng.nranks) {
-        _ddp_key(c, key, sizeof key, "ready");
-        if ((r = ddp_store_set(c->store, key, "1", 1)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (joined == c->eng.nranks && (r = ddp_store_set(c->store, k_ready, "1", 1)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    /* A slice of the deadline is kept to ask who is missing (a tenth, 100 ms to 1 s). */
+    keep = keep < 100 ? 100 : keep > 1000 ? 1000 : keep;
+    for (;;) {
+        const int left = _ddp_init_ms_left(c, keep);
+        const int64_t note = _ddp_next_wait_note_ms(waited_ms) - waited_ms;
+        const int slice = left >= 0 && left <= note ? left : (int)(note < 1 ? 1 : note);
+        r = _ddp_store_wait_keys(c->store, keys, 2, slice, 1);
+        waited_ms = (_ddp_now_us() - t0) / 1000;
+        if (r != DDP_ERR_TIMEOUT || slice == left) break;
+        _ddp_rendezvous_note(c, waited_ms);   /* the wait goes on: say for whom */
     }
-    {
-        char k1[256], k2[256];
-        const char *keys[2];
-        _ddp_key(c, k1, sizeof k1, "ready");
-        _ddp_key(c, k2, sizeof k2, "abort");
-        keys[0] = k1; keys[1] = k2;
-        /* A slice of the deadline is kept to ask who is missing (a tenth, 100 ms to 1 s). */
-        {
-            int keep = c->eng.timeout_ms / 10;
-            keep = keep < 100 ? 100 : keep > 1000 ? 1000 : keep;
-            r = _ddp_store_wait_keys(c->store, keys, 2, _ddp_init_ms_left(c, keep), 1);
-        }
-        if (r == DDP_ERR_TIMEOUT) {
-            /* A store init did not open is bounded only while it is asked who is missing. */
-            if (!c->own_store && c->init_deadline_us) _ddp_store_bound(c->store, c->init_deadline_us);
-            r = _ddp_rendezvous_missing(c);
-            if (!c->own_store) _ddp_store_bound(c->store, 0);
-            return r;
-        }
-        if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-        {
-            int ex = 0;
-            if (ddp_store_check(c->store, k2, &ex) == DDP_SUCCESS && ex) {
-                char why[512];
-                len = 0;
-                ddp_store_get(c->store, k2, why, sizeof why - 1, &len);
-                why[len < sizeof why ? len : sizeof why - 1] = 0;
-                return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another "
-                                     "rank: %s", why);
-            }
-        }
+    if (r == DDP_ERR_TIMEOUT) {
+        /* A store init did not open is bounded only while it is asked who is missing. */
+        if (!c->own_store && c->init_deadline_us) _ddp_store_bound(c->store, c->init_deadline_us);
+        r = _ddp_rendezvous_missing(c);
+        if (!c->own_store) _ddp_store_bound(c->store, 0);
+        return r;
     }
-    if (c->eng.rank != 0) {
-        unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
-        _ddp_key(c, key, sizeof key, "comm_id");
-        if ((r = ddp_store_get(c->store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-        if (len != sizeof ident)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
-                                 "has %zu bytes, expected %zu (mixed libddp versions?)", len, sizeof ident);
-        memcpy(&c->tctx.comm_id, ident, 8);
-        memcpy(c->token, ident + 8, sizeof c->token);
-        _ddp_auth_wipe(ident, sizeof ident);
-        _ddp_derive_data_key(c);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (ddp_store_check(c->store, k_abort, &ex) == DDP_SUCCESS && ex) {
+        char why[512];
+        size_t len = 0;
+        ddp_store_get(c->store, k_abort, why, sizeof why - 1, &len);
+        why[len < sizeof why ? len : sizeof why - 1] = 0;
+        return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another rank: %s", why);
     }
-    /* Hosts: for local rank/size and for transports that reach same-host peers only. */
-    c->host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+    return DDP_SUCCESS;
+}
+
+/* Phase 5 (ranks but 0): the communicator's identity that rank 0 drew. */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c) {
+    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
+    char key[256];
+    size_t len = 0;
+    ddp_result_t r;
+    _ddp_key(c, key, sizeof key, "comm_id");
+    if ((r = ddp_store_get(c->store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (len != sizeof ident)
+        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
+                             "has %zu bytes, expected %zu (mixed libddp versions?)", len, sizeof ident);
+    memcpy(&c->tctx.comm_id, ident, 8);
+    memcpy(c->token, ident + 8, sizeof c->token);
+    _ddp_auth_wipe(ident, sizeof ident);
+    _ddp_derive_data_key(c);
+    return DDP_SUCCESS;
+}
+
+/* Phase 6: every rank's host, for local rank/size and for transports that reach same-host peers
+ * only. Rank 0 collects the table once and publishes it whole; everyone else reads one value:
+ * O(n) store requests in all instead of every rank asking for every host (O(n^2): a million
+ * requests at 1,024 ranks). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host) {
+    char key[256];
+    const size_t table = (size_t)c->eng.nranks * _DDP_HOST_ID_LEN;
+    size_t len = 0;
+    int i, lr = 0, ls = 0;
+    ddp_result_t r;
+    c->host_ids = (char *)_ddp_calloc(&c->alloc, table);
     if (!c->host_ids) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
-    /* Rank 0 collects the table once and publishes it whole; everyone else reads one value:
-     * O(n) store requests in all instead of every rank asking for every host (O(n^2): a
-     * million requests at 1,024 ranks). */
     _ddp_key(c, key, sizeof key, "hosts");
     if (c->eng.rank == 0) {
         for (i = 0; i < c->eng.nranks; i++) {
@@ -1018,24 +1104,20 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
                 return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
             h[len < _DDP_HOST_ID_LEN ? len : _DDP_HOST_ID_LEN - 1] = 0;
         }
-        r = ddp_store_set(c->store, key, c->host_ids, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+        r = ddp_store_set(c->store, key, c->host_ids, table);
     } else {
-        len = 0;
-        r = ddp_store_get(c->store, key, c->host_ids, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN, &len);
-        if (r == DDP_SUCCESS && len != (size_t)c->eng.nranks * _DDP_HOST_ID_LEN)
+        r = ddp_store_get(c->store, key, c->host_ids, table, &len);
+        if (r == DDP_SUCCESS && len != table)
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the host table has %zu bytes, "
-                                 "expected %zu", len, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+                                 "expected %zu", len, table);
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    {
-        int lr = 0, ls = 0;
-        for (i = 0; i < c->eng.nranks; i++) {
-            const char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
-            if (!strcmp(h, host)) { if (i < c->eng.rank) lr++; ls++; }
-        }
-        if (c->local_rank < 0) c->local_rank = lr;
-        if (c->local_size < 0) c->local_size = ls;
+    for (i = 0; i < c->eng.nranks; i++) {
+        const char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+        if (!strcmp(h, host)) { if (i < c->eng.rank) lr++; ls++; }
     }
+    if (c->local_rank < 0) c->local_rank = lr;
+    if (c->local_size < 0) c->local_size = ls;
     /* Across hosts without a secret the store and the token are readable by anyone who can
      * reach MASTER_PORT: say so once (rank 0), with the fix. */
     if (c->eng.rank == 0 && c->store && !c->store->keylen) {
@@ -1049,6 +1131,20 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
                      "or desc.job_secret", c->master_addr, c->master_port);
     }
     return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
+    char host[_DDP_HOST_ID_LEN];
+    ddp_result_t r;
+    c->tctx.key_from_secret = c->store && c->store->keylen;   /* before any transport's init */
+    _ddp_host_id(host, sizeof host);
+    if ((r = _ddp_rendezvous_job(c)) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_register(c, host)) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_transports(c, forced)) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_wait(c)) != DDP_SUCCESS ||
+        (c->eng.rank != 0 && (r = _ddp_rendezvous_identity(c)) != DDP_SUCCESS))
+        return r;
+    return _ddp_rendezvous_hosts(c, host);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c);

@@ -331,6 +331,39 @@ static int never_joins(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- a wait that speaks
+ * A rank missing for longer than 10 s is named at WARN while the others still wait, by every
+ * waiting rank, with the store's host saying it hosts it; the message is checked, not the time
+ * (the 13 s timeout leaves the first note, due at 10 s, inside the wait under any load). */
+static int never_joins_speaks(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    char path[128], log[8192];
+    FILE *f;
+    size_t n;
+    (void)arg;
+    if (rank == p - 1) return 0;
+    snprintf(path, sizeof path, "/tmp/ddp_test_speaks.%d.%d", (int)getppid(), rank);
+    if (!freopen(path, "w", stderr)) return 1;
+    t_desc(&d, 13000);
+    d.log_level = 1 + DDP_LOG_WARN;   /* the default level */
+    r = ddp_comm_init(&c, p, rank, &d);
+    fflush(stderr);
+    f = fopen(path, "r");
+    n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = 0;
+    if (f) fclose(f);
+    remove(path);
+    ok(r != DDP_SUCCESS && c == NULL, "init fails without rank %d -> %s", p - 1, ddp_strerror(r));
+    ok(strstr(log, "WARN") && strstr(log, "still waiting for rank 2 (check WORLD_SIZE") &&
+       strstr(log, "2 of 3 ranks joined"), "while it waits, a WARN says 2 of 3 joined and names rank 2: %.300s",
+       strstr(log, "still waiting") ? strstr(log, "init:") : log);
+    ok(rank != 0 || strstr(log, "(hosted by this rank)"), "rank 0 says it hosts the store");
+    if (c) ddp_comm_destroy(c);
+    return 0;
+}
+
 /* ----------------------------------------------------------------- rank 0 stopped under its listening store
  * Rank 0 stops (SIGSTOP: hung, swapped out, in a debugger) while its store listens: the kernel
  * still completes every connect, so the others reach a socket that never answers. Mode 0: it
@@ -848,6 +881,7 @@ int main(void) {
     run("rank 2 never joins", 3, never_joins, &missing, 60);
     missing = 0;
     run("rank 0 (the master) never starts", 2, never_joins, &missing, 60);
+    if (!getenv("DDP_TEST_QUICK")) run("a rank missing for 10 s is named while the others wait", 3, never_joins_speaks, NULL, 60);
     run_stopped_master(0);
     run_stopped_master(1);
     run("a master address that does not resolve", 1, unresolvable, NULL, 60);
