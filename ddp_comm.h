@@ -1188,20 +1188,18 @@ _DDP_PRIVATE int _ddp_slurm_first_host(const char *list, char *out, size_t cap) 
     return n > 0;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_t *d, const char **forced_out) {
-    const int nranks = c->eng.nranks, rank = c->eng.rank;
-    const char *s, *forced;
-    ddp_result_t r;
+/* Settings, part 1: logging, timeout, spinning, segments, the algorithm and its crossover,
+ * async lanes: desc first, then DDP_* variables, then defaults. */
+_DDP_PRIVATE ddp_result_t _ddp_init_tuning(ddp_comm_t *c, const ddp_comm_desc_t *d) {
+    const int nranks = c->eng.nranks;
+    const char *s;
     long v;
-    int i;
     c->eng.log_level = d->log_level ? d->log_level - 1 : _ddp_log_level_from_env();
     c->eng.timeout_ms = d->timeout_ms ? d->timeout_ms : _ddp_env_timeout_ms();
     s = getenv("DDP_TIMEOUT_MS");
-    if (!d->timeout_ms && s && _ddp_parse_long(s, -1, INT_MAX, &v) != 0) {
-        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_TIMEOUT_MS='%s' is not a "
-                          "number of milliseconds", s);
-        return r;
-    }
+    if (!d->timeout_ms && s && _ddp_parse_long(s, -1, INT_MAX, &v) != 0)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_TIMEOUT_MS='%s' is not a "
+                             "number of milliseconds", s);
     c->eng.spin_us = d->spin_us ? d->spin_us : -2;
     if (c->eng.spin_us == -2) {
         s = getenv("DDP_SPIN_US");
@@ -1218,26 +1216,29 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     s = getenv("DDP_ALGO");
     c->algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "hier") ? _DDP_ALGO_HIER
             : 1 + _ddp_ar_algo_parse(s);
-    if (c->algo < 0 || (c->algo == 0 && s && *s && strcmp(s, "auto"))) {
-        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring, rd, "
-                          "rabenseifner, hier, hier_ring, hier_rd or hier_rabenseifner", s);
-        return r;
-    }
+    if (c->algo < 0 || (c->algo == 0 && s && *s && strcmp(s, "auto")))
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring, rd, "
+                             "rabenseifner, hier, hier_ring, hier_rd or hier_rabenseifner", s);
     /* Measured crossover (README, bench/): below it the ring's 2(p-1) hops cost more than
      * recursive doubling's extra bytes. */
     c->rd_max_bytes = _ddp_parse_size(getenv("DDP_RD_MAX_BYTES"));
     if (!c->rd_max_bytes)
         c->rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
                         : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
-    _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
     s = getenv("DDP_ASYNC_LANES");
     c->want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
     c->lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
     if (!c->lane_min_bytes) c->lane_min_bytes = _DDP_LANE_MIN_BYTES;
-    s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
-    _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
-    _ddp_job_identity(c->job, sizeof c->job);
-    s = d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
+    return DDP_SUCCESS;
+}
+
+/* Settings, part 2: where the rendezvous is: MASTER_ADDR (else Slurm's first host, else this
+ * host) and MASTER_PORT (else one derived from the job's identity, else the default). */
+_DDP_PRIVATE ddp_result_t _ddp_init_master(ddp_comm_t *c, const ddp_comm_desc_t *d) {
+    const int nranks = c->eng.nranks;
+    const char *s = d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
+    long v;
+    int i;
     if (s && *s) {
         _ddp_strlcpy(c->master_addr, s, sizeof c->master_addr);
     } else if (getenv("SLURM_PROCID") &&
@@ -1253,9 +1254,8 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     } else if ((i = _ddp_env_int("MASTER_PORT", 1, 65535, &v)) == 1) {
         c->master_port = (int)v;
     } else if (i < 0) {
-        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: MASTER_PORT='%s' is not a port "
-                          "number (1..65535)", getenv("MASTER_PORT"));
-        return r;
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: MASTER_PORT='%s' is not a port "
+                             "number (1..65535)", getenv("MASTER_PORT"));
     } else if (nranks == 1 && !d->store) {
         c->master_port = 0;   /* nobody else connects: a port the kernel picks, never a clash */
     } else if (c->job[0]) {
@@ -1268,11 +1268,16 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     } else {
         c->master_port = _DDP_DEFAULT_PORT;
     }
-    if ((c->master_port < 1 && !(nranks == 1 && c->master_port == 0)) || c->master_port > 65535) {
-        r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->master_port);
-        return r;
-    }
-    forced = d->transport ? d->transport : getenv("DDP_TRANSPORT");
+    if ((c->master_port < 1 && !(nranks == 1 && c->master_port == 0)) || c->master_port > 65535)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->master_port);
+    return DDP_SUCCESS;
+}
+
+/* Settings, part 3: a host transport forced by desc.transport or DDP_TRANSPORT, which must be
+ * compiled in; NULL is "auto". */
+_DDP_PRIVATE ddp_result_t _ddp_init_forced_transport(ddp_comm_t *c, const ddp_comm_desc_t *d, const char **forced_out) {
+    const char *forced = d->transport ? d->transport : getenv("DDP_TRANSPORT");
+    int i;
     if (forced && (!*forced || !strcmp(forced, "auto"))) forced = NULL;
     if (forced) _ddp_strlcpy(c->transport_name, forced, sizeof c->transport_name);
     if (forced && !ddp_transport_find(forced)) {
@@ -1280,11 +1285,26 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
         size_t off = 0;
         for (i = 0; i < _ddp_ntransports && off + 16 < sizeof names; i++)
             off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? ", " : "", _ddp_transports[i]->name);
-        r = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: transport '%s' is not compiled into "
-                          "this program (compiled in: %s; include transports/ddp_%s.h)", forced,
-                          off ? names : "none", forced);
-        return r;
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: transport '%s' is not compiled into "
+                             "this program (compiled in: %s; include transports/ddp_%s.h)", forced,
+                             off ? names : "none", forced);
     }
+    *forced_out = forced;
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_t *d, const char **forced_out) {
+    const int nranks = c->eng.nranks;
+    const char *s, *forced = NULL;
+    ddp_result_t r;
+    int i;
+    if ((r = _ddp_init_tuning(c, d)) != DDP_SUCCESS) return r;
+    _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
+    s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
+    _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
+    _ddp_job_identity(c->job, sizeof c->job);
+    if ((r = _ddp_init_master(c, d)) != DDP_SUCCESS || (r = _ddp_init_forced_transport(c, d, &forced)) != DDP_SUCCESS)
+        return r;
     c->peers = (_ddp_peer_t *)_ddp_calloc(&c->alloc, sizeof *c->peers * (size_t)nranks);
     c->p2p = (uint32_t *)_ddp_calloc(&c->alloc, sizeof *c->p2p * 4 * (size_t)nranks);
     c->eng.scratch_bytes = c->eng.segment_bytes * _DDP_MAX_SLOTS;
@@ -1292,11 +1312,9 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     if (!c->peers || !c->eng.scratch || !c->p2p) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating");
     for (i = 0; i < nranks; i++) c->peers[i].tinst = -1;
     _DDP_LOG(c, DDP_LOG_INFO, "init: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
-             "segment %zu bytes, transport %s", rank, nranks, c->master_addr, c->master_port,
+             "segment %zu bytes, transport %s", c->eng.rank, nranks, c->master_addr, c->master_port,
              c->eng.timeout_ms, c->eng.spin_us, c->eng.segment_bytes, forced ? forced : "auto");
-
     *forced_out = forced;
-    (void)rank;
     return DDP_SUCCESS;
 }
 
