@@ -14,7 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 ulimit -c 0 2>/dev/null # the SIGSEGV check must not write a core file
 unset OMP_NUM_THREADS DDP_JOB_SECRET TORCH_NCCL_ASYNC_ERROR_HANDLING
 
-echo "1..32"
+echo "1..33"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now() { date +%s.%N; }
 elapsed_below() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN { exit !(b - a < lim) }'; }
@@ -365,6 +365,14 @@ no_prefix() {
 }
 check "--no-prefix: lines passed on as they are" no_prefix
 
+one_prefix() {
+    "$D" -n 2 sh -c 'echo "[ddp rank $RANK] WARN own"; echo "[ddp rank 7] WARN other" >&2' > "$tmp/op" 2>&1 ||
+        { why "exit $?"; return 1; }
+    cat "$tmp/op" > "$tmp/why"
+    grep -qxF '[ddp rank 0] WARN own' "$tmp/op" && grep -qxF '[ddp rank 1] WARN own' "$tmp/op" &&
+        grep -qxF '[rank 0] [ddp rank 7] WARN other' "$tmp/op" && ! grep -qF '[rank 0] [ddp rank 0]' "$tmp/op"
+}
+check "one prefix per line: a line libddp already prefixed with its own rank gets no second one" one_prefix
 # A rank printing a line every 0.5 s with printf (no fflush): its first line must reach ddprun's
 # stdout while it runs, not when it exits. The rank runs until the test has seen that line (or 30
 # s passed) and creates the flag file: no timing is assumed either way.

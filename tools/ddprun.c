@@ -121,7 +121,8 @@ static const char *const k_help[] = {
     "    numbered RANK = node_rank * NPROC + LOCAL_RANK.\n",
     "\n",
     "    Each line a rank writes to stdout or stderr goes to ddprun's stdout or stderr\n",
-    "    with the prefix \"[rank N] \", written whole, so lines of different ranks never mix;\n",
+    "    with the prefix \"[rank N] \" (none where libddp's \"[ddp rank N] \" begins it),\n",
+    "    written whole, so lines of different ranks never mix;\n",
     "    an unfinished last line is passed on when the rank exits. A rank's stdout is a\n",
     "    pseudo-terminal (as under mpirun), so its lines arrive as they are printed, not\n",
     "    when a pipe's buffer fills (see --no-pty).\n",
@@ -589,10 +590,18 @@ static void tail_push(rank_t *r, const char *line, size_t n) {
     if (r->tail_n < TAIL_LINES) r->tail_n++;
 }
 
+/* A line that names its rank already ("[ddp rank 3] WARN ...", libddp's own prefix) gets no
+ * second one: one prefix per line. */
+static int names_its_rank(const rank_t *r, const char *line, size_t n) {
+    char own[40];
+    int k = snprintf(own, sizeof own, "[ddp rank %d] ", r->rank);
+    return k > 0 && (size_t)k <= n && memcmp(line, own, (size_t)k) == 0;
+}
+
 static void emit_line(job_t *j, rank_t *r, stream_t *s, const char *line, size_t n) {
     if (s->is_stderr) tail_push(r, line, n);
     if (s->console_fd >= 0 && !j->console_dead[s->console_fd]) {
-        int k = j->o.prefix ? sprintf(j->outbuf, "[rank %d] ", r->rank) : 0;
+        int k = j->o.prefix && !names_its_rank(r, line, n) ? sprintf(j->outbuf, "[rank %d] ", r->rank) : 0;
         memcpy(j->outbuf + k, line, n);
         j->outbuf[k + (int)n] = '\n';
         write_all(j, s->console_fd, j->outbuf, (size_t)k + n + 1);
