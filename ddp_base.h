@@ -308,7 +308,8 @@ static const char *const _ddp_level_names[] = {"", "WARN", "INFO", "TRACE"};
 /* One write(2) per line so ranks sharing a terminal never interleave mid-line. */
 _DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
     char line[2048];
-    int n = snprintf(line, sizeof line, "[ddp rank %d] %s ", rank, _ddp_level_names[level]);
+    int n = rank < 0 ? snprintf(line, sizeof line, "[ddp init] %s ", _ddp_level_names[level])   /* rank not known yet */
+                     : snprintf(line, sizeof line, "[ddp rank %d] %s ", rank, _ddp_level_names[level]);
     if (n < 0) return;
     if ((size_t)n < sizeof line) {
         int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
@@ -321,7 +322,8 @@ _DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
 
 _DDP_PRIVATE void _ddp_log_str(int rank, int level, const char *msg) {
     char line[1200];
-    int n = snprintf(line, sizeof line, "[ddp rank %d] %s %s\n", rank, _ddp_level_names[level], msg);
+    int n = rank < 0 ? snprintf(line, sizeof line, "[ddp init] %s %s\n", _ddp_level_names[level], msg)
+                     : snprintf(line, sizeof line, "[ddp rank %d] %s %s\n", rank, _ddp_level_names[level], msg);
     if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) { }
 }
 

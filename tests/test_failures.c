@@ -792,6 +792,29 @@ static int env_cases(int rank, int p, void *arg) {
         ok(strstr(ddp_last_init_error(), bad[i].names) != NULL, "... and ddp_last_init_error names %s: %s", bad[i].names, ddp_last_init_error());
         if (c) ddp_comm_destroy(c);
     }
+    {   /* Before the rank is known a message says "init", not a rank of -1. */
+        char path[128], log[1024];
+        int saved = dup(2), fd;
+        ssize_t n = 0;
+        snprintf(path, sizeof path, "/tmp/ddp_test_initlog.%d", (int)getpid());
+        set_env("RANK=x WORLD_SIZE=2");
+        setenv("DDP_DEBUG", "WARN", 1);
+        fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+        if (fd >= 0 && saved >= 0) {
+            dup2(fd, 2);
+            c = NULL;
+            ddp_comm_init_env(&c, NULL);
+            dup2(saved, 2);
+            n = pread(fd, log, sizeof log - 1, 0);
+        }
+        log[n > 0 ? n : 0] = 0;
+        if (fd >= 0) close(fd);
+        if (saved >= 0) close(saved);
+        remove(path);
+        ok(strncmp(log, "[ddp init] WARN init: RANK='x'", 30) == 0 && !strstr(log, "rank -1"),
+           "a message before the rank is known begins '[ddp init]': %s", log);
+        clear_env();
+    }
     ok(ddp_comm_init_env(NULL, NULL) == DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_env(NULL comm out)");
     /* No launcher at all: a world of one (issue 16), its store on a port the kernel picks. */
     set_env("");
