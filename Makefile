@@ -282,6 +282,12 @@ compare:
 clean:
 	rm -rf $(B)
 
+# What a user vendors, flat: dist/ddp.h (the whole core in one header) beside ddp_sampler.h and
+# the transports, which then include nothing but "ddp.h" (tools/amalgamate.py).
+.PHONY: dist
+dist:
+	python3 tools/amalgamate.py dist
+
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c, clang): the store server's request parser and
 # handlers, and both ends of its authentication handshake. `make fuzz FUZZ_SECONDS=60` runs each
 # for that long, starting from its committed seeds (tests/fuzz/corpus_<name>/); what it finds
