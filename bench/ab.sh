@@ -4,7 +4,7 @@
 #   bench/ab.sh OLD_DDP_BENCH NEW_DDP_BENCH [ROUNDS]      (knobs: AB_CONFIGS, AB_SIZES, AB_ITERS, AB_OPS)
 # AB_OPS: the collectives (ddp-bench -o names, space-separated; default all_reduce).
 # Prints, per configuration and size, the median over rounds of each build's time per call
-# (p50 up to 64 KiB, mean above, as the README's tables) and new/old: < 1 means the new is faster.
+# (p50 up to 64 KiB, mean above, as docs/performance.md's tables) and new/old: < 1 means the new is faster.
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-5}
 configs=${AB_CONFIGS:-"tcp:2 shm:2 tcp:4"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Init + first all-reduce of N ranks on this host (make scale): the curve for the README.
+# Init + first all-reduce of N ranks on this host (make scale): the curve in docs/performance.md.
 #   bench/scale.sh [N ...]          (default 64 128 256 512 1024; SCALE_TRANSPORTS="tcp auto";
 #                                    auto stops at SCALE_SHM_MAX=256 ranks)
 # Each row: the wall time of the whole build/ddprun run (start, rendezvous, connect, one float
