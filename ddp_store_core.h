@@ -99,10 +99,11 @@ typedef struct {
 #define _DDP_STORE_HELLO_BYTES (sizeof(_ddp_store_req_t) + 2 * _DDP_AUTH_NONCE_BYTES)
 
 /* ---------------------------------------------------------------- the client interface
- * One per protocol, filled at connect: libddp's own (ddp_store_client.h: _ddp_store_native) or
- * PyTorch's c10d TCPStore (ddp_store_c10d.h: _ddp_store_c10d). The public calls (ddp_store.h)
- * check their arguments, take the handle's mutex and call through it; the connect loop below
- * runs its handshake. Each request connects first when the handle has no connection. */
+ * One per protocol: libddp's own (ddp_store_client.h: _ddp_store_native) or PyTorch's c10d
+ * TCPStore (ddp_store_c10d.h: _ddp_store_c10d), set on a handle just before its first connect
+ * (ddp_store.h: _ddp_store_attach). The public calls (ddp_store.h) check their arguments, take
+ * the handle's mutex and call through it; the connect loop below runs its handshake. Each
+ * request connects first when the handle has no connection. */
 typedef struct _ddp_store_client {
     const char *name;         /* the server, in an "unreachable" message ("c10d store", ...) */
     /* A fresh connection *fd: authenticate, or find the dialect (may replace *fd); *retry = 1
