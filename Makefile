@@ -13,9 +13,13 @@ LDLIBS  := -pthread -lm
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 B       := build
 # Every header, bottom layer first (README "Layout"); the ibverbs transport is checked by rdma-headers.
-HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
+HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp_store_server.h ddp_store_client.h \
+           ddp_store_c10d.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_ring.h ddp_trace.h ddp_model.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h transports/ddp_nccl.h
+# The store alone (tools built on it without the communicator).
+STORE_HEADERS := ddp_base.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp_store_server.h ddp_store_client.h \
+                 ddp_store_c10d.h ddp_store.h
 NP      ?= 4
 
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -130,7 +134,7 @@ test-gpu:
 
 # nccl-raw (bench/nccl_raw.c): ncclAllReduce alone, the baseline test-gpu sets ddp-bench -t nccl
 # against; loads NCCL and the CUDA runtime at run time, so it builds without either.
-$(B)/nccl-raw: bench/nccl_raw.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
+$(B)/nccl-raw: bench/nccl_raw.c $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS) -ldl
 
 # transports/ddp_nccl.h with DDP_NCCL_LINK: compiled against CUDA's headers and linked with its
@@ -224,7 +228,7 @@ $(B)/ddp-scale: bench/ddp_scale.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # store-bench (bench/store_bench.c): 4,096 clients doing the init key pattern against one store.
-$(B)/store-bench: bench/store_bench.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
+$(B)/store-bench: bench/store_bench.c $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # rendezvous-stopped (bench/rendezvous_stopped.c): how soon every rank's init fails when rank 0
@@ -233,7 +237,7 @@ $(B)/rendezvous-stopped: bench/rendezvous_stopped.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # guess-bench (bench/guess_bench.c): wrong job secrets per second from one thread against a store.
-$(B)/guess-bench: bench/guess_bench.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h | $(B)
+$(B)/guess-bench: bench/guess_bench.c $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 .PHONY: scale
@@ -298,7 +302,7 @@ FUZZ_SHORT_SECONDS ?= 20
 FUZZ_CC      ?= clang
 FUZZERS      := $(patsubst tests/fuzz/%.c,$(B)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 .PHONY: fuzz
-$(B)/fuzz/%: tests/fuzz/%.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h
+$(B)/fuzz/%: tests/fuzz/%.c $(STORE_HEADERS)
 	@mkdir -p $(B)/fuzz
 	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(WARN) $(INC) $< -o $@ -pthread
 

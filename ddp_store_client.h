@@ -1,0 +1,347 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
+/* ddp_store_client.h — libddp's own store client, private: the client side of the handshake
+ * (the server's challenge, our proof, the server's proof: ddp_store_core.h has the wire), one
+ * request/response round trip (_ddp_store_rpc), and the requests as the client interface
+ * _ddp_store_native that ddp_store_open's handles use. The c10d client (ddp_store_c10d.h) is
+ * the other implementation of the same interface.
+ * Depends on ddp_store_core.h. Built by DDP_IMPLEMENTATION (or DDP_STORE_CLIENT_IMPLEMENTATION).
+ */
+#if defined(DDP_IMPLEMENTATION) && !defined(DDP_STORE_CLIENT_IMPLEMENTATION)
+#define DDP_STORE_CLIENT_IMPLEMENTATION
+#endif
+#if defined(DDP_STORE_CLIENT_IMPLEMENTATION) && !defined(DDP_STORE_CORE_IMPLEMENTATION)
+#define DDP_STORE_CORE_IMPLEMENTATION
+#endif
+#include "ddp_store_core.h"
+
+#if defined(DDP_STORE_CLIENT_IMPLEMENTATION) && !defined(DDP_STORE_CLIENT_IMPL_INCLUDED)
+#define DDP_STORE_CLIENT_IMPL_INCLUDED
+#ifndef DDP_STORE_CORE_IMPL_INCLUDED
+#error "libddp: ddp_store_client.h's implementation needs ddp_store_core.h's (define DDP_IMPLEMENTATION)"
+#endif
+
+/* ---------------------------------------------------------------- the client's handshake
+ * Two pure steps (no socket: the fuzzers call them on arbitrary bytes), _DDP_HS_* results. */
+enum { _DDP_HS_OK = 0, _DDP_HS_NOT_STORE, _DDP_HS_PROTO, _DDP_HS_NEED_SECRET, _DDP_HS_NO_SECRET,
+       _DDP_HS_REFUSED, _DDP_HS_BAD_PROOF, _DDP_HS_MALFORMED };
+
+/* Step 1: the server's challenge (n bytes) -> the HELLO to send (*msglen bytes into msg, which
+ * holds _DDP_STORE_HELLO_BYTES) and the server's nonce. */
+_DDP_PRIVATE int _ddp_store_hs_hello(const unsigned char *key, size_t keylen, const void *chal, size_t n,
+                                     const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
+                                     unsigned char *msg, size_t *msglen,
+                                     unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES]) {
+    _ddp_store_chal_t ch;
+    _ddp_store_req_t rq;
+    *msglen = 0;
+    if (n != sizeof ch) return _DDP_HS_MALFORMED;
+    memcpy(&ch, chal, sizeof ch);
+    if (ch.magic != _DDP_STORE_MAGIC) return _DDP_HS_NOT_STORE;
+    if (ch.proto != _DDP_STORE_PROTO) return _DDP_HS_PROTO;
+    if ((ch.flags & _DDP_ST_CHAL_SECRET) && !keylen) return _DDP_HS_NEED_SECRET;
+    if (!(ch.flags & _DDP_ST_CHAL_SECRET) && keylen) return _DDP_HS_NO_SECRET;
+    memcpy(nonce_s, ch.nonce, _DDP_AUTH_NONCE_BYTES);
+    memset(&rq, 0, sizeof rq);
+    rq.magic = _DDP_STORE_MAGIC;
+    rq.op = _DDP_ST_HELLO;
+    rq.v1len = _DDP_AUTH_NONCE_BYTES + (keylen ? _DDP_AUTH_PROOF_BYTES : 0u);
+    rq.flags = keylen ? _DDP_ST_HELLO_PROOF : 0u;
+    rq.arg = _DDP_STORE_PROTO;
+    memcpy(msg, &rq, sizeof rq);
+    memcpy(msg + sizeof rq, nonce_c, _DDP_AUTH_NONCE_BYTES);
+    if (keylen)
+        _ddp_auth_proof(key, keylen, _DDP_AUTH_CLIENT, _DDP_STORE_LABEL, nonce_s, nonce_c,
+                        msg + sizeof rq + _DDP_AUTH_NONCE_BYTES);
+    *msglen = sizeof rq + rq.v1len;
+    return _DDP_HS_OK;
+}
+
+/* Step 2: the answer to HELLO (header, then the vlen bytes of value that were read). */
+_DDP_PRIVATE int _ddp_store_hs_welcome(const unsigned char *key, size_t keylen,
+                                       const unsigned char nonce_s[_DDP_AUTH_NONCE_BYTES],
+                                       const unsigned char nonce_c[_DDP_AUTH_NONCE_BYTES],
+                                       const void *resp, size_t n, const unsigned char *val,
+                                       size_t vlen) {
+    _ddp_store_resp_t r;
+    if (n != sizeof r) return _DDP_HS_MALFORMED;
+    memcpy(&r, resp, sizeof r);
+    if (r.magic != _DDP_STORE_MAGIC) return _DDP_HS_NOT_STORE;
+    if (r.status == DDP_ERR_AUTH) return _DDP_HS_REFUSED;
+    if (r.status == DDP_ERR_MISMATCH) return _DDP_HS_PROTO;
+    if (r.status != DDP_SUCCESS || r.vlen != vlen) return _DDP_HS_MALFORMED;
+    if (!keylen) return vlen == 0 ? _DDP_HS_OK : _DDP_HS_MALFORMED;
+    if (vlen != _DDP_AUTH_PROOF_BYTES ||
+        !_ddp_auth_verify(key, keylen, _DDP_AUTH_SERVER, _DDP_STORE_LABEL, nonce_s, nonce_c, val))
+        return _DDP_HS_BAD_PROOF;
+    return _DDP_HS_OK;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_hs_error(ddp_store_t *s, int hs) {
+    switch (hs) {
+    case _DDP_HS_NOT_STORE:
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: %s:%d is not a libddp store (another "
+                              "service on MASTER_PORT?)", s->host, s->port);
+    case _DDP_HS_PROTO:
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: master %s:%d speaks another store "
+                              "protocol version (mixed libddp versions?)", s->host, s->port);
+    case _DDP_HS_NEED_SECRET:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d requires a job secret and "
+                              "this rank has none (set DDP_JOB_SECRET the same on every rank)",
+                              s->host, s->port);
+    case _DDP_HS_NO_SECRET:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d asks for no job secret but "
+                              "this rank has one: not talking to it (DDP_JOB_SECRET set on some "
+                              "ranks only, or not the real master)", s->host, s->port);
+    case _DDP_HS_REFUSED:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d refused our job secret "
+                              "(DDP_JOB_SECRET differs between ranks?)", s->host, s->port);
+    case _DDP_HS_BAD_PROOF:
+        return _ddp_store_err(s, DDP_ERR_AUTH, "rendezvous: master %s:%d could not prove it knows "
+                              "the job secret: not talking to it (not the real master, or "
+                              "DDP_JOB_SECRET differs between ranks)", s->host, s->port);
+    default:
+        return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: master %s:%d sent a malformed "
+                              "handshake", s->host, s->port);
+    }
+}
+
+/* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
+ * master out of descriptors, or flooded, drops some): then the caller connects again. */
+_DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t deadline, int *retry) {
+    unsigned char chal[sizeof(_ddp_store_chal_t)], msg[_DDP_STORE_HELLO_BYTES];
+    unsigned char ns[_DDP_AUTH_NONCE_BYTES], nc[_DDP_AUTH_NONCE_BYTES], val[_DDP_AUTH_PROOF_BYTES];
+    _ddp_store_resp_t resp;
+    size_t msglen = 0, vlen = 0;
+    int rc, hs;
+    const int64_t t0 = _ddp_now_us();
+    *retry = 0;
+    if ((rc = _ddp_auth_nonce(nc)) != 0)
+        return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: no random nonce for the handshake "
+                              "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
+    rc = _ddp_recv_all(fd, chal, sizeof chal, deadline);
+    if (rc == 0) {
+        _ddp_store_chal_t ch;
+        memcpy(&ch, chal, sizeof ch);
+        /* The key exists once the salt is known; a secret without one yet still says "I have
+         * a secret" to hs_hello, which refuses a master that asks for none. */
+        if (ch.magic == _DDP_STORE_MAGIC && ch.proto == _DDP_STORE_PROTO && (ch.flags & _DDP_ST_CHAL_SECRET))
+            _ddp_store_key_for(s, ch.salt);
+        hs = _ddp_store_hs_hello(s->key, s->secret[0] ? sizeof s->key : 0, chal, sizeof chal, nc, msg,
+                                 &msglen, ns);
+        if (hs != _DDP_HS_OK) return _ddp_store_hs_error(s, hs);
+        rc = _ddp_send_all(fd, msg, msglen, deadline);
+    }
+    if (rc == 0) rc = _ddp_recv_all(fd, &resp, sizeof resp, deadline);
+    if (rc == 0 && resp.magic == _DDP_STORE_MAGIC && resp.vlen <= sizeof val) {
+        vlen = resp.vlen;
+        if (vlen) rc = _ddp_recv_all(fd, val, vlen, deadline);
+    }
+    if (rc == 0) {
+        hs = _ddp_store_hs_welcome(s->key, s->keylen, ns, nc, &resp, sizeof resp, val, vlen);
+        return hs == _DDP_HS_OK ? DDP_SUCCESS : _ddp_store_hs_error(s, hs);
+    }
+    if (rc == -ETIMEDOUT)
+        return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: rank 0's store at %s:%d accepted the "
+                              "connection but did not answer the handshake (waited %d ms, timeout %d "
+                              "ms): rank 0 is stopped, hung or overloaded, or out of descriptors (its "
+                              "log says so), or this port is not a libddp store of this version",
+                              s->host, s->port, (int)((_ddp_now_us() - t0) / 1000), s->timeout_ms);
+    *retry = 1;
+    snprintf(s->last_error, sizeof s->last_error, "connection to %s:%d lost during the handshake: %s "
+             "(a store out of descriptors or flooded drops what it cannot serve: see rank 0's log)",
+             s->host, s->port, strerror(-rc));
+    return DDP_ERR_REMOTE;
+}
+
+/* ---------------------------------------------------------------- one round trip
+ * A request of libddp's protocol: what _ddp_store_rpc sends, and where the answer's value goes
+ * (up to cap bytes into out; the rest is read and dropped). Zero-initialised = no values, the
+ * store's timeout. */
+typedef struct {
+    uint32_t op, flags;       /* _DDP_ST_*, and its flags (WAIT: _DDP_ST_WAIT_ANY) */
+    const char *key;          /* klen bytes; a WAIT's keys NUL-separated */
+    size_t klen;
+    const void *v1, *v2;      /* SET: the value; CAS: expected, desired */
+    size_t v1len, v2len;
+    int64_t arg;              /* ADD: the delta */
+    int timeout_ms;           /* 0: the store's */
+    void *out;                /* the answer's value */
+    size_t cap;
+} _ddp_store_call_t;
+
+_DDP_PRIVATE _ddp_store_call_t _ddp_store_call(uint32_t op, const char *key) {
+    _ddp_store_call_t q;
+    memset(&q, 0, sizeof q);
+    q.op = op;
+    q.key = key;
+    q.klen = strlen(key);
+    return q;
+}
+
+/* Sends the request: header, key, v1, v2. 0 or -errno. */
+_DDP_PRIVATE int _ddp_store_rpc_send(ddp_store_t *s, const _ddp_store_call_t *q, int64_t deadline) {
+    _ddp_store_req_t rq;
+    struct iovec iov[4];
+    int rc, i;
+    memset(&rq, 0, sizeof rq);
+    rq.magic = _DDP_STORE_MAGIC; rq.op = q->op; rq.klen = (uint32_t)q->klen; rq.v1len = (uint32_t)q->v1len;
+    rq.v2len = (uint32_t)q->v2len; rq.flags = q->flags; rq.arg = q->arg;
+    iov[0].iov_base = &rq; iov[0].iov_len = sizeof rq;
+    iov[1].iov_base = (void *)(uintptr_t)q->key; iov[1].iov_len = q->klen;
+    iov[2].iov_base = (void *)(uintptr_t)q->v1; iov[2].iov_len = q->v1len;
+    iov[3].iov_base = (void *)(uintptr_t)q->v2; iov[3].iov_len = q->v2len;
+    for (i = 0, rc = 0; i < 4 && rc == 0; i++)
+        if (iov[i].iov_len) rc = _ddp_send_all(s->fd, iov[i].iov_base, iov[i].iov_len, deadline);
+    return rc;
+}
+
+/* Reads the answer: its header into *resp, its value into q->out (as far as q->cap). */
+_DDP_PRIVATE int _ddp_store_rpc_recv(ddp_store_t *s, const _ddp_store_call_t *q, _ddp_store_resp_t *resp,
+                                     int64_t deadline) {
+    int rc = _ddp_recv_all(s->fd, resp, sizeof *resp, deadline);
+    if (rc == 0 && resp->magic != _DDP_STORE_MAGIC) rc = -EPROTO;
+    if (rc == 0 && resp->vlen) {
+        size_t take = resp->vlen < q->cap ? resp->vlen : q->cap;
+        if (take) rc = _ddp_recv_all(s->fd, q->out, take, deadline);
+        while (rc == 0 && take < resp->vlen) {
+            char sink[4096];
+            size_t n = resp->vlen - take < sizeof sink ? resp->vlen - take : sizeof sink;
+            rc = _ddp_recv_all(s->fd, sink, n, deadline);
+            take += n;
+        }
+    }
+    return rc;
+}
+
+/* One request/response round trip; the caller holds the store's mutex. *outlen (if not NULL):
+ * the answer value's full length. DDP_SUCCESS means an answer came: its status is resp->status. */
+_DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, const _ddp_store_call_t *q,
+                                         _ddp_store_resp_t *resp, size_t *outlen) {
+    int64_t deadline;
+    const int64_t t0 = _ddp_now_us();
+    int rc;
+    ddp_result_t r;
+    if (s->fd < 0) {
+        if (s->quick) return DDP_ERR_REMOTE;
+        r = _ddp_store_connect(s);
+        if (r != DDP_SUCCESS) return r;
+    }
+    deadline = _ddp_store_deadline(s, q->timeout_ms ? q->timeout_ms : s->timeout_ms);
+    rc = _ddp_store_rpc_send(s, q, deadline);
+    if (rc == 0) rc = _ddp_store_rpc_recv(s, q, resp, deadline);
+    if (outlen) *outlen = rc == 0 ? resp->vlen : 0;
+    if (rc != 0) {
+        /* The stream is out of step now: drop it; the next call reconnects. */
+        _ddp_store_hangup(s);
+        if (rc == -ETIMEDOUT)
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rank 0's store at %s:%d did not answer within "
+                                  "%d ms (key '%.*s')", s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
+                                  (int)(q->klen > 200 ? 200 : q->klen), q->key);
+        return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
+                              "store): %s", s->host, s->port, strerror(-rc));
+    }
+    return DDP_SUCCESS;
+}
+
+/* The call's result: the round trip's failure, else the server's status. */
+_DDP_PRIVATE ddp_result_t _ddp_store_status(ddp_result_t r, const _ddp_store_resp_t *resp) {
+    return r != DDP_SUCCESS ? r : (ddp_result_t)resp->status;
+}
+
+/* ---------------------------------------------------------------- the client interface */
+_DDP_PRIVATE ddp_result_t _ddp_store_native_handshake(ddp_store_t *s, int *fd, int64_t deadline, int *retry) {
+    return _ddp_store_handshake(s, *fd, deadline, retry);
+}
+
+_DDP_PRIVATE void _ddp_store_native_connected(ddp_store_t *s) {
+    _ddp_store_log(s, DDP_LOG_INFO, "store: connected to master %s:%d%s", s->host, s->port,
+                   s->keylen ? " (job secret proven both ways)" : "");
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_native_set(ddp_store_t *s, const char *key, const void *value, size_t len) {
+    _ddp_store_call_t q = _ddp_store_call(_DDP_ST_SET, key);
+    _ddp_store_resp_t resp;
+    q.v1 = value;
+    q.v1len = len;
+    return _ddp_store_status(_ddp_store_rpc(s, &q, &resp, NULL), &resp);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_native_get(ddp_store_t *s, const char *key, void *value, size_t cap,
+                                                size_t *len) {
+    _ddp_store_call_t q = _ddp_store_call(_DDP_ST_GET, key);
+    _ddp_store_resp_t resp;
+    q.out = value;
+    q.cap = cap;
+    return _ddp_store_status(_ddp_store_rpc(s, &q, &resp, len), &resp);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_native_add(ddp_store_t *s, const char *key, int64_t delta,
+                                                int64_t *result) {
+    _ddp_store_call_t q = _ddp_store_call(_DDP_ST_ADD, key);
+    _ddp_store_resp_t resp;
+    ddp_result_t r;
+    q.arg = delta;
+    r = _ddp_store_rpc(s, &q, &resp, NULL);
+    if (r == DDP_SUCCESS && result) *result = resp.num;
+    return _ddp_store_status(r, &resp);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_native_cas(ddp_store_t *s, const char *key, const void *expected,
+                                                size_t expected_len, const void *desired,
+                                                size_t desired_len, void *actual, size_t cap,
+                                                size_t *actual_len) {
+    _ddp_store_call_t q = _ddp_store_call(_DDP_ST_CAS, key);
+    _ddp_store_resp_t resp;
+    q.v1 = expected;
+    q.v1len = expected_len;
+    q.v2 = desired;
+    q.v2len = desired_len;
+    q.out = actual;
+    q.cap = cap;
+    return _ddp_store_status(_ddp_store_rpc(s, &q, &resp, actual_len), &resp);
+}
+
+/* One WAIT request: the keys NUL-separated in its key field (they fit: see the interface). */
+_DDP_PRIVATE ddp_result_t _ddp_store_native_wait(ddp_store_t *s, const char *const *keys, int nkeys,
+                                                 int timeout_ms, int any) {
+    char buf[_DDP_STORE_WAIT_KEYS];
+    size_t off = 0;
+    int i;
+    _ddp_store_call_t q;
+    _ddp_store_resp_t resp;
+    for (i = 0; i < nkeys; i++) {
+        size_t n = strlen(keys[i]);
+        memcpy(buf + off, keys[i], n + 1);
+        off += n + 1;
+    }
+    memset(&q, 0, sizeof q);
+    q.op = _DDP_ST_WAIT;
+    q.flags = any ? _DDP_ST_WAIT_ANY : 0;
+    q.key = buf;
+    q.klen = off - 1;
+    q.timeout_ms = timeout_ms;
+    return _ddp_store_status(_ddp_store_rpc(s, &q, &resp, NULL), &resp);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_native_check(ddp_store_t *s, const char *key, int *exists) {
+    _ddp_store_call_t q = _ddp_store_call(_DDP_ST_CHECK, key);
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_rpc(s, &q, &resp, NULL);
+    if (r == DDP_SUCCESS && exists) *exists = (int)resp.num;
+    return _ddp_store_status(r, &resp);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_store_native_delete(ddp_store_t *s, const char *key, int *deleted) {
+    _ddp_store_call_t q = _ddp_store_call(_DDP_ST_DELETE, key);
+    _ddp_store_resp_t resp;
+    ddp_result_t r = _ddp_store_rpc(s, &q, &resp, NULL);
+    if (r == DDP_SUCCESS && deleted) *deleted = (int)resp.num;
+    return _ddp_store_status(r, &resp);
+}
+
+_DDP_PRIVATE const _ddp_store_client_t _ddp_store_native = {
+    "rendezvous: rank 0's store at", _ddp_store_native_handshake, _ddp_store_native_connected, NULL,
+    _ddp_store_native_set, _ddp_store_native_get, _ddp_store_native_add, _ddp_store_native_cas,
+    _ddp_store_native_wait, _ddp_store_native_check, _ddp_store_native_delete};
+
+#endif /* DDP_STORE_CLIENT_IMPLEMENTATION */
