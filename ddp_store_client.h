@@ -233,6 +233,15 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, const _ddp_store_call_t
     if (rc != 0) {
         /* The stream is out of step now: drop it; the next call reconnects. */
         _ddp_store_hangup(s);
+        if (rc == -ETIMEDOUT && q->op == _DDP_ST_WAIT) {
+            /* The server parks a wait until its keys exist: no answer is the answer "not yet",
+             * the caller's to judge (the rendezvous waits in slices and says who is missing). */
+            snprintf(s->last_error, sizeof s->last_error, "waited %d ms at the store %s:%d: key '%.*s' "
+                     "not set yet", (int)((_ddp_now_us() - t0) / 1000), s->host, s->port,
+                     (int)(q->klen > 200 ? 200 : q->klen), q->key);
+            _ddp_store_log(s, DDP_LOG_INFO, "store: %s", s->last_error);
+            return DDP_ERR_TIMEOUT;
+        }
         if (rc == -ETIMEDOUT)
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rank 0's store at %s:%d did not answer within "
                                   "%d ms (key '%.*s')", s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
