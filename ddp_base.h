@@ -327,6 +327,13 @@ _DDP_PRIVATE void _ddp_log_str(int rank, int level, const char *msg) {
     if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) { }
 }
 
+/* A wait that lasts says what it waits for, at WARN: after 10 s, 30 s, 60 s, then every 5
+ * minutes (often enough to see, seldom enough not to flood a log). */
+_DDP_PRIVATE int64_t _ddp_next_wait_note_ms(int64_t waited_ms) {
+    return waited_ms < 10000 ? 10000 : waited_ms < 30000 ? 30000 : waited_ms < 60000 ? 60000
+           : (waited_ms / 300000 + 1) * 300000;
+}
+
 _DDP_PRIVATE int _ddp_env_timeout_ms(void) {
     long v;
     const char *e = getenv("DDP_TIMEOUT_MS");

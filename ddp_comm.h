@@ -988,12 +988,6 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
     return DDP_SUCCESS;
 }
 
-/* A wait that lasts says what it waits for: after 10 s, 30 s, 60 s, then every 5 minutes. */
-_DDP_PRIVATE int64_t _ddp_next_wait_note_ms(int64_t waited_ms) {
-    return waited_ms < 10000 ? 10000 : waited_ms < 30000 ? 30000 : waited_ms < 60000 ? 60000
-           : (waited_ms / 300000 + 1) * 300000;
-}
-
 _DDP_PRIVATE int _ddp_torchrun_agent_store(void);
 
 /* "2 of 3 ranks joined after 30 s; still waiting for rank 2": said at WARN while the ready

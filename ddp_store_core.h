@@ -316,6 +316,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
     char why[512] = "";
     const int64_t t0 = _ddp_now_us(), deadline = _ddp_store_deadline(s, s->timeout_ms);
     int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0;
+    int64_t note_ms = _ddp_next_wait_note_ms(0);
     for (;;) {
         int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
         attempts++;
@@ -344,6 +345,13 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s %s:%d unreachable after %d ms (%d attempts): "
                                   "%s", s->client->name, s->host, s->port,
                                   (int)((_ddp_now_us() - t0) / 1000), attempts, why);
+        if ((_ddp_now_us() - t0) / 1000 >= note_ms) {   /* a wait that lasts says what it waits for */
+            const int64_t waited_ms = (_ddp_now_us() - t0) / 1000;
+            _ddp_store_log(s, DDP_LOG_WARN, "store: connecting to %s:%d for %lld s: %s (is "
+                           "MASTER_ADDR/MASTER_PORT the same on every rank, and rank 0 running?)",
+                           s->host, s->port, (long long)(waited_ms / 1000), why);
+            note_ms = _ddp_next_wait_note_ms(waited_ms);
+        }
         _ddp_store_backoff(&backoff_ms, deadline);
     }
 }

@@ -365,6 +365,37 @@ static int never_joins_speaks(int rank, int p, void *arg) {
     return 0;
 }
 
+/* A rank given a port nobody listens on (a wrong MASTER_PORT) says, while it retries, which
+ * address it tries and what to check: a WARN after 10 s (the 12.5 s timeout leaves it inside the
+ * wait under any load; the message is checked, not the time). */
+static int wrong_port_speaks(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    char path[128], log[8192], want[96];
+    FILE *f;
+    size_t n;
+    (void)rank; (void)p; (void)arg;
+    snprintf(path, sizeof path, "/tmp/ddp_test_wrongport.%d", (int)getpid());
+    if (!freopen(path, "w", stderr)) return 1;
+    t_desc(&d, 12500);
+    d.master_port = t_free_port();   /* nobody listens there */
+    d.log_level = 1 + DDP_LOG_WARN;
+    r = ddp_comm_init(&c, 2, 1, &d);
+    fflush(stderr);
+    f = fopen(path, "r");
+    n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = 0;
+    if (f) fclose(f);
+    remove(path);
+    snprintf(want, sizeof want, "WARN store: connecting to 127.0.0.1:%d for 10 s", d.master_port);
+    ok(r == DDP_ERR_TIMEOUT && c == NULL, "init as rank 1 with a port nobody serves -> %s", ddp_strerror(r));
+    ok(strstr(log, want) && strstr(log, "MASTER_ADDR/MASTER_PORT the same on every rank"),
+       "while it retries, a WARN names the address and what to check: %.200s", strstr(log, "WARN") ? strstr(log, "WARN") : log);
+    if (c) ddp_comm_destroy(c);
+    return 0;
+}
+
 /* ----------------------------------------------------------------- rank 0 stopped under its listening store
  * Rank 0 stops (SIGSTOP: hung, swapped out, in a debugger) while its store listens: the kernel
  * still completes every connect, so the others reach a socket that never answers. Mode 0: it
@@ -905,7 +936,10 @@ int main(void) {
     run("rank 2 never joins", 3, never_joins, &missing, 60);
     missing = 0;
     run("rank 0 (the master) never starts", 2, never_joins, &missing, 60);
-    if (!getenv("DDP_TEST_QUICK")) run("a rank missing for 10 s is named while the others wait", 3, never_joins_speaks, NULL, 60);
+    if (!getenv("DDP_TEST_QUICK")) {
+        run("a rank missing for 10 s is named while the others wait", 3, never_joins_speaks, NULL, 60);
+        run("a wrong MASTER_PORT: the connecting rank says what it tries", 1, wrong_port_speaks, NULL, 60);
+    }
     run_stopped_master(0);
     run_stopped_master(1);
     run("a master address that does not resolve", 1, unresolvable, NULL, 60);
