@@ -318,7 +318,10 @@ static int never_joins(int rank, int p, void *arg) {
     /* TIMEOUT, or REMOTE when another waiting rank timed out first and told the rest. */
     ok((r == DDP_ERR_TIMEOUT || (r == DDP_ERR_REMOTE && missing != 0)) && c == NULL,
        "ddp_comm_init while rank %d never starts -> %s", missing, ddp_strerror(r));
-    ok(dt >= 0.9 && dt < 4, "... after the 1 s timeout (%.3f s)", dt);
+    /* Its own timeout cannot fire early; a peer's (REMOTE) may come first, by how much earlier
+     * that peer started. The upper bound only says it ended (not a speed claim). */
+    ok((r != DDP_ERR_TIMEOUT || dt >= 0.9) && dt < 30, "... after the 1 s timeout, or a peer's (%.3f s, %s)",
+       dt, ddp_strerror(r));
     if (missing == 0) {
         ok(strstr(msg, "127.0.0.1") != NULL && t_mentions_int(msg, t_master_port),
            "the message names the master it could not reach (127.0.0.1:%d): %s", t_master_port, msg);
