@@ -119,7 +119,8 @@ typedef struct {
     int mem_mode;             /* --mem */
     int list_transports;      /* --list-transports */
     int corrupt;              /* DDP_BENCH_CORRUPT: the test hook */
-    const char *transport;    /* --transport, else DDP_TRANSPORT: NULL = auto */
+    const char *transport;    /* --transport (ddp-bench: else DDP_TRANSPORT): NULL = auto */
+    int transport_given;      /* --transport was on the command line */
     const char *json;         /* -J */
     const char *csv;          /* -F */
     const char *label;        /* -L: free text stored in the JSON ("O2", "seg=128K", ...) */
@@ -342,7 +343,7 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp,
     /* '+': stop at the first word that is not an option instead of reordering argv (the JSON
      * records the command as typed); ':' first: this function words the errors. */
     static const char shortopts[] = "+:b:e:f:i:s:n:w:m:c:o:d:r:a:T:J:F:L:N:t:g:p:z:y:G:C:h";
-    const char *corrupt = getenv("DDP_BENCH_CORRUPT"), *env_tr = getenv("DDP_TRANSPORT");
+    const char *corrupt = getenv("DDP_BENCH_CORRUPT");
     const char *prog = argv[0];
     int opt, ok = 1, k, last_step = 'f';
     memset(o, 0, sizeof *o);
@@ -362,7 +363,6 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp,
     o->check = 1;
     o->inplace = -1;
     o->corrupt = corrupt && *corrupt && strcmp(corrupt, "0");
-    if (libddp && env_tr && *env_tr && strcmp(env_tr, "auto")) o->transport = env_tr;
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
@@ -385,7 +385,7 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp,
         case BENCH_OPT_INPLACE: o->inplace = (int)bench_parse_int(v, 0, 1, &ok); break;
         case BENCH_OPT_MEM: o->mem_mode = 1; break;
         case BENCH_OPT_LIST: o->list_transports = 1; break;
-        case BENCH_OPT_TRANSPORT: o->transport = strcmp(v, "auto") ? v : NULL; break;
+        case BENCH_OPT_TRANSPORT: o->transport = strcmp(v, "auto") ? v : NULL; o->transport_given = 1; break;
         case 'J': o->json = v; break;
         case 'F': o->csv = v; break;
         case 'L': o->label = v; break;

@@ -240,6 +240,10 @@ int main(int argc, char **argv) {
     char version[64];
     snprintf(version, sizeof version, "ddp-bench (libddp) %d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR);
     if ((rc = bench_parse_args(argc, argv, &o, 1, version)) >= 0) return rc;
+    if (!o.transport_given) {   /* what the library itself would take: DDP_TRANSPORT */
+        const char *env = getenv("DDP_TRANSPORT");
+        if (env && *env && strcmp(env, "auto")) o.transport = env;
+    }
     if (o.list_transports) {
         for (k = 0; k < DDPB_NTRANSPORTS; k++)
             if (ddp_transport_find(ddpb_transport_names[k])) printf("%s\n", ddpb_transport_names[k]);
