@@ -125,14 +125,14 @@ test-fake-nccl: $(B)/fake_nccl/selftest $(B)/fake_nccl_san/selftest $(B)/fake_nc
 # On a machine with a GPU: tests/gpu/test_gpu.sh finds the real NCCL and CUDA runtime, builds
 # what it runs into build/gpu/ itself (no fake NCCL: the real libraries are loaded at run time),
 # runs the device matrices at p = 1, 2, 3 (several ranks sharing one GPU), test_nccl's scenarios,
-# and nccl-raw against ddp-bench -t nccl, all within about 5 minutes; build/gpu/summary.txt says
+# and nccl-raw against ddp-bench --transport nccl, all within about 5 minutes; build/gpu/summary.txt says
 # what happened. Where nvidia-smi lists no GPU it says so and succeeds. DRY=1 prints the libraries
 # it found and the commands, and runs nothing (tests/test_gpu_script.sh checks that in make test).
 .PHONY: test-gpu nccl-headers
 test-gpu:
 	@CC="$(CC)" DRY="$(DRY)" bash tests/gpu/test_gpu.sh
 
-# nccl-raw (bench/nccl_raw.c): ncclAllReduce alone, the baseline test-gpu sets ddp-bench -t nccl
+# nccl-raw (bench/nccl_raw.c): ncclAllReduce alone, the baseline test-gpu sets ddp-bench --transport nccl
 # against; loads NCCL and the CUDA runtime at run time, so it builds without either.
 $(B)/nccl-raw: bench/nccl_raw.c $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS) -ldl
@@ -194,7 +194,7 @@ rdma-headers: | $(B)/hdr
 # In the VM (or on any host with an RDMA device): the tests, then ddp-bench over ibverbs.
 test-rdma: $(B)/test_rdma $(B)/ddp-bench-ibverbs
 	if command -v prove >/dev/null; then prove -f $(B)/test_rdma; else $(B)/test_rdma; fi
-	$(B)/ddp-bench-ibverbs -p 2 -t ibverbs -s 8,64K,1M -n 5 -w 1 -c 1
+	$(B)/ddp-bench-ibverbs -N 2 --transport ibverbs -s 8,64K,1M -n 5 -w 1 -c 1
 
 # The hook in `make test`: build here, run in the VM (~5 minutes; it keeps both cores busy).
 test-rdma-vm:

@@ -12,13 +12,19 @@ sizes=${AB_SIZES:-8,4K,64K,1M,16M}
 iters=${AB_ITERS:-40}
 ops=${AB_OPS:-all_reduce}
 out=$(mktemp -d)
+# A build from before ddp-bench took nccl-tests' letters spells ranks, transport and in place
+# -p, -t, -i: each binary gets the spelling its --help offers (the new one prints it on stdout).
+spelling() { if "$1" --help 2> /dev/null | grep -q -- '--transport'; then echo new; else echo old; fi; }
+declare -A spell=([old]=$(spelling "$old") [new]=$(spelling "$new"))
 for r in $(seq 1 "$rounds"); do
   for cfg in $configs; do
     t=${cfg%%:*} p=${cfg##*:}
     for op in $ops; do
       for which in old new; do
         bin=$old; [ $which = new ] && bin=$new
-        "$bin" -p "$p" -t "$t" -o "$op" -s "$sizes" -n "$iters" -w 5 -i 1 -c 0 -J "$out/$which.$op.$t.$p.$r.json" >/dev/null 2>&1
+        if [ "${spell[$which]}" = new ]; then args=(-N "$p" --transport "$t" --inplace 1)
+        else args=(-p "$p" -t "$t" -i 1); fi
+        "$bin" "${args[@]}" -o "$op" -s "$sizes" -n "$iters" -w 5 -c 0 -J "$out/$which.$op.$t.$p.$r.json" >/dev/null 2>&1
       done
     done
   done

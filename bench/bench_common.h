@@ -13,20 +13,21 @@
  *     the call (per rank for reduce_scatter's recvcount, all_gather's and gather's sendcount,
  *     scatter's recvcount and all_to_all's count per peer).
  *   - time is the mean time per call on each rank, averaged over ranks (nccl-tests' default,
- *     "-a 1"); algbw = size / time; busbw = algbw * factor (see bench_colls below); GB = 1e9 B.
+ *     "-a 1"; -a 0/2/3 take rank 0's, the smallest or the biggest instead); algbw = size / time; busbw = algbw * factor (see bench_colls below); GB = 1e9 B.
  *   - #wrong: elements that differ from the sequential reference (every element of every rank's
  *     result, -c times per size and placement), summed over ranks as nccl-tests does. reduce and
  *     gather have a result on the root only; the other ranks contribute 0.
- *   - Each row has the out-of-place and the in-place call (-i 0 / -i 1 keep only one), except for
+ *   - Each row has the out-of-place and the in-place call (--inplace 0 / 1 keep only one), except for
  *     all_to_all and sendrecv, which have no in-place form in libddp (ddp_all_to_all refuses
  *     send == recv, as NCCL; a send and a receive of one buffer in one group race): only their
  *     out-of-place columns are printed. nccl-tests times those in-place calls anyway and prints
  *     N/A for their errors (alltoall.cu, sendrecv.cu: "We don't support in-place ...").
  * Per size and placement: -c checks (fill a known pattern, call once, compare every element),
  * zero the buffers (repeated in-place sums stay finite and no denormals slow anything), -w warmup
- * calls, -T decides the number of timed calls (rank 0, from the warmup), barrier, the timed calls
- * back to back with a timestamp after each (per-call p50/p99 for sizes <= 64 KiB, what Gloo's
- * benchmark and the OSU micro-benchmarks report for latency).
+ * calls, --target-seconds decides the number of timed iterations (rank 0, from the warmup),
+ * barrier, the timed iterations (-m calls each) back to back with a timestamp after each (per-call
+ * p50/p99 for sizes <= 64 KiB, what Gloo's benchmark and the OSU micro-benchmarks report for
+ * latency).
  *
  * TEST HOOK: DDP_BENCH_CORRUPT=1 in the environment flips the top bit of one element of rank 0's
  * result (the root's for reduce and gather) after every checked call, so a test can prove that
@@ -38,6 +39,7 @@
 #define BENCH_COMMON_H
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,18 +105,24 @@ typedef struct {
     size_t sizes[BENCH_MAX_SIZES];
     int nsizes;
     size_t minbytes, maxbytes;
-    double factor;
+    double factor;            /* -f */
+    size_t stepbytes;         /* -i: linear steps instead of -f (0 = -f) */
     int iters, warmup;
-    double target_s;          /* -T: fewer iterations for slow sizes (0 = always -n) */
+    int agg_iters;            /* -m: calls per timed iteration */
+    int average;              /* -a: time of rank 0 (0), mean (1), min (2), max (3) over ranks */
+    double target_s;          /* --target-seconds: fewer iterations for slow sizes (0 = always -n) */
+    int timeout_s;            /* -T: DDP_TIMEOUT_MS for the ranks (0 = the library's) */
     int coll, dtype, op, root;
-    int nranks;               /* -p (fork mode of the libddp bench) */
+    int nranks;               /* -N (fork mode of the libddp bench) */
     int check;                /* -c: check rounds per size and placement (0 = none) */
-    int inplace;              /* -i: 0 out of place, 1 in place, -1 (default) both */
-    int mem_mode;             /* -m */
+    int inplace;              /* --inplace: 0 out of place, 1 in place, -1 (default) both */
+    int mem_mode;             /* --mem */
     int list_transports;      /* --list-transports */
     int corrupt;              /* DDP_BENCH_CORRUPT: the test hook */
-    const char *transport;    /* -t: NULL = auto */
+    const char *transport;    /* --transport (ddp-bench: else DDP_TRANSPORT): NULL = auto */
+    int transport_given;      /* --transport was on the command line */
     const char *json;         /* -J */
+    const char *csv;          /* -F */
     const char *label;        /* -L: free text stored in the JSON ("O2", "seg=128K", ...) */
     int argc;
     char **argv;
@@ -142,7 +150,7 @@ typedef struct bench_backend {
     int rs_inplace_result_at_start;
     const char *transport;    /* what carried the data ("tcp", "shm+tcp", "mpi", ...) */
     const char *description;  /* printed in the header and stored in the JSON */
-    /* Device buffers (-t nccl): told the sweep's host buffers once, the backend makes device
+    /* Device buffers (--transport nccl): told the sweep's host buffers once, the backend makes device
      * twins and calls on them; `checking` is 1 around the checked (-c) calls, whose data it
      * copies to the twins and back. The timed calls move no extra data. */
     void (*buffers)(void *ctx, unsigned char *sendbuf, unsigned char *recvbuf, size_t cap);
@@ -197,40 +205,71 @@ static long bench_cur_rss_kib(void) {
     return res < 0 ? -1 : res * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-static void bench_usage(const char *prog, int libddp) {
-    fprintf(stderr,
+/* The options, as nccl-tests' (src/common.cu): every letter it has means the same here, with its
+ * long name; what only this bench has is a long option (a letter too where nccl-tests has none).
+ * --help lists them; bench/README.md's table maps the old spellings. */
+static void bench_usage(FILE *f, const char *prog, int libddp) {
+    fprintf(f,
         "usage: %s [options]\n"
-        "  -o name       collective: all_reduce (default) reduce_scatter all_gather broadcast\n"
-        "                reduce gather scatter all_to_all sendrecv;\n"
-        "                or a reduction op (sum prod max min avg) as nccl-tests' -o\n"
-        "  -R op, --op op  reduction op: sum (default) prod max min avg\n"
-        "  -r root       root of broadcast, reduce, gather, scatter (default 0)\n"
-        "  -b minbytes   smallest size (default 8; K/M/G suffixes, binary)\n"
-        "  -e maxbytes   largest size (default 64M; with -m: the buffer, default 256M)\n"
-        "  -f factor     multiply the size by this between rows (default 2)\n"
-        "  -s list       explicit sizes instead of -b/-e/-f, e.g. 8,64K,1M,16M,64M\n"
-        "  -n iters      timed iterations per size and placement (default 20)\n"
-        "  -w warmup     untimed iterations per size and placement (default 5)\n"
-        "  -T seconds    cap each size at about this much timed work (fewer than -n iterations\n"
-        "                for big sizes, never fewer than 10; rank 0 decides from the warmup;\n"
-        "                default 0 = off). Not nccl-tests' -T (a timeout).\n"
-        "  -d dtype      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 (default float)\n"
-        "  -c N          check every element N times per size and placement (default 1; 0 = off)\n"
-        "  -i 0|1        only out of place (0) or only in place (1); default both, as nccl-tests\n"
-        "                (all_to_all and sendrecv: out of place only)\n"
+        "Sizes (K/M/G suffixes, binary):\n"
+        "  -b, --minbytes N        smallest size (default 8)\n"
+        "  -e, --maxbytes N        largest size (default 64M; with --mem: the buffer, default 256M)\n"
+        "  -f, --stepfactor F      multiply the size by F between rows (default 2)\n"
+        "  -i, --stepbytes N       add N bytes between rows instead (linear steps, as nccl-tests)\n"
+        "  -s, --sizes LIST        explicit sizes instead of -b/-e/-f/-i, e.g. 8,64K,1M,16M,64M\n"
+        "What is called:\n"
+        "  -o, --op NAME           reduction op: sum (default) prod max min avg; a collective name\n"
+        "                          is taken too (as --coll)\n"
+        "      --coll NAME         collective: all_reduce (default) reduce_scatter all_gather\n"
+        "                          broadcast reduce gather scatter all_to_all sendrecv\n"
+        "  -d, --datatype T        int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
+        "                          (default float)\n"
+        "  -r, --root N            root of broadcast, reduce, gather, scatter (default 0)\n"
+        "      --inplace 0|1       only out of place (0) or only in place (1); default both, as\n"
+        "                          nccl-tests (all_to_all and sendrecv: out of place only)\n"
+        "Timing and checking:\n"
+        "  -n, --iters N           timed iterations per size and placement (default 20)\n"
+        "  -w, --warmup_iters N    untimed calls per size and placement (default 5)\n"
+        "  -m, --agg_iters N       calls per timed iteration, back to back (default 1); time is\n"
+        "                          per call\n"
+        "  -c, --check N           check every element N times per size and placement (default 1;\n"
+        "                          0 = off)\n"
+        "  -a, --average 0|1|2|3   time reported: rank 0's (0), mean over ranks (1, default), min\n"
+        "                          (2) or max (3) over ranks of each rank's mean per call\n"
+        "      --target-seconds S  cap each size at about S seconds of timed work (fewer than -n\n"
+        "                          iterations for big sizes, never fewer than 10; rank 0 decides\n"
+        "                          from the warmup; default 0 = off)\n"
+        "  -T, --timeout S         give up a call after S seconds (DDP_TIMEOUT_MS for the ranks;\n"
+        "                          default: the library's)\n"
+        "Output:\n"
+        "  -J, --json FILE         write the results as JSON (rank 0)\n"
+        "  -F, --output_file FILE  write the rows as CSV (rank 0)\n"
+        "  -L, --label TEXT        free text stored in the JSON\n"
+        "      --mem               memory mode: one all_reduce of -e bytes (default 256M) in place;\n"
+        "                          report peak RSS minus the buffer\n"
         "%s"
-        "  -m            memory mode: one all_reduce of -e bytes (default 256M) in place; report\n"
-        "                peak RSS minus the buffer\n"
-        "  -J file       write the results as JSON (rank 0)\n"
-        "  -L label      free text stored in the JSON\n"
-        "  -h, --help    this text\n",
+        "nccl-tests options that change nothing here (each rank is a process with one device):\n"
+        "  -t, --nthreads 1        threads per process: only 1 (more ranks: --nranks)\n"
+        "  -g, --ngpus 1           devices per thread: only 1 (a rank drives one device)\n"
+        "  -p, --parallel_init 0|1 ranks are processes that each initialise themselves already\n"
+        "  -z, --blocking 1        every call is waited for before the next (0 is refused)\n"
+        "  -y, --stream_null 0     libddp owns its streams (1 is refused)\n"
+        "  -G, --cudagraph 0       no CUDA graph capture (other values are refused)\n"
+        "  -C, --report_cputime 0  wall time (1 is refused; the JSON has CPU cores per row)\n"
+        "  -h, --help              this text\n"
+        "      --version           the version\n",
         prog,
-        libddp ? "  -t name       transport: auto (default: the best compiled in that reaches each peer),\n"
-                 "                or a name from --list-transports (sets ddp_comm_desc_t.transport)\n"
-                 "  --list-transports  print the transports compiled into this program, one a line\n"
-                 "  -p nranks     fork this many ranks on this host (default 2; ignored under a launcher:\n"
-                 "                RANK+WORLD_SIZE, OMPI_COMM_WORLD_RANK+SIZE or PMI_RANK+SIZE set)\n"
-               : "  -t name       accepted and ignored (the MPI library chooses its transports)\n");
+        libddp ? "Ranks and transport:\n"
+                 "  -N, --nranks N          fork N ranks on this host (default 2; ignored under a\n"
+                 "                          launcher: RANK+WORLD_SIZE, OMPI_COMM_WORLD_RANK+SIZE or\n"
+                 "                          PMI_RANK+SIZE set)\n"
+                 "      --transport NAME    auto (the best compiled in that reaches each peer) or a\n"
+                 "                          name from --list-transports (default: DDP_TRANSPORT, else\n"
+                 "                          auto); sets ddp_comm_desc_t.transport\n"
+                 "      --list-transports   the transports compiled into this program, one a line\n"
+               : "Ranks and transport:\n"
+                 "  -N, --nranks N, --transport NAME  accepted and ignored (the launcher and the MPI\n"
+                 "                          library decide)\n");
 }
 
 static int bench_find_op(const char *v) {
@@ -256,10 +295,57 @@ static int bench_find_coll(const char *v) {
     return -1;
 }
 
-/* Parses argv; returns 0, or 1 after printing why (or the usage). */
-static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp) {
-    int i;
+/* A whole number in [lo, hi], or 0 with *ok cleared. */
+static long bench_parse_int(const char *v, long lo, long hi, int *ok) {
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) { *ok = 0; return 0; }
+    return x;
+}
+
+/* Long options without a letter. */
+enum { BENCH_OPT_COLL = 256, BENCH_OPT_TRANSPORT, BENCH_OPT_INPLACE, BENCH_OPT_MEM,
+       BENCH_OPT_TARGET, BENCH_OPT_LIST, BENCH_OPT_VERSION };
+
+/* Parses argv. Returns -1 to go on; otherwise the exit status: 0 after --help or --version
+ * (printed to stdout), 2 after a bad option (why, then the usage, on stderr). version is the
+ * line --version prints. */
+static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp,
+                            const char *version) {
+    static const struct option longopts[] = {
+        {"minbytes", required_argument, NULL, 'b'}, {"maxbytes", required_argument, NULL, 'e'},
+        {"stepfactor", required_argument, NULL, 'f'}, {"stepbytes", required_argument, NULL, 'i'},
+        {"sizes", required_argument, NULL, 's'}, {"iters", required_argument, NULL, 'n'},
+        {"warmup_iters", required_argument, NULL, 'w'}, {"warmup-iters", required_argument, NULL, 'w'},
+        {"agg_iters", required_argument, NULL, 'm'}, {"agg-iters", required_argument, NULL, 'm'},
+        {"check", required_argument, NULL, 'c'}, {"op", required_argument, NULL, 'o'},
+        {"datatype", required_argument, NULL, 'd'}, {"root", required_argument, NULL, 'r'},
+        {"average", required_argument, NULL, 'a'}, {"timeout", required_argument, NULL, 'T'},
+        {"json", required_argument, NULL, 'J'}, {"output_file", required_argument, NULL, 'F'},
+        {"output-file", required_argument, NULL, 'F'}, {"label", required_argument, NULL, 'L'},
+        {"nranks", required_argument, NULL, 'N'}, {"nthreads", required_argument, NULL, 't'},
+        {"ngpus", required_argument, NULL, 'g'}, {"parallel_init", required_argument, NULL, 'p'},
+        {"blocking", required_argument, NULL, 'z'}, {"stream_null", required_argument, NULL, 'y'},
+        {"cudagraph", required_argument, NULL, 'G'}, {"report_cputime", required_argument, NULL, 'C'},
+        {"help", no_argument, NULL, 'h'},
+        {"coll", required_argument, NULL, BENCH_OPT_COLL},
+        {"collective", required_argument, NULL, BENCH_OPT_COLL},
+        {"transport", required_argument, NULL, BENCH_OPT_TRANSPORT},
+        {"inplace", required_argument, NULL, BENCH_OPT_INPLACE},
+        {"mem", no_argument, NULL, BENCH_OPT_MEM},
+        {"target-seconds", required_argument, NULL, BENCH_OPT_TARGET},
+        {"target_seconds", required_argument, NULL, BENCH_OPT_TARGET},
+        {"list-transports", no_argument, NULL, BENCH_OPT_LIST},
+        {"version", no_argument, NULL, BENCH_OPT_VERSION},
+        {NULL, 0, NULL, 0}};
+    /* '+': stop at the first word that is not an option instead of reordering argv (the JSON
+     * records the command as typed); ':' first: this function words the errors. */
+    static const char shortopts[] = "+:b:e:f:i:s:n:w:m:c:o:d:r:a:T:J:F:L:N:t:g:p:z:y:G:C:h";
     const char *corrupt = getenv("DDP_BENCH_CORRUPT");
+    const char *prog = argv[0];
+    int opt, ok = 1, k, last_step = 'f';
     memset(o, 0, sizeof *o);
     o->argc = argc;
     o->argv = argv;
@@ -268,6 +354,8 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp) 
     o->factor = 2.0;
     o->iters = 20;
     o->warmup = 5;
+    o->agg_iters = 1;
+    o->average = 1;
     o->coll = BENCH_ALL_REDUCE;
     o->dtype = BENCH_FLOAT32;
     o->op = BENCH_SUM;
@@ -275,50 +363,81 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp) 
     o->check = 1;
     o->inplace = -1;
     o->corrupt = corrupt && *corrupt && strcmp(corrupt, "0");
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char opt;
-        if (!strcmp(a, "--list-transports")) { o->list_transports = 1; continue; }
-        if (!strcmp(a, "--help")) { bench_usage(argv[0], libddp); return 1; }
-        if (!strcmp(a, "--op")) opt = 'R';
-        else if (a[0] != '-' || !a[1] || a[2]) goto bad;
-        else opt = a[1];
-        if (opt == 'm') { o->mem_mode = 1; continue; }
-        if (opt == 'h') { bench_usage(argv[0], libddp); return 1; }
-        if (!v) { fprintf(stderr, "%s: %s needs a value\n", argv[0], a); return 1; }
-        i++;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        const char *v = optarg;
         switch (opt) {
         case 'b': if (!(o->minbytes = bench_parse_size(v)) && strcmp(v, "0")) goto badv; break;
         case 'e': if (!(o->maxbytes = bench_parse_size(v))) goto badv; break;
-        case 'f': o->factor = atof(v); if (o->factor <= 1.0) goto badv; break;
-        case 'n': o->iters = atoi(v); if (o->iters < 1) goto badv; break;
-        case 'w': o->warmup = atoi(v); if (o->warmup < 0) goto badv; break;
-        case 'T': o->target_s = atof(v); if (o->target_s < 0) goto badv; break;
-        case 'c': o->check = atoi(v); if (o->check < 0) goto badv; break;
-        case 'i': o->inplace = atoi(v) ? 1 : 0; break;
-        case 'p': o->nranks = atoi(v); if (o->nranks < 1 || o->nranks > 1024) goto badv; break;
-        case 'r': o->root = atoi(v); if (o->root < 0) goto badv; break;
-        case 't': o->transport = strcmp(v, "auto") ? v : NULL; break;
+        case 'f': o->factor = atof(v); if (o->factor <= 1.0) goto badv; last_step = 'f'; break;
+        case 'i': if (!(o->stepbytes = bench_parse_size(v))) goto badv; last_step = 'i'; break;
+        case 'n': o->iters = (int)bench_parse_int(v, 1, 100000000, &ok); break;
+        case 'w': o->warmup = (int)bench_parse_int(v, 0, 100000000, &ok); break;
+        case 'm': o->agg_iters = (int)bench_parse_int(v, 1, 1000000, &ok); break;
+        case 'c': o->check = (int)bench_parse_int(v, 0, 1000000, &ok); break;
+        case 'r': o->root = (int)bench_parse_int(v, 0, 1 << 20, &ok); break;
+        case 'a': o->average = (int)bench_parse_int(v, 0, 3, &ok); break;
+        case 'T': o->timeout_s = (int)bench_parse_int(v, 1, 1000000, &ok); break;
+        case 'N': o->nranks = (int)bench_parse_int(v, 1, 1024, &ok); break;
+        case 'p': bench_parse_int(v, 0, 1, &ok); break;   /* every rank initialises itself */
+        case BENCH_OPT_TARGET: o->target_s = atof(v); if (o->target_s < 0) goto badv; break;
+        case BENCH_OPT_INPLACE: o->inplace = (int)bench_parse_int(v, 0, 1, &ok); break;
+        case BENCH_OPT_MEM: o->mem_mode = 1; break;
+        case BENCH_OPT_LIST: o->list_transports = 1; break;
+        case BENCH_OPT_TRANSPORT: o->transport = strcmp(v, "auto") ? v : NULL; o->transport_given = 1; break;
         case 'J': o->json = v; break;
+        case 'F': o->csv = v; break;
         case 'L': o->label = v; break;
+        case 't':
+            if (bench_parse_int(v, 1, 1, &ok) != 1 || !ok) {
+                fprintf(stderr, "%s: -t/--nthreads %s: one thread per process only (nccl-tests' "
+                        "-t runs several ranks as threads of one process). For more ranks use "
+                        "-N/--nranks N (each rank a process), or --transport threads in a "
+                        "program that runs ranks as threads. The transport is --transport NAME "
+                        "(or DDP_TRANSPORT).\n", prog, v);
+                return 2;
+            }
+            break;
+        case 'g':
+            if (bench_parse_int(v, 1, 1, &ok) != 1 || !ok) {
+                fprintf(stderr, "%s: -g/--ngpus %s: one device per rank only (each rank drives one "
+                        "GPU: start one rank per GPU, -N/--nranks N or a launcher).\n", prog, v);
+                return 2;
+            }
+            break;
+        case 'z':
+            if (bench_parse_int(v, 1, 1, &ok) != 1 || !ok) {
+                fprintf(stderr, "%s: -z/--blocking %s: every call here is waited for before the "
+                        "next (nccl-tests' -z 1); there is no non-blocking mode.\n", prog, v);
+                return 2;
+            }
+            break;
+        case 'y': case 'G': case 'C':
+            if (bench_parse_int(v, 0, 0, &ok) != 0 || !ok) {
+                fprintf(stderr, "%s: -%c %s: not supported (%s).\n", prog, opt, v,
+                        opt == 'y' ? "libddp owns its CUDA streams" :
+                        opt == 'G' ? "no CUDA graph capture" :
+                        "the time is wall time; the JSON has CPU cores per row");
+                return 2;
+            }
+            break;
         case 'd': {
-            size_t k;
+            size_t j;
             o->dtype = -1;
-            for (k = 0; k < sizeof bench_dtype_names / sizeof bench_dtype_names[0]; k++)
-                if (!strcasecmp(v, bench_dtype_names[k].name)) o->dtype = bench_dtype_names[k].dtype;
+            for (j = 0; j < sizeof bench_dtype_names / sizeof bench_dtype_names[0]; j++)
+                if (!strcasecmp(v, bench_dtype_names[j].name)) o->dtype = bench_dtype_names[j].dtype;
             if (o->dtype < 0) goto badv;
             break;
         }
-        case 'o': {
-            /* nccl-tests' -o is the reduction op; ours also takes the collective (the names
-             * do not overlap). */
-            int k = bench_find_coll(v);
-            if (k >= 0) o->coll = k;
+        case 'o':
+            /* nccl-tests' -o is the reduction op; ours takes a collective too (the names do not
+             * overlap). */
+            if ((k = bench_find_coll(v)) >= 0) o->coll = k;
             else if ((k = bench_find_op(v)) >= 0) o->op = k;
             else goto badv;
             break;
-        }
-        case 'R': if ((o->op = bench_find_op(v)) < 0) goto badv; break;
+        case BENCH_OPT_COLL: if ((o->coll = bench_find_coll(v)) < 0) goto badv; break;
         case 's': {
             char buf[1024], *tok, *save = NULL;
             snprintf(buf, sizeof buf, "%s", v);
@@ -332,41 +451,62 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp) 
             if (!o->nsizes) goto badv;
             break;
         }
-        default: goto bad;
+        case 'h': bench_usage(stdout, prog, libddp); return 0;
+        case BENCH_OPT_VERSION: printf("%s\n", version); return 0;
+        case ':':
+            fprintf(stderr, "%s: %s needs a value\n", prog, argv[optind - 1]);
+            goto usage;
+        default:   /* '?' */
+            if (optopt) fprintf(stderr, "%s: unknown option '-%c'\n", prog, optopt);
+            else fprintf(stderr, "%s: unknown option '%s'\n", prog, argv[optind - 1]);
+            goto usage;
         }
+        if (!ok) goto badv;
         continue;
     badv:
-        fprintf(stderr, "%s: bad value '%s' for %s\n", argv[0], v, a);
-        return 1;
-    bad:
-        fprintf(stderr, "%s: unknown option '%s'\n", argv[0], a);
-        bench_usage(argv[0], libddp);
-        return 1;
+        fprintf(stderr, "%s: bad value '%s' for %s\n", prog, v, argv[optind - 1]);
+        return 2;
     }
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+        goto usage;
+    }
+    if (last_step == 'f') o->stepbytes = 0;
     if (o->inplace == 1 && !bench_colls[o->coll].inplace_ok) {
-        fprintf(stderr, "%s: %s has no in-place form (out of place only): drop -i 1\n", argv[0],
+        fprintf(stderr, "%s: %s has no in-place form (out of place only): drop --inplace 1\n", prog,
                 bench_colls[o->coll].name);
-        return 1;
+        return 2;
     }
     if (o->mem_mode && o->coll != BENCH_ALL_REDUCE) {
-        fprintf(stderr, "%s: -m measures all_reduce only\n", argv[0]);
-        return 1;
+        fprintf(stderr, "%s: --mem measures all_reduce only\n", prog);
+        return 2;
+    }
+    if (o->mem_mode && o->csv) {
+        fprintf(stderr, "%s: --mem has no rows for -F (use -J)\n", prog);
+        return 2;
     }
     if (!o->maxbytes) o->maxbytes = o->mem_mode ? (256u << 20) : (64u << 20);
     if (!o->nsizes) {
         double b = (double)o->minbytes;
-        if (o->minbytes > o->maxbytes) { fprintf(stderr, "%s: -b > -e\n", argv[0]); return 1; }
-        while (b <= (double)o->maxbytes && o->nsizes < BENCH_MAX_SIZES) {
+        if (o->minbytes > o->maxbytes) { fprintf(stderr, "%s: -b > -e\n", prog); return 2; }
+        while (b <= (double)o->maxbytes) {
+            if (o->nsizes == BENCH_MAX_SIZES) {
+                fprintf(stderr, "%s: more than %d sizes from -b to -e: take a bigger step "
+                        "(-f or -i)\n", prog, BENCH_MAX_SIZES);
+                return 2;
+            }
             o->sizes[o->nsizes++] = (size_t)b;
-            if (b == 0) b = 1;
-            b *= o->factor;
+            if (o->stepbytes) b += (double)o->stepbytes;
+            else b = b == 0 ? o->factor : b * o->factor;
         }
     } else {
-        int k;
         o->maxbytes = 0;
         for (k = 0; k < o->nsizes; k++) if (o->sizes[k] > o->maxbytes) o->maxbytes = o->sizes[k];
     }
-    return 0;
+    return -1;
+usage:
+    bench_usage(stderr, prog, libddp);
+    return 2;
 }
 
 /* ---- reference data.
@@ -690,6 +830,14 @@ static void bench_json_env(FILE *f) {
     fprintf(f, "}");
 }
 
+/* What the time column is (-a). */
+static const char *bench_time_label(const bench_opts_t *o) {
+    static const char *const what[4] = {"mean per call on rank 0",
+        "mean per call on each rank, averaged over ranks", "mean per call on each rank, min over ranks",
+        "mean per call on each rank, max over ranks"};
+    return what[o->average];
+}
+
 static const char *bench_op_label(const bench_opts_t *o) {
     return bench_colls[o->coll].has_op ? bench_op_names[o->op] : "none";
 }
@@ -725,11 +873,12 @@ static void bench_json_head(FILE *f, const bench_opts_t *o, const bench_backend_
     fprintf(f, ",\n  \"date\": \"%s\",\n  \"mode\": \"%s\",\n  \"nranks\": %d,\n  \"dtype\": \"%s\","
                "\n  \"op\": \"%s\",\n  \"root\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,"
                "\n  \"target_s\": %g,\n  \"check\": %d,\n  \"busbw_factor\": %.6f,"
-               "\n  \"time\": \"mean per call, averaged over ranks\",\n  \"GB\": 1e9,"
+               "\n  \"agg_iters\": %d,\n  \"time\": \"%s\",\n  \"GB\": 1e9,"
                "\n  \"host\": {\"name\": ",
             date, mode, b->nranks, bench_dtype_short[o->dtype], bench_op_label(o),
             bench_root_label(o), o->iters, o->warmup, o->target_s, o->check,
-            bench_busbw_factor(o->coll, b->nranks));
+            bench_busbw_factor(o->coll, b->nranks), o->agg_iters,
+            o->average == 1 ? "mean per call, averaged over ranks" : bench_time_label(o));
     bench_json_escape(f, u.nodename);
     fprintf(f, ", \"nproc\": %ld, \"kernel\": ", sysconf(_SC_NPROCESSORS_ONLN));
     bench_json_escape(f, u.release);
@@ -762,12 +911,16 @@ static void bench_header(const bench_opts_t *o, const bench_backend_t *b, const 
            o->transport ? " (requested " : "", o->transport ? o->transport : "",
            o->transport ? ")" : "", u.nodename, sysconf(_SC_NPROCESSORS_ONLN));
     printf("# %s\n", b->description);
-    printf("# minBytes %zu maxBytes %zu step: %g(factor) warmup iters: %d iters: %d%s "
-           "validation: %d\n", o->sizes[0], o->maxbytes, o->factor, o->warmup, o->iters,
-           o->target_s > 0 ? " (fewer when -T caps a size)" : "", o->check);
+    if (o->stepbytes)
+        printf("# minBytes %zu maxBytes %zu step: %zu(bytes)", o->sizes[0], o->maxbytes, o->stepbytes);
+    else
+        printf("# minBytes %zu maxBytes %zu step: %g(factor)", o->sizes[0], o->maxbytes, o->factor);
+    printf(" warmup iters: %d iters: %d%s agg iters: %d validation: %d\n", o->warmup, o->iters,
+           o->target_s > 0 ? " (fewer when --target-seconds caps a size)" : "", o->agg_iters,
+           o->check);
     bench_print_env(b);
-    printf("# time = mean per call on each rank, averaged over ranks (nccl-tests' default); "
-           "algbw = size / time; busbw = algbw * %s; GB = 1e9 B\n",
+    printf("# time = %s%s; algbw = size / time; busbw = algbw * %s; GB = 1e9 B\n",
+           bench_time_label(o), o->average == 1 ? " (nccl-tests' default)" : " (-a)",
            bench_colls[o->coll].busbw_num == 2.0 ? "2(p-1)/p" :
            bench_colls[o->coll].busbw_num > 0 ? "(p-1)/p" : "1");
     if (!bench_colls[o->coll].inplace_ok)
@@ -859,6 +1012,24 @@ static void bench_write_json(const bench_opts_t *o, const bench_backend_t *b,
     if (fclose(f) != 0) fprintf(stderr, "cannot write %s: %s\n", o->json, strerror(errno));
 }
 
+/* -F: the rows as CSV, one line per size and placement. */
+static void bench_write_csv(const bench_opts_t *o, bench_row_t (*rows)[2], int npl) {
+    FILE *f = fopen(o->csv, "w");
+    int s, k;
+    if (!f) { fprintf(stderr, "cannot write %s: %s\n", o->csv, strerror(errno)); return; }
+    fprintf(f, "size,count,type,redop,root,placement,time_us,algbw_GBs,busbw_GBs,wrong,p50_us,p99_us\n");
+    for (s = 0; s < o->nsizes; s++)
+        for (k = 0; k < npl; k++) {
+            const bench_row_t *r = &rows[s][k];
+            if (!r->done) continue;
+            fprintf(f, "%zu,%zu,%s,%s,%d,%s,%.3f,%.6f,%.6f,%ld,%.3f,%.3f\n", r->bytes, r->count,
+                    bench_dtype_short[o->dtype], bench_op_label(o), bench_root_label(o),
+                    r->inplace ? "in-place" : "out-of-place", r->time_us, r->algbw, r->busbw,
+                    r->wrong, r->p50_us, r->p99_us);
+        }
+    if (fclose(f) != 0) fprintf(stderr, "cannot write %s: %s\n", o->csv, strerror(errno));
+}
+
 /* One size, one placement: check, warm up, time. 0 on success, else err is filled. */
 static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes, int inplace,
                      unsigned char *sendbuf, unsigned char *recvbuf, double *lat,
@@ -867,8 +1038,8 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
     const int p = b->nranks, me = b->rank;
     bench_geom_t g = bench_geometry(o->coll, req_bytes, es, p, me, o->root);
     unsigned char *sp, *rp;
-    int it, c, iters = o->iters;
-    double t0, tw, sum = 0, u0, s0, u1, s1, stat[7], w[2];
+    int it, c, a, iters = o->iters;
+    double t0, tw, sum = 0, u0, s0, u1, s1, stat[7], w[4], mine;
     long wrong = 0;
     bench_pointers(o->coll, inplace, sendbuf, recvbuf, g.count, es, me, &sp, &rp);
     memset(row, 0, sizeof *row);
@@ -896,7 +1067,7 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
         if (bench_call(b, o, sp, rp, g.count, err, errcap)) return 1;
     tw = bench_now_s() - tw;
     if (o->target_s > 0 && o->warmup > 0) {
-        double per = tw / o->warmup;
+        double per = tw / o->warmup * o->agg_iters;   /* one timed iteration */
         int want = per > 0 ? (int)ceil(o->target_s / per) : iters;
         if (want < 10) want = 10;
         if (want < iters) iters = want;
@@ -908,16 +1079,17 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
     t0 = bench_now_s();
     for (it = 0; it < iters; it++) {
         double t1;
-        if (bench_call(b, o, sp, rp, g.count, err, errcap)) return 1;
+        for (a = 0; a < o->agg_iters; a++)
+            if (bench_call(b, o, sp, rp, g.count, err, errcap)) return 1;
         t1 = bench_now_s();
-        lat[it] = t1 - t0;
+        lat[it] = (t1 - t0) / o->agg_iters;   /* per call */
         sum += lat[it];
         t0 = t1;
     }
     bench_cpu_s(&u1, &s1);
     memcpy(lat_sorted, lat, (size_t)iters * sizeof *lat);
     qsort(lat_sorted, (size_t)iters, sizeof *lat_sorted, bench_cmp_double);
-    stat[0] = sum / iters;
+    mine = stat[0] = sum / iters;
     stat[1] = bench_pct(lat_sorted, iters, 0.50);
     stat[2] = bench_pct(lat_sorted, iters, 0.99);
     stat[3] = u1 - u0;
@@ -927,12 +1099,16 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
     if (b->reduce_doubles(b->ctx, stat, 7, BENCH_SUM)) { snprintf(err, errcap, "stats reduce failed"); return 1; }
     w[0] = lat_sorted[iters - 1];
     w[1] = -lat_sorted[0];
-    if (b->reduce_doubles(b->ctx, w, 2, BENCH_MAX)) { snprintf(err, errcap, "stats reduce failed"); return 1; }
+    w[2] = mine;
+    w[3] = -mine;
+    if (b->reduce_doubles(b->ctx, w, 4, BENCH_MAX)) { snprintf(err, errcap, "stats reduce failed"); return 1; }
     row->wrong = o->check ? (long)stat[6] : -1;
     row->max_us = w[0] * 1e6;
     row->min_us = -w[1] * 1e6;
     row->iters = iters;
-    row->time_us = stat[0] / p * 1e6;
+    /* -a, as nccl-tests: rank 0's own (the rank that prints), the mean, min or max over ranks */
+    row->time_us = (o->average == 0 ? mine : o->average == 2 ? -w[3] : o->average == 3 ? w[2]
+                                           : stat[0] / p) * 1e6;
     row->p50_us = stat[1] / p * 1e6;
     row->p99_us = stat[2] / p * 1e6;
     if (stat[5] > 0) {
@@ -1014,6 +1190,7 @@ static int bench_main_sweep(const bench_opts_t *o, bench_backend_t *b) {
                    rss / 1024.0, (double)cap * 2 / 1048576.0);
             fflush(stdout);
             if (o->json) bench_write_json(o, b, rows, npl, pl, rss, total_wrong, nbus ? bus_sum / nbus : 0.0);
+            if (o->csv) bench_write_csv(o, rows, npl);
         }
         if (total_wrong) rc = 1;
     }
@@ -1026,7 +1203,7 @@ out:
     return rc;
 }
 
-/* -m: one in-place all-reduce of o->maxbytes; peak RSS minus the buffer. */
+/* --mem: one in-place all-reduce of o->maxbytes; peak RSS minus the buffer. */
 static int bench_main_mem(const bench_opts_t *o, bench_backend_t *b) {
     const size_t es = bench_dtype_bytes[o->dtype];
     size_t count = o->maxbytes / es, bytes = count * es, i;

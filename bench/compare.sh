@@ -11,8 +11,8 @@
 # for p = 2 and 4, REPEATS rounds (more while some configuration has fewer than MIN_CLEAN
 # undisturbed runs, up to MAX_ROUNDS and TIME_BUDGET seconds) of, interleaved, the order rotated
 # each round so drifting background load hits all alike:
-#   ddp_tcp    libddp over its TCP transport (-t tcp where the bench has -t)
-#   ddp_shm    libddp over shared memory (-t shm), when the bench has transports/ddp_shm.h in it
+#   ddp_tcp    libddp over its TCP transport (--transport tcp where the bench lists transports)
+#   ddp_shm    libddp over shared memory (--transport shm), when the bench has transports/ddp_shm.h in it
 #   mpi_tcp    Open MPI: --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo
 #   mpi_vader  Open MPI: --mca pml ob1 --mca btl self,vader (its shared-memory path)
 #   gloo_tcp   Gloo: gloo::allreduce (a ring) over Gloo's TCP transport on 127.0.0.1
@@ -144,14 +144,14 @@ if [ -z "$DDPB" ] && [ -f bench/allreduce_bench.c ]; then
         DDPB=$BIN/allreduce_bench DDPB_SRC=bench/allreduce_bench.c
 fi
 [ -n "$DDPB" ] || { echo "make compare: the libddp benchmark does not build" >&2; exit 1; }
-# -t exists where the bench lists its transports (ddp-bench); allreduce_bench is TCP only.
+# --transport exists where the bench lists its transports (ddp-bench); allreduce_bench is TCP only.
 DDP_TRANSPORTS=$("$DDPB" --list-transports 2> /dev/null || true)
 DDP_T_TCP=""
-echo "$DDP_TRANSPORTS" | grep -qx tcp && DDP_T_TCP="-t tcp"
+echo "$DDP_TRANSPORTS" | grep -qx tcp && DDP_T_TCP="--transport tcp"
 HAVE_SHM=0
 echo "$DDP_TRANSPORTS" | grep -qx shm && HAVE_SHM=1
 if [ "$HAVE_SHM" = 0 ] && [ -f transports/ddp_shm.h ]; then
-    echo "== transports/ddp_shm.h exists but $DDPB_SRC has no -t shm: libddp over shm is not measured"
+    echo "== transports/ddp_shm.h exists but $DDPB_SRC has no shm transport: libddp over shm is not measured"
 fi
 
 MPIB=""
@@ -213,7 +213,7 @@ echo "== before: $BUSY_BEFORE cores busy, loadavg $LOAD_BEFORE"
 T_START=$(date +%s)
 DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # No -o: every bench defaults to all_reduce with sum (ddp-bench's -o also names the collective).
-COMMON="-s $SIZES -n $ITERS -w $WARMUP -T $TARGET_S -d float -i 1"
+COMMON="-s $SIZES -n $ITERS -w $WARMUP --target-seconds $TARGET_S -d float --inplace 1"
 
 [ "$LOOPBACK" = 1 ] && run tcp_stream "./$BIN/tcp_stream" -b 64K -e 64M -f 4 -t 1G -J "$RAW/tcp_stream.json"
 
@@ -222,11 +222,11 @@ run_config() {
     local c=$1 p=$2 name=$3
     shift 3
     case $c in
-    ddp_tcp) run "$name" "./$DDPB" -p "$p" $DDP_T_TCP "$@" -L O2 -J "$RAW/$name.json" ;;
-    ddp_shm) run "$name" "./$DDPB" -p "$p" -t shm "$@" -L O2 -J "$RAW/$name.json" ;;
+    ddp_tcp) run "$name" "./$DDPB" -N "$p" $DDP_T_TCP "$@" -L O2 -J "$RAW/$name.json" ;;
+    ddp_shm) run "$name" "./$DDPB" -N "$p" --transport shm "$@" -L O2 -J "$RAW/$name.json" ;;
     mpi_tcp) run "$name" mpirun $MPIRUN_TCP -np "$p" "./$MPIB" "$@" -L O2 -J "$RAW/$name.json" ;;
     mpi_vader) run "$name" mpirun $MPIRUN_VADER -np "$p" "./$MPIB" "$@" -L O2 -J "$RAW/$name.json" ;;
-    gloo_tcp) run "$name" "./$GLOOB" -p "$p" ${GLOO_BENCH_ARGS:-} "$@" -L O2 -J "$RAW/$name.json" ;;
+    gloo_tcp) run "$name" "./$GLOOB" -N "$p" ${GLOO_BENCH_ARGS:-} "$@" -L O2 -J "$RAW/$name.json" ;;
     esac
 }
 # clean_runs CONFIG P: how many runs of CONFIG at P so far were undisturbed
@@ -271,7 +271,7 @@ done
 ROUNDS=$r
 if [ "$MEM" = 1 ]; then
     for c in $CONFIGS; do
-        run_config "$c" 2 "${c}_mem_p2" -m
+        run_config "$c" 2 "${c}_mem_p2" --mem
     done
 fi
 

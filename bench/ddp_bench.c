@@ -1,20 +1,24 @@
 /* bench/ddp_bench.c — ddp-bench: libddp's collectives over a size sweep, nccl-tests style.
- * Collectives (-o): all_reduce reduce_scatter all_gather broadcast reduce gather scatter
+ * Collectives (--coll, or -o): all_reduce reduce_scatter all_gather broadcast reduce gather scatter
  * all_to_all sendrecv (the last two out of place only).
  *
  *   make build/ddp-bench         (or: cc -std=c99 -O2 -I. -pthread bench/ddp_bench.c -o build/ddp-bench -lm)
- *   build/ddprun -n 4 build/ddp-bench -o all_reduce -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -d float -t tcp
- *   build/ddp-bench -p 4 -o all_gather -b 8 -e 64M        # forks 4 ranks on this host itself
- *   build/ddp-bench -p 2 -m                               # peak RSS of a 256 MiB all_reduce
+ *   build/ddprun -n 4 build/ddp-bench -o all_reduce -b 8 -e 128M -f 2 -n 20 -w 5 -c 1 -d float --transport tcp
+ *   build/ddp-bench -N 4 -o all_gather -b8 -e64M          # forks 4 ranks on this host itself
+ *   build/ddp-bench -N 2 --mem                            # peak RSS of a 256 MiB all_reduce
  *   build/ddp-bench --list-transports                     # the transports compiled in
  *
- * Without a launcher's variables in the environment the program forks -p ranks itself; each
+ * Options are nccl-tests' where it has the letter (-b -e -f -i -n -w -m -c -o -d -r -a -T -F; -t
+ * and -g accept 1 only: a rank is a process with one device); the rest are long options
+ * (--transport, --nranks/-N, --inplace, --mem, --sizes/-s, --json/-J, ...). All of them: --help.
+ *
+ * Without a launcher's variables in the environment the program forks -N ranks itself; each
  * calls ddp_comm_init with master 127.0.0.1 and a port that was free a moment before. With
  * RANK and WORLD_SIZE (torchrun, ddprun), OMPI_COMM_WORLD_RANK/SIZE (mpirun) or PMI_RANK/SIZE
  * it is one rank of the launcher's job and calls ddp_comm_init_env (MASTER_ADDR/MASTER_PORT,
  * default 127.0.0.1:29500). Slurm's variables are not taken as a sign: sbatch sets them for a
  * script that is not a rank.
- * Method, columns and JSON: bench/bench_common.h and bench/README.md. All flags: -h.
+ * Method, columns and JSON: bench/bench_common.h and bench/README.md.
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -27,7 +31,8 @@
 #define DDPB_HAVE_SHM 1
 #endif
 /* RDMA needs libibverbs: only in build/ddp-bench-ibverbs (-DDDP_BENCH_IBVERBS ... -libverbs). */
-/* NCCL is loaded at run time (dlopen): always compiled in; -t nccl puts the buffers on the GPU. */
+/* NCCL is loaded at run time (dlopen): always compiled in; --transport nccl puts the buffers on
+ * the GPU. */
 #if __has_include("transports/ddp_nccl.h")
 #include "transports/ddp_nccl.h"
 #define DDPB_HAVE_NCCL 1
@@ -90,7 +95,7 @@ static int ddpb_coll(void *ctx, int coll, const void *s, void *r, size_t count, 
 }
 
 #ifdef DDPB_HAVE_NCCL
-/* -t nccl: device twins of the sweep's host buffers; each call runs on them and is waited for
+/* --transport nccl: device twins of the sweep's host buffers; each call runs on them and is waited for
  * (ddp_comm_device_synchronize: the time is the host's view of completion, as nccl-tests'
  * blocking mode); checked calls copy their data over and back around the call. */
 typedef struct {
@@ -185,6 +190,7 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
 #ifdef DDPB_HAVE_NCCL
     if (o->transport && !strcmp(o->transport, "nccl")) {   /* host transports stay automatic */
         desc.transport = NULL;
+        unsetenv("DDP_TRANSPORT");   /* DDP_TRANSPORT=nccl asked for this, as --transport nccl */
         setenv("DDP_NCCL", "1", 1);
     }
 #endif
@@ -212,7 +218,7 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     b.transport = used;
     snprintf(descr, sizeof descr, "libddp %d.%d, transport %s, %s", DDP_VERSION_MAJOR,
              DDP_VERSION_MINOR, used,
-             port ? "ranks forked by the bench (-p)" : "one rank per process (launcher environment)");
+             port ? "ranks forked by the bench (-N)" : "one rank per process (launcher environment)");
     b.description = descr;
     rc = o->mem_mode ? bench_main_mem(o, &b) : bench_main_sweep(o, &b);
     r = ddp_comm_destroy(c);
@@ -229,9 +235,15 @@ static int run_rank_forked(void *arg, int n, int rank, int port) {
 
 int main(int argc, char **argv) {
     bench_opts_t o;
-    int port;
+    int port, rc;
     size_t k;
-    if (bench_parse_args(argc, argv, &o, 1)) return 2;
+    char version[64];
+    snprintf(version, sizeof version, "ddp-bench (libddp) %d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR);
+    if ((rc = bench_parse_args(argc, argv, &o, 1, version)) >= 0) return rc;
+    if (!o.transport_given) {   /* what the library itself would take: DDP_TRANSPORT */
+        const char *env = getenv("DDP_TRANSPORT");
+        if (env && *env && strcmp(env, "auto")) o.transport = env;
+    }
     if (o.list_transports) {
         for (k = 0; k < DDPB_NTRANSPORTS; k++)
             if (ddp_transport_find(ddpb_transport_names[k])) printf("%s\n", ddpb_transport_names[k]);
@@ -240,6 +252,11 @@ int main(int argc, char **argv) {
     if (o.transport && !ddp_transport_find(o.transport)) {
         fprintf(stderr, "ddp-bench: transport '%s' is not compiled in (--list-transports)\n", o.transport);
         return 2;
+    }
+    if (o.timeout_s) {   /* -T: every rank's waits, forked or launched */
+        char ms[32];
+        snprintf(ms, sizeof ms, "%ld", (long)o.timeout_s * 1000);
+        setenv("DDP_TIMEOUT_MS", ms, 1);
     }
     if ((getenv("RANK") && getenv("WORLD_SIZE")) ||
         (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) ||

@@ -4,13 +4,14 @@
  *
  *   apt-get install -y libgloo-dev          # Debian 12: Gloo git 2022-05-18 (5b14351), "0.5.0"
  *   g++ -std=c++17 -O2 -Wall -Wextra bench/gloo_bench.cc -o build/gloo_bench -lgloo -pthread -lm
- *   ./build/gloo_bench -p 4 -b 8 -e 64M -f 2 -n 20 -w 5 -i 1      # forks 4 ranks on this host
- *   ./build/gloo_bench -p 2 -s 8,64K,1M,16M,64M -A AllreduceHalvingDoubling
+ *   ./build/gloo_bench -N 4 -b 8 -e 64M -f 2 -n 20 -w 5 --inplace 1   # forks 4 ranks on this host
+ *   ./build/gloo_bench -N 2 -s 8,64K,1M,16M,64M -A AllreduceHalvingDoubling
  *   build/ddprun -n 2 ./build/gloo_bench -b 8 -e 64M               # one rank per process
  *
  * libgloo-dev ships no pkg-config file (only CMake's Gloo::gloo target, which adds nothing but
  * the include directory): link -lgloo, plus -pthread for the transport's event-loop thread.
- * Flags: ddp-bench's (-h), plus -A; -t accepts only tcp (the one transport used here).
+ * Flags: ddp-bench's (--help), plus -A; --transport accepts only tcp (the one transport used
+ * here); -T sets GLOO_BENCH_TIMEOUT_MS.
  *
  * WHAT IS TIMED: all_reduce (default), all_gather and broadcast with Gloo's collective API
  * (gloo/allreduce.h, allgather.h, broadcast.h: the API PyTorch's ProcessGroupGloo uses), options
@@ -26,13 +27,13 @@
  *   AllreduceRing  AllreduceRingChunked  AllreduceHalvingDoubling  AllreduceBcube
  *                        the older class-per-algorithm API (gloo/allreduce_*.h templates): one
  *                        object per size, built at the first call (it registers send/recv buffers
- *                        with the pairs), run() timed. In place only (-i 1), int counts;
+ *                        with the pairs), run() timed. In place only (--inplace 1), int counts;
  *                        AllreduceBcube only for power-of-2 worlds (it returns wrong sums for 3).
  * Rendezvous: gloo::rendezvous::FileStore (this Gloo has no TCPStore; HashStore is in-process,
  * RedisStore needs a server) under a PrefixStore, then Context::connectFullMesh. Transport:
  * gloo::transport::tcp::CreateDevice on 127.0.0.1. Gloo reports failures by throwing.
  *
- * RANKS: without a launcher's variables the program forks -p ranks, each with a FileStore in a
+ * RANKS: without a launcher's variables the program forks -N ranks, each with a FileStore in a
  * fresh mkdtemp directory that the parent removes afterwards. With RANK+WORLD_SIZE (torchrun,
  * ddprun), OMPI_COMM_WORLD_RANK+SIZE (mpirun) or PMI_RANK+SIZE it is one rank: the store is the
  * directory $GLOO_STORE_DIR (default /tmp/gloo_bench_store; every rank must see it, so a
@@ -348,28 +349,31 @@ int main(int argc, char **argv) {
             continue;
         }
         if (i > 0 && (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))) {
-            bench_usage(argv[0], 1);
-            fprintf(stderr,
+            bench_usage(stdout, argv[0], 1);
+            printf(
                 "  -A algorithm  all_reduce: allreduce (default: gloo::allreduce, which is a ring),\n"
                 "                allreduce:ring, allreduce:bcube, or a class: AllreduceRing,\n"
                 "                AllreduceRingChunked, AllreduceHalvingDoubling, AllreduceBcube (in place)\n"
-                "  Gloo: -t tcp only; no bfloat16, no avg, no reduce_scatter\n");
-            return 2;
+                "  Gloo: --transport tcp only; no bfloat16, no avg, no reduce_scatter\n");
+            return 0;
         }
         args.push_back(argv[i]);
     }
     args.push_back(nullptr);
-    if (bench_parse_args((int)args.size() - 1, args.data(), &o, 1)) return 2;
+    int prc = bench_parse_args((int)args.size() - 1, args.data(), &o, 1,
+                               "gloo_bench (the Gloo peer of libddp's ddp-bench)");
+    if (prc >= 0) return prc;
     o.argc = argc;   /* the JSON's "command": as typed, -A included */
     o.argv = argv;
     if (o.list_transports) { printf("tcp\n"); return 0; }
+    if (o.timeout_s) setenv("GLOO_BENCH_TIMEOUT_MS", std::to_string(o.timeout_s * 1000L).c_str(), 1);
     if (o.transport && strcmp(o.transport, "tcp")) {
         fprintf(stderr, "gloo_bench: transport '%s': only tcp here (Gloo's tcp transport)\n", o.transport);
         return 2;
     }
     if (algo >= A_CLASS_RING) {
         if (o.inplace == 0) {
-            fprintf(stderr, "gloo_bench: %s works in place only (-i 1)\n", algo_names[algo]);
+            fprintf(stderr, "gloo_bench: %s works in place only (--inplace 1)\n", algo_names[algo]);
             return 2;
         }
         o.inplace = 1;

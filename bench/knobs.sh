@@ -56,8 +56,8 @@ while [ "$r" -le "$REPEATS" ]; do
             [ "$s" != default ] && IFS=, read -r -a envset <<< "$s"
             name=${s//=/_}
             name=${name//,/+}
-            run "${name}_p${p}_r$r" env "${envset[@]}" ./build/ddp-bench -p "$p" -i 1 -t "${TRANSPORT:-tcp}" -s "$SIZES" \
-                -n "$ITERS" -w "$WARMUP" -T "$TARGET_S" -L "$s" -J "$RAW/${name}_p${p}_r$r.json"
+            run "${name}_p${p}_r$r" env "${envset[@]}" ./build/ddp-bench -N "$p" --inplace 1 --transport "${TRANSPORT:-tcp}" \
+                -s "$SIZES" -n "$ITERS" -w "$WARMUP" --target-seconds "$TARGET_S" -L "$s" -J "$RAW/${name}_p${p}_r$r.json"
         done
     done
     r=$((r + 1))

@@ -23,8 +23,9 @@
  *   all_to_all      MPI_Alltoall (out of place only, as ddp-bench)
  *   sendrecv        MPI_Sendrecv to rank + 1, from rank - 1 (out of place only, as ddp-bench)
  *
- * The rank count comes from mpirun (-p is ignored, -t too). half/bfloat16 and avg have no MPI
- * equivalent and are refused.
+ * Options: ddp-bench's (--help). The rank count comes from mpirun (-N and --transport are
+ * ignored); -T has no MPI equivalent and is refused. half/bfloat16 and avg have no MPI equivalent
+ * and are refused.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -151,13 +152,19 @@ int main(int argc, char **argv) {
     bench_backend_t b;
     char descr[MPI_MAX_LIBRARY_VERSION_STRING + 64], ver[MPI_MAX_LIBRARY_VERSION_STRING];
     int rc, len = 0;
+    const char *version = "mpi_allreduce_bench (the MPI peer of libddp's ddp-bench)";
     char *nl;
     MPI_Init(&argc, &argv);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     memset(&b, 0, sizeof b);
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.nranks);
-    if (bench_parse_args(argc, argv, &o, 0)) { MPI_Finalize(); return 2; }
+    if ((rc = bench_parse_args(argc, argv, &o, 0, version)) >= 0) { MPI_Finalize(); return rc; }
+    if (o.timeout_s) {
+        if (b.rank == 0) fprintf(stderr, "%s: -T: MPI has no timeout for a collective\n", argv[0]);
+        MPI_Finalize();
+        return 2;
+    }
     MPI_Get_library_version(ver, &len);
     if ((nl = strchr(ver, '\n'))) *nl = 0;
     if ((nl = strchr(ver, ','))) *nl = 0;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/nccl_raw.c — nccl-raw: ncclAllReduce with nothing of libddp around it, the baseline that
- * `ddp-bench -t nccl -o all_reduce` is compared with (tests/gpu/test_gpu.sh, make test-gpu).
+ * `ddp-bench --transport nccl -o all_reduce` is compared with (tests/gpu/test_gpu.sh, make test-gpu).
  *
  *   make build/nccl-raw
  *   build/nccl-raw -b 16 -e 256M -f 4                       # one rank

@@ -20,7 +20,7 @@
 #   ITERS=1000 WARMUP=2 TARGET_S=0.1 DTYPE=float OP=sum PLACEMENT=in (chart: in|out|both)
 #   BENCH=build/ddp-bench CHART=build/svg_chart OUT=bench/results
 # Timing: with these defaults each size costs about TARGET_S per placement, or 10 calls when a
-# call takes longer (-T never goes below 10); the whole sweep is 2-4 minutes on a 2-core machine
+# call takes longer (--target-seconds never goes below 10); the whole sweep is 2-4 minutes on a 2-core machine
 # for two transports. Needs bash and coreutils only (no python, no gnuplot).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -58,9 +58,10 @@ for coll in $COLLS; do
             name="${coll}_${tr}_p${p}"
             echo "== $name"
             t0=$(date +%s)
-            # -T: big sizes get 10 timed calls, small ones about TARGET_S of them (at most ITERS)
-            "$BENCH" -p "$p" -t "$tr" -o "$coll" -d "$DTYPE" -R "$OP" -b "$MINBYTES" -e "$MAXBYTES" \
-                -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -T "$TARGET_S" -c 1 -L "make bench" \
+            # --target-seconds: big sizes get 10 timed calls, small ones about TARGET_S of them
+            # (at most ITERS)
+            "$BENCH" -N "$p" --transport "$tr" --coll "$coll" -d "$DTYPE" --op "$OP" -b "$MINBYTES" \
+                -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" --target-seconds "$TARGET_S" -c 1 -L "make bench" \
                 -J "$OUT/$name.json" > "$OUT/$name.txt"
             rc=$?
             # the table's busbw column and footer, so the log shows progress

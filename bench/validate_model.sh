@@ -35,7 +35,7 @@
 #    - Other rates: beta_net and nic_ns scaled by 1 Gbit/s / rate (the link rate is an input
 #      of the prediction, like p and the hosts; nothing is measured at 500 Mbit/s or 2 Gbit/s
 #      to set it). alpha_net is kept.
-# 2. HELD-OUT: all-reduce, float32 sum, in place (ddp-bench -i 1 -c 0), DDP_ALGO forcing each of
+# 2. HELD-OUT: all-reduce, float32 sum, in place (ddp-bench --inplace 1 -c 0), DDP_ALGO forcing each of
 #    ring, rd (<= 4 MiB: the scratch), rabenseifner, hier_ring, hier_rabenseifner (the hier_*
 #    only where a host has 2 ranks or more: with 1 rank per host they are the flat ones) on
 #    2x2 and 3x1 at 1 Gbit/s, 2x1, 2x2 and 3x1 at 500 Mbit/s and 2 Gbit/s, 2+1+2 at 1 Gbit/s
@@ -179,7 +179,7 @@ measure() {   # set layout rate role algo kind sizes iters warmup
     f=$work/bench_$(echo "$1_$5_$6" | tr '@,+' '___').json
     l0=$(cut -d' ' -f1 /proc/loadavg)
     port=$((port + 1))
-    "$netns" -L "$2" -r "$3" -p $port -s "$7" -n "$8" -w "$9" -a '-i 1 -c 0' -J "$f" -- DDP_ALGO="$5" \
+    "$netns" -L "$2" -r "$3" -p $port -s "$7" -n "$8" -w "$9" -a '--inplace 1 -c 0' -J "$f" -- DDP_ALGO="$5" \
         > "$work/log_$(basename "$f" .json).txt" 2>&1 || { echo "#   FAILED: $1 $5 $6 (see $work)"; return 0; }
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$f" "$l0" \
         "$(cut -d' ' -f1 /proc/loadavg)" >> "$manifest"
@@ -229,7 +229,7 @@ if [ -z "${SETS:-}" ] || case " $SETS " in *" control "*) true ;; *) false ;; es
         for b in default small; do
             f=$work/control_${a}_$b.json port=$((port + 1))
             if [ $b = small ]; then bs=65536; else bs=""; fi
-            NETNS_BURST=$bs "$netns" -L 1,1,1 -r 2gbit -p $port -s 256K,1M -n 20 -w 3 -a '-i 1 -c 0' -J "$f" \
+            NETNS_BURST=$bs "$netns" -L 1,1,1 -r 2gbit -p $port -s 256K,1M -n 20 -w 3 -a '--inplace 1 -c 0' -J "$f" \
                 -- DDP_ALGO=$a > "$work/log_control_${a}_$b.txt" 2>&1 &&
                 printf '3x1@2gbit\t1,1,1\t2gbit\t%s\t%s\t%s\n' $a $b "$f" >> "$work/burst_control.tsv"
         done

@@ -77,7 +77,7 @@ dry_cmds() {
     has py "env T_DEVICE_REAL=1 T_DEVICE_RANKS=3 T_DEVICE_HOSTID=gpu-m3 NCCL_SOCKET_IFNAME=lo 'DDP_TEST_ONLY=device matrix tcp p=3' build/gpu/test_nccl2" &&
     has py "T_NCCL_SCENARIOS_ONLY=1" &&
     has py "build/gpu/ddprun -n 2 sh -c 'NCCL_HOSTID=gpu-b-h\$RANK exec \"\$0\" \"\$@\"' build/gpu/nccl-raw" &&
-    has py "build/gpu/ddp-bench -t nccl -o all_reduce" && has py "-J build/gpu/bench_ddp_p3.json" &&
+    has py "build/gpu/ddp-bench --transport nccl -o all_reduce" && has py "-J build/gpu/bench_ddp_p3.json" &&
     hasnt py "-Werror"
 }
 check "dry run lists the build (no -Werror), the matrices at p = 1, 2, 3 (ranks > 1 as NCCL hosts of one GPU), the scenarios and both benchmarks under ddprun" dry_cmds

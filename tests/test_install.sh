@@ -146,10 +146,10 @@ help() {
 check "the installed ddprun --help prints the manual" help
 
 bench() {
-    $T "$prefix/bin/ddp-bench" -p 2 -t tcp -s 8,64K -n 3 -w 1 -c 1 > "$tmp/bench.out" 2>&1 ||
+    $T "$prefix/bin/ddp-bench" -N 2 --transport tcp -s 8,64K -n 3 -w 1 -c 1 > "$tmp/bench.out" 2>&1 ||
         { why "exit $?: $(tail -5 "$tmp/bench.out")"; return 1; }
 }
-check "the installed ddp-bench -p 2 -t tcp runs and checks an all-reduce" bench
+check "the installed ddp-bench -N 2 --transport tcp runs and checks an all-reduce" bench
 
 # --- 10-11: uninstall --------------------------------------------------------------------------
 uninstall_it() { mk uninstall PREFIX="$prefix" > "$tmp/why" 2>&1; }

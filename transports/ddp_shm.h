@@ -416,7 +416,7 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     sp->cell_bytes = _ddp_shm_env_size("DDP_SHM_CELL_BYTES", 64u << 10, 256, 16u << 20) & ~(size_t)63;
     cells = _ddp_shm_env_size("DDP_SHM_CELLS", 8, 2, 1024);
     sp->ncells = (int)cells;
-    /* Measured here (ddp-bench -t shm, float sum): the two-step algorithm wins from 1 KiB at
+    /* Measured here (ddp-bench --transport shm, float sum): the two-step algorithm wins from 1 KiB at
      * p = 2 (4 KiB: 0.84 vs 1.24 us) and from 16 KiB at p = 4 (14 vs 27 us); below, one step
      * of p-way reduction beats a second synchronisation. */
     sp->small_max = _ddp_shm_env_size("DDP_SHM_SMALL_MAX", sp->nranks == 2 ? 512 : 8192, 1, 64u << 20);

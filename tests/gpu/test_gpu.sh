@@ -17,7 +17,7 @@
 #      one rank per GPU.
 #   3. test_nccl's scenarios in real mode (T_NCCL_SCENARIOS_ONLY=1; DDP_TEST_ONLY selects).
 #   4. all_reduce at each p: nccl-raw (ncclAllReduce alone, GPU-event and host-synchronised
-#      times) and ddp-bench -t nccl (libddp), the same sizes, each rank a process under ddprun.
+#      times) and ddp-bench --transport nccl (libddp), the same sizes, each rank a process under ddprun.
 #   Each step runs under `timeout`; a step that no longer fits the time left is not started. The
 #   summary (build/gpu/summary.txt, copied to $OUT when set, with the logs as a tarball) gives
 #   the machine, the libraries, TAP counts per step, what NCCL or libddp said where something
@@ -354,7 +354,7 @@ write_summary() {
         echo "all_reduce, float32 sum, out of place, $SIZES $ITERS; algbw = size / time, GB = 1e9 B."
         echo "raw-ev: nccl-raw, cudaEventRecord around back-to-back calls (what NCCL can do); raw-host:"
         echo "nccl-raw, each call then cudaStreamSynchronize, host clock (how ddp-bench times a call);"
-        echo "ddp: ddp-bench -t nccl (enqueue + ddp_comm_device_synchronize per call). Times are means"
+        echo "ddp: ddp-bench --transport nccl (enqueue + ddp_comm_device_synchronize per call). Times are means"
         echo "over ranks. ddp/host = the library's overhead, ddp/ev = against NCCL's ceiling."
         for p in $PLIST; do
             echo
@@ -478,7 +478,7 @@ scen_env=(T_DEVICE_REAL=1 T_DEVICE_RANKS="$PMAX" T_NCCL_SCENARIOS_ONLY=1)
 if [ -n "${DDP_TEST_ONLY:-}" ]; then scen_env+=(DDP_TEST_ONLY="$DDP_TEST_ONLY"); else scen_env=(-u DDP_TEST_ONLY "${scen_env[@]}"); fi
 step scen tap "$PMAX" "test_nccl scenarios" 120 test_nccl env "${scen_env[@]}" "$B/test_nccl"
 
-# 5. all_reduce: nccl-raw against ddp-bench -t nccl, one rank per process under ddprun
+# 5. all_reduce: nccl-raw against ddp-bench --transport nccl, one rank per process under ddprun
 KEEP=45
 for p in $PLIST; do
     rank=("$B/ddprun" -n "$p") benv=(DDP_TIMEOUT_MS=30000)
@@ -487,8 +487,8 @@ for p in $PLIST; do
     # shellcheck disable=SC2086  # SIZES and ITERS are lists of options
     step "raw$p" bench "$p" "bench nccl-raw" 40 nccl-raw env "${benv[@]}" "${rank[@]}" "$B/nccl-raw" $SIZES $ITERS
     # shellcheck disable=SC2086
-    step "ddp$p" bench "$p" "bench ddp-bench -t nccl" 60 ddp-bench env "${benv[@]}" "${rank[@]}" \
-        "$B/ddp-bench" -t nccl -o all_reduce -d float -i 0 -c 1 $SIZES $ITERS -J "$B/bench_ddp_p$p.json"
+    step "ddp$p" bench "$p" "bench ddp-bench --transport nccl" 60 ddp-bench env "${benv[@]}" "${rank[@]}" \
+        "$B/ddp-bench" --transport nccl -o all_reduce -d float --inplace 0 -c 1 $SIZES $ITERS -J "$B/bench_ddp_p$p.json"
     if [ "$DRY" = 0 ]; then
         w=$(bench_wrong "$p")
         [ -n "$w" ] && [ "$w" != 0 ] && { R_RES[ddp$p]="${R_RES[ddp$p]}, $w wrong"; FAILED=1; }
