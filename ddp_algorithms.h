@@ -4,9 +4,10 @@
  * The communicator (ddp_comm.h) picks one per call, by size, world size and settings (the same
  * on every rank), after its entry checks; the families never see it, only the point-to-point
  * engine (ddp_engine.h). Which collective runs what:
- *   all-reduce      the ring (ddp_ring.h); small: recursive doubling (ddp_recursive_doubling.h);
- *                   mid-size: Rabenseifner (ddp_rabenseifner.h); many ranks on few hosts: the
- *                   hierarchical all-reduce (ddp_hierarchical.h).
+ *   all-reduce      the ring (ddp_ring.h), recursive doubling (ddp_recursive_doubling.h: small
+ *                   messages), Rabenseifner (ddp_rabenseifner.h) or the hierarchical all-reduce
+ *                   (ddp_hierarchical.h: many ranks on few hosts), as the cost model
+ *                   (ddp_model.h) or DDP_ALGO picks.
  *   reduce-scatter, all-gather   the ring's halves (ddp_ring.h).
  *   broadcast       a pipelined chain around the ring (ddp_ring.h); up to 16 KiB inside the
  *                   call agreement (ddp_agree.h).
