@@ -32,7 +32,8 @@
  *   ddp_store.h         the rendezvous key-value store, client and server      (socket, auth)
  *   transports/ddp_transport.h   the transport interface, its context, the registry (base)
  *   ddp_engine.h        the point-to-point engine the algorithms see            (base)
- *   ddp_ring.h          the algorithms: ring, recursive doubling, trees, ...    (engine, kernels)
+ *   ddp_algorithms.h    the algorithms, one family per header (ddp_ring.h, ddp_tree.h, ...),
+ *                       their shared parts in ddp_algorithm.h                   (engine, kernels)
  *   ddp_comm.h          communicator, rendezvous, operation engine, collectives (all above)
  *   ddp_reducer.h       gradient bucket reducer, ddp_broadcast_params           (comm)
  *   ddp_sampler.h       DistributedSampler (stands alone, with ddp_base.h)

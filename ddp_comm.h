@@ -35,8 +35,8 @@
 #ifndef DDP_ENGINE_IMPLEMENTATION
 #define DDP_ENGINE_IMPLEMENTATION
 #endif
-#ifndef DDP_RING_IMPLEMENTATION
-#define DDP_RING_IMPLEMENTATION
+#ifndef DDP_ALGORITHMS_IMPLEMENTATION
+#define DDP_ALGORITHMS_IMPLEMENTATION
 #endif
 #ifndef DDP_TRACE_IMPLEMENTATION
 #define DDP_TRACE_IMPLEMENTATION
@@ -51,7 +51,7 @@
 #include "ddp_kernels.h"
 #include "transports/ddp_transport.h"
 #include "ddp_engine.h"
-#include "ddp_ring.h"
+#include "ddp_algorithms.h"
 #include "ddp_trace.h"
 #include "ddp_model.h"
 

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_engine.h — what an algorithm sees of a communicator: the point-to-point engine.
  *
- * ddp_ring.h's algorithms (ring, recursive doubling, trees, chain, linear, pairwise) are written
- * against this small interface, not against the communicator: its rank and size, the scratch
- * the communicator allocated once, its timeouts and spin policy, and five calls (post a send,
- * post a receive, test one, sleep until one of some peers may progress, connect to peers on
- * first use), plus failure recording and logging. ddp_comm.h fills one per communicator.
+ * The algorithms (ddp_algorithms.h: ring, recursive doubling, Rabenseifner, hierarchical, trees,
+ * chain, linear, pairwise) are written against this small interface, not against the
+ * communicator: its rank and size, the scratch the communicator allocated once, its timeouts
+ * and spin policy, and five calls (post a send, post a receive, test one, sleep until one of
+ * some peers may progress, connect to peers on first use), plus failure recording and logging.
+ * ddp_comm.h fills one per communicator.
  *
  * It also fixes the one numbering of "what operation is this" (_ddp_kind_t), used for message
  * tags and their digests, log lines and the async queue alike.

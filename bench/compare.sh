@@ -112,7 +112,7 @@ INC="-I."
 if [ -n "${LIBDDP_REF:-}" ]; then
     rm -rf build/libddp_ref
     mkdir -p build/libddp_ref
-    git archive "$LIBDDP_REF" ddp.h ddp_ring.h transports | tar -x -C build/libddp_ref
+    git archive "$LIBDDP_REF" 'ddp*.h' transports | tar -x -C build/libddp_ref
     LIBDDP_REF=$(git rev-parse "$LIBDDP_REF")
     INC="-Ibuild/libddp_ref -I."
 fi

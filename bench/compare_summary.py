@@ -254,7 +254,7 @@ def library_version():
     tree's headers differed from it."""
     ref = env("LIBDDP_REF", "")
     root = "build/libddp_ref" if ref else "."
-    files = ["ddp.h", "ddp_ring.h"] + sorted(os.path.relpath(f, root) for f in glob.glob(root + "/transports/*.h"))
+    files = sorted(os.path.relpath(f, root) for f in glob.glob(root + "/ddp*.h") + glob.glob(root + "/transports/*.h"))
     v = {"commit": ref or first_line(["git", "rev-parse", "HEAD"]),
          "subject": first_line(["git", "log", "-1", "--format=%s", ref or "HEAD"]),
          "source": "git archive of that commit" if ref else "working tree",

@@ -34,7 +34,7 @@ RAW=build/knobs_raw
 if [ "${SUMMARY_ONLY:-0}" != 1 ]; then rm -rf "$RAW"; mkdir -p "$RAW"; fi
 if [ -z "${LIBDDP_VERSION:-}" ]; then
     LIBDDP_VERSION="$(git log -1 --format='%h %s' 2>/dev/null || echo unknown)"
-    if ! git diff --quiet HEAD -- ddp.h ddp_ring.h transports 2>/dev/null; then
+    if ! git diff --quiet HEAD -- 'ddp*.h' transports 2>/dev/null; then
         LIBDDP_VERSION="$LIBDDP_VERSION (+ uncommitted changes)"
     fi
 fi

@@ -22,7 +22,7 @@ B=build/ddp-bench
 C=build/svg_chart
 build_bench() {
     # shellcheck disable=SC2046
-    newer "$B" bench/ddp_bench.c bench/bench_common.h ddp.h ddp_ring.h $(ls transports/*.h) && return 0
+    newer "$B" bench/ddp_bench.c bench/bench_common.h $(ls ddp*.h transports/*.h) && return 0
     B=$tmp/ddp-bench
     $CC $CFLAGS_T bench/ddp_bench.c -o "$B" -pthread -lm 2> "$tmp/why"
 }

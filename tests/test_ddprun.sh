@@ -148,7 +148,7 @@ env_kept() {
 check "env: user's OMP_NUM_THREADS/DDP_JOB_SECRET kept; OMP_NUM_THREADS left unset for -n 1" env_kept
 
 build_helper() {
-    for f in ddp.h ddp_ring.h transports/ddp_tcp.h $H/ddprun_allreduce.c; do
+    for f in ddp*.h transports/ddp_tcp.h $H/ddprun_allreduce.c; do
         [ build/ddprun_allreduce -nt $f ] || {
             $CC $CFLAGS_T -I. $H/ddprun_allreduce.c -o build/ddprun_allreduce -pthread -lm 2> "$tmp/why"
             return
