@@ -2194,7 +2194,7 @@ _DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
  * queue is empty. The slots are allocated once, at the first async call: no allocation per
  * call. */
 typedef struct _ddp_op {
-    int kind;                         /* a _ddp_kind_t (ddp_engine.h) */
+    int kind;                         /* a ddp_call_kind_t (ddp_base.h) */
     int root;                         /* the root, or the peer of a send/recv */
     const void *send;
     void *recv;
@@ -2318,10 +2318,10 @@ _DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
 _DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int recv_side) {
     size_t b = o->count * ddp_dtype_size(o->dtype), p = (size_t)c->eng.nranks;
     switch (o->kind) {
-    case _DDP_KIND_BARRIER: return 0;
-    case _DDP_KIND_REDUCE_SCATTER: case _DDP_KIND_SCATTER: return recv_side ? b : b * p;
-    case _DDP_KIND_ALL_GATHER: case _DDP_KIND_GATHER: return recv_side ? b * p : b;
-    case _DDP_KIND_ALL_TO_ALL: return b * p;
+    case DDP_CALL_BARRIER: return 0;
+    case DDP_CALL_REDUCE_SCATTER: case DDP_CALL_SCATTER: return recv_side ? b : b * p;
+    case DDP_CALL_ALL_GATHER: case DDP_CALL_GATHER: return recv_side ? b * p : b;
+    case DDP_CALL_ALL_TO_ALL: return b * p;
     default: return b;
     }
 }
@@ -2681,15 +2681,15 @@ _DDP_PRIVATE ddp_result_t _ddp_prep(ddp_comm_t *c, _ddp_op_t *o) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
     switch (o->kind) {
-    case _DDP_KIND_ALL_REDUCE:
+    case DDP_CALL_ALL_REDUCE:
         return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
-    case _DDP_KIND_REDUCE_SCATTER:
+    case DDP_CALL_REDUCE_SCATTER:
         return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->eng.nranks,
                                o->dtype, 1, o->op);
-    case _DDP_KIND_ALL_GATHER:
+    case DDP_CALL_ALL_GATHER:
         return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->eng.nranks,
                                o->dtype, 0, DDP_SUM);
-    case _DDP_KIND_BROADCAST:
+    case DDP_CALL_BROADCAST:
         if (o->root < 0 || o->root >= c->eng.nranks)
             return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d",
                                  o->root, c->eng.nranks - 1);
@@ -2707,10 +2707,10 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *o);   
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     ddp_result_t r;
     unsigned char token = 0;
-    c->trace.cur->algo = c->coll ? "by the transport" : o->kind == _DDP_KIND_BROADCAST ? "pipelined chain" :
-                        o->kind <= _DDP_KIND_ALL_GATHER ? "ring" : "";
+    c->trace.cur->algo = c->coll ? "by the transport" : o->kind == DDP_CALL_BROADCAST ? "pipelined chain" :
+                        o->kind <= DDP_CALL_ALL_GATHER ? "ring" : "";
     switch (o->kind) {
-    case _DDP_KIND_ALL_REDUCE:
+    case DDP_CALL_ALL_REDUCE:
         if (c->coll) {
             c->eng.seq++;   /* never inside _DDP_LOG: the count must not depend on the log level */
             _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
@@ -2721,7 +2721,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
             r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
         }
         break;
-    case _DDP_KIND_REDUCE_SCATTER:
+    case DDP_CALL_REDUCE_SCATTER:
         _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
                  o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), c->coll ? "by the transport" : "ring");
         if (c->coll) {
@@ -2731,7 +2731,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
             r = _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
         }
         break;
-    case _DDP_KIND_ALL_GATHER:
+    case DDP_CALL_ALL_GATHER:
         _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
                  ddp_dtype_name(o->dtype), c->coll ? "by the transport" : "ring");
         if (c->coll) {
@@ -2741,7 +2741,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
             r = _ddp_ring_all_gather(&c->eng, o->send, o->recv, o->count, o->dtype);
         }
         break;
-    case _DDP_KIND_BROADCAST:
+    case DDP_CALL_BROADCAST:
         _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
                  ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "agreed on, then the data "
                  "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
@@ -2757,7 +2757,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
                 r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
         }
         break;
-    case _DDP_KIND_BARRIER:
+    case DDP_CALL_BARRIER:
         if (c->coll) {
             c->eng.seq++;
             _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
@@ -2796,8 +2796,6 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
  * A call whose buffers are device memory goes to the device provider (NCCL), enqueued on the
  * communicator's stream; host buffers stay on this file's paths. Its requests carry
  * _DDP_DEV_REQ in their id: the provider's ticket (a CUDA event) completes them. */
-typedef char _ddp_call_kinds_agree[(int)_DDP_KIND_RECV == (int)DDP_CALL_RECV &&
-                                   (int)_DDP_KIND_ALL_REDUCE == (int)DDP_CALL_ALL_REDUCE ? 1 : -1];
 
 
 /* The buffers this rank touches in o (NCCL: non-roots' unused buffers may be anything). */
@@ -2806,10 +2804,10 @@ _DDP_PRIVATE void _ddp_op_buffers(const ddp_comm_t *c, const _ddp_op_t *o, const
     *a = o->send;
     *b = o->recv;
     switch (o->kind) {
-    case _DDP_KIND_BROADCAST: case _DDP_KIND_SCATTER: if (!root) *a = NULL; break;
-    case _DDP_KIND_REDUCE: case _DDP_KIND_GATHER: if (!root) *b = NULL; break;
-    case _DDP_KIND_SEND: *b = NULL; break;
-    case _DDP_KIND_RECV: *a = NULL; break;
+    case DDP_CALL_BROADCAST: case DDP_CALL_SCATTER: if (!root) *a = NULL; break;
+    case DDP_CALL_REDUCE: case DDP_CALL_GATHER: if (!root) *b = NULL; break;
+    case DDP_CALL_SEND: *b = NULL; break;
+    case DDP_CALL_RECV: *a = NULL; break;
     default: break;
     }
     if (!o->count) *a = *b = NULL;
@@ -2848,14 +2846,14 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_check_call(ddp_comm_t *c, const _ddp_op_t *o,
     ddp_result_t r;
     int i;
     mine[0] = (uint64_t)o->kind; mine[1] = o->count; mine[2] = (uint64_t)o->dtype;
-    mine[3] = o->kind == _DDP_KIND_ALL_REDUCE || o->kind == _DDP_KIND_REDUCE ||
-              o->kind == _DDP_KIND_REDUCE_SCATTER ? (uint64_t)o->op : 0;
-    mine[4] = o->kind == _DDP_KIND_ALL_REDUCE || o->kind == _DDP_KIND_REDUCE_SCATTER ||
-              o->kind == _DDP_KIND_ALL_GATHER || o->kind == _DDP_KIND_ALL_TO_ALL ? 0 : (uint64_t)o->root;
+    mine[3] = o->kind == DDP_CALL_ALL_REDUCE || o->kind == DDP_CALL_REDUCE ||
+              o->kind == DDP_CALL_REDUCE_SCATTER ? (uint64_t)o->op : 0;
+    mine[4] = o->kind == DDP_CALL_ALL_REDUCE || o->kind == DDP_CALL_REDUCE_SCATTER ||
+              o->kind == DDP_CALL_ALL_GATHER || o->kind == DDP_CALL_ALL_TO_ALL ? 0 : (uint64_t)o->root;
     mine[5] = seq;
     if (!c->dev_prints && !(c->dev_prints = (uint64_t *)ddp_comm_calloc(c, sizeof mine * (size_t)n)))
         return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "DDP_NCCL_CHECK: fingerprints");
-    ag = _ddp_op_make(_DDP_KIND_ALL_GATHER, mine, c->dev_prints, 6, DDP_UINT64, DDP_SUM, 0);
+    ag = _ddp_op_make(DDP_CALL_ALL_GATHER, mine, c->dev_prints, 6, DDP_UINT64, DDP_SUM, 0);
     if ((r = _ddp_run_op_raw(c, &ag)) != DDP_SUCCESS) return r;
     for (i = 0; i < n; i++) {
         const uint64_t *t = c->dev_prints + 6 * (size_t)i;
@@ -2907,7 +2905,7 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
     _DDP_LOG(c, DDP_LOG_TRACE, "%s device #%llu: %zu x %s, %s, enqueued on NCCL", _ddp_kind_name(o->kind),
              (unsigned long long)k.seq, o->count, ddp_dtype_name(o->dtype),
              o->send == o->recv ? "in place" : "out of place");
-    if (c->dev_check && o->kind != _DDP_KIND_SEND && o->kind != _DDP_KIND_RECV &&
+    if (c->dev_check && o->kind != DDP_CALL_SEND && o->kind != DDP_CALL_RECV &&
         (r = _ddp_enter(c)) == DDP_SUCCESS) {   /* a host all-gather: after queued host requests */
         r = _ddp_dev_check_call(c, o, k.seq);
         _ddp_end(c);
@@ -3048,7 +3046,7 @@ _DDP_PRIVATE ddp_result_t _ddp_blocking(ddp_comm_t *c, _ddp_op_t o) {
     if (r != DDP_SUCCESS) return r;
     if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
     if (dev) return _ddp_dev_call(c, &o, NULL);           /* inside a group: NCCL holds it */
-    if (o.kind == _DDP_KIND_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
+    if (o.kind == DDP_CALL_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
     if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
     return _ddp_exec(c, &o);
 }
@@ -3066,45 +3064,45 @@ _DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *wha
         if (dev < 0) return r;
         if (dev) return _ddp_dev_call(c, &o, req);
     }
-    if (o.kind == _DDP_KIND_BARRIER && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
+    if (o.kind == DDP_CALL_BARRIER && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
     return _ddp_submit(c, what, &o, req);
 }
 
 DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
                                     ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0));
+    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0));
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                         ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
+    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
 }
 
 DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                     ddp_dtype_t dtype, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0));
+    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0));
 }
 
 DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
                                    ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root));
+    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root));
 }
 
 DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0));
+    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0));
 }
 
 DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
                                           ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                           ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
+    return _ddp_async(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
                       "all_reduce_async", req);
 }
 
 DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recvbuf, size_t count,
                                                  ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                                  const ddp_async_hooks_t *hooks, ddp_request_t *req) {
-    _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
     if (hooks) o.hooks = *hooks;
     return _ddp_async(c, o, "all_reduce_async_hooked", req);
 }
@@ -3117,7 +3115,7 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_async_part(const void *sendbuf, void *
                                                      ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                                      const ddp_async_hooks_t *hooks, ddp_request_t *req,
                                                      size_t v_total, size_t v_off) {
-    _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
     if (hooks) o.hooks = *hooks;
     if (v_total < count || v_off > v_total - count)
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "all_reduce: part [%zu, %zu) outside a buffer "
@@ -3130,25 +3128,25 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_async_part(const void *sendbuf, void *
 DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
                                               ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                               ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
+    return _ddp_async(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
                       "reduce_scatter_async", req);
 }
 
 DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
                                           ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
+    return _ddp_async(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
                       "all_gather_async", req);
 }
 
 DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
                                          ddp_dtype_t dtype, int root, ddp_comm_t *c,
                                          ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
+    return _ddp_async(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
                       "broadcast_async", req);
 }
 
 DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *c, ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
+    return _ddp_async(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
                       "barrier_async", req);
 }
 
@@ -3284,7 +3282,7 @@ _DDP_PRIVATE ddp_result_t _ddp_reduce(const void *sendbuf, void *recvbuf, size_t
     /* Only the root writes recvbuf (NCCL): others may pass NULL. */
     if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, count, 1,
                              dtype, 1, op)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root, what, req);
+    return _ddp_call(c, DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, what, req);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
@@ -3295,7 +3293,7 @@ _DDP_PRIVATE ddp_result_t _ddp_gather(const void *sendbuf, void *recvbuf, size_t
     if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
     if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, sendcount,
                              (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root, what, req);
+    return _ddp_call(c, DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root, what, req);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
@@ -3307,7 +3305,7 @@ _DDP_PRIVATE ddp_result_t _ddp_scatter(const void *sendbuf, void *recvbuf, size_
     /* Only the root reads sendbuf (NCCL): others may pass NULL. */
     if ((r = _ddp_check_args(c, what, c->eng.rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
                              (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root, what, req);
+    return _ddp_call(c, DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root, what, req);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
@@ -3320,7 +3318,7 @@ _DDP_PRIVATE ddp_result_t _ddp_all_to_all(const void *sendbuf, void *recvbuf, si
     if (count && sendbuf == recvbuf)
         return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == "
                                 "recvbuf: in place is not supported (as NCCL); use two buffers", what));
-    return _ddp_call(c, _DDP_KIND_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0, what, req);
+    return _ddp_call(c, DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0, what, req);
 }
 
 DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
@@ -3363,11 +3361,11 @@ DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, si
 
 _DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *send, void *recv,
                                         size_t count, ddp_dtype_t dtype, int peer) {
-    const char *what = kind == _DDP_KIND_SEND ? "send" : "recv";
+    const char *what = kind == DDP_CALL_SEND ? "send" : "recv";
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
     if ((r = _ddp_check_rank(c, what, "peer", peer)) != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, kind == _DDP_KIND_SEND ? send : recv, kind == _DDP_KIND_SEND ?
+    if ((r = _ddp_check_args(c, what, kind == DDP_CALL_SEND ? send : recv, kind == DDP_CALL_SEND ?
                              send : recv, count, 1, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
     if (peer == c->eng.rank && !c->group_depth)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
@@ -3377,11 +3375,11 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *sen
 }
 
 DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
-    return _ddp_p2p_call(c, _DDP_KIND_SEND, buf, NULL, count, dtype, peer);
+    return _ddp_p2p_call(c, DDP_CALL_SEND, buf, NULL, count, dtype, peer);
 }
 
 DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
-    return _ddp_p2p_call(c, _DDP_KIND_RECV, NULL, buf, count, dtype, peer);
+    return _ddp_p2p_call(c, DDP_CALL_RECV, NULL, buf, count, dtype, peer);
 }
 
 DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
@@ -3422,14 +3420,14 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
 /* ---------------------------------------------------------------- send/recv and groups */
 _DDP_PRIVATE uint64_t _ddp_p2p_tag(ddp_dtype_t dtype, size_t count, uint32_t seq) {
     int64_t fields[5];
-    fields[0] = _DDP_KIND_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
+    fields[0] = DDP_CALL_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
     return (_ddp_fnv1a(fields, sizeof fields, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq;
 }
 
 _DDP_PRIVATE void _ddp_p2p_where(const ddp_comm_t *c, const _ddp_op_t *k, int n, char *out, size_t cap) {
     size_t bytes = k->count * ddp_dtype_size(k->dtype);
-    snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == _DDP_KIND_SEND ? "send" : "recv",
-             (unsigned)(k->tag & 0xffffffffu), k->kind == _DDP_KIND_SEND ? "to" : "from", k->root,
+    snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == DDP_CALL_SEND ? "send" : "recv",
+             (unsigned)(k->tag & 0xffffffffu), k->kind == DDP_CALL_SEND ? "to" : "from", k->root,
              bytes, n > 1 ? ", in a group" : "");
     (void)c;
 }
@@ -3446,8 +3444,8 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
     ddp_result_t r = DDP_SUCCESS;
     for (i = 0; i < n; i++) {
         _ddp_op_t *k = &ops[i];
-        int peer = k->root, is_send = k->kind == _DDP_KIND_SEND;
-        if (k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV) { k->post = 2; continue; }
+        int peer = k->root, is_send = k->kind == DDP_CALL_SEND;
+        if (k->kind != DDP_CALL_SEND && k->kind != DDP_CALL_RECV) { k->post = 2; continue; }
         k->post = 0;
         k->req = NULL;
         if (peer == c->eng.rank) { k->tag = 0; continue; }
@@ -3468,8 +3466,8 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
     for (i = 0, j = 0; i < n; i++) {
         _ddp_op_t *k = &ops[i];
         size_t sb;
-        if (k->post != 0 || k->root != c->eng.rank || k->kind != _DDP_KIND_SEND) continue;
-        while (j < n && !(ops[j].post == 0 && ops[j].root == c->eng.rank && ops[j].kind == _DDP_KIND_RECV)) j++;
+        if (k->post != 0 || k->root != c->eng.rank || k->kind != DDP_CALL_SEND) continue;
+        while (j < n && !(ops[j].post == 0 && ops[j].root == c->eng.rank && ops[j].kind == DDP_CALL_RECV)) j++;
         if (j == n)
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
                                  "has no matching recv from itself in the group", k->count, ddp_dtype_name(k->dtype));
@@ -3497,7 +3495,7 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
         if (lo == n) break;
         for (i = lo; i < n; i++) {
             _ddp_op_t *k = &ops[i];
-            int is_send = k->kind == _DDP_KIND_SEND, done = 0;
+            int is_send = k->kind == DDP_CALL_SEND, done = 0;
             uint32_t *inflight = &c->p2p[4 * k->root + (is_send ? 2 : 3)];
             size_t bytes;
             if (k->post == 2) continue;
@@ -3525,9 +3523,9 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
         if (progressed) { last = _ddp_now_us(); continue; }
         if (first < 0) continue;
         _ddp_p2p_where(c, &ops[first], n, where, sizeof where);
-        r = _ddp_x_idle(&c->eng, last, peers, pending, ops[first].kind == _DDP_KIND_SEND ? "send" : "recv",
+        r = _ddp_x_idle(&c->eng, last, peers, pending, ops[first].kind == DDP_CALL_SEND ? "send" : "recv",
                         (unsigned)(ops[first].tag & 0xffffffffu),
-                        ops[first].kind == _DDP_KIND_SEND ? "waiting to send to" : "waiting for data from",
+                        ops[first].kind == DDP_CALL_SEND ? "waiting to send to" : "waiting for data from",
                         ops[first].root);
         if (r != DDP_SUCCESS) { i = -1; goto fail; }
     }
@@ -3548,7 +3546,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
     ddp_result_t r;
     /* A rank that is wrongly the root would wait for (or send) what nobody expects: agree on
      * the call first (ddp_ring.h, _ddp_agree). */
-    if (k->kind == _DDP_KIND_REDUCE) {   /* small: the agreement carries the data */
+    if (k->kind == DDP_CALL_REDUCE) {   /* small: the agreement carries the data */
         int done;
         r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
         if (done) {
@@ -3558,19 +3556,19 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
             return r;
         }
     }
-    if (k->kind != _DDP_KIND_ALL_TO_ALL && k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV &&
+    if (k->kind != DDP_CALL_ALL_TO_ALL && k->kind != DDP_CALL_SEND && k->kind != DDP_CALL_RECV &&
         (r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS)
         return r;
     switch (k->kind) {
-    case _DDP_KIND_REDUCE:
+    case DDP_CALL_REDUCE:
         tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(p));
         _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->eng.seq + 1, k->count,
                  ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
                  k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
         return tree ? _ddp_tree_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root)
                     : _ddp_chain_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
-    case _DDP_KIND_GATHER: case _DDP_KIND_SCATTER: {
-        int gather = k->kind == _DDP_KIND_GATHER;
+    case DDP_CALL_GATHER: case DDP_CALL_SCATTER: {
+        int gather = k->kind == DDP_CALL_GATHER;
         tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->eng.scratch_bytes / (size_t)p;
         _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
                  c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
@@ -3580,7 +3578,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
         return tree ? _ddp_tree_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
                     : _ddp_linear_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
     }
-    case _DDP_KIND_ALL_TO_ALL:
+    case DDP_CALL_ALL_TO_ALL:
         _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->eng.seq + 1,
                  k->count, ddp_dtype_name(k->dtype));
         return _ddp_pairwise_all_to_all(&c->eng, k->send, k->recv, k->count, k->dtype);
@@ -3622,7 +3620,7 @@ _DDP_PRIVATE int _ddp_fuse_run_length(const _ddp_op_t *ops, int i, int n) {
     const _ddp_op_t *a = &ops[i];
     size_t es = ddp_dtype_size(a->dtype), total = a->count * es;
     int j, m;
-    if (a->kind != _DDP_KIND_ALL_REDUCE || total > _DDP_FUSE_BYTES) return 1;
+    if (a->kind != DDP_CALL_ALL_REDUCE || total > _DDP_FUSE_BYTES) return 1;
     for (j = i + 1; j < n; j++) {
         const _ddp_op_t *b = &ops[j];
         size_t bytes = b->count * es;
@@ -3655,7 +3653,7 @@ _DDP_PRIVATE ddp_result_t _ddp_fused_all_reduce(ddp_comm_t *c, const _ddp_op_t *
         off += ops[j].count * es;
     }
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d all_reduces fused into one of %zu bytes", k, off);
-    o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
+    o = _ddp_op_make(DDP_CALL_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
     if ((r = _ddp_run_op_raw(c, &o)) != DDP_SUCCESS) return r;
     for (off = 0, j = 0; j < k; j++) {
         if (ops[j].count) memcpy(ops[j].recv, c->fuse_buf + off, ops[j].count * es);
@@ -3674,12 +3672,12 @@ _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c) {
         _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls not run: one failed its checks", n);
         return c->group_err;
     }
-    for (i = 0; i < n; i++) nsend += ops[i].kind == _DDP_KIND_SEND, nrecv += ops[i].kind == _DDP_KIND_RECV;
+    for (i = 0; i < n; i++) nsend += ops[i].kind == DDP_CALL_SEND, nrecv += ops[i].kind == DDP_CALL_RECV;
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls: %d collectives, then %d sends and %d receives together",
              n, n - nsend - nrecv, nsend, nrecv);
     for (i = 0; i < n; i++) {
         int k;
-        if (ops[i].kind == _DDP_KIND_SEND || ops[i].kind == _DDP_KIND_RECV) continue;
+        if (ops[i].kind == DDP_CALL_SEND || ops[i].kind == DDP_CALL_RECV) continue;
         k = _ddp_fuse_run_length(ops, i, n);
         r = k > 1 ? _ddp_fused_all_reduce(c, ops + i, k) : _ddp_run_op_raw(c, &ops[i]);
         if (r != DDP_SUCCESS) return r;

@@ -75,8 +75,8 @@
  * stays full. Reduce-scatter parks each partial sum in scratch until it is forwarded, so it uses
  * groups of W/2 segments: the scratch needed is bounded by the window, not the message. */
 /* The ring runs four of the operation kinds. */
-enum { _DDP_RING_AR = _DDP_KIND_ALL_REDUCE, _DDP_RING_RS = _DDP_KIND_REDUCE_SCATTER,
-       _DDP_RING_AG = _DDP_KIND_ALL_GATHER, _DDP_RING_BCAST = _DDP_KIND_BROADCAST };
+enum { _DDP_RING_AR = DDP_CALL_ALL_REDUCE, _DDP_RING_RS = DDP_CALL_REDUCE_SCATTER,
+       _DDP_RING_AG = DDP_CALL_ALL_GATHER, _DDP_RING_BCAST = DDP_CALL_BROADCAST };
 
 /* A set of ranks an algorithm runs over: member i is rank ranks[i] (ranks NULL: rank i, the
  * whole communicator); me is this rank's member number. The hierarchical all-reduce runs the
@@ -632,7 +632,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
 _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
                                        size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_group_t world = _ddp_group_world(e);
-    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_RECURSIVE_DOUBLING, dtype, op, count, 0);
+    uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_REDUCE | _DDP_TAG_RECURSIVE_DOUBLING, dtype, op, count, 0);
     return _ddp_rd_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op);
 }
 
@@ -658,7 +658,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendb
  * 16-byte exchange per step, before the data. */
 /* "reduce of 8 x float32, sum, root 0" */
 _DDP_PRIVATE void _ddp_call_str(const uint64_t f[5], char *out, size_t cap) {
-    const int red = f[0] == _DDP_KIND_REDUCE;
+    const int red = f[0] == DDP_CALL_REDUCE;
     snprintf(out, cap, "%s of %llu x %s%s%s, root %llu", _ddp_kind_name((int)f[0]), (unsigned long long)f[3],
              ddp_dtype_name((ddp_dtype_t)f[1]), red ? ", " : "", red ? ddp_op_name((ddp_op_t)f[2]) : "",
              (unsigned long long)f[4]);
@@ -753,7 +753,7 @@ _DDP_PRIVATE ddp_result_t _ddp_agree_with_data(_ddp_engine_t *e, int kind, const
     const _ddp_group_t world = _ddp_group_world(e);
     const size_t bytes = count * ddp_dtype_size(dtype), half = (e->scratch_bytes / 2) & ~(size_t)15;
     const uint64_t seq = (uint32_t)(e->seq + 1);
-    const int bcast = kind == _DDP_KIND_BROADCAST;
+    const int bcast = kind == DDP_CALL_BROADCAST;
     unsigned char *stage = e->scratch + half;   /* the exchange itself uses the first half */
     uint64_t mine[5], d, nd;
     ddp_result_t rc;
@@ -1017,7 +1017,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rab_all_reduce_in(_ddp_engine_t *e, const _ddp_gr
 _DDP_PRIVATE ddp_result_t _ddp_rab_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
                                               size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_group_t world = _ddp_group_world(e);
-    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_RABENSEIFNER, dtype, op, count, 0);
+    uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_REDUCE | _DDP_TAG_RABENSEIFNER, dtype, op, count, 0);
     return _ddp_rab_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op);
 }
 
@@ -1047,7 +1047,7 @@ enum { _DDP_INTER_RING, _DDP_INTER_RD, _DDP_INTER_RAB };
 _DDP_PRIVATE ddp_result_t _ddp_hier_all_reduce(_ddp_engine_t *e, const _ddp_hier_t *h, int inter,
                                                const void *sendbuf, void *recvbuf, size_t count,
                                                ddp_dtype_t dtype, ddp_op_t op, size_t v_total, size_t v_off) {
-    const uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_HIER | (inter << 12), dtype, op, count, 0);
+    const uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_REDUCE | _DDP_TAG_HIER | (inter << 12), dtype, op, count, 0);
     const ddp_op_t sop = op == DDP_AVG ? DDP_SUM : op;
     const int nl = h->local.n, L = h->slices;
     const size_t es = ddp_dtype_size(dtype);
@@ -1138,7 +1138,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tree_reduce(_ddp_engine_t *e, const void *sendbuf
     if (bytes && bytes > e->scratch_bytes / (size_t)(1 + _ddp_log2(p)))
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "reduce: binomial tree: %d x %zu bytes "
                              "do not fit the %zu-byte scratch", 1 + _ddp_log2(p), bytes, e->scratch_bytes);
-    tag = _ddp_eng_tag(e, _DDP_KIND_REDUCE, dtype, op, count, root);
+    tag = _ddp_eng_tag(e, DDP_CALL_REDUCE, dtype, op, count, root);
     _ddp_x_setup(&x, e, "reduce", "binomial tree", tag);
     if (p == 1 || !count) {
         if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
@@ -1187,7 +1187,7 @@ _DDP_PRIVATE ddp_result_t _ddp_chain_reduce(_ddp_engine_t *e, const void *sendbu
     int sslot[DDP_RING_WINDOW], rslot[DDP_RING_WINDOW], free_slots[DDP_RING_WINDOW], nfree = 0, i;
     int peers[2];
     int64_t last;
-    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_REDUCE, dtype, op, count, root);
+    uint64_t tag = _ddp_eng_tag(e, DDP_CALL_REDUCE, dtype, op, count, root);
     char where[200];
     _ddp_x_t x;
     ddp_result_t r;
@@ -1281,7 +1281,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tree_gather(_ddp_engine_t *e, const void *sendbuf
     if (bytes > e->scratch_bytes / (size_t)p)
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "gather: binomial tree: %d x %zu bytes do "
                              "not fit the %zu-byte scratch", p, bytes, e->scratch_bytes);
-    tag = _ddp_eng_tag(e, _DDP_KIND_GATHER, dtype, DDP_SUM, sendcount, root);
+    tag = _ddp_eng_tag(e, DDP_CALL_GATHER, dtype, DDP_SUM, sendcount, root);
     _ddp_x_setup(&x, e, "gather", "binomial tree", tag);
     if (p == 1 || !sendcount) {
         unsigned char *own = (unsigned char *)recvbuf + (size_t)e->rank * bytes;
@@ -1320,7 +1320,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tree_scatter(_ddp_engine_t *e, const void *sendbu
     if (bytes > e->scratch_bytes / (size_t)p)
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "scatter: binomial tree: %d x %zu bytes do "
                              "not fit the %zu-byte scratch", p, bytes, e->scratch_bytes);
-    tag = _ddp_eng_tag(e, _DDP_KIND_SCATTER, dtype, DDP_SUM, recvcount, root);
+    tag = _ddp_eng_tag(e, DDP_CALL_SCATTER, dtype, DDP_SUM, recvcount, root);
     _ddp_x_setup(&x, e, "scatter", "binomial tree", tag);
     if (p == 1 || !recvcount) {
         const unsigned char *own = (const unsigned char *)sendbuf + (size_t)e->rank * bytes;
@@ -1354,7 +1354,7 @@ _DDP_PRIVATE ddp_result_t _ddp_linear(_ddp_engine_t *e, int is_gather, const voi
     const size_t bytes = count * ddp_dtype_size(dtype);
     const char *phase = e->rank == root ? "phase root, every rank at once" : "phase to/from the root";
     _ddp_xop_t ops[_DDP_LINEAR_FAN];
-    uint64_t tag = _ddp_eng_tag(e, is_gather ? _DDP_KIND_GATHER : _DDP_KIND_SCATTER, dtype, DDP_SUM, count, root);
+    uint64_t tag = _ddp_eng_tag(e, is_gather ? DDP_CALL_GATHER : DDP_CALL_SCATTER, dtype, DDP_SUM, count, root);
     _ddp_x_t x;
     ddp_result_t r;
     int q, n;
@@ -1401,7 +1401,7 @@ _DDP_PRIVATE ddp_result_t _ddp_pairwise_all_to_all(_ddp_engine_t *e, const void 
     const unsigned char *send = (const unsigned char *)sendbuf;
     unsigned char *recv = (unsigned char *)recvbuf;
     void *sreq[DDP_RING_WINDOW], *rreq[DDP_RING_WINDOW];
-    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_TO_ALL, dtype, DDP_SUM, count, 0);
+    uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_TO_ALL, dtype, DDP_SUM, count, 0);
     int ns = 1, ds = 1, peers[2];
     int64_t last;
     char where[200];
