@@ -2676,101 +2676,131 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
     }
 }
 
-/* Argument checks, shared by the blocking and async entry points. */
-_DDP_PRIVATE ddp_result_t _ddp_prep(ddp_comm_t *c, _ddp_op_t *o) {
-    ddp_result_t r = _ddp_check_comm(c);
+/* ---- the operation table
+ * One row per ddp_call_kind_t: its checks, its algorithm choice (by_algorithm: over the
+ * engine) and its entry in a transport that runs collectives itself (by_transport: NULL when
+ * the transport has none, so the algorithm runs even then). Every call, blocking, async or
+ * queued in a group, is issued by _ddp_issue (below) and run by _ddp_run_op_raw through it. */
+typedef struct {
+    int kind;                         /* its ddp_call_kind_t: row k is kind k + 1 */
+    /* the arguments (what: the name the messages give the call) */
+    ddp_result_t (*check)(ddp_comm_t *c, const _ddp_op_t *o, const char *what);
+    ddp_result_t (*by_algorithm)(ddp_comm_t *c, const _ddp_op_t *o);
+    ddp_result_t (*by_transport)(ddp_comm_t *c, const _ddp_op_t *o);
+    const char *algo;                 /* the flight recorder's algorithm until the choice is made */
+    /* 1: a call refused by its checks inside a group also fails group_end (NCCL); 0: only the
+     * call itself fails (the first five kinds always behaved so). */
+    int group_fails;
+} _ddp_kind_row_t;
+_DDP_PRIVATE const _ddp_kind_row_t *_ddp_row(int kind);   /* the table, after the rows' parts */
+
+/* Checks of the first five kinds: their messages name the kind (also for the async forms). */
+_DDP_PRIVATE ddp_result_t _ddp_check_all_reduce(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)what;
+    return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)what;
+    return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                           o->dtype, 1, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_all_gather(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)what;
+    return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                           o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const char *role, int v) {
+    if (v >= 0 && v < c->eng.nranks) return DDP_SUCCESS;
+    return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %d not in 0..%d", what, role, v,
+                         c->eng.nranks - 1);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_broadcast(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, "broadcast", "root", o->root);
+    (void)what;
     if (r != DDP_SUCCESS) return r;
-    switch (o->kind) {
-    case DDP_CALL_ALL_REDUCE:
-        return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
-    case DDP_CALL_REDUCE_SCATTER:
-        return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->eng.nranks,
-                               o->dtype, 1, o->op);
-    case DDP_CALL_ALL_GATHER:
-        return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->eng.nranks,
-                               o->dtype, 0, DDP_SUM);
-    case DDP_CALL_BROADCAST:
-        if (o->root < 0 || o->root >= c->eng.nranks)
-            return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d",
-                                 o->root, c->eng.nranks - 1);
-        /* Only the root reads sendbuf (NCCL): others may pass NULL. */
-        return _ddp_check_args(c, "broadcast", c->eng.rank == o->root ? o->send : o->recv, o->recv,
-                               o->count, 1, o->dtype, 0, DDP_SUM);
-    default:
-        return DDP_SUCCESS;
-    }
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    return _ddp_check_args(c, "broadcast", c->eng.rank == o->root ? o->send : o->recv, o->recv,
+                           o->count, 1, o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_nothing(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)c; (void)o; (void)what;
+    return DDP_SUCCESS;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *o);   /* below */
+/* Collectives run by the transport (c->coll). The sequence number counts them as the engine
+ * counts its own, never inside _DDP_LOG: the count must not depend on the log level. */
+_DDP_PRIVATE ddp_result_t _ddp_coll_all_reduce(ddp_comm_t *c, const _ddp_op_t *o) {
+    c->eng.seq++;
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
+             o->send == o->recv ? "in place" : "out of place");
+    return c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), "by the transport");
+    c->eng.seq++;
+    return c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_all_gather(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), "by the transport");
+    c->eng.seq++;
+    return c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_broadcast(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), o->root, "by the transport");
+    c->eng.seq++;   /* the transport compares every rank's call, root included */
+    return c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_barrier(ddp_comm_t *c, const _ddp_op_t *o) {
+    (void)o;
+    c->eng.seq++;
+    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
+    return c->coll->barrier(c->coll_state);
+}
+
+/* The same collectives over the engine (ddp_ring.h's algorithms). */
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_reduce(ddp_comm_t *c, const _ddp_op_t *o) {
+    return _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
+}
+_DDP_PRIVATE ddp_result_t _ddp_algo_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), "ring");
+    return _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_gather(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), "ring");
+    return _ddp_ring_all_gather(&c->eng, o->send, o->recv, o->count, o->dtype);
+}
+/* Small: the agreement carries the data; else agree, then the chain. */
+_DDP_PRIVATE ddp_result_t _ddp_algo_broadcast(ddp_comm_t *c, const _ddp_op_t *o) {
+    ddp_result_t r;
+    int done;
+    _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), o->root, "agreed on, then the data "
+             "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
+    r = _ddp_agree_with_data(&c->eng, o->kind, o->send, o->recv, o->count, o->dtype, DDP_SUM, o->root, &done);
+    if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
+    else if (r == DDP_SUCCESS &&
+             (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
+        r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
+    return r;
+}
+_DDP_PRIVATE ddp_result_t _ddp_algo_barrier(ddp_comm_t *c, const _ddp_op_t *o) {
+    unsigned char token = 0;
+    (void)o;
+    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->eng.seq + 1);
+    return _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX, 0, 0);
+}
 
 /* Runs one operation on the calling thread (the caller's, or the progress thread). */
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
-    ddp_result_t r;
-    unsigned char token = 0;
-    c->trace.cur->algo = c->coll ? "by the transport" : o->kind == DDP_CALL_BROADCAST ? "pipelined chain" :
-                        o->kind <= DDP_CALL_ALL_GATHER ? "ring" : "";
-    switch (o->kind) {
-    case DDP_CALL_ALL_REDUCE:
-        if (c->coll) {
-            c->eng.seq++;   /* never inside _DDP_LOG: the count must not depend on the log level */
-            _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
-                     o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
-                     o->send == o->recv ? "in place" : "out of place");
-            r = c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
-        } else {
-            r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
-        }
-        break;
-    case DDP_CALL_REDUCE_SCATTER:
-        _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
-                 o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), c->coll ? "by the transport" : "ring");
-        if (c->coll) {
-            c->eng.seq++;
-            r = c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
-        } else {
-            r = _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
-        }
-        break;
-    case DDP_CALL_ALL_GATHER:
-        _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
-                 ddp_dtype_name(o->dtype), c->coll ? "by the transport" : "ring");
-        if (c->coll) {
-            c->eng.seq++;
-            r = c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
-        } else {
-            r = _ddp_ring_all_gather(&c->eng, o->send, o->recv, o->count, o->dtype);
-        }
-        break;
-    case DDP_CALL_BROADCAST:
-        _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
-                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "agreed on, then the data "
-                 "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
-        if (c->coll) {   /* the transport compares every rank's call, root included */
-            c->eng.seq++;
-            r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
-        } else {   /* small: the agreement carries the data; else agree, then the chain */
-            int done;
-            r = _ddp_agree_with_data(&c->eng, o->kind, o->send, o->recv, o->count, o->dtype, DDP_SUM, o->root, &done);
-            if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
-            else if (r == DDP_SUCCESS &&
-                     (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
-                r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
-        }
-        break;
-    case DDP_CALL_BARRIER:
-        if (c->coll) {
-            c->eng.seq++;
-            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
-            r = c->coll->barrier(c->coll_state);
-        } else {
-            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->eng.seq + 1);
-            r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX, 0, 0);
-        }
-        break;
-    default:   /* reduce, gather, scatter, all_to_all made async */
-        r = _ddp_run_rooted(c, o);
-    }
-    return r;
+    const _ddp_kind_row_t *row = _ddp_row(o->kind);
+    c->trace.cur->algo = c->coll ? "by the transport" : row->algo;
+    return c->coll && row->by_transport ? row->by_transport(c, o) : row->by_algorithm(c, o);
 }
 
 _DDP_PRIVATE void _ddp_trace_log_line(void *arg, const char *s) {
@@ -3037,65 +3067,140 @@ DDP_API int ddp_comm_device_enabled(const ddp_comm_t *c, char *why, size_t cap) 
     return c->dev != NULL;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
-_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r);  /* below */
-
-_DDP_PRIVATE ddp_result_t _ddp_blocking(ddp_comm_t *c, _ddp_op_t o) {
-    ddp_result_t r = _ddp_prep(c, &o);
-    int dev;
+/* Checks of reduce, gather, scatter, all_to_all, send and recv: what names the call as asked
+ * ("reduce" or "reduce_async"). */
+_DDP_PRIVATE ddp_result_t _ddp_check_reduce(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, what, "root", o->root);
     if (r != DDP_SUCCESS) return r;
-    if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
-    if (dev) return _ddp_dev_call(c, &o, NULL);           /* inside a group: NCCL holds it */
-    if (o.kind == DDP_CALL_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
-    if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
-    return _ddp_exec(c, &o);
+    /* Only the root writes recvbuf (NCCL): others may pass NULL. */
+    return _ddp_check_args(c, what, o->send, c->eng.rank == o->root ? o->recv : o->send, o->count, 1,
+                           o->dtype, 1, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_gather(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, what, "root", o->root);
+    if (r != DDP_SUCCESS) return r;
+    return _ddp_check_args(c, what, o->send, c->eng.rank == o->root ? o->recv : o->send, o->count,
+                           (size_t)c->eng.nranks, o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_scatter(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, what, "root", o->root);
+    if (r != DDP_SUCCESS) return r;
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    return _ddp_check_args(c, what, c->eng.rank == o->root ? o->send : o->recv, o->recv, o->count,
+                           (size_t)c->eng.nranks, o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_all_to_all(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_args(c, what, o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                                     o->dtype, 0, DDP_SUM);
+    if (r != DDP_SUCCESS) return r;
+    if (o->count && o->send == o->recv)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == recvbuf: in place is not "
+                             "supported (as NCCL); use two buffers", what);
+    return DDP_SUCCESS;
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_p2p(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    const void *buf = o->kind == DDP_CALL_SEND ? o->send : o->recv;
+    ddp_result_t r = _ddp_check_rank(c, what, "peer", o->root);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, buf, buf, o->count, 1, o->dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
+    if (o->root == c->eng.rank && !c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
+                             "it would wait for itself; put the send and the recv between "
+                             "ddp_group_start and ddp_group_end (a local copy)", what, o->root);
+    return DDP_SUCCESS;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *what, ddp_request_t *req) {
-    ddp_result_t r;
-    if (req) { req->comm = NULL; req->id = 0; }
-    if ((r = _ddp_prep(c, &o)) != DDP_SUCCESS) return r;
+/* Over the engine, below (reduce, gather, scatter and all_to_all have no transport entry). */
+_DDP_PRIVATE ddp_result_t _ddp_algo_reduce(ddp_comm_t *c, const _ddp_op_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_algo_gather_scatter(ddp_comm_t *c, const _ddp_op_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_to_all(ddp_comm_t *c, const _ddp_op_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_algo_p2p(ddp_comm_t *c, const _ddp_op_t *k);
+
+static const _ddp_kind_row_t _ddp_kinds[_DDP_NUM_KINDS - 1] = {
+    {DDP_CALL_ALL_REDUCE, _ddp_check_all_reduce, _ddp_algo_all_reduce, _ddp_coll_all_reduce, "ring", 0},
+    {DDP_CALL_REDUCE_SCATTER, _ddp_check_reduce_scatter, _ddp_algo_reduce_scatter, _ddp_coll_reduce_scatter,
+     "ring", 0},
+    {DDP_CALL_ALL_GATHER, _ddp_check_all_gather, _ddp_algo_all_gather, _ddp_coll_all_gather, "ring", 0},
+    {DDP_CALL_BROADCAST, _ddp_check_broadcast, _ddp_algo_broadcast, _ddp_coll_broadcast, "pipelined chain", 0},
+    {DDP_CALL_BARRIER, _ddp_check_nothing, _ddp_algo_barrier, _ddp_coll_barrier, "", 0},
+    {DDP_CALL_REDUCE, _ddp_check_reduce, _ddp_algo_reduce, NULL, "", 1},
+    {DDP_CALL_GATHER, _ddp_check_gather, _ddp_algo_gather_scatter, NULL, "", 1},
+    {DDP_CALL_SCATTER, _ddp_check_scatter, _ddp_algo_gather_scatter, NULL, "", 1},
+    {DDP_CALL_ALL_TO_ALL, _ddp_check_all_to_all, _ddp_algo_all_to_all, NULL, "", 1},
+    {DDP_CALL_SEND, _ddp_check_p2p, _ddp_algo_p2p, NULL, "", 1},
+    {DDP_CALL_RECV, _ddp_check_p2p, _ddp_algo_p2p, NULL, "", 1}
+};
+_DDP_PRIVATE const _ddp_kind_row_t *_ddp_row(int kind) {
+    DDP_ASSERT(kind >= 1 && kind < _DDP_NUM_KINDS && _ddp_kinds[kind - 1].kind == kind);
+    return &_ddp_kinds[kind - 1];
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
+
+/* Bad arguments inside a group also fail its group_end (NCCL). */
+_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
+    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
+    return r;
+}
+
+/* The async forms refuse a missing request and a group (the group would run its calls after
+ * this one: out of issue order). */
+_DDP_PRIVATE ddp_result_t _ddp_async_refusal(ddp_comm_t *c, const char *what, const ddp_request_t *req) {
     if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
     if (c->group_depth)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
                              "calls (they run together at group_end)", what);
-    {
-        int dev = _ddp_route(c, &o, &r);
-        if (dev < 0) return r;
-        if (dev) return _ddp_dev_call(c, &o, req);
-    }
-    if (o.kind == DDP_CALL_BARRIER && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
-    return _ddp_submit(c, what, &o, req);
+    return DDP_SUCCESS;
+}
+
+/* The one path of every call. async NULL: blocking (run now, or queued inside a group; a
+ * failure poisons the communicator); else the async form's name, and the call is queued for
+ * the progress thread as req. Device buffers go to the device provider either way. */
+_DDP_PRIVATE ddp_result_t _ddp_issue(ddp_comm_t *c, _ddp_op_t o, const char *async, ddp_request_t *req) {
+    const _ddp_kind_row_t *row = _ddp_row(o.kind);
+    const char *what = async ? async : _ddp_kind_name(o.kind);
+    ddp_result_t r;
+    int dev;
+    if (async && req) { req->comm = NULL; req->id = 0; }
+    if ((r = _ddp_check_comm(c)) != DDP_SUCCESS) return r;
+    if (async && (r = _ddp_async_refusal(c, what, req)) != DDP_SUCCESS) return r;
+    if ((r = row->check(c, &o, what)) != DDP_SUCCESS) return row->group_fails ? _ddp_call_reject(c, r) : r;
+    if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
+    if (dev) return _ddp_dev_call(c, &o, async ? req : NULL);   /* inside a group: NCCL holds it */
+    if (o.kind == DDP_CALL_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
+    if (async) return _ddp_submit(c, what, &o, req);
+    if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
+    return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
 }
 
 DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
                                     ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                         ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                     ddp_dtype_t dtype, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
                                    ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
                                           ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                           ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
                       "all_reduce_async", req);
 }
 
@@ -3104,7 +3209,7 @@ DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recv
                                                  const ddp_async_hooks_t *hooks, ddp_request_t *req) {
     _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
     if (hooks) o.hooks = *hooks;
-    return _ddp_async(c, o, "all_reduce_async_hooked", req);
+    return _ddp_issue(c, o, "all_reduce_async_hooked", req);
 }
 
 /* The reducer's buckets of a flat gradient buffer: elements [v_off, v_off + count) of a buffer
@@ -3122,31 +3227,31 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_async_part(const void *sendbuf, void *
                              "of %zu elements", v_off, v_off + count, v_total);
     o.v_total = v_total;
     o.v_off = v_off;
-    return _ddp_async(c, o, "all_reduce_async_hooked", req);
+    return _ddp_issue(c, o, "all_reduce_async_hooked", req);
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
                                               ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                               ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
                       "reduce_scatter_async", req);
 }
 
 DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
                                           ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
                       "all_gather_async", req);
 }
 
 DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
                                          ddp_dtype_t dtype, int root, ddp_comm_t *c,
                                          ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
                       "broadcast_async", req);
 }
 
 DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *c, ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
                       "barrier_async", req);
 }
 
@@ -3228,158 +3333,57 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
 }
 
 /* ---------------------------------------------------------------- reduce, gather, scatter,
- * all-to-all, send/recv, groups: the checks. The algorithms and the group queue are in
- * ddp_ring.h (built below), over point-to-point even when a transport runs the collectives. */
-_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);
+ * all-to-all, send/recv, groups: the entry points (their rows are in the operation table
+ * above). Their algorithms (ddp_ring.h) run over point-to-point even when a transport runs
+ * the collectives; the group queue is below. */
 _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c);
-
-/* With req: queued for the progress thread (ddp_reduce_async ...). Else queued inside a
- * group, or run now (a failure poisons the communicator). */
-_DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, void *recv,
-                                    size_t count, ddp_dtype_t dtype, ddp_op_t op, int root,
-                                    const char *what, ddp_request_t *req) {
-    _ddp_op_t o = _ddp_op_make(kind, send, recv, count, dtype, op, root);
-    ddp_result_t r;
-    int dev = _ddp_route(c, &o, &r);
-    if (dev < 0) return _ddp_call_reject(c, r);
-    if (dev) return _ddp_dev_call(c, &o, req);
-    if (req) return _ddp_submit(c, what, &o, req);
-    if (c->group_depth) return _ddp_group_queue(c, &o);
-    return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
-}
-
-/* Bad arguments inside a group also fail its group_end (NCCL). */
-_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
-    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
-    return r;
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const char *role, int v) {
-    if (v >= 0 && v < c->eng.nranks) return DDP_SUCCESS;
-    return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %d not in 0..%d",
-                                             what, role, v, c->eng.nranks - 1));
-}
-
-/* The async forms check their arguments at once and refuse a group (the group would run its
- * calls after this one: out of issue order). */
-_DDP_PRIVATE ddp_result_t _ddp_async_start(ddp_comm_t *c, const char *what, ddp_request_t *req) {
-    ddp_result_t r = _ddp_check_comm(c);
-    if (req) { req->comm = NULL; req->id = 0; }
-    if (r != DDP_SUCCESS) return r;
-    if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
-    if (c->group_depth)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
-                             "calls (they run together at group_end)", what);
-    return DDP_SUCCESS;
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
-                                      ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "reduce_async" : "reduce";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
-    /* Only the root writes recvbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, count, 1,
-                             dtype, 1, op)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, what, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
-                                      ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "gather_async" : "gather";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, sendcount,
-                             (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root, what, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
-                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "scatter_async" : "scatter";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
-    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, what, c->eng.rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
-                             (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root, what, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
-                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "all_to_all_async" : "all_to_all";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, sendbuf, recvbuf, count, (size_t)c->eng.nranks, dtype, 0,
-                             DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    if (count && sendbuf == recvbuf)
-        return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == "
-                                "recvbuf: in place is not supported (as NCCL); use two buffers", what));
-    return _ddp_call(c, DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0, what, req);
-}
 
 DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
                                 ddp_op_t op, int root, ddp_comm_t *c) {
-    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root), NULL, NULL);
 }
 DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                 ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root),
+                      NULL, NULL);
 }
 DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                  ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root),
+                      NULL, NULL);
 }
 DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
                                     ddp_dtype_t dtype, ddp_comm_t *c) {
-    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0),
+                      NULL, NULL);
 }
-/* A NULL req is refused by _ddp_async_start (a NULL req means "blocking" further down). */
 DDP_API ddp_result_t ddp_reduce_async(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
                                       ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "reduce_async", NULL);
-    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, req);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root),
+                      "reduce_async", req);
 }
 DDP_API ddp_result_t ddp_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "gather_async", NULL);
-    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, req);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root),
+                      "gather_async", req);
 }
 DDP_API ddp_result_t ddp_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
                                        ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "scatter_async", NULL);
-    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, req);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root),
+                      "scatter_async", req);
 }
 DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, size_t count,
                                           ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "all_to_all_async", NULL);
-    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *send, void *recv,
-                                        size_t count, ddp_dtype_t dtype, int peer) {
-    const char *what = kind == DDP_CALL_SEND ? "send" : "recv";
-    ddp_result_t r = _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "peer", peer)) != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, kind == DDP_CALL_SEND ? send : recv, kind == DDP_CALL_SEND ?
-                             send : recv, count, 1, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    if (peer == c->eng.rank && !c->group_depth)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
-                             "it would wait for itself; put the send and the recv between "
-                             "ddp_group_start and ddp_group_end (a local copy)", what, peer);
-    return _ddp_call(c, kind, send, recv, count, dtype, DDP_SUM, peer, NULL, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0),
+                      "all_to_all_async", req);
 }
 
 DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
-    return _ddp_p2p_call(c, DDP_CALL_SEND, buf, NULL, count, dtype, peer);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_SEND, buf, NULL, count, dtype, DDP_SUM, peer), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
-    return _ddp_p2p_call(c, DDP_CALL_RECV, NULL, buf, count, dtype, peer);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_RECV, NULL, buf, count, dtype, DDP_SUM, peer), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
@@ -3537,56 +3541,56 @@ fail:
     return _ddp_x_fail(&c->eng, r, where);
 }
 
-/* reduce, gather, scatter, all_to_all, send and recv, now: the algorithm depends only on
- * (bytes, world size, scratch), the same on every rank. */
-_DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
-    const int p = c->eng.nranks;
+/* reduce, gather, scatter, all_to_all, send and recv, over the engine: the algorithm depends
+ * only on (bytes, world size, scratch), the same on every rank. A rank that is wrongly the root
+ * would wait for (or send) what nobody expects: reduce, gather and scatter agree on the call
+ * first (ddp_ring.h, _ddp_agree). */
+_DDP_PRIVATE ddp_result_t _ddp_algo_reduce(ddp_comm_t *c, const _ddp_op_t *k) {
+    const size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    int tree, done;
+    ddp_result_t r;
+    /* small: the agreement carries the data */
+    r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
+    if (done) {
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, recursive doubling with the agreement",
+                 c->eng.seq, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
+        c->trace.cur->algo = "recursive doubling, with the agreement";
+        return r;
+    }
+    if ((r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS) return r;
+    tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(c->eng.nranks));
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->eng.seq + 1, k->count,
+             ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
+             k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
+    return tree ? _ddp_tree_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root)
+                : _ddp_chain_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_algo_gather_scatter(ddp_comm_t *c, const _ddp_op_t *k) {
+    const int p = c->eng.nranks, gather = k->kind == DDP_CALL_GATHER;
     const size_t bytes = k->count * ddp_dtype_size(k->dtype);
     int tree;
-    ddp_result_t r;
-    /* A rank that is wrongly the root would wait for (or send) what nobody expects: agree on
-     * the call first (ddp_ring.h, _ddp_agree). */
-    if (k->kind == DDP_CALL_REDUCE) {   /* small: the agreement carries the data */
-        int done;
-        r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
-        if (done) {
-            _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, recursive doubling with the agreement",
-                     c->eng.seq, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
-            c->trace.cur->algo = "recursive doubling, with the agreement";
-            return r;
-        }
-    }
-    if (k->kind != DDP_CALL_ALL_TO_ALL && k->kind != DDP_CALL_SEND && k->kind != DDP_CALL_RECV &&
-        (r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS)
-        return r;
-    switch (k->kind) {
-    case DDP_CALL_REDUCE:
-        tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(p));
-        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->eng.seq + 1, k->count,
-                 ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
-                 k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
-        return tree ? _ddp_tree_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root)
-                    : _ddp_chain_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
-    case DDP_CALL_GATHER: case DDP_CALL_SCATTER: {
-        int gather = k->kind == DDP_CALL_GATHER;
-        tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->eng.scratch_bytes / (size_t)p;
-        _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
-                 c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
-        if (gather)
-            return tree ? _ddp_tree_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
-                        : _ddp_linear_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
-        return tree ? _ddp_tree_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
-                    : _ddp_linear_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
-    }
-    case DDP_CALL_ALL_TO_ALL:
-        _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->eng.seq + 1,
-                 k->count, ddp_dtype_name(k->dtype));
-        return _ddp_pairwise_all_to_all(&c->eng, k->send, k->recv, k->count, k->dtype);
-    default: {    /* send, recv */
-        _ddp_op_t one = *k;
-        return _ddp_p2p_batch(c, &one, 1);
-    }
-    }
+    ddp_result_t r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root);
+    if (r != DDP_SUCCESS) return r;
+    tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->eng.scratch_bytes / (size_t)p;
+    _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
+             c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
+    if (gather)
+        return tree ? _ddp_tree_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
+                    : _ddp_linear_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
+    return tree ? _ddp_tree_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
+                : _ddp_linear_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_to_all(ddp_comm_t *c, const _ddp_op_t *k) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->eng.seq + 1,
+             k->count, ddp_dtype_name(k->dtype));
+    return _ddp_pairwise_all_to_all(&c->eng, k->send, k->recv, k->count, k->dtype);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_algo_p2p(ddp_comm_t *c, const _ddp_op_t *k) {
+    _ddp_op_t one = *k;
+    return _ddp_p2p_batch(c, &one, 1);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *k) {
