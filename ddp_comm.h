@@ -1053,11 +1053,22 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
 
 _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c);
 
+/* What a communicator made from another one (an async lane, a split's child) takes from it;
+ * all zero for ddp_comm_init. */
+typedef struct {
+    int is_lane;                /* a lane: never runs device calls, no lanes of its own */
+    void **dev_inherited;       /* the device communicator of a split (adopted: set to NULL) */
+    const int *split_hosts;     /* a split of a DDP_TEST_HOSTS layout: the members' host numbers,
+                                 * in the new ranks' order */
+} _ddp_parent_t;
+
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         int is_lane, void **dev_inherited);
+                                         const _ddp_parent_t *from);
 
 DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
-    return _ddp_comm_init(out, nranks, rank, d, 0, NULL);
+    _ddp_parent_t none;
+    memset(&none, 0, sizeof none);
+    return _ddp_comm_init(out, nranks, rank, d, &none);
 }
 
 /* Step 1: settings from the desc, else the environment, else measured defaults; the bounded
@@ -1361,16 +1372,12 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
     return DDP_SUCCESS;
 }
 
-/* A split of a communicator whose layout came from DDP_TEST_HOSTS: its members' host numbers, in
- * the new ranks' order (set around the new communicator's init by ddp_comm_split). */
-static __thread const int *_ddp_split_hosts;
-
 /* Step 6b: the hosts layout (from the host table, or DDP_TEST_HOSTS: a label per rank, for tests
  * of the hierarchical algorithms with ranks that are threads of one process) and this rank's
  * groups for the hierarchical all-reduce: the ranks of its host, and the ranks that have its
  * local number on the other hosts. Hosts are told apart by hashing (a million ranks: no n^2
- * string compares). */
-_DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
+ * string compares). split_hosts: a split's (_ddp_parent_t), else NULL. */
+_DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c, const int *split_hosts) {
     const int n = c->eng.nranks, me = c->eng.rank;
     const char *labels = getenv("DDP_TEST_HOSTS");
     const char **key = NULL;
@@ -1390,8 +1397,8 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
         r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout (%d ranks)", n);
         goto done;
     }
-    if (_ddp_split_hosts) {   /* a split under DDP_TEST_HOSTS: the parent's layout */
-        for (i = 0; i < n; i++) { key[i] = (const char *)&_ddp_split_hosts[i]; lab_len[i] = (int)sizeof(int); }
+    if (split_hosts) {   /* a split under DDP_TEST_HOSTS: the parent's layout */
+        for (i = 0; i < n; i++) { key[i] = (const char *)&split_hosts[i]; lab_len[i] = (int)sizeof(int); }
     } else if (labels && *labels) {
         const char *q = labels;
         for (i = 0; i < n; i++) {
@@ -1450,13 +1457,13 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
     c->hier.slices = lmin;
     c->hier.nhosts = nhosts;
     c->hier.nranks = n;
-    if (_ddp_split_hosts || (labels && *labels)) {   /* kept for this communicator's splits */
+    if (split_hosts || (labels && *labels)) {   /* kept for this communicator's splits */
         if (!(c->host_of = (int *)_ddp_calloc(&c->alloc, sizeof *c->host_of * (size_t)n))) {
             r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout");
             goto done;
         }
         memcpy(c->host_of, host, sizeof *host * (size_t)n);
-        if (_ddp_split_hosts)
+        if (split_hosts)
             _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: the parent communicator's test hosts");
         else
             _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: this rank on test host '%.*s'", lab_len[me], key[me]);
@@ -1599,6 +1606,7 @@ _DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
  * init): the ranks agree on the probe first, then set up together, then agree on the setup.
  * "auto" (DDP_NCCL unset) declines with one line and the host path goes on; DDP_NCCL=1 makes
  * it an init error. Lanes (copies of this communicator) never run device calls. */
+_DDP_PRIVATE ddp_result_t _ddp_exec_min_int32(ddp_comm_t *c, int32_t *v);   /* the op queue's, below */
 _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     const char *mode = getenv("DDP_NCCL");
     const int required = mode && !strcmp(mode, "1");
@@ -1623,7 +1631,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     local_no = c->dev_any->probe(c->dev_any_state, why, sizeof why) != DDP_SUCCESS;
     first_no = local_no ? c->eng.rank : INT32_MAX;
     c->last_error[0] = 0;
-    if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_exec_min_int32(c, &first_no)) != DDP_SUCCESS) return r;
     if (first_no == INT32_MAX) {
         /* DDP_ERR_REMOTE: this rank gave up because another's setup failed (it said so through
          * the store), so the ranks agree at once; that rank is the one to name. */
@@ -1633,7 +1641,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
         if (local_no) _ddp_strlcpy(why, c->last_error, sizeof why);
         c->last_error[0] = 0;
         first_no = !local_no ? INT32_MAX : sr == DDP_ERR_REMOTE ? INT32_MAX - 1 : c->eng.rank;
-        if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
+        if ((r = _ddp_exec_min_int32(c, &first_no)) != DDP_SUCCESS) return r;
         if (first_no == INT32_MAX) {
             c->dev = c->dev_any;
             c->dev_state = c->dev_any_state;
@@ -1699,7 +1707,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_refuse(ddp_result_t r, const char *fmt, ...)
 /* Settings, store, rendezvous (transports open listeners and publish), transport per peer,
  * collective provider, neighbour connections, lanes: each step names its failure. */
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         int is_lane, void **dev_inherited) {
+                                         const _ddp_parent_t *from) {
     ddp_comm_desc_t zero;
     ddp_comm_t *c;
     ddp_result_t r;
@@ -1736,7 +1744,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     _ddp_init_contexts(c);
     {
         char terr[600];
-        if (_ddp_trace_open(&c->trace, &c->alloc, rank, !is_lane, terr, sizeof terr) != 0) {
+        if (_ddp_trace_open(&c->trace, &c->alloc, rank, !from->is_lane, terr, sizeof terr) != 0) {
             r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: %s", terr);
             c->trace_open = 1;
             goto fail;
@@ -1746,21 +1754,21 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     if ((r = _ddp_init_store(c, d)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_rendezvous(c, forced)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_init_pick_transports(c)) != DDP_SUCCESS) goto fail;
-    if ((r = _ddp_init_layout(c)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_layout(c, from->split_hosts)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_init_model(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_coll_provider(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_connect_neighbours(c)) != DDP_SUCCESS) goto fail;
-    if (dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
-        c->dev_inherited = *dev_inherited;
-        *dev_inherited = NULL;
+    if (from->dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
+        c->dev_inherited = *from->dev_inherited;
+        *from->dev_inherited = NULL;
     }
-    if ((r = _ddp_init_device(c, is_lane)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_device(c, from->is_lane)) != DDP_SUCCESS) goto fail;
     snprintf(c->trace.transport, sizeof c->trace.transport, "%s", nranks == 1 ? "self" : c->coll ?
              c->tinst[c->peers[(rank + 1) % nranks].tinst].t->name : ddp_comm_transport_name(c, (rank + 1) % nranks));
     if (c->trace.file)
         _DDP_LOG(c, DDP_LOG_INFO, "DDP_TRACE: writing this rank's calls as Chrome trace events");
     c->nlanes = 1;
-    if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
+    if (!from->is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
              "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size,
              _ddp_cpu_count());
@@ -2302,6 +2310,13 @@ _DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
     return r;
 }
 
+/* The communicator's own agreements at init (_ddp_init_device): the minimum of one int32 over
+ * the ranks, run here as a blocking all-reduce (host buffers, no user arguments to check). */
+_DDP_PRIVATE ddp_result_t _ddp_exec_min_int32(ddp_comm_t *c, int32_t *v) {
+    _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, v, v, 1, DDP_INT32, DDP_MIN, 0);
+    return _ddp_exec(c, &o);
+}
+
 /* ---- lanes
  * Requests run on progress threads ("lanes"), each in issue order. Lane 0 runs on the
  * communicator itself; with DDP_ASYNC_LANES > 1 (default 1: off) and the ring doing the
@@ -2418,6 +2433,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
     int want = c->coll || c->eng.nranks < 2 ? 1 : c->want_lanes, i;
     ddp_comm_desc_t d;
     ddp_store_desc_t sd;
+    _ddp_parent_t lane;
     char prefix[192], err[512] = "";
     ddp_result_t r;
     c->lanes[0].owner = c->lanes[0].exec = c;
@@ -2450,7 +2466,9 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
         d.allocator = c->alloc.alloc ? &c->alloc : NULL;
         c->lanes[i].owner = c;
-        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, 1, NULL)) != DDP_SUCCESS) {
+        memset(&lane, 0, sizeof lane);
+        lane.is_lane = 1;
+        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, &lane)) != DDP_SUCCESS) {
             ddp_store_close(client);
             return ddp_comm_fail(c, r, "init: the connections of async lane %d: %.600s", i,
                                  ddp_last_init_error());
@@ -3212,10 +3230,13 @@ DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recv
     return _ddp_issue(c, o, "all_reduce_async_hooked", req);
 }
 
-/* The reducer's buckets of a flat gradient buffer: elements [v_off, v_off + count) of a buffer
- * of v_total, all-reduced so that every element gets the additions of one all-reduce of the
- * whole (same algorithm, same chunks): the flat reducer's result is the flat all-reduce's, bit
- * for bit. */
+/* LAYER INTERFACE for ddp_reducer.h (the one private call a header above this one may make;
+ * keep its signature and meaning stable for it). The reducer's buckets of a flat gradient
+ * buffer: elements [v_off, v_off + count) of a buffer of v_total, all-reduced so that every
+ * element gets the additions of one all-reduce of the whole (same algorithm, same chunks): the
+ * flat reducer's result is the flat all-reduce's, bit for bit. No public call can say "a part
+ * of a larger buffer, cut as the whole", and users have no need to: so it stays private to
+ * libddp instead of widening ddp.h. Otherwise ddp_all_reduce_async_hooked. */
 _DDP_PRIVATE ddp_result_t _ddp_all_reduce_async_part(const void *sendbuf, void *recvbuf, size_t count,
                                                      ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                                      const ddp_async_hooks_t *hooks, ddp_request_t *req,
@@ -3267,6 +3288,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     void *inherited = NULL;
     char prefix[192];
     ddp_comm_desc_t d;
+    _ddp_parent_t child;
     if (r != DDP_SUCCESS) return r;
     if (!out) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_split: NULL newcomm");
     *out = NULL;
@@ -3321,9 +3343,10 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     d.allocator = c->alloc.alloc ? &c->alloc : NULL;
     _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
              color, key, me, n, prefix);
-    _ddp_split_hosts = hosts;
-    r = _ddp_comm_init(out, n, me, &d, 0, &inherited);
-    _ddp_split_hosts = NULL;
+    memset(&child, 0, sizeof child);
+    child.dev_inherited = &inherited;
+    child.split_hosts = hosts;
+    r = _ddp_comm_init(out, n, me, &d, &child);
     _ddp_free(&c->alloc, hosts);
     if (inherited && c->dev->release_inherited) c->dev->release_inherited(c->dev_state, inherited);
     if (r != DDP_SUCCESS)
