@@ -3444,78 +3444,84 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     return r;
 }
 
-/* ---------------------------------------------------------------- send/recv and groups */
+/* ---------------------------------------------------------------- send/recv batches
+ * Over the engine, like ddp_ring.h's algorithms: nothing here reads the communicator but its
+ * engine and its p2p counters (4 per peer: messages sent to it and received from it, then the
+ * sends and receives in flight). */
 _DDP_PRIVATE uint64_t _ddp_p2p_tag(ddp_dtype_t dtype, size_t count, uint32_t seq) {
     int64_t fields[5];
     fields[0] = DDP_CALL_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
     return (_ddp_fnv1a(fields, sizeof fields, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq;
 }
 
-_DDP_PRIVATE void _ddp_p2p_where(const ddp_comm_t *c, const _ddp_op_t *k, int n, char *out, size_t cap) {
+_DDP_PRIVATE void _ddp_p2p_where(const _ddp_op_t *k, int n, char *out, size_t cap) {
     size_t bytes = k->count * ddp_dtype_size(k->dtype);
     snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == DDP_CALL_SEND ? "send" : "recv",
              (unsigned)(k->tag & 0xffffffffu), k->kind == DDP_CALL_SEND ? "to" : "from", k->root,
              bytes, n > 1 ? ", in a group" : "");
-    (void)c;
 }
 
-/* Runs the sends and receives of ops[0..n) together (other calls are skipped). Per peer and
- * direction, messages go in call order, DDP_RING_WINDOW in flight; c->p2p[4 peer + 2/3] count
- * them. A send to this rank is the next receive from this rank: a copy. */
-_DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
-    const uint32_t W = DDP_RING_WINDOW;
-    int i, j, lo = 0, npeers = 0, *list = (int *)(void *)c->eng.scratch;
-    const int list_cap = (int)(c->eng.scratch_bytes / sizeof(int));
-    int64_t last;
+/* Phase 1: every send and receive's tag, and the peers to connect, each once, in list (the
+ * in-flight counters are zero here: marks). Returns how many (more than list_cap: all). */
+_DDP_PRIVATE int _ddp_p2p_prepare(_ddp_engine_t *e, uint32_t *p2p, _ddp_op_t *ops, int n, int *list,
+                                  int list_cap) {
+    int i, npeers = 0;
     char where[200];
-    ddp_result_t r = DDP_SUCCESS;
     for (i = 0; i < n; i++) {
         _ddp_op_t *k = &ops[i];
         int peer = k->root, is_send = k->kind == DDP_CALL_SEND;
         if (k->kind != DDP_CALL_SEND && k->kind != DDP_CALL_RECV) { k->post = 2; continue; }
         k->post = 0;
         k->req = NULL;
-        if (peer == c->eng.rank) { k->tag = 0; continue; }
-        k->tag = _ddp_p2p_tag(k->dtype, k->count, ++c->p2p[4 * peer + (is_send ? 0 : 1)]);
-        if (c->eng.log_level >= DDP_LOG_TRACE) {
-            _ddp_p2p_where(c, k, n, where, sizeof where);
-            _DDP_LOG(c, DDP_LOG_TRACE, "%s: %zu x %s, direct", where, k->count, ddp_dtype_name(k->dtype));
+        if (peer == e->rank) { k->tag = 0; continue; }
+        k->tag = _ddp_p2p_tag(k->dtype, k->count, ++p2p[4 * peer + (is_send ? 0 : 1)]);
+        if (e->log_level >= DDP_LOG_TRACE) {
+            _ddp_p2p_where(k, n, where, sizeof where);
+            _DDP_ELOG(e, DDP_LOG_TRACE, "%s: %zu x %s, direct", where, k->count, ddp_dtype_name(k->dtype));
         }
-        /* Peers to connect, each once (the in-flight counters are zero here: marks). */
-        if (!c->p2p[4 * peer + 2]) {
-            c->p2p[4 * peer + 2] = 1;
+        if (!p2p[4 * peer + 2]) {
+            p2p[4 * peer + 2] = 1;
             if (npeers < list_cap) list[npeers] = peer;
             npeers++;
         }
     }
-    for (i = 0; i < n; i++) if (ops[i].post == 0 && ops[i].root != c->eng.rank) c->p2p[4 * ops[i].root + 2] = 0;
-    /* Sends to self, matched in order with receives from self. */
+    for (i = 0; i < n; i++) if (ops[i].post == 0 && ops[i].root != e->rank) p2p[4 * ops[i].root + 2] = 0;
+    return npeers;
+}
+
+/* Phase 2: sends to this rank, matched in order with receives from it: copies. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_self(_ddp_engine_t *e, _ddp_op_t *ops, int n) {
+    int i, j;
     for (i = 0, j = 0; i < n; i++) {
         _ddp_op_t *k = &ops[i];
         size_t sb;
-        if (k->post != 0 || k->root != c->eng.rank || k->kind != DDP_CALL_SEND) continue;
-        while (j < n && !(ops[j].post == 0 && ops[j].root == c->eng.rank && ops[j].kind == DDP_CALL_RECV)) j++;
+        if (k->post != 0 || k->root != e->rank || k->kind != DDP_CALL_SEND) continue;
+        while (j < n && !(ops[j].post == 0 && ops[j].root == e->rank && ops[j].kind == DDP_CALL_RECV)) j++;
         if (j == n)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
+            return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
                                  "has no matching recv from itself in the group", k->count, ddp_dtype_name(k->dtype));
         sb = k->count * ddp_dtype_size(k->dtype);
         if (ops[j].dtype != k->dtype || ops[j].count != k->count)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: send to itself of %zu x %s, but its recv "
+            return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "group: send to itself of %zu x %s, but its recv "
                                  "from itself expects %zu x %s", k->count, ddp_dtype_name(k->dtype),
                                  ops[j].count, ddp_dtype_name(ops[j].dtype));
         if (sb && ops[j].recv != k->send) memmove(ops[j].recv, k->send, sb);
         k->post = ops[j].post = 2;
     }
     for (i = 0; i < n; i++)
-        if (ops[i].post == 0 && ops[i].root == c->eng.rank)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a recv from this rank (itself, %zu x %s) "
+        if (ops[i].post == 0 && ops[i].root == e->rank)
+            return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "group: a recv from this rank (itself, %zu x %s) "
                                  "has no matching send to itself in the group", ops[i].count,
                                  ddp_dtype_name(ops[i].dtype));
-    if (npeers) {
-        r = _ddp_connect_peers(c, npeers <= list_cap ? list : NULL, npeers <= list_cap ? npeers : c->eng.nranks);
-        if (r != DDP_SUCCESS) return _ddp_x_fail(&c->eng, r, n > 1 ? "group, phase connect" : "send/recv, phase connect");
-    }
-    last = _ddp_now_us();
+    return DDP_SUCCESS;
+}
+
+/* Phase 3: the rest, per peer and direction in call order, DDP_RING_WINDOW in flight. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_progress(_ddp_engine_t *e, uint32_t *p2p, _ddp_op_t *ops, int n) {
+    int i, j, lo = 0;
+    int64_t last = _ddp_now_us();
+    char where[200];
+    ddp_result_t r = DDP_SUCCESS;
     for (;;) {
         int progressed = 0, pending = 0, peers[8], first = -1;
         while (lo < n && ops[lo].post == 2) lo++;
@@ -3523,19 +3529,19 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
         for (i = lo; i < n; i++) {
             _ddp_op_t *k = &ops[i];
             int is_send = k->kind == DDP_CALL_SEND, done = 0;
-            uint32_t *inflight = &c->p2p[4 * k->root + (is_send ? 2 : 3)];
+            uint32_t *inflight = &p2p[4 * k->root + (is_send ? 2 : 3)];
             size_t bytes;
             if (k->post == 2) continue;
             bytes = k->count * ddp_dtype_size(k->dtype);
             if (k->post == 0) {
-                if (*inflight >= W) continue;
-                r = is_send ? _ddp_isend(c, k->root, k->send, bytes, k->tag, &k->req)
-                            : _ddp_irecv(c, k->root, k->recv, bytes, k->tag, &k->req);
+                if (*inflight >= DDP_RING_WINDOW) continue;
+                r = is_send ? e->isend(e->host, k->root, k->send, bytes, k->tag, &k->req)
+                            : e->irecv(e->host, k->root, k->recv, bytes, k->tag, &k->req);
                 if (r != DDP_SUCCESS) goto fail;
                 k->post = 1;
                 (*inflight)++;
             }
-            if ((r = _ddp_test(c, k->root, k->req, &done)) != DDP_SUCCESS) goto fail;
+            if ((r = e->test(e->host, k->root, k->req, &done)) != DDP_SUCCESS) goto fail;
             if (done) {
                 k->post = 2;
                 k->req = NULL;
@@ -3549,8 +3555,7 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
         }
         if (progressed) { last = _ddp_now_us(); continue; }
         if (first < 0) continue;
-        _ddp_p2p_where(c, &ops[first], n, where, sizeof where);
-        r = _ddp_x_idle(&c->eng, last, peers, pending, ops[first].kind == DDP_CALL_SEND ? "send" : "recv",
+        r = _ddp_x_idle(e, last, peers, pending, ops[first].kind == DDP_CALL_SEND ? "send" : "recv",
                         (unsigned)(ops[first].tag & 0xffffffffu),
                         ops[first].kind == DDP_CALL_SEND ? "waiting to send to" : "waiting for data from",
                         ops[first].root);
@@ -3558,10 +3563,25 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
     }
     return DDP_SUCCESS;
 fail:
-    for (j = 0; j < n; j++) if (ops[j].root != c->eng.rank) c->p2p[4 * ops[j].root + 2] = c->p2p[4 * ops[j].root + 3] = 0;
+    for (j = 0; j < n; j++) if (ops[j].root != e->rank) p2p[4 * ops[j].root + 2] = p2p[4 * ops[j].root + 3] = 0;
     if (i < 0) return r;
-    _ddp_p2p_where(c, &ops[i], n, where, sizeof where);
-    return _ddp_x_fail(&c->eng, r, where);
+    _ddp_p2p_where(&ops[i], n, where, sizeof where);
+    return _ddp_x_fail(e, r, where);
+}
+
+/* Runs the sends and receives of ops[0..n) together (other calls are skipped). A send to this
+ * rank is the next receive from this rank: a copy. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_batch(_ddp_engine_t *e, uint32_t *p2p, _ddp_op_t *ops, int n) {
+    int *list = (int *)(void *)e->scratch;
+    const int list_cap = (int)(e->scratch_bytes / sizeof(int));
+    const int npeers = _ddp_p2p_prepare(e, p2p, ops, n, list, list_cap);
+    ddp_result_t r = _ddp_p2p_self(e, ops, n);
+    if (r != DDP_SUCCESS) return r;
+    if (npeers) {
+        r = e->connect(e->host, npeers <= list_cap ? list : NULL, npeers <= list_cap ? npeers : e->nranks);
+        if (r != DDP_SUCCESS) return _ddp_x_fail(e, r, n > 1 ? "group, phase connect" : "send/recv, phase connect");
+    }
+    return _ddp_p2p_progress(e, p2p, ops, n);
 }
 
 /* reduce, gather, scatter, all_to_all, send and recv, over the engine: the algorithm depends
@@ -3613,7 +3633,7 @@ _DDP_PRIVATE ddp_result_t _ddp_algo_all_to_all(ddp_comm_t *c, const _ddp_op_t *k
 
 _DDP_PRIVATE ddp_result_t _ddp_algo_p2p(ddp_comm_t *c, const _ddp_op_t *k) {
     _ddp_op_t one = *k;
-    return _ddp_p2p_batch(c, &one, 1);
+    return _ddp_p2p_batch(&c->eng, c->p2p, &one, 1);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *k) {
@@ -3710,7 +3730,7 @@ _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c) {
         if (r != DDP_SUCCESS) return r;
         i += k - 1;
     }
-    return nsend + nrecv ? _ddp_p2p_batch(c, ops, n) : DDP_SUCCESS;
+    return nsend + nrecv ? _ddp_p2p_batch(&c->eng, c->p2p, ops, n) : DDP_SUCCESS;
 }
 
 #endif /* DDP_COMM_IMPLEMENTATION */
