@@ -47,7 +47,7 @@
  * 16-byte exchange per step, before the data. */
 /* "reduce of 8 x float32, sum, root 0" */
 _DDP_PRIVATE void _ddp_call_str(const uint64_t f[5], char *out, size_t cap) {
-    const int red = f[0] == _DDP_KIND_REDUCE;
+    const int red = f[0] == DDP_CALL_REDUCE;
     snprintf(out, cap, "%s of %llu x %s%s%s, root %llu", _ddp_kind_name((int)f[0]), (unsigned long long)f[3],
              ddp_dtype_name((ddp_dtype_t)f[1]), red ? ", " : "", red ? ddp_op_name((ddp_op_t)f[2]) : "",
              (unsigned long long)f[4]);
@@ -142,7 +142,7 @@ _DDP_PRIVATE ddp_result_t _ddp_agree_with_data(_ddp_engine_t *e, int kind, const
     const _ddp_group_t world = _ddp_group_world(e);
     const size_t bytes = count * ddp_dtype_size(dtype), half = (e->scratch_bytes / 2) & ~(size_t)15;
     const uint64_t seq = (uint32_t)(e->seq + 1);
-    const int bcast = kind == _DDP_KIND_BROADCAST;
+    const int bcast = kind == DDP_CALL_BROADCAST;
     unsigned char *stage = e->scratch + half;   /* the exchange itself uses the first half */
     uint64_t mine[5], d, nd;
     ddp_result_t rc;

@@ -89,6 +89,17 @@ typedef enum { DDP_SUM = 0, DDP_PROD, DDP_MAX, DDP_MIN, DDP_AVG } ddp_op_t;
 
 typedef enum { DDP_LOG_NONE = 0, DDP_LOG_WARN, DDP_LOG_INFO, DDP_LOG_TRACE } ddp_log_level_t;
 
+/* What operation a call is: the one numbering of libddp's operations, used by the algorithms'
+ * message tags and their digests, the communicator's queue and log lines, and the transports
+ * (ddp_device_call_t's kind, the signatures of collectives a transport runs itself). The values
+ * are part of the transport ABI (transports/ddp_transport.h) and of every message's tag digest:
+ * never renumber, only append before the end. */
+typedef enum {
+    DDP_CALL_ALL_REDUCE = 1, DDP_CALL_REDUCE_SCATTER, DDP_CALL_ALL_GATHER, DDP_CALL_BROADCAST,
+    DDP_CALL_BARRIER, DDP_CALL_REDUCE, DDP_CALL_GATHER, DDP_CALL_SCATTER, DDP_CALL_ALL_TO_ALL,
+    DDP_CALL_SEND, DDP_CALL_RECV
+} ddp_call_kind_t;
+
 /* Run-time allocator (all or none). Zero = DDP_MALLOC/DDP_FREE. */
 typedef struct ddp_allocator {
     void *(*alloc)(size_t size, void *user);
@@ -414,5 +425,14 @@ _DDP_PRIVATE uint64_t _ddp_fnv1a(const void *data, size_t n, uint64_t h) {
     return h;
 }
 #define _DDP_FNV_INIT 14695981039346656037ull
+
+/* The one name table of ddp_call_kind_t: "all_reduce", ..., "?" for anything else. */
+#define _DDP_NUM_KINDS ((int)DDP_CALL_RECV + 1)
+_DDP_PRIVATE const char *_ddp_kind_name(int kind) {
+    static const char *const names[_DDP_NUM_KINDS] = {
+        "?", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "reduce",
+        "gather", "scatter", "all_to_all", "send", "recv"};
+    return kind > 0 && kind < _DDP_NUM_KINDS ? names[kind] : "?";
+}
 
 #endif /* DDP_BASE_IMPLEMENTATION */

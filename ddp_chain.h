@@ -156,7 +156,7 @@ _DDP_PRIVATE ddp_result_t _ddp_chain_reduce(_ddp_engine_t *e, const void *sendbu
     int64_t last;
     char where[200];
     ddp_result_t r;
-    c.tag = _ddp_eng_tag(e, _DDP_KIND_REDUCE, dtype, op, count, root);
+    c.tag = _ddp_eng_tag(e, DDP_CALL_REDUCE, dtype, op, count, root);
     _ddp_x_setup(&c.x, e, "reduce", "pipelined chain", c.tag);
     c.es = ddp_dtype_size(dtype);
     if (p == 1 || !count) {

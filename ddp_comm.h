@@ -1143,11 +1143,22 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
 
 _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c);
 
+/* What a communicator made from another one (an async lane, a split's child) takes from it;
+ * all zero for ddp_comm_init. */
+typedef struct {
+    int is_lane;                /* a lane: never runs device calls, no lanes of its own */
+    void **dev_inherited;       /* the device communicator of a split (adopted: set to NULL) */
+    const int *split_hosts;     /* a split of a DDP_TEST_HOSTS layout: the members' host numbers,
+                                 * in the new ranks' order */
+} _ddp_parent_t;
+
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         int is_lane, void **dev_inherited);
+                                         const _ddp_parent_t *from);
 
 DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
-    return _ddp_comm_init(out, nranks, rank, d, 0, NULL);
+    _ddp_parent_t none;
+    memset(&none, 0, sizeof none);
+    return _ddp_comm_init(out, nranks, rank, d, &none);
 }
 
 /* Step 1: settings from the desc, else the environment, else measured defaults; the bounded
@@ -1469,16 +1480,12 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
     return DDP_SUCCESS;
 }
 
-/* A split of a communicator whose layout came from DDP_TEST_HOSTS: its members' host numbers, in
- * the new ranks' order (set around the new communicator's init by ddp_comm_split). */
-static __thread const int *_ddp_split_hosts;
-
 /* Step 6b: the hosts layout (from the host table, or DDP_TEST_HOSTS: a label per rank, for tests
  * of the hierarchical algorithms with ranks that are threads of one process) and this rank's
  * groups for the hierarchical all-reduce: the ranks of its host, and the ranks that have its
  * local number on the other hosts. Hosts are told apart by hashing (a million ranks: no n^2
- * string compares). */
-_DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
+ * string compares). split_hosts: a split's (_ddp_parent_t), else NULL. */
+_DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c, const int *split_hosts) {
     const int n = c->eng.nranks, me = c->eng.rank;
     const char *labels = getenv("DDP_TEST_HOSTS");
     const char **key = NULL;
@@ -1498,8 +1505,8 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
         r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout (%d ranks)", n);
         goto done;
     }
-    if (_ddp_split_hosts) {   /* a split under DDP_TEST_HOSTS: the parent's layout */
-        for (i = 0; i < n; i++) { key[i] = (const char *)&_ddp_split_hosts[i]; lab_len[i] = (int)sizeof(int); }
+    if (split_hosts) {   /* a split under DDP_TEST_HOSTS: the parent's layout */
+        for (i = 0; i < n; i++) { key[i] = (const char *)&split_hosts[i]; lab_len[i] = (int)sizeof(int); }
     } else if (labels && *labels) {
         const char *q = labels;
         for (i = 0; i < n; i++) {
@@ -1558,13 +1565,13 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c) {
     c->hier.slices = lmin;
     c->hier.nhosts = nhosts;
     c->hier.nranks = n;
-    if (_ddp_split_hosts || (labels && *labels)) {   /* kept for this communicator's splits */
+    if (split_hosts || (labels && *labels)) {   /* kept for this communicator's splits */
         if (!(c->host_of = (int *)_ddp_calloc(&c->alloc, sizeof *c->host_of * (size_t)n))) {
             r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout");
             goto done;
         }
         memcpy(c->host_of, host, sizeof *host * (size_t)n);
-        if (_ddp_split_hosts)
+        if (split_hosts)
             _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: the parent communicator's test hosts");
         else
             _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: this rank on test host '%.*s'", lab_len[me], key[me]);
@@ -1707,6 +1714,7 @@ _DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
  * init): the ranks agree on the probe first, then set up together, then agree on the setup.
  * "auto" (DDP_NCCL unset) declines with one line and the host path goes on; DDP_NCCL=1 makes
  * it an init error. Lanes (copies of this communicator) never run device calls. */
+_DDP_PRIVATE ddp_result_t _ddp_exec_min_int32(ddp_comm_t *c, int32_t *v);   /* the op queue's, below */
 _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     const char *mode = getenv("DDP_NCCL");
     const int required = mode && !strcmp(mode, "1");
@@ -1731,7 +1739,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     local_no = c->dev_any->probe(c->dev_any_state, why, sizeof why) != DDP_SUCCESS;
     first_no = local_no ? c->eng.rank : INT32_MAX;
     c->last_error[0] = 0;
-    if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
+    if ((r = _ddp_exec_min_int32(c, &first_no)) != DDP_SUCCESS) return r;
     if (first_no == INT32_MAX) {
         /* DDP_ERR_REMOTE: this rank gave up because another's setup failed (it said so through
          * the store), so the ranks agree at once; that rank is the one to name. */
@@ -1741,7 +1749,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
         if (local_no) _ddp_strlcpy(why, c->last_error, sizeof why);
         c->last_error[0] = 0;
         first_no = !local_no ? INT32_MAX : sr == DDP_ERR_REMOTE ? INT32_MAX - 1 : c->eng.rank;
-        if ((r = ddp_all_reduce(&first_no, &first_no, 1, DDP_INT32, DDP_MIN, c)) != DDP_SUCCESS) return r;
+        if ((r = _ddp_exec_min_int32(c, &first_no)) != DDP_SUCCESS) return r;
         if (first_no == INT32_MAX) {
             c->dev = c->dev_any;
             c->dev_state = c->dev_any_state;
@@ -1807,7 +1815,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_refuse(ddp_result_t r, const char *fmt, ...)
 /* Settings, store, rendezvous (transports open listeners and publish), transport per peer,
  * collective provider, neighbour connections, lanes: each step names its failure. */
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         int is_lane, void **dev_inherited) {
+                                         const _ddp_parent_t *from) {
     ddp_comm_desc_t zero;
     ddp_comm_t *c;
     ddp_result_t r;
@@ -1844,7 +1852,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     _ddp_init_contexts(c);
     {
         char terr[600];
-        if (_ddp_trace_open(&c->trace, &c->alloc, rank, !is_lane, terr, sizeof terr) != 0) {
+        if (_ddp_trace_open(&c->trace, &c->alloc, rank, !from->is_lane, terr, sizeof terr) != 0) {
             r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: %s", terr);
             c->trace_open = 1;
             goto fail;
@@ -1854,21 +1862,21 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     if ((r = _ddp_init_store(c, d)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_rendezvous(c, forced)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_init_pick_transports(c)) != DDP_SUCCESS) goto fail;
-    if ((r = _ddp_init_layout(c)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_layout(c, from->split_hosts)) != DDP_SUCCESS) goto fail;
     if ((r = _ddp_init_model(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_coll_provider(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_connect_neighbours(c)) != DDP_SUCCESS) goto fail;
-    if (dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
-        c->dev_inherited = *dev_inherited;
-        *dev_inherited = NULL;
+    if (from->dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
+        c->dev_inherited = *from->dev_inherited;
+        *from->dev_inherited = NULL;
     }
-    if ((r = _ddp_init_device(c, is_lane)) != DDP_SUCCESS) goto fail;
+    if ((r = _ddp_init_device(c, from->is_lane)) != DDP_SUCCESS) goto fail;
     snprintf(c->trace.transport, sizeof c->trace.transport, "%s", nranks == 1 ? "self" : c->coll ?
              c->tinst[c->peers[(rank + 1) % nranks].tinst].t->name : ddp_comm_transport_name(c, (rank + 1) % nranks));
     if (c->trace.file)
         _DDP_LOG(c, DDP_LOG_INFO, "DDP_TRACE: writing this rank's calls as Chrome trace events");
     c->nlanes = 1;
-    if (!is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
+    if (!from->is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
              "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size,
              _ddp_cpu_count());
@@ -2302,7 +2310,7 @@ _DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
  * queue is empty. The slots are allocated once, at the first async call: no allocation per
  * call. */
 typedef struct _ddp_op {
-    int kind;                         /* a _ddp_kind_t (ddp_engine.h) */
+    int kind;                         /* a ddp_call_kind_t (ddp_base.h) */
     int root;                         /* the root, or the peer of a send/recv */
     const void *send;
     void *recv;
@@ -2410,6 +2418,13 @@ _DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
     return r;
 }
 
+/* The communicator's own agreements at init (_ddp_init_device): the minimum of one int32 over
+ * the ranks, run here as a blocking all-reduce (host buffers, no user arguments to check). */
+_DDP_PRIVATE ddp_result_t _ddp_exec_min_int32(ddp_comm_t *c, int32_t *v) {
+    _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, v, v, 1, DDP_INT32, DDP_MIN, 0);
+    return _ddp_exec(c, &o);
+}
+
 /* ---- lanes
  * Requests run on progress threads ("lanes"), each in issue order. Lane 0 runs on the
  * communicator itself; with DDP_ASYNC_LANES > 1 (default 1: off) and the ring doing the
@@ -2426,10 +2441,10 @@ _DDP_PRIVATE ddp_result_t _ddp_exec(ddp_comm_t *c, const _ddp_op_t *o) {
 _DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int recv_side) {
     size_t b = o->count * ddp_dtype_size(o->dtype), p = (size_t)c->eng.nranks;
     switch (o->kind) {
-    case _DDP_KIND_BARRIER: return 0;
-    case _DDP_KIND_REDUCE_SCATTER: case _DDP_KIND_SCATTER: return recv_side ? b : b * p;
-    case _DDP_KIND_ALL_GATHER: case _DDP_KIND_GATHER: return recv_side ? b * p : b;
-    case _DDP_KIND_ALL_TO_ALL: return b * p;
+    case DDP_CALL_BARRIER: return 0;
+    case DDP_CALL_REDUCE_SCATTER: case DDP_CALL_SCATTER: return recv_side ? b : b * p;
+    case DDP_CALL_ALL_GATHER: case DDP_CALL_GATHER: return recv_side ? b * p : b;
+    case DDP_CALL_ALL_TO_ALL: return b * p;
     default: return b;
     }
 }
@@ -2526,6 +2541,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
     int want = c->coll || c->eng.nranks < 2 ? 1 : c->want_lanes, i;
     ddp_comm_desc_t d;
     ddp_store_desc_t sd;
+    _ddp_parent_t lane;
     char prefix[192], err[512] = "";
     ddp_result_t r;
     c->lanes[0].owner = c->lanes[0].exec = c;
@@ -2558,7 +2574,9 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
         d.allocator = c->alloc.alloc ? &c->alloc : NULL;
         c->lanes[i].owner = c;
-        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, 1, NULL)) != DDP_SUCCESS) {
+        memset(&lane, 0, sizeof lane);
+        lane.is_lane = 1;
+        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, &lane)) != DDP_SUCCESS) {
             ddp_store_close(client);
             return ddp_comm_fail(c, r, "init: the connections of async lane %d: %.600s", i,
                                  ddp_last_init_error());
@@ -2784,101 +2802,131 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
     }
 }
 
-/* Argument checks, shared by the blocking and async entry points. */
-_DDP_PRIVATE ddp_result_t _ddp_prep(ddp_comm_t *c, _ddp_op_t *o) {
-    ddp_result_t r = _ddp_check_comm(c);
+/* ---- the operation table
+ * One row per ddp_call_kind_t: its checks, its algorithm choice (by_algorithm: over the
+ * engine) and its entry in a transport that runs collectives itself (by_transport: NULL when
+ * the transport has none, so the algorithm runs even then). Every call, blocking, async or
+ * queued in a group, is issued by _ddp_issue (below) and run by _ddp_run_op_raw through it. */
+typedef struct {
+    int kind;                         /* its ddp_call_kind_t: row k is kind k + 1 */
+    /* the arguments (what: the name the messages give the call) */
+    ddp_result_t (*check)(ddp_comm_t *c, const _ddp_op_t *o, const char *what);
+    ddp_result_t (*by_algorithm)(ddp_comm_t *c, const _ddp_op_t *o);
+    ddp_result_t (*by_transport)(ddp_comm_t *c, const _ddp_op_t *o);
+    const char *algo;                 /* the flight recorder's algorithm until the choice is made */
+    /* 1: a call refused by its checks inside a group also fails group_end (NCCL); 0: only the
+     * call itself fails (the first five kinds always behaved so). */
+    int group_fails;
+} _ddp_kind_row_t;
+_DDP_PRIVATE const _ddp_kind_row_t *_ddp_row(int kind);   /* the table, after the rows' parts */
+
+/* Checks of the first five kinds: their messages name the kind (also for the async forms). */
+_DDP_PRIVATE ddp_result_t _ddp_check_all_reduce(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)what;
+    return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)what;
+    return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                           o->dtype, 1, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_all_gather(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)what;
+    return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                           o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const char *role, int v) {
+    if (v >= 0 && v < c->eng.nranks) return DDP_SUCCESS;
+    return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %d not in 0..%d", what, role, v,
+                         c->eng.nranks - 1);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_broadcast(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, "broadcast", "root", o->root);
+    (void)what;
     if (r != DDP_SUCCESS) return r;
-    switch (o->kind) {
-    case _DDP_KIND_ALL_REDUCE:
-        return _ddp_check_args(c, "all_reduce", o->send, o->recv, o->count, 1, o->dtype, 1, o->op);
-    case _DDP_KIND_REDUCE_SCATTER:
-        return _ddp_check_args(c, "reduce_scatter", o->send, o->recv, o->count, (size_t)c->eng.nranks,
-                               o->dtype, 1, o->op);
-    case _DDP_KIND_ALL_GATHER:
-        return _ddp_check_args(c, "all_gather", o->send, o->recv, o->count, (size_t)c->eng.nranks,
-                               o->dtype, 0, DDP_SUM);
-    case _DDP_KIND_BROADCAST:
-        if (o->root < 0 || o->root >= c->eng.nranks)
-            return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d not in 0..%d",
-                                 o->root, c->eng.nranks - 1);
-        /* Only the root reads sendbuf (NCCL): others may pass NULL. */
-        return _ddp_check_args(c, "broadcast", c->eng.rank == o->root ? o->send : o->recv, o->recv,
-                               o->count, 1, o->dtype, 0, DDP_SUM);
-    default:
-        return DDP_SUCCESS;
-    }
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    return _ddp_check_args(c, "broadcast", c->eng.rank == o->root ? o->send : o->recv, o->recv,
+                           o->count, 1, o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_nothing(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    (void)c; (void)o; (void)what;
+    return DDP_SUCCESS;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *o);   /* below */
+/* Collectives run by the transport (c->coll). The sequence number counts them as the engine
+ * counts its own, never inside _DDP_LOG: the count must not depend on the log level. */
+_DDP_PRIVATE ddp_result_t _ddp_coll_all_reduce(ddp_comm_t *c, const _ddp_op_t *o) {
+    c->eng.seq++;
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
+             o->send == o->recv ? "in place" : "out of place");
+    return c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), "by the transport");
+    c->eng.seq++;
+    return c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_all_gather(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), "by the transport");
+    c->eng.seq++;
+    return c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_broadcast(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), o->root, "by the transport");
+    c->eng.seq++;   /* the transport compares every rank's call, root included */
+    return c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
+}
+_DDP_PRIVATE ddp_result_t _ddp_coll_barrier(ddp_comm_t *c, const _ddp_op_t *o) {
+    (void)o;
+    c->eng.seq++;
+    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
+    return c->coll->barrier(c->coll_state);
+}
+
+/* The same collectives over the engine (ddp_ring.h's algorithms). */
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_reduce(ddp_comm_t *c, const _ddp_op_t *o) {
+    return _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
+}
+_DDP_PRIVATE ddp_result_t _ddp_algo_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), "ring");
+    return _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_gather(ddp_comm_t *c, const _ddp_op_t *o) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), "ring");
+    return _ddp_ring_all_gather(&c->eng, o->send, o->recv, o->count, o->dtype);
+}
+/* Small: the agreement carries the data; else agree, then the chain. */
+_DDP_PRIVATE ddp_result_t _ddp_algo_broadcast(ddp_comm_t *c, const _ddp_op_t *o) {
+    ddp_result_t r;
+    int done;
+    _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
+             ddp_dtype_name(o->dtype), o->root, "agreed on, then the data "
+             "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
+    r = _ddp_agree_with_data(&c->eng, o->kind, o->send, o->recv, o->count, o->dtype, DDP_SUM, o->root, &done);
+    if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
+    else if (r == DDP_SUCCESS &&
+             (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
+        r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
+    return r;
+}
+_DDP_PRIVATE ddp_result_t _ddp_algo_barrier(ddp_comm_t *c, const _ddp_op_t *o) {
+    unsigned char token = 0;
+    (void)o;
+    _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->eng.seq + 1);
+    return _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX, 0, 0);
+}
 
 /* Runs one operation on the calling thread (the caller's, or the progress thread). */
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
-    ddp_result_t r;
-    unsigned char token = 0;
-    c->trace.cur->algo = c->coll ? "by the transport" : o->kind == _DDP_KIND_BROADCAST ? "pipelined chain" :
-                        o->kind <= _DDP_KIND_ALL_GATHER ? "ring" : "";
-    switch (o->kind) {
-    case _DDP_KIND_ALL_REDUCE:
-        if (c->coll) {
-            c->eng.seq++;   /* never inside _DDP_LOG: the count must not depend on the log level */
-            _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
-                     o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
-                     o->send == o->recv ? "in place" : "out of place");
-            r = c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
-        } else {
-            r = _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
-        }
-        break;
-    case _DDP_KIND_REDUCE_SCATTER:
-        _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
-                 o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), c->coll ? "by the transport" : "ring");
-        if (c->coll) {
-            c->eng.seq++;
-            r = c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
-        } else {
-            r = _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
-        }
-        break;
-    case _DDP_KIND_ALL_GATHER:
-        _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
-                 ddp_dtype_name(o->dtype), c->coll ? "by the transport" : "ring");
-        if (c->coll) {
-            c->eng.seq++;
-            r = c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
-        } else {
-            r = _ddp_ring_all_gather(&c->eng, o->send, o->recv, o->count, o->dtype);
-        }
-        break;
-    case _DDP_KIND_BROADCAST:
-        _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
-                 ddp_dtype_name(o->dtype), o->root, c->coll ? "by the transport" : "agreed on, then the data "
-                 "(up to 16 KiB inside the agreement's recursive doubling, else the pipelined chain)");
-        if (c->coll) {   /* the transport compares every rank's call, root included */
-            c->eng.seq++;
-            r = c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
-        } else {   /* small: the agreement carries the data; else agree, then the chain */
-            int done;
-            r = _ddp_agree_with_data(&c->eng, o->kind, o->send, o->recv, o->count, o->dtype, DDP_SUM, o->root, &done);
-            if (done) c->trace.cur->algo = "recursive doubling, with the agreement";
-            else if (r == DDP_SUCCESS &&
-                     (r = _ddp_agree(&c->eng, o->kind, o->dtype, DDP_SUM, o->count, o->root)) == DDP_SUCCESS)
-                r = _ddp_ring_broadcast(&c->eng, o->send, o->recv, o->count, o->dtype, o->root);
-        }
-        break;
-    case _DDP_KIND_BARRIER:
-        if (c->coll) {
-            c->eng.seq++;
-            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
-            r = c->coll->barrier(c->coll_state);
-        } else {
-            _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u: a one-byte all_reduce", c->eng.seq + 1);
-            r = _ddp_all_reduce_algo(c, &token, &token, 1, DDP_UINT8, DDP_MAX, 0, 0);
-        }
-        break;
-    default:   /* reduce, gather, scatter, all_to_all made async */
-        r = _ddp_run_rooted(c, o);
-    }
-    return r;
+    const _ddp_kind_row_t *row = _ddp_row(o->kind);
+    c->trace.cur->algo = c->coll ? "by the transport" : row->algo;
+    return c->coll && row->by_transport ? row->by_transport(c, o) : row->by_algorithm(c, o);
 }
 
 _DDP_PRIVATE void _ddp_trace_log_line(void *arg, const char *s) {
@@ -2904,8 +2952,6 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
  * A call whose buffers are device memory goes to the device provider (NCCL), enqueued on the
  * communicator's stream; host buffers stay on this file's paths. Its requests carry
  * _DDP_DEV_REQ in their id: the provider's ticket (a CUDA event) completes them. */
-typedef char _ddp_call_kinds_agree[(int)_DDP_KIND_RECV == (int)DDP_CALL_RECV &&
-                                   (int)_DDP_KIND_ALL_REDUCE == (int)DDP_CALL_ALL_REDUCE ? 1 : -1];
 
 
 /* The buffers this rank touches in o (NCCL: non-roots' unused buffers may be anything). */
@@ -2914,10 +2960,10 @@ _DDP_PRIVATE void _ddp_op_buffers(const ddp_comm_t *c, const _ddp_op_t *o, const
     *a = o->send;
     *b = o->recv;
     switch (o->kind) {
-    case _DDP_KIND_BROADCAST: case _DDP_KIND_SCATTER: if (!root) *a = NULL; break;
-    case _DDP_KIND_REDUCE: case _DDP_KIND_GATHER: if (!root) *b = NULL; break;
-    case _DDP_KIND_SEND: *b = NULL; break;
-    case _DDP_KIND_RECV: *a = NULL; break;
+    case DDP_CALL_BROADCAST: case DDP_CALL_SCATTER: if (!root) *a = NULL; break;
+    case DDP_CALL_REDUCE: case DDP_CALL_GATHER: if (!root) *b = NULL; break;
+    case DDP_CALL_SEND: *b = NULL; break;
+    case DDP_CALL_RECV: *a = NULL; break;
     default: break;
     }
     if (!o->count) *a = *b = NULL;
@@ -2956,14 +3002,14 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_check_call(ddp_comm_t *c, const _ddp_op_t *o,
     ddp_result_t r;
     int i;
     mine[0] = (uint64_t)o->kind; mine[1] = o->count; mine[2] = (uint64_t)o->dtype;
-    mine[3] = o->kind == _DDP_KIND_ALL_REDUCE || o->kind == _DDP_KIND_REDUCE ||
-              o->kind == _DDP_KIND_REDUCE_SCATTER ? (uint64_t)o->op : 0;
-    mine[4] = o->kind == _DDP_KIND_ALL_REDUCE || o->kind == _DDP_KIND_REDUCE_SCATTER ||
-              o->kind == _DDP_KIND_ALL_GATHER || o->kind == _DDP_KIND_ALL_TO_ALL ? 0 : (uint64_t)o->root;
+    mine[3] = o->kind == DDP_CALL_ALL_REDUCE || o->kind == DDP_CALL_REDUCE ||
+              o->kind == DDP_CALL_REDUCE_SCATTER ? (uint64_t)o->op : 0;
+    mine[4] = o->kind == DDP_CALL_ALL_REDUCE || o->kind == DDP_CALL_REDUCE_SCATTER ||
+              o->kind == DDP_CALL_ALL_GATHER || o->kind == DDP_CALL_ALL_TO_ALL ? 0 : (uint64_t)o->root;
     mine[5] = seq;
     if (!c->dev_prints && !(c->dev_prints = (uint64_t *)ddp_comm_calloc(c, sizeof mine * (size_t)n)))
         return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "DDP_NCCL_CHECK: fingerprints");
-    ag = _ddp_op_make(_DDP_KIND_ALL_GATHER, mine, c->dev_prints, 6, DDP_UINT64, DDP_SUM, 0);
+    ag = _ddp_op_make(DDP_CALL_ALL_GATHER, mine, c->dev_prints, 6, DDP_UINT64, DDP_SUM, 0);
     if ((r = _ddp_run_op_raw(c, &ag)) != DDP_SUCCESS) return r;
     for (i = 0; i < n; i++) {
         const uint64_t *t = c->dev_prints + 6 * (size_t)i;
@@ -3015,7 +3061,7 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
     _DDP_LOG(c, DDP_LOG_TRACE, "%s device #%llu: %zu x %s, %s, enqueued on NCCL", _ddp_kind_name(o->kind),
              (unsigned long long)k.seq, o->count, ddp_dtype_name(o->dtype),
              o->send == o->recv ? "in place" : "out of place");
-    if (c->dev_check && o->kind != _DDP_KIND_SEND && o->kind != _DDP_KIND_RECV &&
+    if (c->dev_check && o->kind != DDP_CALL_SEND && o->kind != DDP_CALL_RECV &&
         (r = _ddp_enter(c)) == DDP_SUCCESS) {   /* a host all-gather: after queued host requests */
         r = _ddp_dev_check_call(c, o, k.seq);
         _ddp_end(c);
@@ -3147,116 +3193,194 @@ DDP_API int ddp_comm_device_enabled(const ddp_comm_t *c, char *why, size_t cap) 
     return c->dev != NULL;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
-_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r);  /* below */
-
-_DDP_PRIVATE ddp_result_t _ddp_blocking(ddp_comm_t *c, _ddp_op_t o) {
-    ddp_result_t r = _ddp_prep(c, &o);
-    int dev;
+/* Checks of reduce, gather, scatter, all_to_all, send and recv: what names the call as asked
+ * ("reduce" or "reduce_async"). */
+_DDP_PRIVATE ddp_result_t _ddp_check_reduce(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, what, "root", o->root);
     if (r != DDP_SUCCESS) return r;
-    if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
-    if (dev) return _ddp_dev_call(c, &o, NULL);           /* inside a group: NCCL holds it */
-    if (o.kind == _DDP_KIND_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
-    if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
-    return _ddp_exec(c, &o);
+    /* Only the root writes recvbuf (NCCL): others may pass NULL. */
+    return _ddp_check_args(c, what, o->send, c->eng.rank == o->root ? o->recv : o->send, o->count, 1,
+                           o->dtype, 1, o->op);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_gather(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, what, "root", o->root);
+    if (r != DDP_SUCCESS) return r;
+    return _ddp_check_args(c, what, o->send, c->eng.rank == o->root ? o->recv : o->send, o->count,
+                           (size_t)c->eng.nranks, o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_scatter(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_rank(c, what, "root", o->root);
+    if (r != DDP_SUCCESS) return r;
+    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
+    return _ddp_check_args(c, what, c->eng.rank == o->root ? o->send : o->recv, o->recv, o->count,
+                           (size_t)c->eng.nranks, o->dtype, 0, DDP_SUM);
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_all_to_all(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    ddp_result_t r = _ddp_check_args(c, what, o->send, o->recv, o->count, (size_t)c->eng.nranks,
+                                     o->dtype, 0, DDP_SUM);
+    if (r != DDP_SUCCESS) return r;
+    if (o->count && o->send == o->recv)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == recvbuf: in place is not "
+                             "supported (as NCCL); use two buffers", what);
+    return DDP_SUCCESS;
+}
+_DDP_PRIVATE ddp_result_t _ddp_check_p2p(ddp_comm_t *c, const _ddp_op_t *o, const char *what) {
+    const void *buf = o->kind == DDP_CALL_SEND ? o->send : o->recv;
+    ddp_result_t r = _ddp_check_rank(c, what, "peer", o->root);
+    if (r != DDP_SUCCESS) return r;
+    if ((r = _ddp_check_args(c, what, buf, buf, o->count, 1, o->dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
+    if (o->root == c->eng.rank && !c->group_depth)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
+                             "it would wait for itself; put the send and the recv between "
+                             "ddp_group_start and ddp_group_end (a local copy)", what, o->root);
+    return DDP_SUCCESS;
 }
 
-_DDP_PRIVATE ddp_result_t _ddp_async(ddp_comm_t *c, _ddp_op_t o, const char *what, ddp_request_t *req) {
-    ddp_result_t r;
-    if (req) { req->comm = NULL; req->id = 0; }
-    if ((r = _ddp_prep(c, &o)) != DDP_SUCCESS) return r;
+/* Over the engine, below (reduce, gather, scatter and all_to_all have no transport entry). */
+_DDP_PRIVATE ddp_result_t _ddp_algo_reduce(ddp_comm_t *c, const _ddp_op_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_algo_gather_scatter(ddp_comm_t *c, const _ddp_op_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_to_all(ddp_comm_t *c, const _ddp_op_t *k);
+_DDP_PRIVATE ddp_result_t _ddp_algo_p2p(ddp_comm_t *c, const _ddp_op_t *k);
+
+static const _ddp_kind_row_t _ddp_kinds[_DDP_NUM_KINDS - 1] = {
+    {DDP_CALL_ALL_REDUCE, _ddp_check_all_reduce, _ddp_algo_all_reduce, _ddp_coll_all_reduce, "ring", 0},
+    {DDP_CALL_REDUCE_SCATTER, _ddp_check_reduce_scatter, _ddp_algo_reduce_scatter, _ddp_coll_reduce_scatter,
+     "ring", 0},
+    {DDP_CALL_ALL_GATHER, _ddp_check_all_gather, _ddp_algo_all_gather, _ddp_coll_all_gather, "ring", 0},
+    {DDP_CALL_BROADCAST, _ddp_check_broadcast, _ddp_algo_broadcast, _ddp_coll_broadcast, "pipelined chain", 0},
+    {DDP_CALL_BARRIER, _ddp_check_nothing, _ddp_algo_barrier, _ddp_coll_barrier, "", 0},
+    {DDP_CALL_REDUCE, _ddp_check_reduce, _ddp_algo_reduce, NULL, "", 1},
+    {DDP_CALL_GATHER, _ddp_check_gather, _ddp_algo_gather_scatter, NULL, "", 1},
+    {DDP_CALL_SCATTER, _ddp_check_scatter, _ddp_algo_gather_scatter, NULL, "", 1},
+    {DDP_CALL_ALL_TO_ALL, _ddp_check_all_to_all, _ddp_algo_all_to_all, NULL, "", 1},
+    {DDP_CALL_SEND, _ddp_check_p2p, _ddp_algo_p2p, NULL, "", 1},
+    {DDP_CALL_RECV, _ddp_check_p2p, _ddp_algo_p2p, NULL, "", 1}
+};
+_DDP_PRIVATE const _ddp_kind_row_t *_ddp_row(int kind) {
+    DDP_ASSERT(kind >= 1 && kind < _DDP_NUM_KINDS && _ddp_kinds[kind - 1].kind == kind);
+    return &_ddp_kinds[kind - 1];
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  /* below */
+
+/* Bad arguments inside a group also fail its group_end (NCCL). */
+_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
+    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
+    return r;
+}
+
+/* The async forms refuse a missing request and a group (the group would run its calls after
+ * this one: out of issue order). */
+_DDP_PRIVATE ddp_result_t _ddp_async_refusal(ddp_comm_t *c, const char *what, const ddp_request_t *req) {
     if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
     if (c->group_depth)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
                              "calls (they run together at group_end)", what);
-    {
-        int dev = _ddp_route(c, &o, &r);
-        if (dev < 0) return r;
-        if (dev) return _ddp_dev_call(c, &o, req);
-    }
-    if (o.kind == _DDP_KIND_BARRIER && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
-    return _ddp_submit(c, what, &o, req);
+    return DDP_SUCCESS;
+}
+
+/* The one path of every call. async NULL: blocking (run now, or queued inside a group; a
+ * failure poisons the communicator); else the async form's name, and the call is queued for
+ * the progress thread as req. Device buffers go to the device provider either way. */
+_DDP_PRIVATE ddp_result_t _ddp_issue(ddp_comm_t *c, _ddp_op_t o, const char *async, ddp_request_t *req) {
+    const _ddp_kind_row_t *row = _ddp_row(o.kind);
+    const char *what = async ? async : _ddp_kind_name(o.kind);
+    ddp_result_t r;
+    int dev;
+    if (async && req) { req->comm = NULL; req->id = 0; }
+    if ((r = _ddp_check_comm(c)) != DDP_SUCCESS) return r;
+    if (async && (r = _ddp_async_refusal(c, what, req)) != DDP_SUCCESS) return r;
+    if ((r = row->check(c, &o, what)) != DDP_SUCCESS) return row->group_fails ? _ddp_call_reject(c, r) : r;
+    if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
+    if (dev) return _ddp_dev_call(c, &o, async ? req : NULL);   /* inside a group: NCCL holds it */
+    if (o.kind == DDP_CALL_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
+    if (async) return _ddp_submit(c, what, &o, req);
+    if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
+    return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
 }
 
 DDP_API ddp_result_t ddp_all_reduce(const void *sendbuf, void *recvbuf, size_t count,
                                     ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                         ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_all_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                     ddp_dtype_t dtype, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_broadcast(const void *sendbuf, void *recvbuf, size_t count,
                                    ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_barrier(ddp_comm_t *c) {
-    return _ddp_blocking(c, _ddp_op_make(_DDP_KIND_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0));
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_all_reduce_async(const void *sendbuf, void *recvbuf, size_t count,
                                           ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                           ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0),
                       "all_reduce_async", req);
 }
 
 DDP_API ddp_result_t ddp_all_reduce_async_hooked(const void *sendbuf, void *recvbuf, size_t count,
                                                  ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                                  const ddp_async_hooks_t *hooks, ddp_request_t *req) {
-    _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
     if (hooks) o.hooks = *hooks;
-    return _ddp_async(c, o, "all_reduce_async_hooked", req);
+    return _ddp_issue(c, o, "all_reduce_async_hooked", req);
 }
 
-/* The reducer's buckets of a flat gradient buffer: elements [v_off, v_off + count) of a buffer
- * of v_total, all-reduced so that every element gets the additions of one all-reduce of the
- * whole (same algorithm, same chunks): the flat reducer's result is the flat all-reduce's, bit
- * for bit. */
+/* LAYER INTERFACE for ddp_reducer.h (the one private call a header above this one may make;
+ * keep its signature and meaning stable for it). The reducer's buckets of a flat gradient
+ * buffer: elements [v_off, v_off + count) of a buffer of v_total, all-reduced so that every
+ * element gets the additions of one all-reduce of the whole (same algorithm, same chunks): the
+ * flat reducer's result is the flat all-reduce's, bit for bit. No public call can say "a part
+ * of a larger buffer, cut as the whole", and users have no need to: so it stays private to
+ * libddp instead of widening ddp.h. Otherwise ddp_all_reduce_async_hooked. */
 _DDP_PRIVATE ddp_result_t _ddp_all_reduce_async_part(const void *sendbuf, void *recvbuf, size_t count,
                                                      ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                                      const ddp_async_hooks_t *hooks, ddp_request_t *req,
                                                      size_t v_total, size_t v_off) {
-    _ddp_op_t o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    _ddp_op_t o = _ddp_op_make(DDP_CALL_ALL_REDUCE, sendbuf, recvbuf, count, dtype, op, 0);
     if (hooks) o.hooks = *hooks;
     if (v_total < count || v_off > v_total - count)
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "all_reduce: part [%zu, %zu) outside a buffer "
                              "of %zu elements", v_off, v_off + count, v_total);
     o.v_total = v_total;
     o.v_off = v_off;
-    return _ddp_async(c, o, "all_reduce_async_hooked", req);
+    return _ddp_issue(c, o, "all_reduce_async_hooked", req);
 }
 
 DDP_API ddp_result_t ddp_reduce_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
                                               ddp_dtype_t dtype, ddp_op_t op, ddp_comm_t *c,
                                               ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0),
                       "reduce_scatter_async", req);
 }
 
 DDP_API ddp_result_t ddp_all_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
                                           ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, 0),
                       "all_gather_async", req);
 }
 
 DDP_API ddp_result_t ddp_broadcast_async(const void *sendbuf, void *recvbuf, size_t count,
                                          ddp_dtype_t dtype, int root, ddp_comm_t *c,
                                          ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BROADCAST, sendbuf, recvbuf, count, dtype, DDP_SUM, root),
                       "broadcast_async", req);
 }
 
 DDP_API ddp_result_t ddp_barrier_async(ddp_comm_t *c, ddp_request_t *req) {
-    return _ddp_async(c, _ddp_op_make(_DDP_KIND_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_BARRIER, NULL, NULL, 0, DDP_UINT8, DDP_MAX, 0),
                       "barrier_async", req);
 }
 
@@ -3272,6 +3396,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     void *inherited = NULL;
     char prefix[192];
     ddp_comm_desc_t d;
+    _ddp_parent_t child;
     if (r != DDP_SUCCESS) return r;
     if (!out) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_split: NULL newcomm");
     *out = NULL;
@@ -3326,9 +3451,10 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     d.allocator = c->alloc.alloc ? &c->alloc : NULL;
     _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
              color, key, me, n, prefix);
-    _ddp_split_hosts = hosts;
-    r = _ddp_comm_init(out, n, me, &d, 0, &inherited);
-    _ddp_split_hosts = NULL;
+    memset(&child, 0, sizeof child);
+    child.dev_inherited = &inherited;
+    child.split_hosts = hosts;
+    r = _ddp_comm_init(out, n, me, &d, &child);
     _ddp_free(&c->alloc, hosts);
     if (inherited && c->dev->release_inherited) c->dev->release_inherited(c->dev_state, inherited);
     if (r != DDP_SUCCESS)
@@ -3338,158 +3464,57 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
 }
 
 /* ---------------------------------------------------------------- reduce, gather, scatter,
- * all-to-all, send/recv, groups: the checks. The algorithms and the group queue are in
- * ddp_ring.h (built below), over point-to-point even when a transport runs the collectives. */
-_DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);
+ * all-to-all, send/recv, groups: the entry points (their rows are in the operation table
+ * above). Their algorithms (ddp_ring.h) run over point-to-point even when a transport runs
+ * the collectives; the group queue is below. */
 _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c);
-
-/* With req: queued for the progress thread (ddp_reduce_async ...). Else queued inside a
- * group, or run now (a failure poisons the communicator). */
-_DDP_PRIVATE ddp_result_t _ddp_call(ddp_comm_t *c, int kind, const void *send, void *recv,
-                                    size_t count, ddp_dtype_t dtype, ddp_op_t op, int root,
-                                    const char *what, ddp_request_t *req) {
-    _ddp_op_t o = _ddp_op_make(kind, send, recv, count, dtype, op, root);
-    ddp_result_t r;
-    int dev = _ddp_route(c, &o, &r);
-    if (dev < 0) return _ddp_call_reject(c, r);
-    if (dev) return _ddp_dev_call(c, &o, req);
-    if (req) return _ddp_submit(c, what, &o, req);
-    if (c->group_depth) return _ddp_group_queue(c, &o);
-    return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
-}
-
-/* Bad arguments inside a group also fail its group_end (NCCL). */
-_DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
-    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
-    return r;
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_check_rank(ddp_comm_t *c, const char *what, const char *role, int v) {
-    if (v >= 0 && v < c->eng.nranks) return DDP_SUCCESS;
-    return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: %s %d not in 0..%d",
-                                             what, role, v, c->eng.nranks - 1));
-}
-
-/* The async forms check their arguments at once and refuse a group (the group would run its
- * calls after this one: out of issue order). */
-_DDP_PRIVATE ddp_result_t _ddp_async_start(ddp_comm_t *c, const char *what, ddp_request_t *req) {
-    ddp_result_t r = _ddp_check_comm(c);
-    if (req) { req->comm = NULL; req->id = 0; }
-    if (r != DDP_SUCCESS) return r;
-    if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
-    if (c->group_depth)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
-                             "calls (they run together at group_end)", what);
-    return DDP_SUCCESS;
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
-                                      ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "reduce_async" : "reduce";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
-    /* Only the root writes recvbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, count, 1,
-                             dtype, 1, op)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root, what, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
-                                      ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "gather_async" : "gather";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, sendbuf, c->eng.rank == root ? recvbuf : sendbuf, sendcount,
-                             (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root, what, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
-                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "scatter_async" : "scatter";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "root", root)) != DDP_SUCCESS) return r;
-    /* Only the root reads sendbuf (NCCL): others may pass NULL. */
-    if ((r = _ddp_check_args(c, what, c->eng.rank == root ? sendbuf : recvbuf, recvbuf, recvcount,
-                             (size_t)c->eng.nranks, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    return _ddp_call(c, _DDP_KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root, what, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
-                                          ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    const char *what = req ? "all_to_all_async" : "all_to_all";
-    ddp_result_t r = req ? _ddp_async_start(c, what, req) : _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, sendbuf, recvbuf, count, (size_t)c->eng.nranks, dtype, 0,
-                             DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    if (count && sendbuf == recvbuf)
-        return _ddp_call_reject(c, ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf == "
-                                "recvbuf: in place is not supported (as NCCL); use two buffers", what));
-    return _ddp_call(c, _DDP_KIND_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0, what, req);
-}
 
 DDP_API ddp_result_t ddp_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
                                 ddp_op_t op, int root, ddp_comm_t *c) {
-    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root), NULL, NULL);
 }
 DDP_API ddp_result_t ddp_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                 ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root),
+                      NULL, NULL);
 }
 DDP_API ddp_result_t ddp_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                  ddp_dtype_t dtype, int root, ddp_comm_t *c) {
-    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root),
+                      NULL, NULL);
 }
 DDP_API ddp_result_t ddp_all_to_all(const void *sendbuf, void *recvbuf, size_t count,
                                     ddp_dtype_t dtype, ddp_comm_t *c) {
-    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0),
+                      NULL, NULL);
 }
-/* A NULL req is refused by _ddp_async_start (a NULL req means "blocking" further down). */
 DDP_API ddp_result_t ddp_reduce_async(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dtype,
                                       ddp_op_t op, int root, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "reduce_async", NULL);
-    return _ddp_reduce(sendbuf, recvbuf, count, dtype, op, root, c, req);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_REDUCE, sendbuf, recvbuf, count, dtype, op, root),
+                      "reduce_async", req);
 }
 DDP_API ddp_result_t ddp_gather_async(const void *sendbuf, void *recvbuf, size_t sendcount,
                                       ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "gather_async", NULL);
-    return _ddp_gather(sendbuf, recvbuf, sendcount, dtype, root, c, req);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_GATHER, sendbuf, recvbuf, sendcount, dtype, DDP_SUM, root),
+                      "gather_async", req);
 }
 DDP_API ddp_result_t ddp_scatter_async(const void *sendbuf, void *recvbuf, size_t recvcount,
                                        ddp_dtype_t dtype, int root, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "scatter_async", NULL);
-    return _ddp_scatter(sendbuf, recvbuf, recvcount, dtype, root, c, req);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_SCATTER, sendbuf, recvbuf, recvcount, dtype, DDP_SUM, root),
+                      "scatter_async", req);
 }
 DDP_API ddp_result_t ddp_all_to_all_async(const void *sendbuf, void *recvbuf, size_t count,
                                           ddp_dtype_t dtype, ddp_comm_t *c, ddp_request_t *req) {
-    if (!req) return _ddp_async_start(c, "all_to_all_async", NULL);
-    return _ddp_all_to_all(sendbuf, recvbuf, count, dtype, c, req);
-}
-
-_DDP_PRIVATE ddp_result_t _ddp_p2p_call(ddp_comm_t *c, int kind, const void *send, void *recv,
-                                        size_t count, ddp_dtype_t dtype, int peer) {
-    const char *what = kind == _DDP_KIND_SEND ? "send" : "recv";
-    ddp_result_t r = _ddp_check_comm(c);
-    if (r != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_rank(c, what, "peer", peer)) != DDP_SUCCESS) return r;
-    if ((r = _ddp_check_args(c, what, kind == _DDP_KIND_SEND ? send : recv, kind == _DDP_KIND_SEND ?
-                             send : recv, count, 1, dtype, 0, DDP_SUM)) != DDP_SUCCESS) return _ddp_call_reject(c, r);
-    if (peer == c->eng.rank && !c->group_depth)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
-                             "it would wait for itself; put the send and the recv between "
-                             "ddp_group_start and ddp_group_end (a local copy)", what, peer);
-    return _ddp_call(c, kind, send, recv, count, dtype, DDP_SUM, peer, NULL, NULL);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_ALL_TO_ALL, sendbuf, recvbuf, count, dtype, DDP_SUM, 0),
+                      "all_to_all_async", req);
 }
 
 DDP_API ddp_result_t ddp_send(const void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
-    return _ddp_p2p_call(c, _DDP_KIND_SEND, buf, NULL, count, dtype, peer);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_SEND, buf, NULL, count, dtype, DDP_SUM, peer), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int peer, ddp_comm_t *c) {
-    return _ddp_p2p_call(c, _DDP_KIND_RECV, NULL, buf, count, dtype, peer);
+    return _ddp_issue(c, _ddp_op_make(DDP_CALL_RECV, NULL, buf, count, dtype, DDP_SUM, peer), NULL, NULL);
 }
 
 DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
@@ -3527,98 +3552,104 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     return r;
 }
 
-/* ---------------------------------------------------------------- send/recv and groups */
+/* ---------------------------------------------------------------- send/recv batches
+ * Over the engine, like ddp_ring.h's algorithms: nothing here reads the communicator but its
+ * engine and its p2p counters (4 per peer: messages sent to it and received from it, then the
+ * sends and receives in flight). */
 _DDP_PRIVATE uint64_t _ddp_p2p_tag(ddp_dtype_t dtype, size_t count, uint32_t seq) {
     int64_t fields[5];
-    fields[0] = _DDP_KIND_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
+    fields[0] = DDP_CALL_SEND; fields[1] = dtype; fields[2] = 0; fields[3] = (int64_t)count; fields[4] = -1;
     return (_ddp_fnv1a(fields, sizeof fields, _DDP_FNV_INIT) & 0xffffffff00000000ull) | seq;
 }
 
-_DDP_PRIVATE void _ddp_p2p_where(const ddp_comm_t *c, const _ddp_op_t *k, int n, char *out, size_t cap) {
+_DDP_PRIVATE void _ddp_p2p_where(const _ddp_op_t *k, int n, char *out, size_t cap) {
     size_t bytes = k->count * ddp_dtype_size(k->dtype);
-    snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == _DDP_KIND_SEND ? "send" : "recv",
-             (unsigned)(k->tag & 0xffffffffu), k->kind == _DDP_KIND_SEND ? "to" : "from", k->root,
+    snprintf(out, cap, "%s #%u %s rank %d (%zu bytes%s)", k->kind == DDP_CALL_SEND ? "send" : "recv",
+             (unsigned)(k->tag & 0xffffffffu), k->kind == DDP_CALL_SEND ? "to" : "from", k->root,
              bytes, n > 1 ? ", in a group" : "");
-    (void)c;
 }
 
-/* Runs the sends and receives of ops[0..n) together (other calls are skipped). Per peer and
- * direction, messages go in call order, DDP_RING_WINDOW in flight; c->p2p[4 peer + 2/3] count
- * them. A send to this rank is the next receive from this rank: a copy. */
-_DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
-    const uint32_t W = DDP_RING_WINDOW;
-    int i, j, lo = 0, npeers = 0, *list = (int *)(void *)c->eng.scratch;
-    const int list_cap = (int)(c->eng.scratch_bytes / sizeof(int));
-    int64_t last;
+/* Phase 1: every send and receive's tag, and the peers to connect, each once, in list (the
+ * in-flight counters are zero here: marks). Returns how many (more than list_cap: all). */
+_DDP_PRIVATE int _ddp_p2p_prepare(_ddp_engine_t *e, uint32_t *p2p, _ddp_op_t *ops, int n, int *list,
+                                  int list_cap) {
+    int i, npeers = 0;
     char where[200];
-    ddp_result_t r = DDP_SUCCESS;
     for (i = 0; i < n; i++) {
         _ddp_op_t *k = &ops[i];
-        int peer = k->root, is_send = k->kind == _DDP_KIND_SEND;
-        if (k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV) { k->post = 2; continue; }
+        int peer = k->root, is_send = k->kind == DDP_CALL_SEND;
+        if (k->kind != DDP_CALL_SEND && k->kind != DDP_CALL_RECV) { k->post = 2; continue; }
         k->post = 0;
         k->req = NULL;
-        if (peer == c->eng.rank) { k->tag = 0; continue; }
-        k->tag = _ddp_p2p_tag(k->dtype, k->count, ++c->p2p[4 * peer + (is_send ? 0 : 1)]);
-        if (c->eng.log_level >= DDP_LOG_TRACE) {
-            _ddp_p2p_where(c, k, n, where, sizeof where);
-            _DDP_LOG(c, DDP_LOG_TRACE, "%s: %zu x %s, direct", where, k->count, ddp_dtype_name(k->dtype));
+        if (peer == e->rank) { k->tag = 0; continue; }
+        k->tag = _ddp_p2p_tag(k->dtype, k->count, ++p2p[4 * peer + (is_send ? 0 : 1)]);
+        if (e->log_level >= DDP_LOG_TRACE) {
+            _ddp_p2p_where(k, n, where, sizeof where);
+            _DDP_ELOG(e, DDP_LOG_TRACE, "%s: %zu x %s, direct", where, k->count, ddp_dtype_name(k->dtype));
         }
-        /* Peers to connect, each once (the in-flight counters are zero here: marks). */
-        if (!c->p2p[4 * peer + 2]) {
-            c->p2p[4 * peer + 2] = 1;
+        if (!p2p[4 * peer + 2]) {
+            p2p[4 * peer + 2] = 1;
             if (npeers < list_cap) list[npeers] = peer;
             npeers++;
         }
     }
-    for (i = 0; i < n; i++) if (ops[i].post == 0 && ops[i].root != c->eng.rank) c->p2p[4 * ops[i].root + 2] = 0;
-    /* Sends to self, matched in order with receives from self. */
+    for (i = 0; i < n; i++) if (ops[i].post == 0 && ops[i].root != e->rank) p2p[4 * ops[i].root + 2] = 0;
+    return npeers;
+}
+
+/* Phase 2: sends to this rank, matched in order with receives from it: copies. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_self(_ddp_engine_t *e, _ddp_op_t *ops, int n) {
+    int i, j;
     for (i = 0, j = 0; i < n; i++) {
         _ddp_op_t *k = &ops[i];
         size_t sb;
-        if (k->post != 0 || k->root != c->eng.rank || k->kind != _DDP_KIND_SEND) continue;
-        while (j < n && !(ops[j].post == 0 && ops[j].root == c->eng.rank && ops[j].kind == _DDP_KIND_RECV)) j++;
+        if (k->post != 0 || k->root != e->rank || k->kind != DDP_CALL_SEND) continue;
+        while (j < n && !(ops[j].post == 0 && ops[j].root == e->rank && ops[j].kind == DDP_CALL_RECV)) j++;
         if (j == n)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
+            return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "group: a send to this rank (itself, %zu x %s) "
                                  "has no matching recv from itself in the group", k->count, ddp_dtype_name(k->dtype));
         sb = k->count * ddp_dtype_size(k->dtype);
         if (ops[j].dtype != k->dtype || ops[j].count != k->count)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: send to itself of %zu x %s, but its recv "
+            return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "group: send to itself of %zu x %s, but its recv "
                                  "from itself expects %zu x %s", k->count, ddp_dtype_name(k->dtype),
                                  ops[j].count, ddp_dtype_name(ops[j].dtype));
         if (sb && ops[j].recv != k->send) memmove(ops[j].recv, k->send, sb);
         k->post = ops[j].post = 2;
     }
     for (i = 0; i < n; i++)
-        if (ops[i].post == 0 && ops[i].root == c->eng.rank)
-            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "group: a recv from this rank (itself, %zu x %s) "
+        if (ops[i].post == 0 && ops[i].root == e->rank)
+            return _ddp_eng_fail(e, DDP_ERR_MISMATCH, "group: a recv from this rank (itself, %zu x %s) "
                                  "has no matching send to itself in the group", ops[i].count,
                                  ddp_dtype_name(ops[i].dtype));
-    if (npeers) {
-        r = _ddp_connect_peers(c, npeers <= list_cap ? list : NULL, npeers <= list_cap ? npeers : c->eng.nranks);
-        if (r != DDP_SUCCESS) return _ddp_x_fail(&c->eng, r, n > 1 ? "group, phase connect" : "send/recv, phase connect");
-    }
-    last = _ddp_now_us();
+    return DDP_SUCCESS;
+}
+
+/* Phase 3: the rest, per peer and direction in call order, DDP_RING_WINDOW in flight. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_progress(_ddp_engine_t *e, uint32_t *p2p, _ddp_op_t *ops, int n) {
+    int i, j, lo = 0;
+    int64_t last = _ddp_now_us();
+    char where[200];
+    ddp_result_t r = DDP_SUCCESS;
     for (;;) {
         int progressed = 0, pending = 0, peers[8], first = -1;
         while (lo < n && ops[lo].post == 2) lo++;
         if (lo == n) break;
         for (i = lo; i < n; i++) {
             _ddp_op_t *k = &ops[i];
-            int is_send = k->kind == _DDP_KIND_SEND, done = 0;
-            uint32_t *inflight = &c->p2p[4 * k->root + (is_send ? 2 : 3)];
+            int is_send = k->kind == DDP_CALL_SEND, done = 0;
+            uint32_t *inflight = &p2p[4 * k->root + (is_send ? 2 : 3)];
             size_t bytes;
             if (k->post == 2) continue;
             bytes = k->count * ddp_dtype_size(k->dtype);
             if (k->post == 0) {
-                if (*inflight >= W) continue;
-                r = is_send ? _ddp_isend(c, k->root, k->send, bytes, k->tag, &k->req)
-                            : _ddp_irecv(c, k->root, k->recv, bytes, k->tag, &k->req);
+                if (*inflight >= DDP_RING_WINDOW) continue;
+                r = is_send ? e->isend(e->host, k->root, k->send, bytes, k->tag, &k->req)
+                            : e->irecv(e->host, k->root, k->recv, bytes, k->tag, &k->req);
                 if (r != DDP_SUCCESS) goto fail;
                 k->post = 1;
                 (*inflight)++;
             }
-            if ((r = _ddp_test(c, k->root, k->req, &done)) != DDP_SUCCESS) goto fail;
+            if ((r = e->test(e->host, k->root, k->req, &done)) != DDP_SUCCESS) goto fail;
             if (done) {
                 k->post = 2;
                 k->req = NULL;
@@ -3632,71 +3663,85 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_batch(ddp_comm_t *c, _ddp_op_t *ops, int n) {
         }
         if (progressed) { last = _ddp_now_us(); continue; }
         if (first < 0) continue;
-        _ddp_p2p_where(c, &ops[first], n, where, sizeof where);
-        r = _ddp_x_idle(&c->eng, last, peers, pending, ops[first].kind == _DDP_KIND_SEND ? "send" : "recv",
+        r = _ddp_x_idle(e, last, peers, pending, ops[first].kind == DDP_CALL_SEND ? "send" : "recv",
                         (unsigned)(ops[first].tag & 0xffffffffu),
-                        ops[first].kind == _DDP_KIND_SEND ? "waiting to send to" : "waiting for data from",
+                        ops[first].kind == DDP_CALL_SEND ? "waiting to send to" : "waiting for data from",
                         ops[first].root);
         if (r != DDP_SUCCESS) { i = -1; goto fail; }
     }
     return DDP_SUCCESS;
 fail:
-    for (j = 0; j < n; j++) if (ops[j].root != c->eng.rank) c->p2p[4 * ops[j].root + 2] = c->p2p[4 * ops[j].root + 3] = 0;
+    for (j = 0; j < n; j++) if (ops[j].root != e->rank) p2p[4 * ops[j].root + 2] = p2p[4 * ops[j].root + 3] = 0;
     if (i < 0) return r;
-    _ddp_p2p_where(c, &ops[i], n, where, sizeof where);
-    return _ddp_x_fail(&c->eng, r, where);
+    _ddp_p2p_where(&ops[i], n, where, sizeof where);
+    return _ddp_x_fail(e, r, where);
 }
 
-/* reduce, gather, scatter, all_to_all, send and recv, now: the algorithm depends only on
- * (bytes, world size, scratch), the same on every rank. */
-_DDP_PRIVATE ddp_result_t _ddp_run_rooted(ddp_comm_t *c, const _ddp_op_t *k) {
-    const int p = c->eng.nranks;
+/* Runs the sends and receives of ops[0..n) together (other calls are skipped). A send to this
+ * rank is the next receive from this rank: a copy. */
+_DDP_PRIVATE ddp_result_t _ddp_p2p_batch(_ddp_engine_t *e, uint32_t *p2p, _ddp_op_t *ops, int n) {
+    int *list = (int *)(void *)e->scratch;
+    const int list_cap = (int)(e->scratch_bytes / sizeof(int));
+    const int npeers = _ddp_p2p_prepare(e, p2p, ops, n, list, list_cap);
+    ddp_result_t r = _ddp_p2p_self(e, ops, n);
+    if (r != DDP_SUCCESS) return r;
+    if (npeers) {
+        r = e->connect(e->host, npeers <= list_cap ? list : NULL, npeers <= list_cap ? npeers : e->nranks);
+        if (r != DDP_SUCCESS) return _ddp_x_fail(e, r, n > 1 ? "group, phase connect" : "send/recv, phase connect");
+    }
+    return _ddp_p2p_progress(e, p2p, ops, n);
+}
+
+/* reduce, gather, scatter, all_to_all, send and recv, over the engine: the algorithm depends
+ * only on (bytes, world size, scratch), the same on every rank. A rank that is wrongly the root
+ * would wait for (or send) what nobody expects: reduce, gather and scatter agree on the call
+ * first (ddp_ring.h, _ddp_agree). */
+_DDP_PRIVATE ddp_result_t _ddp_algo_reduce(ddp_comm_t *c, const _ddp_op_t *k) {
+    const size_t bytes = k->count * ddp_dtype_size(k->dtype);
+    int tree, done;
+    ddp_result_t r;
+    /* small: the agreement carries the data */
+    r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
+    if (done) {
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, recursive doubling with the agreement",
+                 c->eng.seq, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
+        c->trace.cur->algo = "recursive doubling, with the agreement";
+        return r;
+    }
+    if ((r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS) return r;
+    tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(c->eng.nranks));
+    _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->eng.seq + 1, k->count,
+             ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
+             k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
+    return tree ? _ddp_tree_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root)
+                : _ddp_chain_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_algo_gather_scatter(ddp_comm_t *c, const _ddp_op_t *k) {
+    const int p = c->eng.nranks, gather = k->kind == DDP_CALL_GATHER;
     const size_t bytes = k->count * ddp_dtype_size(k->dtype);
     int tree;
-    ddp_result_t r;
-    /* A rank that is wrongly the root would wait for (or send) what nobody expects: agree on
-     * the call first (ddp_ring.h, _ddp_agree). */
-    if (k->kind == _DDP_KIND_REDUCE) {   /* small: the agreement carries the data */
-        int done;
-        r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
-        if (done) {
-            _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, recursive doubling with the agreement",
-                     c->eng.seq, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
-            c->trace.cur->algo = "recursive doubling, with the agreement";
-            return r;
-        }
-    }
-    if (k->kind != _DDP_KIND_ALL_TO_ALL && k->kind != _DDP_KIND_SEND && k->kind != _DDP_KIND_RECV &&
-        (r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS)
-        return r;
-    switch (k->kind) {
-    case _DDP_KIND_REDUCE:
-        tree = bytes <= _DDP_TREE_MAX_BYTES && bytes <= c->eng.scratch_bytes / (size_t)(1 + _ddp_log2(p));
-        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, %s, %s", c->eng.seq + 1, k->count,
-                 ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root,
-                 k->send == k->recv ? "in place" : "out of place", tree ? "binomial tree" : "pipelined chain");
-        return tree ? _ddp_tree_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root)
-                    : _ddp_chain_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
-    case _DDP_KIND_GATHER: case _DDP_KIND_SCATTER: {
-        int gather = k->kind == _DDP_KIND_GATHER;
-        tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->eng.scratch_bytes / (size_t)p;
-        _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
-                 c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
-        if (gather)
-            return tree ? _ddp_tree_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
-                        : _ddp_linear_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
-        return tree ? _ddp_tree_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
-                    : _ddp_linear_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
-    }
-    case _DDP_KIND_ALL_TO_ALL:
-        _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->eng.seq + 1,
-                 k->count, ddp_dtype_name(k->dtype));
-        return _ddp_pairwise_all_to_all(&c->eng, k->send, k->recv, k->count, k->dtype);
-    default: {    /* send, recv */
-        _ddp_op_t one = *k;
-        return _ddp_p2p_batch(c, &one, 1);
-    }
-    }
+    ddp_result_t r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root);
+    if (r != DDP_SUCCESS) return r;
+    tree = p > 2 && bytes <= _DDP_TREE_MAX_BYTES / (size_t)p && bytes <= c->eng.scratch_bytes / (size_t)p;
+    _DDP_LOG(c, DDP_LOG_TRACE, "%s #%u: %zu x %s per rank, root %d, %s", gather ? "gather" : "scatter",
+             c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), k->root, tree ? "binomial tree" : "linear");
+    if (gather)
+        return tree ? _ddp_tree_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
+                    : _ddp_linear_gather(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
+    return tree ? _ddp_tree_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root)
+                : _ddp_linear_scatter(&c->eng, k->send, k->recv, k->count, k->dtype, k->root);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_algo_all_to_all(ddp_comm_t *c, const _ddp_op_t *k) {
+    _DDP_LOG(c, DDP_LOG_TRACE, "all_to_all #%u: %zu x %s per peer, pairwise exchange", c->eng.seq + 1,
+             k->count, ddp_dtype_name(k->dtype));
+    return _ddp_pairwise_all_to_all(&c->eng, k->send, k->recv, k->count, k->dtype);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_algo_p2p(ddp_comm_t *c, const _ddp_op_t *k) {
+    _ddp_op_t one = *k;
+    return _ddp_p2p_batch(&c->eng, c->p2p, &one, 1);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *k) {
@@ -3730,7 +3775,7 @@ _DDP_PRIVATE int _ddp_fuse_run_length(const _ddp_op_t *ops, int i, int n) {
     const _ddp_op_t *a = &ops[i];
     size_t es = ddp_dtype_size(a->dtype), total = a->count * es;
     int j, m;
-    if (a->kind != _DDP_KIND_ALL_REDUCE || total > _DDP_FUSE_BYTES) return 1;
+    if (a->kind != DDP_CALL_ALL_REDUCE || total > _DDP_FUSE_BYTES) return 1;
     for (j = i + 1; j < n; j++) {
         const _ddp_op_t *b = &ops[j];
         size_t bytes = b->count * es;
@@ -3763,7 +3808,7 @@ _DDP_PRIVATE ddp_result_t _ddp_fused_all_reduce(ddp_comm_t *c, const _ddp_op_t *
         off += ops[j].count * es;
     }
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d all_reduces fused into one of %zu bytes", k, off);
-    o = _ddp_op_make(_DDP_KIND_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
+    o = _ddp_op_make(DDP_CALL_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
     if ((r = _ddp_run_op_raw(c, &o)) != DDP_SUCCESS) return r;
     for (off = 0, j = 0; j < k; j++) {
         if (ops[j].count) memcpy(ops[j].recv, c->fuse_buf + off, ops[j].count * es);
@@ -3782,18 +3827,18 @@ _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c) {
         _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls not run: one failed its checks", n);
         return c->group_err;
     }
-    for (i = 0; i < n; i++) nsend += ops[i].kind == _DDP_KIND_SEND, nrecv += ops[i].kind == _DDP_KIND_RECV;
+    for (i = 0; i < n; i++) nsend += ops[i].kind == DDP_CALL_SEND, nrecv += ops[i].kind == DDP_CALL_RECV;
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls: %d collectives, then %d sends and %d receives together",
              n, n - nsend - nrecv, nsend, nrecv);
     for (i = 0; i < n; i++) {
         int k;
-        if (ops[i].kind == _DDP_KIND_SEND || ops[i].kind == _DDP_KIND_RECV) continue;
+        if (ops[i].kind == DDP_CALL_SEND || ops[i].kind == DDP_CALL_RECV) continue;
         k = _ddp_fuse_run_length(ops, i, n);
         r = k > 1 ? _ddp_fused_all_reduce(c, ops + i, k) : _ddp_run_op_raw(c, &ops[i]);
         if (r != DDP_SUCCESS) return r;
         i += k - 1;
     }
-    return nsend + nrecv ? _ddp_p2p_batch(c, ops, n) : DDP_SUCCESS;
+    return nsend + nrecv ? _ddp_p2p_batch(&c->eng, c->p2p, ops, n) : DDP_SUCCESS;
 }
 
 #endif /* DDP_COMM_IMPLEMENTATION */

@@ -8,8 +8,8 @@
  * some peers may progress, connect to peers on first use), plus failure recording and logging.
  * ddp_comm.h fills one per communicator.
  *
- * It also fixes the one numbering of "what operation is this" (_ddp_kind_t), used for message
- * tags and their digests, log lines and the async queue alike.
+ * "What operation is this" is ddp_call_kind_t (ddp_base.h), the one numbering the engine's tags,
+ * the communicator's queue and the transports share.
  *
  * Private to libddp (every name is _ddp_); depends on ddp_base.h.
  */
@@ -29,13 +29,6 @@ extern "C" {
 #endif
 
 #define DDP_RING_WINDOW 8   /* segments in flight per direction; also the scratch slots */
-
-/* Every operation a user can ask for. The value is part of each message's tag digest. */
-typedef enum {
-    _DDP_KIND_ALL_REDUCE = 1, _DDP_KIND_REDUCE_SCATTER, _DDP_KIND_ALL_GATHER, _DDP_KIND_BROADCAST,
-    _DDP_KIND_BARRIER, _DDP_KIND_REDUCE, _DDP_KIND_GATHER, _DDP_KIND_SCATTER, _DDP_KIND_ALL_TO_ALL,
-    _DDP_KIND_SEND, _DDP_KIND_RECV, _DDP_NUM_KINDS
-} _ddp_kind_t;
 
 typedef struct _ddp_engine {
     int rank, nranks;
@@ -75,13 +68,6 @@ typedef struct _ddp_engine {
 #ifndef DDP_BASE_IMPL_INCLUDED
 #error "libddp: ddp_engine.h's implementation needs ddp_base.h's (define DDP_IMPLEMENTATION)"
 #endif
-
-static const char *const _ddp_kind_names[_DDP_NUM_KINDS] = {
-    "?", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "reduce", "gather",
-    "scatter", "all_to_all", "send", "recv"};
-_DDP_PRIVATE const char *_ddp_kind_name(int kind) {
-    return kind > 0 && kind < _DDP_NUM_KINDS ? _ddp_kind_names[kind] : "?";
-}
 
 _DDP_PRIVATE ddp_result_t _ddp_eng_fail(const _ddp_engine_t *e, ddp_result_t r, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)

@@ -61,7 +61,7 @@ enum { _DDP_INTER_RING, _DDP_INTER_RD, _DDP_INTER_RAB };
 _DDP_PRIVATE ddp_result_t _ddp_hier_all_reduce(_ddp_engine_t *e, const _ddp_hier_t *h, int inter,
                                                const void *sendbuf, void *recvbuf, size_t count,
                                                ddp_dtype_t dtype, ddp_op_t op, size_t v_total, size_t v_off) {
-    const uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_HIER | (inter << 12), dtype, op, count, 0);
+    const uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_REDUCE | _DDP_TAG_HIER | (inter << 12), dtype, op, count, 0);
     const ddp_op_t sop = op == DDP_AVG ? DDP_SUM : op;
     const int nl = h->local.n, L = h->slices;
     const size_t es = ddp_dtype_size(dtype);

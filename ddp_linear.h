@@ -32,7 +32,7 @@ _DDP_PRIVATE ddp_result_t _ddp_linear(_ddp_engine_t *e, int is_gather, const voi
     const size_t bytes = count * ddp_dtype_size(dtype);
     const char *phase = e->rank == root ? "phase root, every rank at once" : "phase to/from the root";
     _ddp_xop_t ops[_DDP_LINEAR_FAN];
-    uint64_t tag = _ddp_eng_tag(e, is_gather ? _DDP_KIND_GATHER : _DDP_KIND_SCATTER, dtype, DDP_SUM, count, root);
+    uint64_t tag = _ddp_eng_tag(e, is_gather ? DDP_CALL_GATHER : DDP_CALL_SCATTER, dtype, DDP_SUM, count, root);
     _ddp_x_t x;
     ddp_result_t r;
     int q, n;

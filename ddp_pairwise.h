@@ -31,7 +31,7 @@ _DDP_PRIVATE ddp_result_t _ddp_pairwise_all_to_all(_ddp_engine_t *e, const void 
     const unsigned char *send = (const unsigned char *)sendbuf;
     unsigned char *recv = (unsigned char *)recvbuf;
     void *sreq[DDP_RING_WINDOW], *rreq[DDP_RING_WINDOW];
-    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_TO_ALL, dtype, DDP_SUM, count, 0);
+    uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_TO_ALL, dtype, DDP_SUM, count, 0);
     int ns = 1, ds = 1, peers[2];
     int64_t last;
     char where[200];

@@ -164,7 +164,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce_in(_ddp_engine_t *e, const _ddp_gro
 _DDP_PRIVATE ddp_result_t _ddp_rd_all_reduce(_ddp_engine_t *e, const void *sendbuf, void *recvbuf,
                                        size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_group_t world = _ddp_group_world(e);
-    uint64_t tag = _ddp_eng_tag(e, _DDP_KIND_ALL_REDUCE | _DDP_TAG_RECURSIVE_DOUBLING, dtype, op, count, 0);
+    uint64_t tag = _ddp_eng_tag(e, DDP_CALL_ALL_REDUCE | _DDP_TAG_RECURSIVE_DOUBLING, dtype, op, count, 0);
     return _ddp_rd_all_reduce_in(e, &world, tag, sendbuf, recvbuf, count, dtype, op);
 }
 #endif /* DDP_RECURSIVE_DOUBLING_IMPLEMENTATION */

@@ -3,8 +3,11 @@
  * its flat-buffer mode and ZeRO-1 (ZeroRedundancyOptimizer: reduce-scatter, shard, all-gather),
  * and ddp_broadcast_params (DDP's broadcast of the initial model state).
  *
- * Built on the communicator's public calls only (async all-reduce with progress-thread hooks,
- * test/wait, broadcast); see the rules below. Users include ddp.h, which includes this.
+ * Built on the communicator's public calls (async all-reduce with progress-thread hooks,
+ * test/wait, broadcast) plus one declared layer interface of ddp_comm.h,
+ * _ddp_all_reduce_async_part: a flat buffer's bucket all-reduced as a part of the whole, so the
+ * flat reducer matches one all-reduce of the flat buffer bit for bit (no public call can ask
+ * for that). See the rules below. Users include ddp.h, which includes this.
  * Depends on ddp_comm.h. Built by DDP_IMPLEMENTATION (or DDP_REDUCER_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_REDUCER_IMPLEMENTATION)

@@ -51,8 +51,8 @@
  * stays full. Reduce-scatter parks each partial sum in scratch until it is forwarded, so it uses
  * groups of W/2 segments: the scratch needed is bounded by the window, not the message. */
 /* The ring runs four of the operation kinds. */
-enum { _DDP_RING_AR = _DDP_KIND_ALL_REDUCE, _DDP_RING_RS = _DDP_KIND_REDUCE_SCATTER,
-       _DDP_RING_AG = _DDP_KIND_ALL_GATHER, _DDP_RING_BCAST = _DDP_KIND_BROADCAST };
+enum { _DDP_RING_AR = DDP_CALL_ALL_REDUCE, _DDP_RING_RS = DDP_CALL_REDUCE_SCATTER,
+       _DDP_RING_AG = DDP_CALL_ALL_GATHER, _DDP_RING_BCAST = DDP_CALL_BROADCAST };
 
 typedef struct {
     _ddp_engine_t *e;

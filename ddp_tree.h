@@ -77,7 +77,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tree_reduce(_ddp_engine_t *e, const void *sendbuf
     if (bytes && bytes > e->scratch_bytes / (size_t)(1 + _ddp_log2(p)))
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "reduce: binomial tree: %d x %zu bytes "
                              "do not fit the %zu-byte scratch", 1 + _ddp_log2(p), bytes, e->scratch_bytes);
-    tag = _ddp_eng_tag(e, _DDP_KIND_REDUCE, dtype, op, count, root);
+    tag = _ddp_eng_tag(e, DDP_CALL_REDUCE, dtype, op, count, root);
     _ddp_x_setup(&x, e, "reduce", "binomial tree", tag);
     if (p == 1 || !count) {
         if (count && sendbuf != recvbuf) memcpy(recvbuf, sendbuf, bytes);
@@ -117,7 +117,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tree_gather(_ddp_engine_t *e, const void *sendbuf
     if (bytes > e->scratch_bytes / (size_t)p)
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "gather: binomial tree: %d x %zu bytes do "
                              "not fit the %zu-byte scratch", p, bytes, e->scratch_bytes);
-    tag = _ddp_eng_tag(e, _DDP_KIND_GATHER, dtype, DDP_SUM, sendcount, root);
+    tag = _ddp_eng_tag(e, DDP_CALL_GATHER, dtype, DDP_SUM, sendcount, root);
     _ddp_x_setup(&x, e, "gather", "binomial tree", tag);
     if (p == 1 || !sendcount) {
         unsigned char *own = (unsigned char *)recvbuf + (size_t)e->rank * bytes;
@@ -156,7 +156,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tree_scatter(_ddp_engine_t *e, const void *sendbu
     if (bytes > e->scratch_bytes / (size_t)p)
         return _ddp_eng_fail(e, DDP_ERR_INVALID_ARGUMENT, "scatter: binomial tree: %d x %zu bytes do "
                              "not fit the %zu-byte scratch", p, bytes, e->scratch_bytes);
-    tag = _ddp_eng_tag(e, _DDP_KIND_SCATTER, dtype, DDP_SUM, recvcount, root);
+    tag = _ddp_eng_tag(e, DDP_CALL_SCATTER, dtype, DDP_SUM, recvcount, root);
     _ddp_x_setup(&x, e, "scatter", "binomial tree", tag);
     if (p == 1 || !recvcount) {
         const unsigned char *own = (const unsigned char *)sendbuf + (size_t)e->rank * bytes;

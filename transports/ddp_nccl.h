@@ -468,19 +468,13 @@ _DDP_PRIVATE int _ddp_nccl_tg_find(const _ddp_nccl_t *s) {
     return -1;
 }
 
-_DDP_PRIVATE const char *_ddp_nccl_kind_name(int kind) {
-    static const char *const names[] = { "?", "all_reduce", "reduce_scatter", "all_gather",
-        "broadcast", "barrier", "reduce", "gather", "scatter", "all_to_all", "send", "recv" };
-    return kind >= 1 && kind <= DDP_CALL_RECV ? names[kind] : "?";
-}
-
 _DDP_PRIVATE void _ddp_nccl_describe(const ddp_device_call_t *k, int ncalls, char *out, size_t cap) {
     int n;
     if (k->kind == 0) {
         snprintf(out, cap, "copies on the stream after call #%llu", (unsigned long long)k->seq);
         return;
     }
-    n = snprintf(out, cap, "%s #%llu (%zu x %s", _ddp_nccl_kind_name(k->kind),
+    n = snprintf(out, cap, "%s #%llu (%zu x %s", _ddp_kind_name(k->kind),
                      (unsigned long long)k->seq, k->count, ddp_dtype_name(k->dtype));
     if (n < 0 || (size_t)n >= cap) return;
     if (k->kind == DDP_CALL_ALL_REDUCE || k->kind == DDP_CALL_REDUCE_SCATTER || k->kind == DDP_CALL_REDUCE)

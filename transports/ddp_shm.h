@@ -1285,20 +1285,20 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t
             if (ddp_transport_aborted(sp->ctx))
                 return ddp_transport_fail(sp->ctx, DDP_ERR_ABORTED, "shm: %s (phase %s, chunk %zu "
                                           "of %zu): ddp_comm_abort was called on this rank",
-                                          _ddp_transport_sig_kind(sig->kind), step, chunk + 1,
+                                          _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks);
             if (_ddp_shm_peer_gone(k) &&
                 __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
                 return ddp_transport_fail(sp->ctx, DDP_ERR_REMOTE, "shm: rank %d (pid %d) is gone: "
                                           "it exited, crashed or failed during %s (phase %s, chunk "
                                           "%zu of %zu)", k->peer, k->peer_pid,
-                                          _ddp_transport_sig_kind(sig->kind), step, chunk + 1,
+                                          _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks);
             if (_ddp_transport_spin_expired(&s)) {
                 if (sp->ctx->waiting_on) *sp->ctx->waiting_on = k->peer;
                 return ddp_transport_fail(sp->ctx, DDP_ERR_TIMEOUT, "shm: %s (phase %s, chunk %zu "
                                           "of %zu): rank %d did not arrive within %d ms",
-                                          _ddp_transport_sig_kind(sig->kind), step, chunk + 1,
+                                          _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks, k->peer, s.timeout_ms);
             }
         }
@@ -1399,7 +1399,7 @@ static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *
     _ddp_transport_sig_t sig;
     ddp_result_t r;
     int q;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_REDUCE, dtype, op, count, 0);
+    _ddp_transport_sig_set(&sig, DDP_CALL_ALL_REDUCE, dtype, op, count, 0);
     if (bytes <= sp->small_max) {
         /* One step: everyone reduces everything, in rank order (the same bits everywhere). */
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
@@ -1481,7 +1481,7 @@ static ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendbuf, vo
     ddp_result_t r;
     size_t ci;
     int q;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_REDUCE_SCATTER, dtype, op, rc, 0);
+    _ddp_transport_sig_set(&sig, DDP_CALL_REDUCE_SCATTER, dtype, op, rc, 0);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = rc - off < per ? rc - off : per;
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
@@ -1520,7 +1520,7 @@ static ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *
     ddp_result_t r;
     size_t ci;
     int q;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_GATHER, dtype, DDP_SUM, sc, 0);
+    _ddp_transport_sig_set(&sig, DDP_CALL_ALL_GATHER, dtype, DDP_SUM, sc, 0);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = sc - off < per ? sc - off : per;
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
@@ -1545,7 +1545,7 @@ static ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *r
     _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_BROADCAST, dtype, DDP_SUM, count, root);
+    _ddp_transport_sig_set(&sig, DDP_CALL_BROADCAST, dtype, DDP_SUM, count, root);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = count - off < per ? count - off : per;
         if (sp->rank == root && n) {
@@ -1566,7 +1566,7 @@ static ddp_result_t _ddp_shm_barrier(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     _ddp_transport_sig_t sig;
     memset(&sig, 0, sizeof sig);
-    sig.kind = _DDP_TSIG_BARRIER;
+    sig.kind = DDP_CALL_BARRIER;
     _ddp_shm_signal(sp, &sig);
     return _ddp_shm_wait_all(sp, &sig, "arrive", 0, 1);
 }

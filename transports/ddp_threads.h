@@ -766,7 +766,7 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t
             if (ddp_transport_aborted(c))
                 return ddp_transport_fail(c, DDP_ERR_ABORTED, "threads: %s (phase %s), waiting for "
                                           "rank %d: ddp_comm_abort was called on this rank",
-                                          _ddp_transport_sig_kind(kind), step, q);
+                                          _ddp_kind_name(kind), step, q);
             /* A peer that closed will not come; the one we wait for may still have arrived
              * meanwhile (the closer left after the end of this step): look again first. */
             if ((gone = _ddp_thr_closed_peer(tp, target)) >= 0 &&
@@ -790,12 +790,12 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t
                 return ddp_transport_fail(c, DDP_ERR_REMOTE, "threads: rank %d closed the "
                                           "connection (its communicator was destroyed, aborted or "
                                           "failed) during %s (phase %s)", gone,
-                                          _ddp_transport_sig_kind(kind), step);
+                                          _ddp_kind_name(kind), step);
             }
             if (_ddp_transport_spin_expired(&s)) {
                 if (c->waiting_on) *c->waiting_on = q;
                 return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "threads: %s (phase %s): rank %d did "
-                                          "not arrive within %d ms", _ddp_transport_sig_kind(kind),
+                                          "not arrive within %d ms", _ddp_kind_name(kind),
                                           step, q, s.timeout_ms);
             }
         }
@@ -828,7 +828,7 @@ static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_transport_sig_t *
     int q;
     if (!tp->coll_enabled)
         return ddp_transport_fail(tp->ctx, DDP_ERR_INTERNAL, "threads: %s: a connection is "
-                                  "closed", _ddp_transport_sig_kind(sig->kind));
+                                  "closed", _ddp_kind_name(sig->kind));
     /* The line the peers spin on (step, signature, first data bytes) is written last, all at
      * once: writing it first would make it bounce between the cores while the rest is copied. */
     if (inl_bytes > _DDP_THR_HEAD)
@@ -845,7 +845,7 @@ static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_transport_sig_t *
     if ((q = _ddp_thr_closed_peer(tp, tp->phase)) >= 0)
         return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the "
                                   "connection (its communicator was destroyed, aborted or failed) "
-                                  "during %s", q, _ddp_transport_sig_kind(sig->kind));
+                                  "during %s", q, _ddp_kind_name(sig->kind));
     for (q = 0; q < tp->nranks; q++) {
         tp->sendp[q] = (const unsigned char *)tp->eps[q]->bufs.v.send[slot];
         tp->recvp[q] = (unsigned char *)tp->eps[q]->bufs.v.recv[slot];
@@ -921,7 +921,7 @@ static ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *
     const int p = tp->nranks, me = tp->rank;
     _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_REDUCE, dtype, op, count, 0);
+    _ddp_transport_sig_set(&sig, DDP_CALL_ALL_REDUCE, dtype, op, count, 0);
     if (bytes <= tp->small_max) {
         const int slot = (int)(tp->ncoll & 1);
         r = _ddp_thr_arrive(tp, &sig, sendbuf, recvbuf, sendbuf, bytes, 0);
@@ -947,7 +947,7 @@ static ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *
             for (j = 0; j < p; j++)   /* starting with the next rank: not everyone at rank 0 */
                 _ddp_thr_push(tp->recvp[(me + 1 + j) % p] + off * es, tp->tmp, n * es);
         }
-        r = _ddp_thr_depart(tp, _DDP_TSIG_ALL_REDUCE);
+        r = _ddp_thr_depart(tp, DDP_CALL_ALL_REDUCE);
     }
     return _ddp_thr_finish(tp, r, 1);
 }
@@ -961,7 +961,7 @@ static ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, vo
     const size_t es = ddp_dtype_size(dtype), total = rc * es * (size_t)tp->nranks;
     _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_REDUCE_SCATTER, dtype, op, rc, 0);
+    _ddp_transport_sig_set(&sig, DDP_CALL_REDUCE_SCATTER, dtype, op, rc, 0);
     if (total <= tp->small_max) {
         const int slot = (int)(tp->ncoll & 1);
         const size_t off = rc * es * (size_t)tp->rank;
@@ -986,7 +986,7 @@ static ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, vo
             _ddp_thr_reduce_block(tp, tp->tmp, tp->sendp, base + off, n, dtype, op);
             memcpy((unsigned char *)recvbuf + off * es, tp->tmp, n * es);
         }
-        r = _ddp_thr_depart(tp, _DDP_TSIG_REDUCE_SCATTER);
+        r = _ddp_thr_depart(tp, DDP_CALL_REDUCE_SCATTER);
     }
     return _ddp_thr_finish(tp, r, 1);
 }
@@ -1001,7 +1001,7 @@ static ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *
     const int p = tp->nranks, me = tp->rank, small = bytes <= tp->small_max;
     _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_ALL_GATHER, dtype, DDP_SUM, sc, 0);
+    _ddp_transport_sig_set(&sig, DDP_CALL_ALL_GATHER, dtype, DDP_SUM, sc, 0);
     r = _ddp_thr_arrive(tp, &sig, sendbuf, recvbuf, sendbuf, small ? bytes : 0, !small);
     if (r == DDP_SUCCESS && bytes) {
         int j;
@@ -1012,7 +1012,7 @@ static ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *
             else memcpy(dst, small ? tp->eps[q]->slot[tp->ncoll & 1].v.data : tp->sendp[q], bytes);
         }
     }
-    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, _DDP_TSIG_ALL_GATHER);
+    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, DDP_CALL_ALL_GATHER);
     return _ddp_thr_finish(tp, r, !small);
 }
 
@@ -1024,14 +1024,14 @@ static ddp_result_t _ddp_thr_broadcast(void *state, const void *sendbuf, void *r
     const int small = bytes <= tp->small_max;
     _ddp_transport_sig_t sig;
     ddp_result_t r;
-    _ddp_transport_sig_set(&sig, _DDP_TSIG_BROADCAST, dtype, DDP_SUM, count, root);
+    _ddp_transport_sig_set(&sig, DDP_CALL_BROADCAST, dtype, DDP_SUM, count, root);
     r = _ddp_thr_arrive(tp, &sig, sendbuf, recvbuf, me == root ? sendbuf : NULL,
                         me == root && small ? bytes : 0, !small);
     if (r == DDP_SUCCESS && bytes) {
         if (me == root) { if (recvbuf != sendbuf) memmove(recvbuf, sendbuf, bytes); }
         else memcpy(recvbuf, small ? tp->eps[root]->slot[tp->ncoll & 1].v.data : tp->sendp[root], bytes);
     }
-    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, _DDP_TSIG_BROADCAST);
+    if (r == DDP_SUCCESS && !small) r = _ddp_thr_depart(tp, DDP_CALL_BROADCAST);
     return _ddp_thr_finish(tp, r, !small);
 }
 
@@ -1039,7 +1039,7 @@ static ddp_result_t _ddp_thr_barrier(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     _ddp_transport_sig_t sig;
     memset(&sig, 0, sizeof sig);
-    sig.kind = _DDP_TSIG_BARRIER;
+    sig.kind = DDP_CALL_BARRIER;
     return _ddp_thr_finish(tp, _ddp_thr_arrive(tp, &sig, NULL, NULL, NULL, 0, 0), 0);
 }
 

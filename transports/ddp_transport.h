@@ -115,14 +115,8 @@ typedef struct ddp_coll_provider {
  * return once enqueued (NCCL semantics): results are there when the stream gets to them. The
  * provider keeps its own watchdog (every wait bounded by ctx->timeout_ms, aborts on timeout or
  * on an asynchronous error) since the device library has no timeouts of its own. */
-typedef enum {   /* the same values as the communicator's own call kinds */
-    DDP_CALL_ALL_REDUCE = 1, DDP_CALL_REDUCE_SCATTER, DDP_CALL_ALL_GATHER, DDP_CALL_BROADCAST,
-    DDP_CALL_BARRIER, DDP_CALL_REDUCE, DDP_CALL_GATHER, DDP_CALL_SCATTER, DDP_CALL_ALL_TO_ALL,
-    DDP_CALL_SEND, DDP_CALL_RECV
-} ddp_call_kind_t;
-
 typedef struct ddp_device_call {
-    ddp_call_kind_t kind;
+    ddp_call_kind_t kind;         /* ddp_base.h: the one numbering, values fixed by this ABI */
     const void *send;
     void *recv;
     size_t count;                 /* per rank where the host call says so (NCCL's counts) */
@@ -540,8 +534,7 @@ static inline int _ddp_transport_spin_slow(const _ddp_transport_spin_t *s) {
  * that called something else is named (DDP_ERR_MISMATCH) instead of reading the wrong bytes.
  * Part of shm's region layout: a fixed-size, 8-byte aligned record. */
 typedef struct { int32_t kind, dtype, op, root; uint64_t count; } _ddp_transport_sig_t;
-enum { _DDP_TSIG_ALL_REDUCE = 1, _DDP_TSIG_REDUCE_SCATTER, _DDP_TSIG_ALL_GATHER,
-       _DDP_TSIG_BROADCAST, _DDP_TSIG_BARRIER };
+/* kind is a ddp_call_kind_t (ddp_base.h). */
 
 static inline void _ddp_transport_sig_set(_ddp_transport_sig_t *g, int kind, ddp_dtype_t dtype,
                                           ddp_op_t op, size_t count, int root) {
@@ -558,21 +551,10 @@ static inline int _ddp_transport_sig_differs(const _ddp_transport_sig_t *a,
            a->count != b->count;
 }
 
-_DDP_PRIVATE const char *_ddp_transport_sig_kind(int kind) {
-    switch (kind) {
-    case _DDP_TSIG_ALL_REDUCE: return "all_reduce";
-    case _DDP_TSIG_REDUCE_SCATTER: return "reduce_scatter";
-    case _DDP_TSIG_ALL_GATHER: return "all_gather";
-    case _DDP_TSIG_BROADCAST: return "broadcast";
-    case _DDP_TSIG_BARRIER: return "barrier";
-    }
-    return "?";
-}
-
 /* "all_reduce of 1024 x float32, sum root 0" (for the mismatch message). */
 _DDP_PRIVATE void _ddp_transport_sig_str(const _ddp_transport_sig_t *g, char *out, size_t cap) {
-    const int red = g->kind == _DDP_TSIG_ALL_REDUCE || g->kind == _DDP_TSIG_REDUCE_SCATTER;
-    snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_transport_sig_kind(g->kind),
+    const int red = g->kind == DDP_CALL_ALL_REDUCE || g->kind == DDP_CALL_REDUCE_SCATTER;
+    snprintf(out, cap, "%s of %llu x %s%s%s root %d", _ddp_kind_name(g->kind),
              (unsigned long long)g->count, ddp_dtype_name((ddp_dtype_t)g->dtype), red ? ", " : "",
              red ? ddp_op_name((ddp_op_t)g->op) : "", g->root);
 }
