@@ -15,7 +15,7 @@ B       := build
 # Every header, bottom layer first (README "Layout"); the ibverbs transport is checked by rdma-headers.
 HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_ring.h ddp_trace.h ddp_model.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
-           transports/ddp_tcp.h transports/ddp_shm.h transports/ddp_threads.h transports/ddp_nccl_api.h transports/ddp_nccl.h
+           transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h transports/ddp_nccl_api.h transports/ddp_nccl.h
 NP      ?= 4
 
 TEST_SRCS := $(wildcard tests/test_*.c)

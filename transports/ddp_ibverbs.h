@@ -84,9 +84,6 @@
 #ifndef DDP_SOCKET_IMPLEMENTATION
 #define DDP_SOCKET_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
-#endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_socket.h"

@@ -22,10 +22,10 @@
  * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
  * message sizes.
  *
- * HANDSHAKE (version 3). Over the Unix socket, four fixed-size messages (one layout, a `kind`
- * field): HELLO {comm id, from, to, nonce_c} -> CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c,
- * region size} + memfd -> WELCOME {region size} + memfd, with the proofs of ddp_auth.h over the
- * communicator's key (label "shm <comm id hex> <from>-><to>"). A memfd goes only to a side that
+ * HANDSHAKE (version 3; the messages: transports/ddp_shm_handshake.h). Over the Unix socket,
+ * four fixed-size messages (one layout, a `kind` field): HELLO {comm id, from, to, nonce_c} ->
+ * CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c, region size} + memfd -> WELCOME {region
+ * size} + memfd, with the proofs of ddp_auth.h over the communicator's key (label "shm <comm id hex> <from>-><to>"). A memfd goes only to a side that
  * has proven the key: a same-user process that knows the communicator id but not the key is
  * closed after its ANSWER and never sees a region. Another user's process is refused at accept
  * (SO_PEERCRED). Even a rank that proved the key is not trusted with anything that could crash
@@ -87,12 +87,13 @@
 #ifndef DDP_KERNELS_IMPLEMENTATION
 #define DDP_KERNELS_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
+#ifndef DDP_SHM_HANDSHAKE_IMPLEMENTATION
+#define DDP_SHM_HANDSHAKE_IMPLEMENTATION
 #endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_kernels.h"
+#include "ddp_shm_handshake.h"
 
 #ifndef DDP_SHM_H_INCLUDED
 #define DDP_SHM_H_INCLUDED
@@ -107,8 +108,9 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 
 #if defined(DDP_SHM_IMPLEMENTATION) && !defined(DDP_SHM_IMPL_INCLUDED)
 #define DDP_SHM_IMPL_INCLUDED
-#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED)
-#error "transports/ddp_shm.h's implementation needs ddp_transport.h's and ddp_kernels.h's (define DDP_IMPLEMENTATION)"
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED) || \
+    !defined(DDP_SHM_HANDSHAKE_IMPL_INCLUDED)
+#error "transports/ddp_shm.h's implementation needs ddp_transport.h's, ddp_kernels.h's and ddp_shm_handshake.h's (define DDP_IMPLEMENTATION)"
 #endif
 
 #include <sys/eventfd.h>
@@ -117,21 +119,6 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #include <sys/syscall.h>
 #include <sys/un.h>
 
-/* memfd seals (fcntl(2)), spelled out: glibc declares them only under _GNU_SOURCE. */
-#ifndef F_ADD_SEALS
-#define F_ADD_SEALS 1033
-#define F_GET_SEALS 1034
-#endif
-#ifndef F_SEAL_SEAL
-#define F_SEAL_SEAL 0x0001
-#define F_SEAL_SHRINK 0x0002
-#define F_SEAL_GROW 0x0004
-#endif
-#define _DDP_SHM_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
-
-#define _DDP_SHM_MAGIC 0x44445348u      /* "DDSH": region header and handshake */
-#define _DDP_SHM_VERSION 3u             /* 2: mutual challenge-response before any memfd;
-                                         * 3: sealed memfds, no pid or address on the wire */
 #define _DDP_SHM_HANDSHAKE_MS 10000
 #define _DDP_SHM_CONNECT_TRIES 12       /* a full backlog or an eviction: back off 5 ms .. 1 s */
 #define _DDP_SHM_POOL 32                /* requests per connection, as TCP */
@@ -177,18 +164,6 @@ typedef struct _ddp_shm_conn {
 } _ddp_shm_conn_t;
 
 typedef struct { char name[56]; int32_t pid; uint32_t pad; } _ddp_shm_addr_t;
-
-/* Every handshake message has this one layout (kind says which); `from` is the sender. */
-enum { _DDP_SHM_HELLO = 1, _DDP_SHM_CHALLENGE, _DDP_SHM_ANSWER, _DDP_SHM_WELCOME };
-typedef struct {
-    uint32_t magic, version;
-    uint64_t comm_id;
-    int32_t from, to, unused0, kind;                   /* unused0, unused1: sent as 0, never read */
-    int32_t status, pad;
-    uint64_t region_bytes, unused1;                    /* ANSWER and WELCOME (with the memfd) */
-    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];        /* HELLO: the connector's; CHALLENGE: ours */
-    unsigned char proof[_DDP_AUTH_PROOF_BYTES];        /* CHALLENGE: proof_s; ANSWER: proof_c */
-} _ddp_shm_hello_t;
 
 typedef struct {                      /* an accepted socket in its handshake */
     _ddp_transport_pending_t h;       /* stage 0: awaiting the hello; 1: challenged */
@@ -274,19 +249,6 @@ _DDP_PRIVATE void _ddp_shm_unmap(unsigned char *base, size_t bytes, int shared) 
     _ddp_shm_hdr_t *h = (_ddp_shm_hdr_t *)(void *)base;
     if (!shared || __atomic_sub_fetch(&h->users, 1u, __ATOMIC_ACQ_REL) == 0) munmap(base, bytes);
 }
-
-/* The process at the other end of a unix socket (SO_PEERCRED: the kernel's word, not the
- * peer's): 1 with *pid when it runs as this one's effective user. The answer is Linux's struct
- * ucred (unix(7): pid, uid, gid, 32 bits each), spelled out here because glibc declares it
- * only under _GNU_SOURCE. */
-_DDP_PRIVATE int _ddp_shm_peer_cred(int fd, int *pid) {
-    struct { int32_t pid; uint32_t uid, gid; } cred;
-    socklen_t cl = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred) return 0;
-    if (pid) *pid = cred.pid;
-    return cred.uid == (uint32_t)geteuid();
-}
-_DDP_PRIVATE int _ddp_shm_same_user(int fd) { return _ddp_shm_peer_cred(fd, NULL); }
 
 /* The regions this process made (threads as ranks), by memfd inode: a rank in the same
  * process uses the owner's mapping, found from the descriptor it received, so both work on the
@@ -479,73 +441,6 @@ _DDP_PRIVATE void _ddp_shm_msg(const _ddp_shm_t *sp, _ddp_shm_hello_t *h, int to
     h->kind = kind;
 }
 
-/* Sends a handshake message, with our memfd (SCM_RIGHTS) when with_memfd. Returns 0 or an
- * errno. Only ANSWER and WELCOME carry the memfd: both come after the other side's proof. */
-_DDP_PRIVATE int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, const _ddp_shm_hello_t *h, int with_memfd) {
-    struct msghdr m;
-    struct iovec iov;
-    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int))]; } u;
-    struct cmsghdr *cm;
-    memset(&m, 0, sizeof m);
-    memset(&u, 0, sizeof u);
-    iov.iov_base = (void *)(uintptr_t)h;
-    iov.iov_len = sizeof *h;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    if (with_memfd) {
-        m.msg_control = u.buf;
-        m.msg_controllen = sizeof u.buf;
-        cm = CMSG_FIRSTHDR(&m);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &sp->memfd, sizeof(int));
-    }
-    errno = 0;
-    if (sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *h) return errno ? errno : EIO;
-    return 0;
-}
-
-/* Receives a handshake message and its memfd, if any. 1 = got it, 0 = not yet (EAGAIN),
- * -1 = malformed, -2 = the other side closed. */
-_DDP_PRIVATE int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
-    struct msghdr m;
-    struct iovec iov;
-    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int) * 4)]; } u;
-    struct cmsghdr *cm;
-    ssize_t got;
-    *memfd = -1;
-    memset(&m, 0, sizeof m);
-    iov.iov_base = h;
-    iov.iov_len = sizeof *h;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof u.buf;
-    got = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0
-                        : errno == ECONNRESET ? -2 : -1;
-    for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-            size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), j;
-            int fds[4];
-            memcpy(fds, CMSG_DATA(cm), nfd * sizeof(int) > sizeof fds ? sizeof fds : nfd * sizeof(int));
-            for (j = 0; j < nfd && j < 4; j++) {
-                if (*memfd < 0) *memfd = fds[j];
-                else close(fds[j]);        /* a stranger sending extra descriptors */
-            }
-        }
-    }
-    if (got == 0) return -2;
-    /* Messages are small and sent with one sendmsg: a short read is a stranger, not a split. */
-    if (got != (ssize_t)sizeof *h || h->magic != _DDP_SHM_MAGIC || h->version != _DDP_SHM_VERSION) {
-        if (*memfd >= 0) close(*memfd);
-        *memfd = -1;
-        return -1;
-    }
-    return 1;
-}
-
 _DDP_PRIVATE ddp_result_t _ddp_shm_progress(_ddp_transport_conn_t *h);
 _DDP_PRIVATE ddp_result_t _ddp_shm_post(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
                                         uint64_t tag, void *mr, void **req);
@@ -675,7 +570,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_dial_hello(_ddp_shm_t *sp, _ddp_shm_dial_t *d
         return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: no random bytes for the handshake with rank %d", peer);
     _ddp_shm_msg(sp, &h, peer, _DDP_SHM_HELLO);
     memcpy(h.nonce, d->nonce, sizeof h.nonce);
-    if ((e = _ddp_shm_send_hello(sp, d->fd, &h, 0)) != 0) return _ddp_shm_dial_retry(sp, d, peer, strerror(e));
+    if ((e = _ddp_shm_send_hello(d->fd, &h, -1)) != 0) return _ddp_shm_dial_retry(sp, d, peer, strerror(e));
     d->stage = 1;
     _DDP_TLOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, d->addr.name);
     return DDP_SUCCESS;
@@ -711,7 +606,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *
     _ddp_shm_msg(sp, &a, peer, _DDP_SHM_ANSWER);
     a.region_bytes = sp->region_bytes;
     _ddp_transport_auth_proof(c, "shm", sp->rank, peer, _DDP_AUTH_CLIENT, h.nonce, d->nonce, a.proof);
-    e = _ddp_shm_send_hello(sp, d->fd, &a, 1);
+    e = _ddp_shm_send_hello(d->fd, &a, sp->memfd);
     _ddp_auth_wipe(&a, sizeof a);
     if (e) return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d went away during the handshake: %s",
                                      peer, strerror(e));
@@ -797,7 +692,7 @@ _DDP_PRIVATE int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, c
             h.from >= sp->rank || sp->local_of[h.from] < 0 || sp->ready[h.from] || sp->conns[h.from]) {
             _ddp_shm_msg(sp, &out, h.from, _DDP_SHM_CHALLENGE);
             out.status = 1;   /* a rank of another job learns at once, nothing more */
-            _ddp_shm_send_hello(sp, pd->h.fd, &out, 0);
+            _ddp_shm_send_hello(pd->h.fd, &out, -1);
             *why = "names another communicator or ranks that do not fit this one";
             return 1;
         }
@@ -812,7 +707,7 @@ _DDP_PRIVATE int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, c
         _ddp_shm_msg(sp, &out, h.from, _DDP_SHM_CHALLENGE);
         memcpy(out.nonce, pd->nonce, sizeof out.nonce);
         _ddp_transport_auth_proof(c, "shm", h.from, sp->rank, _DDP_AUTH_SERVER, pd->nonce, pd->nonce_c, out.proof);
-        e = _ddp_shm_send_hello(sp, pd->h.fd, &out, 0);
+        e = _ddp_shm_send_hello(pd->h.fd, &out, -1);
         _ddp_auth_wipe(&out, sizeof out);
         if (e) { *why = "went away before its challenge"; return 1; }
         pd->h.stage = 1;
@@ -831,7 +726,7 @@ _DDP_PRIVATE int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, c
     }
     _ddp_shm_msg(sp, &out, pd->from, _DDP_SHM_WELCOME);
     out.region_bytes = sp->region_bytes;
-    if (_ddp_shm_send_hello(sp, pd->h.fd, &out, 1) != 0) {
+    if (_ddp_shm_send_hello(pd->h.fd, &out, sp->memfd) != 0) {
         close(memfd);
         *why = "went away during the handshake";
         return 1;

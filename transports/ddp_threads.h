@@ -99,9 +99,6 @@
 #ifndef DDP_KERNELS_IMPLEMENTATION
 #define DDP_KERNELS_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
-#endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_kernels.h"
