@@ -696,6 +696,41 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_probe(void *state, char *why, size_t cap) {
     return s->declined[0] ? DDP_ERR_UNSUPPORTED : DDP_SUCCESS;
 }
 
+/* NCCL's unique id: made and published by rank 0, looked up by the others (unless rank 0 said
+ * its setup failed: it then never publishes one). */
+_DDP_PRIVATE ddp_result_t _ddp_nccl_unique_id(_ddp_nccl_t *s, _ddp_nid_t *id) {
+    const ddp_transport_ctx_t *x = s->ctx;
+    int64_t deadline = _ddp_deadline(x->timeout_ms), next_note = 0;
+    size_t len = 0;
+    int nap = 1000;
+    char note[1100];
+    ddp_result_t r;
+    _ddp_nres_t nr;
+    memset(id, 0, sizeof *id);
+    if (x->rank == 0) {
+        if ((nr = s->api->GetUniqueId(id)) != 0)
+            return _ddp_nccl_setup_fail(s, DDP_ERR_SYSTEM, "nccl: ncclGetUniqueId: %s", _ddp_nccl_err(s, nr));
+        return x->publish(x->host, "nccl", id, sizeof *id);
+    }
+    while (!x->published(x->host, "nccl", 0)) {
+        struct timespec ts;
+        if (ddp_transport_aborted(x)) return DDP_ERR_ABORTED;
+        if (_ddp_nccl_peer_setup_failed(s, &next_note, note, sizeof note))
+            return _ddp_nccl_raise(s, DDP_ERR_REMOTE, "nccl: the NCCL setup failed on another "
+                                  "rank: %s", note);
+        if (deadline && _ddp_now_us() >= deadline) break;   /* the lookup says so */
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)nap * 1000;
+        nanosleep(&ts, NULL);
+        if (nap < 20000) nap *= 2;
+    }
+    if ((r = x->lookup(x->host, "nccl", 0, id, sizeof *id, &len)) != DDP_SUCCESS) return r;
+    if (len != sizeof *id)
+        return ddp_transport_fail(x, DDP_ERR_MISMATCH, "nccl: rank 0's unique id has %zu bytes, "
+                                  "expected %zu", len, sizeof *id);
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
     _ddp_nccl_t *s = (_ddp_nccl_t *)state;
     const ddp_transport_ctx_t *x = s->ctx;
@@ -713,34 +748,7 @@ _DDP_PRIVATE ddp_result_t _ddp_nccl_setup(void *state, void *inherited) {
             return r;
         }
     } else {
-        memset(&id, 0, sizeof id);
-        if (x->rank == 0) {
-            if ((nr = s->api->GetUniqueId(&id)) != 0)
-                return _ddp_nccl_setup_fail(s, DDP_ERR_SYSTEM, "nccl: ncclGetUniqueId: %s", _ddp_nccl_err(s, nr));
-            if ((r = x->publish(x->host, "nccl", &id, sizeof id)) != DDP_SUCCESS) return r;
-        } else {
-            /* rank 0's id, unless rank 0 said its setup failed (it then never publishes one) */
-            int64_t deadline = _ddp_deadline(x->timeout_ms), next_note = 0;
-            size_t len = 0;
-            int nap = 1000;
-            char note[1100];
-            while (!x->published(x->host, "nccl", 0)) {
-                struct timespec ts;
-                if (ddp_transport_aborted(x)) return DDP_ERR_ABORTED;
-                if (_ddp_nccl_peer_setup_failed(s, &next_note, note, sizeof note))
-                    return _ddp_nccl_raise(s, DDP_ERR_REMOTE, "nccl: the NCCL setup failed on another "
-                                          "rank: %s", note);
-                if (deadline && _ddp_now_us() >= deadline) break;   /* the lookup says so */
-                ts.tv_sec = 0;
-                ts.tv_nsec = (long)nap * 1000;
-                nanosleep(&ts, NULL);
-                if (nap < 20000) nap *= 2;
-            }
-            if ((r = x->lookup(x->host, "nccl", 0, &id, sizeof id, &len)) != DDP_SUCCESS) return r;
-            if (len != sizeof id)
-                return ddp_transport_fail(x, DDP_ERR_MISMATCH, "nccl: rank 0's unique id has %zu bytes, "
-                                          "expected %zu", len, sizeof id);
-        }
+        if ((r = _ddp_nccl_unique_id(s, &id)) != DDP_SUCCESS) return r;
         _DDP_NCCL_CONFIG_INIT(cfg);
         cfg.blocking = 0;   /* so that init can be bounded (polled) and aborted */
         nr = s->api->CommInitRankConfig(&s->comm, x->nranks, id, x->rank, &cfg);

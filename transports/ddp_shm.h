@@ -22,19 +22,20 @@
  * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
  * message sizes.
  *
- * HANDSHAKE (version 3; the messages: transports/ddp_shm_handshake.h). Over the Unix socket,
- * four fixed-size messages (one layout, a `kind` field): HELLO {comm id, from, to, nonce_c} ->
- * CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c, region size} + memfd -> WELCOME {region
- * size} + memfd, with the proofs of ddp_auth.h over the communicator's key (label "shm <comm id hex> <from>-><to>"). A memfd goes only to a side that
- * has proven the key: a same-user process that knows the communicator id but not the key is
- * closed after its ANSWER and never sees a region. Another user's process is refused at accept
- * (SO_PEERCRED). Even a rank that proved the key is not trusted with anything that could crash
- * the others: its pid comes from SO_PEERCRED, never from a message; no address is sent (a rank
- * of the same process is found by the memfd's inode); and a region is mapped only if its memfd
- * is sealed against shrinking and growing (and against removing the seals) and has the agreed
- * size (fstat), so no peer can make another rank's access fault. The table of handshakes in progress holds world size + 64 entries; when full, the
- * oldest connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as
- * in the TCP transport; a full listen backlog makes a connect back off and retry.
+ * HANDSHAKE (version 3; the messages: transports/ddp_shm_handshake.h). Over the Unix socket, four
+ * fixed-size messages (one layout, a `kind` field): HELLO {comm id, from, to, nonce_c} ->
+ * CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c, region size} + memfd -> WELCOME {region size} +
+ * memfd, with the proofs of ddp_auth.h over the communicator's key (label "shm <comm id hex>
+ * <from>-><to>"). A memfd goes only to a side that has proven the key: a same-user process that
+ * knows the communicator id but not the key is closed after its ANSWER and never sees a region.
+ * Another user's process is refused at accept (SO_PEERCRED). Even a rank that proved the key is
+ * not trusted with anything that could crash the others: its pid comes from SO_PEERCRED, never
+ * from a message; no address is sent (a rank of the same process is found by the memfd's inode);
+ * and a region is mapped only if its memfd is sealed against shrinking and growing (and against
+ * removing the seals) and has the agreed size (fstat), so no peer can make another rank's access
+ * fault. The table of handshakes in progress holds world size + 64 entries; when full, the oldest
+ * connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as in the
+ * TCP transport; a full listen backlog makes a connect back off and retry.
  *
  * COLLECTIVES. When every rank of a communicator is on this host, the transport runs the
  * collectives itself (ddp_coll_provider_t) instead of the ring:
@@ -278,6 +279,22 @@ _DDP_PRIVATE unsigned char *_ddp_shm_mapped_use(const struct stat *st) {
     return base;
 }
 
+/* Puts this rank's region on the process's list, for the ranks of this process to find. */
+_DDP_PRIVATE ddp_result_t _ddp_shm_mapped_add(_ddp_shm_t *sp) {
+    struct stat st;
+    sp->mapped = (_ddp_shm_mapped_t *)ddp_transport_calloc(sp->ctx, sizeof *sp->mapped);
+    if (!sp->mapped || fstat(sp->memfd, &st) != 0)
+        return ddp_transport_fail(sp->ctx, DDP_ERR_SYSTEM, "shm: registering the region");
+    sp->mapped->dev = st.st_dev;
+    sp->mapped->ino = st.st_ino;
+    sp->mapped->base = sp->mine;
+    pthread_mutex_lock(&_ddp_shm_mapped_mu);
+    sp->mapped->next = _ddp_shm_mapped_list;
+    _ddp_shm_mapped_list = sp->mapped;
+    pthread_mutex_unlock(&_ddp_shm_mapped_mu);
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE void _ddp_shm_mapped_drop(_ddp_shm_mapped_t *e) {
     _ddp_shm_mapped_t **pp;
     pthread_mutex_lock(&_ddp_shm_mapped_mu);
@@ -403,19 +420,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     me->pid = (int32_t)getpid();
     me->region_bytes = sp->region_bytes;
     me->users = 1;
-    {
-        struct stat st;
-        sp->mapped = (_ddp_shm_mapped_t *)ddp_transport_calloc(c, sizeof *sp->mapped);
-        if (!sp->mapped || fstat(sp->memfd, &st) != 0)
-            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: registering the region");
-        sp->mapped->dev = st.st_dev;
-        sp->mapped->ino = st.st_ino;
-        sp->mapped->base = sp->mine;
-        pthread_mutex_lock(&_ddp_shm_mapped_mu);
-        sp->mapped->next = _ddp_shm_mapped_list;
-        _ddp_shm_mapped_list = sp->mapped;
-        pthread_mutex_unlock(&_ddp_shm_mapped_mu);
-    }
+    if (_ddp_shm_mapped_add(sp) != DDP_SUCCESS) return DDP_ERR_SYSTEM;
     __atomic_store_n(&sp->me, me, __ATOMIC_RELEASE);
     _DDP_TLOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
               "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,

@@ -718,6 +718,31 @@ _DDP_PRIVATE void _ddp_thr_publish(_ddp_thr_t *tp, int arrive) {
 /* Waits until every other rank has published step tp->phase; with sig (the first step of a
  * collective: watch the slots), checks that they called the same thing. Spin, then yield, then
  * sleep; the clock is read only now and then. */
+/* Rank `gone` closed while this one waited for step `target`: the failure to report. A rank
+ * that saw another call here fails and closes at once, maybe before the rank we wait for
+ * arrives: every rank must still say MISMATCH, so look at the calls of all who did arrive
+ * before blaming the closed one. */
+_DDP_PRIVATE ddp_result_t _ddp_thr_peer_left(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig,
+                                             uint64_t target, int gone, int kind, const char *step) {
+    const int slot = (int)(tp->ncoll & 1);
+    int o;
+    for (o = 0; sig && o < tp->nranks; o++) {
+        const _ddp_thr_ep_t *f = tp->eps[o];
+        char theirs[160], ours[160];
+        if (o == tp->rank || __atomic_load_n(&f->slot[slot].v.step, __ATOMIC_ACQUIRE) < target ||
+            !_ddp_transport_sig_differs(&f->slot[slot].v.sig, sig))
+            continue;
+        _ddp_transport_sig_str(&f->slot[slot].v.sig, theirs, sizeof theirs);
+        _ddp_transport_sig_str(sig, ours, sizeof ours);
+        return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: rank %d called %s, this "
+                                  "rank %s: the ranks called different collectives, dtypes, ops, "
+                                  "roots or counts", o, theirs, ours);
+    }
+    return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the connection "
+                              "(its communicator was destroyed, aborted or failed) during %s "
+                              "(phase %s)", gone, _ddp_transport_sig_kind(kind), step);
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, int kind,
                                             const char *step) {
     const uint64_t target = tp->phase;
@@ -755,28 +780,8 @@ _DDP_PRIVATE ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport
             /* A peer that closed will not come; the one we wait for may still have arrived
              * meanwhile (the closer left after the end of this step): look again first. */
             if ((gone = _ddp_thr_closed_peer(tp, target)) >= 0 &&
-                __atomic_load_n(word, __ATOMIC_SEQ_CST) < target) {
-                /* A rank that saw another call here fails and closes at once, maybe before the
-                 * rank we wait for arrives: every rank must still say MISMATCH, so look at the
-                 * calls of all who did arrive before blaming the closed one. */
-                int o;
-                for (o = 0; sig && o < p; o++) {
-                    const _ddp_thr_ep_t *f = tp->eps[o];
-                    char theirs[160], ours[160];
-                    if (o == tp->rank || __atomic_load_n(&f->slot[slot].v.step, __ATOMIC_ACQUIRE) < target ||
-                        !_ddp_transport_sig_differs(&f->slot[slot].v.sig, sig))
-                        continue;
-                    _ddp_transport_sig_str(&f->slot[slot].v.sig, theirs, sizeof theirs);
-                    _ddp_transport_sig_str(sig, ours, sizeof ours);
-                    return ddp_transport_fail(c, DDP_ERR_MISMATCH, "threads: rank %d called %s, "
-                                              "this rank %s: the ranks called different "
-                                              "collectives, dtypes, ops, roots or counts", o, theirs, ours);
-                }
-                return ddp_transport_fail(c, DDP_ERR_REMOTE, "threads: rank %d closed the "
-                                          "connection (its communicator was destroyed, aborted or "
-                                          "failed) during %s (phase %s)", gone,
-                                          _ddp_transport_sig_kind(kind), step);
-            }
+                __atomic_load_n(word, __ATOMIC_SEQ_CST) < target)
+                return _ddp_thr_peer_left(tp, sig, target, gone, kind, step);
             if (_ddp_transport_spin_expired(&s)) {
                 if (c->waiting_on) *c->waiting_on = q;
                 return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "threads: %s (phase %s): rank %d did "

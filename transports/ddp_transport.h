@@ -17,7 +17,8 @@
  * peer, the highest-priority registered transport that reaches it.
  *
  * This header also holds what every transport needs the same way (the shared plumbing):
- * the registry, the context helpers, a request free list and spin-then-block waiting.
+ * the registry, the context helpers, the request and connection heads with the isend, irecv
+ * and test that serve every queued transport, and spin-then-block waiting.
  * Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_TRANSPORT_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_TRANSPORT_IMPLEMENTATION)
