@@ -888,12 +888,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_recv_some(_ddp_shm_conn_t *k, size_t cstride,
             cell->len > q->len - q->done || cell->len > sp->cell_bytes) {
             if (cell->off != q->done || cell->len > sp->cell_bytes)
                 return _ddp_shm_broken(k, DDP_ERR_MISMATCH, "malformed queue contents from");
-            return _ddp_transport_conn_fail(sp->ctx, &k->h.err, DDP_ERR_MISMATCH, "shm: rank %d "
-                "sent collective #%u (signature %08x) of %llu bytes, this rank expected #%u "
-                "(signature %08x) of %zu bytes: the ranks called different collectives, "
-                "dtypes, ops, roots or counts", k->h.peer, (unsigned)(cell->tag & 0xffffffffu),
-                (unsigned)(cell->tag >> 32), (unsigned long long)cell->total,
-                (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32), q->len);
+            return _ddp_transport_conn_mismatch(&k->h, cell->tag, cell->total, q);
         }
         if (cell->len) memcpy(q->buf + q->done, cell + 1, cell->len);
         q->done += cell->len;

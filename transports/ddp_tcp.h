@@ -644,12 +644,7 @@ _DDP_PRIVATE ddp_result_t _ddp_tcp_check_hdr(_ddp_tcp_conn_t *k, const _ddp_tcp_
         return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: malformed message from rank "
                                "%d (bad magic %08x)", k->h.peer, q->hdr.magic);
     if (q->hdr.tag != q->h.tag || q->hdr.len != q->h.len)
-        return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: rank %d sent collective #%u "
-            "(signature %08x) of %llu bytes, this rank expected #%u (signature %08x) of "
-            "%zu bytes: the ranks called different collectives, dtypes, ops, roots or "
-            "counts", k->h.peer, (unsigned)(q->hdr.tag & 0xffffffffu),
-            (unsigned)(q->hdr.tag >> 32), (unsigned long long)q->hdr.len,
-            (unsigned)(q->h.tag & 0xffffffffu), (unsigned)(q->h.tag >> 32), q->h.len);
+        return _ddp_transport_conn_mismatch(&k->h, q->hdr.tag, q->hdr.len, &q->h);
     return DDP_SUCCESS;
 }
 

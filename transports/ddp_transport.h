@@ -444,6 +444,18 @@ static inline void _ddp_transport_req_put(_ddp_transport_conn_t *k, _ddp_transpo
     k->free.req[k->free.n++] = q;
 }
 
+/* A received message is not the one the receive was posted for (tags are the communicator's:
+ * signature digest << 32 | sequence): k's sticky failure, naming both. */
+_DDP_PRIVATE ddp_result_t _ddp_transport_conn_mismatch(_ddp_transport_conn_t *k, uint64_t their_tag,
+                                                       uint64_t their_len, const _ddp_transport_req_t *q) {
+    return _ddp_transport_conn_fail(k->ctx, &k->err, DDP_ERR_MISMATCH, "%s: rank %d sent collective "
+        "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) of %zu bytes: "
+        "the ranks called different collectives, dtypes, ops, roots or counts", k->name, k->peer,
+        (unsigned)(their_tag & 0xffffffffu), (unsigned)(their_tag >> 32),
+        (unsigned long long)their_len, (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32),
+        q->len);
+}
+
 /* The vtable's isend, irecv and test for queued connections. */
 _DDP_PRIVATE ddp_result_t _ddp_transport_isend(void *conn, const void *buf, size_t len, uint64_t tag,
                                                void *mr, void **req) {
