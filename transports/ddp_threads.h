@@ -443,7 +443,7 @@ _DDP_PRIVATE _ddp_thr_req_t *_ddp_thr_req_get(_ddp_thr_conn_t *k) {
 _DDP_PRIVATE void _ddp_thr_req_put(_ddp_thr_conn_t *k, _ddp_thr_req_t *q) {
     __atomic_store_n(&q->state, (uint32_t)_DDP_THR_FREE, __ATOMIC_RELAXED);
     q->h.conn = k;
-    q->h.next = &k->free_list->h;
+    q->h.next = k->free_list ? &k->free_list->h : NULL;
     k->free_list = q;
 }
 
