@@ -8,8 +8,9 @@ libddp header it includes, each once, in include order) and the optional headers
 
 A local include ("...") that resolves to a file of this tree is replaced by that file's text the
 first time, and dropped after; system includes (<...>) stay. In the optional headers each
-include of a libddp header becomes `#include "ddp.h"`: the one core header holds all of them, and
-sits in the same folder in a flat copy (its guards make a repeat harmless).
+include of a core header becomes `#include "ddp.h"`: the one core header holds all of them, and
+sits in the same folder in a flat copy (its guards make a repeat harmless); a header only an
+optional one uses (shm's handshake, NCCL's library table) is inlined into it.
 """
 import os, re, sys
 
@@ -39,6 +40,29 @@ def inline(path, seen, out):
             out.append(line)
 
 
+def optional(path, core, own):
+    """An optional header's lines: an include of a core header becomes #include "ddp.h" (once in a
+    row); its own private headers (a transport's handshake or library table) are inlined."""
+    lines, last = [], None
+    own.add(os.path.normpath(path))
+    with open(path) as f:
+        for line in f:
+            m = INCLUDE.match(line)
+            target = m and os.path.normpath(os.path.join(os.path.dirname(path), m.group(1)))
+            if m and target in core:
+                line = '#include "ddp.h"   /* was: ' + m.group(1) + ' (tools/amalgamate.py) */\n'
+                if last is not None and last.startswith('#include "ddp.h"'):
+                    line = '/* ' + m.group(1) + ': in ddp.h too */\n'
+            elif m and os.path.isfile(target):
+                if target not in own:
+                    lines.append(f'/* ==== {os.path.relpath(target, ROOT)} ==== */\n')
+                    lines.extend(optional(target, core, own))
+                line = '/* ' + m.group(1) + ': inlined above */\n'
+            lines.append(line)
+            last = line
+    return lines
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit('usage: amalgamate.py OUTDIR')
@@ -54,20 +78,9 @@ def main():
         f.write(''.join(out))
     for opt in OPTIONAL:
         src = os.path.join(ROOT, opt)
-        if not os.path.isfile(src):
-            continue
-        lines, last = [], None
-        with open(src) as f:
-            for line in f:
-                m = INCLUDE.match(line)
-                if m and os.path.isfile(os.path.normpath(os.path.join(os.path.dirname(src), m.group(1)))):
-                    line = '#include "ddp.h"   /* was: ' + m.group(1) + ' (tools/amalgamate.py) */\n'
-                    if last is not None and last.startswith('#include "ddp.h"'):
-                        line = '/* ' + m.group(1) + ': in ddp.h too */\n'
-                lines.append(line)
-                last = line
-        with open(os.path.join(outdir, os.path.basename(opt)), 'w') as g:
-            g.write(''.join(lines))
+        if os.path.isfile(src):
+            with open(os.path.join(outdir, os.path.basename(opt)), 'w') as g:
+                g.write(''.join(optional(src, seen, set())))
     print(f'{outdir}: ddp.h ({len(seen)} headers in one) and ' +
           ', '.join(os.path.basename(o) for o in OPTIONAL if os.path.isfile(os.path.join(ROOT, o))))
 

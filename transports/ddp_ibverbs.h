@@ -84,9 +84,6 @@
 #ifndef DDP_SOCKET_IMPLEMENTATION
 #define DDP_SOCKET_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
-#endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_socket.h"
@@ -186,7 +183,7 @@ static _ddp_ibv_api_t _ddp_ibv;
 static char _ddp_ibv_load_error[256];
 static pthread_once_t _ddp_ibv_once = PTHREAD_ONCE_INIT;
 
-static void _ddp_ibv_load(void) {
+_DDP_PRIVATE void _ddp_ibv_load(void) {
 #ifdef DDP_IBV_DLOPEN
     static const char *const names[] = {
         "ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name", "ibv_open_device",
@@ -290,23 +287,19 @@ typedef struct {              /* a cached registration */
     uint64_t used;
 } _ddp_ib_reg_t;
 
-struct _ddp_ib_conn;
-typedef struct _ddp_ib_req {
-    struct _ddp_ib_req *next;
-    struct _ddp_ib_conn *conn;
-    unsigned char *buf;
-    size_t len, posted;       /* send: payload bytes whose writes are posted */
-    uint64_t tag;
+typedef struct {
+    _ddp_transport_req_t h;   /* h.done: a send's payload bytes whose writes are posted */
     uint32_t seq;
-    int idx, is_send, complete, bounce, inl;
+    int idx, bounce, inl;
     _ddp_ib_reg_t *reg;       /* cached registration in use, or */
     struct ibv_mr *own_mr;    /* one made for this message (deregistered when done), or */
     struct ibv_mr *user_mr;   /* the caller's (reg_mr) */
 } _ddp_ib_req_t;
+#define _DDP_IB_NEXT(q) ((_ddp_ib_req_t *)(void *)(q)->h.next)
 
 typedef struct _ddp_ib_conn {
+    _ddp_transport_conn_t h;  /* peer, sticky failure, free list: the shared isend/irecv/test */
     struct _ddp_ib *st;
-    int peer;
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     unsigned char *mem;       /* inbox, outbox, bounce slots: one mapping, one MR */
@@ -321,13 +314,11 @@ typedef struct _ddp_ib_conn {
     uint32_t cts_sent;               /* CTS written so far */
     _ddp_ib_req_t *sq, *sq_tail, *spost;  /* sends not complete; first not fully posted */
     _ddp_ib_req_t *rq, *rq_tail;          /* receives not complete (CTS posted in order) */
-    _ddp_transport_freelist_t free;
     int sq_room, max_inline, stage, probe_out;
     int sig[_DDP_IB_SQ];             /* WRs retired by each signaled WR, in posting order */
     int sig_head, sig_tail;
     unsigned events;                 /* completion events not yet acknowledged */
     int64_t last_rx_us, bye_us;       /* bye_us: when the peer's goodbye came (0: not yet) */
-    ddp_result_t err;
     _ddp_ib_req_t pool[_DDP_IB_POOL];
 } _ddp_ib_conn_t;
 
@@ -349,11 +340,11 @@ typedef struct _ddp_ib {
     int warned_uncached;
 } _ddp_ib_t;
 
-static ddp_result_t _ddp_ib_finalize(void *state);
+_DDP_PRIVATE ddp_result_t _ddp_ib_finalize(void *state);
 
 /* ---------------------------------------------------------------- device, port, GID */
 /* "RoCE v2", "IB/RoCE v1" or "" (sysfs; what NCCL reads too). */
-static void _ddp_ib_gid_type(struct ibv_device *dev, int port, int idx, char *out, size_t cap) {
+_DDP_PRIVATE void _ddp_ib_gid_type(struct ibv_device *dev, int port, int idx, char *out, size_t cap) {
     char path[512];
     FILE *f;
     out[0] = 0;
@@ -365,7 +356,7 @@ static void _ddp_ib_gid_type(struct ibv_device *dev, int port, int idx, char *ou
     out[strcspn(out, "\n")] = 0;
 }
 
-static int _ddp_ib_pick_gid(_ddp_ib_t *st, struct ibv_device *dev, int tbl_len, union ibv_gid *gid) {
+_DDP_PRIVATE int _ddp_ib_pick_gid(_ddp_ib_t *st, struct ibv_device *dev, int tbl_len, union ibv_gid *gid) {
     static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     int i, best = -1, best_score = 0;
     for (i = 0; i < tbl_len && i < 256; i++) {
@@ -382,7 +373,7 @@ static int _ddp_ib_pick_gid(_ddp_ib_t *st, struct ibv_device *dev, int tbl_len, 
     return best;
 }
 
-static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
     const ddp_transport_ctx_t *c = st->ctx;
     const char *spec = getenv("DDP_IB_HCA"), *gi = getenv("DDP_IB_GID_INDEX");
     struct ibv_device **list;
@@ -459,14 +450,14 @@ static ddp_result_t _ddp_ib_open(_ddp_ib_t *st) {
 
 /* ---------------------------------------------------------------- registration cache */
 /* 1 if the page holding a is in a locked mapping (the one we locked), 0 if not (remapped). */
-static int _ddp_ib_page_locked(_ddp_ib_t *st, uintptr_t a) {
+_DDP_PRIVATE int _ddp_ib_page_locked(_ddp_ib_t *st, uintptr_t a) {
     void *pg = (void *)(a & ~(uintptr_t)(st->page - 1));
     return madvise(pg, st->page, MADV_COLD) != 0 && errno == EINVAL;
 }
 
 /* The anonymous mapping around p, if it is one and not too big ([heap] and [stack] are named,
  * so they are not): one registration then covers every message cut from a malloc'ed buffer. */
-static int _ddp_ib_vma(uintptr_t p, uintptr_t *lo, uintptr_t *hi) {
+_DDP_PRIVATE int _ddp_ib_vma(uintptr_t p, uintptr_t *lo, uintptr_t *hi) {
     FILE *f = fopen("/proc/self/maps", "r");
     char line[512];
     int found = 0;
@@ -484,7 +475,7 @@ static int _ddp_ib_vma(uintptr_t p, uintptr_t *lo, uintptr_t *hi) {
     return found;
 }
 
-static void _ddp_ib_reg_drop(_ddp_ib_t *st, _ddp_ib_reg_t *e) {
+_DDP_PRIVATE void _ddp_ib_reg_drop(_ddp_ib_t *st, _ddp_ib_reg_t *e) {
     int i, shared = 0;
     for (i = 0; i < _DDP_IB_REGS; i++) {
         _ddp_ib_reg_t *o = &st->regs[i];
@@ -495,7 +486,7 @@ static void _ddp_ib_reg_drop(_ddp_ib_t *st, _ddp_ib_reg_t *e) {
     memset(e, 0, sizeof *e);
 }
 
-static void _ddp_ib_reg_release(_ddp_ib_t *st, _ddp_ib_req_t *q) {
+_DDP_PRIVATE void _ddp_ib_reg_release(_ddp_ib_t *st, _ddp_ib_req_t *q) {
     if (q->reg) {
         if (--q->reg->refs == 0 && q->reg->dead) _ddp_ib_reg_drop(st, q->reg);
         q->reg = NULL;
@@ -504,10 +495,10 @@ static void _ddp_ib_reg_release(_ddp_ib_t *st, _ddp_ib_req_t *q) {
 }
 
 /* A registration covering [buf, buf + len): cached (q->reg) or for this message (q->own_mr). */
-static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
     const ddp_transport_ctx_t *c = st->ctx;
-    const uintptr_t lo = (uintptr_t)q->buf, hi = lo + q->len;
-    const int need_w = !q->is_send;
+    const uintptr_t lo = (uintptr_t)q->h.buf, hi = lo + q->h.len;
+    const int need_w = !q->h.is_send;
     const int wr = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
     uintptr_t rlo, rhi;
     struct ibv_mr *mr;
@@ -542,7 +533,7 @@ static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
     if (!mr)
         return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: registering %zu bytes at %p (for a "
                                   "message %s rank %d) failed: %s%s", (size_t)(rhi - rlo), (void *)rlo,
-                                  q->is_send ? "to" : "from", peer, strerror(errno),
+                                  q->h.is_send ? "to" : "from", peer, strerror(errno),
                                   errno == ENOMEM || errno == EPERM ? " (locked-memory limit: ulimit -l)" : "");
     if (st->cache_on) {
         /* Entries overlapping the new range go first: the mlock below would otherwise make a
@@ -578,19 +569,19 @@ static ddp_result_t _ddp_ib_reg_get(_ddp_ib_t *st, _ddp_ib_req_t *q, int peer) {
     q->reg = slot;
     _ddp_ib_count(_DDP_IBS_REG);
     _DDP_TLOG(c, DDP_LOG_TRACE, "ibverbs: registered [%p, +%zu) for a %zu-byte message %s rank %d "
-              "(cache miss)", (void *)rlo, (size_t)(rhi - rlo), q->len, q->is_send ? "to" : "from", peer);
+              "(cache miss)", (void *)rlo, (size_t)(rhi - rlo), q->h.len, q->h.is_send ? "to" : "from", peer);
     return DDP_SUCCESS;
 }
 
-static uint32_t _ddp_ib_lkey(const _ddp_ib_req_t *q) {
+_DDP_PRIVATE uint32_t _ddp_ib_lkey(const _ddp_ib_req_t *q) {
     return q->user_mr ? q->user_mr->lkey : q->reg ? q->reg->mr->lkey : q->own_mr->lkey;
 }
-static uint32_t _ddp_ib_rkey(const _ddp_ib_req_t *q) {
+_DDP_PRIVATE uint32_t _ddp_ib_rkey(const _ddp_ib_req_t *q) {
     return q->user_mr ? q->user_mr->rkey : q->reg ? q->reg->mr->rkey : q->own_mr->rkey;
 }
 
 /* ---------------------------------------------------------------- init */
-static ddp_result_t _ddp_ib_init(const ddp_transport_ctx_t *c, void **state) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_ib_t *st;
     ddp_result_t r;
     int n = c->nranks;
@@ -669,7 +660,7 @@ fail:
     return r;
 }
 
-static int _ddp_ib_reachable(void *state, int peer) {
+_DDP_PRIVATE int _ddp_ib_reachable(void *state, int peer) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     _ddp_ib_info_t *pi = &st->peers[peer];
     if (!st->have_peer[peer]) {
@@ -684,20 +675,20 @@ static int _ddp_ib_reachable(void *state, int peer) {
 
 /* ---------------------------------------------------------------- connections */
 /* The connection's first failure is recorded and sticks: every later call on it returns it. */
-#define _DDP_IB_CONN_FAIL(k, ...) _ddp_transport_conn_fail((k)->st->ctx, &(k)->err, __VA_ARGS__)
+#define _DDP_IB_CONN_FAIL(k, ...) _ddp_transport_conn_fail((k)->st->ctx, &(k)->h.err, __VA_ARGS__)
 
-static ddp_result_t _ddp_ib_post_recvs(_ddp_ib_conn_t *k, int n) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_post_recvs(_ddp_ib_conn_t *k, int n) {
     struct ibv_recv_wr wr, *bad = NULL;
     int i;
     memset(&wr, 0, sizeof wr);
     wr.wr_id = _DDP_IB_WR_RECV;
     for (i = 0; i < n; i++)   /* no SGE: write-with-immediate consumes the WR, not its buffer */
         if (ibv_post_recv(k->qp, &wr, &bad) != 0)
-            return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_recv (rank %d): %s", k->peer, strerror(errno));
+            return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_recv (rank %d): %s", k->h.peer, strerror(errno));
     return DDP_SUCCESS;
 }
 
-static void _ddp_ib_conn_free(_ddp_ib_conn_t *k) {
+_DDP_PRIVATE void _ddp_ib_conn_free(_ddp_ib_conn_t *k) {
     _ddp_ib_t *st = k->st;
     int i;
     for (i = 0; i < _DDP_IB_POOL; i++) _ddp_ib_reg_release(st, &k->pool[i]);
@@ -711,7 +702,11 @@ static void _ddp_ib_conn_free(_ddp_ib_conn_t *k) {
     ddp_transport_free(st->ctx, k);
 }
 
-static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **out) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_progress_conn(_ddp_transport_conn_t *h);
+_DDP_PRIVATE ddp_result_t _ddp_ib_post_req(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
+                                          uint64_t tag, void *mr, void **req);
+
+_DDP_PRIVATE ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **out) {
     const ddp_transport_ctx_t *c = st->ctx;
     _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)ddp_transport_calloc(c, sizeof *k);
     struct ibv_qp_init_attr qa;
@@ -721,7 +716,9 @@ static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **o
     *out = NULL;
     if (!k) return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "ibverbs: connection");
     k->st = st;
-    k->peer = peer;
+    _ddp_transport_conn_init(&k->h, c, "ibverbs", peer, k->pool, sizeof k->pool[0], _DDP_IB_POOL);
+    k->h.post = _ddp_ib_post_req;
+    k->h.progress = _ddp_ib_progress_conn;
     ctl = (ctl + st->page - 1) & ~(st->page - 1);
     k->mem_len = ctl + (size_t)_DDP_IB_POOL * _DDP_IB_BOUNCE;
     k->mem = (unsigned char *)mmap(NULL, k->mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -766,7 +763,6 @@ static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **o
         return ddp_transport_fail(c, DDP_ERR_SYSTEM, "ibverbs: QP to INIT (rank %d): %s", peer, strerror(e));
     }
     for (i = 0; i < _DDP_IB_POOL; i++) k->pool[i].idx = i;
-    _ddp_transport_freelist_init(&k->free, k->pool, sizeof k->pool[0], _DDP_IB_POOL);
     if (_ddp_ib_post_recvs(k, _DDP_IB_RQ) != DDP_SUCCESS) { _ddp_ib_conn_free(k); return DDP_ERR_SYSTEM; }
     {
         uint32_t rnd = (uint32_t)(_ddp_now_us() * 2654435761u) ^ (uint32_t)getpid() ^ (uint32_t)(peer * 40503u);
@@ -777,7 +773,7 @@ static ddp_result_t _ddp_ib_conn_new(_ddp_ib_t *st, int peer, _ddp_ib_conn_t **o
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *pq, const _ddp_ib_info_t *pi) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *pq, const _ddp_ib_info_t *pi) {
     _ddp_ib_t *st = k->st;
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof a);
@@ -800,7 +796,7 @@ static ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *p
     if (_ddp_ibv.modify_qp(k->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
         return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: QP to RTR (rank %d, %s): %s",
-                                  k->peer, pi->dev, strerror(errno));
+                                  k->h.peer, pi->dev, strerror(errno));
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTS;
     a.timeout = (uint8_t)st->timeout;
@@ -810,14 +806,14 @@ static ddp_result_t _ddp_ib_rtr_rts(_ddp_ib_conn_t *k, const _ddp_ib_qpinfo_t *p
     a.max_rd_atomic = 1;
     if (_ddp_ibv.modify_qp(k->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                            IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
-        return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: QP to RTS (rank %d): %s", k->peer, strerror(errno));
+        return ddp_transport_fail(st->ctx, DDP_ERR_SYSTEM, "ibverbs: QP to RTS (rank %d): %s", k->h.peer, strerror(errno));
     return DDP_SUCCESS;
 }
 
 /* Both sides do the same, one stage per call, so a rank never blocks on a key that its peer
  * publishes only in a later round: round 1 publishes (QP info), round 2 reads the peer's (which
  * it published in its round 1) and publishes "ready", round 3 reads the peer's "ready". */
-static ddp_result_t _ddp_ib_connect(void *state, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_connect(void *state, int peer, void **conn) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     const ddp_transport_ctx_t *c = st->ctx;
     _ddp_ib_conn_t *k = st->pend[peer];
@@ -872,18 +868,18 @@ static ddp_result_t _ddp_ib_connect(void *state, int peer, void **conn) {
 }
 
 /* ---------------------------------------------------------------- data path */
-static int _ddp_ib_seq_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
+_DDP_PRIVATE int _ddp_ib_seq_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 
 /* Posts a chain of n WRs (the last signaled) and remembers how many send-queue entries its
  * completion gives back. */
-static ddp_result_t _ddp_ib_post(_ddp_ib_conn_t *k, struct ibv_send_wr *wr, int n) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_post(_ddp_ib_conn_t *k, struct ibv_send_wr *wr, int n) {
     struct ibv_send_wr *bad = NULL;
     int i;
     for (i = 0; i < n; i++) wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
     wr[n - 1].send_flags |= IBV_SEND_SIGNALED;
     if (ibv_post_send(k->qp, wr, &bad) != 0)
         return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_post_send to rank %d: %s",
-                                 k->peer, strerror(errno));
+                                 k->h.peer, strerror(errno));
     k->sq_room -= n;
     k->sig[k->sig_tail] = n;
     k->sig_tail = (k->sig_tail + 1) % _DDP_IB_SQ;
@@ -891,8 +887,8 @@ static ddp_result_t _ddp_ib_post(_ddp_ib_conn_t *k, struct ibv_send_wr *wr, int 
 }
 
 /* A zero-length or inline control write with immediate into the peer's inbox slot. */
-static ddp_result_t _ddp_ib_post_ctl(_ddp_ib_conn_t *k, uint32_t kind, uint32_t seq, int slot,
-                                     uint64_t wr_id) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_post_ctl(_ddp_ib_conn_t *k, uint32_t kind, uint32_t seq, int slot,
+                                           uint64_t wr_id) {
     struct ibv_send_wr wr;
     struct ibv_sge sge;
     memset(&wr, 0, sizeof wr);
@@ -914,12 +910,12 @@ static ddp_result_t _ddp_ib_post_ctl(_ddp_ib_conn_t *k, uint32_t kind, uint32_t 
 
 /* Posts what the send queue has room for: CTS of posted receives, then payload of sends whose
  * CTS arrived, in sequence order. */
-static ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
     ddp_result_t r;
     _ddp_ib_req_t *q;
     /* Clear-to-send, in order. The outbox slot is rewritten only _DDP_IB_SLOTS receives later,
      * when at most _DDP_IB_POOL are outstanding: the old write has long completed. */
-    for (q = k->rq; q; q = q->next) {
+    for (q = k->rq; q; q = _DDP_IB_NEXT(q)) {
         _ddp_ib_cts_t *o;
         int slot;
         if (_ddp_ib_seq_before(q->seq, k->cts_sent)) continue;
@@ -927,10 +923,10 @@ static ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
         slot = (int)(q->seq % _DDP_IB_SLOTS);
         o = &k->outbox[slot];
         o->addr = q->bounce ? (uint64_t)(uintptr_t)(k->bounce + (size_t)q->idx * _DDP_IB_BOUNCE)
-                            : (uint64_t)(uintptr_t)q->buf;
+                            : (uint64_t)(uintptr_t)q->h.buf;
         o->rkey = q->bounce ? k->mr->rkey : _ddp_ib_rkey(q);
-        o->len = q->len;
-        o->tag = q->tag;
+        o->len = q->h.len;
+        o->tag = q->h.tag;
         o->seq = q->seq;
         if ((r = _ddp_ib_post_ctl(k, _DDP_IB_CTS, q->seq, slot, _DDP_IB_WR_CTL)) != DDP_SUCCESS) return r;
         k->cts_sent = q->seq + 1;
@@ -944,60 +940,60 @@ static ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
         int n = 0;
         if (cts->seq != q->seq)
             return _DDP_IB_CONN_FAIL(k, DDP_ERR_INTERNAL, "ibverbs: clear-to-send #%u from rank %d "
-                                     "carries #%u", q->seq, k->peer, cts->seq);
-        if (cts->tag != q->tag || cts->len != q->len) {
+                                     "carries #%u", q->seq, k->h.peer, cts->seq);
+        if (cts->tag != q->h.tag || cts->len != q->h.len) {
             _ddp_ib_cts_t *o = &k->outbox[_DDP_IB_SLOTS];
-            o->tag = q->tag;
-            o->len = q->len;
+            o->tag = q->h.tag;
+            o->len = q->h.len;
             o->seq = q->seq;
             if (k->sq_room >= 1) _ddp_ib_post_ctl(k, _DDP_IB_NACK, q->seq, _DDP_IB_SLOTS, _DDP_IB_WR_CTL);
             return _DDP_IB_CONN_FAIL(k, DDP_ERR_MISMATCH, "ibverbs: rank %d expects collective #%u "
                 "(signature %08x) of %llu bytes, this rank sends #%u (signature %08x) of %zu bytes: "
-                "the ranks called different collectives, dtypes, ops, roots or counts", k->peer,
+                "the ranks called different collectives, dtypes, ops, roots or counts", k->h.peer,
                 (unsigned)(cts->tag & 0xffffffffu), (unsigned)(cts->tag >> 32),
-                (unsigned long long)cts->len, (unsigned)(q->tag & 0xffffffffu),
-                (unsigned)(q->tag >> 32), q->len);
+                (unsigned long long)cts->len, (unsigned)(q->h.tag & 0xffffffffu),
+                (unsigned)(q->h.tag >> 32), q->h.len);
         }
-        chunk = q->len / _DDP_IB_MAX_CHUNKS + 1;
+        chunk = q->h.len / _DDP_IB_MAX_CHUNKS + 1;
         if (chunk < _DDP_IB_CHUNK) chunk = _DDP_IB_CHUNK;
-        while (n < _DDP_IB_MAX_CHUNKS + 1 && n < k->sq_room && (q->posted < q->len || (q->len == 0 && n == 0))) {
-            size_t take = q->len - q->posted < chunk ? q->len - q->posted : chunk;
-            int last = q->posted + take == q->len;
+        while (n < _DDP_IB_MAX_CHUNKS + 1 && n < k->sq_room && (q->h.done < q->h.len || (q->h.len == 0 && n == 0))) {
+            size_t take = q->h.len - q->h.done < chunk ? q->h.len - q->h.done : chunk;
+            int last = q->h.done + take == q->h.len;
             memset(&wr[n], 0, sizeof wr[n]);
             wr[n].wr_id = last ? (uint64_t)(uintptr_t)q : _DDP_IB_WR_CTL;
             wr[n].opcode = last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
             if (last) wr[n].imm_data = htonl(_DDP_IB_DATA << 30 | (q->seq & _DDP_IB_SEQ_MASK));
-            wr[n].wr.rdma.remote_addr = cts->addr + q->posted;
+            wr[n].wr.rdma.remote_addr = cts->addr + q->h.done;
             wr[n].wr.rdma.rkey = cts->rkey;
             if (take) {
                 sge[n].length = (uint32_t)take;
                 if (q->inl) {
-                    sge[n].addr = (uint64_t)(uintptr_t)q->buf;
+                    sge[n].addr = (uint64_t)(uintptr_t)q->h.buf;
                     sge[n].lkey = 0;
                     wr[n].send_flags = IBV_SEND_INLINE;
                 } else if (q->bounce) {
                     sge[n].addr = (uint64_t)(uintptr_t)(k->bounce + (size_t)q->idx * _DDP_IB_BOUNCE);
                     sge[n].lkey = k->mr->lkey;
                 } else {
-                    sge[n].addr = (uint64_t)(uintptr_t)(q->buf + q->posted);
+                    sge[n].addr = (uint64_t)(uintptr_t)(q->h.buf + q->h.done);
                     sge[n].lkey = _ddp_ib_lkey(q);
                 }
                 wr[n].sg_list = &sge[n];
                 wr[n].num_sge = 1;
             }
-            q->posted += take;
+            q->h.done += take;
             n++;
             if (last) break;
         }
         if (n == 0) return DDP_SUCCESS;              /* no room: later */
         if ((r = _ddp_ib_post(k, wr, n)) != DDP_SUCCESS) return r;
-        if (q->posted < q->len) return DDP_SUCCESS;  /* the rest when room frees up */
-        k->spost = q->next;
+        if (q->h.done < q->h.len) return DDP_SUCCESS;  /* the rest when room frees up */
+        k->spost = _DDP_IB_NEXT(q);
     }
     return DDP_SUCCESS;
 }
 
-static const char *_ddp_ib_wc_hint(enum ibv_wc_status s) {
+_DDP_PRIVATE const char *_ddp_ib_wc_hint(enum ibv_wc_status s) {
     switch (s) {
     case IBV_WC_RETRY_EXC_ERR: return ": the peer does not answer (it exited or crashed, or its host or link is down)";
     case IBV_WC_RNR_RETRY_EXC_ERR: return ": the peer posts no receives (stuck?)";
@@ -1009,14 +1005,14 @@ static const char *_ddp_ib_wc_hint(enum ibv_wc_status s) {
 }
 
 /* Polls the completion queue and posts what became possible. *events counts completions. */
-static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
     struct ibv_wc wc[16];
     int n, i, reposts = 0;
     if (events) *events = 0;
-    if (k->err != DDP_SUCCESS) return k->err;
+    if (k->h.err != DDP_SUCCESS) return k->h.err;
     do {
         n = ibv_poll_cq(k->cq, 16, wc);
-        if (n < 0) return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_poll_cq (rank %d) failed", k->peer);
+        if (n < 0) return _DDP_IB_CONN_FAIL(k, DDP_ERR_SYSTEM, "ibverbs: ibv_poll_cq (rank %d) failed", k->h.peer);
         if (n > 0) k->last_rx_us = _ddp_now_us();
         if (events) *events += n;
         for (i = 0; i < n; i++) {
@@ -1031,7 +1027,7 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
                              w->status == IBV_WC_RESP_TIMEOUT_ERR || w->status == IBV_WC_WR_FLUSH_ERR;
                 return _DDP_IB_CONN_FAIL(k, remote ? DDP_ERR_REMOTE : DDP_ERR_SYSTEM,
                                          "ibverbs: %s rank %d failed: %s (status %d, vendor error "
-                                         "0x%x)%s", what, k->peer, _ddp_ibv.wc_status_str(w->status),
+                                         "0x%x)%s", what, k->h.peer, _ddp_ibv.wc_status_str(w->status),
                                          (int)w->status, w->vendor_err, _ddp_ib_wc_hint(w->status));
             }
             if (w->wr_id == _DDP_IB_WR_RECV) {
@@ -1040,18 +1036,18 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
                 if (kind == _DDP_IB_CTS) {
                     if (seq != (k->cts_got & _DDP_IB_SEQ_MASK))
                         return _DDP_IB_CONN_FAIL(k, DDP_ERR_INTERNAL, "ibverbs: clear-to-send #%u "
-                                                 "from rank %d, expected #%u", seq, k->peer, k->cts_got);
+                                                 "from rank %d, expected #%u", seq, k->h.peer, k->cts_got);
                     k->cts_got++;
                 } else if (kind == _DDP_IB_DATA) {
                     _ddp_ib_req_t *q = k->rq;
-                    if (!q || seq != (q->seq & _DDP_IB_SEQ_MASK) || w->byte_len != q->len)
+                    if (!q || seq != (q->seq & _DDP_IB_SEQ_MASK) || w->byte_len != q->h.len)
                         return _DDP_IB_CONN_FAIL(k, DDP_ERR_INTERNAL, "ibverbs: unexpected message "
-                                                 "#%u (%u bytes) from rank %d", seq, w->byte_len, k->peer);
-                    if (q->bounce && q->len)
-                        memcpy(q->buf, k->bounce + (size_t)q->idx * _DDP_IB_BOUNCE, q->len);
+                                                 "#%u (%u bytes) from rank %d", seq, w->byte_len, k->h.peer);
+                    if (q->bounce && q->h.len)
+                        memcpy(q->h.buf, k->bounce + (size_t)q->idx * _DDP_IB_BOUNCE, q->h.len);
                     _ddp_ib_reg_release(k->st, q);
-                    q->complete = 1;
-                    k->rq = q->next;
+                    q->h.complete = 1;
+                    k->rq = _DDP_IB_NEXT(q);
                     if (!k->rq) k->rq_tail = NULL;
                     k->data_got++;
                 } else if (kind == _DDP_IB_NACK) {
@@ -1060,9 +1056,9 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
                     return _DDP_IB_CONN_FAIL(k, DDP_ERR_MISMATCH, "ibverbs: rank %d sent collective "
                         "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) "
                         "of %zu bytes: the ranks called different collectives, dtypes, ops, roots or "
-                        "counts", k->peer, (unsigned)(m->tag & 0xffffffffu), (unsigned)(m->tag >> 32),
-                        (unsigned long long)m->len, q ? (unsigned)(q->tag & 0xffffffffu) : 0u,
-                        q ? (unsigned)(q->tag >> 32) : 0u, q ? q->len : (size_t)0);
+                        "counts", k->h.peer, (unsigned)(m->tag & 0xffffffffu), (unsigned)(m->tag >> 32),
+                        (unsigned long long)m->len, q ? (unsigned)(q->h.tag & 0xffffffffu) : 0u,
+                        q ? (unsigned)(q->h.tag >> 32) : 0u, q ? q->h.len : (size_t)0);
                 } else {
                     /* Goodbye: what the peer wrote before it has arrived (RC keeps order), and
                      * the ACKs of our last writes may still be in this batch. */
@@ -1078,9 +1074,9 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
             } else if (w->wr_id > _DDP_IB_WR_RECV) {
                 _ddp_ib_req_t *q = (_ddp_ib_req_t *)(uintptr_t)w->wr_id;
                 _ddp_ib_reg_release(k->st, q);
-                q->complete = 1;
+                q->h.complete = 1;
                 if (k->sq == q) {           /* completions come in posting order */
-                    k->sq = q->next;
+                    k->sq = _DDP_IB_NEXT(q);
                     if (!k->sq) k->sq_tail = NULL;
                 }
             }
@@ -1091,7 +1087,7 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
          * never cleared, fails now; a send already written gets a moment for its completion. */
         if (k->rq || k->spost || (k->sq && _ddp_now_us() - k->bye_us > 200000))
             return _DDP_IB_CONN_FAIL(k, DDP_ERR_REMOTE, "ibverbs: rank %d closed the connection "
-                                     "(it exited, crashed or failed)", k->peer);
+                                     "(it exited, crashed or failed)", k->h.peer);
         return DDP_SUCCESS;
     }
     if (reposts) {
@@ -1101,84 +1097,59 @@ static ddp_result_t _ddp_ib_progress(_ddp_ib_conn_t *k, int *events) {
     return _ddp_ib_push(k);
 }
 
-static ddp_result_t _ddp_ib_enqueue(_ddp_ib_conn_t *k, int is_send, void *buf, size_t len,
-                                    uint64_t tag, void *mr, void **req) {
+/* The shared test's progress: no completion events to count. */
+_DDP_PRIVATE ddp_result_t _ddp_ib_progress_conn(_ddp_transport_conn_t *h) {
+    return _ddp_ib_progress((_ddp_ib_conn_t *)(void *)h, NULL);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_ib_post_req(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
+                                          uint64_t tag, void *mr, void **req) {
+    _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)(void *)h;
+    _ddp_transport_req_t *t;
     _ddp_ib_req_t *q;
     ddp_result_t r;
-    if (k->err != DDP_SUCCESS) return k->err;
-    if (k->bye_us)
+    if (k->bye_us)   /* (a connection that failed before returns that failure) */
         return _DDP_IB_CONN_FAIL(k, DDP_ERR_REMOTE, "ibverbs: rank %d closed the connection (it "
-                                 "exited, crashed or failed)", k->peer);
-    q = (_ddp_ib_req_t *)_ddp_transport_req_get(k->st->ctx, &k->free, "ibverbs", k->peer);
-    if (!q) return DDP_ERR_INTERNAL;
-    q->next = NULL;
-    q->conn = k;
-    q->buf = (unsigned char *)buf;
-    q->len = len;
-    q->posted = 0;
-    q->tag = tag;
-    q->is_send = is_send;
-    q->complete = 0;
+                                 "exited, crashed or failed)", k->h.peer);
+    if ((r = _ddp_transport_req_take(h, is_send, buf, len, tag, &t)) != DDP_SUCCESS) return r;
+    q = (_ddp_ib_req_t *)(void *)t;
     q->inl = is_send && len && (int)len <= k->max_inline && !mr;
     q->bounce = !q->inl && len <= _DDP_IB_BOUNCE && !mr;
     q->reg = NULL;
     q->own_mr = NULL;
     q->user_mr = (struct ibv_mr *)mr;
     if (!q->inl && !q->bounce && !mr) {
-        r = _ddp_ib_reg_get(k->st, q, k->peer);
-        if (r != DDP_SUCCESS) { _ddp_transport_req_put(&k->free, q); return r; }
+        r = _ddp_ib_reg_get(k->st, q, k->h.peer);
+        if (r != DDP_SUCCESS) { _ddp_transport_req_put(h, t); return r; }
     }
     _ddp_ib_count(q->inl ? _DDP_IBS_INLINE : q->bounce ? (is_send ? _DDP_IBS_BSEND : _DDP_IBS_BRECV)
                   : (is_send ? _DDP_IBS_ZSEND : _DDP_IBS_ZRECV));
     if (is_send) {
         if (q->bounce && len) memcpy(k->bounce + (size_t)q->idx * _DDP_IB_BOUNCE, buf, len);
         q->seq = k->send_seq++;
-        if (k->sq_tail) k->sq_tail->next = q; else k->sq = q;
+        if (k->sq_tail) k->sq_tail->h.next = t; else k->sq = q;
         k->sq_tail = q;
         if (!k->spost) k->spost = q;
     } else {
         q->seq = k->recv_seq++;
-        if (k->rq_tail) k->rq_tail->next = q; else k->rq = q;
+        if (k->rq_tail) k->rq_tail->h.next = t; else k->rq = q;
         k->rq_tail = q;
     }
     *req = q;
     return _ddp_ib_push(k);
 }
 
-static ddp_result_t _ddp_ib_isend(void *conn, const void *buf, size_t len, uint64_t tag, void *mr, void **req) {
-    return _ddp_ib_enqueue((_ddp_ib_conn_t *)conn, 1, (void *)(uintptr_t)buf, len, tag, mr, req);
-}
-
-static ddp_result_t _ddp_ib_irecv(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req) {
-    return _ddp_ib_enqueue((_ddp_ib_conn_t *)conn, 0, buf, len, tag, mr, req);
-}
-
-static ddp_result_t _ddp_ib_test(void *req, int *done) {
-    _ddp_ib_req_t *q = (_ddp_ib_req_t *)req;
-    _ddp_ib_conn_t *k = q->conn;
-    *done = 0;
-    if (!q->complete) {
-        ddp_result_t r = _ddp_ib_progress(k, NULL);
-        if (r != DDP_SUCCESS) return r;
-    }
-    if (q->complete) {
-        _ddp_transport_req_put(&k->free, q);
-        *done = 1;
-    }
-    return DDP_SUCCESS;
-}
-
 /* Arms the connections' CQs and sleeps on the completion channel. A peer silent for longer
  * than DDP_IB_KEEPALIVE_MS gets a zero-length write: if its process is gone, the write fails
  * after the retries and the failure wakes us. */
-static ddp_result_t _ddp_ib_wait(void *state, void *const *conns, int n, int timeout_ms) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_wait(void *state, void *const *conns, int n, int timeout_ms) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     struct pollfd pfd;
     int64_t now = _ddp_now_us();
     int i, ev;
     for (i = 0; i < n; i++) {
         _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)conns[i];
-        if (k->err != DDP_SUCCESS || k->bye_us) { usleep(1000); return DDP_SUCCESS; }  /* test() reports it */
+        if (k->h.err != DDP_SUCCESS || k->bye_us) { usleep(1000); return DDP_SUCCESS; }  /* test() reports it */
         if (_ddp_ib_progress(k, &ev) != DDP_SUCCESS || ev) return DDP_SUCCESS;
         if (!k->probe_out && k->sq_room > 0 && now - k->last_rx_us > (int64_t)st->keepalive_ms * 1000) {
             struct ibv_send_wr wr;
@@ -1215,7 +1186,7 @@ static ddp_result_t _ddp_ib_wait(void *state, void *const *conns, int n, int tim
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_ib_close(void *conn) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_close(void *conn) {
     _ddp_ib_conn_t *k = (_ddp_ib_conn_t *)conn;
     if (!k) return DDP_SUCCESS;
     /* A fork child shares the verbs context with the parent: destroying a queue pair here would
@@ -1223,7 +1194,7 @@ static ddp_result_t _ddp_ib_close(void *conn) {
     if (ddp_transport_forked(k->st->ctx)) return DDP_SUCCESS;
     /* Goodbye, so that a peer still waiting on us fails now, not after a keepalive. Wait a
      * little for it to leave the queue (a dead peer never ACKs: then give up). */
-    if (k->err == DDP_SUCCESS && !k->bye_us && k->sq_room > 0 &&
+    if (k->h.err == DDP_SUCCESS && !k->bye_us && k->sq_room > 0 &&
         _ddp_ib_post_ctl(k, _DDP_IB_BYE, 0, -1, _DDP_IB_WR_BYE) == DDP_SUCCESS) {
         int64_t until = _ddp_now_us() + 100000;
         while (_ddp_now_us() < until) {
@@ -1237,7 +1208,7 @@ static ddp_result_t _ddp_ib_close(void *conn) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_ib_finalize(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_finalize(void *state) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     int i;
     if (!st || ddp_transport_forked(st->ctx)) return DDP_SUCCESS;   /* see _ddp_ib_close */
@@ -1254,7 +1225,7 @@ static ddp_result_t _ddp_ib_finalize(void *state) {
 }
 
 /* Explicit registration (reg_mr): the caller's buffer, registered for local and remote use. */
-static ddp_result_t _ddp_ib_reg_mr(void *state, void *buf, size_t len, void **mr) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_reg_mr(void *state, void *buf, size_t len, void **mr) {
     _ddp_ib_t *st = (_ddp_ib_t *)state;
     struct ibv_mr *m = _ddp_ibv.reg_mr(st->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     *mr = m;
@@ -1263,7 +1234,7 @@ static ddp_result_t _ddp_ib_reg_mr(void *state, void *buf, size_t len, void **mr
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_ib_dereg_mr(void *state, void *mr) {
+_DDP_PRIVATE ddp_result_t _ddp_ib_dereg_mr(void *state, void *mr) {
     (void)state;
     if (mr) _ddp_ibv.dereg_mr((struct ibv_mr *)mr);
     return DDP_SUCCESS;
@@ -1272,7 +1243,7 @@ static ddp_result_t _ddp_ib_dereg_mr(void *state, void *mr) {
 static const ddp_transport_t _ddp_ib_transport = {
     DDP_TRANSPORT_VERSION, "ibverbs", 15,
     _ddp_ib_init, _ddp_ib_reachable, _ddp_ib_connect, _ddp_ib_connect,
-    _ddp_ib_reg_mr, _ddp_ib_dereg_mr, _ddp_ib_isend, _ddp_ib_irecv, _ddp_ib_test, _ddp_ib_wait,
+    _ddp_ib_reg_mr, _ddp_ib_dereg_mr, _ddp_transport_isend, _ddp_transport_irecv, _ddp_transport_test, _ddp_ib_wait,
     _ddp_ib_close, _ddp_ib_finalize, NULL, NULL, NULL,
 };
 

@@ -22,19 +22,20 @@
  * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
  * message sizes.
  *
- * HANDSHAKE (version 3). Over the Unix socket, four fixed-size messages (one layout, a `kind`
- * field): HELLO {comm id, from, to, nonce_c} -> CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c,
- * region size} + memfd -> WELCOME {region size} + memfd, with the proofs of ddp_auth.h over the
- * communicator's key (label "shm <comm id hex> <from>-><to>"). A memfd goes only to a side that
- * has proven the key: a same-user process that knows the communicator id but not the key is
- * closed after its ANSWER and never sees a region. Another user's process is refused at accept
- * (SO_PEERCRED). Even a rank that proved the key is not trusted with anything that could crash
- * the others: its pid comes from SO_PEERCRED, never from a message; no address is sent (a rank
- * of the same process is found by the memfd's inode); and a region is mapped only if its memfd
- * is sealed against shrinking and growing (and against removing the seals) and has the agreed
- * size (fstat), so no peer can make another rank's access fault. The table of handshakes in progress holds world size + 64 entries; when full, the
- * oldest connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as
- * in the TCP transport; a full listen backlog makes a connect back off and retry.
+ * HANDSHAKE (version 3; the messages: transports/ddp_shm_handshake.h). Over the Unix socket, four
+ * fixed-size messages (one layout, a `kind` field): HELLO {comm id, from, to, nonce_c} ->
+ * CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c, region size} + memfd -> WELCOME {region size} +
+ * memfd, with the proofs of ddp_auth.h over the communicator's key (label "shm <comm id hex>
+ * <from>-><to>"). A memfd goes only to a side that has proven the key: a same-user process that
+ * knows the communicator id but not the key is closed after its ANSWER and never sees a region.
+ * Another user's process is refused at accept (SO_PEERCRED). Even a rank that proved the key is
+ * not trusted with anything that could crash the others: its pid comes from SO_PEERCRED, never
+ * from a message; no address is sent (a rank of the same process is found by the memfd's inode);
+ * and a region is mapped only if its memfd is sealed against shrinking and growing (and against
+ * removing the seals) and has the agreed size (fstat), so no peer can make another rank's access
+ * fault. The table of handshakes in progress holds world size + 64 entries; when full, the oldest
+ * connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as in the
+ * TCP transport; a full listen backlog makes a connect back off and retry.
  *
  * COLLECTIVES. When every rank of a communicator is on this host, the transport runs the
  * collectives itself (ddp_coll_provider_t) instead of the ring:
@@ -87,12 +88,13 @@
 #ifndef DDP_KERNELS_IMPLEMENTATION
 #define DDP_KERNELS_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
+#ifndef DDP_SHM_HANDSHAKE_IMPLEMENTATION
+#define DDP_SHM_HANDSHAKE_IMPLEMENTATION
 #endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_kernels.h"
+#include "ddp_shm_handshake.h"
 
 #ifndef DDP_SHM_H_INCLUDED
 #define DDP_SHM_H_INCLUDED
@@ -107,8 +109,9 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 
 #if defined(DDP_SHM_IMPLEMENTATION) && !defined(DDP_SHM_IMPL_INCLUDED)
 #define DDP_SHM_IMPL_INCLUDED
-#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED)
-#error "transports/ddp_shm.h's implementation needs ddp_transport.h's and ddp_kernels.h's (define DDP_IMPLEMENTATION)"
+#if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED) || \
+    !defined(DDP_SHM_HANDSHAKE_IMPL_INCLUDED)
+#error "transports/ddp_shm.h's implementation needs ddp_transport.h's, ddp_kernels.h's and ddp_shm_handshake.h's (define DDP_IMPLEMENTATION)"
 #endif
 
 #include <sys/eventfd.h>
@@ -117,21 +120,6 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #include <sys/syscall.h>
 #include <sys/un.h>
 
-/* memfd seals (fcntl(2)), spelled out: glibc declares them only under _GNU_SOURCE. */
-#ifndef F_ADD_SEALS
-#define F_ADD_SEALS 1033
-#define F_GET_SEALS 1034
-#endif
-#ifndef F_SEAL_SEAL
-#define F_SEAL_SEAL 0x0001
-#define F_SEAL_SHRINK 0x0002
-#define F_SEAL_GROW 0x0004
-#endif
-#define _DDP_SHM_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
-
-#define _DDP_SHM_MAGIC 0x44445348u      /* "DDSH": region header and handshake */
-#define _DDP_SHM_VERSION 3u             /* 2: mutual challenge-response before any memfd;
-                                         * 3: sealed memfds, no pid or address on the wire */
 #define _DDP_SHM_HANDSHAKE_MS 10000
 #define _DDP_SHM_CONNECT_TRIES 12       /* a full backlog or an eviction: back off 5 ms .. 1 s */
 #define _DDP_SHM_POOL 32                /* requests per connection, as TCP */
@@ -158,19 +146,10 @@ typedef struct {
 typedef struct { uint64_t head; unsigned char pad[56]; uint64_t tail; unsigned char pad2[56]; } _ddp_shm_qctl_t;
 typedef struct { uint64_t tag, total, off; uint32_t len, pad; unsigned char pad2[32]; } _ddp_shm_cell_t;
 
-struct _ddp_shm_conn;
-typedef struct _ddp_shm_req {
-    struct _ddp_shm_req *next;
-    struct _ddp_shm_conn *conn;
-    unsigned char *buf;
-    size_t len, done;
-    uint64_t tag;
-    int complete, is_send;
-} _ddp_shm_req_t;
-
 typedef struct _ddp_shm_conn {
+    _ddp_transport_conn_t h;          /* peer, sticky failure, free list: the shared isend/irecv/test */
     struct _ddp_shm *sp;
-    int peer, fd, peer_pid;           /* peer_pid: SO_PEERCRED's, never the peer's word */
+    int fd, peer_pid;                 /* peer_pid: SO_PEERCRED's, never the peer's word */
     unsigned char *base;              /* the peer's region, mapped */
     size_t base_bytes;
     int shared_map;                   /* base is the peer's own mapping (same process): counted */
@@ -178,28 +157,14 @@ typedef struct _ddp_shm_conn {
     _ddp_shm_qctl_t *sq, *rq;         /* our queue to it (in our region), its queue to us */
     unsigned char *scells, *rcells;
     uint64_t shead, rtail;            /* our copies of the counters we write */
-    _ddp_shm_req_t *sqh, *sqt, *rqh, *rqt;
-    _ddp_transport_freelist_t free;
-    ddp_result_t err;
+    _ddp_transport_queue_t sends, recvs;   /* requests posted, not complete */
     int64_t next_check_us;
     int pidfd;                        /* the peer process (pidfd_open), or -1 */
     uint32_t dead;                    /* the watcher saw the peer go (atomic) */
-    _ddp_shm_req_t pool[_DDP_SHM_POOL];
+    _ddp_transport_req_t pool[_DDP_SHM_POOL];
 } _ddp_shm_conn_t;
 
 typedef struct { char name[56]; int32_t pid; uint32_t pad; } _ddp_shm_addr_t;
-
-/* Every handshake message has this one layout (kind says which); `from` is the sender. */
-enum { _DDP_SHM_HELLO = 1, _DDP_SHM_CHALLENGE, _DDP_SHM_ANSWER, _DDP_SHM_WELCOME };
-typedef struct {
-    uint32_t magic, version;
-    uint64_t comm_id;
-    int32_t from, to, unused0, kind;                   /* unused0, unused1: sent as 0, never read */
-    int32_t status, pad;
-    uint64_t region_bytes, unused1;                    /* ANSWER and WELCOME (with the memfd) */
-    unsigned char nonce[_DDP_AUTH_NONCE_BYTES];        /* HELLO: the connector's; CHALLENGE: ours */
-    unsigned char proof[_DDP_AUTH_PROOF_BYTES];        /* CHALLENGE: proof_s; ANSWER: proof_c */
-} _ddp_shm_hello_t;
 
 typedef struct {                      /* an accepted socket in its handshake */
     _ddp_transport_pending_t h;       /* stage 0: awaiting the hello; 1: challenged */
@@ -255,7 +220,7 @@ typedef struct _ddp_shm {
 } _ddp_shm_t;
 
 /* ---------------------------------------------------------------- small helpers */
-static size_t _ddp_shm_env_size(const char *name, size_t def, size_t lo, size_t hi) {
+_DDP_PRIVATE size_t _ddp_shm_env_size(const char *name, size_t def, size_t lo, size_t hi) {
     const char *s = getenv(name);
     size_t v = s ? _ddp_parse_size(s) : 0;
     if (!v) return def;
@@ -263,7 +228,7 @@ static size_t _ddp_shm_env_size(const char *name, size_t def, size_t lo, size_t 
 }
 
 /* 1 when the peer closed its end (it exited, crashed, or failed and closed its connections). */
-static int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
+_DDP_PRIVATE int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
     struct pollfd pfd;
     if (__atomic_load_n(&k->hdr->closed, __ATOMIC_ACQUIRE)) return 1;
     if (__atomic_load_n(&k->dead, __ATOMIC_ACQUIRE)) return 1;
@@ -281,23 +246,10 @@ static int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
 
 /* Drops one user of a mapping. A region shared by ranks of one process (shared: threads as
  * ranks) is mapped once and counted; the last user unmaps it. Any other mapping is ours alone. */
-static void _ddp_shm_unmap(unsigned char *base, size_t bytes, int shared) {
+_DDP_PRIVATE void _ddp_shm_unmap(unsigned char *base, size_t bytes, int shared) {
     _ddp_shm_hdr_t *h = (_ddp_shm_hdr_t *)(void *)base;
     if (!shared || __atomic_sub_fetch(&h->users, 1u, __ATOMIC_ACQ_REL) == 0) munmap(base, bytes);
 }
-
-/* The process at the other end of a unix socket (SO_PEERCRED: the kernel's word, not the
- * peer's): 1 with *pid when it runs as this one's effective user. The answer is Linux's struct
- * ucred (unix(7): pid, uid, gid, 32 bits each), spelled out here because glibc declares it
- * only under _GNU_SOURCE. */
-static int _ddp_shm_peer_cred(int fd, int *pid) {
-    struct { int32_t pid; uint32_t uid, gid; } cred;
-    socklen_t cl = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof cred) return 0;
-    if (pid) *pid = cred.pid;
-    return cred.uid == (uint32_t)geteuid();
-}
-static int _ddp_shm_same_user(int fd) { return _ddp_shm_peer_cred(fd, NULL); }
 
 /* The regions this process made (threads as ranks), by memfd inode: a rank in the same
  * process uses the owner's mapping, found from the descriptor it received, so both work on the
@@ -312,7 +264,7 @@ static pthread_mutex_t _ddp_shm_mapped_mu = PTHREAD_MUTEX_INITIALIZER;
 static _ddp_shm_mapped_t *_ddp_shm_mapped_list;
 
 /* The owner's mapping of the region behind st, with one more user, or NULL. */
-static unsigned char *_ddp_shm_mapped_use(const struct stat *st) {
+_DDP_PRIVATE unsigned char *_ddp_shm_mapped_use(const struct stat *st) {
     _ddp_shm_mapped_t *m;
     unsigned char *base = NULL;
     pthread_mutex_lock(&_ddp_shm_mapped_mu);
@@ -327,7 +279,23 @@ static unsigned char *_ddp_shm_mapped_use(const struct stat *st) {
     return base;
 }
 
-static void _ddp_shm_mapped_drop(_ddp_shm_mapped_t *e) {
+/* Puts this rank's region on the process's list, for the ranks of this process to find. */
+_DDP_PRIVATE ddp_result_t _ddp_shm_mapped_add(_ddp_shm_t *sp) {
+    struct stat st;
+    sp->mapped = (_ddp_shm_mapped_t *)ddp_transport_calloc(sp->ctx, sizeof *sp->mapped);
+    if (!sp->mapped || fstat(sp->memfd, &st) != 0)
+        return ddp_transport_fail(sp->ctx, DDP_ERR_SYSTEM, "shm: registering the region");
+    sp->mapped->dev = st.st_dev;
+    sp->mapped->ino = st.st_ino;
+    sp->mapped->base = sp->mine;
+    pthread_mutex_lock(&_ddp_shm_mapped_mu);
+    sp->mapped->next = _ddp_shm_mapped_list;
+    _ddp_shm_mapped_list = sp->mapped;
+    pthread_mutex_unlock(&_ddp_shm_mapped_mu);
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE void _ddp_shm_mapped_drop(_ddp_shm_mapped_t *e) {
     _ddp_shm_mapped_t **pp;
     pthread_mutex_lock(&_ddp_shm_mapped_mu);
     for (pp = &_ddp_shm_mapped_list; *pp; pp = &(*pp)->next)
@@ -336,7 +304,7 @@ static void _ddp_shm_mapped_drop(_ddp_shm_mapped_t *e) {
 }
 
 /* ---------------------------------------------------------------- setup */
-static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_shm_t *sp;
     struct sockaddr_un sa;
     socklen_t sl;
@@ -391,7 +359,7 @@ static ddp_result_t _ddp_shm_init(const ddp_transport_ctx_t *c, void **state) {
 
 /* After the rendezvous (host ids known): size, map and fill this rank's region. Called by the
  * first reachable(). */
-static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     const ddp_transport_ctx_t *c = sp->ctx;
     const char *mine = c->host_id(c->host, sp->rank);
     int i, n = sp->nranks;
@@ -452,19 +420,7 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     me->pid = (int32_t)getpid();
     me->region_bytes = sp->region_bytes;
     me->users = 1;
-    {
-        struct stat st;
-        sp->mapped = (_ddp_shm_mapped_t *)ddp_transport_calloc(c, sizeof *sp->mapped);
-        if (!sp->mapped || fstat(sp->memfd, &st) != 0)
-            return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: registering the region");
-        sp->mapped->dev = st.st_dev;
-        sp->mapped->ino = st.st_ino;
-        sp->mapped->base = sp->mine;
-        pthread_mutex_lock(&_ddp_shm_mapped_mu);
-        sp->mapped->next = _ddp_shm_mapped_list;
-        _ddp_shm_mapped_list = sp->mapped;
-        pthread_mutex_unlock(&_ddp_shm_mapped_mu);
-    }
+    if (_ddp_shm_mapped_add(sp) != DDP_SUCCESS) return DDP_ERR_SYSTEM;
     __atomic_store_n(&sp->me, me, __ATOMIC_RELEASE);
     _DDP_TLOG(c, DDP_LOG_INFO, "shm: %d ranks on this host; region %zu KiB (queues %d x %zu KiB "
               "per peer, staging 2 x %zu KiB); spin %d us%s", sp->nlocal, sp->region_bytes >> 10,
@@ -473,14 +429,14 @@ static ddp_result_t _ddp_shm_setup(_ddp_shm_t *sp) {
     return DDP_SUCCESS;
 }
 
-static int _ddp_shm_reachable(void *state, int peer) {
+_DDP_PRIVATE int _ddp_shm_reachable(void *state, int peer) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     if (!sp->mine && _ddp_shm_setup(sp) != DDP_SUCCESS) return 0;
     return sp->local_of[peer] >= 0;
 }
 
 /* A handshake message from this rank to `to`. */
-static void _ddp_shm_msg(const _ddp_shm_t *sp, _ddp_shm_hello_t *h, int to, int kind) {
+_DDP_PRIVATE void _ddp_shm_msg(const _ddp_shm_t *sp, _ddp_shm_hello_t *h, int to, int kind) {
     memset(h, 0, sizeof *h);
     h->magic = _DDP_SHM_MAGIC;
     h->version = _DDP_SHM_VERSION;
@@ -490,77 +446,14 @@ static void _ddp_shm_msg(const _ddp_shm_t *sp, _ddp_shm_hello_t *h, int to, int 
     h->kind = kind;
 }
 
-/* Sends a handshake message, with our memfd (SCM_RIGHTS) when with_memfd. Returns 0 or an
- * errno. Only ANSWER and WELCOME carry the memfd: both come after the other side's proof. */
-static int _ddp_shm_send_hello(_ddp_shm_t *sp, int fd, const _ddp_shm_hello_t *h, int with_memfd) {
-    struct msghdr m;
-    struct iovec iov;
-    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int))]; } u;
-    struct cmsghdr *cm;
-    memset(&m, 0, sizeof m);
-    memset(&u, 0, sizeof u);
-    iov.iov_base = (void *)(uintptr_t)h;
-    iov.iov_len = sizeof *h;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    if (with_memfd) {
-        m.msg_control = u.buf;
-        m.msg_controllen = sizeof u.buf;
-        cm = CMSG_FIRSTHDR(&m);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &sp->memfd, sizeof(int));
-    }
-    errno = 0;
-    if (sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *h) return errno ? errno : EIO;
-    return 0;
-}
-
-/* Receives a handshake message and its memfd, if any. 1 = got it, 0 = not yet (EAGAIN),
- * -1 = malformed, -2 = the other side closed. */
-static int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
-    struct msghdr m;
-    struct iovec iov;
-    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int) * 4)]; } u;
-    struct cmsghdr *cm;
-    ssize_t got;
-    *memfd = -1;
-    memset(&m, 0, sizeof m);
-    iov.iov_base = h;
-    iov.iov_len = sizeof *h;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof u.buf;
-    got = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0
-                        : errno == ECONNRESET ? -2 : -1;
-    for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-            size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), j;
-            int fds[4];
-            memcpy(fds, CMSG_DATA(cm), nfd * sizeof(int) > sizeof fds ? sizeof fds : nfd * sizeof(int));
-            for (j = 0; j < nfd && j < 4; j++) {
-                if (*memfd < 0) *memfd = fds[j];
-                else close(fds[j]);        /* a stranger sending extra descriptors */
-            }
-        }
-    }
-    if (got == 0) return -2;
-    /* Messages are small and sent with one sendmsg: a short read is a stranger, not a split. */
-    if (got != (ssize_t)sizeof *h || h->magic != _DDP_SHM_MAGIC || h->version != _DDP_SHM_VERSION) {
-        if (*memfd >= 0) close(*memfd);
-        *memfd = -1;
-        return -1;
-    }
-    return 1;
-}
+_DDP_PRIVATE ddp_result_t _ddp_shm_progress(_ddp_transport_conn_t *h);
+_DDP_PRIVATE ddp_result_t _ddp_shm_post(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
+                                        uint64_t tag, void *mr, void **req);
 
 /* Maps the peer's region and builds the connection. Takes ownership of fd (socket); closes
  * memfd. */
-static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int memfd,
-                                       const _ddp_shm_hello_t *h, _ddp_shm_conn_t **out) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int memfd,
+                                             const _ddp_shm_hello_t *h, _ddp_shm_conn_t **out) {
     const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_conn_t *k;
     unsigned char *base = NULL;
@@ -615,7 +508,6 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
         return ddp_transport_fail(c, DDP_ERR_OUT_OF_MEMORY, "shm: connection");
     }
     k->sp = sp;
-    k->peer = peer;
     k->fd = fd;
     k->peer_pid = pid;
     /* The process itself, not only its socket: a fork child of the peer holding a copy of the
@@ -634,8 +526,9 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
     k->rcells = (unsigned char *)(k->rq + 1);
     k->shead = __atomic_load_n(&k->sq->head, __ATOMIC_RELAXED);
     k->rtail = __atomic_load_n(&k->rq->tail, __ATOMIC_RELAXED);
-    k->err = DDP_SUCCESS;
-    _ddp_transport_freelist_init(&k->free, k->pool, sizeof k->pool[0], _DDP_SHM_POOL);
+    _ddp_transport_conn_init(&k->h, c, "shm", peer, k->pool, sizeof k->pool[0], _DDP_SHM_POOL);
+    k->h.post = _ddp_shm_post;
+    k->h.progress = _ddp_shm_progress;
     *out = k;
     return DDP_SUCCESS;
 }
@@ -643,7 +536,7 @@ static ddp_result_t _ddp_shm_make_conn(_ddp_shm_t *sp, int peer, int fd, int mem
 /* An attempt failed in a way a burst explains (the listener's backlog is full, or it evicted
  * us as idle before our hello was read): try again after a backoff, while attempts and time
  * are left. */
-static ddp_result_t _ddp_shm_dial_retry(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, const char *what) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_dial_retry(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, const char *what) {
     const ddp_transport_ctx_t *c = sp->ctx;
     if (d->fd >= 0) close(d->fd);
     d->fd = -1;
@@ -656,7 +549,7 @@ static ddp_result_t _ddp_shm_dial_retry(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int 
 }
 
 /* Stage 0 -> 1: connect and say hello (no memfd yet: the acceptor has proven nothing). */
-static ddp_result_t _ddp_shm_dial_hello(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_dial_hello(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer) {
     const ddp_transport_ctx_t *c = sp->ctx;
     struct sockaddr_un sa;
     _ddp_shm_hello_t h;
@@ -682,20 +575,20 @@ static ddp_result_t _ddp_shm_dial_hello(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int 
         return ddp_transport_fail(c, DDP_ERR_SYSTEM, "shm: no random bytes for the handshake with rank %d", peer);
     _ddp_shm_msg(sp, &h, peer, _DDP_SHM_HELLO);
     memcpy(h.nonce, d->nonce, sizeof h.nonce);
-    if ((e = _ddp_shm_send_hello(sp, d->fd, &h, 0)) != 0) return _ddp_shm_dial_retry(sp, d, peer, strerror(e));
+    if ((e = _ddp_shm_send_hello(d->fd, &h, -1)) != 0) return _ddp_shm_dial_retry(sp, d, peer, strerror(e));
     d->stage = 1;
     _DDP_TLOG(c, DDP_LOG_TRACE, "shm: sent hello to rank %d (@%s)", peer, d->addr.name);
     return DDP_SUCCESS;
 }
 
 /* A message that should have come from `peer` to us, of `kind`. */
-static int _ddp_shm_msg_fits(const _ddp_shm_t *sp, const _ddp_shm_hello_t *h, int peer, int kind) {
+_DDP_PRIVATE int _ddp_shm_msg_fits(const _ddp_shm_t *sp, const _ddp_shm_hello_t *h, int peer, int kind) {
     return h->kind == kind && h->from == peer && h->to == sp->rank && h->comm_id == sp->ctx->comm_id;
 }
 
 /* Stage 1 -> 2: the acceptor's challenge. It must prove the key before we send ours, and our
  * memfd goes only to a rank that proved it. */
-static ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer) {
     const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_hello_t h, a;
     int memfd, e, got = _ddp_shm_recv_hello(d->fd, &h, &memfd);
@@ -718,7 +611,7 @@ static ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int
     _ddp_shm_msg(sp, &a, peer, _DDP_SHM_ANSWER);
     a.region_bytes = sp->region_bytes;
     _ddp_transport_auth_proof(c, "shm", sp->rank, peer, _DDP_AUTH_CLIENT, h.nonce, d->nonce, a.proof);
-    e = _ddp_shm_send_hello(sp, d->fd, &a, 1);
+    e = _ddp_shm_send_hello(d->fd, &a, sp->memfd);
     _ddp_auth_wipe(&a, sizeof a);
     if (e) return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d went away during the handshake: %s",
                                      peer, strerror(e));
@@ -727,7 +620,7 @@ static ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int
 }
 
 /* Stage 2 -> 3: the acceptor verified us and sends its memfd. */
-static ddp_result_t _ddp_shm_dial_welcome(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_dial_welcome(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, void **conn) {
     const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_hello_t h;
     _ddp_shm_conn_t *k;
@@ -755,7 +648,7 @@ static ddp_result_t _ddp_shm_dial_welcome(_ddp_shm_t *sp, _ddp_shm_dial_t *d, in
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_dial_t *d = &sp->dial[peer];
@@ -782,7 +675,7 @@ static ddp_result_t _ddp_shm_connect(void *state, int peer, void **conn) {
 
 /* Advances one accepted connection's handshake: 0 to wait, 1 when it is over (its peer is in
  * ready[], or *why says why to drop it), or a failure to return (mapping the peer's region). */
-static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const char **why, ddp_result_t *err) {
+_DDP_PRIVATE int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const char **why, ddp_result_t *err) {
     const ddp_transport_ctx_t *c = sp->ctx;
     _ddp_shm_hello_t h, out;
     _ddp_shm_conn_t *k;
@@ -804,7 +697,7 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
             h.from >= sp->rank || sp->local_of[h.from] < 0 || sp->ready[h.from] || sp->conns[h.from]) {
             _ddp_shm_msg(sp, &out, h.from, _DDP_SHM_CHALLENGE);
             out.status = 1;   /* a rank of another job learns at once, nothing more */
-            _ddp_shm_send_hello(sp, pd->h.fd, &out, 0);
+            _ddp_shm_send_hello(pd->h.fd, &out, -1);
             *why = "names another communicator or ranks that do not fit this one";
             return 1;
         }
@@ -819,7 +712,7 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
         _ddp_shm_msg(sp, &out, h.from, _DDP_SHM_CHALLENGE);
         memcpy(out.nonce, pd->nonce, sizeof out.nonce);
         _ddp_transport_auth_proof(c, "shm", h.from, sp->rank, _DDP_AUTH_SERVER, pd->nonce, pd->nonce_c, out.proof);
-        e = _ddp_shm_send_hello(sp, pd->h.fd, &out, 0);
+        e = _ddp_shm_send_hello(pd->h.fd, &out, -1);
         _ddp_auth_wipe(&out, sizeof out);
         if (e) { *why = "went away before its challenge"; return 1; }
         pd->h.stage = 1;
@@ -838,7 +731,7 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
     }
     _ddp_shm_msg(sp, &out, pd->from, _DDP_SHM_WELCOME);
     out.region_bytes = sp->region_bytes;
-    if (_ddp_shm_send_hello(sp, pd->h.fd, &out, 1) != 0) {
+    if (_ddp_shm_send_hello(pd->h.fd, &out, sp->memfd) != 0) {
         close(memfd);
         *why = "went away during the handshake";
         return 1;
@@ -853,7 +746,7 @@ static int _ddp_shm_pending_step(_ddp_shm_t *sp, _ddp_shm_pending_t *pd, const c
 }
 
 /* Entry i is over: dropped (why) or handed on; its slot goes to the last entry. */
-static void _ddp_shm_pending_end(_ddp_shm_t *sp, int i, const char *why) {
+_DDP_PRIVATE void _ddp_shm_pending_end(_ddp_shm_t *sp, int i, const char *why) {
     _ddp_shm_pending_t *pd = &sp->pending[i];
     if (why)
         _ddp_transport_warn_limited(sp->ctx, &sp->warn, "shm: rank %d dropped a connection: it %s",
@@ -864,7 +757,7 @@ static void _ddp_shm_pending_end(_ddp_shm_t *sp, int i, const char *why) {
 
 /* Makes room: evicts the oldest connection that has not sent its hello (after one last look),
  * else the oldest. */
-static ddp_result_t _ddp_shm_evict(_ddp_shm_t *sp) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_evict(_ddp_shm_t *sp) {
     int tries;
     for (tries = 0; tries <= sp->pending_cap && sp->npending > 0; tries++) {
         int v = _ddp_transport_pending_victim(sp->pending, sizeof sp->pending[0], sp->npending);
@@ -889,7 +782,7 @@ static ddp_result_t _ddp_shm_evict(_ddp_shm_t *sp) {
 }
 
 /* Accepts everyone waiting on the listener and advances every handshake. */
-static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
     const ddp_transport_ctx_t *c = sp->ctx;
     int i, budget = sp->pending_cap + _DDP_TRANSPORT_BACKLOG;   /* a steady flood cannot pin us here */
     ddp_result_t r;
@@ -934,7 +827,7 @@ static ddp_result_t _ddp_shm_poll_listener(_ddp_shm_t *sp) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     ddp_result_t r;
     *conn = NULL;
@@ -949,74 +842,81 @@ static ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
 }
 
 /* ---------------------------------------------------------------- point-to-point */
-static ddp_result_t _ddp_shm_broken(_ddp_shm_conn_t *k, ddp_result_t r, const char *what) {
-    return _ddp_transport_conn_fail(k->sp->ctx, &k->err, r, "shm: %s rank %d (pid %d)", what,
-                                    k->peer, k->peer_pid);
+_DDP_PRIVATE ddp_result_t _ddp_shm_broken(_ddp_shm_conn_t *k, ddp_result_t r, const char *what) {
+    return _ddp_transport_conn_fail(k->sp->ctx, &k->h.err, r, "shm: %s rank %d (pid %d)", what,
+                                    k->h.peer, k->peer_pid);
 }
 
-static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
+/* Send: fill free cells from the queued sends. 1 if a cell was filled. */
+_DDP_PRIVATE int _ddp_shm_send_some(_ddp_shm_conn_t *k, size_t cstride, uint64_t nc) {
     _ddp_shm_t *sp = k->sp;
-    const size_t cstride = sizeof(_ddp_shm_cell_t) + sp->cell_bytes;
-    const uint64_t nc = (uint64_t)sp->ncells;
-    int moved = 0, freed = 0;
-    if (k->err != DDP_SUCCESS) return k->err;
-    /* Send: fill free cells. */
-    if (k->sqh) {
-        uint64_t tail = __atomic_load_n(&k->sq->tail, __ATOMIC_ACQUIRE);
-        while (k->sqh && k->shead - tail < nc) {
-            _ddp_shm_req_t *q = k->sqh;
-            _ddp_shm_cell_t *cell = (_ddp_shm_cell_t *)(void *)(k->scells + (k->shead % nc) * cstride);
-            size_t n = q->len - q->done;
-            if (n > sp->cell_bytes) n = sp->cell_bytes;
-            cell->tag = q->tag;
-            cell->total = q->len;
-            cell->off = q->done;
-            cell->len = (uint32_t)n;
-            if (n) memcpy(cell + 1, q->buf + q->done, n);
-            q->done += n;
-            k->shead++;
-            __atomic_store_n(&k->sq->head, k->shead, __ATOMIC_SEQ_CST);
-            moved = 1;
-            if (q->done == q->len) {
-                q->complete = 1;
-                k->sqh = q->next;
-                if (!k->sqh) k->sqt = NULL;
-            }
+    uint64_t tail = __atomic_load_n(&k->sq->tail, __ATOMIC_ACQUIRE);
+    int moved = 0;
+    while (k->sends.head && k->shead - tail < nc) {
+        _ddp_transport_req_t *q = k->sends.head;
+        _ddp_shm_cell_t *cell = (_ddp_shm_cell_t *)(void *)(k->scells + (k->shead % nc) * cstride);
+        size_t n = q->len - q->done;
+        if (n > sp->cell_bytes) n = sp->cell_bytes;
+        cell->tag = q->tag;
+        cell->total = q->len;
+        cell->off = q->done;
+        cell->len = (uint32_t)n;
+        if (n) memcpy(cell + 1, q->buf + q->done, n);
+        q->done += n;
+        k->shead++;
+        __atomic_store_n(&k->sq->head, k->shead, __ATOMIC_SEQ_CST);
+        moved = 1;
+        if (q->done == q->len) {
+            q->complete = 1;
+            _ddp_transport_queue_pop(&k->sends);
         }
     }
-    /* Receive: drain filled cells into the posted receives, in order. */
-    if (k->rqh) {
-        uint64_t head = __atomic_load_n(&k->rq->head, __ATOMIC_ACQUIRE);
-        while (k->rqh && k->rtail < head) {
-            _ddp_shm_req_t *q = k->rqh;
-            const _ddp_shm_cell_t *cell =
-                (const _ddp_shm_cell_t *)(const void *)(k->rcells + (k->rtail % nc) * cstride);
-            if (cell->tag != q->tag || cell->total != q->len || cell->off != q->done ||
-                cell->len > q->len - q->done || cell->len > sp->cell_bytes) {
-                if (cell->off != q->done || cell->len > sp->cell_bytes)
-                    return _ddp_shm_broken(k, DDP_ERR_MISMATCH, "malformed queue contents from");
-                return _ddp_transport_conn_fail(sp->ctx, &k->err, DDP_ERR_MISMATCH, "shm: rank %d "
-                    "sent collective #%u (signature %08x) of %llu bytes, this rank expected #%u "
-                    "(signature %08x) of %zu bytes: the ranks called different collectives, "
-                    "dtypes, ops, roots or counts", k->peer, (unsigned)(cell->tag & 0xffffffffu),
-                    (unsigned)(cell->tag >> 32), (unsigned long long)cell->total,
-                    (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32), q->len);
-            }
-            if (cell->len) memcpy(q->buf + q->done, cell + 1, cell->len);
-            q->done += cell->len;
-            k->rtail++;
-            __atomic_store_n(&k->rq->tail, k->rtail, __ATOMIC_SEQ_CST);
-            freed = 1;
-            if (q->done == q->len) {
-                q->complete = 1;
-                k->rqh = q->next;
-                if (!k->rqh) k->rqt = NULL;
-            }
+    return moved;
+}
+
+/* Receive: drain filled cells into the posted receives, in order. *freed = 1 if a cell was
+ * drained. */
+_DDP_PRIVATE ddp_result_t _ddp_shm_recv_some(_ddp_shm_conn_t *k, size_t cstride, uint64_t nc,
+                                             int *freed) {
+    _ddp_shm_t *sp = k->sp;
+    uint64_t head = __atomic_load_n(&k->rq->head, __ATOMIC_ACQUIRE);
+    while (k->recvs.head && k->rtail < head) {
+        _ddp_transport_req_t *q = k->recvs.head;
+        const _ddp_shm_cell_t *cell =
+            (const _ddp_shm_cell_t *)(const void *)(k->rcells + (k->rtail % nc) * cstride);
+        if (cell->tag != q->tag || cell->total != q->len || cell->off != q->done ||
+            cell->len > q->len - q->done || cell->len > sp->cell_bytes) {
+            if (cell->off != q->done || cell->len > sp->cell_bytes)
+                return _ddp_shm_broken(k, DDP_ERR_MISMATCH, "malformed queue contents from");
+            return _ddp_transport_conn_mismatch(&k->h, cell->tag, cell->total, q);
         }
+        if (cell->len) memcpy(q->buf + q->done, cell + 1, cell->len);
+        q->done += cell->len;
+        k->rtail++;
+        __atomic_store_n(&k->rq->tail, k->rtail, __ATOMIC_SEQ_CST);
+        *freed = 1;
+        if (q->done == q->len) {
+            q->complete = 1;
+            _ddp_transport_queue_pop(&k->recvs);
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_shm_progress(_ddp_transport_conn_t *h) {
+    _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)(void *)h;
+    const size_t cstride = sizeof(_ddp_shm_cell_t) + k->sp->cell_bytes;
+    const uint64_t nc = (uint64_t)k->sp->ncells;
+    int moved = 0, freed = 0;
+    if (k->h.err != DDP_SUCCESS) return k->h.err;
+    if (k->sends.head) moved = _ddp_shm_send_some(k, cstride, nc);
+    if (k->recvs.head) {
+        ddp_result_t r = _ddp_shm_recv_some(k, cstride, nc, &freed);
+        if (r != DDP_SUCCESS) return r;
     }
     if (moved || freed) {
         _ddp_transport_bell_ring(&k->hdr->bell, 1);
-    } else if (k->sqh || k->rqh) {
+    } else if (k->sends.head || k->recvs.head) {
         /* Nothing moved: now and then, make sure the peer is still there. */
         int64_t now = _ddp_now_us();
         if (now >= k->next_check_us) {
@@ -1024,7 +924,7 @@ static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
             if (_ddp_shm_peer_gone(k)) {
                 /* It may have published its last words just before going. */
                 uint64_t head = __atomic_load_n(&k->rq->head, __ATOMIC_ACQUIRE);
-                if (!(k->rqh && k->rtail < head))
+                if (!(k->recvs.head && k->rtail < head))
                     return _ddp_shm_broken(k, DDP_ERR_REMOTE, "lost");
             }
         }
@@ -1032,64 +932,25 @@ static ddp_result_t _ddp_shm_progress(_ddp_shm_conn_t *k) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_post(_ddp_shm_conn_t *k, int is_send, void *buf, size_t len,
-                                  uint64_t tag, void **req) {
-    _ddp_shm_req_t *q;
-    if (k->err != DDP_SUCCESS) return k->err;
-    q = (_ddp_shm_req_t *)_ddp_transport_req_get(k->sp->ctx, &k->free, "shm", k->peer);
-    if (!q) return DDP_ERR_INTERNAL;
-    q->next = NULL;
-    q->conn = k;
-    q->buf = (unsigned char *)buf;
-    q->len = len;
-    q->done = 0;
-    q->tag = tag;
-    q->complete = 0;
-    q->is_send = is_send;
-    if (is_send) {
-        if (k->sqt) k->sqt->next = q; else k->sqh = q;
-        k->sqt = q;
-    } else {
-        if (k->rqt) k->rqt->next = q; else k->rqh = q;
-        k->rqt = q;
-    }
+_DDP_PRIVATE ddp_result_t _ddp_shm_post(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
+                                        uint64_t tag, void *mr, void **req) {
+    _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)(void *)h;
+    _ddp_transport_req_t *q;
+    ddp_result_t r = _ddp_transport_req_take(h, is_send, buf, len, tag, &q);
+    (void)mr;
+    if (r != DDP_SUCCESS) return r;
+    _ddp_transport_queue_push(is_send ? &k->sends : &k->recvs, q);
     *req = q;
     /* Start at once: a send copies what fits, so the peer can begin. */
-    return _ddp_shm_progress(k);
-}
-
-static ddp_result_t _ddp_shm_isend(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
-                                   void **req) {
-    (void)mr;
-    return _ddp_shm_post((_ddp_shm_conn_t *)conn, 1, (void *)(uintptr_t)buf, len, tag, req);
-}
-
-static ddp_result_t _ddp_shm_irecv(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req) {
-    (void)mr;
-    return _ddp_shm_post((_ddp_shm_conn_t *)conn, 0, buf, len, tag, req);
-}
-
-static ddp_result_t _ddp_shm_test(void *req, int *done) {
-    _ddp_shm_req_t *q = (_ddp_shm_req_t *)req;
-    _ddp_shm_conn_t *k = q->conn;
-    *done = 0;
-    if (!q->complete) {
-        ddp_result_t r = _ddp_shm_progress(k);
-        if (r != DDP_SUCCESS) return r;
-    }
-    if (q->complete) {
-        _ddp_transport_req_put(&k->free, q);
-        *done = 1;
-    }
-    return DDP_SUCCESS;
+    return _ddp_shm_progress(h);
 }
 
 /* 1 if a connection can move something now. */
-static int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
-    if (k->err != DDP_SUCCESS) return 1;
-    if (k->sqh && k->shead - __atomic_load_n(&k->sq->tail, __ATOMIC_SEQ_CST) < (uint64_t)k->sp->ncells)
+_DDP_PRIVATE int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
+    if (k->h.err != DDP_SUCCESS) return 1;
+    if (k->sends.head && k->shead - __atomic_load_n(&k->sq->tail, __ATOMIC_SEQ_CST) < (uint64_t)k->sp->ncells)
         return 1;
-    if (k->rqh && k->rtail < __atomic_load_n(&k->rq->head, __ATOMIC_SEQ_CST)) return 1;
+    if (k->recvs.head && k->rtail < __atomic_load_n(&k->rq->head, __ATOMIC_SEQ_CST)) return 1;
     return 0;
 }
 
@@ -1101,7 +962,7 @@ static int _ddp_shm_can_progress(_ddp_shm_conn_t *k) {
  * this rank's doorbell: the sleeper wakes within microseconds and returns the error. It starts
  * with the first wait that sleeps (the connections are all made by then; one made later is
  * checked at the slices as before) and is stopped before any connection closes. */
-static void *_ddp_shm_watch_main(void *arg) {
+_DDP_PRIVATE void *_ddp_shm_watch_main(void *arg) {
     _ddp_shm_t *sp = (_ddp_shm_t *)arg;
     struct pollfd *pf = sp->watch_fds;
     _ddp_shm_conn_t **who = sp->watch_who;
@@ -1125,7 +986,7 @@ static void *_ddp_shm_watch_main(void *arg) {
 }
 
 /* From a wait about to sleep (once). A failure to start is no error: the slices still check. */
-static void _ddp_shm_watch_start(_ddp_shm_t *sp) {
+_DDP_PRIVATE void _ddp_shm_watch_start(_ddp_shm_t *sp) {
     const size_t cap = 1 + 2 * (size_t)sp->nranks;
     int i, m = 1;
     sp->watch_state = 2;
@@ -1158,7 +1019,7 @@ static void _ddp_shm_watch_start(_ddp_shm_t *sp) {
 
 /* Before any connection closes (the watcher reads them). A fork child has no watcher thread:
  * it only closes its copy of the eventfd. */
-static void _ddp_shm_watch_end(_ddp_shm_t *sp) {
+_DDP_PRIVATE void _ddp_shm_watch_end(_ddp_shm_t *sp) {
     if (sp->watch_state == 1) {
         __atomic_store_n(&sp->watch_state, 2, __ATOMIC_RELEASE);
         if (!ddp_transport_forked(sp->ctx)) {
@@ -1175,7 +1036,7 @@ static void _ddp_shm_watch_end(_ddp_shm_t *sp) {
     sp->watch_who = NULL;
 }
 
-static ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int timeout_ms) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int timeout_ms) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     int i, ms = timeout_ms < 0 || timeout_ms > _DDP_SHM_SLICE_MS ? _DDP_SHM_SLICE_MS : timeout_ms;
     uint32_t seen;
@@ -1192,13 +1053,13 @@ static ddp_result_t _ddp_shm_wait(void *state, void *const *conns, int n, int ti
 
 /* Any thread, after the abort flag was set: wake this rank if it sleeps on its doorbell (every
  * wait re-checks the flag after arming the bell, so the ring is never lost). */
-static void _ddp_shm_abort(void *state) {
+_DDP_PRIVATE void _ddp_shm_abort(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     _ddp_shm_hdr_t *me = sp ? __atomic_load_n(&sp->me, __ATOMIC_ACQUIRE) : NULL;
     if (me) _ddp_transport_bell_ring(&me->bell, 1);
 }
 
-static ddp_result_t _ddp_shm_close(void *conn) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_close(void *conn) {
     _ddp_shm_conn_t *k = (_ddp_shm_conn_t *)conn;
     _ddp_shm_t *sp;
     if (!k) return DDP_SUCCESS;
@@ -1213,13 +1074,13 @@ static ddp_result_t _ddp_shm_close(void *conn) {
     }
     if (k->fd >= 0) close(k->fd);
     if (k->base) _ddp_shm_unmap(k->base, k->base_bytes, k->shared_map && !ddp_transport_forked(sp->ctx));
-    if (sp->conns[k->peer] == k) sp->conns[k->peer] = NULL;
+    if (sp->conns[k->h.peer] == k) sp->conns[k->h.peer] = NULL;
     sp->coll_enabled = 0;
     ddp_transport_free(sp->ctx, k);
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_finalize(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_finalize(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     int i;
     if (!sp) return DDP_SUCCESS;
@@ -1257,8 +1118,8 @@ static inline void _ddp_shm_signal(_ddp_shm_t *sp, const _ddp_transport_sig_t *s
 }
 
 /* Waits until every other rank has published step sp->phase, and checks it is the same step. */
-static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t *sig,
-                                      const char *step, size_t chunk, size_t nchunks) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t *sig,
+                                            const char *step, size_t chunk, size_t nchunks) {
     const uint64_t target = sp->phase;
     const int n = sp->nranks - 1;
     _ddp_transport_spin_t s;
@@ -1275,7 +1136,7 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t
                 _ddp_transport_sig_str(sig, ours, sizeof ours);
                 return ddp_transport_fail(sp->ctx, DDP_ERR_MISMATCH, "shm: rank %d called %s, this "
                                           "rank %s: the ranks called different collectives, "
-                                          "dtypes, ops, roots or counts", k->peer, theirs, ours);
+                                          "dtypes, ops, roots or counts", k->h.peer, theirs, ours);
             }
             i++;
             continue;
@@ -1291,15 +1152,15 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t
                 __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
                 return ddp_transport_fail(sp->ctx, DDP_ERR_REMOTE, "shm: rank %d (pid %d) is gone: "
                                           "it exited, crashed or failed during %s (phase %s, chunk "
-                                          "%zu of %zu)", k->peer, k->peer_pid,
+                                          "%zu of %zu)", k->h.peer, k->peer_pid,
                                           _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks);
             if (_ddp_transport_spin_expired(&s)) {
-                if (sp->ctx->waiting_on) *sp->ctx->waiting_on = k->peer;
+                if (sp->ctx->waiting_on) *sp->ctx->waiting_on = k->h.peer;
                 return ddp_transport_fail(sp->ctx, DDP_ERR_TIMEOUT, "shm: %s (phase %s, chunk %zu "
                                           "of %zu): rank %d did not arrive within %d ms",
                                           _ddp_kind_name(sig->kind), step, chunk + 1,
-                                          nchunks, k->peer, s.timeout_ms);
+                                          nchunks, k->h.peer, s.timeout_ms);
             }
         }
         if (_ddp_transport_spin_slow(&s)) continue;
@@ -1321,7 +1182,7 @@ static ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t
 /* memcpy, or with non-temporal (streaming) stores on x86-64 (SSE2 is part of the ABI). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <emmintrin.h>
-static void _ddp_shm_copy_out(unsigned char *dst, const unsigned char *src, size_t n, int stream) {
+_DDP_PRIVATE void _ddp_shm_copy_out(unsigned char *dst, const unsigned char *src, size_t n, int stream) {
     size_t head, i;
     if (!stream || n < 256) { memcpy(dst, src, n); return; }
     head = (16 - ((uintptr_t)dst & 15)) & 15;
@@ -1339,13 +1200,13 @@ static void _ddp_shm_copy_out(unsigned char *dst, const unsigned char *src, size
     }
     memcpy(dst + i, src + i, n - i);
 }
-static void _ddp_shm_stream_fence(void) { _mm_sfence(); }
+_DDP_PRIVATE void _ddp_shm_stream_fence(void) { _mm_sfence(); }
 #else
-static void _ddp_shm_copy_out(unsigned char *dst, const unsigned char *src, size_t n, int stream) {
+_DDP_PRIVATE void _ddp_shm_copy_out(unsigned char *dst, const unsigned char *src, size_t n, int stream) {
     (void)stream;
     memcpy(dst, src, n);
 }
-static void _ddp_shm_stream_fence(void) {}
+_DDP_PRIVATE void _ddp_shm_stream_fence(void) {}
 #endif
 
 /* Copy-in with ordinary or streaming stores? Between cores that share a cache, ordinary stores
@@ -1355,12 +1216,12 @@ static void _ddp_shm_stream_fence(void) {}
  * streaming stores win by 1.5-2x. The topology is not ours to see, so measure: keep the cost per
  * byte of copy-in + reduce for both ways (exponential average), use the cheaper one, and try
  * the other every 32nd chunk. A local choice: it never changes results. */
-static int64_t _ddp_now_ns(void) {
+_DDP_PRIVATE int64_t _ddp_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
-static int _ddp_shm_copyin_pick(_ddp_shm_t *sp) {
+_DDP_PRIVATE int _ddp_shm_copyin_pick(_ddp_shm_t *sp) {
     int best;
     if (sp->copyin_mode >= 0) return sp->copyin_mode;       /* DDP_SHM_COPYIN=0|1 */
     if (sp->copyin_cost[0] == 0) return 0;                  /* not measured yet */
@@ -1368,7 +1229,7 @@ static int _ddp_shm_copyin_pick(_ddp_shm_t *sp) {
     best = sp->copyin_cost[1] < sp->copyin_cost[0];
     return (++sp->copyin_tries & 31) == 0 ? !best : best;
 }
-static void _ddp_shm_copyin_learn(_ddp_shm_t *sp, int way, int64_t ns, size_t bytes) {
+_DDP_PRIVATE void _ddp_shm_copyin_learn(_ddp_shm_t *sp, int way, int64_t ns, size_t bytes) {
     double c = (double)ns / (double)bytes, *e = &sp->copyin_cost[way];
     int before = sp->copyin_cost[1] != 0 && sp->copyin_cost[1] < sp->copyin_cost[0];
     if (sp->copyin_mode >= 0 || ns <= 0) return;
@@ -1389,8 +1250,8 @@ static inline const unsigned char *_ddp_shm_peer_stage(_ddp_shm_t *sp, int q, ui
                          : _ddp_shm_stage(sp, sp->conns[q]->base, which);
 }
 
-static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *recvbuf,
-                                        size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *recvbuf,
+                                              size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const size_t es = ddp_dtype_size(dtype), bytes = count * es;
     const int p = sp->nranks, me = sp->rank;
@@ -1469,8 +1330,8 @@ static ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendbuf, void *recvbuf,
-                                            size_t rc, ddp_dtype_t dtype, ddp_op_t op) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendbuf, void *recvbuf,
+                                                  size_t rc, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const size_t es = ddp_dtype_size(dtype);
     const int p = sp->nranks, me = sp->rank;
@@ -1508,8 +1369,8 @@ static ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendbuf, vo
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *recvbuf,
-                                        size_t sc, ddp_dtype_t dtype) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *recvbuf,
+                                              size_t sc, ddp_dtype_t dtype) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const size_t es = ddp_dtype_size(dtype);
     const int p = sp->nranks, me = sp->rank;
@@ -1537,8 +1398,8 @@ static ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *recvbuf,
-                                       size_t count, ddp_dtype_t dtype, int root) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *recvbuf,
+                                             size_t count, ddp_dtype_t dtype, int root) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const size_t es = ddp_dtype_size(dtype);
     const size_t per = sp->chunk / es, nchunks = count ? (count + per - 1) / per : 1;
@@ -1562,7 +1423,7 @@ static ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *r
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_shm_barrier(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_barrier(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     _ddp_transport_sig_t sig;
     memset(&sig, 0, sizeof sig);
@@ -1572,7 +1433,7 @@ static ddp_result_t _ddp_shm_barrier(void *state) {
 }
 
 /* The communicator asks once every peer is connected through this transport. */
-static ddp_result_t _ddp_shm_enable(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_shm_enable(void *state) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const char *s = getenv("DDP_SHM_COLL");
     int i, n = 0;
@@ -1601,7 +1462,7 @@ static const ddp_coll_provider_t _ddp_shm_coll = {
 static const ddp_transport_t _ddp_shm_transport = {
     DDP_TRANSPORT_VERSION, "shm", 20,
     _ddp_shm_init, _ddp_shm_reachable, _ddp_shm_connect, _ddp_shm_accept,
-    NULL, NULL, _ddp_shm_isend, _ddp_shm_irecv, _ddp_shm_test, _ddp_shm_wait,
+    NULL, NULL, _ddp_transport_isend, _ddp_transport_irecv, _ddp_transport_test, _ddp_shm_wait,
     _ddp_shm_close, _ddp_shm_finalize, _ddp_shm_abort, &_ddp_shm_coll, NULL,
 };
 

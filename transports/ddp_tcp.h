@@ -57,9 +57,6 @@
 #ifndef DDP_SOCKET_IMPLEMENTATION
 #define DDP_SOCKET_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
-#endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_socket.h"
@@ -105,23 +102,18 @@ typedef struct {
 } _ddp_tcp_answer_t;
 typedef struct { uint32_t magic, zero; uint64_t tag, len; } _ddp_tcp_hdr_t;
 
-struct _ddp_tcp_conn;
-typedef struct _ddp_tcp_req {
-    struct _ddp_tcp_req *next;
-    struct _ddp_tcp_conn *conn;
-    unsigned char *buf;
-    size_t len, done;        /* bytes of header + payload moved so far */
+/* h.done counts the header's bytes and the payload's. */
+typedef struct {
+    _ddp_transport_req_t h;
     _ddp_tcp_hdr_t hdr;      /* sent, or received and then checked */
-    uint64_t tag;
-    int complete, is_send;
 } _ddp_tcp_req_t;
+#define _DDP_TCP_REQ(q) ((_ddp_tcp_req_t *)(void *)(q))
 
 typedef struct _ddp_tcp_conn {
-    int fd, peer;
+    _ddp_transport_conn_t h; /* peer, sticky failure, free list: the shared isend/irecv/test */
+    int fd;
     struct _ddp_tcp *tp;
-    _ddp_tcp_req_t *sq, *sq_tail, *rq, *rq_tail;
-    _ddp_transport_freelist_t free;
-    ddp_result_t err;        /* sticky once the connection broke */
+    _ddp_transport_queue_t sq, rq;
     _ddp_tcp_req_t pool[_DDP_TCP_POOL];
 } _ddp_tcp_conn_t;
 
@@ -161,7 +153,7 @@ typedef struct _ddp_tcp {
 
 /* The address to listen on: an interface named by DDP_SOCKET_IFNAME, else the source address
  * the kernel would use to reach the master (a UDP connect sends nothing). */
-static ddp_result_t _ddp_tcp_pick_addr(_ddp_tcp_t *tp, struct sockaddr_storage *ss, socklen_t *sl) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_pick_addr(_ddp_tcp_t *tp, struct sockaddr_storage *ss, socklen_t *sl) {
     const ddp_transport_ctx_t *c = tp->ctx;
     const char *spec = c->ifname, *fam = getenv("DDP_SOCKET_FAMILY");
     int want = fam ? (!strcmp(fam, "AF_INET6") ? AF_INET6 : !strcmp(fam, "AF_INET") ? AF_INET : 0) : 0;
@@ -219,7 +211,7 @@ static ddp_result_t _ddp_tcp_pick_addr(_ddp_tcp_t *tp, struct sockaddr_storage *
     }
 }
 
-static void _ddp_tcp_tune(_ddp_tcp_t *tp, int fd) {
+_DDP_PRIVATE void _ddp_tcp_tune(_ddp_tcp_t *tp, int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (tp->bufsize > 0) {
@@ -229,9 +221,9 @@ static void _ddp_tcp_tune(_ddp_tcp_t *tp, int fd) {
     _ddp_set_nonblock(fd, 1);
 }
 
-static ddp_result_t _ddp_tcp_finalize(void *state);
+_DDP_PRIVATE ddp_result_t _ddp_tcp_finalize(void *state);
 
-static ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_tcp_t *tp;
     struct sockaddr_storage ss;
     socklen_t sl = 0;
@@ -281,25 +273,30 @@ static ddp_result_t _ddp_tcp_init(const ddp_transport_ctx_t *c, void **state) {
     return DDP_SUCCESS;
 }
 
-static int _ddp_tcp_reachable(void *state, int peer) { (void)state; (void)peer; return 1; }
+_DDP_PRIVATE int _ddp_tcp_reachable(void *state, int peer) { (void)state; (void)peer; return 1; }
 
-static _ddp_tcp_conn_t *_ddp_tcp_new_conn(_ddp_tcp_t *tp, int fd, int peer) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_progress(_ddp_transport_conn_t *h);
+_DDP_PRIVATE ddp_result_t _ddp_tcp_post(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
+                                        uint64_t tag, void *mr, void **req);
+
+_DDP_PRIVATE _ddp_tcp_conn_t *_ddp_tcp_new_conn(_ddp_tcp_t *tp, int fd, int peer) {
     _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)ddp_transport_calloc(tp->ctx, sizeof *k);
     if (!k) return NULL;
     k->fd = fd;
-    k->peer = peer;
     k->tp = tp;
-    _ddp_transport_freelist_init(&k->free, k->pool, sizeof k->pool[0], _DDP_TCP_POOL);
+    _ddp_transport_conn_init(&k->h, tp->ctx, "tcp", peer, k->pool, sizeof k->pool[0], _DDP_TCP_POOL);
+    k->h.post = _ddp_tcp_post;
+    k->h.progress = _ddp_tcp_progress;
     _ddp_tcp_tune(tp, fd);
     return k;
 }
 
-static int _ddp_tcp_again(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == EINTR; }
+_DDP_PRIVATE int _ddp_tcp_again(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == EINTR; }
 
 /* A connect attempt failed in a way a burst explains (refused, reset, or closed before the
  * challenge: the listener's backlog overflowed, or it evicted us as idle): try again after a
  * backoff, while attempts and time are left. */
-static ddp_result_t _ddp_tcp_dial_retry(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer, const char *what) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_dial_retry(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer, const char *what) {
     const ddp_transport_ctx_t *c = tp->ctx;
     if (d->fd >= 0) close(d->fd);
     d->fd = -1;
@@ -315,7 +312,7 @@ static ddp_result_t _ddp_tcp_dial_retry(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int 
 }
 
 /* Stage 0 -> 1: a non-blocking connect. */
-static ddp_result_t _ddp_tcp_dial_start(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_dial_start(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer) {
     const ddp_transport_ctx_t *c = tp->ctx;
     d->fd = socket(d->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (d->fd < 0) return ddp_transport_fail(c, DDP_ERR_SYSTEM, "tcp: socket: %s", strerror(errno));
@@ -333,7 +330,7 @@ static ddp_result_t _ddp_tcp_dial_start(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int 
 }
 
 /* Stage 1 -> 2: connected; our hello (it fits an empty socket buffer: one send). */
-static ddp_result_t _ddp_tcp_dial_hello(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_dial_hello(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer) {
     const ddp_transport_ctx_t *c = tp->ctx;
     struct pollfd pfd;
     _ddp_tcp_hello_t h;
@@ -367,7 +364,7 @@ static ddp_result_t _ddp_tcp_dial_hello(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int 
 }
 
 /* Stage 2 -> 3: the acceptor's challenge; it must prove the key before we prove ours. */
-static ddp_result_t _ddp_tcp_dial_answer(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_dial_answer(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int peer, void **conn) {
     const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_tcp_answer_t a;
     ssize_t n = recv(d->fd, (char *)&d->ch + d->got, sizeof d->ch - d->got, MSG_DONTWAIT);
@@ -409,7 +406,7 @@ static ddp_result_t _ddp_tcp_dial_answer(_ddp_tcp_t *tp, _ddp_tcp_dial_t *d, int
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
     const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_tcp_dial_t *d = &tp->dial[peer];
@@ -436,7 +433,7 @@ static ddp_result_t _ddp_tcp_connect(void *state, int peer, void **conn) {
 /* Advances one accepted connection's handshake as far as the bytes that arrived allow: 0 to
  * wait for more, 1 when it is over (its peer is in ready[], or *why says why to drop it), -1
  * when out of memory. Reads exactly what each stage expects, never into the data stream. */
-static int _ddp_tcp_pending_step(_ddp_tcp_t *tp, _ddp_tcp_pending_t *p, const char **why) {
+_DDP_PRIVATE int _ddp_tcp_pending_step(_ddp_tcp_t *tp, _ddp_tcp_pending_t *p, const char **why) {
     const ddp_transport_ctx_t *c = tp->ctx;
     ssize_t n;
     *why = NULL;
@@ -502,7 +499,7 @@ static int _ddp_tcp_pending_step(_ddp_tcp_t *tp, _ddp_tcp_pending_t *p, const ch
 }
 
 /* Entry i is over: dropped (why) or handed on; its slot goes to the last entry. */
-static void _ddp_tcp_pending_end(_ddp_tcp_t *tp, int i, const char *why) {
+_DDP_PRIVATE void _ddp_tcp_pending_end(_ddp_tcp_t *tp, int i, const char *why) {
     _ddp_tcp_pending_t *p = &tp->pending[i];
     if (why) {
         char claim[48] = "";
@@ -518,7 +515,7 @@ static void _ddp_tcp_pending_end(_ddp_tcp_t *tp, int i, const char *why) {
 /* Makes room in the table: evicts the oldest connection that has not sent its hello (it gets
  * one last look first: a hello that just arrived makes it a peer, not an idle stranger), else
  * the oldest. */
-static ddp_result_t _ddp_tcp_evict(_ddp_tcp_t *tp, const char *reason) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_evict(_ddp_tcp_t *tp, const char *reason) {
     int tries;
     for (tries = 0; tries <= tp->pending_cap && tp->npending > 0; tries++) {
         int v = _ddp_transport_pending_victim(tp->pending, sizeof tp->pending[0], tp->npending);
@@ -543,7 +540,7 @@ static ddp_result_t _ddp_tcp_evict(_ddp_tcp_t *tp, const char *reason) {
 }
 
 /* Accepts whatever has arrived and advances every handshake; strangers are dropped. */
-static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
     int i, budget = tp->pending_cap + _DDP_TRANSPORT_BACKLOG;   /* a steady flood cannot pin us here */
     ddp_result_t r;
     while (budget-- > 0) {
@@ -584,7 +581,7 @@ static ddp_result_t _ddp_tcp_pump_accept(_ddp_tcp_t *tp) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_accept(void *state, int peer, void **conn) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_accept(void *state, int peer, void **conn) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
     ddp_result_t r;
     *conn = NULL;
@@ -595,21 +592,21 @@ static ddp_result_t _ddp_tcp_accept(void *state, int peer, void **conn) {
 }
 
 /* The connection's first failure is recorded and sticks: every later call on it returns it. */
-#define _DDP_TCP_BROKEN(k, ...) _ddp_transport_conn_fail((k)->tp->ctx, &(k)->err, __VA_ARGS__)
+#define _DDP_TCP_BROKEN(k, ...) _ddp_transport_conn_fail((k)->tp->ctx, &(k)->h.err, __VA_ARGS__)
 
-/* Moves as many bytes as the socket takes, both directions. Never blocks. */
-static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
-    if (k->err != DDP_SUCCESS) return k->err;
-    /* Sends: header + payload of several queued messages in one writev. */
-    while (k->sq) {
+/* Sends: header + payload of several queued messages in one writev, as many bytes as the socket
+ * takes. */
+_DDP_PRIVATE ddp_result_t _ddp_tcp_send_some(_ddp_tcp_conn_t *k) {
+    while (k->sq.head) {
         struct iovec iov[16];
+        struct msghdr mh;
         int n = 0;
         ssize_t w;
-        _ddp_tcp_req_t *q;
-        for (q = k->sq; q && n + 2 <= 16; q = q->next) {
-            const size_t hs = sizeof q->hdr, pd = q->done > hs ? q->done - hs : 0;
+        _ddp_transport_req_t *q;
+        for (q = k->sq.head; q && n + 2 <= 16; q = q->next) {
+            const size_t hs = sizeof(_ddp_tcp_hdr_t), pd = q->done > hs ? q->done - hs : 0;
             if (q->done < hs) {
-                iov[n].iov_base = (char *)&q->hdr + q->done;
+                iov[n].iov_base = (char *)&_DDP_TCP_REQ(q)->hdr + q->done;
                 iov[n++].iov_len = hs - q->done;
             }
             if (pd < q->len) {
@@ -617,144 +614,118 @@ static ddp_result_t _ddp_tcp_progress(_ddp_tcp_conn_t *k) {
                 iov[n++].iov_len = q->len - pd;
             }
         }
-        {
-            struct msghdr mh;
-            memset(&mh, 0, sizeof mh);
-            mh.msg_iov = iov;
-            mh.msg_iovlen = (size_t)n;
-            w = sendmsg(k->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        }
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        w = sendmsg(k->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
             return _DDP_TCP_BROKEN(k, DDP_ERR_REMOTE, "tcp: sending to rank %d failed: %s (rank %d "
-                                   "exited or closed the connection)", k->peer, strerror(errno), k->peer);
+                                   "exited or closed the connection)", k->h.peer, strerror(errno), k->h.peer);
         }
-        while (w > 0 && k->sq) {
-            size_t left = sizeof k->sq->hdr + k->sq->len - k->sq->done;
+        while (w > 0 && (q = k->sq.head) != NULL) {
+            size_t left = sizeof(_ddp_tcp_hdr_t) + q->len - q->done;
             size_t take = (size_t)w < left ? (size_t)w : left;
-            k->sq->done += take;
+            q->done += take;
             w -= (ssize_t)take;
-            if (k->sq->done == sizeof k->sq->hdr + k->sq->len) {
-                k->sq->complete = 1;
-                k->sq = k->sq->next;
-                if (!k->sq) k->sq_tail = NULL;
+            if (q->done == sizeof(_ddp_tcp_hdr_t) + q->len) {
+                q->complete = 1;
+                _ddp_transport_queue_pop(&k->sq);
             }
         }
-        if (k->sq) break; /* the socket buffer is full */
+        if (k->sq.head) break; /* the socket buffer is full */
     }
-    /* Receives: header and payload of the head request in one readv; the payload lands in the
-     * user's buffer directly. The header is checked as soon as it is complete. */
-    while (k->rq) {
-        _ddp_tcp_req_t *q = k->rq;
+    return DDP_SUCCESS;
+}
+
+/* A received header, as soon as it is complete: the message the receive was posted for? */
+_DDP_PRIVATE ddp_result_t _ddp_tcp_check_hdr(_ddp_tcp_conn_t *k, const _ddp_tcp_req_t *q) {
+    if (q->hdr.magic != _DDP_TCP_MSG_MAGIC)
+        return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: malformed message from rank "
+                               "%d (bad magic %08x)", k->h.peer, q->hdr.magic);
+    if (q->hdr.tag != q->h.tag || q->hdr.len != q->h.len)
+        return _ddp_transport_conn_mismatch(&k->h, q->hdr.tag, q->hdr.len, &q->h);
+    return DDP_SUCCESS;
+}
+
+/* Receives: header and payload of the head request in one readv; the payload lands in the
+ * user's buffer directly. */
+_DDP_PRIVATE ddp_result_t _ddp_tcp_recv_some(_ddp_tcp_conn_t *k) {
+    const size_t hs = sizeof(_ddp_tcp_hdr_t);
+    while (k->rq.head) {
+        _ddp_tcp_req_t *q = _DDP_TCP_REQ(k->rq.head);
         struct iovec iov[2];
-        int n = 0;
+        int n = 0, had_hdr = q->h.done >= hs;
         ssize_t got;
-        if (q->done < sizeof q->hdr) {
-            iov[n].iov_base = (char *)&q->hdr + q->done;
-            iov[n++].iov_len = sizeof q->hdr - q->done;
-            if (q->len) { iov[n].iov_base = q->buf; iov[n++].iov_len = q->len; }
+        if (!had_hdr) {
+            iov[n].iov_base = (char *)&q->hdr + q->h.done;
+            iov[n++].iov_len = hs - q->h.done;
+            if (q->h.len) { iov[n].iov_base = q->h.buf; iov[n++].iov_len = q->h.len; }
         } else {
-            iov[n].iov_base = q->buf + (q->done - sizeof q->hdr);
-            iov[n++].iov_len = q->len - (q->done - sizeof q->hdr);
+            iov[n].iov_base = q->h.buf + (q->h.done - hs);
+            iov[n++].iov_len = q->h.len - (q->h.done - hs);
         }
         got = readv(k->fd, iov, n);
         if (got == 0)
             return _DDP_TCP_BROKEN(k, DDP_ERR_REMOTE, "tcp: rank %d closed the connection (it "
-                                   "exited, crashed or failed)", k->peer);
+                                   "exited, crashed or failed)", k->h.peer);
         if (got < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
             return _DDP_TCP_BROKEN(k, DDP_ERR_REMOTE, "tcp: receiving from rank %d failed: %s",
-                                   k->peer, strerror(errno));
+                                   k->h.peer, strerror(errno));
         }
-        {
-            int had_hdr = q->done >= sizeof q->hdr;
-            q->done += (size_t)got;
-            if (!had_hdr && q->done >= sizeof q->hdr) {
-                if (q->hdr.magic != _DDP_TCP_MSG_MAGIC)
-                    return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: malformed message from rank "
-                                           "%d (bad magic %08x)", k->peer, q->hdr.magic);
-                if (q->hdr.tag != q->tag || q->hdr.len != q->len)
-                    return _DDP_TCP_BROKEN(k, DDP_ERR_MISMATCH, "tcp: rank %d sent collective #%u "
-                        "(signature %08x) of %llu bytes, this rank expected #%u (signature %08x) of "
-                        "%zu bytes: the ranks called different collectives, dtypes, ops, roots or "
-                        "counts", k->peer, (unsigned)(q->hdr.tag & 0xffffffffu),
-                        (unsigned)(q->hdr.tag >> 32), (unsigned long long)q->hdr.len,
-                        (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32), q->len);
-            }
+        q->h.done += (size_t)got;
+        if (!had_hdr && q->h.done >= hs) {
+            ddp_result_t r = _ddp_tcp_check_hdr(k, q);
+            if (r != DDP_SUCCESS) return r;
         }
-        if (q->done < sizeof q->hdr + q->len) break;
-        q->complete = 1;
-        k->rq = q->next;
-        if (!k->rq) k->rq_tail = NULL;
+        if (q->h.done < hs + q->h.len) break;
+        q->h.complete = 1;
+        _ddp_transport_queue_pop(&k->rq);
     }
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_post(_ddp_tcp_conn_t *k, int is_send, void *buf, size_t len,
-                                  uint64_t tag, void **req) {
+/* Moves as many bytes as the socket takes, both directions. Never blocks. */
+_DDP_PRIVATE ddp_result_t _ddp_tcp_progress(_ddp_transport_conn_t *h) {
+    _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)(void *)h;
+    ddp_result_t r;
+    if (k->h.err != DDP_SUCCESS) return k->h.err;
+    if ((r = _ddp_tcp_send_some(k)) != DDP_SUCCESS) return r;
+    return _ddp_tcp_recv_some(k);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_tcp_post(_ddp_transport_conn_t *h, int is_send, void *buf, size_t len,
+                                        uint64_t tag, void *mr, void **req) {
+    _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)(void *)h;
+    _ddp_transport_req_t *t;
     _ddp_tcp_req_t *q;
-    if (k->err != DDP_SUCCESS) return k->err;
-    q = (_ddp_tcp_req_t *)_ddp_transport_req_get(k->tp->ctx, &k->free, "tcp", k->peer);
-    if (!q) return DDP_ERR_INTERNAL;
-    q->next = NULL;
-    q->conn = k;
-    q->buf = (unsigned char *)buf;
-    q->len = len;
-    q->done = 0;
-    q->tag = tag;
-    q->complete = 0;
-    q->is_send = is_send;
-    q->hdr.magic = _DDP_TCP_MSG_MAGIC;
-    q->hdr.zero = 0;
-    q->hdr.tag = tag;
-    q->hdr.len = len;
+    ddp_result_t r = _ddp_transport_req_take(h, is_send, buf, len, tag, &t);
+    (void)mr;
+    if (r != DDP_SUCCESS) return r;
+    q = _DDP_TCP_REQ(t);
     if (is_send) {
-        if (k->sq_tail) k->sq_tail->next = q; else k->sq = q;
-        k->sq_tail = q;
+        q->hdr.magic = _DDP_TCP_MSG_MAGIC;
+        q->hdr.zero = 0;
+        q->hdr.tag = tag;
+        q->hdr.len = len;
     } else {
         memset(&q->hdr, 0, sizeof q->hdr);
-        if (k->rq_tail) k->rq_tail->next = q; else k->rq = q;
-        k->rq_tail = q;
     }
+    _ddp_transport_queue_push(is_send ? &k->sq : &k->rq, t);
     *req = q;
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_isend(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
-                                   void **req) {
-    (void)mr;
-    return _ddp_tcp_post((_ddp_tcp_conn_t *)conn, 1, (void *)(uintptr_t)buf, len, tag, req);
-}
-
-static ddp_result_t _ddp_tcp_irecv(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req) {
-    (void)mr;
-    return _ddp_tcp_post((_ddp_tcp_conn_t *)conn, 0, buf, len, tag, req);
-}
-
-static ddp_result_t _ddp_tcp_test(void *req, int *done) {
-    _ddp_tcp_req_t *q = (_ddp_tcp_req_t *)req;
-    _ddp_tcp_conn_t *k = q->conn;
-    *done = 0;
-    if (!q->complete) {
-        ddp_result_t r = _ddp_tcp_progress(k);
-        if (r != DDP_SUCCESS) return r;
-    }
-    if (q->complete) {
-        _ddp_transport_req_put(&k->free, q);
-        *done = 1;
-    }
-    return DDP_SUCCESS;
-}
-
-static ddp_result_t _ddp_tcp_wait(void *state, void *const *conns, int n, int timeout_ms) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_wait(void *state, void *const *conns, int n, int timeout_ms) {
     struct pollfd pfd[8];
     int i, m = 0;
     (void)state;
     for (i = 0; i < n && m < 8; i++) {
         _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)conns[i];
-        short ev = (short)((k->rq ? POLLIN : 0) | (k->sq ? POLLOUT : 0));
+        short ev = (short)((k->rq.head ? POLLIN : 0) | (k->sq.head ? POLLOUT : 0));
         int j, dup = 0;
-        if (!ev || k->err != DDP_SUCCESS) continue;
+        if (!ev || k->h.err != DDP_SUCCESS) continue;
         for (j = 0; j < m; j++) if (pfd[j].fd == k->fd) { pfd[j].events |= ev; dup = 1; }
         if (dup) continue;
         pfd[m].fd = k->fd; pfd[m].events = ev; pfd[m].revents = 0;
@@ -766,7 +737,7 @@ static ddp_result_t _ddp_tcp_wait(void *state, void *const *conns, int n, int ti
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_close(void *conn) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_close(void *conn) {
     _ddp_tcp_conn_t *k = (_ddp_tcp_conn_t *)conn;
     if (!k) return DDP_SUCCESS;
     if (k->fd >= 0) close(k->fd);
@@ -774,7 +745,7 @@ static ddp_result_t _ddp_tcp_close(void *conn) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_tcp_finalize(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_tcp_finalize(void *state) {
     _ddp_tcp_t *tp = (_ddp_tcp_t *)state;
     int i, n;
     if (!tp) return DDP_SUCCESS;
@@ -793,7 +764,7 @@ static ddp_result_t _ddp_tcp_finalize(void *state) {
 static const ddp_transport_t _ddp_tcp_transport = {
     DDP_TRANSPORT_VERSION, "tcp", 10,
     _ddp_tcp_init, _ddp_tcp_reachable, _ddp_tcp_connect, _ddp_tcp_accept,
-    NULL, NULL, _ddp_tcp_isend, _ddp_tcp_irecv, _ddp_tcp_test, _ddp_tcp_wait,
+    NULL, NULL, _ddp_transport_isend, _ddp_transport_irecv, _ddp_transport_test, _ddp_tcp_wait,
     _ddp_tcp_close, _ddp_tcp_finalize, NULL, NULL, NULL,
 };
 

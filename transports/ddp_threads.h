@@ -99,9 +99,6 @@
 #ifndef DDP_KERNELS_IMPLEMENTATION
 #define DDP_KERNELS_IMPLEMENTATION
 #endif
-#ifndef DDP_BASE_IMPLEMENTATION
-#define DDP_BASE_IMPLEMENTATION
-#endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_kernels.h"
@@ -134,17 +131,16 @@ DDP_API const ddp_transport_t *ddp_transport_threads(void);
 
 enum { _DDP_THR_FREE, _DDP_THR_POSTED, _DDP_THR_DONE, _DDP_THR_FAILED };
 
-struct _ddp_thr_conn;
-typedef struct _ddp_thr_req {
-    struct _ddp_thr_req *next;        /* the free list, or a channel's FIFO */
-    struct _ddp_thr_conn *conn;
-    unsigned char *buf;
-    size_t len, other_len;            /* other_*: what the peer posted, on a mismatch */
-    uint64_t tag, other_tag;
-    int is_send;
+/* h.next links the free list or a channel's FIFO; h.done and h.complete stay unused: the peer's
+ * post moves the bytes at once and says so in `state`. */
+typedef struct {
+    _ddp_transport_req_t h;
+    size_t other_len;                 /* other_*: what the peer posted, on a mismatch */
+    uint64_t other_tag;
     uint32_t state;                   /* _DDP_THR_*: atomic; the peer sets DONE or FAILED */
     ddp_result_t err;                 /* FAILED: why (written before state) */
 } _ddp_thr_req_t;
+#define _DDP_THR_REQ(q) ((_ddp_thr_req_t *)(void *)(q))
 
 typedef struct _ddp_thr_chunk {       /* requests beyond the pool, kept until close */
     struct _ddp_thr_chunk *next;
@@ -155,8 +151,8 @@ typedef struct _ddp_thr_chunk {       /* requests beyond the pool, kept until cl
  * the flags are read without it too (atomics). */
 typedef struct {
     pthread_mutex_t mu;
-    _ddp_thr_req_t *sh, *st;          /* sends waiting for a receive (the sender's requests) */
-    _ddp_thr_req_t *rh, *rt;          /* receives waiting for a send (the receiver's) */
+    _ddp_transport_queue_t sends;     /* sends waiting for a receive (the sender's requests) */
+    _ddp_transport_queue_t recvs;     /* receives waiting for a send (the receiver's) */
     uint32_t closed;                  /* one side closed the connection */
     uint32_t broken;                  /* a message did not match: nothing more goes through */
     uint32_t copying;                 /* matched pairs being copied outside the lock */
@@ -242,7 +238,7 @@ static int32_t _ddp_thr_pid;
 static uint64_t _ddp_thr_nonce;
 
 /* Under _ddp_thr_mu: this process's random number (a new one after a fork). */
-static uint64_t _ddp_thr_process_nonce(void) {
+_DDP_PRIVATE uint64_t _ddp_thr_process_nonce(void) {
     if (_ddp_thr_pid != (int32_t)getpid()) {
         _ddp_thr_pid = (int32_t)getpid();
         _ddp_thr_nonce = _ddp_random64();
@@ -252,10 +248,10 @@ static uint64_t _ddp_thr_process_nonce(void) {
 }
 
 /* fork() while another thread holds the registry lock must not leave the child a held lock. */
-static void _ddp_thr_atfork_prepare(void) { pthread_mutex_lock(&_ddp_thr_mu); }
-static void _ddp_thr_atfork_release(void) { pthread_mutex_unlock(&_ddp_thr_mu); }
+_DDP_PRIVATE void _ddp_thr_atfork_prepare(void) { pthread_mutex_lock(&_ddp_thr_mu); }
+_DDP_PRIVATE void _ddp_thr_atfork_release(void) { pthread_mutex_unlock(&_ddp_thr_mu); }
 
-static void _ddp_thr_ep_release(_ddp_thr_ep_t *e) {
+_DDP_PRIVATE void _ddp_thr_ep_release(_ddp_thr_ep_t *e) {
     int last, i;
     pthread_mutex_lock(&_ddp_thr_mu);
     last = --e->refs == 0;
@@ -273,7 +269,7 @@ static inline void _ddp_thr_wake(_ddp_thr_ep_t *e) { _ddp_transport_bell_ring(&e
 /* Waits until e's owner is inside no collective (so it no longer touches our buffers): short,
  * because a rank in a collective sees our closed flag within a millisecond and gives up. Bounded
  * by the communicator's timeout all the same. */
-static void _ddp_thr_wait_idle(_ddp_thr_t *tp, _ddp_thr_ep_t *e) {
+_DDP_PRIVATE void _ddp_thr_wait_idle(_ddp_thr_t *tp, _ddp_thr_ep_t *e) {
     int64_t start = 0, now;
     int spins = 0;
     while (__atomic_load_n(&e->flags.v.busy, __ATOMIC_ACQUIRE)) {
@@ -291,7 +287,7 @@ static void _ddp_thr_wait_idle(_ddp_thr_t *tp, _ddp_thr_ep_t *e) {
 }
 
 /* ---------------------------------------------------------------- setup */
-static ddp_result_t _ddp_thr_init(const ddp_transport_ctx_t *c, void **state) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_init(const ddp_transport_ctx_t *c, void **state) {
     _ddp_thr_t *tp;
     ddp_result_t r;
     *state = NULL;
@@ -318,7 +314,7 @@ static ddp_result_t _ddp_thr_init(const ddp_transport_ctx_t *c, void **state) {
 
 /* After the rendezvous (the communicator id is known only then): make and register this rank's
  * endpoint. Called by the first reachable(). */
-static ddp_result_t _ddp_thr_setup(_ddp_thr_t *tp) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_setup(_ddp_thr_t *tp) {
     const ddp_transport_ctx_t *c = tp->ctx;
     const int n = tp->nranks;
     _ddp_thr_ep_t *e, *x;
@@ -364,7 +360,7 @@ static ddp_result_t _ddp_thr_setup(_ddp_thr_t *tp) {
     return DDP_SUCCESS;
 }
 
-static int _ddp_thr_reachable(void *state, int peer) {
+_DDP_PRIVATE int _ddp_thr_reachable(void *state, int peer) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_thr_addr_t a;
@@ -387,7 +383,9 @@ static int _ddp_thr_reachable(void *state, int peer) {
 /* Both sides do the same: find the peer's endpoint in the registry (not there yet: call again).
  * The registry key (communicator id, rank) is the identity check; reachable() already made sure
  * the peer is in this process. */
-static ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
+_DDP_PRIVATE void _ddp_thr_req_put(_ddp_thr_conn_t *k, _ddp_thr_req_t *q);
+
+_DDP_PRIVATE ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const ddp_transport_ctx_t *c = tp->ctx;
     _ddp_thr_ep_t *x;
@@ -416,11 +414,7 @@ static ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
     k->pep = x;
     k->out = &x->inbox[tp->rank].c;
     k->in = &tp->me->inbox[peer].c;
-    for (i = _DDP_THR_POOL - 1; i >= 0; i--) {
-        k->pool[i].conn = k;
-        k->pool[i].next = k->free_list;
-        k->free_list = &k->pool[i];
-    }
+    for (i = _DDP_THR_POOL - 1; i >= 0; i--) _ddp_thr_req_put(k, &k->pool[i]);
     tp->conns[peer] = k;
     *conn = k;
     _DDP_TLOG(c, DDP_LOG_TRACE, "threads: connected to rank %d (same process)", peer);
@@ -428,7 +422,7 @@ static ddp_result_t _ddp_thr_connect(void *state, int peer, void **conn) {
 }
 
 /* ---------------------------------------------------------------- point-to-point */
-static _ddp_thr_req_t *_ddp_thr_req_get(_ddp_thr_conn_t *k) {
+_DDP_PRIVATE _ddp_thr_req_t *_ddp_thr_req_get(_ddp_thr_conn_t *k) {
     _ddp_thr_req_t *q;
     if (!k->free_list) {
         /* A burst beyond the pool (a group posting more than the window, a transport user
@@ -438,39 +432,36 @@ static _ddp_thr_req_t *_ddp_thr_req_get(_ddp_thr_conn_t *k) {
         if (!ch) return NULL;
         ch->next = k->chunks;
         k->chunks = ch;
-        for (i = _DDP_THR_POOL - 1; i >= 0; i--) {
-            ch->req[i].conn = k;
-            ch->req[i].next = k->free_list;
-            k->free_list = &ch->req[i];
-        }
+        for (i = _DDP_THR_POOL - 1; i >= 0; i--) _ddp_thr_req_put(k, &ch->req[i]);
     }
     q = k->free_list;
-    k->free_list = q->next;
-    q->next = NULL;
+    k->free_list = _DDP_THR_REQ(q->h.next);
+    q->h.next = NULL;
     return q;
 }
 
-static void _ddp_thr_req_put(_ddp_thr_conn_t *k, _ddp_thr_req_t *q) {
+_DDP_PRIVATE void _ddp_thr_req_put(_ddp_thr_conn_t *k, _ddp_thr_req_t *q) {
     __atomic_store_n(&q->state, (uint32_t)_DDP_THR_FREE, __ATOMIC_RELAXED);
-    q->next = k->free_list;
+    q->h.conn = k;
+    q->h.next = k->free_list ? &k->free_list->h : NULL;
     k->free_list = q;
 }
 
 /* Under ch->mu: removes q from its FIFO; 0 if it is not there (a peer is copying it). */
-static int _ddp_thr_unlink(_ddp_thr_chan_t *ch, _ddp_thr_req_t *q) {
-    _ddp_thr_req_t **head = q->is_send ? &ch->sh : &ch->rh, **tail = q->is_send ? &ch->st : &ch->rt;
-    _ddp_thr_req_t *prev = NULL, *x;
-    for (x = *head; x && x != q; x = x->next) prev = x;
+_DDP_PRIVATE int _ddp_thr_unlink(_ddp_thr_chan_t *ch, _ddp_thr_req_t *q) {
+    _ddp_transport_queue_t *f = q->h.is_send ? &ch->sends : &ch->recvs;
+    _ddp_transport_req_t *prev = NULL, *x;
+    for (x = f->head; x && x != &q->h; x = x->next) prev = x;
     if (!x) return 0;
-    if (prev) prev->next = q->next; else *head = q->next;
-    if (*tail == q) *tail = prev;
-    q->next = NULL;
+    if (prev) prev->next = x->next; else f->head = x->next;
+    if (f->tail == x) f->tail = prev;
+    x->next = NULL;
     return 1;
 }
 
 /* "collective #N (signature S)" for a tag made by the communicator (digest << 32 | sequence). */
-static ddp_result_t _ddp_thr_mismatch(_ddp_thr_t *tp, int peer, int i_send, uint64_t my_tag,
-                                      size_t my_len, uint64_t their_tag, size_t their_len) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_mismatch(_ddp_thr_t *tp, int peer, int i_send, uint64_t my_tag,
+                                            size_t my_len, uint64_t their_tag, size_t their_len) {
     return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: rank %d %s message #%u "
                               "(signature %08x) of %zu bytes, this rank %s #%u (signature %08x) of "
                               "%zu bytes: the ranks called different collectives, dtypes, ops, "
@@ -480,8 +471,8 @@ static ddp_result_t _ddp_thr_mismatch(_ddp_thr_t *tp, int peer, int i_send, uint
                               (unsigned)(my_tag & 0xffffffffu), (unsigned)(my_tag >> 32), my_len);
 }
 
-static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char *buf, size_t len,
-                                  uint64_t tag, void **req) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char *buf, size_t len,
+                                        uint64_t tag, void **req) {
     _ddp_thr_t *tp = k->tp;
     _ddp_thr_chan_t *ch = is_send ? k->out : k->in;
     _ddp_thr_req_t *q, *o;
@@ -490,10 +481,10 @@ static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char
     if (!q)
         return ddp_transport_fail(tp->ctx, DDP_ERR_OUT_OF_MEMORY, "threads: requests to rank %d",
                                   k->peer);
-    q->buf = buf;
-    q->len = len;
-    q->tag = tag;
-    q->is_send = is_send;
+    q->h.buf = buf;
+    q->h.len = len;
+    q->h.tag = tag;
+    q->h.is_send = is_send;
     q->err = DDP_SUCCESS;
     pthread_mutex_lock(&ch->mu);
     if (__atomic_load_n(&ch->closed, __ATOMIC_RELAXED) || __atomic_load_n(&ch->broken, __ATOMIC_RELAXED)) {
@@ -507,26 +498,19 @@ static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char
         return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message with "
                                   "rank %d did not match: the connection is unusable", k->peer);
     }
-    o = is_send ? ch->rh : ch->sh;
+    o = _DDP_THR_REQ(is_send ? ch->recvs.head : ch->sends.head);
     if (!o) {
         /* First here: wait in our FIFO for the peer's matching post. */
         __atomic_store_n(&q->state, (uint32_t)_DDP_THR_POSTED, __ATOMIC_RELAXED);
-        if (is_send) {
-            if (ch->st) ch->st->next = q; else ch->sh = q;
-            ch->st = q;
-        } else {
-            if (ch->rt) ch->rt->next = q; else ch->rh = q;
-            ch->rt = q;
-        }
+        _ddp_transport_queue_push(is_send ? &ch->sends : &ch->recvs, &q->h);
         pthread_mutex_unlock(&ch->mu);
         *req = q;
         return DDP_SUCCESS;
     }
     /* Second: take the head of the peer's FIFO. */
-    if (is_send) { ch->rh = o->next; if (!ch->rh) ch->rt = NULL; }
-    else { ch->sh = o->next; if (!ch->sh) ch->st = NULL; }
-    o->next = NULL;
-    if (o->tag != tag || o->len != len) {
+    _ddp_transport_queue_pop(is_send ? &ch->recvs : &ch->sends);
+    o->h.next = NULL;
+    if (o->h.tag != tag || o->h.len != len) {
         __atomic_store_n(&ch->broken, 1u, __ATOMIC_RELEASE);
         o->other_tag = tag;
         o->other_len = len;
@@ -535,12 +519,12 @@ static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char
         pthread_mutex_unlock(&ch->mu);
         _ddp_thr_wake(k->pep);
         _ddp_thr_req_put(k, q);
-        return _ddp_thr_mismatch(tp, k->peer, is_send, tag, len, o->tag, o->len);
+        return _ddp_thr_mismatch(tp, k->peer, is_send, tag, len, o->h.tag, o->h.len);
     }
     /* The copy runs outside the lock; `copying` tells a closing peer to wait for it. */
     __atomic_add_fetch(&ch->copying, 1u, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&ch->mu);
-    if (len) memcpy(is_send ? o->buf : buf, is_send ? buf : o->buf, len);
+    if (len) memcpy(is_send ? o->h.buf : buf, is_send ? buf : o->h.buf, len);
     __atomic_store_n(&o->state, (uint32_t)_DDP_THR_DONE, __ATOMIC_SEQ_CST);
     __atomic_sub_fetch(&ch->copying, 1u, __ATOMIC_RELEASE);
     _ddp_thr_wake(k->pep);
@@ -549,26 +533,26 @@ static ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigned char
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_thr_isend(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
-                                   void **req) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_isend(void *conn, const void *buf, size_t len, uint64_t tag, void *mr,
+                                         void **req) {
     (void)mr;
     return _ddp_thr_post((_ddp_thr_conn_t *)conn, 1, (unsigned char *)(uintptr_t)buf, len, tag, req);
 }
 
-static ddp_result_t _ddp_thr_irecv(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_irecv(void *conn, void *buf, size_t len, uint64_t tag, void *mr, void **req) {
     (void)mr;
     return _ddp_thr_post((_ddp_thr_conn_t *)conn, 0, (unsigned char *)buf, len, tag, req);
 }
 
 /* Nothing to advance: the peer's post does the copy. A failed request stays out of the free list
  * (the communicator is going down anyway); close reclaims it. */
-static ddp_result_t _ddp_thr_test(void *req, int *done) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_test(void *req, int *done) {
     _ddp_thr_req_t *q = (_ddp_thr_req_t *)req;
-    _ddp_thr_conn_t *k = q->conn;
+    _ddp_thr_conn_t *k = (_ddp_thr_conn_t *)q->h.conn;
     uint32_t s = __atomic_load_n(&q->state, __ATOMIC_ACQUIRE);
     *done = 0;
     if (s == _DDP_THR_POSTED) {
-        _ddp_thr_chan_t *ch = q->is_send ? k->out : k->in;
+        _ddp_thr_chan_t *ch = q->h.is_send ? k->out : k->in;
         if (!__atomic_load_n(&ch->closed, __ATOMIC_ACQUIRE) && !__atomic_load_n(&ch->broken, __ATOMIC_ACQUIRE))
             return DDP_SUCCESS;
         pthread_mutex_lock(&ch->mu);
@@ -588,7 +572,7 @@ static ddp_result_t _ddp_thr_test(void *req, int *done) {
     }
     if (s != _DDP_THR_FAILED) return DDP_SUCCESS;
     if (q->err == DDP_ERR_MISMATCH && q->other_len != (size_t)-1)
-        return _ddp_thr_mismatch(k->tp, k->peer, q->is_send, q->tag, q->len, q->other_tag, q->other_len);
+        return _ddp_thr_mismatch(k->tp, k->peer, q->h.is_send, q->h.tag, q->h.len, q->other_tag, q->other_len);
     if (q->err == DDP_ERR_MISMATCH)
         return ddp_transport_fail(k->tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message "
                                   "with rank %d did not match: the connection is unusable",
@@ -596,12 +580,12 @@ static ddp_result_t _ddp_thr_test(void *req, int *done) {
     return ddp_transport_fail(k->tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the connection "
                               "(its communicator was destroyed, aborted or failed) while this "
                               "rank %s %zu bytes (message #%u)", k->peer,
-                              q->is_send ? "sent it" : "waited for", q->len,
-                              (unsigned)(q->tag & 0xffffffffu));
+                              q->h.is_send ? "sent it" : "waited for", q->h.len,
+                              (unsigned)(q->h.tag & 0xffffffffu));
 }
 
 /* 1 if one of k's requests finished or failed since it was posted, or the connection closed. */
-static int _ddp_thr_conn_ready(_ddp_thr_conn_t *k) {
+_DDP_PRIVATE int _ddp_thr_conn_ready(_ddp_thr_conn_t *k) {
     const _ddp_thr_chunk_t *ch;
     int i;
     if (__atomic_load_n(&k->out->closed, __ATOMIC_SEQ_CST) || __atomic_load_n(&k->in->closed, __ATOMIC_SEQ_CST) ||
@@ -615,7 +599,7 @@ static int _ddp_thr_conn_ready(_ddp_thr_conn_t *k) {
     return 0;
 }
 
-static ddp_result_t _ddp_thr_wait(void *state, void *const *conns, int n, int timeout_ms) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_wait(void *state, void *const *conns, int n, int timeout_ms) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     uint32_t seen;
     int i, ms = timeout_ms < 0 || timeout_ms > _DDP_THR_SLICE_MS ? _DDP_THR_SLICE_MS : timeout_ms;
@@ -630,29 +614,30 @@ static ddp_result_t _ddp_thr_wait(void *state, void *const *conns, int n, int ti
 
 /* Any thread, after the abort flag was set: wake this rank if it sleeps on its endpoint's bell
  * (every wait re-checks the flag after arming the bell, so the ring is never lost). */
-static void _ddp_thr_abort(void *state) {
+_DDP_PRIVATE void _ddp_thr_abort(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     _ddp_thr_ep_t *me = tp ? __atomic_load_n(&tp->me, __ATOMIC_ACQUIRE) : NULL;
     if (me) _ddp_thr_wake(me);
 }
 
 /* Under ch->mu: marks the channel closed and takes our own waiting requests out of it. */
-static void _ddp_thr_chan_close(_ddp_thr_chan_t *ch, int ours_are_sends) {
-    _ddp_thr_req_t *q, *next;
+_DDP_PRIVATE void _ddp_thr_chan_close(_ddp_thr_chan_t *ch, int ours_are_sends) {
+    _ddp_transport_queue_t *f = ours_are_sends ? &ch->sends : &ch->recvs;
+    _ddp_transport_req_t *q, *next;
     pthread_mutex_lock(&ch->mu);
     __atomic_store_n(&ch->closed, 1u, __ATOMIC_SEQ_CST);
-    for (q = ours_are_sends ? ch->sh : ch->rh; q; q = next) {
+    for (q = f->head; q; q = next) {
         next = q->next;
         q->next = NULL;
-        __atomic_store_n(&q->state, (uint32_t)_DDP_THR_FAILED, __ATOMIC_RELAXED);
+        __atomic_store_n(&_DDP_THR_REQ(q)->state, (uint32_t)_DDP_THR_FAILED, __ATOMIC_RELAXED);
     }
-    if (ours_are_sends) ch->sh = ch->st = NULL; else ch->rh = ch->rt = NULL;
+    f->head = f->tail = NULL;
     pthread_mutex_unlock(&ch->mu);
 }
 
 /* Tells the peer at once (our closed flag, its channels, its doorbell), then waits until it no
  * longer touches our buffers: a copy it started, or a collective it is in. */
-static ddp_result_t _ddp_thr_close(void *conn) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_close(void *conn) {
     _ddp_thr_conn_t *k = (_ddp_thr_conn_t *)conn;
     _ddp_thr_t *tp;
     _ddp_thr_chunk_t *ch, *next;
@@ -680,7 +665,7 @@ static ddp_result_t _ddp_thr_close(void *conn) {
     return DDP_SUCCESS;
 }
 
-static ddp_result_t _ddp_thr_finalize(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_finalize(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     int i;
     if (!tp || ddp_transport_forked(tp->ctx)) return DDP_SUCCESS;   /* see _ddp_thr_close */
@@ -706,7 +691,7 @@ static ddp_result_t _ddp_thr_finalize(void *state) {
 /* ---------------------------------------------------------------- collectives */
 /* A rank that closed its communicator, or -1: preferably one that never reached step `target`
  * (it left; the others may have failed only because of it). */
-static int _ddp_thr_closed_peer(const _ddp_thr_t *tp, uint64_t target) {
+_DDP_PRIVATE int _ddp_thr_closed_peer(const _ddp_thr_t *tp, uint64_t target) {
     int q, first = -1;
     for (q = 0; q < tp->nranks; q++) {
         const _ddp_thr_ep_t *e = tp->eps[q];
@@ -719,7 +704,7 @@ static int _ddp_thr_closed_peer(const _ddp_thr_t *tp, uint64_t target) {
 
 /* Publishes this rank's next step (with arrive: the first step of a collective, in its slot
  * too: the word the peers then wait on). */
-static void _ddp_thr_publish(_ddp_thr_t *tp, int arrive) {
+_DDP_PRIVATE void _ddp_thr_publish(_ddp_thr_t *tp, int arrive) {
     int q;
     if (!arrive) {
         __atomic_store_n(&tp->me->phase.v, ++tp->phase, __ATOMIC_SEQ_CST);
@@ -733,8 +718,33 @@ static void _ddp_thr_publish(_ddp_thr_t *tp, int arrive) {
 /* Waits until every other rank has published step tp->phase; with sig (the first step of a
  * collective: watch the slots), checks that they called the same thing. Spin, then yield, then
  * sleep; the clock is read only now and then. */
-static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, int kind,
-                                      const char *step) {
+/* Rank `gone` closed while this one waited for step `target`: the failure to report. A rank
+ * that saw another call here fails and closes at once, maybe before the rank we wait for
+ * arrives: every rank must still say MISMATCH, so look at the calls of all who did arrive
+ * before blaming the closed one. */
+_DDP_PRIVATE ddp_result_t _ddp_thr_peer_left(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig,
+                                             uint64_t target, int gone, int kind, const char *step) {
+    const int slot = (int)(tp->ncoll & 1);
+    int o;
+    for (o = 0; sig && o < tp->nranks; o++) {
+        const _ddp_thr_ep_t *f = tp->eps[o];
+        char theirs[160], ours[160];
+        if (o == tp->rank || __atomic_load_n(&f->slot[slot].v.step, __ATOMIC_ACQUIRE) < target ||
+            !_ddp_transport_sig_differs(&f->slot[slot].v.sig, sig))
+            continue;
+        _ddp_transport_sig_str(&f->slot[slot].v.sig, theirs, sizeof theirs);
+        _ddp_transport_sig_str(sig, ours, sizeof ours);
+        return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: rank %d called %s, this "
+                                  "rank %s: the ranks called different collectives, dtypes, ops, "
+                                  "roots or counts", o, theirs, ours);
+    }
+    return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the connection "
+                              "(its communicator was destroyed, aborted or failed) during %s "
+                              "(phase %s)", gone, _ddp_kind_name(kind), step);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, int kind,
+                                            const char *step) {
     const uint64_t target = tp->phase;
     const int p = tp->nranks, slot = (int)(tp->ncoll & 1);
     const ddp_transport_ctx_t *c = tp->ctx;
@@ -770,28 +780,8 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t
             /* A peer that closed will not come; the one we wait for may still have arrived
              * meanwhile (the closer left after the end of this step): look again first. */
             if ((gone = _ddp_thr_closed_peer(tp, target)) >= 0 &&
-                __atomic_load_n(word, __ATOMIC_SEQ_CST) < target) {
-                /* A rank that saw another call here fails and closes at once, maybe before the
-                 * rank we wait for arrives: every rank must still say MISMATCH, so look at the
-                 * calls of all who did arrive before blaming the closed one. */
-                int o;
-                for (o = 0; sig && o < p; o++) {
-                    const _ddp_thr_ep_t *f = tp->eps[o];
-                    char theirs[160], ours[160];
-                    if (o == tp->rank || __atomic_load_n(&f->slot[slot].v.step, __ATOMIC_ACQUIRE) < target ||
-                        !_ddp_transport_sig_differs(&f->slot[slot].v.sig, sig))
-                        continue;
-                    _ddp_transport_sig_str(&f->slot[slot].v.sig, theirs, sizeof theirs);
-                    _ddp_transport_sig_str(sig, ours, sizeof ours);
-                    return ddp_transport_fail(c, DDP_ERR_MISMATCH, "threads: rank %d called %s, "
-                                              "this rank %s: the ranks called different "
-                                              "collectives, dtypes, ops, roots or counts", o, theirs, ours);
-                }
-                return ddp_transport_fail(c, DDP_ERR_REMOTE, "threads: rank %d closed the "
-                                          "connection (its communicator was destroyed, aborted or "
-                                          "failed) during %s (phase %s)", gone,
-                                          _ddp_kind_name(kind), step);
-            }
+                __atomic_load_n(word, __ATOMIC_SEQ_CST) < target)
+                return _ddp_thr_peer_left(tp, sig, target, gone, kind, step);
             if (_ddp_transport_spin_expired(&s)) {
                 if (c->waiting_on) *c->waiting_on = q;
                 return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "threads: %s (phase %s): rank %d did "
@@ -820,8 +810,8 @@ static ddp_result_t _ddp_thr_wait_all(_ddp_thr_t *tp, const _ddp_transport_sig_t
  * we theirs; `busy` is then set first and the peers' closed flags read after the wait (a Dekker
  * pair with _ddp_thr_close: either we see a peer closed and touch nothing of it, or it sees us
  * busy and waits before its owner may reuse or free its buffers). */
-static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, const void *send,
-                                    void *recv, const void *inl, size_t inl_bytes, int zero_copy) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_transport_sig_t *sig, const void *send,
+                                          void *recv, const void *inl, size_t inl_bytes, int zero_copy) {
     const int slot = (int)(tp->ncoll & 1);
     _ddp_thr_ep_t *e = tp->me;
     ddp_result_t r;
@@ -857,14 +847,14 @@ static ddp_result_t _ddp_thr_arrive(_ddp_thr_t *tp, const _ddp_transport_sig_t *
  * publishes the failure (so that the peers can name the first one) and then closes every
  * connection, and _ddp_thr_close marks this rank closed and waits until no peer is inside a
  * collective that may still touch our buffers, all before the call returns to the user. */
-static ddp_result_t _ddp_thr_finish(_ddp_thr_t *tp, ddp_result_t r, int zero_copy) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_finish(_ddp_thr_t *tp, ddp_result_t r, int zero_copy) {
     if (zero_copy) __atomic_store_n(&tp->me->flags.v.busy, 0u, __ATOMIC_RELEASE);
     tp->ncoll++;
     return r;
 }
 
 /* Publishes the end of this rank's part and waits until everyone is done with our buffers. */
-static ddp_result_t _ddp_thr_depart(_ddp_thr_t *tp, int kind) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_depart(_ddp_thr_t *tp, int kind) {
     _ddp_thr_publish(tp, 0);
     return _ddp_thr_wait_all(tp, NULL, kind, "depart");
 }
@@ -876,7 +866,7 @@ static ddp_result_t _ddp_thr_depart(_ddp_thr_t *tp, int kind) {
  * broadcast) measured as fast or faster with memcpy and keep it. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <emmintrin.h>
-static void _ddp_thr_push(unsigned char *dst, const unsigned char *src, size_t n) {
+_DDP_PRIVATE void _ddp_thr_push(unsigned char *dst, const unsigned char *src, size_t n) {
     size_t i;
     if (n < 256) { memcpy(dst, src, n); return; }
     for (i = 0; i + 64 <= n; i += 64) {
@@ -892,13 +882,13 @@ static void _ddp_thr_push(unsigned char *dst, const unsigned char *src, size_t n
     memcpy(dst + i, src + i, n - i);
 }
 #else
-static void _ddp_thr_push(unsigned char *dst, const unsigned char *src, size_t n) { memcpy(dst, src, n); }
+_DDP_PRIVATE void _ddp_thr_push(unsigned char *dst, const unsigned char *src, size_t n) { memcpy(dst, src, n); }
 #endif
 
 /* dst = src[0] op src[1] op ... op src[p-1] over n elements at element offset off, in rank order;
  * AVG divides once at the end. */
-static void _ddp_thr_reduce_block(_ddp_thr_t *tp, unsigned char *dst, const unsigned char *const *src,
-                                  size_t off, size_t n, ddp_dtype_t dtype, ddp_op_t op) {
+_DDP_PRIVATE void _ddp_thr_reduce_block(_ddp_thr_t *tp, unsigned char *dst, const unsigned char *const *src,
+                                        size_t off, size_t n, ddp_dtype_t dtype, ddp_op_t op) {
     const size_t es = ddp_dtype_size(dtype);
     int q;
     ddp_reduce_local(dst, src[0] + off * es, src[1] + off * es, n, dtype, op);
@@ -914,8 +904,8 @@ static void _ddp_thr_reduce_block(_ddp_thr_t *tp, unsigned char *dst, const unsi
  *  - the other slices of our buffers are read and written by their owners only, and the
  *    depart step makes every rank wait until all p slices are written everywhere.
  *  - the small path copies the data into the endpoint before anything is written. */
-static ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *recvbuf,
-                                        size_t count, ddp_dtype_t dtype, ddp_op_t op) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *recvbuf,
+                                              size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t es = ddp_dtype_size(dtype), bytes = count * es;
     const int p = tp->nranks, me = tp->rank;
@@ -955,8 +945,8 @@ static ddp_result_t _ddp_thr_all_reduce(void *state, const void *sendbuf, void *
 /* In place, recvbuf is block r of rank r's send buffer (NCCL's layout): only rank r reads that
  * block, into tmp before writing it. Small (the whole send buffer fits the endpoint): one step,
  * rank r reduces block r of the p copies. */
-static ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, void *recvbuf,
-                                            size_t rc, ddp_dtype_t dtype, ddp_op_t op) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, void *recvbuf,
+                                                  size_t rc, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t es = ddp_dtype_size(dtype), total = rc * es * (size_t)tp->nranks;
     _ddp_transport_sig_t sig;
@@ -994,8 +984,8 @@ static ddp_result_t _ddp_thr_reduce_scatter(void *state, const void *sendbuf, vo
 /* In place, sendbuf is block r of rank r's receive buffer: the others read it, nobody writes
  * it (each rank writes its own receive buffer only, and block r of it is left as is). Small:
  * one step, from copies in the endpoints. */
-static ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *recvbuf,
-                                        size_t sc, ddp_dtype_t dtype) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *recvbuf,
+                                              size_t sc, ddp_dtype_t dtype) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t bytes = sc * ddp_dtype_size(dtype);
     const int p = tp->nranks, me = tp->rank, small = bytes <= tp->small_max;
@@ -1016,8 +1006,8 @@ static ddp_result_t _ddp_thr_all_gather(void *state, const void *sendbuf, void *
     return _ddp_thr_finish(tp, r, !small);
 }
 
-static ddp_result_t _ddp_thr_broadcast(void *state, const void *sendbuf, void *recvbuf,
-                                       size_t count, ddp_dtype_t dtype, int root) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_broadcast(void *state, const void *sendbuf, void *recvbuf,
+                                             size_t count, ddp_dtype_t dtype, int root) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const size_t bytes = count * ddp_dtype_size(dtype);
     const int me = tp->rank;
@@ -1035,7 +1025,7 @@ static ddp_result_t _ddp_thr_broadcast(void *state, const void *sendbuf, void *r
     return _ddp_thr_finish(tp, r, !small);
 }
 
-static ddp_result_t _ddp_thr_barrier(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_barrier(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     _ddp_transport_sig_t sig;
     memset(&sig, 0, sizeof sig);
@@ -1044,7 +1034,7 @@ static ddp_result_t _ddp_thr_barrier(void *state) {
 }
 
 /* The communicator asks once every peer is connected through this transport. */
-static ddp_result_t _ddp_thr_enable(void *state) {
+_DDP_PRIVATE ddp_result_t _ddp_thr_enable(void *state) {
     _ddp_thr_t *tp = (_ddp_thr_t *)state;
     const ddp_transport_ctx_t *c = tp->ctx;
     const char *s = getenv("DDP_THREADS_COLL");

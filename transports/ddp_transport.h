@@ -17,7 +17,8 @@
  * peer, the highest-priority registered transport that reaches it.
  *
  * This header also holds what every transport needs the same way (the shared plumbing):
- * the registry, the context helpers, a request free list and spin-then-block waiting.
+ * the registry, the context helpers, the request and connection heads with the isend, irecv
+ * and test that serve every queued transport, and spin-then-block waiting.
  * Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_TRANSPORT_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_TRANSPORT_IMPLEMENTATION)
@@ -335,39 +336,148 @@ _DDP_PRIVATE ddp_result_t _ddp_transport_conn_fail(const ddp_transport_ctx_t *ct
     return ddp_transport_fail(ctx, r, "%s", msg);
 }
 
-/* ---------------------------------------------------------------- request free list
- * A connection's requests live in an array in the connection (allocated with it: the steady
+/* ---------------------------------------------------------------- requests and connections
+ * Every transport's request starts with this head (its first member): one message posted on
+ * one connection, moving through the connection's send or receive queue in posting order. A
+ * transport adds what its wire needs after it (TCP a header, RDMA its registrations). */
+typedef struct _ddp_transport_req {
+    struct _ddp_transport_req *next;   /* the queue it waits in, or the free list */
+    void *conn;                        /* the transport's connection */
+    unsigned char *buf;
+    size_t len, done;                  /* done: bytes moved so far (the transport says which) */
+    uint64_t tag;
+    int complete, is_send;             /* complete: test() may hand it back */
+} _ddp_transport_req_t;
+
+/* A FIFO of requests: posted first, completed first. */
+typedef struct { _ddp_transport_req_t *head, *tail; } _ddp_transport_queue_t;
+
+static inline void _ddp_transport_queue_push(_ddp_transport_queue_t *f, _ddp_transport_req_t *q) {
+    q->next = NULL;
+    if (f->tail) f->tail->next = q; else f->head = q;
+    f->tail = q;
+}
+
+/* Takes the head off (it completed). */
+static inline void _ddp_transport_queue_pop(_ddp_transport_queue_t *f) {
+    f->head = f->head->next;
+    if (!f->head) f->tail = NULL;
+}
+
+/* A connection's requests live in an array in the connection (allocated with it: the steady
  * state never allocates); the free list is a stack of pointers into it, LIFO so that the
- * request used last, still in cache, is used next. Pointers rather than a link inside the
- * request: the request types differ per transport, and their `next` is their queue link. */
+ * request used last, still in cache, is used next. Pointers rather than `next`: `next` is the
+ * request's queue link while it is posted. */
 #define _DDP_TRANSPORT_MAX_REQS 64
 typedef struct {
     int n, cap;
-    void *req[_DDP_TRANSPORT_MAX_REQS];
+    _ddp_transport_req_t *req[_DDP_TRANSPORT_MAX_REQS];
 } _ddp_transport_freelist_t;
 
-/* Takes requests reqs[0..n) (each `stride` bytes); n <= _DDP_TRANSPORT_MAX_REQS. */
-_DDP_PRIVATE void _ddp_transport_freelist_init(_ddp_transport_freelist_t *fl, void *reqs,
-                                               size_t stride, int n) {
+/* The head of a queued connection (its first member): the connections of transports that move
+ * their requests in a progress function (tcp, shm, ibverbs), which isend, irecv and test below
+ * serve for all of them. */
+typedef struct _ddp_transport_conn {
+    /* The transport's half of isend/irecv: take a request (_ddp_transport_req_take), queue it,
+     * start it; *req is set once it is queued. */
+    ddp_result_t (*post)(struct _ddp_transport_conn *k, int is_send, void *buf, size_t len,
+                         uint64_t tag, void *mr, void **req);
+    /* Moves what it can, both directions, without blocking; marks finished requests complete.
+     * Returns the connection's sticky failure. */
+    ddp_result_t (*progress)(struct _ddp_transport_conn *k);
+    const ddp_transport_ctx_t *ctx;
+    const char *name;                  /* the transport's, for messages */
+    int peer;
+    ddp_result_t err;                  /* sticky once the connection broke */
+    _ddp_transport_freelist_t free;
+} _ddp_transport_conn_t;
+
+/* Fills in a connection's head; its n requests are reqs[0..n), each `stride` bytes and each
+ * starting with a _ddp_transport_req_t (n <= _DDP_TRANSPORT_MAX_REQS). */
+_DDP_PRIVATE void _ddp_transport_conn_init(_ddp_transport_conn_t *k, const ddp_transport_ctx_t *ctx,
+                                           const char *name, int peer, void *reqs, size_t stride, int n) {
     int i;
     DDP_ASSERT(n <= _DDP_TRANSPORT_MAX_REQS);
-    fl->cap = n;
-    for (fl->n = 0, i = 0; i < n; i++) fl->req[fl->n++] = (unsigned char *)reqs + (size_t)i * stride;
+    k->ctx = ctx;
+    k->name = name;
+    k->peer = peer;
+    k->err = DDP_SUCCESS;
+    k->free.cap = n;
+    for (k->free.n = 0, i = 0; i < n; i++)
+        k->free.req[k->free.n++] = (_ddp_transport_req_t *)(void *)((unsigned char *)reqs + (size_t)i * stride);
 }
 
-/* A free request, or NULL after recording that the caller posted more than the pool holds
- * (name: the transport's, for the message). */
-static inline void *_ddp_transport_req_get(const ddp_transport_ctx_t *ctx,
-                                           _ddp_transport_freelist_t *fl, const char *name, int peer) {
-    if (fl->n) return fl->req[--fl->n];
-    ddp_transport_fail(ctx, DDP_ERR_INTERNAL, "%s: more than %d requests outstanding to rank %d",
-                       name, fl->cap, peer);
-    return NULL;
+/* A free request of k with its head filled in (not queued yet), in *out. The connection's
+ * sticky failure, or DDP_ERR_INTERNAL (recorded) when the caller posted more than the pool
+ * holds. */
+static inline ddp_result_t _ddp_transport_req_take(_ddp_transport_conn_t *k, int is_send, void *buf,
+                                                   size_t len, uint64_t tag, _ddp_transport_req_t **out) {
+    _ddp_transport_req_t *q;
+    *out = NULL;
+    if (k->err != DDP_SUCCESS) return k->err;
+    if (!k->free.n) {
+        ddp_transport_fail(k->ctx, DDP_ERR_INTERNAL, "%s: more than %d requests outstanding to rank %d",
+                           k->name, k->free.cap, k->peer);
+        return DDP_ERR_INTERNAL;
+    }
+    q = k->free.req[--k->free.n];
+    q->next = NULL;
+    q->conn = k;
+    q->buf = (unsigned char *)buf;
+    q->len = len;
+    q->done = 0;
+    q->tag = tag;
+    q->complete = 0;
+    q->is_send = is_send;
+    *out = q;
+    return DDP_SUCCESS;
 }
 
-/* Gives back a request taken with _ddp_transport_req_get (once). */
-static inline void _ddp_transport_req_put(_ddp_transport_freelist_t *fl, void *q) {
-    fl->req[fl->n++] = q;
+/* Gives back a request taken with _ddp_transport_req_take (once). */
+static inline void _ddp_transport_req_put(_ddp_transport_conn_t *k, _ddp_transport_req_t *q) {
+    k->free.req[k->free.n++] = q;
+}
+
+/* A received message is not the one the receive was posted for (tags are the communicator's:
+ * signature digest << 32 | sequence): k's sticky failure, naming both. */
+_DDP_PRIVATE ddp_result_t _ddp_transport_conn_mismatch(_ddp_transport_conn_t *k, uint64_t their_tag,
+                                                       uint64_t their_len, const _ddp_transport_req_t *q) {
+    return _ddp_transport_conn_fail(k->ctx, &k->err, DDP_ERR_MISMATCH, "%s: rank %d sent collective "
+        "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) of %zu bytes: "
+        "the ranks called different collectives, dtypes, ops, roots or counts", k->name, k->peer,
+        (unsigned)(their_tag & 0xffffffffu), (unsigned)(their_tag >> 32),
+        (unsigned long long)their_len, (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32),
+        q->len);
+}
+
+/* The vtable's isend, irecv and test for queued connections. */
+_DDP_PRIVATE ddp_result_t _ddp_transport_isend(void *conn, const void *buf, size_t len, uint64_t tag,
+                                               void *mr, void **req) {
+    _ddp_transport_conn_t *k = (_ddp_transport_conn_t *)conn;
+    return k->post(k, 1, (void *)(uintptr_t)buf, len, tag, mr, req);
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_transport_irecv(void *conn, void *buf, size_t len, uint64_t tag,
+                                               void *mr, void **req) {
+    _ddp_transport_conn_t *k = (_ddp_transport_conn_t *)conn;
+    return k->post(k, 0, buf, len, tag, mr, req);
+}
+
+/* Advances the connection unless req is complete already; a complete request goes back to the
+ * free list. */
+_DDP_PRIVATE ddp_result_t _ddp_transport_test(void *req, int *done) {
+    _ddp_transport_req_t *q = (_ddp_transport_req_t *)req;
+    _ddp_transport_conn_t *k = (_ddp_transport_conn_t *)q->conn;
+    *done = 0;
+    if (!q->complete) {
+        ddp_result_t r = k->progress(k);
+        if (r != DDP_SUCCESS) return r;
+    }
+    if (q->complete) {
+        _ddp_transport_req_put(k, q);
+        *done = 1;
+    }
+    return DDP_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- device and interface lists
