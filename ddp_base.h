@@ -405,16 +405,35 @@ _DDP_PRIVATE int _ddp_pipe2(int fds[2], int flags) {
     return pipe2(fds, flags);             /* O_CLOEXEC, O_NONBLOCK */
 }
 
-/* The CPUs this process may run on (its affinity mask, as sched_getaffinity + CPU_COUNT); 1 if
- * unknown. The system call returns how many bytes of the mask it wrote. */
-_DDP_PRIVATE int _ddp_cpu_count(void) {
-    unsigned long mask[1024 / (8 * sizeof(unsigned long))];   /* 1024 CPUs, as glibc's cpu_set_t */
-    long i, n = 0, got = syscall(SYS_sched_getaffinity, 0L, (unsigned long)sizeof mask, mask);
-    for (i = 0; i < got / (long)sizeof mask[0]; i++) {
-        unsigned long w = mask[i];
-        for (; w; w &= w - 1) n++;
+/* The CPUs this process may run on: its affinity mask (sched_getaffinity), 1024 CPUs as glibc's
+ * cpu_set_t, as bytes (bit i of byte i/8: CPU i); all zero if unknown. */
+#define _DDP_CPU_MASK_BYTES 128
+_DDP_PRIVATE void _ddp_cpu_mask(unsigned char out[_DDP_CPU_MASK_BYTES]) {
+    unsigned long mask[_DDP_CPU_MASK_BYTES / sizeof(unsigned long)];
+    long i, got = syscall(SYS_sched_getaffinity, 0L, (unsigned long)sizeof mask, mask);
+    memset(out, 0, _DDP_CPU_MASK_BYTES);
+    for (i = 0; i < got * 8 && i < _DDP_CPU_MASK_BYTES * 8; i++)   /* the syscall returns bytes written */
+        if (mask[i / (long)(8 * sizeof(unsigned long))] >> (i % (long)(8 * sizeof(unsigned long))) & 1ul)
+            out[i / 8] = (unsigned char)(out[i / 8] | (1u << (i % 8)));
+}
+
+/* CPUs set in a mask of _ddp_cpu_mask's form. */
+_DDP_PRIVATE int _ddp_cpu_mask_count(const unsigned char *m) {
+    int i, n = 0;
+    for (i = 0; i < _DDP_CPU_MASK_BYTES; i++) {
+        unsigned b = m[i];
+        for (; b; b &= b - 1) n++;
     }
-    return n > 0 ? (int)n : 1;
+    return n;
+}
+
+/* The CPUs this process may run on; 1 if unknown. */
+_DDP_PRIVATE int _ddp_cpu_count(void) {
+    unsigned char m[_DDP_CPU_MASK_BYTES];
+    int n;
+    _ddp_cpu_mask(m);
+    n = _ddp_cpu_mask_count(m);
+    return n > 0 ? n : 1;
 }
 
 /* FNV-1a (public domain hash, http://www.isthe.com/chongo/tech/comp/fnv/). */

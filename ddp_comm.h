@@ -277,6 +277,7 @@ typedef struct { const ddp_transport_t *t; void *state; } _ddp_tinst_t;
 typedef struct { int tinst; void *conn; } _ddp_peer_t;
 
 #define _DDP_HOST_ID_LEN 160
+#define _DDP_HOST_ENTRY (_DDP_HOST_ID_LEN + _DDP_CPU_MASK_BYTES)   /* host/N in the store */
 #define _DDP_MAX_SLOTS 8
 #define _DDP_MAX_LANES 4
 
@@ -936,9 +937,15 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
     _ddp_key(c, key, sizeof key, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
     r = ddp_store_add(c->store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
-    if ((r = ddp_store_set(c->store, key, host, strlen(host))) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    {   /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
+        unsigned char entry[_DDP_HOST_ENTRY];
+        memset(entry, 0, sizeof entry);
+        memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
+        _ddp_cpu_mask(entry + _DDP_HOST_ID_LEN);
+        _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
+        if ((r = ddp_store_set(c->store, key, entry, sizeof entry)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    }
     if (c->eng.rank == 0) {
         unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
         c->tctx.comm_id = _ddp_random64();
@@ -1077,41 +1084,69 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c) {
 }
 
 /* Phase 6: every rank's host, for local rank/size and for transports that reach same-host peers
- * only. Rank 0 collects the table once and publishes it whole; everyone else reads one value:
- * O(n) store requests in all instead of every rank asking for every host (O(n^2): a million
- * requests at 1,024 ranks). */
-_DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host) {
+ * only, and the CPUs this host's ranks may use together (the union of their affinity masks: a
+ * launcher that binds each rank to its own core, as mpirun does, leaves each one CPU, yet the
+ * ranks are not oversubscribed). Rank 0 collects the table once and publishes it whole; everyone
+ * else reads one value: O(n) store requests in all instead of every rank asking for every host
+ * (O(n^2): a million requests at 1,024 ranks). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_table(ddp_comm_t *c, unsigned char *table, size_t bytes) {
     char key[256];
-    const size_t table = (size_t)c->eng.nranks * _DDP_HOST_ID_LEN;
     size_t len = 0;
-    int i, lr = 0, ls = 0;
+    int i;
     ddp_result_t r;
-    c->host_ids = (char *)_ddp_calloc(&c->alloc, table);
-    if (!c->host_ids) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
     _ddp_key(c, key, sizeof key, "hosts");
     if (c->eng.rank == 0) {
         for (i = 0; i < c->eng.nranks; i++) {
-            char hk[256], *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+            char hk[256];
             _ddp_key(c, hk, sizeof hk, "host/%d", i);
             len = 0;
-            if ((r = ddp_store_get(c->store, hk, h, _DDP_HOST_ID_LEN - 1, &len)) != DDP_SUCCESS)
+            if ((r = ddp_store_get(c->store, hk, table + (size_t)i * _DDP_HOST_ENTRY, _DDP_HOST_ENTRY, &len)) != DDP_SUCCESS)
                 return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-            h[len < _DDP_HOST_ID_LEN ? len : _DDP_HOST_ID_LEN - 1] = 0;
+            if (len != _DDP_HOST_ENTRY)
+                return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: rank %d's host entry has %zu "
+                                     "bytes, expected %d (mixed libddp versions?)", i, len, _DDP_HOST_ENTRY);
         }
-        r = ddp_store_set(c->store, key, c->host_ids, table);
+        r = ddp_store_set(c->store, key, table, bytes);
     } else {
-        r = ddp_store_get(c->store, key, c->host_ids, table, &len);
-        if (r == DDP_SUCCESS && len != table)
+        r = ddp_store_get(c->store, key, table, bytes, &len);
+        if (r == DDP_SUCCESS && len != bytes)
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the host table has %zu bytes, "
-                                 "expected %zu", len, table);
+                                 "expected %zu", len, bytes);
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    for (i = 0; i < c->eng.nranks; i++) {
-        const char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
-        if (!strcmp(h, host)) { if (i < c->eng.rank) lr++; ls++; }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host) {
+    const size_t bytes = (size_t)c->eng.nranks * _DDP_HOST_ENTRY;
+    unsigned char *table, cpus[_DDP_CPU_MASK_BYTES];
+    int i, k, lr = 0, ls = 0;
+    ddp_result_t r;
+    c->host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+    table = (unsigned char *)_ddp_calloc(&c->alloc, bytes);
+    if (!c->host_ids || !table) {
+        _ddp_free(&c->alloc, table);
+        return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
     }
+    if ((r = _ddp_rendezvous_table(c, table, bytes)) != DDP_SUCCESS) {
+        _ddp_free(&c->alloc, table);
+        return r;
+    }
+    memset(cpus, 0, sizeof cpus);
+    for (i = 0; i < c->eng.nranks; i++) {
+        const unsigned char *e = table + (size_t)i * _DDP_HOST_ENTRY;
+        char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+        memcpy(h, e, _DDP_HOST_ID_LEN - 1);
+        h[_DDP_HOST_ID_LEN - 1] = 0;
+        if (strcmp(h, host) != 0) continue;
+        if (i < c->eng.rank) lr++;
+        ls++;
+        for (k = 0; k < _DDP_CPU_MASK_BYTES; k++) cpus[k] = (unsigned char)(cpus[k] | e[_DDP_HOST_ID_LEN + k]);
+    }
+    _ddp_free(&c->alloc, table);
     if (c->local_rank < 0) c->local_rank = lr;
     if (c->local_size < 0) c->local_size = ls;
+    c->tctx.host_cpus = _ddp_cpu_mask_count(cpus);
     /* Across hosts without a secret the store and the token are readable by anyone who can
      * reach MASTER_PORT: say so once (rank 0), with the fix. */
     if (c->eng.rank == 0 && c->store && !c->store->keylen) {
@@ -1878,7 +1913,8 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     c->nlanes = 1;
     if (!from->is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
-             "sleep in the kernel; %d ranks on this host, %d CPUs", c->eng.spin_us, c->local_size,
+             "sleep in the kernel; %d ranks on this host, %d CPUs for them (their affinity masks "
+             "together; %d for this rank)", c->eng.spin_us, c->local_size, c->tctx.host_cpus,
              _ddp_cpu_count());
     _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
     if (c->own_store) _ddp_store_bound(c->store, 0);   /* later requests: a timeout each */

@@ -14,7 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 ulimit -c 0 2>/dev/null # the SIGSEGV check must not write a core file
 unset OMP_NUM_THREADS DDP_JOB_SECRET TORCH_NCCL_ASYNC_ERROR_HANDLING
 
-echo "1..33"
+echo "1..34"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now() { date +%s.%N; }
 elapsed_below() { awk -v a="$1" -v b="$2" -v lim="$3" 'BEGIN { exit !(b - a < lim) }'; }
@@ -165,6 +165,19 @@ else
     notok "libddp program under ddprun -n 4: ddp_comm_init_env + all_reduce (port, secret work)"
     sed 's/^/#   /' "$tmp/why"
 fi
+
+# Bound like mpirun's default binding (each rank its own core), the ranks are not more than the
+# CPUs: each sees 1 CPU in its own mask, but the job has 2 on this host.
+pinned_ranks() {
+    if [ "$(nproc 2>/dev/null || echo 1)" -lt 2 ] || ! command -v taskset > /dev/null 2>&1; then
+        return 0
+    fi
+    DDP_DEBUG=INFO "$D" -n 2 sh -c 'exec taskset -c $RANK build/ddprun_allreduce' > "$tmp/pin.out" 2>&1 ||
+        { why "exit $?"; cat "$tmp/pin.out" >> "$tmp/why"; return 1; }
+    grep 'wait policy' "$tmp/pin.out" > "$tmp/why"
+    [ "$(grep -c '2 ranks on this host, 2 CPUs for them (their affinity masks together; 1 for this rank)' "$tmp/pin.out")" -eq 2 ]
+}
+check "ranks bound to one core each (taskset): 2 ranks, 2 CPUs for them, not oversubscribed" pinned_ranks
 
 # --- 11-12: free port ---------------------------------------------------------------------------
 two_jobs() {

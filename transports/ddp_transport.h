@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define DDP_TRANSPORT_VERSION 4
+#define DDP_TRANSPORT_VERSION 5
 
 /* What a transport knows of its communicator. Filled by the communicator before init and valid
  * (same address) until finalize; transports keep the pointer. */
@@ -92,6 +92,9 @@ typedef struct ddp_transport_ctx {
      * contexts: no messages, no shutdown(), no writes to shared memory, no calls into a
      * device or verbs library, no joins (the threads stayed in the parent). */
     const int *forked;
+    /* The CPUs this host's ranks of the communicator may use together (the union of their
+     * affinity masks), filled at the rendezvous; 0 until then or if unknown. */
+    int host_cpus;
 } ddp_transport_ctx_t;
 
 typedef struct ddp_coll_provider {
@@ -564,8 +567,9 @@ static inline void _ddp_transport_bell_sleep(_ddp_transport_bell_t *b, uint32_t 
     __atomic_store_n(&b->sleeping, 0u, __ATOMIC_SEQ_CST);
 }
 
-/* How long to spin before sleeping, and whether the ranks outnumber the CPUs this process may
- * use (nlocal ranks on this host): the transport's own variable (env) first, then the
+/* How long to spin before sleeping, and whether the ranks outnumber the CPUs they may use
+ * (nlocal ranks on this host; the CPUs of all their affinity masks, ctx->host_cpus, else this
+ * process's own): the transport's own variable (env) first, then the
  * communicator's spin when the user chose one (DDP_SPIN_US, or the desc), else 2000 us with a
  * CPU per rank (spinning costs nothing the peer needs, and a futex wake-up across CPUs costs
  * tens of microseconds), 50 us oversubscribed (spinning would steal the peer's CPU). */
@@ -573,7 +577,7 @@ _DDP_PRIVATE int _ddp_transport_spin_us(const ddp_transport_ctx_t *ctx, const ch
                                         int *oversubscribed) {
     long v;
     const char *s = getenv(env);
-    int ncpu = _ddp_cpu_count();
+    int ncpu = ctx->host_cpus > 0 ? ctx->host_cpus : _ddp_cpu_count();
     *oversubscribed = nlocal > ncpu;
     if (s && _ddp_parse_long(s, 0, 10000000, &v) == 0) return (int)v;
     if (getenv("DDP_SPIN_US") || ctx->spin_us != _DDP_DEFAULT_SPIN_US) return ctx->spin_us;
