@@ -596,6 +596,42 @@ _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
     _ddp_store_quick(c->store, 0);
 }
 
+/* A healthy communicator being destroyed leaves a note (the first rank to leave wins): a peer
+ * still inside a call then sees a closed connection and can say who left, after how many calls,
+ * instead of "connection reset by peer" (uneven inputs: one rank stopped calling early). */
+_DDP_PRIVATE void _ddp_say_goodbye(ddp_comm_t *c) {
+    char key[256], msg[96], cur[8];
+    size_t curlen = 0;
+    if (!c->store || c->foreign || c->forked || c->eng.nranks < 2 ||
+        __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) != DDP_SUCCESS)
+        return;
+    snprintf(msg, sizeof msg, "%d %u", c->eng.rank, c->eng.seq);
+    _ddp_key(c, key, sizeof key, "bye");
+    _ddp_store_quick(c->store, 1);
+    ddp_store_compare_set(c->store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
+    _ddp_store_quick(c->store, 0);
+}
+
+/* A rank that destroyed its communicator before the call this rank is in: its note, appended
+ * to this rank's error. 1 if there was one. */
+_DDP_PRIVATE int _ddp_add_goodbye(ddp_comm_t *c) {
+    char key[256], note[64];
+    size_t len = 0, n = strlen(c->last_error);
+    int exists = 0, who = -1;
+    unsigned calls = 0;
+    _ddp_key(c, key, sizeof key, "bye");
+    if (ddp_store_check(c->store, key, &exists) != DDP_SUCCESS || !exists ||
+        ddp_store_get(c->store, key, note, sizeof note - 1, &len) != DDP_SUCCESS)
+        return 0;
+    note[len < sizeof note ? len : sizeof note - 1] = 0;
+    if (sscanf(note, "%d %u", &who, &calls) != 2 || who == c->eng.rank || calls >= c->eng.seq) return 0;
+    if (n + 32 < sizeof c->last_error)
+        snprintf(c->last_error + n, sizeof c->last_error - n, "; rank %d destroyed its communicator "
+                 "after %u calls; this rank is in call %u (every rank must make the same calls: "
+                 "uneven inputs?)", who, calls, c->eng.seq);
+    return 1;
+}
+
 /* Appends the first failure published by another rank, if any, to this rank's error.
  * Returns 1 if there was one, 2 if it was a disagreement (DDP_ERR_MISMATCH). */
 _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
@@ -613,6 +649,8 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
         if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
             snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
         if (strstr(why, ddp_strerror(DDP_ERR_MISMATCH))) exists = 2;
+    } else if (r == DDP_SUCCESS && _ddp_add_goodbye(c)) {
+        exists = 1;
     } else if (r == DDP_ERR_REMOTE && c->eng.rank != 0 && n + 32 < sizeof c->last_error) {
         /* The store lives in rank 0: losing it too means rank 0 is gone, most likely first. */
         snprintf(c->last_error + n, sizeof c->last_error - n, "; rank 0 is gone as well (its "
@@ -720,6 +758,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     for (i = 1; i < c->nlanes; i++) ddp_comm_destroy(c->lanes[i].exec);
     c->nlanes = 0;
     if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
+    _ddp_say_goodbye(c);
     _ddp_close_peers(c);   /* transports see tctx.forked */
     if (c->dev_inherited && c->dev_any && c->dev_any->release_inherited && !c->forked)
         c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);

@@ -300,6 +300,36 @@ static int silent(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- a rank that leaves early
+ * Uneven inputs, the classic DDP bug: rank 1 makes 2 calls and destroys its communicator, rank 0
+ * makes a third. Rank 0's error names rank 1, its 2 calls and this rank's call 3, not just a
+ * closed connection (rank 1 leaves a note before its connections close). */
+static int leaves_early(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    float buf[256];
+    ddp_result_t r;
+    int i, calls = rank == 1 ? 2 : 3;
+    (void)arg;
+    t_desc(&d, 20000);
+    d.log_level = 1;
+    if (ddp_comm_init(&c, p, rank, &d) != DDP_SUCCESS) return 1;
+    for (i = 0; i < 256; i++) buf[i] = 1;
+    for (i = 0, r = DDP_SUCCESS; i < calls && r == DDP_SUCCESS; i++)
+        r = ddp_all_reduce(buf, buf, 256, DDP_FLOAT32, DDP_SUM, c);
+    if (rank == 0) {
+        const char *e = ddp_comm_last_error(c);
+        ok(r == DDP_ERR_REMOTE && i == 3, "the third all_reduce, which rank 1 never makes -> %s (call %d)",
+           ddp_strerror(r), i);
+        ok(strstr(e, "rank 1 destroyed its communicator after 2 calls; this rank is in call 3") != NULL,
+           "the error names who left and when: %s", e);
+    } else {
+        ok(r == DDP_SUCCESS, "rank 1's two calls -> %s", ddp_strerror(r));
+    }
+    ddp_comm_destroy(c);
+    return 0;
+}
+
 /* ----------------------------------------------------------------- a rank that never joins */
 static int never_joins(int rank, int p, void *arg) {
     const int missing = *(const int *)arg;
@@ -935,6 +965,7 @@ int main(void) {
     run_killed_with(5, 3, "hier_rabenseifner", "a,a,b,b,b");
     run_killed_with(5, 4, "rabenseifner", NULL);
     run("a silent rank (alive, never calls the collective)", 3, silent, NULL, 60);
+    run("a rank that destroys its communicator after 2 calls, the other makes 3", 2, leaves_early, NULL, 60);
     missing = 2;
     run("rank 2 never joins", 3, never_joins, &missing, 60);
     missing = 0;
