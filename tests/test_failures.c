@@ -421,7 +421,7 @@ static int wrong_port_speaks(int rank, int p, void *arg) {
     log[n] = 0;
     if (f) fclose(f);
     remove(path);
-    snprintf(want, sizeof want, "WARN store: connecting to 127.0.0.1:%d for 10 s", d.master_port);
+    snprintf(want, sizeof want, "WARN store: connecting to 127.0.0.1:%d for ", d.master_port);   /* then "N s: " */
     ok(r == DDP_ERR_TIMEOUT && c == NULL, "init as rank 1 with a port nobody serves -> %s", ddp_strerror(r));
     ok(strstr(log, want) && strstr(log, "MASTER_ADDR/MASTER_PORT the same on every rank"),
        "while it retries, a WARN names the address and what to check: %.200s", strstr(log, "WARN") ? strstr(log, "WARN") : log);
