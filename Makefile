@@ -31,14 +31,45 @@ all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-ove
 $(B)/ddprun: tools/ddprun.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
 
-$(B) $(B)/san $(B)/hdr:
+$(B) $(B)/san $(B)/tsan $(B)/hdr:
 	mkdir -p $@
 
-$(B)/%: tests/%.c $(HEADERS) $(wildcard tests/*.h) | $(B)
-	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+# The implementation is compiled once per transport set and flavour (tests/libddp.c) and linked
+# into each program below that uses only the public API; IMPL_* say which set a program includes
+# (including a transport registers it, so the set is part of the program's behaviour). IMPL_SELF
+# compile the implementation themselves: they call private _ddp_ functions (static), or, for
+# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends.
+IMPL_TCP     := test_failures test_kernels test_trace
+IMPL_THREADS := test_mismatch test_threads
+IMPL_NCCL    := test_flat_reducer test_nccl
+IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_shm_peer test_store \
+                test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
+                netns_rank launch_probe
+# $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
+impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
+       $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
+IMPL_OBJS          := libddp-tcp.o libddp.o libddp-threads.o libddp-nccl.o
+IMPL_DEFS_libddp-tcp.o     :=
+IMPL_DEFS_libddp.o         := -DT_IMPL_SHM=1
+IMPL_DEFS_libddp-threads.o := -DT_IMPL_SHM=1 -DT_IMPL_THREADS=1
+IMPL_DEFS_libddp-nccl.o    := -DT_IMPL_SHM=1 -DT_IMPL_NCCL=1
+IMPL_DEPS    := tests/libddp.c $(HEADERS) ddp_sampler.h
+TEST_HDRS    := $(wildcard tests/*.h)
+TSAN         := -fsanitize=thread
 
-$(B)/san/%: tests/%.c $(HEADERS) $(wildcard tests/*.h) | $(B)/san
-	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+$(addprefix $(B)/,$(IMPL_OBJS)): $(IMPL_DEPS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $(IMPL_DEFS_$(notdir $@)) -c $< -o $@
+$(addprefix $(B)/san/,$(IMPL_OBJS)): $(IMPL_DEPS) | $(B)/san
+	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $(INC) $(IMPL_DEFS_$(notdir $@)) -c $< -o $@
+$(addprefix $(B)/tsan/,$(IMPL_OBJS)): $(IMPL_DEPS) | $(B)/tsan
+	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $(IMPL_DEFS_$(notdir $@)) -c $< -o $@
+
+.SECONDEXPANSION:
+$(B)/%: tests/%.c $$(call impl,$(B),$$*) $(HEADERS) $(TEST_HDRS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< $(call impl,$(B),$*) -o $@ $(LDLIBS)
+
+$(B)/san/%: tests/%.c $$(call impl,$(B)/san,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/san
+	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $(INC) $< $(call impl,$(B)/san,$*) -o $@ $(LDLIBS)
 
 $(B)/%: examples/%.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
@@ -73,9 +104,8 @@ test-san: $(TESTS_SAN)
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
               $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer
-$(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
-	@mkdir -p $(B)/tsan
-	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
+$(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/tsan
+	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 
 test-tsan: $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1 T_NCCL_SCENARIOS_ONLY=1 prove -f $(TSAN_TESTS)
@@ -83,7 +113,7 @@ test-tsan: $(TSAN_TESTS)
 test: headers test-fake-nccl test-plain test-san test-tsan test-fuzz-short test-rdma-vm
 
 # NCCL (transports/ddp_nccl.h, issue 15). No GPU here: tests/fake_nccl builds a fake NCCL and CUDA
-# runtime that test_nccl/test_nccl2 load instead of the real ones (DDP_NCCL_LIBRARY,
+# runtime that test_nccl/test_nccl_rooted load instead of the real ones (DDP_NCCL_LIBRARY,
 # DDP_CUDART_LIBRARY); test_nccl also checks the real library's decline path. On a machine with
 # a GPU, `make test-gpu` (below) runs the same collectives on real device buffers.
 FAKE_NCCL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -pthread
@@ -94,7 +124,7 @@ $(B)/fake_nccl/libcudart.so.13: tests/fake_nccl/fake_cudart.c tests/fake_nccl/fa
 $(B)/fake_nccl/libnccl.so.2: tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cuda.h $(B)/fake_nccl/libcudart.so.13
 	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN'
 $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c $(FAKE_NCCL)
-$(B)/test_nccl2 $(B)/san/test_nccl2: tests/test_collectives2.c $(FAKE_NCCL)
+$(B)/test_nccl_rooted $(B)/san/test_nccl_rooted: tests/test_rooted_collectives.c $(FAKE_NCCL)
 $(B)/test_flat_reducer $(B)/san/test_flat_reducer $(B)/tsan/test_flat_reducer: $(FAKE_NCCL)
 
 # ZeRO-1 against replicated AdamW (examples/zero1_demo.c, issue 17).
