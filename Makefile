@@ -121,7 +121,7 @@ test-tsan: $(TSAN_TESTS)
 
 # make test: first everything its phases run is built, with TEST_JOBS jobs (every dependency is
 # declared, so make -j is correct); then the phases run one after another, each saying how long it
-# took. The tests themselves run one at a time: several check how soon something happens (a
+# took (with TEST_JOBS jobs where a phase still builds: headers, fuzz, rdma). The tests themselves run one at a time: several check how soon something happens (a
 # failure "at once", an abort within 1 s, a dead peer within its timeout) with ranks that already
 # share the 2 cores, and a second test beside them would eat that slack.
 TEST_JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
@@ -136,8 +136,9 @@ test-build: $(TEST_BUILD)
 test:
 	@s=$$(date +%s); $(MAKE) --no-print-directory $(TEST_J) test-build || exit 1; \
 	echo "make test: building took $$(( $$(date +%s) - s )) s"; \
-	for p in $(TEST_PHASES); do s=$$(date +%s); \
-	  $(MAKE) --no-print-directory $(TEST_J) $$p || exit 1; \
+	for p in $(TEST_PHASES); do s=$$(date +%s); j=; \
+	  case $$p in headers|test-fuzz-short|test-rdma-vm) j='$(TEST_J)';; esac; \
+	  $(MAKE) --no-print-directory $$j $$p || exit 1; \
 	  echo "make test: $$p took $$(( $$(date +%s) - s )) s"; \
 	done
 
@@ -153,6 +154,7 @@ $(B)/fake_nccl/libcudart.so.13: tests/fake_nccl/fake_cudart.c tests/fake_nccl/fa
 $(B)/fake_nccl/libnccl.so.2: tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cuda.h $(B)/fake_nccl/libcudart.so.13
 	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN'
 $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c $(FAKE_NCCL)
+$(B)/san/test_rdma: tests/test_collectives.c
 $(B)/test_nccl_rooted $(B)/san/test_nccl_rooted: tests/test_rooted_collectives.c $(FAKE_NCCL)
 $(B)/test_flat_reducer $(B)/san/test_flat_reducer $(B)/tsan/test_flat_reducer: $(FAKE_NCCL)
 
