@@ -38,25 +38,63 @@ all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-ove
 $(B)/ddprun: tools/ddprun.c ddp_base.h | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
 
-$(B) $(B)/san $(B)/hdr:
+$(B) $(B)/san $(B)/tsan $(B)/hdr:
 	mkdir -p $@
 
-$(B)/%: tests/%.c $(HEADERS) $(wildcard tests/*.h) | $(B)
-	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+# The implementation is compiled once per transport set and flavour (tests/libddp.c) and linked
+# into each program below that uses only the public API; IMPL_* say which set a program includes
+# (including a transport registers it, so the set is part of the program's behaviour). IMPL_SELF
+# compile the implementation themselves: they call private _ddp_ functions (static), or, for
+# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends.
+IMPL_TCP     := test_failures test_kernels test_trace
+IMPL_THREADS := test_mismatch test_threads
+IMPL_NCCL    := test_flat_reducer test_nccl
+IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_shm_peer test_store \
+                test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
+                netns_rank launch_probe
+# $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
+impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
+       $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
+IMPL_OBJS          := libddp-tcp.o libddp.o libddp-threads.o libddp-nccl.o
+IMPL_DEFS_libddp-tcp.o     :=
+IMPL_DEFS_libddp.o         := -DT_IMPL_SHM=1
+IMPL_DEFS_libddp-threads.o := -DT_IMPL_SHM=1 -DT_IMPL_THREADS=1
+IMPL_DEFS_libddp-nccl.o    := -DT_IMPL_SHM=1 -DT_IMPL_NCCL=1
+IMPL_DEPS    := tests/libddp.c $(HEADERS) ddp_sampler.h
+TEST_HDRS    := $(wildcard tests/*.h)
+TSAN         := -fsanitize=thread
 
-$(B)/san/%: tests/%.c $(HEADERS) $(wildcard tests/*.h) | $(B)/san
-	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+$(addprefix $(B)/,$(IMPL_OBJS)): $(IMPL_DEPS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $(IMPL_DEFS_$(notdir $@)) -c $< -o $@
+$(addprefix $(B)/san/,$(IMPL_OBJS)): $(IMPL_DEPS) | $(B)/san
+	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $(INC) $(IMPL_DEFS_$(notdir $@)) -c $< -o $@
+$(addprefix $(B)/tsan/,$(IMPL_OBJS)): $(IMPL_DEPS) | $(B)/tsan
+	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $(IMPL_DEFS_$(notdir $@)) -c $< -o $@
+
+.SECONDEXPANSION:
+$(B)/%: tests/%.c $$(call impl,$(B),$$*) $(HEADERS) $(TEST_HDRS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< $(call impl,$(B),$*) -o $@ $(LDLIBS)
+
+$(B)/san/%: tests/%.c $$(call impl,$(B)/san,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/san
+	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $(INC) $< $(call impl,$(B)/san,$*) -o $@ $(LDLIBS)
 
 $(B)/%: examples/%.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # Each header alone (declarations and implementation, with and without DDP_STATIC, C99/C11 and
-# C++11/17/20, gcc and clang) and every ordered pair of headers: tests/check_headers.sh.
-headers: nccl-headers | $(B)/hdr
+# C++11/17/20, gcc and clang) and each header first and last among the others:
+# tests/check_headers.sh. The parts below are separate targets so that make -j runs them at once.
+HDR_OLEVELS := -O0 -O1 -O2 -O3 -Os
+headers: nccl-headers hdr-matrix hdr-link $(foreach o,$(HDR_OLEVELS),$(B)/hdr/impl$(o).o)
+	@echo "ok: implementation + C++ user link; DDP_STATIC builds; -O0..-O3 and -Os warning-free"
+.PHONY: hdr-matrix hdr-link $(B)/hdr/impl.c
+hdr-matrix: | $(B)/hdr
 	bash tests/check_headers.sh $(B)/hdr/matrix $(HEADERS)
-	@# One implementation file plus a C++ file that only includes the headers link together;
-	@# DDP_STATIC makes a private copy.
-	@printf '#define DDP_IMPLEMENTATION\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "ddp_sampler.h"\n' > $(B)/hdr/impl.c
+$(B)/hdr/impl.c: | $(B)/hdr
+	@printf '#define DDP_IMPLEMENTATION\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\n#include "ddp_sampler.h"\n' > $@
+# One implementation file plus a C++ file that only includes the headers link together;
+# DDP_STATIC makes a private copy.
+hdr-link: $(B)/hdr/impl.c
 	@printf '#include "ddp.h"\n#include "ddp_sampler.h"\n#include <cstdio>\nint main(){ std::puts(ddp_strerror(DDP_ERR_TIMEOUT)); return ddp_dtype_size(DDP_BFLOAT16) == 2 ? 0 : 1; }\n' > $(B)/hdr/user.cpp
 	$(CC) -std=c99 $(WARN) $(INC) -c $(B)/hdr/impl.c -o $(B)/hdr/impl.o
 	$(CXX) -std=c++17 $(WARN) $(INC) -c $(B)/hdr/user.cpp -o $(B)/hdr/user.o
@@ -65,9 +103,11 @@ headers: nccl-headers | $(B)/hdr
 	@# DDP_STATIC with the sampler first (the two headers used to define DDP_API differently).
 	@printf '#define DDP_STATIC\n#define DDP_IMPLEMENTATION\n#include "ddp_sampler.h"\n#include "ddp.h"\n#include "transports/ddp_tcp.h"\nint main(void){return 0;}\n' > $(B)/hdr/static2.c
 	$(CC) -std=c99 $(WARN) $(INC) -c $(B)/hdr/static2.c -o $(B)/hdr/static2.o
-	@# -Wformat-truncation and friends depend on inlining: check every optimisation level.
-	@for o in -O0 -O1 -O2 -O3 -Os; do $(CC) -std=c99 $$o $(WARN) $(INC) -c $(B)/hdr/impl.c -o $(B)/hdr/o.o || exit 1; done
-	@echo "ok: implementation + C++ user link; DDP_STATIC builds; -O0..-O3 and -Os warning-free"
+# -Wformat-truncation and friends depend on inlining: every optimisation level (always rebuilt,
+# like the rest of make headers).
+.PHONY: $(foreach o,$(HDR_OLEVELS),$(B)/hdr/impl$(o).o)
+$(foreach o,$(HDR_OLEVELS),$(B)/hdr/impl$(o).o): $(B)/hdr/impl.c
+	$(CC) -std=c99 $(patsubst $(B)/hdr/impl%.o,%,$@) $(WARN) $(INC) -c $< -o $@
 
 test-plain: $(TESTS) $(B)/ddprun
 	prove -f $(TESTS) $(TEST_SH)
@@ -80,17 +120,37 @@ test-san: $(TESTS_SAN)
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
               $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer
-$(B)/tsan/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
-	@mkdir -p $(B)/tsan
-	$(CC) $(STD) -O1 -g -fsanitize=thread $(WARN) $(INC) $< -o $@ $(LDLIBS)
+$(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/tsan
+	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 
 test-tsan: $(TSAN_TESTS)
 	TSAN_OPTIONS=halt_on_error=1 T_NCCL_SCENARIOS_ONLY=1 prove -f $(TSAN_TESTS)
 
-test: headers test-fake-nccl test-plain test-san test-tsan test-fuzz-short test-rdma-vm
+# make test: first everything its phases run is built, with TEST_JOBS jobs (every dependency is
+# declared, so make -j is correct); then the phases run one after another, each saying how long it
+# took (with TEST_JOBS jobs where a phase still builds: headers, fuzz, rdma). The tests themselves run one at a time: several check how soon something happens (a
+# failure "at once", an abort within 1 s, a dead peer within its timeout) with ranks that already
+# share the 2 cores, and a second test beside them would eat that slack.
+TEST_JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+TEST_PHASES := headers test-fake-nccl test-plain test-san test-tsan test-fuzz-short test-rdma-vm
+# -j unless the caller gave one (a sub-make with its own -j would leave the caller's jobserver).
+TEST_J       = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS))
+TEST_BUILD  := $(TESTS) $(TESTS_SAN) $(TSAN_TESTS) $(B)/ddprun $(B)/fake_nccl/selftest \
+               $(B)/fake_nccl_san/selftest $(B)/fake_nccl_tsan/selftest \
+               $(B)/ddp-bench $(B)/svg_chart $(B)/train_mlp $(B)/netns_rank
+.PHONY: test-build
+test-build: $(TEST_BUILD)
+test:
+	@s=$$(date +%s); $(MAKE) --no-print-directory $(TEST_J) test-build || exit 1; \
+	echo "make test: building took $$(( $$(date +%s) - s )) s"; \
+	for p in $(TEST_PHASES); do s=$$(date +%s); j=; \
+	  case $$p in headers|test-fuzz-short|test-rdma-vm) j='$(TEST_J)';; esac; \
+	  $(MAKE) --no-print-directory $$j $$p || exit 1; \
+	  echo "make test: $$p took $$(( $$(date +%s) - s )) s"; \
+	done
 
 # NCCL (transports/ddp_nccl.h, issue 15). No GPU here: tests/fake_nccl builds a fake NCCL and CUDA
-# runtime that test_nccl/test_nccl2 load instead of the real ones (DDP_NCCL_LIBRARY,
+# runtime that test_nccl/test_nccl_rooted load instead of the real ones (DDP_NCCL_LIBRARY,
 # DDP_CUDART_LIBRARY); test_nccl also checks the real library's decline path. On a machine with
 # a GPU, `make test-gpu` (below) runs the same collectives on real device buffers.
 FAKE_NCCL_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -pthread
@@ -101,7 +161,8 @@ $(B)/fake_nccl/libcudart.so.13: tests/fake_nccl/fake_cudart.c tests/fake_nccl/fa
 $(B)/fake_nccl/libnccl.so.2: tests/fake_nccl/fake_nccl.c tests/fake_nccl/fake_cuda.h $(B)/fake_nccl/libcudart.so.13
 	$(CC) $(FAKE_NCCL_CFLAGS) -Wl,-soname,libnccl.so.2 $< -o $@ -L$(B)/fake_nccl -l:libcudart.so.13 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN'
 $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c $(FAKE_NCCL)
-$(B)/test_nccl2 $(B)/san/test_nccl2: tests/test_collectives2.c $(FAKE_NCCL)
+$(B)/san/test_rdma: tests/test_collectives.c
+$(B)/test_nccl_rooted $(B)/san/test_nccl_rooted: tests/test_rooted_collectives.c $(FAKE_NCCL)
 $(B)/test_flat_reducer $(B)/san/test_flat_reducer $(B)/tsan/test_flat_reducer: $(FAKE_NCCL)
 
 # ZeRO-1 against replicated AdamW (examples/zero1_demo.c, issue 17).
@@ -310,10 +371,14 @@ $(B)/fuzz/%: tests/fuzz/%.c $(STORE_HEADERS)
 	$(FUZZ_CC) -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(WARN) $(INC) $< -o $@ -pthread
 
 fuzz: $(FUZZERS)
-	@set -e; for f in $(FUZZERS); do n=$$(basename $$f); c=$(B)/fuzz/corpus_$${n#fuzz_}; mkdir -p $$c; \
-	  echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
-	  (cd $(B)/fuzz && ./$$n -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=./$$n- \
-	     ../../$$c ../../tests/fuzz/corpus_$${n#fuzz_}) 2>&1 | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|Done|==|SUMMARY|.*ERROR)' || true; \
+	@# The harnesses run at once, at most one per core (each is single-threaded, so each still
+	@# gets a core for FUZZ_SECONDS); their summaries are printed one after another.
+	@for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p $(B)/fuzz/corpus_$${n#fuzz_}; echo "$$n"; done | \
+	  xargs -P "$$(nproc)" -I{} sh -c 'n={}; c=corpus_$${n#fuzz_}; echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
+	    cd $(B)/fuzz && ./$$n -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=./$$n- \
+	      ../../$(B)/fuzz/$$c ../../tests/fuzz/$$c > $$n.log 2>&1; true'
+	@set -e; for f in $(FUZZERS); do n=$$(basename $$f); echo "fuzz: $$n:"; \
+	  grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss|Done|==|SUMMARY|.*ERROR)' $(B)/fuzz/$$n.log || true; \
 	  ls $(B)/fuzz/$$n-* >/dev/null 2>&1 && { echo "fuzz: $$n found a crash: $$(ls $(B)/fuzz/$$n-*)"; exit 1; }; \
 	done; echo "fuzz: no crashes"
 

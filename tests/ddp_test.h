@@ -14,7 +14,7 @@
  *        plan ("1..N" at the end, so a test may decide at run time how many checks it makes) and
  *        returns the exit status for main. Only the parent process writes to stdout.
  *
- * RANKS: run_ranks(p, fn, arg, timeout_s) forks p real processes; child r runs fn(r, p, arg) and
+ * RANKS: t_run_ranks(p, fn, arg, timeout_s) forks p real processes; child r runs fn(r, p, arg) and
  *        exits with its return value. The parent waits with a watchdog: after timeout_s every
  *        child still alive is killed (SIGKILL) and reported, so a hung library never hangs the
  *        suite. Each run gets its own free master port (t_master_port; t_desc() fills a
@@ -303,14 +303,14 @@ static T_UNUSED int t_cmp_record(const void *a, const void *b) {
 }
 
 /* Forks p ranks running fn; returns how many did not exit with status 0 (in time). */
-static T_UNUSED int run_ranks(int p, int (*fn)(int rank, int p, void *arg), void *arg,
+static T_UNUSED int t_run_ranks(int p, int (*fn)(int rank, int p, void *arg), void *arg,
                               int timeout_s) {
     pid_t pids[T_MAX_RANKS];
     int alive = 0, r, bad = 0, n;
     double t0, deadline;
     t_run_t *res = &t_last_run;
     t_init();
-    if (p < 1 || p > T_MAX_RANKS) t_bail("run_ranks: p = %d", p);
+    if (p < 1 || p > T_MAX_RANKS) t_bail("t_run_ranks: p = %d", p);
     memset(res, 0, sizeof *res);
     res->p = p;
     /* A child killed while writing a record must not leave a stale one behind. */
@@ -493,7 +493,7 @@ static T_UNUSED uint64_t t_mix64(uint64_t x) {   /* splitmix64's finaliser */
 }
 
 /* 1 if the peer closes fd (EOF or error) within ms: how tests see a stranger being dropped. */
-static T_UNUSED int closed_within(int fd, int ms) {
+static T_UNUSED int t_closed_within(int fd, int ms) {
     double t0 = t_now();
     char b[256];
     for (;;) {
@@ -509,7 +509,7 @@ static T_UNUSED int closed_within(int fd, int ms) {
 }
 
 /* Sign- or zero-extends the low bits of an integer element (ddp.h's dtype values). */
-static T_UNUSED uint64_t ext_int(int dt, uint64_t b) {
+static T_UNUSED uint64_t t_ext_int(int dt, uint64_t b) {
     switch (dt) {
     case 0 /* DDP_INT8 */: return (uint64_t)(int64_t)(int8_t)(uint8_t)b;
     case 1 /* DDP_UINT8 */: return (uint8_t)b;

@@ -25,8 +25,8 @@
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
-#include "tests/ddp_test.h"        /* t_hash, t_mix64, ext_int */
-#include "tests/ddp_test_data.h"   /* exact_bits, case_rnd, enc_float, dec_float */
+#include "tests/ddp_test.h"        /* t_hash, t_mix64, t_ext_int */
+#include "tests/ddp_test_data.h"   /* t_exact_bits, t_case_rnd, t_enc_float, t_dec_float */
 
 #include <math.h>
 #include <stdio.h>
@@ -242,7 +242,7 @@ static void run_loss(ddp_comm_t *comm, long n) {
  * Every collective x dtype x op x count, in and out of place, as the hierarchical and
  * Rabenseifner all-reduces (DDP_ALGO) must get them right on any layout of ranks over hosts.
  * Each rank regenerates every rank's input from the case's seed and computes the reference
- * itself. Inputs come from tests/ddp_test_data.h's exact_bits: their reductions give the same
+ * itself. Inputs come from tests/ddp_test_data.h's t_exact_bits: their reductions give the same
  * bits in any order and any grouping, so a hierarchical sum (inside hosts, then across) must
  * equal the flat one bit for bit. "Random" float cases (uniform data: the rounding depends on
  * the order) are held to a rounding bound; for them what matters is that every rank ends with
@@ -332,13 +332,13 @@ static void m_name(const m_case_t *c, char *out, size_t cap) {
 
 /* Rank r's element i, as bits in the low bytes. */
 static uint64_t m_input(const m_case_t *c, int r, size_t i) {
-    uint64_t u = case_rnd(c->seed, r, i);
+    uint64_t u = t_case_rnd(c->seed, r, i);
     double unit;
     if (c->coll == M_AG || c->coll == M_BC) return u;          /* copies: any bits, NaNs too */
-    if (!c->random) return exact_bits(c->dtype, c->op, u);
+    if (!c->random) return t_exact_bits(c->dtype, c->op, u);
     unit = (double)(u >> 12) * (1.0 / 4503599627370496.0);     /* [0, 1) */
-    if (c->op == DDP_PROD) return enc_float(c->dtype, (u & 1 ? -1.0 : 1.0) * (0.5 + unit));
-    return enc_float(c->dtype, 2.0 * unit - 1.0);
+    if (c->op == DDP_PROD) return t_enc_float(c->dtype, (u & 1 ? -1.0 : 1.0) * (0.5 + unit));
+    return t_enc_float(c->dtype, 2.0 * unit - 1.0);
 }
 
 static uint64_t m_mask(size_t es) { return es == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * es)) - 1; }
@@ -351,39 +351,39 @@ static void m_fill(unsigned char *b, const m_case_t *c, int r, size_t n) {
 /* The reduction of every rank's element gi, exact case: the bits the library must produce. */
 static uint64_t m_expect(const m_case_t *c, size_t gi) {
     int dt = c->dtype, r;
-    if (is_int(dt)) {
-        int sgn = is_signed_int(dt);
-        uint64_t acc = ext_int(dt, m_input(c, 0, gi));
+    if (t_is_int(dt)) {
+        int sgn = t_is_signed_int(dt);
+        uint64_t acc = t_ext_int(dt, m_input(c, 0, gi));
         for (r = 1; r < nranks; r++) {
-            uint64_t v = ext_int(dt, m_input(c, r, gi));
+            uint64_t v = t_ext_int(dt, m_input(c, r, gi));
             if (c->op == DDP_PROD) acc *= v;
             else if (c->op == DDP_MAX) { if (sgn ? (int64_t)v > (int64_t)acc : v > acc) acc = v; }
             else if (c->op == DDP_MIN) { if (sgn ? (int64_t)v < (int64_t)acc : v < acc) acc = v; }
             else acc += v;
         }
         if (c->op == DDP_AVG) {
-            acc = ext_int(dt, acc);   /* the sum as the dtype holds it (small inputs: no wrap) */
+            acc = t_ext_int(dt, acc);   /* the sum as the dtype holds it (small inputs: no wrap) */
             acc = sgn ? (uint64_t)((int64_t)acc / nranks) : acc / (uint64_t)nranks;
         }
         return acc;
     } else {
         uint64_t pick = m_input(c, 0, gi);
-        double acc = dec_float(dt, pick);
+        double acc = t_dec_float(dt, pick);
         for (r = 1; r < nranks; r++) {
             uint64_t b = m_input(c, r, gi);
-            double v = dec_float(dt, b);
+            double v = t_dec_float(dt, b);
             if (c->op == DDP_PROD) acc *= v;
-            else if (c->op == DDP_MAX) { if (v > dec_float(dt, pick)) pick = b; }
-            else if (c->op == DDP_MIN) { if (v < dec_float(dt, pick)) pick = b; }
-            else acc += v;   /* exact on exact_bits' grid */
+            else if (c->op == DDP_MAX) { if (v > t_dec_float(dt, pick)) pick = b; }
+            else if (c->op == DDP_MIN) { if (v < t_dec_float(dt, pick)) pick = b; }
+            else acc += v;   /* exact on t_exact_bits' grid */
         }
         if (c->op == DDP_MAX || c->op == DDP_MIN) return pick;
-        if (c->op == DDP_AVG && dt == DDP_FLOAT64) return f64_bits(acc / nranks);
+        if (c->op == DDP_AVG && dt == DDP_FLOAT64) return t_f64_bits(acc / nranks);
         if (c->op == DDP_AVG) {   /* fp32 division; fp16/bf16 rounded from it (ddp.h) */
             float q = (float)acc / (float)nranks;
-            return dt == DDP_FLOAT32 ? f32_bits(q) : dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
+            return dt == DDP_FLOAT32 ? t_f32_bits(q) : dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
         }
-        return enc_float(dt, acc);
+        return t_enc_float(dt, acc);
     }
 }
 
@@ -391,10 +391,10 @@ static uint64_t m_expect(const m_case_t *c, size_t gi) {
  * dtype's unit roundoff (fp16/bf16 rounded once more at the end). */
 static int m_within(const m_case_t *c, size_t gi, uint64_t got, double *want) {
     int dt = c->dtype, r;
-    double u = unit_roundoff(dt);
-    double sum = 0, mag = 0, prod = 1, tol, g = dec_float(dt, got);
+    double u = t_unit_roundoff(dt);
+    double sum = 0, mag = 0, prod = 1, tol, g = t_dec_float(dt, got);
     for (r = 0; r < nranks; r++) {
-        double v = dec_float(dt, m_input(c, r, gi));
+        double v = t_dec_float(dt, m_input(c, r, gi));
         sum += v; mag += fabs(v); prod *= v;
     }
     if (c->op == DDP_PROD) { *want = prod; tol = (2.0 * nranks + 2) * u * fabs(prod); }
@@ -413,7 +413,7 @@ static int m_check_reduction(const m_case_t *c, const unsigned char *out, size_t
             double want;
             if (!m_within(c, lo + i, got, &want)) {
                 snprintf(why, cap, "element %zu: %.9g, want %.9g within the rounding bound", lo + i,
-                         dec_float(c->dtype, got), want);
+                         t_dec_float(c->dtype, got), want);
                 return 0;
             }
         } else {

@@ -21,7 +21,6 @@
  *   threads   ddp_comm_init_threads for 2 and 3 ranks in this process: results, async, the
  *             transport used (shm), bad arguments. */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -436,23 +435,23 @@ int main(void) {
     if (t_selected("lanes")) {
         double t0 = t_now();
         diag("--- DDP_ASYNC_LANES not the same on every rank");
-        ok(run_ranks(2, lanes_mismatch, NULL, 60) == 0 && t_now() - t0 < 5, "both ranks returned at once (%.2f s)",
+        ok(t_run_ranks(2, lanes_mismatch, NULL, 60) == 0 && t_now() - t0 < 5, "both ranks returned at once (%.2f s)",
            t_now() - t0);
     }
     for (m = 0; m < 3; m++) {
         g_mode = modes[m];
         if (t_selected("order")) {
             diag("--- [%s] async ordering", g_mode);
-            ok(run_ranks(3, order, NULL, 120) == 0, "[%s] every rank exited cleanly", g_mode);
+            ok(t_run_ranks(3, order, NULL, 120) == 0, "[%s] every rank exited cleanly", g_mode);
         }
         if (t_selected("misuse")) {
             diag("--- [%s] request misuse", g_mode);
-            ok(run_ranks(2, misuse, NULL, 60) == 0, "[%s] every rank exited cleanly", g_mode);
+            ok(t_run_ranks(2, misuse, NULL, 60) == 0, "[%s] every rank exited cleanly", g_mode);
         }
         if (t_selected("dead")) {
             S = (async_shared_t *)t_shm_user(sizeof *S);
             diag("--- [%s] rank 2 of 3 SIGKILLed with requests queued", g_mode);
-            run_ranks(3, dead, NULL, 120);
+            t_run_ranks(3, dead, NULL, 120);
             ok(t_rank_signaled(2, SIGKILL) && t_last_run.exited[0] && t_last_run.code[0] == 0 &&
                t_last_run.exited[1] && t_last_run.code[1] == 0, "[%s] the victim died; the others returned", g_mode);
         }
@@ -461,12 +460,12 @@ int main(void) {
             for (async = 0; async < 2; async++) {
                 S = (async_shared_t *)t_shm_user(sizeof *S);
                 diag("--- [%s] abort from a watchdog thread (%s call)", g_mode, async ? "async" : "blocking");
-                ok(run_ranks(2, aborted, &async, 60) == 0, "[%s] both ranks returned", g_mode);
+                ok(t_run_ranks(2, aborted, &async, 60) == 0, "[%s] both ranks returned", g_mode);
             }
         }
         if (t_selected("split")) {
             diag("--- [%s] comm_split", g_mode);
-            ok(run_ranks(6, split, NULL, 120) == 0, "[%s] every rank exited cleanly", g_mode);
+            ok(t_run_ranks(6, split, NULL, 120) == 0, "[%s] every rank exited cleanly", g_mode);
         }
     }
     return t_done();

@@ -64,7 +64,6 @@
  * AR/AG/BC results are verified in full by one rank per big case (rotating) and by every
  * rank for small ones; the hash comparison then covers the other ranks. */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -187,7 +186,7 @@ static void case_str(const tcase_t *c, char *out, size_t cap) {
 }
 
 /* ------------------------------------------------------------------------- inputs */
-static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return case_rnd(c->seed, rank, i); }
+static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return t_case_rnd(c->seed, rank, i); }
 
 /* Element i of rank's input for case c, as raw bits (low dtype-size bytes). */
 static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
@@ -199,9 +198,9 @@ static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
         double sign = (u & 1) ? -1.0 : 1.0;
         if (c->op == DDP_PROD) v = sign * (0.5 + 1.5 * frac);
         else v = sign * (0.001 + 0.999 * frac);
-        return enc_float(dt, v);
+        return t_enc_float(dt, v);
     }
-    return exact_bits(dt, c->op, u);
+    return t_exact_bits(dt, c->op, u);
 }
 
 static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
@@ -224,29 +223,29 @@ static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) 
 /* Expected bits of reduction element `gi` (global index) of an exact case. */
 static uint64_t ref_exact(const tcase_t *c, int p, size_t gi) {
     int dt = c->dtype, op = c->op, r;
-    if (is_int(dt)) {
-        uint64_t acc = ext_int(dt, gen_bits(c, 0, gi));
+    if (t_is_int(dt)) {
+        uint64_t acc = t_ext_int(dt, gen_bits(c, 0, gi));
         for (r = 1; r < p; r++) {
-            uint64_t v = ext_int(dt, gen_bits(c, r, gi));
+            uint64_t v = t_ext_int(dt, gen_bits(c, r, gi));
             switch (op) {
             case DDP_SUM: case DDP_AVG: acc += v; break;
             case DDP_PROD: acc *= v; break;
-            case DDP_MAX: if (is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
-            case DDP_MIN: if (is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
+            case DDP_MAX: if (t_is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
+            case DDP_MIN: if (t_is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
             }
         }
         if (op == DDP_AVG) {
-            acc = ext_int(dt, acc);   /* the sum as the dtype holds it */
-            if (is_signed_int(dt)) acc = (uint64_t)((int64_t)acc / p);
+            acc = t_ext_int(dt, acc);   /* the sum as the dtype holds it */
+            if (t_is_signed_int(dt)) acc = (uint64_t)((int64_t)acc / p);
             else acc /= (uint64_t)p;
         }
         return acc;
     } else {
         uint64_t b0 = gen_bits(c, 0, gi), win = b0;
-        double acc = dec_float(dt, b0), best = acc;
+        double acc = t_dec_float(dt, b0), best = acc;
         for (r = 1; r < p; r++) {
             uint64_t b = gen_bits(c, r, gi);
-            double v = dec_float(dt, b);
+            double v = t_dec_float(dt, b);
             switch (op) {
             case DDP_SUM: case DDP_AVG: acc += v; break;
             case DDP_PROD: acc *= v; break;
@@ -256,14 +255,14 @@ static uint64_t ref_exact(const tcase_t *c, int p, size_t gi) {
         }
         if (op == DDP_MAX || op == DDP_MIN) return win;
         if (op == DDP_AVG) {
-            if (dt == DDP_FLOAT64) return f64_bits(acc / (double)p);
+            if (dt == DDP_FLOAT64) return t_f64_bits(acc / (double)p);
             {
                 float q = (float)acc / (float)p;
-                if (dt == DDP_FLOAT32) return f32_bits(q);
+                if (dt == DDP_FLOAT32) return t_f32_bits(q);
                 return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
             }
         }
-        return enc_float(dt, acc);
+        return t_enc_float(dt, acc);
     }
 }
 
@@ -310,32 +309,32 @@ static void check_reduction(int k, const tcase_t *c, int p, const unsigned char 
     int dt = c->dtype;
     for (i = 0; i < n; i++) {
         uint64_t got = load_elem(out, i, es);
-        if (c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !is_int(dt))) {
+        if (c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !t_is_int(dt))) {
             uint64_t exp = ref_exact(c, p, lo + i);
             uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
             if ((got & mask) != (exp & mask)) { if (!bad++) { first = i; got_first = got; exp_first = exp & mask; } }
         } else {
-            double sum = 0, abssum = 0, prod = 1, ref, tol, g = dec_float(dt, got), u = unit_roundoff(dt);
+            double sum = 0, abssum = 0, prod = 1, ref, tol, g = t_dec_float(dt, got), u = t_unit_roundoff(dt);
             int r;
             for (r = 0; r < p; r++) {
-                double v = dec_float(dt, gen_bits(c, r, lo + i));
+                double v = t_dec_float(dt, gen_bits(c, r, lo + i));
                 sum += v; abssum += fabs(v); prod *= v;
             }
             if (c->op == DDP_PROD) { ref = prod; tol = (2 * p + 2) * u * fabs(prod); }
             else if (c->op == DDP_AVG) { ref = sum / p; tol = (p + 1) * u * abssum / p + 2 * u * fabs(ref); }
             else { ref = sum; tol = (p + 1) * u * abssum; }
             if (!(fabs(g - ref) <= tol)) {
-                if (!bad++) { first = i; got_first = got; exp_first = f64_bits(ref); tol_first = tol; }
+                if (!bad++) { first = i; got_first = got; exp_first = t_f64_bits(ref); tol_first = tol; }
             }
         }
     }
     if (bad) {
-        if (c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !is_int(dt)))
+        if (c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !t_is_int(dt)))
             case_fail(k, "%zu of %zu elements wrong; first at output index %zu: got 0x%llx, expected 0x%llx",
                       bad, n, first, (unsigned long long)got_first, (unsigned long long)exp_first);
         else
             case_fail(k, "%zu of %zu elements off; first at %zu: got %.9g, reference %.9g, tolerance %.3g",
-                      bad, n, first, dec_float(dt, got_first), dec_float(DDP_FLOAT64, exp_first), tol_first);
+                      bad, n, first, t_dec_float(dt, got_first), t_dec_float(DDP_FLOAT64, exp_first), tol_first);
     }
 }
 
@@ -838,7 +837,7 @@ int main(void) {
         if (!t_selected(tag)) continue;
         S = (coll_shm_t *)t_shm_user(sizeof(coll_shm_t));
         S->ncases = build_cases(&runs[i]);
-        nbad = run_ranks(runs[i].p, child, &runs[i], 300);
+        nbad = t_run_ranks(runs[i].p, child, &runs[i], 300);
         report_run(&runs[i], nbad);
         if (runs[i].algo && trace_dir[0]) check_algorithm(&runs[i], tag);
     }

@@ -25,7 +25,6 @@
  * missing or malformed variables (torchrun, Open MPI, PMI, Slurm names), with none (a world of
  * one) and real ranks started from the environment alone. */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "tests/ddp_test.h"
@@ -259,7 +258,7 @@ static void run_killed_with(int p, int victim, const char *algo, const char *hos
          algo ? ", DDP_ALGO=" : "", algo ? algo : "", hosts ? ", DDP_TEST_HOSTS=" : "", hosts ? hosts : "");
     if (algo) setenv("DDP_ALGO", algo, 1);
     if (hosts) setenv("DDP_TEST_HOSTS", hosts, 1);
-    run_ranks(p, killed, &ka, 120);
+    t_run_ranks(p, killed, &ka, 120);
     unsetenv("DDP_ALGO");
     unsetenv("DDP_TEST_HOSTS");
     ok(t_rank_signaled(victim, SIGKILL), "the victim died of SIGKILL, mid-collective");
@@ -713,7 +712,7 @@ static void run_mismatch(int p, int kind, const char *name) {
     S = (fail_shm_t *)t_shm_user(sizeof *S);
     if (!t_selected(name)) return;
     diag("--- %s (p = %d)", name, p);
-    r = run_ranks(p, mismatch, &m, 60);
+    r = t_run_ranks(p, mismatch, &m, 60);
     ok(r == 0, "%s: every rank exited cleanly (%.1f s)", name, t_last_run.seconds);
     if (kind == MM_ZERO) return;
     for (r = 0; r < p; r++) nmm += S->rc[r] == DDP_ERR_MISMATCH;
@@ -746,7 +745,7 @@ static int strangers(int idx, int nproc, void *arg) {
         int fd = -1;
         double t0 = t_now();
         while (fd < 0 && t_now() - t0 < 20) { fd = raw_connect_port(t_master_port); if (fd < 0) t_sleep_ms(10); }
-        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && closed_within(fd, 5000),
+        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && t_closed_within(fd, 5000),
            "garbage sent to the master port during rendezvous: the connection is dropped");
         if (fd >= 0) close(fd);
         {   /* Rank 1's transport address is in the store (no job secret): knock on it too. */
@@ -766,7 +765,7 @@ static int strangers(int idx, int nproc, void *arg) {
                 sent = fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk;
                 /* Rank 1 only accepts once everyone joined: let the last rank start now. */
                 __atomic_store_n(&S->flag[0], 1, __ATOMIC_SEQ_CST);
-                ok(sent && closed_within(fd, 8000),
+                ok(sent && t_closed_within(fd, 8000),
                    "garbage sent to rank 1's transport listener before it accepts: the connection is dropped");
                 if (fd >= 0) close(fd);
             } else {
@@ -948,7 +947,7 @@ static int run(const char *name, int p, int (*fn)(int, int, void *), void *arg, 
     S = (fail_shm_t *)t_shm_user(sizeof *S);
     if (!t_selected(name)) return 0;
     diag("--- %s (%d processes)", name, p);
-    bad = run_ranks(p, fn, arg, timeout_s);
+    bad = t_run_ranks(p, fn, arg, timeout_s);
     ok(bad == 0, "%s: every process exited cleanly (%.1f s)", name, t_last_run.seconds);
     return 1;
 }

@@ -61,13 +61,12 @@
  *             Exact at p = 2, 4 (ncclAvg divides first: by 2 or 4, exact), 1e-6 at p = 3.
  */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "transports/ddp_nccl.h"
 #include "tests/ddp_test.h"
-#include "tests/t_device.h"
+#include "tests/ddp_test_device.h"
 
 #include <float.h>
 #include <math.h>
@@ -833,10 +832,10 @@ static int device(int rank, int p, void *arg) {
     (void)arg;
     setenv("FAKE_CUDA_STREAM_DELAY_US", "1000", 1);   /* streams made from now on run late */
     if (!(c = init_comm(rank, p, 1))) return 1;
-    td_load();
-    if (td_cu.StreamCreateWithFlags(&stream, 1 /* cudaStreamNonBlocking */) != 0 ||
-        ddp_comm_set_cuda_stream(c, stream) != DDP_SUCCESS || td_cu.Malloc((void **)&gd, DN * sizeof(float)) != 0 ||
-        td_cu.Malloc((void **)&wd, DN * sizeof(float)) != 0) {
+    t_dev_load();
+    if (t_dev_cu.StreamCreateWithFlags(&stream, 1 /* cudaStreamNonBlocking */) != 0 ||
+        ddp_comm_set_cuda_stream(c, stream) != DDP_SUCCESS || t_dev_cu.Malloc((void **)&gd, DN * sizeof(float)) != 0 ||
+        t_dev_cu.Malloc((void **)&wd, DN * sizeof(float)) != 0) {
         ok(0, "device setup: %s", ddp_comm_last_error(c));
         return 1;
     }
@@ -852,15 +851,15 @@ static int device(int rank, int p, void *arg) {
             /* cudaMemcpy from pageable memory may return before the data lands (CUDA runtime
              * API, "API synchronization behavior"), and the reducer's stream is non-blocking:
              * it does not wait for the legacy stream the copy runs on. */
-            td_cu.Memcpy(gd, h, sizeof h, TD_H2D);
-            td_cu.DeviceSynchronize();
+            t_dev_cu.Memcpy(gd, h, sizeof h, T_DEV_H2D);
+            t_dev_cu.DeviceSynchronize();
             for (k = 2; k >= 0; k--)
                 if (!(k == 1 && rank == 1) && ddp_reducer_grad_ready(r, k) != DDP_SUCCESS) bad++;
             if (ddp_reducer_finish(r) != DDP_SUCCESS || ddp_comm_device_synchronize(c) != DDP_SUCCESS) {
                 bad++;
                 diag("%s", ddp_reducer_last_error(r));
             }
-            td_cu.Memcpy(h, gd, sizeof h, TD_D2H);
+            t_dev_cu.Memcpy(h, gd, sizeof h, T_DEV_D2H);
             for (k = 0; k < ns; k++) {
                 size_t o, cnt;
                 ddp_reducer_shard(r, k, &o, &cnt, NULL);
@@ -879,14 +878,14 @@ static int device(int rank, int p, void *arg) {
                 ddp_reducer_shard(r, s, &o, &cnt, NULL);
                 for (j = o; j < o + cnt; j++) h[j] = (float)j + 0.5f;
             }
-            td_cu.Memcpy(wd, h, sizeof h, TD_H2D);
-            td_cu.DeviceSynchronize();   /* as above */
+            t_dev_cu.Memcpy(wd, h, sizeof h, T_DEV_H2D);
+            t_dev_cu.DeviceSynchronize();   /* as above */
             if (ddp_reducer_all_gather_params(r, wd, DDP_FLOAT32) != DDP_SUCCESS ||
                 ddp_comm_device_synchronize(c) != DDP_SUCCESS) {
                 bad++;
                 diag("%s", ddp_reducer_last_error(r));
             }
-            td_cu.Memcpy(h, wd, sizeof h, TD_D2H);
+            t_dev_cu.Memcpy(h, wd, sizeof h, T_DEV_D2H);
             for (j = 0; j < DN; j++) gwrong += h[j] != (float)j + 0.5f;
         }
         ok(!bad && !wrong && !gwrong && views, "[device p=%d %s] flat device buffer: grad(i) the device slice: %s; "
@@ -895,8 +894,8 @@ static int device(int rank, int p, void *arg) {
            views ? "yes" : "NO", wrong, gwrong, bad);
         ddp_reducer_destroy(r);
     }
-    td_cu.Free(gd);
-    td_cu.Free(wd);
+    t_dev_cu.Free(gd);
+    t_dev_cu.Free(wd);
     ddp_comm_destroy(c);
     return 0;
 }
@@ -919,14 +918,14 @@ int main(void) {
                     g_mode = modes[m];
                     g_p = p;
                     diag("--- [%s] flat reducer vs flat all-reduce, p = %d, %s", g_mode, p, ddp_dtype_name(a.dt));
-                    ok(run_ranks(p, bitwise, &a, 90) == 0, "[%s p=%d] bitwise: every rank exited cleanly", g_mode, p);
+                    ok(t_run_ranks(p, bitwise, &a, 90) == 0, "[%s p=%d] bitwise: every rank exited cleanly", g_mode, p);
                 }
         g_mode = "tcp";
     }
     if (t_selected("layout")) {
         for (p = 1; p <= 2; p++) {
             diag("--- layout and gaps, p = %d", p);
-            ok(run_ranks(p, layout, NULL, 60) == 0, "layout: every rank exited cleanly");
+            ok(t_run_ranks(p, layout, NULL, 60) == 0, "layout: every rank exited cleanly");
         }
     }
     if (t_selected("unused")) {
@@ -935,24 +934,24 @@ int main(void) {
             a[0] = v & 1;
             a[1] = v >> 1;
             diag("--- unused parameters, %s find_unused, %s", a[0] ? "with" : "without", a[1] ? "ZeRO-1" : "DDP");
-            ok(run_ranks(3, unused, a, 60) == 0, "unused: every rank exited cleanly");
+            ok(t_run_ranks(3, unused, a, 60) == 0, "unused: every rank exited cleanly");
         }
     }
     if (t_selected("nosync")) {
         for (v = 0; v < 2; v++) {
             diag("--- no_sync accumulation (%s)", v ? "ZeRO-1" : "DDP");
-            ok(run_ranks(3, nosync, &v, 60) == 0, "nosync: every rank exited cleanly");
+            ok(t_run_ranks(3, nosync, &v, 60) == 0, "nosync: every rank exited cleanly");
         }
     }
     if (t_selected("hooks")) {
         for (p = 2; p <= 3; p++) {
             diag("--- flat mode with a comm hook and with compression, p = %d", p);
-            ok(run_ranks(p, hooks, NULL, 60) == 0, "hooks: every rank exited cleanly");
+            ok(t_run_ranks(p, hooks, NULL, 60) == 0, "hooks: every rank exited cleanly");
         }
     }
     if (t_selected("misuse")) {
         diag("--- misuse");
-        ok(run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
+        ok(t_run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
     }
     if (t_selected("shards")) {
         shard_rep_t *rep = (shard_rep_t *)t_shm_user(sizeof(shard_rep_t) * NCONF * 5);
@@ -960,7 +959,7 @@ int main(void) {
             if (quick && (p == 2 || p == 4)) continue;
             memset(rep, 0, sizeof(shard_rep_t) * NCONF * 5);
             diag("--- ZeRO-1 shards, p = %d", p);
-            if (ok(run_ranks(p, shards, rep, 90) == 0, "shards: every rank exited cleanly")) check_shards(p, rep);
+            if (ok(t_run_ranks(p, shards, rep, 90) == 0, "shards: every rank exited cleanly")) check_shards(p, rep);
         }
     }
     if (t_selected("zero")) {
@@ -970,16 +969,16 @@ int main(void) {
                 if (quick && p == 2) continue;
                 a.dt = d ? DDP_FLOAT64 : DDP_FLOAT32;
                 diag("--- ZeRO-1 vs replicated AdamW, p = %d, %s", p, ddp_dtype_name(a.dt));
-                ok(run_ranks(p, zero, &a, 90) == 0, "zero: every rank exited cleanly");
+                ok(t_run_ranks(p, zero, &a, 90) == 0, "zero: every rank exited cleanly");
             }
     }
     if (t_selected("device")) {
-        if (!td_use_fakes()) {
+        if (!t_dev_use_fakes()) {
             ok(1, "# SKIP device: the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)");
         } else {
             for (p = 2; p <= 4; p++) {
                 diag("--- device flat buffer (fake NCCL), p = %d", p);
-                ok(run_ranks(p, device, NULL, 90) == 0, "device: every rank exited cleanly");
+                ok(t_run_ranks(p, device, NULL, 90) == 0, "device: every rank exited cleanly");
             }
             unsetenv("DDP_NCCL");
         }

@@ -15,7 +15,6 @@
  * exactly, destroys, and only then lets its child _exit(0). Scenarios: tcp and shm, p = 2 and
  * 3 or 4. Nothing depends on timing: the child outlives its parent's collectives by a pipe. */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -173,7 +172,7 @@ int main(void) {
         char name[32];
         snprintf(name, sizeof name, "%s-%d", cfgs[i].transport, cfgs[i].p);
         if (!t_selected(name)) continue;
-        ok(run_ranks(cfgs[i].p, fork_rank, (void *)(uintptr_t)&cfgs[i], 120) == 0,
+        ok(t_run_ranks(cfgs[i].p, fork_rank, (void *)(uintptr_t)&cfgs[i], 120) == 0,
            "%s: every rank (each with a forked child) exited 0", name);
     }
     return t_done();

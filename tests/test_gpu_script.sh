@@ -74,7 +74,7 @@ check "dry run, no GPU, NCCL and the runtime only in a Python environment: exit 
 dry_cmds() {
     has py "cc -std=c99" && has py "tests/test_nccl.c -o build/gpu/test_nccl" && has py "bench/nccl_raw.c -o build/gpu/nccl-raw" &&
     has py "env T_DEVICE_REAL=1 T_DEVICE_RANKS=1 'DDP_TEST_ONLY=device matrix tcp p=1' build/gpu/test_nccl" &&
-    has py "env T_DEVICE_REAL=1 T_DEVICE_RANKS=3 T_DEVICE_HOSTID=gpu-m3 NCCL_SOCKET_IFNAME=lo 'DDP_TEST_ONLY=device matrix tcp p=3' build/gpu/test_nccl2" &&
+    has py "env T_DEVICE_REAL=1 T_DEVICE_RANKS=3 T_DEVICE_HOSTID=gpu-m3 NCCL_SOCKET_IFNAME=lo 'DDP_TEST_ONLY=device matrix tcp p=3' build/gpu/test_nccl_rooted" &&
     has py "T_NCCL_SCENARIOS_ONLY=1" &&
     has py "build/gpu/ddprun -n 2 sh -c 'NCCL_HOSTID=gpu-b-h\$RANK exec \"\$0\" \"\$@\"' build/gpu/nccl-raw" &&
     has py "build/gpu/ddp-bench --transport nccl -o all_reduce" && has py "-J build/gpu/bench_ddp_p3.json" &&

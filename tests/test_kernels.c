@@ -24,7 +24,6 @@
  * ddp_ring.h picks F16C / AVX2 kernels at run time when the CPU has them: the position test
  * compares those vector paths with the scalar tails (the diagnostics say which ones ran). */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "tests/ddp_test.h"
@@ -352,7 +351,7 @@ static int ref_op(int dt, int op, uint64_t a, uint64_t b, uint64_t *out) {
     if (op == DDP_AVG) op = DDP_SUM;   /* the kernel sums; the division is ddp_divide_local's */
     if (dt <= DDP_UINT64) {
         int sgn = dt == DDP_INT8 || dt == DDP_INT32 || dt == DDP_INT64;
-        uint64_t x = ext_int(dt, a), y = ext_int(dt, b), r;
+        uint64_t x = t_ext_int(dt, a), y = t_ext_int(dt, b), r;
         switch (op) {
         case DDP_SUM: r = x + y; break;
         case DDP_PROD: r = x * y; break;

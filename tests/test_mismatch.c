@@ -18,7 +18,6 @@
  * DDP_TEST_ONLY=substring runs the scenarios whose name contains it.
  */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -169,8 +168,8 @@ static void run_scen(const scen_t *s) {
     if (!t_selected(name)) return;
     R = (res_t *)t_shm_user(sizeof *R);
     for (r = 0; r < MAXP; r++) R->rc[r] = R->after[r] = -1;
-    bad = !strcmp(s->mode, "threads") ? run_ranks(1, threads_world, (void *)s, WATCHDOG_S)
-                                      : run_ranks(s->p, proc_rank, (void *)s, WATCHDOG_S);
+    bad = !strcmp(s->mode, "threads") ? t_run_ranks(1, threads_world, (void *)s, WATCHDOG_S)
+                                      : t_run_ranks(s->p, proc_rank, (void *)s, WATCHDOG_S);
     ok(bad == 0, "%s: every rank returned, none hung (%.1f s; timeout 60 s)", name, t_last_run.seconds);
     if (s->kind >= K_ROOTED) {
         /* Unrooted: every rank receives from a neighbour, so the first message with another
@@ -250,7 +249,7 @@ static void run_huge(const char *mode, int which, size_t count) {
     snprintf(name, sizeof name, "%s huge %s %zu", mode, huge_names[which], count);
     if (!t_selected(name)) return;
     h.mode = mode; h.which = which; h.count = count;
-    bad = run_ranks(2, huge_rank, &h, WATCHDOG_S);
+    bad = t_run_ranks(2, huge_rank, &h, WATCHDOG_S);
     ok(bad == 0, "%s: both ranks exited cleanly (%.1f s)", name, t_last_run.seconds);
 }
 

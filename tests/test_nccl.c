@@ -6,7 +6,7 @@
  *
  * WHAT RUNS
  *   - the collectives matrix of tests/test_collectives.c (included, unchanged) on device twins
- *     of its buffers (tests/t_device.h) with DDP_NCCL=1: all-reduce, reduce-scatter,
+ *     of its buffers (tests/ddp_test_device.h) with DDP_NCCL=1: all-reduce, reduce-scatter,
  *     all-gather, broadcast, barrier; every dtype x op, counts {0, 1, 3, 1000} and (1<<20)+7, in
  *     and out of place, world sizes 1, 2, 3, 5, 8 over tcp and 4 over shm; results bit for bit
  *     (floating DDP_AVG within the random cases' tolerance: ncclAvg divides before summing),
@@ -53,21 +53,20 @@
  * (tests/fake_nccl/README.md has the fault model).
  */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "transports/ddp_nccl.h"
 #include "tests/ddp_test.h"
-#include "tests/t_device.h"
+#include "tests/ddp_test_device.h"
 
-#define malloc td_malloc
-#define free td_free
-#define ddp_comm_init td_comm_init
-#define ddp_all_reduce td_all_reduce
-#define ddp_reduce_scatter td_reduce_scatter
-#define ddp_all_gather td_all_gather
-#define ddp_broadcast td_broadcast
+#define malloc t_dev_malloc
+#define free t_dev_free
+#define ddp_comm_init t_dev_comm_init
+#define ddp_all_reduce t_dev_all_reduce
+#define ddp_reduce_scatter t_dev_reduce_scatter
+#define ddp_all_gather t_dev_all_gather
+#define ddp_broadcast t_dev_broadcast
 #define main test_collectives_main
 #include "tests/test_collectives.c"
 #undef main
@@ -95,13 +94,13 @@ typedef struct {
 } nc_shm_t;
 static nc_shm_t *N;
 
-static void nc_msg(int rank, const char *m) { _ddp_strlcpy(N->msg[rank], m, sizeof N->msg[rank]); }
+static void nc_msg(int rank, const char *m) { snprintf(N->msg[rank], sizeof N->msg[rank], "%s", m); }
 
 static ddp_comm_t *nc_init(int rank, int p, int timeout_ms) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     t_desc(&d, timeout_ms);
-    N->r[rank] = td_comm_init(&c, p, rank, &d);
+    N->r[rank] = t_dev_comm_init(&c, p, rank, &d);
     if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_last_init_error()); return NULL; }
     N->enabled[rank] = ddp_comm_device_enabled(c, NULL, 0);
     return c;
@@ -111,11 +110,11 @@ static ddp_comm_t *nc_init(int rank, int p, int timeout_ms) {
 static float *nc_dev_floats(size_t n, float v) {
     float *h = (float *)malloc(n * sizeof *h), *d = NULL;
     size_t i;
-    td_load();
+    t_dev_load();
     for (i = 0; i < n; i++) h[i] = v;
-    if (td_cu.Malloc((void **)&d, n * sizeof *d) != 0) exit(71);
-    td_cu.Memcpy(d, h, n * sizeof *d, TD_H2D);
-    td_cu.DeviceSynchronize();   /* the copy may return before it lands (see td_copy) */
+    if (t_dev_cu.Malloc((void **)&d, n * sizeof *d) != 0) exit(71);
+    t_dev_cu.Memcpy(d, h, n * sizeof *d, T_DEV_H2D);
+    t_dev_cu.DeviceSynchronize();   /* the copy may return before it lands (see t_dev_copy) */
     free(h);
     return d;
 }
@@ -126,7 +125,7 @@ static int nc_count_bad(const float *d, size_t n, float want) {
     float *h = (float *)malloc(n * sizeof *h);
     size_t i;
     int bad = 0;
-    td_cu.Memcpy(h, d, n * sizeof *h, TD_D2H);
+    t_dev_cu.Memcpy(h, d, n * sizeof *h, T_DEV_D2H);
     for (i = 0; i < n; i++) bad += h[i] != want;
     free(h);
     return bad;
@@ -149,7 +148,7 @@ static void nc_stop_calling(int rank, int p) {
 
 /* The timeout the hang scenarios use: short on the fake; a real NCCL over sockets needs longer
  * to set up. */
-static int nc_hang_ms(void) { return td_real ? 10000 : 3000; }
+static int nc_hang_ms(void) { return t_dev_real ? 10000 : 3000; }
 typedef struct { int which, p; } nc_arg_t;
 
 typedef struct { ddp_comm_t *c; } nc_abort_t;
@@ -188,7 +187,7 @@ static int nc_scenario(int rank, int p, void *arg) {
     switch (a->which) {
     case NC_LATE: {   /* only the communicator's stream runs late (streams made after this) */
         float *warm = nc_dev_floats(1, 0.0f);   /* the legacy stream exists: on time */
-        td_cu.Free(warm);
+        t_dev_cu.Free(warm);
         setenv("FAKE_CUDA_STREAM_DELAY_US", "50000", 1);
         break;
     }
@@ -217,7 +216,7 @@ static int nc_scenario(int rank, int p, void *arg) {
         int v = rank + 1;
         t_desc(&d, 20000);
         t0 = t_now();
-        N->r[rank] = td_comm_init(&c, p, rank, &d);
+        N->r[rank] = t_dev_comm_init(&c, p, rank, &d);
         N->secs[rank] = t_now() - t0;
         if (N->r[rank] != DDP_SUCCESS) { nc_msg(rank, ddp_last_init_error()); return 0; }
         N->enabled[rank] = ddp_comm_device_enabled(c, why, sizeof why);
@@ -281,7 +280,7 @@ static int nc_scenario(int rank, int p, void *arg) {
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_barrier(c);
         N->bad[rank] += nc_count_bad(self, n, 7.0f * (float)p);
         nc_msg(rank, ddp_comm_last_error(c));
-        td_cu.Free(self); td_cu.Free(self_in);
+        t_dev_cu.Free(self); t_dev_cu.Free(self_in);
         break;
     }
     case NC_SPLIT: {
@@ -361,7 +360,7 @@ static int nc_scenario(int rank, int p, void *arg) {
         ddp_result_t e;
         if ((N->r[rank] = ddp_comm_split(c, 0, rank, &d)) != DDP_SUCCESS) { nc_msg(rank, ddp_comm_last_error(c)); break; }
         setenv("FAKE_CUDA_STREAM_DELAY_US", "20000", 1);
-        if (td_cu.StreamCreateWithFlags(&st, 1 /* cudaStreamNonBlocking */) != 0) exit(72);
+        if (t_dev_cu.StreamCreateWithFlags(&st, 1 /* cudaStreamNonBlocking */) != 0) exit(72);
         unsetenv("FAKE_CUDA_STREAM_DELAY_US");
         ddp_comm_set_cuda_stream(d, st);
         /* nested: start(C) start(D) all_reduce(C) all_reduce(D) end(D) end(C) */
@@ -391,8 +390,8 @@ static int nc_scenario(int rank, int p, void *arg) {
         }
         nc_msg(rank, N->r[rank] == DDP_SUCCESS ? ddp_comm_last_error(d) : ddp_comm_last_error(c));
         ddp_comm_destroy(d);
-        td_cu.StreamDestroy(st);
-        td_cu.Free(xd); td_cu.Free(yd); td_cu.Free(yd2);
+        t_dev_cu.StreamDestroy(st);
+        t_dev_cu.Free(xd); t_dev_cu.Free(yd); t_dev_cu.Free(yd2);
         break;
     }
     case NC_FAIL_OP: {
@@ -425,8 +424,8 @@ static int nc_scenario(int rank, int p, void *arg) {
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = (ddp_all_reduce_async)(y, x, n, DDP_FLOAT32, DDP_SUM, c, &req);
         nc_msg(rank, ddp_comm_last_error(c));
         N->bad[rank] = ddp_wait(&req2) == DDP_SUCCESS;   /* it cannot have completed */
-        td_cu.Free(x);   /* waits for the device's work, the second call's included */
-        td_cu.Free(y);
+        t_dev_cu.Free(x);   /* waits for the device's work, the second call's included */
+        t_dev_cu.Free(y);
         N->stale[rank] = 1;   /* came back */
         __atomic_store_n(&N->finished[rank], 1, __ATOMIC_SEQ_CST);
         ddp_comm_destroy(c);
@@ -438,8 +437,8 @@ static int nc_scenario(int rank, int p, void *arg) {
         if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(c);
         t0 = t_now();
         ddp_comm_abort(c);
-        td_cu.Free(x);
-        td_cu.Free(y);
+        t_dev_cu.Free(x);
+        t_dev_cu.Free(y);
         ddp_comm_destroy(c);
         N->secs[rank] = t_now() - t0;
         __atomic_store_n(&N->finished[rank], 1, __ATOMIC_SEQ_CST);
@@ -483,7 +482,7 @@ static int nc_scenario(int rank, int p, void *arg) {
                     float *src = nc_dev_floats(cnt[k], (float)(rank + 1));
                     ddp_comm_device_copy(c, dst, src, cnt[k] * sizeof(float));
                     ddp_comm_device_synchronize(c);
-                    td_cu.Free(src);
+                    t_dev_cu.Free(src);
                     N->r[rank] = ddp_reducer_grad_ready(red, k);
                 }
                 if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_reducer_finish(red);
@@ -493,7 +492,7 @@ static int nc_scenario(int rank, int p, void *arg) {
             if (N->r[rank] != DDP_SUCCESS) nc_msg(rank, ddp_reducer_last_error(red));
             N->stale[rank] += !ddp_reducer_rebuilt(red);
             ddp_reducer_destroy(red);
-            for (k = 0; k < 3; k++) if (g[k]) td_cu.Free(g[k]);
+            for (k = 0; k < 3; k++) if (g[k]) t_dev_cu.Free(g[k]);
         }
         if (N->r[rank] == DDP_SUCCESS) {
             float *pa = nc_dev_floats(5, (float)rank), *pb = nc_dev_floats(100000, (float)rank * 2);
@@ -505,7 +504,7 @@ static int nc_scenario(int rank, int p, void *arg) {
             if (N->r[rank] == DDP_SUCCESS) N->r[rank] = ddp_comm_device_synchronize(c);
             N->bad[rank] += nc_count_bad(pa, 5, 1.0f) + nc_count_bad(pb, 100000, 2.0f);
             if (N->r[rank] != DDP_SUCCESS) nc_msg(rank, ddp_comm_last_error(c));
-            td_cu.Free(pa); td_cu.Free(pb);
+            t_dev_cu.Free(pa); t_dev_cu.Free(pb);
         }
         break;
     }
@@ -524,8 +523,8 @@ static int nc_scenario(int rank, int p, void *arg) {
     default: break;
     }
     __atomic_store_n(&N->finished[rank], 1, __ATOMIC_SEQ_CST);
-    td_cu.Free(x);
-    td_cu.Free(y);
+    t_dev_cu.Free(x);
+    t_dev_cu.Free(y);
     ddp_comm_destroy(c);
     return 0;
 }
@@ -544,13 +543,13 @@ static int nc_real_ok(int which) {
 static int nc_run(int which, int p, const char *name) {
     nc_arg_t a;
     if (!t_selected(name)) return 0;
-    if (td_real) {
+    if (t_dev_real) {
         int g = getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1;
         if (!nc_real_ok(which) || p > g) return 0;
     }
     a.which = which; a.p = p;
     N = (nc_shm_t *)t_shm_user(sizeof(nc_shm_t));
-    run_ranks(p, nc_scenario, &a, 120);
+    t_run_ranks(p, nc_scenario, &a, 120);
     ok(!t_last_run.killed_by_watchdog[0] && !t_last_run.killed_by_watchdog[p - 1], "%s: no rank hung (%.1f s)",
        name, t_last_run.seconds);
     return 1;
@@ -580,7 +579,7 @@ static void nc_scenarios(void) {
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0 && N->stale[q] == 0, "reducer: rank %d: device "
                "gradients averaged in copy and view mode over 3 iterations (buckets rebuilt), device "
                "parameters broadcast (%s, %d wrong) %s", q, ddp_strerror((ddp_result_t)N->r[q]), N->bad[q], N->msg[q]);
-    np = td_real && getenv("T_DEVICE_RANKS") && atoi(getenv("T_DEVICE_RANKS")) < 4 ? 3 : 4;
+    np = t_dev_real && getenv("T_DEVICE_RANKS") && atoi(getenv("T_DEVICE_RANKS")) < 4 ? 3 : 4;
     if (nc_run(NC_SPLIT, np, "split on device"))
         for (q = 0; q < np; q++)
             ok(N->r[q] == DDP_SUCCESS && N->bad[q] == 0, "split: rank %d: all-reduce in its half on device "
@@ -703,12 +702,12 @@ int main(void) {
     int nruns = 0, i, quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
     t_init();
     if (sizeof(coll_shm_t) > T_USER_BYTES || sizeof(nc_shm_t) > T_USER_BYTES) t_bail("shared state too big");
-    if (!td_use_fakes()) {
+    if (!t_dev_use_fakes()) {
         printf("1..0 # SKIP the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)\n");
         return 0;
     }
     avg_divides_first = 1;   /* ncclAvg: see test_collectives.c */
-    if (td_real) {   /* make test-gpu: the real NCCL, T_DEVICE_RANKS ranks (T_DEVICE_HOSTID: on one GPU) */
+    if (t_dev_real) {   /* make test-gpu: the real NCCL, T_DEVICE_RANKS ranks (T_DEVICE_HOSTID: on one GPU) */
         int g = getenv("T_DEVICE_RANKS") ? atoi(getenv("T_DEVICE_RANKS")) : 1;
         for (i = 1; i <= g && i <= 8; i *= 2) add_run(runs, &nruns, "tcp", i, 0, NULL, BIG_ALL, 0, base_counts, 4);
         if (g > 2 && g != 4 && g != 8) add_run(runs, &nruns, "tcp", g, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
@@ -733,7 +732,7 @@ int main(void) {
         }
         S = (coll_shm_t *)t_shm_user(sizeof(coll_shm_t));
         S->ncases = build_cases(&runs[i]);
-        nbad = run_ranks(runs[i].p, child, &runs[i], 300);
+        nbad = t_run_ranks(runs[i].p, child, &runs[i], 300);
         report_run(&runs[i], nbad);
         unsetenv("FAKE_CUDA_STREAM_DELAY_US");
     }

@@ -242,7 +242,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     /* An RDMA device at all? One rank, forced ibverbs: init opens the device. */
     rd_shm();
-    run_ranks(1, rd_probe_child, NULL, 60);
+    t_run_ranks(1, rd_probe_child, NULL, 60);
     if (R->r[0] != DDP_SUCCESS) {
         printf("1..0 # SKIP no usable RDMA device here (%.200s); run it in the VM: "
                "../shared/rdma-vm/run.sh 'make test-rdma'\n", R->msg[0]);
@@ -261,7 +261,7 @@ int main(void) {
             int nbad;
             S = (coll_shm_t *)t_shm_user(sizeof(coll_shm_t));
             S->ncases = build_cases(&runs[i]);
-            nbad = run_ranks(runs[i].p, child, &runs[i], 600);
+            nbad = t_run_ranks(runs[i].p, child, &runs[i], 600);
             report_run(&runs[i], nbad);
         }
         t_rdma_on = 0;
@@ -271,7 +271,7 @@ int main(void) {
     if (t_selected("auto")) {
         int okk = 1;
         rd_shm();
-        r = run_ranks(4, rd_auto_child, NULL, 120);
+        r = t_run_ranks(4, rd_auto_child, NULL, 120);
         for (i = 0; i < 4; i++) {
             int k;
             if (R->r[i] != DDP_SUCCESS || R->bad[i]) { okk = 0; diag("rank %d: %s %s", i, ddp_strerror((ddp_result_t)R->r[i]), R->msg[i]); }
@@ -286,12 +286,12 @@ int main(void) {
     if (t_selected("fallback")) {
         int forced = 1;
         rd_shm();
-        run_ranks(2, rd_fallback_child, &forced, 120);
+        t_run_ranks(2, rd_fallback_child, &forced, 120);
         ok(R->r[0] != DDP_SUCCESS && strstr(R->msg[0], "DDP_IB_HCA") != NULL,
            "DDP_TRANSPORT=ibverbs, DDP_IB_HCA matching nothing: init fails naming it (%.160s)", R->msg[0]);
         forced = 0;
         rd_shm();
-        run_ranks(2, rd_fallback_child, &forced, 120);
+        t_run_ranks(2, rd_fallback_child, &forced, 120);
         ok(R->r[0] == DDP_SUCCESS && R->r[1] == DDP_SUCCESS && !R->bad[0] && !strcmp(R->tname[0][1], "tcp"),
            "auto, no usable HCA: falls back to tcp (rank 0 -> 1: %s; %s)", R->tname[0][1], R->msg[0]);
     }
@@ -302,7 +302,7 @@ int main(void) {
         for (j = 0; j < 2; j++) {
             size_t base = bases[j];
             rd_shm();
-            run_ranks(2, rd_mismatch_child, &base, 120);
+            t_run_ranks(2, rd_mismatch_child, &base, 120);
             ok(R->r[0] == DDP_ERR_MISMATCH && R->r[1] == DDP_ERR_MISMATCH &&
                strstr(R->msg[0], "ibverbs") && strstr(R->msg[1], "ibverbs"),
                "all_reduce of %zu vs %zu floats: both ranks DDP_ERR_MISMATCH", base, base + 1);
@@ -313,7 +313,7 @@ int main(void) {
     if (t_selected("dead")) {
         int okk = 1;
         rd_shm();
-        run_ranks(3, rd_dead_child, NULL, 120);
+        t_run_ranks(3, rd_dead_child, NULL, 120);
         for (i = 0; i < 2; i++) {
             if (R->r[i] != DDP_ERR_REMOTE || R->secs[i] > 20) okk = 0;
             diag("  survivor rank %d: %s after %.2f s (%llu keepalive probes): %.300s", i,
@@ -326,7 +326,7 @@ int main(void) {
     if (t_selected("regcache")) {
         int okk1 = 1, okk2 = 1, okk3 = 1;
         rd_shm();
-        run_ranks(2, rd_regcache_child, NULL, 120);
+        t_run_ranks(2, rd_regcache_child, NULL, 120);
         for (i = 0; i < 2; i++) {
             uint64_t reg1 = R->s1[i].reg_registrations - 0, reg2 = R->s2[i].reg_registrations - R->s1[i].reg_registrations;
             uint64_t hits2 = R->s2[i].reg_hits - R->s1[i].reg_hits;

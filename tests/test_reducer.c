@@ -30,7 +30,6 @@
  *   bcast     ddp_broadcast_params: mixed dtypes, small (coalesced) and large tensors, root 1.
  */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -715,7 +714,7 @@ int main(void) {
     t_init();
     if (t_selected("layout")) {
         diag("--- bucket layout");
-        ok(run_ranks(1, layout, NULL, 60) == 0, "layout: clean exit");
+        ok(t_run_ranks(1, layout, NULL, 60) == 0, "layout: clean exit");
     }
     if (t_selected("equiv")) {
         for (m = 0; m < 2; m++) {
@@ -725,7 +724,7 @@ int main(void) {
                 a.view = (p + m) % 2;     /* both modes on both transports */
                 diag("--- [%s] equivalence with one process, p = %d, %s", g_mode, p, a.view ? "bucket views" : "copy");
                 t0 = t_now();
-                ok(run_ranks(p, equiv, &a, 60) == 0, "[%s p=%d] every rank exited cleanly (%.1f s)", g_mode, p, t_now() - t0);
+                ok(t_run_ranks(p, equiv, &a, 60) == 0, "[%s p=%d] every rank exited cleanly (%.1f s)", g_mode, p, t_now() - t0);
             }
         }
     }
@@ -733,40 +732,40 @@ int main(void) {
     if (t_selected("rebuild")) {
         for (v = 0; v < 2; v++) {
             diag("--- rebuild after the first iteration (%s)", v ? "bucket views" : "copy");
-            ok(run_ranks(2, rebuild, &v, 60) == 0, "rebuild: every rank exited cleanly");
+            ok(t_run_ranks(2, rebuild, &v, 60) == 0, "rebuild: every rank exited cleanly");
         }
     }
     if (t_selected("many")) {
         g_mode = "shm";
         diag("--- [shm] 80 buckets, random marking orders, p = 3");
-        ok(run_ranks(3, many, NULL, 60) == 0, "many: every rank exited cleanly");
+        ok(t_run_ranks(3, many, NULL, 60) == 0, "many: every rank exited cleanly");
         g_mode = "tcp";
     }
     if (t_selected("nosync")) {
         for (v = 0; v < 2; v++) {
             diag("--- no_sync accumulation (%s)", v ? "bucket views" : "copy");
-            ok(run_ranks(2 + v, nosync, &v, 60) == 0, "nosync: every rank exited cleanly");
+            ok(t_run_ranks(2 + v, nosync, &v, 60) == 0, "nosync: every rank exited cleanly");
         }
     }
     if (t_selected("unused")) {
         for (v = 1; v >= 0; v--) {
             diag("--- unused parameters, %s find_unused", v ? "with" : "without");
-            ok(run_ranks(3, unused, &v, 60) == 0, "unused: every rank exited cleanly");
+            ok(t_run_ranks(3, unused, &v, 60) == 0, "unused: every rank exited cleanly");
         }
     }
     if (t_selected("hooks")) {
         for (p = 1; p <= 3; p += 2) {
             diag("--- communication hooks, p = %d", p);
-            ok(run_ranks(p, hooks, NULL, 60) == 0, "hooks: every rank exited cleanly");
+            ok(t_run_ranks(p, hooks, NULL, 60) == 0, "hooks: every rank exited cleanly");
         }
     }
     if (t_selected("misuse")) {
         diag("--- misuse");
-        ok(run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
+        ok(t_run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
     }
     if (t_selected("bcast")) {
         diag("--- broadcast_params");
-        ok(run_ranks(3, bcast, NULL, 60) == 0, "bcast: every rank exited cleanly");
+        ok(t_run_ranks(3, bcast, NULL, 60) == 0, "bcast: every rank exited cleanly");
     }
     return t_done();
 }

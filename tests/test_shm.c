@@ -20,7 +20,6 @@
  *               `make test-tsan` builds this file with -fsanitize=thread; threads are the only
  *               way TSan sees both sides of the shared-memory protocol). */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -152,7 +151,7 @@ static void run_killed(int p, int victim, int p2p) {
     S = (shm_shared_t *)t_shm_user(sizeof *S);
     diag("--- rank %d of %d SIGKILLed in a 64 MiB all-reduce loop over shm%s", victim, p,
          p2p ? " (point-to-point mode: ring over shm queues)" : "");
-    run_ranks(p, killed, &ka, 120);
+    t_run_ranks(p, killed, &ka, 120);
     ok(t_rank_signaled(victim, SIGKILL), "the victim died of SIGKILL mid-collective");
     for (r = 0; r < p; r++)
         if (r != victim && !(t_last_run.exited[r] && t_last_run.code[r] == 0)) bad++;
@@ -328,8 +327,8 @@ int main(void) {
     sock0 = count_sockets();
     if (t_selected("selection")) {
         diag("--- selection: two fake hosts of 2 ranks; DDP_TRANSPORT=shm across hosts");
-        ok(run_ranks(4, selection, NULL, 60) == 0, "4 ranks on 2 fake hosts exit cleanly");
-        run_ranks(2, forced_shm, NULL, 60);
+        ok(t_run_ranks(4, selection, NULL, 60) == 0, "4 ranks on 2 fake hosts exit cleanly");
+        t_run_ranks(2, forced_shm, NULL, 60);
     }
     if (t_selected("killed")) {
         run_killed(3, 1, 0);
@@ -339,14 +338,14 @@ int main(void) {
     }
     if (t_selected("silent")) {
         diag("--- the last rank stays alive but never calls all_reduce");
-        ok(run_ranks(3, silent, NULL, 60) == 0, "every rank returned");
+        ok(t_run_ranks(3, silent, NULL, 60) == 0, "every rank returned");
     }
     if (t_selected("mismatch")) {
         int what;
         for (what = 0; what < 2; what++) {
             S = (shm_shared_t *)t_shm_user(sizeof *S);
             diag("--- %s", what == 0 ? "rank 1 all-reduces 11 elements, the others 10" : "rank 0 broadcasts, the others all-reduce");
-            ok(run_ranks(3, mismatch, &what, 60) == 0, "every rank returned");
+            ok(t_run_ranks(3, mismatch, &what, 60) == 0, "every rank returned");
             ok(S->rc[0] == DDP_ERR_MISMATCH || S->rc[1] == DDP_ERR_MISMATCH || S->rc[2] == DDP_ERR_MISMATCH,
                "someone says DDP_ERR_MISMATCH");
             ok(strstr(S->msg[0], "different") || strstr(S->msg[1], "different") || strstr(S->msg[2], "different"),
@@ -358,7 +357,7 @@ int main(void) {
         diag("--- %d ranks on %ld CPUs: small all-reduces and barriers", p, sysconf(_SC_NPROCESSORS_ONLN));
         {
             double t0 = t_now();
-            ok(run_ranks(p, oversub, NULL, 120) == 0, "every rank finished (%.1f s)", t_now() - t0);
+            ok(t_run_ranks(p, oversub, NULL, 120) == 0, "every rank finished (%.1f s)", t_now() - t0);
         }
     }
     if (t_selected("threads")) {

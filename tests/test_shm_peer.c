@@ -181,7 +181,7 @@ int main(void) {
     for (i = 0; i < sizeof sc / sizeof sc[0]; i++) {
         if (!t_selected(sc[i].name)) continue;
         printf("# --- %s\n", sc[i].name);
-        ok(run_ranks(P, sc[i].fn, (void *)(uintptr_t)&sc[i].mode, 60) == 0,
+        ok(t_run_ranks(P, sc[i].fn, (void *)(uintptr_t)&sc[i].mode, 60) == 0,
            "%s: every rank exited 0 (no crash)", sc[i].name);
     }
     return t_done();

@@ -428,7 +428,7 @@ static int strangers(int rank, int p, void *arg) {
         uint32_t hdr[8];
         for (i = 0; i < (int)sizeof junk; i++) junk[i] = (unsigned char)(i * 37 + 11);
         fd = raw_connect(port);
-        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && closed_within(fd, 3000),
+        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && t_closed_within(fd, 3000),
            "a stranger sending 256 bytes of garbage is disconnected");
         if (fd >= 0) close(fd);
         /* The store's wire header: {u32 magic, op, klen, v1len, v2len, flags; i64 arg}. */
@@ -438,12 +438,12 @@ static int strangers(int rank, int p, void *arg) {
         hdr[2] = 1; hdr[3] = 1;
         fd = raw_connect(port);
         ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && send(fd, "kv", 2, MSG_NOSIGNAL) == 2 &&
-           closed_within(fd, 3000), "a stranger sending a request before the handshake is disconnected");
+           t_closed_within(fd, 3000), "a stranger sending a request before the handshake is disconnected");
         if (fd >= 0) close(fd);
         hdr[1] = 1;                /* HELLO with an absurd key length */
         hdr[2] = 0xffffff00u;
         fd = raw_connect(port);
-        ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && closed_within(fd, 3000),
+        ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && t_closed_within(fd, 3000),
            "a stranger announcing a 4 GiB key is disconnected (no allocation of that size)");
         if (fd >= 0) close(fd);
         /* Half a header, then silence, while rank 1 works; then an idle connection that stays
@@ -455,7 +455,7 @@ static int strangers(int rank, int p, void *arg) {
         while (!__atomic_load_n(&S->client_done, __ATOMIC_SEQ_CST)) t_sleep_ms(5);   /* rank 1 done */
         if (fd >= 0) close(fd);
         /* keep `silent` open until the server is gone (or 10 s) */
-        if (silent >= 0) { closed_within(silent, 10000); close(silent); }
+        if (silent >= 0) { t_closed_within(silent, 10000); close(silent); }
         return 0;
     }
     s = open_store(rank, 8000, NULL);
@@ -844,7 +844,7 @@ static int stranger_attempt(int port, int how, char *what, size_t whatcap) {
         good = recv_exact(fd, &resp, sizeof resp, 5000) && resp.magic == _DDP_STORE_MAGIC &&
                resp.status == DDP_ERR_AUTH && resp.vlen == 0;
     /* then nothing more (no value ever), and the server closes the connection */
-    if (good) good = closed_within(fd, 5000);
+    if (good) good = t_closed_within(fd, 5000);
     close(fd);
     return good;
 }
@@ -908,7 +908,7 @@ static void *fake_master(void *arg) {
         memset(proof, 0x42, sizeof proof);
         if (send(fd, &resp, sizeof resp, MSG_NOSIGNAL) < 0 || send(fd, proof, sizeof proof, MSG_NOSIGNAL) < 0) {}
     }
-    closed_within(fd, 5000);
+    t_closed_within(fd, 5000);
     close(fd);
     return NULL;
 }
@@ -1071,7 +1071,7 @@ static int preauth_memory(int rank, int p, void *arg) {
         if (fd < 0) continue;
         if (recv_exact(fd, &ch, sizeof ch, 5000) && send(fd, &rq, sizeof rq, MSG_NOSIGNAL) == (ssize_t)sizeof rq) {
             if (send(fd, junk, sizeof junk, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}   /* best effort: it may be closed already */
-            closed += closed_within(fd, 5000);
+            closed += t_closed_within(fd, 5000);
         }
         close(fd);
     }
@@ -1185,7 +1185,7 @@ static void idle_scenario(int hard_1024) {
              hard_1024 ? "1024 too" : "higher");
     if (!t_selected(name)) return;
     diag("--- %s (3 processes)", name);
-    bad = run_ranks(3, idle_conns, NULL, 120);
+    bad = t_run_ranks(3, idle_conns, NULL, 120);
     ok(bad == 0, "%s: every process exited cleanly (%.1f s)", name, t_last_run.seconds);
     if (hard_1024)
         ok(S->server_soft == 1024 && S->server_hard == 1024, "the server could not raise its limit (soft %d, hard %d)",
@@ -1309,7 +1309,7 @@ static void run(const char *name, int p, int (*fn)(int, int, void *), int timeou
     if (!t_selected(name)) return;
     S = (store_shm_t *)t_shm_user(sizeof *S);
     diag("--- %s (%d processes)", name, p);
-    bad = run_ranks(p, fn, NULL, timeout_s);
+    bad = t_run_ranks(p, fn, NULL, timeout_s);
     ok(bad == 0, "%s: every process exited cleanly (%.1f s)", name, t_last_run.seconds);
 }
 

@@ -183,7 +183,7 @@ static void throttle(int as_nobody) {
     if (!ok(ddp_store_open(&srv, "127.0.0.1", 0, 1, &d) == DDP_SUCCESS, "%s: store server with a job secret", name)) return;
     g.port = ddp_store_port(srv);
     g.become_nobody = as_nobody;
-    ok(run_ranks(1, guesser, &g, 60) == 0, "%s: the guesser's wrong proofs were throttled", name);
+    ok(t_run_ranks(1, guesser, &g, 60) == 0, "%s: the guesser's wrong proofs were throttled", name);
     t0 = t_now();
     r = ddp_store_open(&c, "127.0.0.1", g.port, 0, &d);
     ok(r == DDP_SUCCESS && ddp_store_set(c, "k", "v", 1) == DDP_SUCCESS &&
@@ -216,7 +216,7 @@ static void throttle(int as_nobody) {
             if (n <= 1) break;               /* the server's own handle */
             t_sleep_ms(5);
         }
-        ok(run_ranks(1, parallel_guesser, &g, 60) == 0, "throttle: many connections at once get one check per turn");
+        ok(t_run_ranks(1, parallel_guesser, &g, 60) == 0, "throttle: many connections at once get one check per turn");
     }
     ddp_store_close(srv);
 }
@@ -333,7 +333,7 @@ static void secretless_user(void) {
             continue;
         a.port = ddp_store_port(srv);
         a.family = AF_INET;
-        ok(run_ranks(1, stranger, &a, 60) == 0, "secretless-user: another user is refused over 127.0.0.1 (store on %s)", where);
+        ok(t_run_ranks(1, stranger, &a, 60) == 0, "secretless-user: another user is refused over 127.0.0.1 (store on %s)", where);
         if (!hosts[h]) {
             /* Is there an IPv6 loopback? (Not by connecting to the store: a child forked while
              * the server still held that connection would keep its socket in the epoll set.) */
@@ -346,7 +346,7 @@ static void secretless_user(void) {
             if (v6 >= 0) close(v6);
             if (have6) {
                 a.family = AF_INET6;
-                ok(run_ranks(1, stranger, &a, 60) == 0, "secretless-user: another user is refused over ::1 (store on %s)", where);
+                ok(t_run_ranks(1, stranger, &a, 60) == 0, "secretless-user: another user is refused over ::1 (store on %s)", where);
             } else {
                 ok(1, "# SKIP secretless-user: no IPv6 loopback here");
             }
@@ -400,7 +400,7 @@ static void secretless_warn(void) {
         ok(1, "# SKIP secretless-warn: no non-loopback IPv4 address here");
     } else {
         a.master = ip;
-        r = run_ranks(2, warn_rank, &a, 60);
+        r = t_run_ranks(2, warn_rank, &a, 60);
         ok(r == 0, "secretless-warn: a 2-rank job without a secret, MASTER_ADDR %s, initialises", ip);
         ok(file_has(a.files[0], "WARN store: listening on a network address", "no job secret"),
            "secretless-warn: rank 0 WARNs that its store listens on a network address without a secret");
@@ -409,7 +409,7 @@ static void secretless_warn(void) {
                "secretless-warn: rank %d WARNs that its TCP listener is on a network address without a secret", k);
     }
     a.master = "127.0.0.1";
-    r = run_ranks(2, warn_rank, &a, 60);
+    r = t_run_ranks(2, warn_rank, &a, 60);
     ok(r == 0 && !file_has(a.files[0], "network address", NULL) && !file_has(a.files[1], "network address", NULL),
        "secretless-warn: on loopback (MASTER_ADDR 127.0.0.1) neither the store nor the listeners WARN");
     for (k = 0; k < 2; k++) unlink(a.files[k]);

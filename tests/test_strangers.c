@@ -205,7 +205,7 @@ static int impostor(int idx, int nproc, void *arg) {
             inj.m.len = sizeof inj.data;
             for (i = 0; i < 100; i++) inj.data[i] = 1e6f;
             send(fd, &inj, sizeof inj, MSG_NOSIGNAL);
-            ok(closed_within(fd, 20000), "impostor: a wrong proof gets the connection closed");
+            ok(t_closed_within(fd, 20000), "impostor: a wrong proof gets the connection closed");
         }
         if (fd >= 0) close(fd);
         return 0;
@@ -379,7 +379,7 @@ static int relay(int idx, int nproc, void *arg) {
                "replay: rank 1 challenges the replayed hello")) {
             ok(memcmp(ch2.nonce, ch.nonce, sizeof ch.nonce) != 0, "replay: with a fresh nonce");
             send_full(r, &an, sizeof an);
-            ok(closed_within(r, 20000), "replay: the captured answer does not prove anything: connection closed");
+            ok(t_closed_within(r, 20000), "replay: the captured answer does not prove anything: connection closed");
         }
         if (r >= 0) close(r);
         if (a >= 0 && b >= 0 && send_full(b, &an, sizeof an)) relay_pump(a, b, &ab, &ba);
@@ -651,19 +651,19 @@ int main(void) {
     if (t_selected("impostor")) {
         diag("--- impostor: a stranger speaks rank 0's TCP hello to rank 1, with a wrong proof");
         memset(S, 0, sizeof *S);
-        bad = run_ranks(4, impostor, NULL, 60);
+        bad = t_run_ranks(4, impostor, NULL, 60);
         ok(bad == 0, "impostor: every process exited cleanly (%.1f s)", t_last_run.seconds);
     }
     if (t_selected("fake-acceptor")) {
         diag("--- fake-acceptor: a stranger takes rank 1's place in the store");
         memset(S, 0, sizeof *S);
-        bad = run_ranks(4, fake_acceptor, NULL, 60);
+        bad = t_run_ranks(4, fake_acceptor, NULL, 60);
         ok(bad == 0, "fake acceptor: every process exited (%.1f s)", t_last_run.seconds);
     }
     if (t_selected("relay")) {
         diag("--- relay: a relay between rank 0 and rank 1 captures and replays (DDP_JOB_SECRET set)");
         memset(S, 0, sizeof *S);
-        bad = run_ranks(4, relay, NULL, 60);
+        bad = t_run_ranks(4, relay, NULL, 60);
         ok(bad == 0, "relay: every process exited cleanly (%.1f s)", t_last_run.seconds);
     }
     if (t_selected("flood")) {
@@ -692,7 +692,7 @@ int main(void) {
                 diag("--- flood: %d idle connections to rank %d's listener; ranks' soft RLIMIT_NOFILE %s",
                      fa.nidle, FLOODED, k ? "1024, the flooded rank's a few above what it uses (EMFILE)" : "1024");
             memset(S, 0, sizeof *S);
-            bad = run_ranks(5, flood, &fa, 60);
+            bad = t_run_ranks(5, flood, &fa, 60);
             for (r = 0; r < 4; r++) {
                 double dt = S->t_done[r] ? S->t_done[r] - S->t_release : 99;
                 if (dt > worst) worst = dt;
@@ -705,7 +705,7 @@ int main(void) {
     if (t_selected("shm-stranger")) {
         diag("--- shm-stranger: a same-user process with the communicator id but no key");
         memset(S, 0, sizeof *S);
-        bad = run_ranks(4, shm_stranger, NULL, 60);
+        bad = t_run_ranks(4, shm_stranger, NULL, 60);
         ok(bad == 0, "shm stranger: every process exited cleanly (%.1f s)", t_last_run.seconds);
     }
     if (t_selected("shm-many")) {

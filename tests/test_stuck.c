@@ -22,7 +22,6 @@
  * a process job destroyed while rank 1 is still alive and connected returns within the store's
  * close grace (2 s), not the timeout. */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -89,7 +88,7 @@ static void stuck_trials(int shm, int trials, unsigned seed) {
         S->victim = (int)((seed + 7u * (unsigned)t) % (unsigned)p);
         diag("--- %s trial %d: rank %d of %d stops (SIGSTOP) mid all-reduce loop", shm ? "shm" : "tcp",
              t + 1, S->victim, p);
-        run_ranks(p, stuck_rank_run, NULL, 60);
+        t_run_ranks(p, stuck_rank_run, NULL, 60);
         ok(t_rank_signaled(S->victim, SIGKILL), "the victim was stopped, then killed once every survivor reported");
         for (r = 0; r < p; r++) {
             if (r == S->victim) continue;
@@ -235,14 +234,14 @@ int main(void) {
     diag("seed %u (victims: seed + 7 t mod 4)", seed);
     if (t_selected("misuse")) {
         diag("--- two threads on one communicator");
-        ok(run_ranks(2, misuse_run, NULL, 60) == 0, "both ranks exited cleanly");
+        ok(t_run_ranks(2, misuse_run, NULL, 60) == 0, "both ranks exited cleanly");
     }
-    if (t_selected("bad world")) run_ranks(1, bad_world, NULL, 60);
+    if (t_selected("bad world")) t_run_ranks(1, bad_world, NULL, 60);
     if (t_selected("destroy")) {
         diag("--- destroy orders");
-        ok(run_ranks(1, destroy_threads, NULL, 120) == 0, "threads: exited cleanly");
+        ok(t_run_ranks(1, destroy_threads, NULL, 120) == 0, "threads: exited cleanly");
         S->misuse_ok = 0;
-        ok(run_ranks(2, destroy_process, NULL, 60) == 0, "processes: exited cleanly");
+        ok(t_run_ranks(2, destroy_process, NULL, 60) == 0, "processes: exited cleanly");
     }
     stuck_trials(0, trials ? trials : 3, seed);
     stuck_trials(1, trials ? trials : 2, seed + 1);

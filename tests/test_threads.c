@@ -48,7 +48,6 @@
  *             is reached by "threads", the others by "shm"; collectives right (not under TSan).
  */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
@@ -192,15 +191,15 @@ static int is_reduction(int coll) { return coll == C_AR || coll == C_RS || coll 
  * overflow or underflow), +-[0.001, 1) otherwise. */
 static uint64_t random_bits(int dt, int op, uint64_t u) {
     double frac = (double)(u >> 11) * (1.0 / 9007199254740992.0), sign = (u & 1) ? -1.0 : 1.0;
-    return enc_float(dt, sign * (op == DDP_PROD ? 0.5 + 1.5 * frac : 0.001 + 0.999 * frac));
+    return t_enc_float(dt, sign * (op == DDP_PROD ? 0.5 + 1.5 * frac : 0.001 + 0.999 * frac));
 }
 
 /* Element i of rank's input: reductions get order-independent values (or uniform ones in a
  * random case), copies any bits. */
 static uint64_t in_bits(const tc_t *c, int rank, size_t i) {
-    uint64_t u = case_rnd(c->seed, rank, i);
+    uint64_t u = t_case_rnd(c->seed, rank, i);
     if (c->random) return random_bits(c->dt, c->op, u);
-    return is_reduction(c->coll) ? exact_bits(c->dt, c->op, u) : u;
+    return is_reduction(c->coll) ? t_exact_bits(c->dt, c->op, u) : u;
 }
 
 static void fill(unsigned char *buf, const tc_t *c, int rank, size_t lo, size_t n) {
@@ -225,27 +224,27 @@ static uint64_t ref_reduce(const tc_t *c, int p, size_t gi) {
     const int dt = c->dt, op = c->op;
     const size_t es = ddp_dtype_size((ddp_dtype_t)dt);
     int r;
-    if (is_int(dt)) {
-        uint64_t acc = ext_int(dt, in_bits(c, 0, gi));
+    if (t_is_int(dt)) {
+        uint64_t acc = t_ext_int(dt, in_bits(c, 0, gi));
         for (r = 1; r < p; r++) {
-            uint64_t v = ext_int(dt, in_bits(c, r, gi));
+            uint64_t v = t_ext_int(dt, in_bits(c, r, gi));
             if (op == DDP_SUM || op == DDP_AVG) acc += v;
             else if (op == DDP_PROD) acc *= v;
-            else if (op == DDP_MAX) { if (is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; }
-            else if (is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v;
+            else if (op == DDP_MAX) { if (t_is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; }
+            else if (t_is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v;
         }
         if (op == DDP_AVG) {
-            acc = ext_int(dt, low_bits(acc, es));
-            acc = is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
+            acc = t_ext_int(dt, low_bits(acc, es));
+            acc = t_is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
         }
         return low_bits(acc, es);
     } else {
         uint64_t b = in_bits(c, 0, gi), win = b;
-        double acc = dec_float(dt, b), best = acc;
+        double acc = t_dec_float(dt, b), best = acc;
         for (r = 1; r < p; r++) {
             double v;
             b = in_bits(c, r, gi);
-            v = dec_float(dt, b);
+            v = t_dec_float(dt, b);
             if (op == DDP_SUM || op == DDP_AVG) acc += v;
             else if (op == DDP_PROD) acc *= v;
             else if (op == DDP_MAX ? v > best : v < best) { best = v; win = b; }
@@ -253,28 +252,28 @@ static uint64_t ref_reduce(const tc_t *c, int p, size_t gi) {
         if (op == DDP_MAX || op == DDP_MIN) return low_bits(win, es);
         if (op == DDP_AVG) {
             float q;
-            if (dt == DDP_FLOAT64) return f64_bits(acc / (double)p);
+            if (dt == DDP_FLOAT64) return t_f64_bits(acc / (double)p);
             q = (float)acc / (float)p;
-            if (dt == DDP_FLOAT32) return f32_bits(q);
+            if (dt == DDP_FLOAT32) return t_f32_bits(q);
             return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
         }
-        return low_bits(enc_float(dt, acc), es);
+        return low_bits(t_enc_float(dt, acc), es);
     }
 }
 
 /* A random case's element gi: within (p+1) unit roundoffs of the double-precision reference
  * (PROD: 2p+2 of the product; AVG: the sum's bound divided by p, plus the division's). */
 static int near_ref(const tc_t *c, int p, size_t gi, uint64_t got, double *ref, double *tol) {
-    double sum = 0, abssum = 0, prod = 1, u = unit_roundoff(c->dt);
+    double sum = 0, abssum = 0, prod = 1, u = t_unit_roundoff(c->dt);
     int r;
     for (r = 0; r < p; r++) {
-        double v = dec_float(c->dt, in_bits(c, r, gi));
+        double v = t_dec_float(c->dt, in_bits(c, r, gi));
         sum += v; abssum += fabs(v); prod *= v;
     }
     if (c->op == DDP_PROD) { *ref = prod; *tol = (2 * p + 2) * u * fabs(prod); }
     else if (c->op == DDP_AVG) { *ref = sum / p; *tol = (p + 1) * u * abssum / p + 2 * u * fabs(*ref); }
     else { *ref = sum; *tol = (p + 1) * u * abssum; }
-    return fabs(dec_float(c->dt, got) - *ref) <= *tol;
+    return fabs(t_dec_float(c->dt, got) - *ref) <= *tol;
 }
 
 static void guard_set(unsigned char *reg, size_t bytes) {
@@ -354,7 +353,7 @@ static void run_case(rank_t *R, const tc_t *c, unsigned char *sreg, unsigned cha
             if (near_ref(c, p, c->coll == C_RS ? (size_t)me * n + i : i, got, &ref, &tol)) continue;
             case_str(c, p, what, sizeof what);
             rfail(R, "%s: element %zu is %.9g, reference %.9g, tolerance %.3g", what, i,
-                  dec_float(c->dt, got), ref, tol);
+                  t_dec_float(c->dt, got), ref, tol);
             break;
         }
         switch (c->coll) {
@@ -427,7 +426,7 @@ static void build_results(caselist_t *L, int p, int big_all) {
     for (dt = 0; dt < DDP_NUM_DTYPES; dt++) {
         if (!big_all && dt % 3) continue;
         add(L, C_AR, dt, dt % DDP_NUM_OPS, big, dt & 1, 0);
-        if (!is_int(dt)) add(L, C_AR, dt, DDP_AVG, big + 1, !(dt & 1), 0);
+        if (!t_is_int(dt)) add(L, C_AR, dt, DDP_AVG, big + 1, !(dt & 1), 0);
         add(L, C_RS, dt, (dt + 2) % DDP_NUM_OPS, (big + (size_t)p - 1) / (size_t)p, !(dt & 1), 0);
         add(L, C_AG, dt, DDP_SUM, (big + (size_t)p - 1) / (size_t)p, dt & 1, 0);
         add(L, C_BC, dt, DDP_SUM, big, dt & 1, dt % 2 ? p - 1 : 0);
@@ -1194,7 +1193,7 @@ int main(void) {
 #if !defined(__SANITIZE_THREAD__)
     if (t_selected("process")) {
         diag("--- 4 ranks: 2 processes x 2 threads (threads inside a process, shm between them)");
-        ok(run_ranks(2, process_child, NULL, 120) == 0, "both processes exited cleanly");
+        ok(t_run_ranks(2, process_child, NULL, 120) == 0, "both processes exited cleanly");
     }
 #endif
     return t_done();

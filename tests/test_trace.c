@@ -11,7 +11,6 @@
  *   - `ddprun --trace` merging ranks' files is checked by tests/test_trace_demo.sh on make demo's
  *     program. */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "tests/ddp_test.h"
@@ -99,9 +98,9 @@ int main(void) {
     t_init();
     X = (tr_shm_t *)t_shm_user(sizeof(tr_shm_t));
     if (!mkdtemp(tmpl)) t_bail("mkdtemp");
-    _ddp_strlcpy(X->dir, tmpl, sizeof X->dir);
+    snprintf(X->dir, sizeof X->dir, "%s", tmpl);
 
-    run_ranks(p, timeline_child, NULL, 120);
+    t_run_ranks(p, timeline_child, NULL, 120);
     for (q = 0; q < p; q++) {
         char path[320], cmd[700], *s;
         snprintf(path, sizeof path, "%s/trace.%d.json", X->dir, q);
@@ -128,7 +127,7 @@ int main(void) {
     }
 
     memset(X->r, 0, sizeof X->r);
-    run_ranks(p, recorder_child, NULL, 120);
+    t_run_ranks(p, recorder_child, NULL, 120);
     for (q = 0; q < 2; q++) {
         char path[320], *s;
         snprintf(path, sizeof path, "%s/stderr.%d", X->dir, q);

@@ -8,10 +8,10 @@
 #                              every command it would run; nothing runs, nothing is written
 #
 # What runs, with the real NCCL and CUDA runtime (binaries, logs and summary.txt in build/gpu/):
-#   1. build: test_nccl, test_nccl2, ddp-bench, ddprun and nccl-raw, compiled into build/gpu/ in
+#   1. build: test_nccl, test_nccl_rooted, ddp-bench, ddprun and nccl-raw, compiled into build/gpu/ in
 #      parallel without -Werror (a newer compiler may warn: the warnings go to the logs and the
 #      summary, and the run goes on); the fake NCCL of tests/fake_nccl is not used.
-#   2. the device matrices (test_nccl and test_nccl2 with T_DEVICE_REAL=1) at each world size p:
+#   2. the device matrices (test_nccl and test_nccl_rooted with T_DEVICE_REAL=1) at each world size p:
 #      1, 2, 3 on one GPU, where the ranks share the GPU as NCCL "hosts" of their own (a distinct
 #      NCCL_HOSTID per rank through T_DEVICE_HOSTID, NCCL_SOCKET_IFNAME=lo); 1, 2, G on G GPUs,
 #      one rank per GPU.
@@ -412,9 +412,12 @@ fi
 # 1. build, in parallel
 KEEP=150
 build_one() {   # NAME SOURCE: the compiler's command line
-    echo "$CC $CFLAGS_GPU $2 -o $B/$1 -pthread -lm -ldl"
+    # test_nccl links libddp's implementation (tests/libddp.c, its transports: tcp, shm, nccl).
+    local impl=""
+    [ "$1" = test_nccl ] && impl=" tests/libddp.c -DT_IMPL_SHM=1 -DT_IMPL_NCCL=1"
+    echo "$CC $CFLAGS_GPU $2 -o $B/$1$impl -pthread -lm -ldl"
 }
-BUILDS="test_nccl:tests/test_nccl.c test_nccl2:tests/test_nccl2.c ddp-bench:bench/ddp_bench.c nccl-raw:bench/nccl_raw.c ddprun:tools/ddprun.c"
+BUILDS="test_nccl:tests/test_nccl.c test_nccl_rooted:tests/test_nccl_rooted.c ddp-bench:bench/ddp_bench.c nccl-raw:bench/nccl_raw.c ddprun:tools/ddprun.c"
 if [ "$DRY" = 1 ]; then
     echo "  [build, in parallel, up to 120 s]"
     for b in $BUILDS; do echo "    $(build_one "${b%%:*}" "${b#*:}")"; done
@@ -467,8 +470,8 @@ for p in $PLIST; do
     lim2=$([ "$p" = 1 ] && echo 35 || echo 60)
     step "m1p$p" tap "$p" "test_nccl device matrix" "$lim1" test_nccl \
         env T_DEVICE_REAL=1 T_DEVICE_RANKS="$p" "${hostid[@]}" DDP_TEST_ONLY="device matrix tcp p=$p" "$B/test_nccl"
-    step "m2p$p" tap "$p" "test_nccl2 device matrix" "$lim2" test_nccl2 \
-        env T_DEVICE_REAL=1 T_DEVICE_RANKS="$p" "${hostid[@]}" DDP_TEST_ONLY="device matrix tcp p=$p" "$B/test_nccl2"
+    step "m2p$p" tap "$p" "test_nccl_rooted device matrix" "$lim2" test_nccl_rooted \
+        env T_DEVICE_REAL=1 T_DEVICE_RANKS="$p" "${hostid[@]}" DDP_TEST_ONLY="device matrix tcp p=$p" "$B/test_nccl_rooted"
 done
 
 # 4. test_nccl's scenarios (the fault and stream cases), real mode

@@ -1,4 +1,4 @@
-/* tests/t_device.h — runs a host-buffer test's calls on device buffers, through the fake NCCL
+/* tests/ddp_test_device.h — runs a host-buffer test's calls on device buffers, through the fake NCCL
  * and CUDA runtime of tests/fake_nccl (built into build/fake_nccl by make).
  *
  * A test that includes this before its own code (test_nccl.c includes test_collectives.c) gets
@@ -15,8 +15,8 @@
  * CUDA is touched only in the forked ranks (the fake's stream threads do not survive fork).
  * T_DEVICE_REAL=1 (make test-gpu) uses the real NCCL and CUDA runtime instead, one rank per GPU.
  */
-#ifndef T_DEVICE_H
-#define T_DEVICE_H
+#ifndef DDP_TEST_DEVICE_H
+#define DDP_TEST_DEVICE_H
 #include <dlfcn.h>
 #include <libgen.h>
 #include <limits.h>
@@ -24,10 +24,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#define TD_H2D 1   /* cudaMemcpyHostToDevice */
-#define TD_D2H 2
-#define TD_GUARD 64
-#define TD_MAX_REGIONS 256
+#define T_DEV_H2D 1   /* cudaMemcpyHostToDevice */
+#define T_DEV_D2H 2
+#define T_DEV_GUARD 64
+#define T_DEV_MAX_REGIONS 256
 
 typedef struct {
     int (*Malloc)(void **, size_t);
@@ -37,28 +37,28 @@ typedef struct {
     int (*StreamSynchronize)(void *);
     int (*StreamDestroy)(void *);
     int (*DeviceSynchronize)(void);
-} td_cuda_t;
+} t_dev_cuda_t;
 
-typedef struct { unsigned char *host, *dev; size_t bytes; } td_region_t;
+typedef struct { unsigned char *host, *dev; size_t bytes; } t_dev_region_t;
 
-static td_cuda_t td_cu;
-static int td_loaded;
-static td_region_t td_regions[TD_MAX_REGIONS];
-static void *td_stream;
-static char td_fake_dir[PATH_MAX];
+static t_dev_cuda_t t_dev_cu;
+static int t_dev_loaded;
+static t_dev_region_t t_dev_regions[T_DEV_MAX_REGIONS];
+static void *t_dev_stream;
+static char t_dev_fake_dir[PATH_MAX];
 
 /* Points the library at the fakes (absolute paths, from this binary's location: build/ or
  * build/san/), and requires NCCL (DDP_NCCL=1: a decline is an init failure, never a quiet
  * host run). In the parent, before any fork. 0 if the fakes are not built. */
-static T_UNUSED int td_real;   /* T_DEVICE_REAL=1 (make test-gpu): the real NCCL and GPUs */
-static T_UNUSED int td_use_fakes(void) {
+static T_UNUSED int t_dev_real;   /* T_DEVICE_REAL=1 (make test-gpu): the real NCCL and GPUs */
+static T_UNUSED int t_dev_use_fakes(void) {
     char exe[PATH_MAX], lib[PATH_MAX + 64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     const char *sub[2] = { "/fake_nccl", "/../fake_nccl" };
     const char *real = getenv("T_DEVICE_REAL");
     int i;
     if (real && !strcmp(real, "1")) {
-        td_real = 1;
+        t_dev_real = 1;
         setenv("DDP_NCCL", "1", 1);   /* the libraries: DDP_*_LIBRARY, else the library's search */
         return 1;
     }
@@ -68,9 +68,9 @@ static T_UNUSED int td_use_fakes(void) {
         char *d = dirname(exe);
         snprintf(lib, sizeof lib, "%s%s/libnccl.so.2", d, sub[i]);
         if (access(lib, R_OK) == 0) {
-            snprintf(td_fake_dir, sizeof td_fake_dir, "%s%s", d, sub[i]);
+            snprintf(t_dev_fake_dir, sizeof t_dev_fake_dir, "%s%s", d, sub[i]);
             setenv("DDP_NCCL_LIBRARY", lib, 1);
-            snprintf(lib, sizeof lib, "%s/libcudart.so.13", td_fake_dir);
+            snprintf(lib, sizeof lib, "%s/libcudart.so.13", t_dev_fake_dir);
             setenv("DDP_CUDART_LIBRARY", lib, 1);
             setenv("DDP_NCCL", "1", 1);
             return 1;
@@ -81,58 +81,58 @@ static T_UNUSED int td_use_fakes(void) {
     return 0;
 }
 
-static T_UNUSED void td_load(void) {
+static T_UNUSED void t_dev_load(void) {
     void *h;
     const char *lib = getenv("DDP_CUDART_LIBRARY");
-    if (td_loaded) return;
+    if (t_dev_loaded) return;
     /* the runtime the library loaded (a second copy would be a second CUDA context) */
     h = lib && lib[0] ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
     if (!h && !(lib && lib[0])) h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!h && !(lib && lib[0])) h = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
-    if (!h) { fprintf(stderr, "t_device: %s (set DDP_CUDART_LIBRARY)\n", dlerror()); exit(70); }
-#define TD_SYM(f, name) do { void *s_ = dlsym(h, name); if (!s_) { fprintf(stderr, "t_device: no %s\n", name); exit(70); } memcpy(&td_cu.f, &s_, sizeof s_); } while (0)
-    TD_SYM(Malloc, "cudaMalloc");
-    TD_SYM(Free, "cudaFree");
-    TD_SYM(Memcpy, "cudaMemcpy");
-    TD_SYM(StreamCreateWithFlags, "cudaStreamCreateWithFlags");
-    TD_SYM(StreamSynchronize, "cudaStreamSynchronize");
-    TD_SYM(StreamDestroy, "cudaStreamDestroy");
-    TD_SYM(DeviceSynchronize, "cudaDeviceSynchronize");
-#undef TD_SYM
-    td_loaded = 1;
+    if (!h) { fprintf(stderr, "ddp_test_device: %s (set DDP_CUDART_LIBRARY)\n", dlerror()); exit(70); }
+#define T_DEV_SYM(f, name) do { void *s_ = dlsym(h, name); if (!s_) { fprintf(stderr, "ddp_test_device: no %s\n", name); exit(70); } memcpy(&t_dev_cu.f, &s_, sizeof s_); } while (0)
+    T_DEV_SYM(Malloc, "cudaMalloc");
+    T_DEV_SYM(Free, "cudaFree");
+    T_DEV_SYM(Memcpy, "cudaMemcpy");
+    T_DEV_SYM(StreamCreateWithFlags, "cudaStreamCreateWithFlags");
+    T_DEV_SYM(StreamSynchronize, "cudaStreamSynchronize");
+    T_DEV_SYM(StreamDestroy, "cudaStreamDestroy");
+    T_DEV_SYM(DeviceSynchronize, "cudaDeviceSynchronize");
+#undef T_DEV_SYM
+    t_dev_loaded = 1;
 }
 
-static T_UNUSED void *td_malloc(size_t n) {
+static T_UNUSED void *t_dev_malloc(size_t n) {
     unsigned char *h = (unsigned char *)malloc(n);
     void *d = NULL;
     int i;
     if (!h) return NULL;
-    td_load();
-    if (td_cu.Malloc(&d, n ? n : 1) != 0) { fprintf(stderr, "t_device: cudaMalloc(%zu) failed\n", n); exit(70); }
-    for (i = 0; i < TD_MAX_REGIONS; i++)
-        if (!td_regions[i].host) { td_regions[i].host = h; td_regions[i].dev = (unsigned char *)d; td_regions[i].bytes = n; return h; }
-    fprintf(stderr, "t_device: more than %d regions\n", TD_MAX_REGIONS);
+    t_dev_load();
+    if (t_dev_cu.Malloc(&d, n ? n : 1) != 0) { fprintf(stderr, "ddp_test_device: cudaMalloc(%zu) failed\n", n); exit(70); }
+    for (i = 0; i < T_DEV_MAX_REGIONS; i++)
+        if (!t_dev_regions[i].host) { t_dev_regions[i].host = h; t_dev_regions[i].dev = (unsigned char *)d; t_dev_regions[i].bytes = n; return h; }
+    fprintf(stderr, "ddp_test_device: more than %d regions\n", T_DEV_MAX_REGIONS);
     exit(70);
 }
 
-static T_UNUSED void *td_calloc(size_t k, size_t n) {
-    void *p = td_malloc(k * n);
+static T_UNUSED void *t_dev_calloc(size_t k, size_t n) {
+    void *p = t_dev_malloc(k * n);
     if (p) memset(p, 0, k * n);
     return p;
 }
 
-static T_UNUSED void td_free(void *p) {
+static T_UNUSED void t_dev_free(void *p) {
     int i;
     if (!p) return;
-    for (i = 0; i < TD_MAX_REGIONS; i++)
-        if (td_regions[i].host == p) { td_cu.Free(td_regions[i].dev); td_regions[i].host = NULL; break; }
+    for (i = 0; i < T_DEV_MAX_REGIONS; i++)
+        if (t_dev_regions[i].host == p) { t_dev_cu.Free(t_dev_regions[i].dev); t_dev_regions[i].host = NULL; break; }
     free(p);
 }
 
-static T_UNUSED td_region_t *td_find(const void *p) {
+static T_UNUSED t_dev_region_t *t_dev_find(const void *p) {
     int i;
-    for (i = 0; p && i < TD_MAX_REGIONS; i++) {
-        td_region_t *r = &td_regions[i];
+    for (i = 0; p && i < T_DEV_MAX_REGIONS; i++) {
+        t_dev_region_t *r = &t_dev_regions[i];
         if (r->host && (const unsigned char *)p >= r->host && (const unsigned char *)p <= r->host + r->bytes) return r;
     }
     return NULL;
@@ -140,110 +140,110 @@ static T_UNUSED td_region_t *td_find(const void *p) {
 
 /* The device twin of a host pointer (NULL stays NULL; a pointer outside every twinned region
  * is a test bug). */
-static T_UNUSED void *td_dev(const void *p) {
-    td_region_t *r;
+static T_UNUSED void *t_dev_dev(const void *p) {
+    t_dev_region_t *r;
     if (!p) return NULL;
-    if (!(r = td_find(p))) { fprintf(stderr, "t_device: %p is not in a twinned region\n", p); exit(70); }
+    if (!(r = t_dev_find(p))) { fprintf(stderr, "ddp_test_device: %p is not in a twinned region\n", p); exit(70); }
     return r->dev + ((const unsigned char *)p - r->host);
 }
 
 /* Copies [p - guard, p + bytes + guard) (within its region) one way. */
-static T_UNUSED void td_copy(const void *p, size_t bytes, int dir) {
-    td_region_t *r = td_find(p);
+static T_UNUSED void t_dev_copy(const void *p, size_t bytes, int dir) {
+    t_dev_region_t *r = t_dev_find(p);
     size_t lo, hi, off;
     if (!p || !r) return;
     off = (size_t)((const unsigned char *)p - r->host);
-    lo = off > TD_GUARD ? off - TD_GUARD : 0;
-    hi = off + bytes + TD_GUARD < r->bytes ? off + bytes + TD_GUARD : r->bytes;
+    lo = off > T_DEV_GUARD ? off - T_DEV_GUARD : 0;
+    hi = off + bytes + T_DEV_GUARD < r->bytes ? off + bytes + T_DEV_GUARD : r->bytes;
     if (hi <= lo) return;
-    if (dir == TD_H2D) {
+    if (dir == T_DEV_H2D) {
         /* From pageable memory cudaMemcpy may return once the data is staged, before it lands
          * (CUDA runtime API, "API synchronization behavior"); the call that follows runs on a
          * non-blocking stream, which does not wait for the legacy stream: wait here. */
-        td_cu.Memcpy(r->dev + lo, r->host + lo, hi - lo, TD_H2D);
-        td_cu.DeviceSynchronize();
+        t_dev_cu.Memcpy(r->dev + lo, r->host + lo, hi - lo, T_DEV_H2D);
+        t_dev_cu.DeviceSynchronize();
     } else {
-        td_cu.Memcpy(r->host + lo, r->dev + lo, hi - lo, TD_D2H);
+        t_dev_cu.Memcpy(r->host + lo, r->dev + lo, hi - lo, T_DEV_D2H);
     }
 }
 
 /* After a device call: wait for the communicator's stream (the one synchronisation a user of
  * NCCL semantics must make), then copy back. */
-static T_UNUSED void td_after(const void *s, size_t sb, const void *r, size_t rb) {
+static T_UNUSED void t_dev_after(const void *s, size_t sb, const void *r, size_t rb) {
     const char *skip = getenv("T_DEVICE_SKIP_SYNC");
-    if (!(skip && !strcmp(skip, "1"))) td_cu.StreamSynchronize(td_stream);
-    td_copy(s, sb, TD_D2H);
-    td_copy(r, rb, TD_D2H);
+    if (!(skip && !strcmp(skip, "1"))) t_dev_cu.StreamSynchronize(t_dev_stream);
+    t_dev_copy(s, sb, T_DEV_D2H);
+    t_dev_copy(r, rb, T_DEV_D2H);
 }
 
-static T_UNUSED ddp_result_t td_comm_init(ddp_comm_t **comm, int nranks, int rank, const ddp_comm_desc_t *d) {
+static T_UNUSED ddp_result_t t_dev_comm_init(ddp_comm_t **comm, int nranks, int rank, const ddp_comm_desc_t *d) {
     ddp_result_t r;
     const char *hostid = getenv("T_DEVICE_HOSTID");
-    if (td_real && hostid && hostid[0]) {   /* several ranks on one GPU: see tests/gpu/test_gpu.sh */
+    if (t_dev_real && hostid && hostid[0]) {   /* several ranks on one GPU: see tests/gpu/test_gpu.sh */
         char v[128];
         snprintf(v, sizeof v, "%s-rank%d", hostid, rank);
         setenv("NCCL_HOSTID", v, 1);
     }
     r = (ddp_comm_init)(comm, nranks, rank, d);
     if (r != DDP_SUCCESS) return r;
-    td_load();
-    if (!td_stream && td_cu.StreamCreateWithFlags(&td_stream, 1 /* cudaStreamNonBlocking */) != 0) {
-        fprintf(stderr, "t_device: cudaStreamCreateWithFlags failed\n");
+    t_dev_load();
+    if (!t_dev_stream && t_dev_cu.StreamCreateWithFlags(&t_dev_stream, 1 /* cudaStreamNonBlocking */) != 0) {
+        fprintf(stderr, "ddp_test_device: cudaStreamCreateWithFlags failed\n");
         exit(70);
     }
     /* a communicator that declined NCCL (a test of that) keeps the default stream */
-    return ddp_comm_device_enabled(*comm, NULL, 0) ? ddp_comm_set_cuda_stream(*comm, td_stream) : DDP_SUCCESS;
+    return ddp_comm_device_enabled(*comm, NULL, 0) ? ddp_comm_set_cuda_stream(*comm, t_dev_stream) : DDP_SUCCESS;
 }
 
-#define TD_WRAP2(call, sb, rb)                                                      \
+#define T_DEV_WRAP2(call, sb, rb)                                                      \
     do {                                                                           \
         ddp_result_t r_;                                                           \
-        td_copy(sendbuf, (sb), TD_H2D);                                            \
-        td_copy(recvbuf, (rb), TD_H2D);                                            \
+        t_dev_copy(sendbuf, (sb), T_DEV_H2D);                                            \
+        t_dev_copy(recvbuf, (rb), T_DEV_H2D);                                            \
         r_ = call;                                                                 \
-        if (r_ == DDP_SUCCESS) td_after(sendbuf, (sb), recvbuf, (rb));             \
+        if (r_ == DDP_SUCCESS) t_dev_after(sendbuf, (sb), recvbuf, (rb));             \
         return r_;                                                                 \
     } while (0)
 
-static T_UNUSED ddp_result_t td_all_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_all_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                            ddp_op_t op, ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt);
-    TD_WRAP2((ddp_all_reduce)(td_dev(sendbuf), td_dev(recvbuf), count, dt, op, c), b, b);
+    T_DEV_WRAP2((ddp_all_reduce)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, op, c), b, b);
 }
-static T_UNUSED ddp_result_t td_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                                ddp_op_t op, ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
-    TD_WRAP2((ddp_reduce_scatter)(td_dev(sendbuf), td_dev(recvbuf), count, dt, op, c), p * b, b);
+    T_DEV_WRAP2((ddp_reduce_scatter)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, op, c), p * b, b);
 }
-static T_UNUSED ddp_result_t td_all_gather(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_all_gather(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                            ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
-    TD_WRAP2((ddp_all_gather)(td_dev(sendbuf), td_dev(recvbuf), count, dt, c), b, p * b);
+    T_DEV_WRAP2((ddp_all_gather)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, c), b, p * b);
 }
-static T_UNUSED ddp_result_t td_broadcast(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_broadcast(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                           int root, ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt);
-    TD_WRAP2((ddp_broadcast)(td_dev(sendbuf), td_dev(recvbuf), count, dt, root, c), b, b);
+    T_DEV_WRAP2((ddp_broadcast)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, root, c), b, b);
 }
-static T_UNUSED ddp_result_t td_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_reduce(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                        ddp_op_t op, int root, ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt);
-    TD_WRAP2((ddp_reduce)(td_dev(sendbuf), td_dev(recvbuf), count, dt, op, root, c), b, b);
+    T_DEV_WRAP2((ddp_reduce)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, op, root, c), b, b);
 }
-static T_UNUSED ddp_result_t td_gather(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_gather(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                        int root, ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
-    TD_WRAP2((ddp_gather)(td_dev(sendbuf), td_dev(recvbuf), count, dt, root, c), b, p * b);
+    T_DEV_WRAP2((ddp_gather)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, root, c), b, p * b);
 }
-static T_UNUSED ddp_result_t td_scatter(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_scatter(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                         int root, ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
-    TD_WRAP2((ddp_scatter)(td_dev(sendbuf), td_dev(recvbuf), count, dt, root, c), p * b, b);
+    T_DEV_WRAP2((ddp_scatter)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, root, c), p * b, b);
 }
-static T_UNUSED ddp_result_t td_all_to_all(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
+static T_UNUSED ddp_result_t t_dev_all_to_all(const void *sendbuf, void *recvbuf, size_t count, ddp_dtype_t dt,
                                            ddp_comm_t *c) {
     size_t b = count * ddp_dtype_size(dt), p = (size_t)ddp_comm_size(c);
-    TD_WRAP2((ddp_all_to_all)(td_dev(sendbuf), td_dev(recvbuf), count, dt, c), p * b, p * b);
+    T_DEV_WRAP2((ddp_all_to_all)(t_dev_dev(sendbuf), t_dev_dev(recvbuf), count, dt, c), p * b, p * b);
 }
 
-#endif /* T_DEVICE_H */
+#endif /* DDP_TEST_DEVICE_H */

@@ -1,7 +1,7 @@
-/* tests/test_collectives2.c — reduce, gather, scatter, all-to-all, send/recv and groups, on real
+/* tests/test_rooted_collectives.c — reduce, gather, scatter, all-to-all, send/recv and groups, on real
  * processes, against a sequential reference. Prints TAP.
  *
- *   build/test_collectives2          (DDP_TEST_ONLY=substring runs the matching runs/scenarios)
+ *   build/test_rooted_collectives          (DDP_TEST_ONLY=substring runs the matching runs/scenarios)
  *
  * WHAT IS CHECKED, per case (one communicator per run; every case of the run goes through it):
  *   - reduce: the root's result bit for bit against a reference computed from every rank's
@@ -69,12 +69,12 @@ static shm_t *S;
 static tcase_t cases[MAXC];
 
 /* ------------------------------------------------------------------------- inputs, reference */
-static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return case_rnd(c->seed, rank, i); }
+static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return t_case_rnd(c->seed, rank, i); }
 
 /* Element i of rank's input, raw bits in the low dtype-size bytes. */
 static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
     uint64_t u = rnd(c, rank, i);
-    return c->coll != C_REDUCE ? u : exact_bits(c->dtype, c->op, u);
+    return c->coll != C_REDUCE ? u : t_exact_bits(c->dtype, c->op, u);
 }
 
 static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
@@ -90,28 +90,28 @@ static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) 
 
 static uint64_t ref_reduce(const tcase_t *c, int p, size_t gi) {
     int dt = c->dtype, op = c->op, r;
-    if (is_int(dt)) {
-        uint64_t acc = ext_int(dt, gen_bits(c, 0, gi));
+    if (t_is_int(dt)) {
+        uint64_t acc = t_ext_int(dt, gen_bits(c, 0, gi));
         for (r = 1; r < p; r++) {
-            uint64_t v = ext_int(dt, gen_bits(c, r, gi));
+            uint64_t v = t_ext_int(dt, gen_bits(c, r, gi));
             switch (op) {
             case DDP_SUM: case DDP_AVG: acc += v; break;
             case DDP_PROD: acc *= v; break;
-            case DDP_MAX: if (is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
-            default: if (is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
+            case DDP_MAX: if (t_is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
+            default: if (t_is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
             }
         }
         if (op == DDP_AVG) {
-            acc = ext_int(dt, acc);
-            acc = is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
+            acc = t_ext_int(dt, acc);
+            acc = t_is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
         }
         return acc;
     } else {
         uint64_t b0 = gen_bits(c, 0, gi), win = b0;
-        double acc = dec_float(dt, b0), best = acc;
+        double acc = t_dec_float(dt, b0), best = acc;
         for (r = 1; r < p; r++) {
             uint64_t b = gen_bits(c, r, gi);
-            double v = dec_float(dt, b);
+            double v = t_dec_float(dt, b);
             switch (op) {
             case DDP_SUM: case DDP_AVG: acc += v; break;
             case DDP_PROD: acc *= v; break;
@@ -121,18 +121,18 @@ static uint64_t ref_reduce(const tcase_t *c, int p, size_t gi) {
         }
         if (op == DDP_MAX || op == DDP_MIN) return win;
         if (op == DDP_AVG) {
-            if (dt == DDP_FLOAT64) return f64_bits(acc / (double)p);
+            if (dt == DDP_FLOAT64) return t_f64_bits(acc / (double)p);
             {
                 float q = (float)acc / (float)p;
-                if (dt == DDP_FLOAT32) return f32_bits(q);
+                if (dt == DDP_FLOAT32) return t_f32_bits(q);
                 return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
             }
         }
-        return enc_float(dt, acc);
+        return t_enc_float(dt, acc);
     }
 }
 
-/* Set by test_nccl2.c: NCCL's average divides each input by p before summing floats, so its
+/* Set by test_nccl_rooted.c: NCCL's average divides each input by p before summing floats, so its
  * bits can differ from the exact sum divided once: 1 when got is within the rounding of that
  * (p + 1 unit roundoffs of the sum of magnitudes / p, plus 2 of the result). */
 static int avg_divides_first;
@@ -140,10 +140,10 @@ static int avg_close(const tcase_t *c, int p, size_t gi, uint64_t got) {
     const int dt = c->dtype;
     const double u = dt == DDP_FLOAT16 ? 1.0 / 2048 : dt == DDP_BFLOAT16 ? 1.0 / 256 :
                      dt == DDP_FLOAT32 ? 1.0 / 16777216.0 : 1.0 / 9007199254740992.0;
-    double sum = 0, abssum = 0, ref, g = dec_float(dt, got);
+    double sum = 0, abssum = 0, ref, g = t_dec_float(dt, got);
     int r;
     for (r = 0; r < p; r++) {
-        double v = dec_float(dt, gen_bits(c, r, gi));
+        double v = t_dec_float(dt, gen_bits(c, r, gi));
         sum += v;
         abssum += v < 0 ? -v : v;
     }
@@ -300,7 +300,7 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
             uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1), g0 = 0, e0 = 0;
             for (i = 0; i < n; i++) {
                 uint64_t got = load_elem(rp, i, es), exp = ref_reduce(c, p, i) & mask;
-                if (got != exp && avg_divides_first && c->op == DDP_AVG && !is_int(c->dtype) &&
+                if (got != exp && avg_divides_first && c->op == DDP_AVG && !t_is_int(c->dtype) &&
                     avg_close(c, p, i, got)) continue;
                 if (got != exp && !bad++) { first = i; g0 = got; e0 = exp; }
             }
@@ -676,7 +676,7 @@ static void run_scenario(const char *mode, int p, int which, const char *name) {
     if (!t_selected(full)) return;
     sc.mode = mode; sc.p = p; sc.which = which;
     S = (shm_t *)t_shm_user(sizeof(shm_t));
-    nbad = run_ranks(p, scenario, &sc, 60);
+    nbad = t_run_ranks(p, scenario, &sc, 60);
     ok(nbad == 0 || which == SC_MISMATCH_COLL || which == SC_MISMATCH_P2P, "%s: ranks exited cleanly (%.1f s)", full,
        t_last_run.seconds);
     if (which == SC_MISMATCH_COLL || which == SC_MISMATCH_P2P) {
@@ -720,7 +720,7 @@ int main(void) {
         if (!t_selected(name)) continue;
         S = (shm_t *)t_shm_user(sizeof(shm_t));
         S->ncases = build_cases(&runs[i]);
-        nbad = run_ranks(runs[i].p, child, &runs[i], 120);
+        nbad = t_run_ranks(runs[i].p, child, &runs[i], 120);
         report_run(&runs[i], nbad);
     }
     for (m = 0; m < 3; m++) {
