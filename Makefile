@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT (see LICENSE)
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
 #   make test    every test (plain, then ASan+UBSan, TSan), header checks (C99/C11, C++11/17/20, gcc and clang)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT (see LICENSE)
 # A/B two builds of ddp-bench in one sitting, interleaved round by round (A B A B ...), so both
 # meet the same machine state: e.g. before and after a refactor.
 #   bench/ab.sh OLD_DDP_BENCH NEW_DDP_BENCH [ROUNDS]      (knobs: AB_CONFIGS, AB_SIZES, AB_ITERS, AB_OPS)

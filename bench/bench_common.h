@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/bench_common.h — the sweep, timing, checking and output shared by ddp_bench.c (libddp)
  * and mpi_allreduce_bench.c (MPI), so both measure the same way and their rows and JSON files
  * can be put side by side.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/bench_fork.h — how the libddp benchmarks start their ranks without a launcher: fork n
  * children on this host, each told the rank and a port on 127.0.0.1 for the rendezvous.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT (see LICENSE)
 # bench/bench_lib.sh — shell helpers shared by compare.sh and knobs.sh (bash; source it).
 # shellcheck shell=bash
 # The machine is small (2 cores) and shared, so every run records how much CPU other processes

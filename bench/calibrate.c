@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/calibrate.c — ddp-calibrate: measures the parameters of libddp's all-reduce cost model
  * (ddp_model.h) and writes them as a model file for DDP_MODEL.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT (see LICENSE)
 # bench/compare.sh — `make compare`: libddp's all-reduce next to Open MPI's and Gloo's, measured
 # side by side in one run (issue 3).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT (see LICENSE)
 """bench/compare_summary.py — the tables of `make compare` (bench/compare.sh), from its raw results.
 
 Run by compare.sh (which sets the environment below); can be re-run by hand on an old run:

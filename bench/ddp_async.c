@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/ddp_async.c — ddp-async: k all-reduces at once against k one after the other (issue 7).
  *
  *   make build/ddp-async

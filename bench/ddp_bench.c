@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/ddp_bench.c — ddp-bench: libddp's collectives over a size sweep, nccl-tests style.
  * Collectives (--coll, or -o): all_reduce reduce_scatter all_gather broadcast reduce gather scatter
  * all_to_all sendrecv (the last two out of place only).

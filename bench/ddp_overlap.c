@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/ddp_overlap.c — ddp-overlap: how much of the gradient all-reduce the bucket reducer hides
  * behind the backward pass (issue 8).
  *

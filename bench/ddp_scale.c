@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/ddp_scale.c — init and the first collective at scale: run under a launcher
  * (build/ddprun -n N build/ddp-scale). Every rank times ddp_comm_init_env and its first
  * all-reduce (one float, then 1 MiB); rank 0 prints the slowest rank's times and checks the

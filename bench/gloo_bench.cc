@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/gloo_bench.cc — the Gloo peer of ddp-bench (bench/ddp_bench.c) and mpi_allreduce_bench:
  * the same sweep, method, rows and JSON (bench/bench_common.h, which compiles as C++ too), timing
  * Gloo's collectives over Gloo's TCP transport, so compare.sh can put the three side by side.

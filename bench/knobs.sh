@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT (see LICENSE)
 # bench/knobs.sh — libddp's run-time knobs, one at a time from the defaults, at p = 2 and 4.
 #
 #   bench/knobs.sh [knobs.json]          (default bench/knobs.json)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/mpi_allreduce_bench.c — the same sweep, method, rows and JSON as ddp_bench.c (ddp-bench),
  * timing MPI's collectives instead of libddp's, so the two can be put side by side. (The name is
  * historical: it runs every collective ddp-bench does, -o all_reduce by default.)

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # bench/netns_bench.sh — libddp across emulated hosts: each host is a network namespace whose
 # link into a bridge is rate-limited both ways (tc tbf), so ranks on one host use shared memory
 # and ranks on different hosts share that host's "NIC". Runs build/ddp-bench as every rank (or

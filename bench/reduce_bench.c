@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/reduce_bench.c — speed of libddp's reduction kernels (ddp_reduce_local), the local work
  * of every reduce-scatter step, next to a plain loop and memcpy.
  *

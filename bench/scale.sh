@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT (see LICENSE)
 # Init + first all-reduce of N ranks on this host (make scale): the curve in docs/performance.md.
 #   bench/scale.sh [N ...]          (default 64 128 256 512 1024; SCALE_TRANSPORTS="tcp auto";
 #                                    auto stops at SCALE_SHM_MAX=256 ranks)

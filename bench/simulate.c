@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/simulate.c — ddp-simulate: what libddp's all-reduce cost model (ddp_model.h, compiled in
  * here: the very formulas the library picks with) predicts, for this machine's model or any
  * model file, at any scale. Model output, not measurements.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/store_bench.c — the rendezvous store under load: N clients do what every rank's init
  * does (agree on the world size, count in, publish a host and an address, wait for "ready",
  * read the communicator id and the host table), against one server, as processes x threads.

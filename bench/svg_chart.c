@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/svg_chart.c — draws bandwidth-by-size line charts as SVG from ddp-bench JSON files.
  *
  *   cc -std=c99 -O2 bench/svg_chart.c -o build/svg_chart -lm        (make builds it)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT (see LICENSE)
 # bench/sweep.sh — what `make bench` runs: ddp-bench over 8 B .. 64 MiB for p = 2 and 4, the four
 # ring collectives (COLLS="reduce gather scatter" or, out of place, COLLS="all_to_all sendrecv"
 # PLACEMENT=out for the others), every transport compiled in; one JSON per run and SVG charts.

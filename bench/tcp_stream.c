@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/tcp_stream.c — what this machine's TCP loopback and memory can do, as references for
  * the all-reduce numbers.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # bench/validate_model.sh — held-out validation of libddp's all-reduce cost model (ddp_model.h)
 # on emulated hosts (bench/netns_bench.sh: network namespaces, each host's link shaped with tc
 # tbf both ways). Fits the model on one set of measurements, then measures all-reduce on

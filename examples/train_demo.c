@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* train_demo.c — data-parallel training with libddp, the way DDP does it.
  *
  * A linear model y = x.w + b learns synthetic data (known true weights) by minibatch SGD.

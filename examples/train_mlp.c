@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* train_mlp.c — data-parallel SGD for a small MLP with libddp, checked against one process.
  *
  * What DistributedDataParallel promises, shown end to end: N ranks each hold a replica of an

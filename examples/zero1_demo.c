@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* zero1_demo.c — ZeRO-1 with libddp's flat-buffer reducer, checked against replicated AdamW.
  *
  * An llm.c-style trainer: one flat parameter buffer, one flat gradient buffer, AdamW written by

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT (see LICENSE)
 """tests/c10d_server.py — a real torch.distributed.TCPStore server for tests/test_c10d_store.c.
 
 Starts TCPStore(is_master=True) on 127.0.0.1 and a free port, prints "port N torch VERSION" and

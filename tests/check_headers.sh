@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT (see LICENSE)
 # Every libddp header compiles alone, declarations and implementation, with and without
 # DDP_STATIC (implementation), as C99/C11 and C++11/17/20, with gcc and clang; and next to every
 # other header in both orders (implementation, C99): for each header H, one file includes H first

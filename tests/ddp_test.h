@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/ddp_test.h — the harness of libddp's test suite: TAP output and real multi-process runs.
  *
  * Each test binary is one .c file that does

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/ddp_test_data.h — inputs whose reductions are exact in any order, shared by the
  * collective suites (test_collectives.c, test_rooted_collectives.c). Include after tests/ddp_test.h.
  *

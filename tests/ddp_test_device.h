@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/ddp_test_device.h — runs a host-buffer test's calls on device buffers, through the fake NCCL
  * and CUDA runtime of tests/fake_nccl (built into build/fake_nccl by make).
  *

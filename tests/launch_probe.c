@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/launch_probe.c — one rank of a job started by a launcher (ddprun, torchrun, mpirun, srun,
  * or none): ddp_comm_init_env, then proves that the communicator holds exactly this job's ranks.
  *

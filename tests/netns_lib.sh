@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/netns_lib.sh — emulated hosts for libddp: network namespaces on a Linux bridge, each
 # with its own link into a "switch" namespace, optionally rate-limited like a real NIC. Sourced
 # (POSIX sh) by tests/test_netns.sh and bench/netns_bench.sh; not run by itself. Needs root and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/netns_rank.c — one libddp rank for tests/test_netns.sh, which runs several of these in
  * network namespaces joined by a bridge ("hosts"). Rank, world size, master and job secret come
  * from the environment (ddp_comm_init_env); the transport is the best per peer (tcp across

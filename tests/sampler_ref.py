@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT (see LICENSE)
 """Reference data for tests/test_sampler.c, produced by real torch.
 
     /usr/bin/python3 tests/sampler_ref.py > tests/data/sampler_vectors.txt      # the golden file

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/tap.sh — TAP helpers shared by the shell tests (sourced by tests/test_*.sh, not run).
 #   ok DESC / notok DESC       print the next numbered result line
 #   check DESC COMMAND...      ok when COMMAND succeeds; else notok, with what the command left

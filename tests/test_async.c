@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_async.c — async requests, abort, get_async_error, comm_split (issue 7). TAP.
  *
  *   build/test_async           (DDP_TEST_ONLY=<scenario> runs one; `make test-tsan` builds this

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_auth.c — ddp_auth.h: SHA-256, HMAC-SHA256, constant-time comparison, nonces and
  * the challenge-response proofs every libddp connection uses. Prints TAP.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_bench.sh — ddp-bench (bench/ddp_bench.c), its chart writer and the `make bench`
 # script, end to end with tiny sizes. Run from the repository root (prove tests/test_bench.sh);
 # prints TAP. Uses build/ddp-bench and build/svg_chart when they are newer than their sources,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_c10d_store.c — ddp_store_connect_c10d, libddp's client of PyTorch's c10d TCPStore
  * (torchrun's agent store), against a real torch.distributed.TCPStore. Prints TAP.
  *

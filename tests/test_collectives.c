@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_collectives.c — every collective x dtype x op x count x world size, in place and out
  * of place, on real processes over loopback TCP, against a sequential reference. Prints TAP.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_ddprun.sh — the launcher tools/ddprun.c, end to end. Run from the repository root
 # (prove tests/test_ddprun.sh); prints TAP. Builds build/ddprun when it is missing or older than
 # its source, and build/ddprun_allreduce (a libddp program) for the integration checks.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_demo.sh — `make demo` (examples/train_mlp.c under build/ddprun), end to end. Run from
 # the repository root (prove tests/test_demo.sh); prints TAP. Builds build/train_mlp and
 # build/ddprun through make. Checks that the demo passes on 4 ranks and on 3 (8192 samples do

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_failures.c — what libddp does when things go wrong: bad arguments, dead, silent,
  * missing, duplicated and disagreeing ranks, strangers, bad environments. Prints TAP.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_flat_reducer.c — the reducer's flat-buffer mode and ZeRO-1 (issue 17). TAP.
  *
  *   build/test_flat_reducer     (DDP_TEST_ONLY=<scenario> runs one; DDP_TEST_QUICK=1: fewer

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_include_anywhere.sh — issue 16, "include anywhere": a trainer's implementation file
 # that includes <stdio.h> and <stdlib.h> first and defines no feature macro (no _GNU_SOURCE, no
 # _POSIX_C_SOURCE) builds against every libddp header, -Wall -Wextra -Wpedantic -Werror, as C99

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_install.sh — `make install` / `make uninstall` (issue 16), used as an installed user
 # would: install into a scratch prefix (mktemp -d), build an example outside the tree with only
 # `cc $(pkg-config --cflags --libs ddp)` (it includes "ddp.h" and "transports/ddp_tcp.h"), run it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_kernels.c — ddp_ring.h's local kernels and fp16/bf16 conversions against scalar
  * references written here. Prints TAP.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_launchers.sh — one libddp binary (tests/launch_probe.c) under every launcher, for
 # real: none (a world of one), torchrun's default mode (its agent's c10d store), a TCPStore
 # served from Python, two mpirun jobs at once, two srun jobs at once, and a rank of another job

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_model.c — the all-reduce cost model (ddp_model.h). Prints TAP.
  *
  *   build/test_model

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_nccl.c — the NCCL transport (transports/ddp_nccl.h): device buffers through the same
  * calls, against the fake NCCL/CUDA runtime (tests/fake_nccl), and the real NCCL's decline path
  * on a machine without a GPU. Prints TAP.

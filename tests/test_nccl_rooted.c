@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_nccl_rooted.c — reduce, gather, scatter and all-to-all on device buffers through the NCCL
  * transport, against the fake NCCL/CUDA runtime (tests/fake_nccl). Prints TAP.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_netns.sh — libddp across real network hops: three "hosts" made of network
 # namespaces on a Linux bridge (issue 14). Run from the repository root (prove
 # tests/test_netns.sh); prints TAP. Needs root, `ip` (iproute2) with working `ip netns`, and

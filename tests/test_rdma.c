@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_rdma.c — the ibverbs transport on a real (soft-RoCE) device. Prints TAP.
  *
  *   make test-rdma                                   (inside the VM: ../shared/rdma-vm/run.sh)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_reducer.c — the gradient bucket reducer (issue 8: PyTorch DDP's Reducer). TAP.
  *
  *   build/test_reducer          (DDP_TEST_ONLY=<scenario> runs one)

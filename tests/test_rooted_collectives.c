@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_rooted_collectives.c — reduce, gather, scatter, all-to-all, send/recv and groups, on real
  * processes, against a sequential reference. Prints TAP.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_sampler.c — ddp_sampler.h against vectors produced by real torch, plus properties.
  *
  *   build/test_sampler [vectors-file]     (default tests/data/sampler_vectors.txt; run from the

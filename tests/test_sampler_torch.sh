@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_sampler_torch.sh — ddp_sampler.h against the torch installed on this machine, live.
 #
 # tests/test_sampler.c checks the committed vectors (tests/data/sampler_vectors.txt); this script

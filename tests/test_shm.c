@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_shm.c — the shared-memory transport's own promises (issue 5). Prints TAP.
  *
  *   build/test_shm          (DDP_TEST_ONLY=<scenario name> runs one)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_store.c — the rendezvous key-value store (ddp_store_*), c10d TCPStore semantics,
  * with clients in several real processes over loopback TCP. Prints TAP.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_strangers.c — what strangers can do to a job's data connections: nothing. Prints TAP.
  *
  *   build/test_strangers          (DDP_TEST_ONLY=<scenario name> runs one; DDP_TEST_QUICK=1

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_stuck.c — a stopped (silent) rank is named on every survivor; misuse is an error;
  * destroy never waits on peers.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_threads.c — the in-process transport, transports/ddp_threads.h (issue 7). TAP.
  *
  *   build/test_threads      (DDP_TEST_ONLY=<scenario> runs one; DDP_TEST_QUICK=1, and the

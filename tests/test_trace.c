@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/test_trace.c — the timeline (DDP_TRACE) and the flight recorder (ddp_trace.h). Prints TAP.
  *
  *   - timeline: 3 ranks over TCP make all-reduces of three sizes, a broadcast, async requests and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_trace_demo.sh — `make demo`'s program (build/train_mlp on 4 ranks) under
 # `ddprun --trace`: the merged file is valid Chrome trace JSON (python3's json module), every
 # event complete (name, ph "X", ts, dur >= 0, pid = a rank, tid), all four ranks present, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddprun.c — launcher for libddp jobs: starts the ranks of one host, the way torchrun does.
  *
  *     cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror tools/ddprun.c -o build/ddprun

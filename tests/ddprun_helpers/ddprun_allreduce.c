@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddprun_allreduce.c — a libddp program for tests/test_ddprun.sh: proves that the environment
  * ddprun sets is enough for ddp_comm_init_env (ranks, rendezvous on the chosen port, the job
  * secret). Each rank contributes rank + 1; every rank checks the sum and prints one line.

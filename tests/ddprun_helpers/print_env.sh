@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # Prints, one per line as NAME=value (or NAME unset), every variable ddprun promises its ranks.
 # Used by tests/test_ddprun.sh to check the launcher's environment contract.
 for v in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK \

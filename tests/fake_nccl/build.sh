@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT (see LICENSE)
 # tests/fake_nccl/build.sh OUTDIR [EXTRA_CFLAGS...] — build the fake CUDA runtime and NCCL.
 #
 #   OUTDIR/libcudart.so.13   fake_cudart.c (soname libcudart.so.13)

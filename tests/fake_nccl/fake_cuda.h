@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/fake_nccl/fake_cuda.h — the private interface between the fake CUDA runtime
  * (fake_cudart.c, built as libcudart.so.13) and the fake NCCL (fake_nccl.c, libnccl.so.2).
  *

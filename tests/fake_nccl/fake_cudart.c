@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/fake_nccl/fake_cudart.c — a fake CUDA runtime (soname libcudart.so.13) for machines
  * without a GPU. transports/ddp_nccl.h dlopens it (DDP_CUDART_LIBRARY) instead of the real one,
  * and the fake NCCL (fake_nccl.c) links against it.

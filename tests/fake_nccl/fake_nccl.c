@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/fake_nccl/fake_nccl.c — a fake NCCL (soname libnccl.so.2) that really moves data between
  * ranks, for machines without a GPU. transports/ddp_nccl.h dlopens it (DDP_NCCL_LIBRARY); it is
  * linked against the fake CUDA runtime (fake_cudart.c) and finds it through RPATH $ORIGIN.

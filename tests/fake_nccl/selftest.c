@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/fake_nccl/selftest.c — TAP self-test of the fake CUDA runtime and the fake NCCL.
  *
  *     sh tests/fake_nccl/build.sh build/fake_nccl && prove -v build/fake_nccl/selftest

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/fuzz/fuzz_auth.c — libFuzzer harness for the store's handshake messages, both ends:
  * the client's parsers of the server's challenge and of its answer (_ddp_store_hs_hello,
  * _ddp_store_hs_welcome: what a fake master could send) and the server's HELLO handling on a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
 /* tests/fuzz/fuzz_store.c — libFuzzer harness for the store server's request parser and
  * handlers (ddp_store.h), driven from a buffer: no sockets, no thread.
  *
