@@ -364,6 +364,22 @@ static int never_joins(int rank, int p, void *arg) {
     return 0;
 }
 
+/* A rank's own log: stderr goes to a file from here (log_to), and is read back (log_read). */
+static int log_to(char *path, size_t cap, const char *name) {
+    snprintf(path, cap, "/tmp/ddp_test_%s.%d", name, (int)getpid());
+    return freopen(path, "w", stderr) != NULL;
+}
+static void log_read(const char *path, char *log, size_t cap) {
+    FILE *f;
+    size_t n;
+    fflush(stderr);
+    f = fopen(path, "r");
+    n = f ? fread(log, 1, cap - 1, f) : 0;
+    log[n] = 0;
+    if (f) fclose(f);
+    remove(path);
+}
+
 /* ----------------------------------------------------------------- a wait that speaks
  * A rank missing for longer than 10 s is named at WARN while the others still wait, by every
  * waiting rank, with the store's host saying it hosts it; the message is checked, not the time
@@ -373,21 +389,13 @@ static int never_joins_speaks(int rank, int p, void *arg) {
     ddp_comm_t *c = NULL;
     ddp_result_t r;
     char path[128], log[8192];
-    FILE *f;
-    size_t n;
     (void)arg;
     if (rank == p - 1) return 0;
-    snprintf(path, sizeof path, "/tmp/ddp_test_speaks.%d.%d", (int)getppid(), rank);
-    if (!freopen(path, "w", stderr)) return 1;
+    if (!log_to(path, sizeof path, "speaks")) return 1;
     t_desc(&d, 13000);
     d.log_level = 1 + DDP_LOG_WARN;   /* the default level */
     r = ddp_comm_init(&c, p, rank, &d);
-    fflush(stderr);
-    f = fopen(path, "r");
-    n = f ? fread(log, 1, sizeof log - 1, f) : 0;
-    log[n] = 0;
-    if (f) fclose(f);
-    remove(path);
+    log_read(path, log, sizeof log);
     ok(r != DDP_SUCCESS && c == NULL, "init fails without rank %d -> %s", p - 1, ddp_strerror(r));
     ok(strstr(log, "WARN") && strstr(log, "still waiting for rank 2 (check WORLD_SIZE") &&
        strstr(log, "2 of 3 ranks joined"), "while it waits, a WARN says 2 of 3 joined and names rank 2: %.300s",
@@ -406,21 +414,13 @@ static int wrong_port_speaks(int rank, int p, void *arg) {
     ddp_comm_t *c = NULL;
     ddp_result_t r;
     char path[128], log[8192], want[96];
-    FILE *f;
-    size_t n;
     (void)rank; (void)p; (void)arg;
-    snprintf(path, sizeof path, "/tmp/ddp_test_wrongport.%d", (int)getpid());
-    if (!freopen(path, "w", stderr)) return 1;
+    if (!log_to(path, sizeof path, "wrongport")) return 1;
     t_desc(&d, 12500);
     d.master_port = t_free_port();   /* nobody listens there */
     d.log_level = 1 + DDP_LOG_WARN;
     r = ddp_comm_init(&c, 2, 1, &d);
-    fflush(stderr);
-    f = fopen(path, "r");
-    n = f ? fread(log, 1, sizeof log - 1, f) : 0;
-    log[n] = 0;
-    if (f) fclose(f);
-    remove(path);
+    log_read(path, log, sizeof log);
     snprintf(want, sizeof want, "WARN store: connecting to 127.0.0.1:%d for ", d.master_port);   /* then "N s: " */
     ok(r == DDP_ERR_TIMEOUT && c == NULL, "init as rank 1 with a port nobody serves -> %s", ddp_strerror(r));
     ok(strstr(log, want) && strstr(log, "MASTER_ADDR/MASTER_PORT the same on every rank"),
