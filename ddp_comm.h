@@ -313,6 +313,8 @@ struct ddp_comm {
     ddp_allocator_t alloc;
     ddp_result_t error;            /* sticky: set by a failed collective */
     int init_probe;                /* trying a transport under "auto": its failure is a notice */
+    int op_quiet;                  /* an operation runs on op_thread: its failures are logged once, */
+    pthread_t op_thread;           /* at its end, whole (atomic: other threads read it) */
     int64_t init_deadline_us;      /* the whole rendezvous ends by then (0: no timeout) */
     char last_error[1024];
     /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
@@ -457,7 +459,8 @@ DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *c, ddp_result_t r, const char *fm
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(c->last_error, sizeof c->last_error, "rank %d: %s [%s]", c->eng.rank, msg, ddp_strerror(r));
-    if (!c->init_probe) _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
+    if (!c->init_probe && !(__atomic_load_n(&c->op_quiet, __ATOMIC_ACQUIRE) && pthread_equal(c->op_thread, pthread_self())))
+        _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
     return r;
 }
 
@@ -3004,8 +3007,39 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     return c->coll && row->by_transport ? row->by_transport(c, o) : row->by_algorithm(c, o);
 }
 
+/* The flight recorder's dump, with a failure: in the log at DDP_DEBUG=INFO or finer; at the
+ * default level in a file that one WARN line names, so a failure costs a rank at most three
+ * lines at WARN (the error, where the dump is, "communicator is now unusable"). */
+typedef struct { const ddp_comm_t *c; FILE *f; } _ddp_dump_sink_t;
+
 _DDP_PRIVATE void _ddp_trace_log_line(void *arg, const char *s) {
-    ddp_comm_log((const ddp_comm_t *)arg, DDP_LOG_WARN, "%s", s);
+    _ddp_dump_sink_t *k = (_ddp_dump_sink_t *)arg;
+    if (k->f) fprintf(k->f, "%s\n", s);
+    else ddp_comm_log(k->c, DDP_LOG_INFO, "%s", s);
+}
+
+_DDP_PRIVATE void _ddp_flight_dump(ddp_comm_t *c) {
+    _ddp_dump_sink_t k;
+    char path[512];
+    const char *dir = getenv("TMPDIR");
+    const unsigned long long n = c->trace.n, shown = n > _DDP_FLIGHT_DUMP ? _DDP_FLIGHT_DUMP : n;
+    k.c = c;
+    k.f = NULL;
+    if (c->eng.log_level >= DDP_LOG_INFO) { _ddp_trace_dump(&c->trace, _ddp_trace_log_line, &k); return; }
+    if (c->eng.log_level < DDP_LOG_WARN || !n) return;
+    snprintf(path, sizeof path, "%s/libddp-flight-rank%d-pid%ld.txt", dir && *dir ? dir : "/tmp",
+             c->eng.rank, (long)getpid());
+    k.f = fopen(path, "a");
+    if (!k.f) {
+        _DDP_LOG(c, DDP_LOG_WARN, "flight recorder: cannot write %s (%s); DDP_DEBUG=INFO logs this "
+                 "rank's last calls with a failure", path, strerror(errno));
+        return;
+    }
+    fprintf(k.f, "%s\n", c->last_error);
+    _ddp_trace_dump(&c->trace, _ddp_trace_log_line, &k);
+    fclose(k.f);
+    _DDP_LOG(c, DDP_LOG_WARN, "flight recorder: the last %llu of this rank's %llu calls are in %s "
+             "(DDP_DEBUG=INFO logs them instead)", shown, n, path);
 }
 
 /* Every host operation passes here: the flight recorder's record around it, and on a failure
@@ -3017,10 +3051,17 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
                     c->progress_on && pthread_equal(pthread_self(), c->lanes[0].thread) ? 1 : 0;
     _ddp_trace_begin(&c->trace, c->eng.seq + 1, _ddp_kind_name(o->kind), o->count,
                      _ddp_op_bytes(c, o, 1), (int)o->dtype, (int)o->op, o->root, tid);
+    /* A failure inside is said once, whole, when the communicator is poisoned (_ddp_finish):
+     * not again at each layer that adds its context (transport, algorithm, call). */
+    c->op_thread = pthread_self();
+    __atomic_store_n(&c->op_quiet, 1, __ATOMIC_RELEASE);
     r = _ddp_run_op_raw(c, o);
+    __atomic_store_n(&c->op_quiet, 0, __ATOMIC_RELEASE);
     _ddp_trace_end(&c->trace, r);
-    if (r != DDP_SUCCESS && c->eng.log_level >= DDP_LOG_WARN) _ddp_trace_dump(&c->trace, _ddp_trace_log_line, c);
-    return _ddp_finish(c, r);
+    if (r == DDP_SUCCESS) return r;
+    r = _ddp_finish(c, r);
+    _ddp_flight_dump(c);
+    return r;
 }
 
 /* ---------------------------------------------------------------- device (GPU) buffers

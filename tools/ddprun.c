@@ -1006,8 +1006,11 @@ static void print_failure(const job_t *j, const outcome_t *oc, int attempt) {
         appendf(b, cap, &k, "ddprun: rank %d wrote nothing to stderr\n", r->rank);
     } else {
         appendf(b, cap, &k, "ddprun: last %d stderr line%s of rank %d:\n", r->tail_n, r->tail_n == 1 ? "" : "s", r->rank);
-        for (i = 0; i < r->tail_n; i++)
-            appendf(b, cap, &k, "[rank %d] %s\n", r->rank, r->tail[(r->tail_next - r->tail_n + i + TAIL_LINES) % TAIL_LINES]);
+        for (i = 0; i < r->tail_n; i++) {
+            const char *t = r->tail[(r->tail_next - r->tail_n + i + TAIL_LINES) % TAIL_LINES];
+            if (names_its_rank(r, t, strlen(t))) appendf(b, cap, &k, "%s\n", t);   /* one prefix */
+            else appendf(b, cap, &k, "[rank %d] %s\n", r->rank, t);
+        }
     }
     if (write(2, b, k) < 0) { /* nowhere left to report to */ }
     free(b);
