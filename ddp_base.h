@@ -22,7 +22,7 @@
  * headers and, if <features.h> has already run (an earlier #include), runs it again, so every
  * system header included from there on has POSIX. ISO C headers included before that keep
  * their ISO-only contents: libddp uses nothing POSIX from <stdio.h>, <stdlib.h> or <string.h>,
- * and declares what it uses of <time.h> (clock_gettime, nanosleep, the two clock ids, exactly
+ * and declares what it uses of <time.h> (clock_gettime, nanosleep, gmtime_r, the two clock ids, exactly
  * as POSIX and Linux define them) when that came first without them. A POSIX header included
  * first under strict ISO C cannot be repaired and stops the build with an #error that says so.
  * The rest of that file sees _DEFAULT_SOURCE; code of your own there that uses POSIX should still
@@ -218,6 +218,7 @@ extern "C" {
 #endif
 extern int clock_gettime(clockid_t clock_id, struct timespec *tp);
 extern int nanosleep(const struct timespec *rqtp, struct timespec *rmtp);
+extern struct tm *gmtime_r(const time_t *timep, struct tm *result);
 #ifdef __cplusplus
 }
 #endif
@@ -303,24 +304,44 @@ _DDP_PRIVATE size_t _ddp_parse_size(const char *s) {
     return *end ? 0 : (size_t)v;
 }
 
-_DDP_PRIVATE int _ddp_log_level_from_env(void) {
-    const char *s = getenv("DDP_DEBUG");
+/* DDP_DEBUG's level (NCCL_DEBUG's names); -1 for a value that is none of them. */
+_DDP_PRIVATE int _ddp_log_level_parse(const char *s) {
     if (!s || !*s) return DDP_LOG_WARN;   /* failures are always told, as NCCL's WARN */
     if (!strcasecmp(s, "NONE") || !strcmp(s, "0") || !strcasecmp(s, "OFF")) return DDP_LOG_NONE;
-    if (!strcasecmp(s, "WARN")) return DDP_LOG_WARN;
+    if (!strcasecmp(s, "WARN") || !strcasecmp(s, "VERSION")) return DDP_LOG_WARN;
     if (!strcasecmp(s, "INFO")) return DDP_LOG_INFO;
     if (!strcasecmp(s, "TRACE")) return DDP_LOG_TRACE;
-    if (!strcasecmp(s, "VERSION")) return DDP_LOG_WARN;
-    return DDP_LOG_WARN;
+    return -1;
+}
+
+/* An unknown value means WARN (the communicator's init says so). */
+_DDP_PRIVATE int _ddp_log_level_from_env(void) {
+    const int l = _ddp_log_level_parse(getenv("DDP_DEBUG"));
+    return l < 0 ? DDP_LOG_WARN : l;
 }
 
 static const char *const _ddp_level_names[] = {"", "WARN", "INFO", "TRACE"};
 
 /* One write(2) per line so ranks sharing a terminal never interleave mid-line. */
+/* "[ddp rank 3] " (or "[ddp init] " before the rank is known), then for WARN the wall-clock time
+ * in UTC (ISO 8601, to the millisecond: lines of several hosts sort together), then the level. */
+_DDP_PRIVATE int _ddp_log_head(char *line, size_t cap, int rank, int level) {
+    char when[48] = "";
+    if (level == DDP_LOG_WARN) {
+        struct timespec ts;
+        struct tm tm;
+        size_t k;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (gmtime_r(&ts.tv_sec, &tm) && (k = strftime(when, sizeof when - 8, "%Y-%m-%dT%H:%M:%S", &tm)) > 0)
+            snprintf(when + k, sizeof when - k, ".%03dZ ", (int)(ts.tv_nsec / 1000000) % 1000);
+    }
+    return rank < 0 ? snprintf(line, cap, "[ddp init] %s%s ", when, _ddp_level_names[level])
+                    : snprintf(line, cap, "[ddp rank %d] %s%s ", rank, when, _ddp_level_names[level]);
+}
+
 _DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
     char line[2048];
-    int n = rank < 0 ? snprintf(line, sizeof line, "[ddp init] %s ", _ddp_level_names[level])   /* rank not known yet */
-                     : snprintf(line, sizeof line, "[ddp rank %d] %s ", rank, _ddp_level_names[level]);
+    int n = _ddp_log_head(line, sizeof line, rank, level);
     if (n < 0) return;
     if ((size_t)n < sizeof line) {
         int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
@@ -333,8 +354,9 @@ _DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
 
 _DDP_PRIVATE void _ddp_log_str(int rank, int level, const char *msg) {
     char line[1200];
-    int n = rank < 0 ? snprintf(line, sizeof line, "[ddp init] %s %s\n", _ddp_level_names[level], msg)
-                     : snprintf(line, sizeof line, "[ddp rank %d] %s %s\n", rank, _ddp_level_names[level], msg);
+    int n = _ddp_log_head(line, sizeof line, rank, level);
+    if (n < 0 || (size_t)n >= sizeof line) return;
+    n += snprintf(line + n, sizeof line - (size_t)n, "%s\n", msg);
     if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) { }
 }
 

@@ -1277,6 +1277,12 @@ _DDP_PRIVATE ddp_result_t _ddp_init_tuning(ddp_comm_t *c, const ddp_comm_desc_t 
     const char *s;
     long v;
     c->eng.log_level = d->log_level ? d->log_level - 1 : _ddp_log_level_from_env();
+    s = getenv("DDP_DEBUG");
+    if (!d->log_level && s && _ddp_log_level_parse(s) < 0)
+        _DDP_LOG(c, DDP_LOG_WARN, "DDP_DEBUG='%s' is not a level: NONE, WARN, INFO, TRACE or VERSION "
+                 "(NCCL_DEBUG's names); WARN is in force", s);
+    else if (!d->log_level && s && !strcasecmp(s, "VERSION") && c->eng.rank == 0)
+        _DDP_LOG(c, DDP_LOG_WARN, "libddp %d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR);
     c->eng.timeout_ms = d->timeout_ms ? d->timeout_ms : _ddp_env_timeout_ms();
     s = getenv("DDP_TIMEOUT_MS");
     if (!d->timeout_ms && s && _ddp_parse_long(s, -1, INT_MAX, &v) != 0)
@@ -1393,9 +1399,11 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     c->eng.scratch = (unsigned char *)_ddp_alloc(&c->alloc, c->eng.scratch_bytes);
     if (!c->peers || !c->eng.scratch || !c->p2p) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating");
     for (i = 0; i < nranks; i++) c->peers[i].tinst = -1;
-    _DDP_LOG(c, DDP_LOG_INFO, "init: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
-             "segment %zu bytes, transport %s", c->eng.rank, nranks, c->master_addr, c->master_port,
-             c->eng.timeout_ms, c->eng.spin_us, c->eng.segment_bytes, forced ? forced : "auto");
+    _DDP_LOG(c, DDP_LOG_INFO, "libddp %d.%d: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
+             "segment %zu bytes, transport %s, DDP_ALGO %s, async lanes %d", DDP_VERSION_MAJOR,
+             DDP_VERSION_MINOR, c->eng.rank, nranks, c->master_addr, c->master_port, c->eng.timeout_ms,
+             c->eng.spin_us, c->eng.segment_bytes, forced ? forced : "auto",
+             getenv("DDP_ALGO") && *getenv("DDP_ALGO") ? getenv("DDP_ALGO") : "auto", c->want_lanes);
     *forced_out = forced;
     return DDP_SUCCESS;
 }

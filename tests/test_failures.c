@@ -822,6 +822,27 @@ static void set_env(const char *spec) {
     }
 }
 
+/* ddp_comm_init_env with stderr caught: what it logged, in log. */
+static ddp_result_t init_env_log(ddp_comm_t **c, char *log, size_t cap) {
+    char path[128];
+    int saved = dup(2), fd;
+    ssize_t n = 0;
+    ddp_result_t r = DDP_ERR_SYSTEM;
+    snprintf(path, sizeof path, "/tmp/ddp_test_initlog.%d", (int)getpid());
+    fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    if (fd >= 0 && saved >= 0) {
+        dup2(fd, 2);
+        r = ddp_comm_init_env(c, NULL);
+        dup2(saved, 2);
+        n = pread(fd, log, cap - 1, 0);
+    }
+    log[n > 0 ? n : 0] = 0;
+    if (fd >= 0) close(fd);
+    if (saved >= 0) close(saved);
+    remove(path);
+    return r;
+}
+
 static int env_cases(int rank, int p, void *arg) {
     static const struct { const char *env; const char *names; } bad[] = {
         {"RANK=0", "WORLD_SIZE"},
@@ -857,27 +878,26 @@ static int env_cases(int rank, int p, void *arg) {
         ok(strstr(ddp_last_init_error(), bad[i].names) != NULL, "... and ddp_last_init_error names %s: %s", bad[i].names, ddp_last_init_error());
         if (c) ddp_comm_destroy(c);
     }
-    {   /* Before the rank is known a message says "init", not a rank of -1. */
-        char path[128], log[1024];
-        int saved = dup(2), fd;
-        ssize_t n = 0;
-        snprintf(path, sizeof path, "/tmp/ddp_test_initlog.%d", (int)getpid());
+    {   /* Before the rank is known a message says "init", not a rank of -1; a WARN line carries
+         * the time (UTC, ISO 8601); an unknown DDP_DEBUG is a WARN naming the accepted values. */
+        char log[2048];
+        int y, mo, dd, h, mi, sec, ms;
+        char z = 0;
         set_env("RANK=x WORLD_SIZE=2");
         setenv("DDP_DEBUG", "WARN", 1);
-        fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
-        if (fd >= 0 && saved >= 0) {
-            dup2(fd, 2);
-            c = NULL;
-            ddp_comm_init_env(&c, NULL);
-            dup2(saved, 2);
-            n = pread(fd, log, sizeof log - 1, 0);
-        }
-        log[n > 0 ? n : 0] = 0;
-        if (fd >= 0) close(fd);
-        if (saved >= 0) close(saved);
-        remove(path);
-        ok(strncmp(log, "[ddp init] WARN init: RANK='x'", 30) == 0 && !strstr(log, "rank -1"),
+        c = NULL;
+        init_env_log(&c, log, sizeof log);
+        ok(strncmp(log, "[ddp init] ", 11) == 0 && strstr(log, " WARN init: RANK='x'") && !strstr(log, "rank -1"),
            "a message before the rank is known begins '[ddp init]': %s", log);
+        ok(sscanf(log, "[ddp init] %4d-%2d-%2dT%2d:%2d:%2d.%3d%c WARN", &y, &mo, &dd, &h, &mi, &sec, &ms, &z) == 8 &&
+           z == 'Z' && y >= 2024 && mo >= 1 && mo <= 12, "a WARN line carries the UTC time to the millisecond: %.60s", log);
+        set_env("");
+        setenv("DDP_DEBUG", "bogus", 1);
+        c = NULL;
+        init_env_log(&c, log, sizeof log);
+        ok(c != NULL && strstr(log, "WARN DDP_DEBUG='bogus' is not a level: NONE, WARN, INFO, TRACE or VERSION"),
+           "DDP_DEBUG=bogus: a WARN names the accepted values: %s", log);
+        if (c) ddp_comm_destroy(c);
         clear_env();
     }
     ok(ddp_comm_init_env(NULL, NULL) == DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init_env(NULL comm out)");

@@ -403,7 +403,7 @@ for r in $(seq 0 $((WORLD - 1))); do
     t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/cut.$r.out")
     echo "# rank $r (host $(netns_host_of $r)) exit $(rc_of $r)${t:+, error $((t - t_cut)) ms after the cut}:"
     grep -E ' (ERROR|FAIL|destroy|no error)' "$tmp/cut.$r.out" | diag
-    grep -v '^\[ddp rank [0-9]*\] WARN' "$tmp/cut.$r.err" | head -3 | diag
+    grep -v '^\[ddp rank [0-9]*\] [0-9TZ:.-]* *WARN' "$tmp/cut.$r.err" | head -3 | diag
 done
 # errored R...: each rank R exited 2 (a collective returned an error) and its ERROR line came
 # within the timeout + 15 s of the cut (the stuck-rank search adds up to timeout/2).
