@@ -238,22 +238,31 @@ static struct item *item_new(enum item_kind kind, struct event *ev, uint64_t n) 
 
 /* ---------------------------------------------------------------- stream workers */
 
+/* Runs an item outside g.mu: work, or a wait for an event. What an item marks (an event
+ * reached) is marked by the worker under g.mu together with the stream's completion count, so a
+ * caller woken by the mark never sees the item still pending (cudaDeviceSynchronize, then
+ * cudaStreamQuery on the same stream, must say idle). */
 static void run_item(struct stream *s, struct item *it) {
     (void)s;
     if (it->kind == ITEM_WORK) {
         it->fn(it->arg);
         return;
     }
+    if (it->kind == ITEM_MARKER || it->kind == ITEM_TICK) return;
     pthread_mutex_lock(&g.mu);
+    while (it->ev->reached < it->n) pthread_cond_wait(&g.progress, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+}
+
+/* The item's mark and its event reference (g.mu held). */
+static void finish_item(struct item *it) {
+    if (it->kind == ITEM_WORK) return;
     if (it->kind == ITEM_MARKER) {
         if (it->n > it->ev->reached) it->ev->reached = it->n;
     } else if (it->kind == ITEM_TICK) {
         it->ev->reached++;
-    } else {
-        while (it->ev->reached < it->n) pthread_cond_wait(&g.progress, &g.mu);
     }
     event_unref(it->ev);
-    pthread_mutex_unlock(&g.mu);
 }
 
 static void *stream_worker(void *arg) {
@@ -277,8 +286,9 @@ static void *stream_worker(void *arg) {
         if (!s->head) s->tail = NULL;
         pthread_mutex_unlock(&g.mu);
         run_item(s, it);
-        free(it);
         pthread_mutex_lock(&g.mu);
+        finish_item(it);
+        free(it);
         s->completed++;
         pthread_cond_broadcast(&g.progress);
     }
