@@ -88,6 +88,9 @@ typedef enum { DDP_SUM = 0, DDP_PROD, DDP_MAX, DDP_MIN, DDP_AVG } ddp_op_t;
 #define DDP_NUM_OPS 5
 
 typedef enum { DDP_LOG_NONE = 0, DDP_LOG_WARN, DDP_LOG_INFO, DDP_LOG_TRACE } ddp_log_level_t;
+/* A trainer's logger (desc.log_fn): each line of libddp's log, without libddp's prefix, with its
+ * level and rank (-1 before the rank is known). Called from libddp's threads too. */
+typedef void (*ddp_log_fn_t)(void *user, ddp_log_level_t level, int rank, const char *msg);
 
 /* What operation a call is: the one numbering of libddp's operations, used by the algorithms'
  * message tags and their digests, the communicator's queue and log lines, and the transports
@@ -339,25 +342,39 @@ _DDP_PRIVATE int _ddp_log_head(char *line, size_t cap, int rank, int level) {
                     : snprintf(line, cap, "[ddp rank %d] %s%s ", rank, when, _ddp_level_names[level]);
 }
 
-_DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
+/* Where a communicator's (or a store's) lines go: the user's function, else a descriptor
+ * (stderr, or DDP_DEBUG_FILE's file). */
+typedef struct {
+    ddp_log_fn_t fn;
+    void *user;
+    int fd;
+} _ddp_log_sink_t;
+
+/* One line to a sink (NULL: stderr): one write(2), so ranks sharing a file never interleave. */
+_DDP_PRIVATE void _ddp_log_emit(const _ddp_log_sink_t *k, int rank, int level, const char *msg) {
     char line[2048];
-    int n = _ddp_log_head(line, sizeof line, rank, level);
-    if (n < 0) return;
-    if ((size_t)n < sizeof line) {
-        int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-        if (m > 0) n += m;
-    }
+    int n;
+    if (k && k->fn) { k->fn(k->user, (ddp_log_level_t)level, rank, msg); return; }
+    n = _ddp_log_head(line, sizeof line, rank, level);
+    if (n < 0 || (size_t)n >= sizeof line) return;
+    n += snprintf(line + n, sizeof line - (size_t)n, "%s", msg);
     if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
     line[n++] = '\n';
-    if (write(2, line, (size_t)n) < 0) { /* nowhere left to report it */ }
+    if (write(k ? k->fd : 2, line, (size_t)n) < 0) { /* nowhere left to report it */ }
+}
+
+_DDP_PRIVATE void _ddp_vlog_to(const _ddp_log_sink_t *k, int rank, int level, const char *fmt, va_list ap) {
+    char msg[1900];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    _ddp_log_emit(k, rank, level, msg);
+}
+
+_DDP_PRIVATE void _ddp_vlog(int rank, int level, const char *fmt, va_list ap) {
+    _ddp_vlog_to(NULL, rank, level, fmt, ap);
 }
 
 _DDP_PRIVATE void _ddp_log_str(int rank, int level, const char *msg) {
-    char line[1200];
-    int n = _ddp_log_head(line, sizeof line, rank, level);
-    if (n < 0 || (size_t)n >= sizeof line) return;
-    n += snprintf(line + n, sizeof line - (size_t)n, "%s\n", msg);
-    if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0) { }
+    _ddp_log_emit(NULL, rank, level, msg);
 }
 
 /* A wait that lasts says what it waits for, at WARN: after 10 s, 30 s, 60 s, then every 5

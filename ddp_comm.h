@@ -78,6 +78,8 @@ typedef struct ddp_comm_desc {
     int spin_us;                  /* 0: DDP_SPIN_US, else measured default; < 0 = never spin */
     int log_level;                /* 0: DDP_DEBUG; else a ddp_log_level_t + 1 (1 = silence) */
     const ddp_allocator_t *allocator; /* communicator + transport memory (the store: DDP_MALLOC) */
+    ddp_log_fn_t log_fn;          /* NULL: stderr, or DDP_DEBUG_FILE; else every line, to this */
+    void *log_user;               /* handed to log_fn */
 } ddp_comm_desc_t;
 
 /* ---- communicator ---- */
@@ -313,6 +315,8 @@ struct ddp_comm {
     ddp_allocator_t alloc;
     ddp_result_t error;            /* sticky: set by a failed collective */
     int init_probe;                /* trying a transport under "auto": its failure is a notice */
+    _ddp_log_sink_t log;           /* desc.log_fn, or DDP_DEBUG_FILE's descriptor, or stderr */
+    int log_file;                  /* log.fd is DDP_DEBUG_FILE's: closed at destroy */
     int op_quiet;                  /* an operation runs on op_thread: its failures are logged once, */
     pthread_t op_thread;           /* at its end, whole (atomic: other threads read it) */
     int64_t init_deadline_us;      /* the whole rendezvous ends by then (0: no timeout) */
@@ -446,8 +450,37 @@ DDP_API void ddp_comm_log(const ddp_comm_t *c, ddp_log_level_t level, const char
     va_list ap;
     if (!c || c->eng.log_level < (int)level || level == DDP_LOG_NONE) return;
     va_start(ap, fmt);
-    _ddp_vlog(c->eng.rank, level, fmt, ap);
+    _ddp_vlog_to(&c->log, c->eng.rank, level, fmt, ap);
     va_end(ap);
+}
+
+/* The communicator's store logs where the communicator does. */
+_DDP_PRIVATE void _ddp_store_log_fwd(void *user, ddp_log_level_t level, int rank, const char *msg) {
+    _ddp_log_emit(&((const ddp_comm_t *)user)->log, rank, (int)level, msg);
+}
+
+/* DDP_DEBUG_FILE (NCCL_DEBUG_FILE's form): the log goes to this file, %r the rank, %p the pid,
+ * %h the host name; appended to. Unless desc.log_fn takes the lines. */
+_DDP_PRIVATE void _ddp_log_open_file(ddp_comm_t *c, const char *tmpl) {
+    char path[512], host[128] = "";
+    size_t o = 0;
+    int fd;
+    gethostname(host, sizeof host - 1);
+    for (; *tmpl && o + 24 < sizeof path; tmpl++) {
+        if (tmpl[0] == '%' && tmpl[1] == 'r') { o += (size_t)snprintf(path + o, sizeof path - o, "%d", c->eng.rank); tmpl++; }
+        else if (tmpl[0] == '%' && tmpl[1] == 'p') { o += (size_t)snprintf(path + o, sizeof path - o, "%ld", (long)getpid()); tmpl++; }
+        else if (tmpl[0] == '%' && tmpl[1] == 'h') { o += (size_t)snprintf(path + o, sizeof path - o, "%.100s", host); tmpl++; }
+        else path[o++] = *tmpl;
+        if (o >= sizeof path) o = sizeof path - 1;
+    }
+    path[o] = 0;
+    fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        ddp_comm_log(c, DDP_LOG_WARN, "DDP_DEBUG_FILE: cannot open %s (%s); logging to stderr", path, strerror(errno));
+        return;
+    }
+    c->log.fd = fd;
+    c->log_file = 1;
 }
 #define _DDP_LOG(c, lvl, ...) do { if ((c)->eng.log_level >= (lvl)) ddp_comm_log((c), (lvl), __VA_ARGS__); } while (0)
 
@@ -799,6 +832,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
         pthread_cond_destroy(&c->acv);
         pthread_cond_destroy(&c->adone);
     }
+    if (c->log_file) close(c->log.fd);
     _ddp_free(&a, c);
     return DDP_SUCCESS;
 }
@@ -1277,6 +1311,9 @@ _DDP_PRIVATE ddp_result_t _ddp_init_tuning(ddp_comm_t *c, const ddp_comm_desc_t 
     const char *s;
     long v;
     c->eng.log_level = d->log_level ? d->log_level - 1 : _ddp_log_level_from_env();
+    c->log.fn = d->log_fn;
+    c->log.user = d->log_user;
+    if (!d->log_fn && (s = getenv("DDP_DEBUG_FILE")) && *s) _ddp_log_open_file(c, s);
     s = getenv("DDP_DEBUG");
     if (!d->log_level && s && _ddp_log_level_parse(s) < 0)
         _DDP_LOG(c, DDP_LOG_WARN, "DDP_DEBUG='%s' is not a level: NONE, WARN, INFO, TRACE or VERSION "
@@ -1428,6 +1465,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
         sd.secret = d->job_secret;
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = rank + 1;
+        if (c->log.fn || c->log_file) { sd.log_fn = _ddp_store_log_fwd; sd.log_user = c; }
         if (_ddp_torchrun_agent_store()) {
             /* torchrun (not --standalone) already serves a c10d TCPStore on MASTER_PORT: every
              * rank is a client of it. It outlives worker restarts, so the keys of this attempt
@@ -1920,6 +1958,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
                                 "alloc and free");
     c = (ddp_comm_t *)_ddp_calloc(d->allocator, sizeof *c);
     if (!c) return _ddp_init_refuse(DDP_ERR_OUT_OF_MEMORY, "ddp_comm_init: allocating the communicator");
+    c->log.fd = 2;   /* stderr until the settings say otherwise */
     pthread_mutex_init(&c->amu, NULL);
     pthread_cond_init(&c->acv, NULL);
     pthread_cond_init(&c->adone, NULL);
@@ -2641,6 +2680,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         sd.secret = "";                /* the lane's client takes the store's stretched key */
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = c->eng.rank + 1;
+        if (c->log.fn || c->log_file) { sd.log_fn = _ddp_store_log_fwd; sd.log_user = c; }
         if ((r = _ddp_store_client_like(&client, c->store, &sd, err, sizeof err)) != DDP_SUCCESS) {
             ddp_comm_fail(c, r, "init: async lane %d: connecting to the store at %s:%d: %.400s", i,
                           c->store->host, c->store->port, err);
@@ -2659,6 +2699,8 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
         d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
         d.allocator = c->alloc.alloc ? &c->alloc : NULL;
+        d.log_fn = c->log.fn;   /* a lane logs where its communicator does */
+        d.log_user = c->log.user;
         c->lanes[i].owner = c;
         memset(&lane, 0, sizeof lane);
         lane.is_lane = 1;
@@ -3573,6 +3615,8 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
     d.log_level = c->eng.log_level + 1;
     d.allocator = c->alloc.alloc ? &c->alloc : NULL;
+    d.log_fn = c->log.fn;   /* the child logs where its parent does */
+    d.log_user = c->log.user;
     _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
              color, key, me, n, prefix);
     memset(&child, 0, sizeof child);

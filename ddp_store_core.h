@@ -44,6 +44,8 @@ typedef struct ddp_store_desc {
     const char *secret;           /* NULL: DDP_JOB_SECRET, else none ("" = none) */
     int log_level;                /* as in ddp_comm_desc_t */
     int log_rank;                 /* rank shown in log lines, + 1 (0 = unknown) */
+    ddp_log_fn_t log_fn;          /* NULL: log lines go to stderr; else to this, with log_user */
+    void *log_user;
 } ddp_store_desc_t;
 #define DDP_STORE_MAX_KEY 1024
 #define DDP_STORE_MAX_VALUE (16u << 20)
@@ -146,6 +148,7 @@ struct ddp_store {
     int quick;                /* failure reporting: short waits, no reconnecting to a dead master */
     int c10d;                 /* 0: libddp's protocol; else a c10d client, its dialect (_DDP_C10D_*) */
     int log_level, log_rank;
+    _ddp_log_sink_t log;      /* log_fn and log_user, else stderr */
     char secret[256];         /* the job secret: never written to a socket or a log */
     unsigned char key[_DDP_SHA256_BYTES];   /* the secret stretched with `salt` (ddp_auth.h:
                                              * _ddp_auth_job_key): the HMAC key of every proof */
@@ -187,7 +190,7 @@ _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fm
     va_list ap;
     if (!s || s->log_level < level) return;
     va_start(ap, fmt);
-    _ddp_vlog(s->log_rank - 1, level, fmt, ap);
+    _ddp_vlog_to(&s->log, s->log_rank - 1, level, fmt, ap);
     va_end(ap);
 }
 
@@ -377,6 +380,9 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     _ddp_strlcpy(s->secret, secret ? secret : "", sizeof s->secret);
     s->log_level = (d && d->log_level) ? d->log_level - 1 : _ddp_log_level_from_env();
     s->log_rank = d ? d->log_rank : 0;
+    s->log.fn = d ? d->log_fn : NULL;
+    s->log.user = d ? d->log_user : NULL;
+    s->log.fd = 2;
     return s;
 }
 

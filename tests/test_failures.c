@@ -300,6 +300,61 @@ static int silent(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- where the log goes
+ * desc.log_fn takes every line (level, rank, the message without libddp's prefix) and nothing
+ * goes to stderr; DDP_DEBUG_FILE (%r the rank, %p the pid) takes them instead of stderr. */
+static int log_to(char *path, size_t cap, const char *name);
+static void log_read(const char *path, char *log, size_t cap);
+typedef struct { int n, info, rank0, prefixed; } log_seen_t;
+static void collect_log(void *user, ddp_log_level_t level, int rank, const char *msg) {
+    log_seen_t *k = (log_seen_t *)user;
+    k->n++;
+    if (level == DDP_LOG_INFO && strncmp(msg, "libddp ", 7) == 0 && strstr(msg, "rank 0 of 1")) k->info++;
+    if (rank == 0) k->rank0++;
+    if (strstr(msg, "[ddp")) k->prefixed++;
+}
+
+static int log_routes(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    log_seen_t k;
+    char path[128], err[4096], file[160], *body;
+    FILE *f;
+    size_t n;
+    (void)rank; (void)p; (void)arg;
+    memset(&k, 0, sizeof k);
+    if (!log_to(path, sizeof path, "logroute")) return 1;
+    t_desc(&d, 10000);
+    d.log_fn = collect_log;
+    d.log_user = &k;
+    d.log_level = 1 + DDP_LOG_INFO;
+    if (ddp_comm_init(&c, 1, 0, &d) == DDP_SUCCESS) ddp_comm_destroy(c);
+    c = NULL;
+    /* DDP_DEBUG_FILE, no callback */
+    snprintf(file, sizeof file, "/tmp/ddp_test_log.%%r.%%p");
+    setenv("DDP_DEBUG_FILE", file, 1);
+    setenv("DDP_DEBUG", "INFO", 1);
+    t_desc(&d, 10000);
+    if (ddp_comm_init(&c, 1, 0, &d) == DDP_SUCCESS) ddp_comm_destroy(c);
+    unsetenv("DDP_DEBUG_FILE");
+    unsetenv("DDP_DEBUG");
+    log_read(path, err, sizeof err);
+    snprintf(file, sizeof file, "/tmp/ddp_test_log.0.%ld", (long)getpid());
+    f = fopen(file, "r");
+    body = (char *)calloc(1, 65536);
+    n = f && body ? fread(body, 1, 65535, f) : 0;
+    if (f) fclose(f);
+    remove(file);
+    ok(k.n > 3 && k.info == 1 && k.rank0 == k.n && k.prefixed == 0,
+       "desc.log_fn gets every line: %d lines, the INFO version line %d time(s), all rank 0, none with libddp's prefix",
+       k.n, k.info);
+    ok(n > 0 && body && strstr(body, "[ddp rank 0] INFO libddp ") && strstr(body, "rank 0 of 1"),
+       "DDP_DEBUG_FILE=/tmp/ddp_test_log.%%r.%%p: the lines are in /tmp/ddp_test_log.0.<pid> (%zu bytes)", n);
+    ok(err[0] == 0, "... and nothing of either went to stderr: '%.200s'", err);
+    free(body);
+    return 0;
+}
+
 /* ----------------------------------------------------------------- a rank that leaves early
  * Uneven inputs, the classic DDP bug: rank 1 makes 2 calls and destroys its communicator, rank 0
  * makes a third. Rank 0's error names rank 1, its 2 calls and this rank's call 3, not just a
@@ -986,6 +1041,7 @@ int main(void) {
     run_killed_with(5, 4, "rabenseifner", NULL);
     run("a silent rank (alive, never calls the collective)", 3, silent, NULL, 60);
     run("a rank that destroys its communicator after 2 calls, the other makes 3", 2, leaves_early, NULL, 60);
+    run("the log to the trainer's function, or to DDP_DEBUG_FILE", 1, log_routes, NULL, 60);
     missing = 2;
     run("rank 2 never joins", 3, never_joins, &missing, 60);
     missing = 0;
