@@ -95,6 +95,11 @@ _DDP_PRIVATE ddp_result_t _ddp_x_idle(_ddp_engine_t *e, int64_t last, const int 
                              seq, e->timeout_ms, waiting, peer);
     }
     if (now - last < e->spin_us) { sched_yield(); return DDP_SUCCESS; }
+    if (now - last >= 10000000) {
+        char where[96];
+        snprintf(where, sizeof where, "%s #%u", what, seq);
+        _ddp_eng_note_wait(e, now - last, where, waiting, peer);
+    }
     {
         int ms = 100;
         if (e->timeout_ms >= 0) {

@@ -40,6 +40,8 @@ typedef struct _ddp_engine {
     size_t scratch_bytes;
     uint32_t seq;                  /* collectives issued: the low half of every tag */
     int waiting_on;                /* set by an algorithm that timed out: the peer it waited for */
+    int64_t note_at_ms;            /* a wait without progress says so at this age (0: 10 s) */
+    int64_t note_idle_ms;          /* the age the last check saw: shorter now means progress */
     void *host;                    /* the communicator, handed back to the calls below */
     ddp_result_t (*isend)(void *host, int peer, const void *buf, size_t len, uint64_t tag,
                           void **req);
@@ -81,6 +83,26 @@ _DDP_PRIVATE ddp_result_t _ddp_eng_fail(const _ddp_engine_t *e, ddp_result_t r, 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return e->fail(e->host, r, msg);
+}
+
+/* A wait without progress that lasts says what it waits for, at WARN (after 10 s, 30 s, 60 s,
+ * then every 5 minutes: ddp_base.h), long before the timeout: "all_reduce #12: no progress for
+ * 30 s, waiting for data from rank 3 (timeout in 570 s)". Called by the algorithms' idle paths. */
+_DDP_PRIVATE void _ddp_eng_note_wait(_ddp_engine_t *e, int64_t idle_us, const char *where,
+                                     const char *waiting, int peer) {
+    const int64_t ms = idle_us / 1000;
+    char msg[512];
+    if (!e->note_at_ms || ms < e->note_idle_ms) e->note_at_ms = _ddp_next_wait_note_ms(0);   /* a new wait */
+    e->note_idle_ms = ms;
+    if (ms < e->note_at_ms || e->log_level < DDP_LOG_WARN || !e->log) return;
+    if (e->timeout_ms >= 0)
+        snprintf(msg, sizeof msg, "%s: no progress for %lld s, %s rank %d (timeout in %lld s)", where,
+                 (long long)(ms / 1000), waiting, peer, (long long)((e->timeout_ms - ms) / 1000));
+    else
+        snprintf(msg, sizeof msg, "%s: no progress for %lld s, %s rank %d (no timeout)", where,
+                 (long long)(ms / 1000), waiting, peer);
+    e->log(e->host, DDP_LOG_WARN, msg);
+    e->note_at_ms = _ddp_next_wait_note_ms(ms);
 }
 
 _DDP_PRIVATE void _ddp_eng_log(const _ddp_engine_t *e, ddp_log_level_t level, const char *fmt, ...)

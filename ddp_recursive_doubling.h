@@ -75,6 +75,10 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_wait(_ddp_engine_t *e, const int *peers, void
                 return _ddp_eng_fail(e, DDP_ERR_TIMEOUT, "%s: no progress for %d ms waiting for "
                                      "rank %d", what, e->timeout_ms, reqs[0] ? peers[0] : peers[n - 1]);
             }
+            if (now - last >= 10000000) {
+                _ddp_rd_where(where, what, sizeof what);
+                _ddp_eng_note_wait(e, now - last, what, "waiting for", reqs[0] ? peers[0] : peers[n - 1]);
+            }
             if (now - last < e->spin_us) sched_yield();
             else if ((r = e->block(e->host, peers, n, 100)) != DDP_SUCCESS) return r;
         }

@@ -332,6 +332,13 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_idle(const _ddp_ring_t *g, const _ddp_ring_r
         sched_yield();
         return DDP_SUCCESS;
     }
+    if (now - last >= 10000000) {
+        char where[160];
+        int waiting_recv = s->dr < s->total;
+        _ddp_ring_where(g, waiting_recv ? s->dr : s->ds, where, sizeof where);
+        _ddp_eng_note_wait(e, now - last, where, waiting_recv ? "waiting for data from" : "waiting to send to",
+                           waiting_recv ? g->prev : g->next);
+    }
     {
         int ms = 100;
         if (e->timeout_ms >= 0) {

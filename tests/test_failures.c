@@ -355,6 +355,49 @@ static int log_routes(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- a collective wait that speaks
+ * Rank 1 enters the all_reduce only once rank 0 has said, at WARN, that it waits for it (after
+ * 10 s without progress): the note names the call and rank 1, and the call then succeeds. No
+ * time is assumed: rank 1 waits for rank 0's log (at most 60 s), not for a clock. */
+static int late_rank_named(int rank, int p, void *arg) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    float x[64];
+    char path[160], log[8192];
+    ddp_result_t r;
+    int i;
+    (void)arg;
+    snprintf(path, sizeof path, "/tmp/ddp_test_latelog.%d", (int)getppid());
+    if (rank == 0 && !freopen(path, "w", stderr)) return 1;
+    t_desc(&d, 60000);
+    d.log_level = 1 + DDP_LOG_WARN;
+    if (ddp_comm_init(&c, p, rank, &d) != DDP_SUCCESS) return 1;
+    for (i = 0; i < 64; i++) x[i] = 1;
+    if (rank == 1) {   /* late: until rank 0 has said it waits */
+        double t0 = t_now();
+        int said = 0;
+        while (!said && t_now() - t0 < 60) {
+            FILE *f = fopen(path, "r");
+            size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+            if (f) fclose(f);
+            log[n] = 0;
+            said = strstr(log, "no progress for") != NULL;
+            if (!said) t_sleep_ms(50);
+        }
+        ok(said, "rank 1 holds back until rank 0 says it waits");
+    }
+    r = ddp_all_reduce(x, x, 64, DDP_FLOAT32, DDP_SUM, c);
+    ok(r == DDP_SUCCESS && x[0] == 2, "the all_reduce then completes -> %s", ddp_strerror(r));
+    if (rank == 0) {
+        fflush(stderr);
+        log_read(path, log, sizeof log);
+        ok(strstr(log, "WARN all_reduce #1") && strstr(log, "no progress for 1") && strstr(log, "rank 1 (timeout in "),
+           "rank 0's wait said what it waits for: %.300s", strstr(log, "WARN") ? strstr(log, "WARN") : log);
+    }
+    ddp_comm_destroy(c);
+    return 0;
+}
+
 /* ----------------------------------------------------------------- a rank that leaves early
  * Uneven inputs, the classic DDP bug: rank 1 makes 2 calls and destroys its communicator, rank 0
  * makes a third. Rank 0's error names rank 1, its 2 calls and this rank's call 3, not just a
@@ -1042,6 +1085,7 @@ int main(void) {
     run("a silent rank (alive, never calls the collective)", 3, silent, NULL, 60);
     run("a rank that destroys its communicator after 2 calls, the other makes 3", 2, leaves_early, NULL, 60);
     run("the log to the trainer's function, or to DDP_DEBUG_FILE", 1, log_routes, NULL, 60);
+    if (!getenv("DDP_TEST_QUICK")) run("a collective waiting 10 s names the rank it waits for", 2, late_rank_named, NULL, 120);
     missing = 2;
     run("rank 2 never joins", 3, never_joins, &missing, 60);
     missing = 0;
