@@ -48,7 +48,7 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # compile the implementation themselves: they call private _ddp_ functions (static), or, for
 # test_shm_peer, rename sendmsg before the implementation to tamper with what it sends.
 IMPL_TCP     := test_failures test_kernels test_trace
-IMPL_THREADS := test_mismatch test_threads
+IMPL_THREADS := test_mismatch test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \

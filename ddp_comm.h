@@ -2299,6 +2299,7 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     x->abort_flag = &c->aborted;
     x->forked = &c->forked;
     x->waiting_on = &e->waiting_on;
+    x->calls = &e->seq;
     x->auth_key = c->data_key;
     x->auth_key_len = sizeof c->data_key;
     x->host = c;

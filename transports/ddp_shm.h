@@ -61,7 +61,8 @@
  * goes, so a killed peer is DDP_ERR_REMOTE naming it within about a millisecond, as over TCP.
  * Sleeps are still cut into 50 ms slices that check the peers (the fallback when the watcher
  * cannot run); ddp_comm_abort wakes a sleeping rank at once (the abort entry rings its
- * doorbell).
+ * doorbell). A wait that lasts says at WARN which ranks it waits for, after 10 s, 30 s, 60 s,
+ * then every 5 minutes, as the engine's algorithms do.
  *
  * ENVIRONMENT
  *   DDP_SHM_COLL=0          point-to-point only (the communicator's ring/recursive doubling run
@@ -1117,6 +1118,21 @@ static inline void _ddp_shm_signal(_ddp_shm_t *sp, const _ddp_transport_sig_t *s
     for (i = 0; i < n; i++) _ddp_transport_bell_ring(&sp->ring[i]->hdr->bell, 1);
 }
 
+/* A wait that lasts says so (transports/ddp_transport.h), naming every rank from the i-th peer
+ * on that has not published step sp->phase yet (those before it have). */
+_DDP_PRIVATE void _ddp_shm_note_wait(_ddp_shm_t *sp, _ddp_transport_spin_t *s, const _ddp_transport_sig_t *sig,
+                                     const char *step, size_t chunk, size_t nchunks, int i) {
+    _ddp_transport_ranks_t missing;
+    char detail[96];
+    _ddp_transport_ranks_init(&missing);
+    for (; i < sp->nranks - 1; i++)
+        if (__atomic_load_n(&sp->ring[i]->hdr->phase, __ATOMIC_ACQUIRE) < sp->phase)
+            _ddp_transport_ranks_add(&missing, sp->ring[i]->h.peer);
+    if (!missing.n) return;   /* they all came meanwhile */
+    snprintf(detail, sizeof detail, "shm, phase %s, chunk %zu of %zu", step, chunk + 1, nchunks);
+    _ddp_transport_note_wait(sp->ctx, s, sig->kind, detail, _ddp_transport_ranks_str(&missing));
+}
+
 /* Waits until every other rank has published step sp->phase, and checks it is the same step. */
 _DDP_PRIVATE ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport_sig_t *sig,
                                             const char *step, size_t chunk, size_t nchunks) {
@@ -1162,6 +1178,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport
                                           _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks, k->h.peer, s.timeout_ms);
             }
+            if (_ddp_transport_note_due(sp->ctx, &s)) _ddp_shm_note_wait(sp, &s, sig, step, chunk, nchunks, i);
         }
         if (_ddp_transport_spin_slow(&s)) continue;
         {

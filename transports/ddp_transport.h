@@ -95,6 +95,9 @@ typedef struct ddp_transport_ctx {
     /* The CPUs this host's ranks of the communicator may use together (the union of their
      * affinity masks), filled at the rendezvous; 0 until then or if unknown. */
     int host_cpus;
+    /* The collectives this communicator issued, the running one included (the number a log
+     * line gives a call: "all_reduce #12"); NULL where the host does not count them. */
+    const uint32_t *calls;
 } ddp_transport_ctx_t;
 
 typedef struct ddp_coll_provider {
@@ -596,6 +599,7 @@ _DDP_PRIVATE int _ddp_transport_spin_us(const ddp_transport_ctx_t *ctx, const ch
 typedef struct {
     int spins, spin_us, oversubscribed, timeout_ms;
     int64_t start, now, deadline, next_check;
+    int64_t note_at_ms;   /* the wait says what it waits for at this age (_ddp_transport_note_wait) */
 } _ddp_transport_spin_t;
 
 static inline void _ddp_transport_spin_start(_ddp_transport_spin_t *s, int spin_us,
@@ -605,6 +609,7 @@ static inline void _ddp_transport_spin_start(_ddp_transport_spin_t *s, int spin_
     s->oversubscribed = oversubscribed;
     s->timeout_ms = timeout_ms;
     s->start = s->now = s->deadline = s->next_check = 0;
+    s->note_at_ms = _ddp_next_wait_note_ms(0);
 }
 
 static inline int _ddp_transport_spin_fast(_ddp_transport_spin_t *s) {
@@ -641,6 +646,75 @@ static inline int _ddp_transport_spin_slow(const _ddp_transport_spin_t *s) {
         for (j = 0; j < 32; j++) _ddp_transport_pause();
     }
     return 1;
+}
+
+/* ---------------------------------------------------------------- waits that speak
+ * A wait that lasts says what it waits for and who is missing, at WARN, after 10 s, 30 s, 60 s,
+ * then every 5 minutes (ddp_base.h), as the engine's algorithms do (ddp_engine.h), long before
+ * the timeout: "all_reduce #12 (shm, phase exchange, chunk 1 of 1): no progress for 30 s,
+ * waiting for ranks 2, 5-7 (timeout in 570 s)". In the periodic checks of a spin loop:
+ *     if (_ddp_transport_note_due(ctx, &s)) { list the missing ranks; _ddp_transport_note_wait }
+ * The list is built only when a note is due. */
+static inline int _ddp_transport_note_due(const ddp_transport_ctx_t *ctx, const _ddp_transport_spin_t *s) {
+    return s->start && (s->now - s->start) / 1000 >= s->note_at_ms && ctx->log_level >= DDP_LOG_WARN;
+}
+
+/* Ranks for a message, added in increasing order: "rank 2" or "ranks 2, 5-7". */
+typedef struct {
+    char body[200], text[240];
+    size_t off;
+    int n, run_first, run_last, more;
+} _ddp_transport_ranks_t;
+
+static inline void _ddp_transport_ranks_init(_ddp_transport_ranks_t *l) {
+    l->body[0] = l->text[0] = 0;
+    l->off = 0;
+    l->n = l->more = 0;
+    l->run_first = l->run_last = -1;
+}
+_DDP_PRIVATE void _ddp_transport_ranks_flush(_ddp_transport_ranks_t *l) {
+    if (l->run_first < 0) return;
+    if (l->off + 32 < sizeof l->body)
+        l->off += (size_t)snprintf(l->body + l->off, sizeof l->body - l->off,
+                                   l->run_last > l->run_first ? "%s%d-%d" : "%s%d", l->off ? ", " : "",
+                                   l->run_first, l->run_last);
+    else
+        l->more += l->run_last - l->run_first + 1;
+    l->run_first = -1;
+}
+_DDP_PRIVATE void _ddp_transport_ranks_add(_ddp_transport_ranks_t *l, int rank) {
+    l->n++;
+    if (l->run_first >= 0 && rank == l->run_last + 1) { l->run_last = rank; return; }
+    _ddp_transport_ranks_flush(l);
+    l->run_first = l->run_last = rank;
+}
+_DDP_PRIVATE const char *_ddp_transport_ranks_str(_ddp_transport_ranks_t *l) {
+    _ddp_transport_ranks_flush(l);
+    if (l->more)
+        snprintf(l->text, sizeof l->text, "ranks %s and %d more", l->body, l->more);
+    else
+        snprintf(l->text, sizeof l->text, "%s %s", l->n == 1 ? "rank" : "ranks", l->body);
+    return l->text;
+}
+
+/* Logs the note (see above) for a wait in collective `kind` that has lasted since s->start;
+ * detail says where in it ("shm, phase exchange, chunk 1 of 1"), missing who has not arrived.
+ * The next note is due at the next step of the schedule. */
+_DDP_PRIVATE void _ddp_transport_note_wait(const ddp_transport_ctx_t *ctx, _ddp_transport_spin_t *s,
+                                           int kind, const char *detail, const char *missing) {
+    const int64_t ms = (s->now - s->start) / 1000;
+    char call[64], left[48];
+    if (ctx->calls)
+        snprintf(call, sizeof call, "%s #%u", _ddp_kind_name(kind), (unsigned)*ctx->calls);
+    else
+        snprintf(call, sizeof call, "%s", _ddp_kind_name(kind));
+    if (s->deadline)
+        snprintf(left, sizeof left, "timeout in %lld s", (long long)((s->deadline - s->now) / 1000000));
+    else
+        snprintf(left, sizeof left, "no timeout");
+    ddp_transport_log(ctx, DDP_LOG_WARN, "%s (%s): no progress for %lld s, waiting for %s (%s)", call,
+                      detail, (long long)(ms / 1000), missing, left);
+    s->note_at_ms = _ddp_next_wait_note_ms(ms);
 }
 
 /* ---------------------------------------------------------------- collective signatures
