@@ -280,6 +280,7 @@ typedef struct {
     int console_dead[3];      /* stdout/stderr gone (EPIPE...): output is dropped, ranks go on */
     int file_warned;
     int pty_warned;           /* said once that stdout goes through pipes */
+    int exits_seen;           /* SIGCHLDs of the log (on_sigchld) that scan_exits has read */
 } job_t;
 
 /* What ended an attempt. */
@@ -305,6 +306,27 @@ static void on_signal(int s) {
     if (s > 0 && s < NSIG) g_sig_count[s]++;
     if (g_wake_w >= 0 && write(g_wake_w, &b, 1) < 0) { /* pipe full: poll wakes anyway */ }
     errno = saved;
+}
+
+/* The order in which the ranks exited, as far as ddprun can know it: "the first rank that
+ * failed" is the one that exited first, not the one with the lowest number among those that
+ * one look found gone. The kernel says it in SIGCHLD: each delivery carries the pid of the
+ * child whose exit raised it, in the order they exited. Not waitpid's order: that is the order
+ * the children were created (Linux walks its list of children), whoever exited first. SIGCHLD
+ * is not queued: a child that exits while one is pending raises none of its own. It exited
+ * after the pending one's child, and scan_exits puts it after the children the log names (of
+ * three exits between two looks it may misplace one: the best evidence ddprun has). */
+#define EXIT_LOG 64
+static volatile sig_atomic_t g_exit_pid[EXIT_LOG];   /* si_pid of each SIGCHLD, a ring */
+static volatile sig_atomic_t g_exit_n;                /* SIGCHLDs logged so far */
+
+static void on_sigchld(int s, siginfo_t *si, void *uc) {
+    (void)uc;
+    if (si && si->si_pid > 0) {
+        g_exit_pid[g_exit_n % EXIT_LOG] = (sig_atomic_t)si->si_pid;
+        g_exit_n = g_exit_n + 1;
+    }
+    on_signal(s);
 }
 
 static double now_s(void) {
@@ -792,21 +814,35 @@ static int signal_all(job_t *j, int sig) {
     return running;
 }
 
-/* Notes ranks that have exited, without reaping them. Returns the first that failed, or -1. */
+/* Notes that rank r has exited if it has, without reaping it: 1 if it exited and failed. */
+static int note_exit(rank_t *r, int *alive) {
+    siginfo_t si;
+    if (r->pid <= 0 || r->exited) return 0;
+    memset(&si, 0, sizeof si);
+    if (waitid(P_PID, (id_t)r->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != r->pid) return 0;
+    r->exited = 1;
+    (*alive)--;
+    if (si.si_code == CLD_EXITED) r->code = si.si_status;
+    else { r->signo = si.si_status; r->core = si.si_code == CLD_DUMPED; }
+    return r->code || r->signo;
+}
+
+/* Notes ranks that have exited, without reaping them: first those SIGCHLD named, in the order
+ * they exited (on_sigchld), then any other (its SIGCHLD merged into a pending one: it exited
+ * after that one's child). Returns the first of them that failed, or -1. */
 static int scan_exits(job_t *j, int *alive) {
-    int i, first = -1;
-    for (i = 0; i < j->o.nproc; i++) {
-        rank_t *r = &j->ranks[i];
-        siginfo_t si;
-        if (r->pid <= 0 || r->exited) continue;
-        memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)r->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != r->pid) continue;
-        r->exited = 1;
-        (*alive)--;
-        if (si.si_code == CLD_EXITED) r->code = si.si_status;
-        else { r->signo = si.si_status; r->core = si.si_code == CLD_DUMPED; }
-        if ((r->code || r->signo) && first < 0) first = i;
+    int i, first = -1, n = g_exit_n;
+    if (n - j->exits_seen > EXIT_LOG) j->exits_seen = n - EXIT_LOG;   /* the oldest were overwritten */
+    for (; j->exits_seen < n; j->exits_seen++) {
+        pid_t pid = (pid_t)g_exit_pid[j->exits_seen % EXIT_LOG];
+        for (i = 0; i < j->o.nproc; i++)
+            if (j->ranks[i].pid == pid) {
+                if (note_exit(&j->ranks[i], alive) && first < 0) first = i;
+                break;
+            }
     }
+    for (i = 0; i < j->o.nproc; i++)
+        if (note_exit(&j->ranks[i], alive) && first < 0) first = i;
     return first;
 }
 
@@ -836,6 +872,7 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
         secret = secret_buf;
     }
     for (i = 0; i < o->nproc; i++) j->ranks[i].pid = 0; /* none of the last attempt's pids is ours */
+    j->exits_seen = g_exit_n;                                /* nor the exits logged so far */
     pfd = (struct pollfd *)calloc((size_t)o->nproc * 2 + 1, sizeof *pfd);
     owner = (rank_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *owner);
     which = (stream_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *which);
@@ -1138,6 +1175,8 @@ int main(int argc, char **argv) {
         if (s != SIGTERM && sigaction(s, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN) g_ignored[s] = 1;
         else sigaction(s, &sa, NULL);
     }
+    sa.sa_sigaction = on_sigchld;
+    sa.sa_flags |= SA_SIGINFO;
     sigaction(SIGCHLD, &sa, NULL);
     { /* an inherited mask that blocks these would hide exits and stop requests */
         sigset_t m;
