@@ -285,15 +285,15 @@ $(B)/svg_chart: bench/svg_chart.c | $(B)
 
 # ddp-overlap (bench/ddp_overlap.c): how much of the all-reduce the gradient bucket reducer hides
 # behind a simulated ResNet-50 backward, and the bucket-size sweep (run: build/ddp-overlap -p 2).
-$(B)/ddp-overlap: bench/ddp_overlap.c bench/bench_fork.h $(HEADERS) | $(B)
+$(B)/ddp-overlap: bench/ddp_overlap.c bench/bench_fork.h bench/bench_cli.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # ddp-scale (bench/ddp_scale.c): init + first all-reduce under ddprun; make scale runs the curve.
-$(B)/ddp-scale: bench/ddp_scale.c $(HEADERS) | $(B)
+$(B)/ddp-scale: bench/ddp_scale.c bench/bench_cli.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # store-bench (bench/store_bench.c): 4,096 clients doing the init key pattern against one store.
-$(B)/store-bench: bench/store_bench.c $(STORE_HEADERS) | $(B)
+$(B)/store-bench: bench/store_bench.c bench/bench_cli.h $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # rendezvous-stopped (bench/rendezvous_stopped.c): how soon every rank's init fails when rank 0
@@ -302,7 +302,7 @@ $(B)/rendezvous-stopped: bench/rendezvous_stopped.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # guess-bench (bench/guess_bench.c): wrong job secrets per second from one thread against a store.
-$(B)/guess-bench: bench/guess_bench.c $(STORE_HEADERS) | $(B)
+$(B)/guess-bench: bench/guess_bench.c bench/bench_cli.h $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 .PHONY: scale
@@ -312,11 +312,11 @@ scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 	$(B)/store-bench -n 4096 -p 16 -s scale-bench-secret
 
 # ddp-kill-detect (bench/kill_detect.c): time from a rank's SIGKILL to each survivor's error.
-$(B)/ddp-kill-detect: bench/kill_detect.c $(HEADERS) | $(B)
+$(B)/ddp-kill-detect: bench/kill_detect.c bench/bench_cli.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).
-$(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h $(HEADERS) | $(B)
+$(B)/ddp-async: bench/ddp_async.c bench/bench_fork.h bench/bench_cli.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # The all-reduce cost model (ddp_model.h, issue 18). ddp-calibrate measures its parameters here and

@@ -18,8 +18,8 @@
  * (getrusage counts in ticks): when it is close to the cores the machine has, the transfer is
  * CPU-bound and no overlap can make it faster.
  *
- * Flags: -p ranks (fork mode, default 2)  -t transport (default auto)  -k operations (4)
- * -r rounds (15)  -b bytes (repeatable; default 8 4K 64K 1M 16M)
+ * Flags (--help lists them): -p ranks (fork mode, default 2)  -t transport (default auto)
+ * -k operations (4)  -r rounds (15)  -b bytes (repeatable; default 8 4K 64K 1M 16M)
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -27,6 +27,7 @@
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "bench/bench_fork.h"
+#include "bench/bench_cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,36 +152,59 @@ fail:
     return 1;
 }
 
+static const char usage[] =
+    "usage: ddp-async [options]\n"
+    "k all-reduces blocking, async and in a group, per size (see the comment at the top of\n"
+    "bench/ddp_async.c). Forks the ranks on this host, or runs one rank under a launcher (RANK\n"
+    "and WORLD_SIZE set).\n"
+    "  -p, --nranks N          ranks to fork (default 2; 1..64)\n"
+    "  -t, --transport NAME    tcp, shm, or auto (default: DDP_TRANSPORT, else auto)\n"
+    "  -k, --ops N             all-reduces at once (default 4; 1..32)\n"
+    "  -r, --rounds N          rounds, the median counts (default 15; 1..101)\n"
+    "  -b, --bytes N           bytes per all-reduce, K/M suffixes; repeat for more sizes (at\n"
+    "                          most 16; default 8 4K 64K 1M 16M)\n"
+    "  -h, --help              this text\n"
+    "      --version           the version\n";
+
+/* -b's value: bytes with an optional K or M (binary), rounded down to whole floats. */
+static int parse_bytes(bench_cli_t *cli, size_t *out) {
+    char *end;
+    double x = strtod(optarg, &end);
+    if (end == optarg || x < 0) return bench_cli_bad(cli);
+    if (*end == 'K' || *end == 'k') x *= 1024, end++;
+    else if (*end == 'M' || *end == 'm') x *= 1024 * 1024, end++;
+    if (*end) return bench_cli_bad(cli);
+    *out = (size_t)x & ~(size_t)3;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     static const size_t defaults[] = {8, 4096, 65536, 1 << 20, 16 << 20};
+    static const struct option longopts[] = {
+        {"nranks", required_argument, NULL, 'p'}, {"transport", required_argument, NULL, 't'},
+        {"ops", required_argument, NULL, 'k'}, {"rounds", required_argument, NULL, 'r'},
+        {"bytes", required_argument, NULL, 'b'}, BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
     opts_t o;
-    int i, port;
+    int i, opt, port, ok = 1;
     memset(&o, 0, sizeof o);
     o.nranks = 2;
     o.k = 4;
     o.rounds = 15;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (v && !strcmp(a, "-p")) o.nranks = atoi(argv[++i]);
-        else if (v && !strcmp(a, "-k")) o.k = atoi(argv[++i]);
-        else if (v && !strcmp(a, "-r")) o.rounds = atoi(argv[++i]);
-        else if (v && !strcmp(a, "-t")) o.transport = strcmp(v, "auto") ? v : NULL, i++;
-        else if (v && !strcmp(a, "-b") && o.nsizes < MAXSIZES) {
-            char *end;
-            double x = strtod(argv[++i], &end);
-            if (*end == 'K' || *end == 'k') x *= 1024;
-            else if (*end == 'M' || *end == 'm') x *= 1024 * 1024;
-            o.sizes[o.nsizes++] = (size_t)x & ~(size_t)3;
-        } else {
-            fprintf(stderr, "usage: %s [-p ranks] [-t tcp|shm|auto] [-k ops] [-r rounds] [-b bytes]...\n"
-                            "  (see the comment at the top of bench/ddp_async.c)\n", argv[0]);
-            return 2;
+    bench_cli_init(&cli, "ddp-async", usage, argc, argv);
+    while (ok && (opt = bench_cli_next(&cli, "+:p:t:k:r:b:h", longopts)) != -1) {
+        switch (opt) {
+        case 'p': ok = bench_cli_int(&cli, 1, 64, &o.nranks); break;
+        case 'k': ok = bench_cli_int(&cli, 1, MAXK, &o.k); break;
+        case 'r': ok = bench_cli_int(&cli, 1, MAXROUNDS, &o.rounds); break;
+        case 't': o.transport = strcmp(optarg, "auto") ? optarg : NULL; break;
+        case 'b':
+            if (o.nsizes == MAXSIZES) ok = bench_cli_bad(&cli);
+            else ok = parse_bytes(&cli, &o.sizes[o.nsizes++]);
+            break;
         }
     }
-    if (o.nranks < 1 || o.nranks > 64 || o.k < 1 || o.k > MAXK || o.rounds < 1 || o.rounds > MAXROUNDS) {
-        fprintf(stderr, "ddp-async: bad -p, -k or -r\n");
-        return 2;
-    }
+    if (!ok || !bench_cli_end(&cli)) return cli.rc;
     if (!o.nsizes) {
         for (i = 0; i < 5; i++) o.sizes[i] = defaults[i];
         o.nsizes = 5;

@@ -25,8 +25,9 @@
  * communication taken off the critical path. Then the reducer again with bucket caps of 1, 5, 25
  * and 100 MiB (DDP's bucket_cap_mb; 25 is the default), first bucket 1 MiB.
  *
- * Flags: -p ranks (fork mode, default 2)  -t transport (default tcp)  -c compute ms per backward
- * (default 300)  -i iterations (default 5)  -m sleep|spin  -v gradient_as_bucket_view  -S no sweep
+ * Flags (--help lists them): -p ranks (fork mode, default 2)  -t transport (default tcp)  -c compute
+ * ms per backward (default 300)  -i iterations (default 5)  -m sleep|spin  -v
+ * gradient_as_bucket_view  -S no sweep
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -35,6 +36,7 @@
 #include "transports/ddp_shm.h"
 
 #include "bench/bench_fork.h"
+#include "bench/bench_cli.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -207,34 +209,52 @@ static int run_rank_forked(void *arg, int n, int rank, int port) {
     return run_rank((const opts_t *)arg, n, rank, port);
 }
 
+static const char usage[] =
+    "usage: ddp-overlap [options]\n"
+    "How much of the gradient all-reduce the bucket reducer hides behind a simulated ResNet-50\n"
+    "backward (see the comment at the top of bench/ddp_overlap.c). Forks the ranks on this host,\n"
+    "or runs one rank under a launcher (RANK and WORLD_SIZE set).\n"
+    "  -p, --nranks N          ranks to fork (default 2; 1..64)\n"
+    "  -t, --transport NAME    tcp (default), shm, or auto\n"
+    "  -c, --compute-ms MS     simulated backward compute per iteration (default 300)\n"
+    "  -i, --iters N           timed iterations, the median counts (default 5; 1..63)\n"
+    "  -m, --mode sleep|spin   the compute sleeps (an accelerator; default) or burns the CPU\n"
+    "  -v, --bucket-view       gradient_as_bucket_view\n"
+    "  -S, --no-sweep          skip the bucket-cap sweep (1, 5, 25, 100 MiB)\n"
+    "  -h, --help              this text\n"
+    "      --version           the version\n";
+
 int main(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"nranks", required_argument, NULL, 'p'}, {"transport", required_argument, NULL, 't'},
+        {"compute-ms", required_argument, NULL, 'c'}, {"iters", required_argument, NULL, 'i'},
+        {"mode", required_argument, NULL, 'm'}, {"bucket-view", no_argument, NULL, 'v'},
+        {"no-sweep", no_argument, NULL, 'S'}, BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
     opts_t o;
-    int i, port;
+    int opt, port, ok = 1;
     memset(&o, 0, sizeof o);
     o.nranks = 2;
     o.iters = 5;
     o.compute_ms = 300;
     o.transport = "tcp";
     o.sweep = 1;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-v")) o.view = 1;
-        else if (!strcmp(a, "-S")) o.sweep = 0;
-        else if (v && !strcmp(a, "-p")) o.nranks = atoi(argv[++i]);
-        else if (v && !strcmp(a, "-i")) o.iters = atoi(argv[++i]);
-        else if (v && !strcmp(a, "-c")) o.compute_ms = atof(argv[++i]);
-        else if (v && !strcmp(a, "-t")) o.transport = strcmp(v, "auto") ? v : NULL, i++;
-        else if (v && !strcmp(a, "-m")) o.spin = !strcmp(argv[++i], "spin");
-        else {
-            fprintf(stderr, "usage: %s [-p ranks] [-t tcp|shm|auto] [-c compute_ms] [-i iters] [-m sleep|spin] "
-                            "[-v] [-S]\n  (see the comment at the top of bench/ddp_overlap.c)\n", argv[0]);
-            return 2;
+    bench_cli_init(&cli, "ddp-overlap", usage, argc, argv);
+    while (ok && (opt = bench_cli_next(&cli, "+:p:t:c:i:m:vSh", longopts)) != -1) {
+        switch (opt) {
+        case 'p': ok = bench_cli_int(&cli, 1, 64, &o.nranks); break;
+        case 'i': ok = bench_cli_int(&cli, 1, 63, &o.iters); break;
+        case 'c': ok = bench_cli_double(&cli, 0, &o.compute_ms); break;
+        case 't': o.transport = strcmp(optarg, "auto") ? optarg : NULL; break;
+        case 'm':
+            if (strcmp(optarg, "sleep") && strcmp(optarg, "spin")) ok = bench_cli_bad(&cli);
+            o.spin = !strcmp(optarg, "spin");
+            break;
+        case 'v': o.view = 1; break;
+        case 'S': o.sweep = 0; break;
         }
     }
-    if (o.nranks < 1 || o.nranks > 64 || o.iters < 1 || o.iters > 63 || o.compute_ms < 0) {
-        fprintf(stderr, "ddp-overlap: bad -p, -i or -c\n");
-        return 2;
-    }
+    if (!ok || !bench_cli_end(&cli)) return cli.rc;
     resnet50();
     if (getenv("RANK") && getenv("WORLD_SIZE")) return run_rank(&o, 0, 0, 0);
     if (!(port = bench_free_port())) return 1;

@@ -8,6 +8,7 @@
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
+#include "bench/bench_cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,13 +20,28 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int main(void) {
+static const char usage[] =
+    "usage: ddp-scale [options]\n"
+    "Init and the first all-reduce at scale, one rank per process under a launcher\n"
+    "(build/ddprun -n N build/ddp-scale; bench/scale.sh runs the curve). The environment\n"
+    "configures it as any libddp program (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
+    "DDP_TRANSPORT, DDP_TIMEOUT_MS, ...).\n"
+    "  -h, --help              this text\n"
+    "      --version           the version\n";
+
+int main(int argc, char **argv) {
+    static const struct option longopts[] = {BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
     ddp_comm_t *c;
-    double t0 = now_s(), t_init, t_ar, t_big, times[3];
+    double t0, t_init, t_ar, t_big, times[3];
     float one = 1.0f, *big;
     const size_t nbig = (size_t)1 << 18;   /* 1 MiB of float */
     size_t i;
     int rank, n, bad = 0;
+    bench_cli_init(&cli, "ddp-scale", usage, argc, argv);
+    while (bench_cli_next(&cli, "+:h", longopts) != -1) { }
+    if (!bench_cli_end(&cli)) return cli.rc;
+    t0 = now_s();
     if (ddp_comm_init_env(&c, NULL) != DDP_SUCCESS) {
         fprintf(stderr, "ddp-scale: init failed: %s\n", ddp_last_init_error());
         return 1;

@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp_store.h"
+#include "bench/bench_cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,16 +63,31 @@ static int one_guess(int port, double *verdict_s) {
     return r;
 }
 
+static const char usage[] =
+    "usage: guess-bench [options]\n"
+    "How fast one thread can try wrong job secrets against a rendezvous store (see the comment\n"
+    "at the top of bench/guess_bench.c).\n"
+    "  -t, --seconds S         how long to try (default 10)\n"
+    "  -p, --port N            attack the store on 127.0.0.1:N (default: start one in this\n"
+    "                          process, with a job secret)\n"
+    "  -h, --help              this text\n"
+    "      --version           the version\n";
+
 int main(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"seconds", required_argument, NULL, 't'}, {"port", required_argument, NULL, 'p'},
+        BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
     double seconds = 10, t0, slowest = 0, first = 0;
-    int port = 0, opt;
+    int port = 0, opt, ok = 1;
     long failed = 0, lost = 0;
     ddp_store_t *srv = NULL;
-    while ((opt = getopt(argc, argv, "t:p:")) != -1) {
-        if (opt == 't') seconds = atof(optarg);
-        else if (opt == 'p') port = atoi(optarg);
-        else { fprintf(stderr, "usage: %s [-t seconds] [-p port]\n", argv[0]); return 2; }
+    bench_cli_init(&cli, "guess-bench", usage, argc, argv);
+    while (ok && (opt = bench_cli_next(&cli, "+:t:p:h", longopts)) != -1) {
+        if (opt == 't') ok = bench_cli_double(&cli, 0, &seconds);
+        else if (opt == 'p') ok = bench_cli_int(&cli, 1, 65535, &port);
     }
+    if (!ok || !bench_cli_end(&cli)) return cli.rc;
     if (!port) {
         ddp_store_desc_t d;
         memset(&d, 0, sizeof d);

@@ -11,6 +11,7 @@
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
+#include "bench/bench_cli.h"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -75,20 +76,38 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static const char usage[] =
+    "usage: ddp-kill-detect [options]\n"
+    "How soon the survivors of a SIGKILLed rank get their error: each trial forks the ranks,\n"
+    "kills rank 1 in an all-reduce loop and times each survivor's error (see the comment at\n"
+    "the top of bench/kill_detect.c).\n"
+    "  -t, --transport NAME    shm (default) or tcp\n"
+    "  -p, --nranks N          ranks per trial (default 3; 3..16)\n"
+    "  -n, --trials N          trials (default 30)\n"
+    "  -s, --bytes N           bytes per all-reduce (default 8; at least 4)\n"
+    "  -h, --help              this text\n"
+    "      --version           the version\n";
+
 int main(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"transport", required_argument, NULL, 't'}, {"nranks", required_argument, NULL, 'p'},
+        {"trials", required_argument, NULL, 'n'}, {"bytes", required_argument, NULL, 's'},
+        BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
     const char *transport = "shm";
-    int p = 3, trials = 30, t, i, n = 0, opt;
+    int p = 3, trials = 30, t, i, n = 0, opt, ok = 1, nbytes = 8;
     size_t bytes = 8;
     double *samples;
     shared_t *S;
-    while ((opt = getopt(argc, argv, "t:p:n:s:")) != -1) {
+    bench_cli_init(&cli, "ddp-kill-detect", usage, argc, argv);
+    while (ok && (opt = bench_cli_next(&cli, "+:t:p:n:s:h", longopts)) != -1) {
         if (opt == 't') transport = optarg;
-        else if (opt == 'p') p = atoi(optarg);
-        else if (opt == 'n') trials = atoi(optarg);
-        else if (opt == 's') bytes = (size_t)atol(optarg);
-        else { fprintf(stderr, "usage: %s [-t shm|tcp] [-p ranks] [-n trials] [-s bytes]\n", argv[0]); return 2; }
+        else if (opt == 'p') ok = bench_cli_int(&cli, 3, MAXP, &p);
+        else if (opt == 'n') ok = bench_cli_int(&cli, 1, 1000000, &trials);
+        else if (opt == 's') ok = bench_cli_int(&cli, (long)sizeof(float), 1 << 30, &nbytes);
     }
-    if (p < 3 || p > MAXP || trials < 1 || bytes < sizeof(float)) { fprintf(stderr, "bad arguments\n"); return 2; }
+    if (!ok || !bench_cli_end(&cli)) return cli.rc;
+    bytes = (size_t)nbytes;
     S = (shared_t *)mmap(NULL, sizeof *S, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     samples = (double *)calloc((size_t)(trials * p), sizeof(double));
     if (S == MAP_FAILED || !samples) return 1;

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp_store.h"
+#include "bench/bench_cli.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -94,8 +95,23 @@ static int run_process(const job_t *j) {
     return bad != 0;
 }
 
+static const char usage[] =
+    "usage: store-bench [options]\n"
+    "The rendezvous store under load: N clients, each with its own connection, do what every\n"
+    "rank's init does against one server, as processes x threads (see the comment at the top\n"
+    "of bench/store_bench.c).\n"
+    "  -n, --clients N         clients (default 4096)\n"
+    "  -p, --processes N       processes they are spread over (default 16; at most N)\n"
+    "  -s, --secret TEXT       a job secret for the store (default none)\n"
+    "  -h, --help              this text\n"
+    "      --version           the version\n";
+
 int main(int argc, char **argv) {
-    int n = 4096, procs = 16, i, opt;
+    static const struct option longopts[] = {
+        {"clients", required_argument, NULL, 'n'}, {"processes", required_argument, NULL, 'p'},
+        {"secret", required_argument, NULL, 's'}, BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
+    int n = 4096, procs = 16, i, opt, ok = 1;
     const char *secret = "";
     ddp_store_t *server;
     ddp_store_desc_t d;
@@ -103,13 +119,18 @@ int main(int argc, char **argv) {
     double t0, *slowest;
     int *failed;
     struct rlimit rl;
-    while ((opt = getopt(argc, argv, "n:p:s:")) != -1) {
-        if (opt == 'n') n = atoi(optarg);
-        else if (opt == 'p') procs = atoi(optarg);
+    bench_cli_init(&cli, "store-bench", usage, argc, argv);
+    while (ok && (opt = bench_cli_next(&cli, "+:n:p:s:h", longopts)) != -1) {
+        if (opt == 'n') ok = bench_cli_int(&cli, 1, 1 << 24, &n);
+        else if (opt == 'p') ok = bench_cli_int(&cli, 1, 1 << 16, &procs);
         else if (opt == 's') secret = optarg;
-        else { fprintf(stderr, "usage: %s [-n clients] [-p processes] [-s secret]\n", argv[0]); return 2; }
     }
-    if (n < 1 || procs < 1 || procs > n) return 2;
+    if (!ok || !bench_cli_end(&cli)) return cli.rc;
+    if (procs > n) {
+        fprintf(stderr, "store-bench: -p %d processes for -n %d clients: at most one process per client\n",
+                procs, n);
+        return 2;
+    }
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) { rl.rlim_cur = rl.rlim_max; setrlimit(RLIMIT_NOFILE, &rl); }
     memset(&d, 0, sizeof d);
     d.timeout_ms = 300000;
