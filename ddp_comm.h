@@ -210,7 +210,7 @@ _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *o);  
 
 /* Bad arguments inside a group also fail its group_end (NCCL). */
 _DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
-    if (c->group_depth && c->group_err == DDP_SUCCESS) c->group_err = r;
+    if (c->group.depth && c->group.err == DDP_SUCCESS) c->group.err = r;
     return r;
 }
 
@@ -218,7 +218,7 @@ _DDP_PRIVATE ddp_result_t _ddp_call_reject(ddp_comm_t *c, ddp_result_t r) {
  * this one: out of issue order). */
 _DDP_PRIVATE ddp_result_t _ddp_async_refusal(ddp_comm_t *c, const char *what, const ddp_request_t *req) {
     if (!req) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: NULL request", what);
-    if (c->group_depth)
+    if (c->group.depth)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s inside a group: groups take blocking "
                              "calls (they run together at group_end)", what);
     return DDP_SUCCESS;
@@ -238,9 +238,9 @@ _DDP_PRIVATE ddp_result_t _ddp_issue(ddp_comm_t *c, _ddp_op_t o, const char *asy
     if ((r = row->check(c, &o, what)) != DDP_SUCCESS) return row->group_fails ? _ddp_call_reject(c, r) : r;
     if ((dev = _ddp_route(c, &o, &r)) < 0) return _ddp_call_reject(c, r);
     if (dev) return _ddp_dev_call(c, &o, async ? req : NULL);   /* inside a group: NCCL holds it */
-    if (o.kind == DDP_CALL_BARRIER && !c->group_depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
+    if (o.kind == DDP_CALL_BARRIER && !c->group.depth && (r = _ddp_dev_drain(c)) != DDP_SUCCESS) return r;
     if (async) return _ddp_submit(c, what, &o, req);
-    if (c->group_depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
+    if (c->group.depth) return _ddp_group_queue(c, &o);     /* runs at group_end, in order */
     return _ddp_exec(c, &o);    /* after queued async requests; not after an abort */
 }
 
@@ -353,7 +353,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     mine[0] = color;
     mine[1] = key;
     r = ddp_all_gather(mine, all, 2, DDP_INT32, c);
-    c->splits++;
+    c->boot.splits++;
     if (r == DDP_SUCCESS && color != DDP_SPLIT_NOCOLOR) {
         for (i = 0; i < c->eng.nranks; i++) {
             if (all[2 * i] != color) continue;
@@ -361,7 +361,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
             if (all[2 * i + 1] < key || (all[2 * i + 1] == key && i < c->eng.rank)) me++;
         }
     }
-    if (r == DDP_SUCCESS && color != DDP_SPLIT_NOCOLOR && c->host_of) {
+    if (r == DDP_SUCCESS && color != DDP_SPLIT_NOCOLOR && c->choice.host_of) {
         /* test hosts: the new ranks' host numbers, in their order (key, then parent rank) */
         if (!(hosts = (int *)_ddp_alloc(&c->alloc, sizeof *hosts * (size_t)n))) r = DDP_ERR_OUT_OF_MEMORY;
         for (i = 0; hosts && i < c->eng.nranks; i++) {
@@ -370,26 +370,26 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
             for (j = 0; j < c->eng.nranks; j++)
                 if (all[2 * j] == color && (all[2 * j + 1] < all[2 * i + 1] || (all[2 * j + 1] == all[2 * i + 1] && j < i)))
                     at++;
-            hosts[at] = c->host_of[i];
+            hosts[at] = c->choice.host_of[i];
         }
     }
     _ddp_free(&c->alloc, all);
     if (r == DDP_ERR_OUT_OF_MEMORY) return ddp_comm_fail(c, r, "comm_split");
     /* NCCL's split is a collective over the parent too (DDP_SPLIT_NOCOLOR ranks included). */
-    if (r == DDP_SUCCESS && c->dev) {
+    if (r == DDP_SUCCESS && c->dev.provider) {
         _ddp_dev_enter(c);
-        r = _ddp_dev_leave(c, c->dev->split(c->dev_state, color, key, &inherited));
+        r = _ddp_dev_leave(c, c->dev.provider->split(c->dev.state, color, key, &inherited));
     }
     if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) { _ddp_free(&c->alloc, hosts); return r; }
-    snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->prefix, c->splits, color);
+    snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->boot.prefix, c->boot.splits, color);
     memset(&d, 0, sizeof d);
-    d.master_addr = c->master_addr;
-    d.master_port = c->master_port;
+    d.master_addr = c->boot.master_addr;
+    d.master_port = c->boot.master_port;
     d.timeout_ms = c->eng.timeout_ms;
-    d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
-    d.store = c->store;
+    d.socket_ifname = c->boot.ifname[0] ? c->boot.ifname : NULL;
+    d.store = c->boot.store;
     d.store_prefix = prefix;
-    d.transport = c->transport_name[0] ? c->transport_name : NULL;   /* as the parent's */
+    d.transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;   /* as the parent's */
     d.segment_bytes = c->eng.segment_bytes;
     d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
     d.log_level = c->eng.log_level + 1;
@@ -403,7 +403,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     child.split_hosts = hosts;
     r = _ddp_comm_init(out, n, me, &d, &child);
     _ddp_free(&c->alloc, hosts);
-    if (inherited && c->dev->release_inherited) c->dev->release_inherited(c->dev_state, inherited);
+    if (inherited && c->dev.provider->release_inherited) c->dev.provider->release_inherited(c->dev.state, inherited);
     if (r != DDP_SUCCESS)
         ddp_comm_fail(c, r, "comm_split: the new communicator (color %d, rank %d of %d): %s",
                       color, me, n, ddp_last_init_error());
@@ -467,11 +467,11 @@ DDP_API ddp_result_t ddp_recv(void *buf, size_t count, ddp_dtype_t dtype, int pe
 DDP_API ddp_result_t ddp_group_start(ddp_comm_t *c) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if (c->group_depth++ == 0) { c->group_n = 0; c->group_err = DDP_SUCCESS; }
-    if (c->dev) {   /* NCCL's group too */
+    if (c->group.depth++ == 0) { c->group.n = 0; c->group.err = DDP_SUCCESS; }
+    if (c->dev.provider) {   /* NCCL's group too */
         _ddp_dev_enter(c);
-        if ((r = _ddp_dev_leave(c, c->dev->group(c->dev_state, 1))) != DDP_SUCCESS) {
-            c->group_depth--;
+        if ((r = _ddp_dev_leave(c, c->dev.provider->group(c->dev.state, 1))) != DDP_SUCCESS) {
+            c->group.depth--;
             return r;
         }
     }
@@ -482,38 +482,38 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     ddp_result_t r;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
     if (_ddp_usable(c) != DDP_SUCCESS) return DDP_ERR_INVALID_USAGE;
-    if (c->group_depth == 0)
+    if (c->group.depth == 0)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "group_end without a group_start");
-    if (c->dev) {   /* NCCL's group ends with ours: its device calls are issued now */
+    if (c->dev.provider) {   /* NCCL's group ends with ours: its device calls are issued now */
         ddp_result_t dr;
         _ddp_dev_enter(c);
-        dr = _ddp_dev_leave(c, c->dev->group(c->dev_state, 0));
-        if (dr != DDP_SUCCESS && c->group_err == DDP_SUCCESS) c->group_err = dr;
+        dr = _ddp_dev_leave(c, c->dev.provider->group(c->dev.state, 0));
+        if (dr != DDP_SUCCESS && c->group.err == DDP_SUCCESS) c->group.err = dr;
     }
-    if (--c->group_depth) return DDP_SUCCESS;
-    if (c->error != DDP_SUCCESS) { c->group_n = 0; return c->error; }
-    if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group_n = 0; return r; }
+    if (--c->group.depth) return DDP_SUCCESS;
+    if (c->error != DDP_SUCCESS) { c->group.n = 0; return c->error; }
+    if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group.n = 0; return r; }
     r = _ddp_group_run(c);   /* empties the queue */
-    r = r == DDP_SUCCESS || c->group_err != DDP_SUCCESS ? r : _ddp_finish(c, r);
+    r = r == DDP_SUCCESS || c->group.err != DDP_SUCCESS ? r : _ddp_finish(c, r);
     _ddp_end(c);
     return r;
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_group_queue(ddp_comm_t *c, const _ddp_op_t *k) {
-    if (c->group_err != DDP_SUCCESS) return DDP_SUCCESS;   /* group_end reports the first */
-    if (c->group_n == c->group_cap) {
-        int cap = c->group_cap ? 2 * c->group_cap : 16;
+    if (c->group.err != DDP_SUCCESS) return DDP_SUCCESS;   /* group_end reports the first */
+    if (c->group.n == c->group.cap) {
+        int cap = c->group.cap ? 2 * c->group.cap : 16;
         _ddp_op_t *ops = (_ddp_op_t *)ddp_comm_calloc(c, sizeof *ops * (size_t)cap);
         if (!ops) {
-            c->group_err = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group: queueing call %d", c->group_n + 1);
-            return c->group_err;
+            c->group.err = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group: queueing call %d", c->group.n + 1);
+            return c->group.err;
         }
-        if (c->group_n) memcpy(ops, c->group_ops, sizeof *ops * (size_t)c->group_n);
-        ddp_comm_free(c, c->group_ops);
-        c->group_ops = ops;
-        c->group_cap = cap;
+        if (c->group.n) memcpy(ops, c->group.ops, sizeof *ops * (size_t)c->group.n);
+        ddp_comm_free(c, c->group.ops);
+        c->group.ops = ops;
+        c->group.cap = cap;
     }
-    ((_ddp_op_t *)c->group_ops)[c->group_n++] = *k;
+    ((_ddp_op_t *)c->group.ops)[c->group.n++] = *k;
     return DDP_SUCCESS;
 }
 
@@ -555,18 +555,18 @@ _DDP_PRIVATE ddp_result_t _ddp_fused_all_reduce(ddp_comm_t *c, const _ddp_op_t *
     _ddp_op_t o;
     ddp_result_t r;
     int j;
-    if (!c->fuse_buf && !(c->fuse_buf = (unsigned char *)ddp_comm_calloc(c, _DDP_FUSE_BYTES)))
+    if (!c->group.fuse_buf && !(c->group.fuse_buf = (unsigned char *)ddp_comm_calloc(c, _DDP_FUSE_BYTES)))
         return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "group_end: the fusion buffer (%zu bytes)",
                              (size_t)_DDP_FUSE_BYTES);
     for (j = 0; j < k; j++) {
-        if (ops[j].count) memcpy(c->fuse_buf + off, ops[j].send, ops[j].count * es);
+        if (ops[j].count) memcpy(c->group.fuse_buf + off, ops[j].send, ops[j].count * es);
         off += ops[j].count * es;
     }
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d all_reduces fused into one of %zu bytes", k, off);
-    o = _ddp_op_make(DDP_CALL_ALL_REDUCE, c->fuse_buf, c->fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
+    o = _ddp_op_make(DDP_CALL_ALL_REDUCE, c->group.fuse_buf, c->group.fuse_buf, off / es, ops[0].dtype, ops[0].op, 0);
     if ((r = _ddp_run_op_raw(c, &o)) != DDP_SUCCESS) return r;
     for (off = 0, j = 0; j < k; j++) {
-        if (ops[j].count) memcpy(ops[j].recv, c->fuse_buf + off, ops[j].count * es);
+        if (ops[j].count) memcpy(ops[j].recv, c->group.fuse_buf + off, ops[j].count * es);
         off += ops[j].count * es;
     }
     return DDP_SUCCESS;
@@ -574,13 +574,13 @@ _DDP_PRIVATE ddp_result_t _ddp_fused_all_reduce(ddp_comm_t *c, const _ddp_op_t *
 
 /* The outermost group_end: the collectives in call order, then all sends and receives at once. */
 _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c) {
-    _ddp_op_t *ops = (_ddp_op_t *)c->group_ops;
-    int n = c->group_n, i, nsend = 0, nrecv = 0;
+    _ddp_op_t *ops = (_ddp_op_t *)c->group.ops;
+    int n = c->group.n, i, nsend = 0, nrecv = 0;
     ddp_result_t r;
-    c->group_n = 0;
-    if (c->group_err != DDP_SUCCESS) {
+    c->group.n = 0;
+    if (c->group.err != DDP_SUCCESS) {
         _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls not run: one failed its checks", n);
-        return c->group_err;
+        return c->group.err;
     }
     for (i = 0; i < n; i++) nsend += ops[i].kind == DDP_CALL_SEND, nrecv += ops[i].kind == DDP_CALL_RECV;
     _DDP_LOG(c, DDP_LOG_TRACE, "group_end: %d calls: %d collectives, then %d sends and %d receives together",
@@ -593,7 +593,7 @@ _DDP_PRIVATE ddp_result_t _ddp_group_run(ddp_comm_t *c) {
         if (r != DDP_SUCCESS) return r;
         i += k - 1;
     }
-    return nsend + nrecv ? _ddp_p2p_batch(&c->eng, c->p2p, ops, n) : DDP_SUCCESS;
+    return nsend + nrecv ? _ddp_p2p_batch(&c->eng, c->group.p2p, ops, n) : DDP_SUCCESS;
 }
 
 #endif /* DDP_COMM_IMPLEMENTATION */

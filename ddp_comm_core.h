@@ -124,40 +124,35 @@ typedef struct {
     uint64_t cursor;               /* the last request this lane took */
 } _ddp_lane_t;
 
-struct ddp_comm {
-    /* What the algorithms see (rank, size, timeouts, spin, segment, scratch, sequence) and the
-     * calls they make: filled at init, the one copy of those settings. */
-    _ddp_engine_t eng;
-    /* What the transports see: filled before their init, kept for their lifetime. */
-    ddp_transport_ctx_t tctx;
-    unsigned char token[_DDP_AUTH_KEY_BYTES];     /* rank 0's random, through the store */
-    unsigned char data_key[_DDP_AUTH_KEY_BYTES];  /* what data connections prove (never sent) */
-    int local_rank, local_size;
-    char master_addr[256];
-    int master_port;
-    char ifname[256];
-    char prefix[128];
-    char job[160];                 /* the launcher's job identity ("" if none): rendezvous check */
-    int foreign;                   /* the store belongs to another job: never write to it */
-    ddp_store_t *store;
-    int own_store;
-    char *host_ids;                /* nranks * _DDP_HOST_ID_LEN */
-    _ddp_tinst_t tinst[_DDP_MAX_TRANSPORTS];
-    int ntinst;
-    _ddp_peer_t *peers;
-    ddp_allocator_t alloc;
-    ddp_result_t error;            /* sticky: set by a failed collective */
-    int init_probe;                /* trying a transport under "auto": its failure is a notice */
-    _ddp_log_sink_t log;           /* desc.log_fn, or DDP_DEBUG_FILE's descriptor, or stderr */
-    int log_file;                  /* log.fd is DDP_DEBUG_FILE's: closed at destroy */
-    int op_quiet;                  /* an operation runs on op_thread: its failures are logged once, */
-    pthread_t op_thread;           /* at its end, whole (atomic: other threads read it) */
-    int64_t init_deadline_us;      /* the whole rendezvous ends by then (0: no timeout) */
-    char last_error[1024];
-    /* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only
-     * if no abort came first; abort poisons the communicator itself only if nothing runs). */
+/* Groups and send/recv: what ddp_group_start..ddp_group_end queue, and the sequence of the
+ * messages to and from each peer. */
+typedef struct {
+    uint32_t *p2p;                 /* 4 per peer: ddp_send/ddp_recv messages sent to it and received
+                                    * from it (the sequence in their tags); group_end's in flight */
+    int depth, n, cap;             /* ddp_group_start nesting; calls queued, room */
+    void *ops;                     /* the queued calls (_ddp_op_t), grown on demand, kept */
+    unsigned char *fuse_buf;       /* a group's small all-reduces packed together (lazy, kept) */
+    ddp_result_t err;              /* first failure of a call made inside the group */
+} _ddp_comm_group_t;
+
+/* Device (GPU) buffers: the device provider of a transport (transports/ddp_nccl.h). `provider`
+ * once usable on every rank; `any` whenever one is compiled in (it still tells device pointers
+ * apart, so that they get a clear error instead of a host dereference). */
+typedef struct {
+    const ddp_device_provider_t *provider, *any;
+    void *state, *any_state;
+    void *inherited;               /* a split's device communicator, for the child's setup */
+    char declined[512];            /* why `provider` is NULL */
+    uint64_t seq;                  /* device calls issued: their numbers in logs and errors */
+    int check;                     /* DDP_NCCL_CHECK: ranks compare each call's fingerprint */
+    uint64_t *prints;              /* nranks fingerprints (DDP_NCCL_CHECK only, kept) */
+    int busy;                      /* the user's thread is in a device call (atomic, nests) */
+} _ddp_comm_device_t;
+
+/* Async requests and abort. aborted/busy are atomics (Dekker pair: an operation starts only if
+ * no abort came first; abort poisons the communicator itself only if nothing runs). */
+typedef struct {
     int aborted, busy, abort_claimed;
-    int dev_busy;                  /* the user's thread is in a device call (atomic, nests) */
     pthread_mutex_t amu;           /* the request ring and the progress thread's state */
     pthread_cond_t acv;            /* something queued, or stop */
     pthread_cond_t adone;          /* an operation finished */
@@ -168,11 +163,13 @@ struct ddp_comm {
     int nlanes, want_lanes;        /* running; DDP_ASYNC_LANES */
     size_t lane_min_bytes;         /* DDP_LANE_MIN_BYTES: smaller requests all go to lane 0 */
     uint64_t big_ops;              /* requests >= lane_min_bytes so far: picks their lane */
-    char transport_name[32];       /* desc.transport / DDP_TRANSPORT, "" for auto (for copies) */
     ddp_result_t abort_code;       /* why it was aborted, when not by ddp_comm_abort */
     char abort_reason[640];
-    uint32_t splits;               /* ddp_comm_split calls: part of the child's store prefix */
-    ddp_store_t *extra_store;      /* ddp_comm_init_threads' private store server (rank 0) */
+} _ddp_comm_queue_t;
+
+/* The algorithm choice: who runs the collectives (a transport, or the algorithms over the
+ * engine) and which all-reduce algorithm, from the settings, the hosts and the cost model. */
+typedef struct {
     int algo;                      /* _DDP_ALGO_*: DDP_ALGO, else chosen by size */
     const ddp_coll_provider_t *coll; /* a transport that runs the collectives itself, or NULL */
     void *coll_state;
@@ -185,22 +182,57 @@ struct ddp_comm {
     _ddp_model_t model;            /* rank 0's (DDP_MODEL, else built in): the same everywhere */
     signed char ar_pick[64];       /* calls of up to 2^k bytes: auto's algorithm (_ddp_ar_algo_t) */
     signed char hier_pick[64];     /* DDP_ALGO=hier: the hierarchical algorithm the model picks */
-    uint32_t *p2p;                 /* 4 per peer: ddp_send/ddp_recv messages sent to it and received
-                                    * from it (the sequence in their tags); group_end's in flight */
-    int group_depth, group_n, group_cap; /* ddp_group_start nesting; calls queued, room */
-    void *group_ops;               /* the queued calls (_ddp_op_t), grown on demand, kept */
-    unsigned char *fuse_buf;       /* a group's small all-reduces packed together (lazy, kept) */
-    ddp_result_t group_err;        /* first failure of a call made inside the group */
-    /* Device (GPU) buffers: the device provider of a transport (transports/ddp_nccl.h). `dev`
-     * once usable on every rank; `dev_any` whenever one is compiled in (it still tells device
-     * pointers apart, so that they get a clear error instead of a host dereference). */
-    const ddp_device_provider_t *dev, *dev_any;
-    void *dev_state, *dev_any_state;
-    void *dev_inherited;           /* a split's device communicator, for the child's setup */
-    char dev_declined[512];        /* why `dev` is NULL */
-    uint64_t dev_seq;              /* device calls issued: their numbers in logs and errors */
-    int dev_check;                 /* DDP_NCCL_CHECK: ranks compare each call's fingerprint */
-    uint64_t *dev_prints;          /* nranks fingerprints (DDP_NCCL_CHECK only, kept) */
+} _ddp_comm_choice_t;
+
+/* Bootstrap: where and how the communicator met its peers (settings, the store, the job's
+ * identity and keys, the host table), kept for lanes, splits and destroy. */
+typedef struct {
+    unsigned char token[_DDP_AUTH_KEY_BYTES];     /* rank 0's random, through the store */
+    unsigned char data_key[_DDP_AUTH_KEY_BYTES];  /* what data connections prove (never sent) */
+    int local_rank, local_size;
+    char master_addr[256];
+    int master_port;
+    char ifname[256];
+    char prefix[128];
+    char job[160];                 /* the launcher's job identity ("" if none): rendezvous check */
+    int foreign;                   /* the store belongs to another job: never write to it */
+    ddp_store_t *store;
+    int own_store;
+    char *host_ids;                /* nranks * _DDP_HOST_ID_LEN */
+    int64_t init_deadline_us;      /* the whole rendezvous ends by then (0: no timeout) */
+    uint32_t splits;               /* ddp_comm_split calls: part of the child's store prefix */
+    ddp_store_t *extra_store;      /* ddp_comm_init_threads' private store server (rank 0) */
+} _ddp_comm_boot_t;
+
+/* The peers: the transport instances this communicator opened, and per rank which one reaches
+ * it and over which connection (picked at init, connected on first use). */
+typedef struct {
+    _ddp_tinst_t tinst[_DDP_MAX_TRANSPORTS];
+    int ntinst;
+    _ddp_peer_t *by_rank;          /* nranks entries */
+    char transport_name[32];       /* desc.transport / DDP_TRANSPORT, "" for auto (for copies) */
+} _ddp_comm_peers_t;
+
+struct ddp_comm {
+    /* What the algorithms see (rank, size, timeouts, spin, segment, scratch, sequence) and the
+     * calls they make: filled at init, the one copy of those settings. */
+    _ddp_engine_t eng;
+    /* What the transports see: filled before their init, kept for their lifetime. */
+    ddp_transport_ctx_t tctx;
+    _ddp_comm_boot_t boot;         /* where it met its peers (ddp_comm_init.h, ddp_rendezvous.h) */
+    _ddp_comm_peers_t peers;       /* the transports and the connection to each rank */
+    ddp_allocator_t alloc;
+    ddp_result_t error;            /* sticky: set by a failed collective */
+    int init_probe;                /* trying a transport under "auto": its failure is a notice */
+    _ddp_log_sink_t log;           /* desc.log_fn, or DDP_DEBUG_FILE's descriptor, or stderr */
+    int log_file;                  /* log.fd is DDP_DEBUG_FILE's: closed at destroy */
+    int op_quiet;                  /* an operation runs on op_thread: its failures are logged once, */
+    pthread_t op_thread;           /* at its end, whole (atomic: other threads read it) */
+    char last_error[1024];
+    _ddp_comm_queue_t queue;       /* async requests, progress threads, abort (ddp_comm_queue.h) */
+    _ddp_comm_choice_t choice;     /* who runs the collectives, which algorithm (ddp_comm_dispatch.h) */
+    _ddp_comm_group_t group;       /* groups and send/recv (ddp_comm.h, ddp_comm_dispatch.h) */
+    _ddp_comm_device_t dev;        /* device (GPU) buffers (ddp_comm_device.h) */
     _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
     int trace_open;
     unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */
@@ -344,7 +376,7 @@ _DDP_PRIVATE ddp_result_t _ddp_usable(ddp_comm_t *c) {
 
 _DDP_PRIVATE void _ddp_key(const ddp_comm_t *c, char *out, size_t cap, const char *fmt, ...) {
     va_list ap;
-    int n = snprintf(out, cap, "%s/", c->prefix);
+    int n = snprintf(out, cap, "%s/", c->boot.prefix);
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
     va_end(ap);
@@ -354,7 +386,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_publish(ddp_comm_t *c, const char *transport
     char key[256];
     if (!c || !transport || (len && !addr)) return DDP_ERR_INVALID_ARGUMENT;
     _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, c->eng.rank);
-    return ddp_store_set(c->store, key, addr, len);
+    return ddp_store_set(c->boot.store, key, addr, len);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_comm_lookup(ddp_comm_t *c, const char *transport, int peer, void *addr,
@@ -363,10 +395,10 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_lookup(ddp_comm_t *c, const char *transport,
     ddp_result_t r;
     if (!c || !transport || peer < 0 || peer >= c->eng.nranks) return DDP_ERR_INVALID_ARGUMENT;
     _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, peer);
-    r = ddp_store_get(c->store, key, addr, cap, len);
+    r = ddp_store_get(c->boot.store, key, addr, cap, len);
     if (r != DDP_SUCCESS)
         return ddp_comm_fail(c, r, "looking up rank %d's %s address: %s", peer, transport,
-                             ddp_store_last_error(c->store));
+                             ddp_store_last_error(c->boot.store));
     return r;
 }
 
@@ -374,25 +406,25 @@ DDP_API int ddp_comm_timeout_ms(const ddp_comm_t *c) { return c ? c->eng.timeout
 DDP_API void *ddp_comm_calloc(ddp_comm_t *c, size_t n) { return _ddp_calloc(c ? &c->alloc : NULL, n); }
 DDP_API void ddp_comm_free(ddp_comm_t *c, void *p) { _ddp_free(c ? &c->alloc : NULL, p); }
 _DDP_PRIVATE const char *_ddp_comm_host_id(const ddp_comm_t *c, int peer) {
-    if (!c || !c->host_ids || peer < 0 || peer >= c->eng.nranks) return "";
-    return c->host_ids + (size_t)peer * _DDP_HOST_ID_LEN;
+    if (!c || !c->boot.host_ids || peer < 0 || peer >= c->eng.nranks) return "";
+    return c->boot.host_ids + (size_t)peer * _DDP_HOST_ID_LEN;
 }
 DDP_API int ddp_comm_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->eng.rank : -1; }
 DDP_API int ddp_comm_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->eng.nranks : -1; }
-DDP_API int ddp_comm_local_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->local_rank : -1; }
-DDP_API int ddp_comm_local_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->local_size : -1; }
+DDP_API int ddp_comm_local_rank(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->boot.local_rank : -1; }
+DDP_API int ddp_comm_local_size(const ddp_comm_t *c) { return c && _ddp_live_check(c, 0) ? c->boot.local_size : -1; }
 DDP_API const char *ddp_comm_last_error(const ddp_comm_t *c) {
     if (!c) return "NULL communicator";
     if (!_ddp_live_check(c, 0)) return "not a live communicator (destroyed, or never created)";
     return c->last_error;
 }
 /* Not in a fork child: its connection to the store is the parent's too. */
-DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c && !_ddp_forked(c) ? c->store : NULL; }
+DDP_API ddp_store_t *ddp_comm_store(ddp_comm_t *c) { return c && !_ddp_forked(c) ? c->boot.store : NULL; }
 DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *c, int peer) {
-    if (!c || !c->peers || peer < 0 || peer >= c->eng.nranks) return "";
+    if (!c || !c->peers.by_rank || peer < 0 || peer >= c->eng.nranks) return "";
     if (peer == c->eng.rank) return "self";
-    if (c->peers[peer].tinst < 0) return "none";
-    return c->tinst[c->peers[peer].tinst].t->name;
+    if (c->peers.by_rank[peer].tinst < 0) return "none";
+    return c->peers.tinst[c->peers.by_rank[peer].tinst].t->name;
 }
 
 
@@ -401,12 +433,12 @@ DDP_API const char *ddp_comm_transport_name(const ddp_comm_t *c, int peer) {
 _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
     char key[256], cur[8];
     size_t curlen = 0;
-    if (!c->store || c->foreign) return;   /* another job's store is not ours to write */
+    if (!c->boot.store || c->boot.foreign) return;   /* another job's store is not ours to write */
     _ddp_key(c, key, sizeof key, "abort");
-    _ddp_store_quick(c->store, 1);
-    ddp_store_compare_set(c->store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
+    _ddp_store_quick(c->boot.store, 1);
+    ddp_store_compare_set(c->boot.store, key, NULL, 0, c->last_error, strlen(c->last_error), cur,
                           sizeof cur, &curlen);
-    _ddp_store_quick(c->store, 0);
+    _ddp_store_quick(c->boot.store, 0);
 }
 
 /* A healthy communicator being destroyed leaves a note (the first rank to leave wins): a peer
@@ -415,14 +447,14 @@ _DDP_PRIVATE void _ddp_publish_failure(ddp_comm_t *c) {
 _DDP_PRIVATE void _ddp_say_goodbye(ddp_comm_t *c) {
     char key[256], msg[96], cur[8];
     size_t curlen = 0;
-    if (!c->store || c->foreign || c->forked || c->eng.nranks < 2 ||
+    if (!c->boot.store || c->boot.foreign || c->forked || c->eng.nranks < 2 ||
         __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) != DDP_SUCCESS)
         return;
     snprintf(msg, sizeof msg, "%d %u", c->eng.rank, c->eng.seq);
     _ddp_key(c, key, sizeof key, "bye");
-    _ddp_store_quick(c->store, 1);
-    ddp_store_compare_set(c->store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
-    _ddp_store_quick(c->store, 0);
+    _ddp_store_quick(c->boot.store, 1);
+    ddp_store_compare_set(c->boot.store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
+    _ddp_store_quick(c->boot.store, 0);
 }
 
 /* A rank that destroyed its communicator before the call this rank is in: its note, appended
@@ -433,8 +465,8 @@ _DDP_PRIVATE int _ddp_add_goodbye(ddp_comm_t *c) {
     int exists = 0, who = -1;
     unsigned calls = 0;
     _ddp_key(c, key, sizeof key, "bye");
-    if (ddp_store_check(c->store, key, &exists) != DDP_SUCCESS || !exists ||
-        ddp_store_get(c->store, key, note, sizeof note - 1, &len) != DDP_SUCCESS)
+    if (ddp_store_check(c->boot.store, key, &exists) != DDP_SUCCESS || !exists ||
+        ddp_store_get(c->boot.store, key, note, sizeof note - 1, &len) != DDP_SUCCESS)
         return 0;
     note[len < sizeof note ? len : sizeof note - 1] = 0;
     if (sscanf(note, "%d %u", &who, &calls) != 2 || who == c->eng.rank || calls >= c->eng.seq) return 0;
@@ -452,12 +484,12 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     size_t len = 0, n = strlen(c->last_error);
     int exists = 0;
     ddp_result_t r;
-    if (!c->store) return 0;
+    if (!c->boot.store) return 0;
     _ddp_key(c, key, sizeof key, "abort");
-    _ddp_store_quick(c->store, 1);
-    r = ddp_store_check(c->store, key, &exists);
+    _ddp_store_quick(c->boot.store, 1);
+    r = ddp_store_check(c->boot.store, key, &exists);
     if (r == DDP_SUCCESS && exists &&
-        ddp_store_get(c->store, key, why, sizeof why - 1, &len) == DDP_SUCCESS) {
+        ddp_store_get(c->boot.store, key, why, sizeof why - 1, &len) == DDP_SUCCESS) {
         why[len < sizeof why - 1 ? len : sizeof why - 1] = 0;
         if (strstr(c->last_error, why) == NULL && n + 32 < sizeof c->last_error)
             snprintf(c->last_error + n, sizeof c->last_error - n, "; first failure: %s", why);
@@ -470,16 +502,16 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
                  "rendezvous store no longer answers): it probably failed first");
         exists = 1;
     }
-    _ddp_store_quick(c->store, 0);
+    _ddp_store_quick(c->boot.store, 0);
     return exists;
 }
 
 _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
     int i;
-    if (!c->peers) return;
+    if (!c->peers.by_rank) return;
     for (i = 0; i < c->eng.nranks; i++) {
-        _ddp_peer_t *p = &c->peers[i];
-        if (p->conn && p->tinst >= 0) c->tinst[p->tinst].t->close(p->conn);
+        _ddp_peer_t *p = &c->peers.by_rank[i];
+        if (p->conn && p->tinst >= 0) c->peers.tinst[p->tinst].t->close(p->conn);
         p->conn = NULL;
     }
 }
@@ -511,13 +543,13 @@ _DDP_PRIVATE ddp_result_t _ddp_connect_peers(ddp_comm_t *c, const int *list, int
         pending = 0;
         for (i = 0; i < n; i++) {
             int peer = list ? list[i] : i;   /* NULL: everyone */
-            _ddp_peer_t *p = &c->peers[peer];
+            _ddp_peer_t *p = &c->peers.by_rank[peer];
             const ddp_transport_t *t;
             ddp_result_t r;
             if (p->conn || peer == c->eng.rank) continue;
-            t = c->tinst[p->tinst].t;
-            r = c->eng.rank < peer ? t->connect(c->tinst[p->tinst].state, peer, &p->conn)
-                               : t->accept(c->tinst[p->tinst].state, peer, &p->conn);
+            t = c->peers.tinst[p->tinst].t;
+            r = c->eng.rank < peer ? t->connect(c->peers.tinst[p->tinst].state, peer, &p->conn)
+                               : t->accept(c->peers.tinst[p->tinst].state, peer, &p->conn);
             if (r != DDP_SUCCESS) return r;
             if (p->conn) {
                 progressed = 1;
@@ -532,7 +564,7 @@ _DDP_PRIVATE ddp_result_t _ddp_connect_peers(ddp_comm_t *c, const int *list, int
             size_t off = 0;
             for (i = 0; i < n && off + 12 < sizeof who; i++) {
                 int peer = list ? list[i] : i;
-                if (!c->peers[peer].conn && peer != c->eng.rank)
+                if (!c->peers.by_rank[peer].conn && peer != c->eng.rank)
                     off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", off ? "," : "", peer);
             }
             return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: no connection with rank(s) %s after "
@@ -606,7 +638,7 @@ _DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
     const char *body;
     int cur, hops, stuck = -1;
     size_t off = 0;
-    if (!c->store || n < 2) return;
+    if (!c->boot.store || n < 2) return;
     if (grace < 1000) grace = 1000;
     if (grace > 10000) grace = 10000;
     deadline = _ddp_now_us() + (int64_t)grace * 1000;
@@ -614,8 +646,8 @@ _DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
     body = strncmp(orig, "rank ", 5) == 0 && strstr(orig, ": ") ? strstr(orig, ": ") + 2 : orig;
     snprintf(val, sizeof val, "%d %u %.560s", c->eng.waiting_on, c->eng.seq, body);
     _ddp_key(c, key, sizeof key, "pos/%d", me);
-    _ddp_store_quick(c->store, 1);
-    if (ddp_store_set(c->store, key, val, strlen(val)) != DDP_SUCCESS) {
+    _ddp_store_quick(c->boot.store, 1);
+    if (ddp_store_set(c->boot.store, key, val, strlen(val)) != DDP_SUCCESS) {
         stuck = 0;
         snprintf(why, sizeof why, "its rendezvous store does not answer: rank 0 stopped, hung or "
                  "cut off, or this rank is cut off from it");
@@ -628,11 +660,11 @@ _DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
         _ddp_key(c, key, sizeof key, "pos/%d", cur);
         /* Short checks, not one long wait: a wait that times out costs the connection, and the
          * failure still has to be published after this. */
-        while ((r = ddp_store_check(c->store, key, &exists)) == DDP_SUCCESS && !exists) {
+        while ((r = ddp_store_check(c->boot.store, key, &exists)) == DDP_SUCCESS && !exists) {
             if (_ddp_ms_left(deadline) == 0) { r = DDP_ERR_TIMEOUT; break; }
             usleep(20000);
         }
-        if (r == DDP_SUCCESS) r = ddp_store_get(c->store, key, val, sizeof val - 1, &len);
+        if (r == DDP_SUCCESS) r = ddp_store_get(c->boot.store, key, val, sizeof val - 1, &len);
         if (r != DDP_SUCCESS) {
             stuck = cur;
             snprintf(why, sizeof why, r == DDP_ERR_TIMEOUT ? "no report of its position within "
@@ -651,7 +683,7 @@ _DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
         if (next == me || next < 0) break;     /* a cycle back to us, or it knows no more */
         cur = next;
     }
-    _ddp_store_quick(c->store, 0);
+    _ddp_store_quick(c->boot.store, 0);
     if (stuck >= 0)
         snprintf(c->last_error, sizeof c->last_error, "rank %d: stuck rank: %d (%s); here: %.400s%s%.300s",
                  me, stuck, why, body, off ? "; waiting chain: " : "", chain);
@@ -723,13 +755,13 @@ _DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int r
 _DDP_PRIVATE ddp_result_t _ddp_abort_poison(ddp_comm_t *c) {
     int expect = 0;
     ddp_result_t code = DDP_ERR_ABORTED;
-    char why[sizeof c->abort_reason];
-    pthread_mutex_lock(&c->amu);
-    _ddp_strlcpy(why, c->abort_reason[0] ? c->abort_reason : "ddp_comm_abort was called on this rank",
+    char why[sizeof c->queue.abort_reason];
+    pthread_mutex_lock(&c->queue.amu);
+    _ddp_strlcpy(why, c->queue.abort_reason[0] ? c->queue.abort_reason : "ddp_comm_abort was called on this rank",
                  sizeof why);
-    if (c->abort_reason[0]) code = c->abort_code;
-    pthread_mutex_unlock(&c->amu);
-    if (__atomic_compare_exchange_n(&c->abort_claimed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+    if (c->queue.abort_reason[0]) code = c->queue.abort_code;
+    pthread_mutex_unlock(&c->queue.amu);
+    if (__atomic_compare_exchange_n(&c->queue.abort_claimed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
         __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_SUCCESS) {
         ddp_comm_fail(c, code, "%s", why);
         _ddp_comm_poison(c, code);
@@ -745,20 +777,20 @@ _DDP_PRIVATE ddp_result_t _ddp_begin(ddp_comm_t *c) {
      * included, which runs only while the caller waits or is in no call). A second thread gets
      * an error instead of racing the first on the connections. Not recorded as last_error:
      * that buffer belongs to the thread inside. */
-    if (!__atomic_compare_exchange_n(&c->busy, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    if (!__atomic_compare_exchange_n(&c->queue.busy, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
         _DDP_LOG(c, DDP_LOG_WARN, "two threads used this communicator at once: the second call "
                  "returns DDP_ERR_INVALID_USAGE (use one communicator per thread, or serialise)");
         return DDP_ERR_INVALID_USAGE;
     }
-    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
-        __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&c->queue.busy, 0, __ATOMIC_SEQ_CST);
         return _ddp_abort_poison(c);
     }
     e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
-    if (e != DDP_SUCCESS) __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+    if (e != DDP_SUCCESS) __atomic_store_n(&c->queue.busy, 0, __ATOMIC_SEQ_CST);
     return e;
 }
-_DDP_PRIVATE void _ddp_end(ddp_comm_t *c) { __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST); }
+_DDP_PRIVATE void _ddp_end(ddp_comm_t *c) { __atomic_store_n(&c->queue.busy, 0, __ATOMIC_SEQ_CST); }
 
 /* The hand-offs between the caller and the progress thread poll for the communicator's spin
  * time (yielding the CPU between polls, as the transports do) before sleeping on a condition
@@ -778,11 +810,11 @@ _DDP_PRIVATE int _ddp_poll_u64(ddp_comm_t *c, const uint64_t *word, uint64_t wan
 
 /* A blocking call: wait for everything issued before it, then run it here. */
 _DDP_PRIVATE ddp_result_t _ddp_enter(ddp_comm_t *c) {
-    if (c->progress_on) {
-        _ddp_poll_u64(c, &c->finished, __atomic_load_n(&c->issued, __ATOMIC_ACQUIRE));
-        pthread_mutex_lock(&c->amu);
-        while (c->finished < c->issued) pthread_cond_wait(&c->adone, &c->amu);
-        pthread_mutex_unlock(&c->amu);
+    if (c->queue.progress_on) {
+        _ddp_poll_u64(c, &c->queue.finished, __atomic_load_n(&c->queue.issued, __ATOMIC_ACQUIRE));
+        pthread_mutex_lock(&c->queue.amu);
+        while (c->queue.finished < c->queue.issued) pthread_cond_wait(&c->queue.adone, &c->queue.amu);
+        pthread_mutex_unlock(&c->queue.amu);
     }
     return _ddp_begin(c);
 }

@@ -59,10 +59,10 @@ _DDP_PRIVATE int _ddp_route(ddp_comm_t *c, const _ddp_op_t *o, ddp_result_t *err
     const void *a, *b;
     int da, db;
     *err = DDP_SUCCESS;
-    if (!c->dev_any) return 0;
+    if (!c->dev.any) return 0;
     _ddp_op_buffers(c, o, &a, &b);
-    da = a && c->dev_any->is_device(c->dev_any_state, a);
-    db = b && c->dev_any->is_device(c->dev_any_state, b);
+    da = a && c->dev.any->is_device(c->dev.any_state, a);
+    db = b && c->dev.any->is_device(c->dev.any_state, b);
     if (!da && !db) return 0;
     if (a && b && da != db) {
         *err = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "%s: sendbuf is %s memory and recvbuf %s "
@@ -70,9 +70,9 @@ _DDP_PRIVATE int _ddp_route(ddp_comm_t *c, const _ddp_op_t *o, ddp_result_t *err
                              _ddp_kind_name(o->kind), da ? "device" : "host", db ? "device" : "host");
         return -1;
     }
-    if (!c->dev) {
+    if (!c->dev.provider) {
         *err = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "%s: device buffers, but this communicator "
-                             "cannot use NCCL: %s", _ddp_kind_name(o->kind), c->dev_declined);
+                             "cannot use NCCL: %s", _ddp_kind_name(o->kind), c->dev.declined);
         return -1;
     }
     return 1;
@@ -92,12 +92,12 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_check_call(ddp_comm_t *c, const _ddp_op_t *o,
     mine[4] = o->kind == DDP_CALL_ALL_REDUCE || o->kind == DDP_CALL_REDUCE_SCATTER ||
               o->kind == DDP_CALL_ALL_GATHER || o->kind == DDP_CALL_ALL_TO_ALL ? 0 : (uint64_t)o->root;
     mine[5] = seq;
-    if (!c->dev_prints && !(c->dev_prints = (uint64_t *)ddp_comm_calloc(c, sizeof mine * (size_t)n)))
+    if (!c->dev.prints && !(c->dev.prints = (uint64_t *)ddp_comm_calloc(c, sizeof mine * (size_t)n)))
         return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "DDP_NCCL_CHECK: fingerprints");
-    ag = _ddp_op_make(DDP_CALL_ALL_GATHER, mine, c->dev_prints, 6, DDP_UINT64, DDP_SUM, 0);
+    ag = _ddp_op_make(DDP_CALL_ALL_GATHER, mine, c->dev.prints, 6, DDP_UINT64, DDP_SUM, 0);
     if ((r = _ddp_run_op_raw(c, &ag)) != DDP_SUCCESS) return r;
     for (i = 0; i < n; i++) {
-        const uint64_t *t = c->dev_prints + 6 * (size_t)i;
+        const uint64_t *t = c->dev.prints + 6 * (size_t)i;
         if (!memcmp(t, mine, sizeof mine)) continue;
         return ddp_comm_fail(c, DDP_ERR_MISMATCH, "DDP_NCCL_CHECK: device call #%llu differs: this "
                              "rank: %s of %llu x %s (op %llu, root %llu); rank %d: %s #%llu of %llu x %s "
@@ -113,12 +113,12 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_check_call(ddp_comm_t *c, const _ddp_op_t *o,
 
 /* Device calls own the communicator as host calls do (an abort from another thread leaves the
  * poisoning to them: Dekker with _ddp_abort_internal), through their own flag: the progress
- * thread may hold c->busy for host requests meanwhile, which device calls do not touch. */
-_DDP_PRIVATE void _ddp_dev_enter(ddp_comm_t *c) { __atomic_add_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST); }
+ * thread may hold c->queue.busy for host requests meanwhile, which device calls do not touch. */
+_DDP_PRIVATE void _ddp_dev_enter(ddp_comm_t *c) { __atomic_add_fetch(&c->dev.busy, 1, __ATOMIC_SEQ_CST); }
 _DDP_PRIVATE ddp_result_t _ddp_dev_leave(ddp_comm_t *c, ddp_result_t r) {
     if (r != DDP_SUCCESS)
-        r = __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST) ? _ddp_abort_poison(c) : _ddp_comm_poison(c, r);
-    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+        r = __atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST) ? _ddp_abort_poison(c) : _ddp_comm_poison(c, r);
+    __atomic_sub_fetch(&c->dev.busy, 1, __ATOMIC_SEQ_CST);
     return r;
 }
 
@@ -130,23 +130,23 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
     ddp_result_t r = _ddp_check_comm(c);
     int held = 0;
     if (r != DDP_SUCCESS) return r;
-    if (req && c->dev->in_group(c->dev_state, &held))
+    if (req && c->dev.provider->in_group(c->dev.state, &held))
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s_async on device buffers while an NCCL group "
                              "is open on this thread (ddp_group_start, on this or another communicator): "
                              "NCCL holds the call until the outermost ddp_group_end, so there would be "
                              "nothing to wait for yet; make it a blocking call in the group, or end the "
                              "group first", _ddp_kind_name(o->kind));
     _ddp_dev_enter(c);
-    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) return _ddp_dev_leave(c, DDP_ERR_ABORTED);
+    if (__atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST)) return _ddp_dev_leave(c, DDP_ERR_ABORTED);
     memset(&k, 0, sizeof k);
     k.kind = (ddp_call_kind_t)o->kind;
     k.send = o->send; k.recv = o->recv; k.count = o->count; k.dtype = o->dtype; k.op = o->op;
     k.root = o->root;
-    k.seq = ++c->dev_seq;
+    k.seq = ++c->dev.seq;
     _DDP_LOG(c, DDP_LOG_TRACE, "%s device #%llu: %zu x %s, %s, enqueued on NCCL", _ddp_kind_name(o->kind),
              (unsigned long long)k.seq, o->count, ddp_dtype_name(o->dtype),
              o->send == o->recv ? "in place" : "out of place");
-    if (c->dev_check && o->kind != DDP_CALL_SEND && o->kind != DDP_CALL_RECV &&
+    if (c->dev.check && o->kind != DDP_CALL_SEND && o->kind != DDP_CALL_RECV &&
         (r = _ddp_enter(c)) == DDP_SUCCESS) {   /* a host all-gather: after queued host requests */
         r = _ddp_dev_check_call(c, o, k.seq);
         _ddp_end(c);
@@ -155,7 +155,7 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
         _ddp_trace_rec_t tr;
         memset(&tr, 0, sizeof tr);
         tr.t0_us = _ddp_now_us();
-        if (r == DDP_SUCCESS) r = c->dev->enqueue(c->dev_state, &k);
+        if (r == DDP_SUCCESS) r = c->dev.provider->enqueue(c->dev.state, &k);
         if (c->trace.file) {   /* the enqueue (the device runs it later, on its stream) */
             tr.seq = k.seq; tr.what = _ddp_kind_name(o->kind); tr.algo = "nccl (enqueued)";
             tr.count = o->count; tr.bytes = _ddp_op_bytes(c, o, 1); tr.dtype = (int)o->dtype;
@@ -163,7 +163,7 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_call(ddp_comm_t *c, const _ddp_op_t *o, ddp_r
             _ddp_trace_span(&c->trace, &tr);
         }
     }
-    if (r == DDP_SUCCESS && req) r = c->dev->mark(c->dev_state, &ticket);
+    if (r == DDP_SUCCESS && req) r = c->dev.provider->mark(c->dev.state, &ticket);
     if (r == DDP_SUCCESS && req) { req->comm = c; req->id = ticket | _DDP_DEV_REQ; }
     return _ddp_dev_leave(c, r);
 }
@@ -174,9 +174,9 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_complete(ddp_request_t *req, int *done) {
     uint64_t ticket = req->id & ~_DDP_DEV_REQ;
     ddp_result_t r;
     int fin = 0;
-    if (!c->dev) return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "not a request of this communicator");
+    if (!c->dev.provider) return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "not a request of this communicator");
     _ddp_dev_enter(c);
-    r = done ? c->dev->query(c->dev_state, ticket, &fin) : c->dev->wait(c->dev_state, ticket);
+    r = done ? c->dev.provider->query(c->dev.state, ticket, &fin) : c->dev.provider->wait(c->dev.state, ticket);
     if (!done) fin = 1;
     if (r != DDP_SUCCESS) fin = 1;
     r = _ddp_dev_leave(c, r);
@@ -191,38 +191,38 @@ _DDP_PRIVATE ddp_result_t _ddp_dev_drain(ddp_comm_t *c) {
     uint64_t ticket = 0;
     ddp_result_t r;
     int held = 0;
-    if (!c->dev) return DDP_SUCCESS;
-    if (c->dev->in_group(c->dev_state, &held) && held)
+    if (!c->dev.provider) return DDP_SUCCESS;
+    if (c->dev.provider->in_group(c->dev.state, &held) && held)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%d device call(s) of this communicator are held "
                              "in an NCCL group still open on this thread (ddp_group_start, on this or "
                              "another communicator); NCCL issues them at the outermost ddp_group_end: "
                              "end the group before waiting for them", held);
     _ddp_dev_enter(c);
-    r = c->dev->mark(c->dev_state, &ticket);
-    if (r == DDP_SUCCESS && ticket) r = c->dev->wait(c->dev_state, ticket);
+    r = c->dev.provider->mark(c->dev.state, &ticket);
+    if (r == DDP_SUCCESS && ticket) r = c->dev.provider->wait(c->dev.state, ticket);
     return _ddp_dev_leave(c, r);
 }
 
 DDP_API ddp_result_t ddp_comm_set_cuda_stream(ddp_comm_t *c, void *stream) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if (!c->dev)
+    if (!c->dev.provider)
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "set_cuda_stream: this communicator cannot use "
-                             "NCCL: %s", c->dev_declined);
-    return c->dev->set_stream(c->dev_state, stream);
+                             "NCCL: %s", c->dev.declined);
+    return c->dev.provider->set_stream(c->dev.state, stream);
 }
 
 DDP_API int ddp_comm_is_device(ddp_comm_t *c, const void *ptr) {
-    if (!c || !ptr || !_ddp_live_check(c, 0) || _ddp_forked(c) || !c->dev_any) return 0;
-    return c->dev_any->is_device(c->dev_any_state, ptr);
+    if (!c || !ptr || !_ddp_live_check(c, 0) || _ddp_forked(c) || !c->dev.any) return 0;
+    return c->dev.any->is_device(c->dev.any_state, ptr);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_dev_usable(ddp_comm_t *c, const char *what) {
     ddp_result_t r = _ddp_check_comm(c);
     if (r != DDP_SUCCESS) return r;
-    if (!c->dev)
+    if (!c->dev.provider)
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "%s: this communicator cannot use NCCL: %s", what,
-                             c->dev_declined);
+                             c->dev.declined);
     return DDP_SUCCESS;
 }
 
@@ -232,8 +232,8 @@ DDP_API ddp_result_t ddp_comm_device_alloc(ddp_comm_t *c, size_t bytes, void **p
     if (r != DDP_SUCCESS) return r;
     if (!ptr) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_alloc: NULL ptr");
     _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
-    r = c->dev->mem_alloc(c->dev_state, bytes, ptr);
-    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    r = c->dev.provider->mem_alloc(c->dev.state, bytes, ptr);
+    __atomic_sub_fetch(&c->dev.busy, 1, __ATOMIC_SEQ_CST);
     return r;
 }
 
@@ -242,8 +242,8 @@ DDP_API ddp_result_t ddp_comm_device_free(ddp_comm_t *c, void *ptr) {
     if (r != DDP_SUCCESS || !ptr) return r;
     _ddp_dev_drain(c);   /* enqueued work may still read it; freed even if that failed */
     _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
-    r = c->dev->mem_free(c->dev_state, ptr);
-    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    r = c->dev.provider->mem_free(c->dev.state, ptr);
+    __atomic_sub_fetch(&c->dev.busy, 1, __ATOMIC_SEQ_CST);
     return r;
 }
 
@@ -252,8 +252,8 @@ DDP_API ddp_result_t ddp_comm_device_copy(ddp_comm_t *c, void *dst, const void *
     if (r != DDP_SUCCESS || !bytes) return r;
     if (!dst || !src) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_copy: NULL buffer");
     _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
-    r = c->dev->copy(c->dev_state, dst, src, bytes);
-    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    r = c->dev.provider->copy(c->dev.state, dst, src, bytes);
+    __atomic_sub_fetch(&c->dev.busy, 1, __ATOMIC_SEQ_CST);
     return r;
 }
 
@@ -262,8 +262,8 @@ DDP_API ddp_result_t ddp_comm_device_zero(ddp_comm_t *c, void *dst, size_t bytes
     if (r != DDP_SUCCESS || !bytes) return r;
     if (!dst) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "device_zero: NULL buffer");
     _ddp_dev_enter(c);   /* a failure here (out of memory) leaves the communicator usable */
-    r = c->dev->fill_zero(c->dev_state, dst, bytes);
-    __atomic_sub_fetch(&c->dev_busy, 1, __ATOMIC_SEQ_CST);
+    r = c->dev.provider->fill_zero(c->dev.state, dst, bytes);
+    __atomic_sub_fetch(&c->dev.busy, 1, __ATOMIC_SEQ_CST);
     return r;
 }
 
@@ -274,8 +274,8 @@ DDP_API ddp_result_t ddp_comm_device_synchronize(ddp_comm_t *c) {
 
 DDP_API int ddp_comm_device_enabled(const ddp_comm_t *c, char *why, size_t cap) {
     if (!c || !_ddp_live_check(c, 0)) { if (why && cap) _ddp_strlcpy(why, "no communicator", cap); return 0; }
-    if (why && cap) _ddp_strlcpy(why, c->dev ? "" : c->dev_declined, cap);
-    return c->dev != NULL;
+    if (why && cap) _ddp_strlcpy(why, c->dev.provider ? "" : c->dev.declined, cap);
+    return c->dev.provider != NULL;
 }
 
 #ifdef __cplusplus

@@ -33,20 +33,20 @@
  * and the blocking half of spin-then-block. */
 _DDP_PRIVATE ddp_result_t _ddp_isend(ddp_comm_t *c, int peer, const void *buf, size_t len,
                                      uint64_t tag, void **req) {
-    _ddp_peer_t *p = &c->peers[peer];
+    _ddp_peer_t *p = &c->peers.by_rank[peer];
     if (!p->conn) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "no connection to rank %d", peer);
-    return c->tinst[p->tinst].t->isend(p->conn, buf, len, tag, NULL, req);
+    return c->peers.tinst[p->tinst].t->isend(p->conn, buf, len, tag, NULL, req);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_irecv(ddp_comm_t *c, int peer, void *buf, size_t len, uint64_t tag,
                                      void **req) {
-    _ddp_peer_t *p = &c->peers[peer];
+    _ddp_peer_t *p = &c->peers.by_rank[peer];
     if (!p->conn) return ddp_comm_fail(c, DDP_ERR_INTERNAL, "no connection to rank %d", peer);
-    return c->tinst[p->tinst].t->irecv(p->conn, buf, len, tag, NULL, req);
+    return c->peers.tinst[p->tinst].t->irecv(p->conn, buf, len, tag, NULL, req);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_test(ddp_comm_t *c, int peer, void *req, int *done) {
-    return c->tinst[c->peers[peer].tinst].t->test(req, done);
+    return c->peers.tinst[c->peers.by_rank[peer].tinst].t->test(req, done);
 }
 
 /* Sleeps until a connection to one of the peers may progress (or timeout_ms). Peers on
@@ -55,20 +55,20 @@ _DDP_PRIVATE ddp_result_t _ddp_block(ddp_comm_t *c, const int *peers, int n, int
     void *conns[8];
     int i, k = 0, ti = -1;
     /* Every stalled wait passes here at least every 100 ms: where ddp_comm_abort is seen. */
-    if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
+    if (__atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST))
         return ddp_comm_fail(c, DDP_ERR_ABORTED, "ddp_comm_abort was called on this rank");
     if (timeout_ms < 0 || timeout_ms > 100) timeout_ms = 100;
     for (i = 0; i < n && k < 8; i++) {
-        _ddp_peer_t *p = &c->peers[peers[i]];
+        _ddp_peer_t *p = &c->peers.by_rank[peers[i]];
         if (!p->conn) continue;
         if (ti >= 0 && p->tinst != ti) { usleep(20); return DDP_SUCCESS; }
         ti = p->tinst;
         conns[k++] = p->conn;
     }
-    if (ti < 0 || !c->tinst[ti].t->wait) { usleep(20); return DDP_SUCCESS; }
+    if (ti < 0 || !c->peers.tinst[ti].t->wait) { usleep(20); return DDP_SUCCESS; }
     {   /* the timeline's "time spent waiting on each peer": the first one waited for */
         int64_t t0 = _ddp_now_us();
-        ddp_result_t r = c->tinst[ti].t->wait(c->tinst[ti].state, conns, k, timeout_ms);
+        ddp_result_t r = c->peers.tinst[ti].t->wait(c->peers.tinst[ti].state, conns, k, timeout_ms);
         _ddp_trace_wait(&c->trace, peers[0], _ddp_now_us() - t0);
         return r;
     }
@@ -114,7 +114,7 @@ _DDP_PRIVATE int _ddp_host_published(void *h, const char *name, int peer) {
     char key[256];
     int exists = 0;
     _ddp_key(c, key, sizeof key, "addr/%s/%d", name, peer);
-    return ddp_store_check(c->store, key, &exists) == DDP_SUCCESS && exists;
+    return ddp_store_check(c->boot.store, key, &exists) == DDP_SUCCESS && exists;
 }
 
 /* A note under name for every rank (ddp_transport.h: post/posted). */
@@ -122,19 +122,19 @@ _DDP_PRIVATE ddp_result_t _ddp_host_post(void *h, const char *name, const char *
     ddp_comm_t *c = (ddp_comm_t *)h;
     char key[256], cur[8];
     size_t curlen = 0;
-    if (!c->store || c->foreign || !name || !msg) return DDP_ERR_INVALID_ARGUMENT;
+    if (!c->boot.store || c->boot.foreign || !name || !msg) return DDP_ERR_INVALID_ARGUMENT;
     _ddp_key(c, key, sizeof key, "%s", name);
-    return ddp_store_compare_set(c->store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
+    return ddp_store_compare_set(c->boot.store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
 }
 _DDP_PRIVATE int _ddp_host_posted(void *h, const char *name, char *msg, size_t cap) {
     ddp_comm_t *c = (ddp_comm_t *)h;
     char key[256];
     size_t len = 0;
     int exists = 0;
-    if (!c->store || !name || !msg || cap < 1) return 0;
+    if (!c->boot.store || !name || !msg || cap < 1) return 0;
     _ddp_key(c, key, sizeof key, "%s", name);
-    if (ddp_store_check(c->store, key, &exists) != DDP_SUCCESS || !exists) return 0;
-    if (ddp_store_get(c->store, key, msg, cap - 1, &len) != DDP_SUCCESS) return 0;
+    if (ddp_store_check(c->boot.store, key, &exists) != DDP_SUCCESS || !exists) return 0;
+    if (ddp_store_get(c->boot.store, key, msg, cap - 1, &len) != DDP_SUCCESS) return 0;
     msg[len < cap - 1 ? len : cap - 1] = 0;
     return 1;
 }
@@ -150,14 +150,14 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     e->fail = _ddp_host_fail; e->last_error = _ddp_host_last_error; e->log = _ddp_host_log;
     x->rank = e->rank; x->nranks = e->nranks;
     x->timeout_ms = e->timeout_ms; x->spin_us = e->spin_us; x->log_level = e->log_level;
-    x->ifname = c->ifname[0] ? c->ifname : NULL;
-    x->master_addr = c->master_addr;
+    x->ifname = c->boot.ifname[0] ? c->boot.ifname : NULL;
+    x->master_addr = c->boot.master_addr;
     x->allocator = c->alloc.alloc ? &c->alloc : NULL;
-    x->abort_flag = &c->aborted;
+    x->abort_flag = &c->queue.aborted;
     x->forked = &c->forked;
     x->waiting_on = &e->waiting_on;
-    x->auth_key = c->data_key;
-    x->auth_key_len = sizeof c->data_key;
+    x->auth_key = c->boot.data_key;
+    x->auth_key_len = sizeof c->boot.data_key;
     x->host = c;
     x->host_id = _ddp_host_peer_id; x->publish = _ddp_host_publish; x->lookup = _ddp_host_lookup;
     x->published = _ddp_host_published; x->log = _ddp_host_log; x->fail = _ddp_host_fail;
@@ -179,16 +179,16 @@ _DDP_PRIVATE int _ddp_ar_pick_index(size_t bytes) {   /* the smallest k with 2^k
 }
 
 _DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
-    switch (c->algo) {
+    switch (c->choice.algo) {
     case _DDP_ALGO_AUTO:
-        if (c->layout.nhosts > 1) return c->ar_pick[_ddp_ar_pick_index(bytes)];
-        return bytes <= c->eng.scratch_bytes && bytes <= c->rd_max_bytes ? _DDP_AR_RD : _DDP_AR_RING;
-    case _DDP_ALGO_HIER: return c->hier_pick[_ddp_ar_pick_index(bytes)];
+        if (c->choice.layout.nhosts > 1) return c->choice.ar_pick[_ddp_ar_pick_index(bytes)];
+        return bytes <= c->eng.scratch_bytes && bytes <= c->choice.rd_max_bytes ? _DDP_AR_RD : _DDP_AR_RING;
+    case _DDP_ALGO_HIER: return c->choice.hier_pick[_ddp_ar_pick_index(bytes)];
     case 1 + _DDP_AR_RD: return bytes <= c->eng.scratch_bytes ? _DDP_AR_RD : _DDP_AR_RING;
     case 1 + _DDP_AR_HIER_RD:   /* above the scratch: Rabenseifner, which adds in rd's order */
-        return (bytes + (size_t)c->hier.slices - 1) / (size_t)c->hier.slices <= c->eng.scratch_bytes
+        return (bytes + (size_t)c->choice.hier.slices - 1) / (size_t)c->choice.hier.slices <= c->eng.scratch_bytes
                ? _DDP_AR_HIER_RD : _DDP_AR_HIER_RAB;
-    default: return c->algo - 1;
+    default: return c->choice.algo - 1;
     }
 }
 
@@ -209,7 +209,7 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
     case _DDP_AR_RD: return _ddp_rd_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
     case _DDP_AR_RAB: return _ddp_rab_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
     case _DDP_AR_HIER_RING: case _DDP_AR_HIER_RD: case _DDP_AR_HIER_RAB:
-        return _ddp_hier_all_reduce(&c->eng, &c->hier, a == _DDP_AR_HIER_RD ? _DDP_INTER_RD
+        return _ddp_hier_all_reduce(&c->eng, &c->choice.hier, a == _DDP_AR_HIER_RD ? _DDP_INTER_RD
                                     : a == _DDP_AR_HIER_RAB ? _DDP_INTER_RAB : _DDP_INTER_RING,
                                     sendbuf, recvbuf, count, dtype, op, total, off);
     default: return _ddp_ring_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op, total, off);
@@ -267,38 +267,38 @@ _DDP_PRIVATE ddp_result_t _ddp_check_nothing(ddp_comm_t *c, const _ddp_op_t *o, 
     return DDP_SUCCESS;
 }
 
-/* Collectives run by the transport (c->coll). The sequence number counts them as the engine
+/* Collectives run by the transport (c->choice.coll). The sequence number counts them as the engine
  * counts its own, never inside _DDP_LOG: the count must not depend on the log level. */
 _DDP_PRIVATE ddp_result_t _ddp_coll_all_reduce(ddp_comm_t *c, const _ddp_op_t *o) {
     c->eng.seq++;
     _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, by the transport", c->eng.seq,
              o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op),
              o->send == o->recv ? "in place" : "out of place");
-    return c->coll->all_reduce(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+    return c->choice.coll->all_reduce(c->choice.coll_state, o->send, o->recv, o->count, o->dtype, o->op);
 }
 _DDP_PRIVATE ddp_result_t _ddp_coll_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o) {
     _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
              o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), "by the transport");
     c->eng.seq++;
-    return c->coll->reduce_scatter(c->coll_state, o->send, o->recv, o->count, o->dtype, o->op);
+    return c->choice.coll->reduce_scatter(c->choice.coll_state, o->send, o->recv, o->count, o->dtype, o->op);
 }
 _DDP_PRIVATE ddp_result_t _ddp_coll_all_gather(ddp_comm_t *c, const _ddp_op_t *o) {
     _DDP_LOG(c, DDP_LOG_TRACE, "all_gather #%u: %zu x %s per rank, %s", c->eng.seq + 1, o->count,
              ddp_dtype_name(o->dtype), "by the transport");
     c->eng.seq++;
-    return c->coll->all_gather(c->coll_state, o->send, o->recv, o->count, o->dtype);
+    return c->choice.coll->all_gather(c->choice.coll_state, o->send, o->recv, o->count, o->dtype);
 }
 _DDP_PRIVATE ddp_result_t _ddp_coll_broadcast(ddp_comm_t *c, const _ddp_op_t *o) {
     _DDP_LOG(c, DDP_LOG_TRACE, "broadcast #%u: %zu x %s from root %d, %s", c->eng.seq + 1, o->count,
              ddp_dtype_name(o->dtype), o->root, "by the transport");
     c->eng.seq++;   /* the transport compares every rank's call, root included */
-    return c->coll->broadcast(c->coll_state, o->send, o->recv, o->count, o->dtype, o->root);
+    return c->choice.coll->broadcast(c->choice.coll_state, o->send, o->recv, o->count, o->dtype, o->root);
 }
 _DDP_PRIVATE ddp_result_t _ddp_coll_barrier(ddp_comm_t *c, const _ddp_op_t *o) {
     (void)o;
     c->eng.seq++;
     _DDP_LOG(c, DDP_LOG_TRACE, "barrier #%u, by the transport", c->eng.seq);
-    return c->coll->barrier(c->coll_state);
+    return c->choice.coll->barrier(c->choice.coll_state);
 }
 
 /* The same collectives over the engine (ddp_ring.h's algorithms). */
@@ -372,7 +372,7 @@ _DDP_PRIVATE ddp_result_t _ddp_check_p2p(ddp_comm_t *c, const _ddp_op_t *o, cons
     ddp_result_t r = _ddp_check_rank(c, what, "peer", o->root);
     if (r != DDP_SUCCESS) return r;
     if ((r = _ddp_check_args(c, what, buf, buf, o->count, 1, o->dtype, 0, DDP_SUM)) != DDP_SUCCESS) return r;
-    if (o->root == c->eng.rank && !c->group_depth)
+    if (o->root == c->eng.rank && !c->group.depth)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: peer %d is this rank: outside a group "
                              "it would wait for itself; put the send and the recv between "
                              "ddp_group_start and ddp_group_end (a local copy)", what, o->root);
@@ -568,7 +568,7 @@ _DDP_PRIVATE ddp_result_t _ddp_algo_all_to_all(ddp_comm_t *c, const _ddp_op_t *k
 
 _DDP_PRIVATE ddp_result_t _ddp_algo_p2p(ddp_comm_t *c, const _ddp_op_t *k) {
     _ddp_op_t one = *k;
-    return _ddp_p2p_batch(&c->eng, c->p2p, &one, 1);
+    return _ddp_p2p_batch(&c->eng, c->group.p2p, &one, 1);
 }
 
 static const _ddp_kind_row_t _ddp_kinds[_DDP_NUM_KINDS - 1] = {
@@ -593,8 +593,8 @@ _DDP_PRIVATE const _ddp_kind_row_t *_ddp_row(int kind) {
 /* Runs one operation on the calling thread (the caller's, or the progress thread). */
 _DDP_PRIVATE ddp_result_t _ddp_run_op_raw(ddp_comm_t *c, const _ddp_op_t *o) {
     const _ddp_kind_row_t *row = _ddp_row(o->kind);
-    c->trace.cur->algo = c->coll ? "by the transport" : row->algo;
-    return c->coll && row->by_transport ? row->by_transport(c, o) : row->by_algorithm(c, o);
+    c->trace.cur->algo = c->choice.coll ? "by the transport" : row->algo;
+    return c->choice.coll && row->by_transport ? row->by_transport(c, o) : row->by_algorithm(c, o);
 }
 
 /* The flight recorder's dump, with a failure: in the log at DDP_DEBUG=INFO or finer; at the
@@ -638,7 +638,7 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
     ddp_result_t r;
     /* hooked requests are the reducer's buckets (its own thread row in the timeline) */
     const int tid = o->hooks.before || o->hooks.after ? 2 :
-                    c->progress_on && pthread_equal(pthread_self(), c->lanes[0].thread) ? 1 : 0;
+                    c->queue.progress_on && pthread_equal(pthread_self(), c->queue.lanes[0].thread) ? 1 : 0;
     _ddp_trace_begin(&c->trace, c->eng.seq + 1, _ddp_kind_name(o->kind), o->count,
                      _ddp_op_bytes(c, o, 1), (int)o->dtype, (int)o->op, o->root, tid);
     /* A failure inside is said once, whole, when the communicator is poisoned (_ddp_finish):

@@ -158,21 +158,21 @@ _DDP_PRIVATE ddp_result_t _ddp_init_tuning(ddp_comm_t *c, const ddp_comm_desc_t 
     if (c->eng.segment_bytes > (64u << 20)) c->eng.segment_bytes = 64u << 20;
     c->eng.segment_bytes &= ~(size_t)63;
     s = getenv("DDP_ALGO");
-    c->algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "hier") ? _DDP_ALGO_HIER
+    c->choice.algo = !s || !*s || !strcmp(s, "auto") ? _DDP_ALGO_AUTO : !strcmp(s, "hier") ? _DDP_ALGO_HIER
             : 1 + _ddp_ar_algo_parse(s);
-    if (c->algo < 0 || (c->algo == 0 && s && *s && strcmp(s, "auto")))
+    if (c->choice.algo < 0 || (c->choice.algo == 0 && s && *s && strcmp(s, "auto")))
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_ALGO='%s': expected auto, ring, rd, "
                              "rabenseifner, hier, hier_ring, hier_rd or hier_rabenseifner", s);
     /* Measured crossover (README, bench/): below it the ring's 2(p-1) hops cost more than
      * recursive doubling's extra bytes. */
-    c->rd_max_bytes = _ddp_parse_size(getenv("DDP_RD_MAX_BYTES"));
-    if (!c->rd_max_bytes)
-        c->rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
+    c->choice.rd_max_bytes = _ddp_parse_size(getenv("DDP_RD_MAX_BYTES"));
+    if (!c->choice.rd_max_bytes)
+        c->choice.rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
                         : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
     s = getenv("DDP_ASYNC_LANES");
-    c->want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
-    c->lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
-    if (!c->lane_min_bytes) c->lane_min_bytes = _DDP_LANE_MIN_BYTES;
+    c->queue.want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
+    c->queue.lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
+    if (!c->queue.lane_min_bytes) c->queue.lane_min_bytes = _DDP_LANE_MIN_BYTES;
     return DDP_SUCCESS;
 }
 
@@ -184,36 +184,36 @@ _DDP_PRIVATE ddp_result_t _ddp_init_master(ddp_comm_t *c, const ddp_comm_desc_t 
     long v;
     int i;
     if (s && *s) {
-        _ddp_strlcpy(c->master_addr, s, sizeof c->master_addr);
+        _ddp_strlcpy(c->boot.master_addr, s, sizeof c->boot.master_addr);
     } else if (getenv("SLURM_PROCID") &&
-               (_ddp_slurm_first_host(getenv("SLURM_STEP_NODELIST"), c->master_addr, sizeof c->master_addr) ||
-                _ddp_slurm_first_host(getenv("SLURM_JOB_NODELIST"), c->master_addr, sizeof c->master_addr))) {
+               (_ddp_slurm_first_host(getenv("SLURM_STEP_NODELIST"), c->boot.master_addr, sizeof c->boot.master_addr) ||
+                _ddp_slurm_first_host(getenv("SLURM_JOB_NODELIST"), c->boot.master_addr, sizeof c->boot.master_addr))) {
         _DDP_LOG(c, DDP_LOG_INFO, "init: master %s: the first host of Slurm's node list (MASTER_ADDR unset)",
-                 c->master_addr);
+                 c->boot.master_addr);
     } else {
-        _ddp_strlcpy(c->master_addr, "127.0.0.1", sizeof c->master_addr);
+        _ddp_strlcpy(c->boot.master_addr, "127.0.0.1", sizeof c->boot.master_addr);
     }
     if (d->master_port) {
-        c->master_port = d->master_port;
+        c->boot.master_port = d->master_port;
     } else if ((i = _ddp_env_int("MASTER_PORT", 1, 65535, &v)) == 1) {
-        c->master_port = (int)v;
+        c->boot.master_port = (int)v;
     } else if (i < 0) {
         return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: MASTER_PORT='%s' is not a port "
                              "number (1..65535)", getenv("MASTER_PORT"));
     } else if (nranks == 1 && !d->store) {
-        c->master_port = 0;   /* nobody else connects: a port the kernel picks, never a clash */
-    } else if (c->job[0]) {
+        c->boot.master_port = 0;   /* nobody else connects: a port the kernel picks, never a clash */
+    } else if (c->boot.job[0]) {
         /* mpirun and srun set no MASTER_PORT: every job on a host would meet on 29500. A port
          * from the job's identity (20000..31999, below Linux's ephemeral range) keeps them
          * apart; the rendezvous still refuses a rank of another job (same port by chance). */
-        c->master_port = 20000 + (int)(_ddp_fnv1a(c->job, strlen(c->job), _DDP_FNV_INIT) % 12000u);
+        c->boot.master_port = 20000 + (int)(_ddp_fnv1a(c->boot.job, strlen(c->boot.job), _DDP_FNV_INIT) % 12000u);
         _DDP_LOG(c, DDP_LOG_INFO, "init: master port %d derived from the job's identity %s "
-                 "(MASTER_PORT unset)", c->master_port, c->job);
+                 "(MASTER_PORT unset)", c->boot.master_port, c->boot.job);
     } else {
-        c->master_port = _DDP_DEFAULT_PORT;
+        c->boot.master_port = _DDP_DEFAULT_PORT;
     }
-    if ((c->master_port < 1 && !(nranks == 1 && c->master_port == 0)) || c->master_port > 65535)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->master_port);
+    if ((c->boot.master_port < 1 && !(nranks == 1 && c->boot.master_port == 0)) || c->boot.master_port > 65535)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: master port %d out of range", c->boot.master_port);
     return DDP_SUCCESS;
 }
 
@@ -223,7 +223,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_forced_transport(ddp_comm_t *c, const ddp_co
     const char *forced = d->transport ? d->transport : getenv("DDP_TRANSPORT");
     int i;
     if (forced && (!*forced || !strcmp(forced, "auto"))) forced = NULL;
-    if (forced) _ddp_strlcpy(c->transport_name, forced, sizeof c->transport_name);
+    if (forced) _ddp_strlcpy(c->peers.transport_name, forced, sizeof c->peers.transport_name);
     if (forced && !ddp_transport_find(forced)) {
         char names[128] = "";
         size_t off = 0;
@@ -243,23 +243,23 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     ddp_result_t r;
     int i;
     if ((r = _ddp_init_tuning(c, d)) != DDP_SUCCESS) return r;
-    _ddp_strlcpy(c->prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->prefix);
+    _ddp_strlcpy(c->boot.prefix, d->store_prefix ? d->store_prefix : "ddp", sizeof c->boot.prefix);
     s = d->socket_ifname ? d->socket_ifname : getenv("DDP_SOCKET_IFNAME");
-    _ddp_strlcpy(c->ifname, s ? s : "", sizeof c->ifname);
-    _ddp_job_identity(c->job, sizeof c->job);
+    _ddp_strlcpy(c->boot.ifname, s ? s : "", sizeof c->boot.ifname);
+    _ddp_job_identity(c->boot.job, sizeof c->boot.job);
     if ((r = _ddp_init_master(c, d)) != DDP_SUCCESS || (r = _ddp_init_forced_transport(c, d, &forced)) != DDP_SUCCESS)
         return r;
-    c->peers = (_ddp_peer_t *)_ddp_calloc(&c->alloc, sizeof *c->peers * (size_t)nranks);
-    c->p2p = (uint32_t *)_ddp_calloc(&c->alloc, sizeof *c->p2p * 4 * (size_t)nranks);
+    c->peers.by_rank = (_ddp_peer_t *)_ddp_calloc(&c->alloc, sizeof *c->peers.by_rank * (size_t)nranks);
+    c->group.p2p = (uint32_t *)_ddp_calloc(&c->alloc, sizeof *c->group.p2p * 4 * (size_t)nranks);
     c->eng.scratch_bytes = c->eng.segment_bytes * _DDP_MAX_SLOTS;
     c->eng.scratch = (unsigned char *)_ddp_alloc(&c->alloc, c->eng.scratch_bytes);
-    if (!c->peers || !c->eng.scratch || !c->p2p) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating");
-    for (i = 0; i < nranks; i++) c->peers[i].tinst = -1;
+    if (!c->peers.by_rank || !c->eng.scratch || !c->group.p2p) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: allocating");
+    for (i = 0; i < nranks; i++) c->peers.by_rank[i].tinst = -1;
     _DDP_LOG(c, DDP_LOG_INFO, "libddp %d.%d: rank %d of %d, master %s:%d, timeout %d ms, spin %d us, "
              "segment %zu bytes, transport %s, DDP_ALGO %s, async lanes %d", DDP_VERSION_MAJOR,
-             DDP_VERSION_MINOR, c->eng.rank, nranks, c->master_addr, c->master_port, c->eng.timeout_ms,
+             DDP_VERSION_MINOR, c->eng.rank, nranks, c->boot.master_addr, c->boot.master_port, c->eng.timeout_ms,
              c->eng.spin_us, c->eng.segment_bytes, forced ? forced : "auto",
-             getenv("DDP_ALGO") && *getenv("DDP_ALGO") ? getenv("DDP_ALGO") : "auto", c->want_lanes);
+             getenv("DDP_ALGO") && *getenv("DDP_ALGO") ? getenv("DDP_ALGO") : "auto", c->queue.want_lanes);
     *forced_out = forced;
     return DDP_SUCCESS;
 }
@@ -269,7 +269,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
     const int rank = c->eng.rank;
     ddp_result_t r;
     if (d->store) {
-        c->store = d->store;
+        c->boot.store = d->store;
     } else {
         ddp_store_desc_t sd;
         char err[512] = "";
@@ -285,23 +285,23 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
              * get their own namespace unless the caller chose one. */
             const char *run = getenv("TORCHELASTIC_RUN_ID"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
             if (!d->store_prefix)
-                snprintf(c->prefix, sizeof c->prefix, "libddp/%.40s/attempt_%.16s", run ? run : "none",
+                snprintf(c->boot.prefix, sizeof c->boot.prefix, "libddp/%.40s/attempt_%.16s", run ? run : "none",
                          att ? att : "0");
             _DDP_LOG(c, DDP_LOG_INFO, "rendezvous through torchrun's agent store at %s:%d (c10d TCPStore "
-                     "protocol, TORCHELASTIC_USE_AGENT_STORE=True), keys under %s/", c->master_addr,
-                     c->master_port, c->prefix);
-            r = _ddp_store_connect_c10d(&c->store, c->master_addr, c->master_port, &sd, err, sizeof err);
+                     "protocol, TORCHELASTIC_USE_AGENT_STORE=True), keys under %s/", c->boot.master_addr,
+                     c->boot.master_port, c->boot.prefix);
+            r = _ddp_store_connect_c10d(&c->boot.store, c->boot.master_addr, c->boot.master_port, &sd, err, sizeof err);
         } else {
-            r = _ddp_store_open(&c->store, c->master_addr, c->master_port, rank == 0, &sd, err, sizeof err);
+            r = _ddp_store_open(&c->boot.store, c->boot.master_addr, c->boot.master_port, rank == 0, &sd, err, sizeof err);
         }
         if (r != DDP_SUCCESS) {
             r = ddp_comm_fail(c, r, "init: %s", err);
             return r;
         }
-        c->own_store = 1;
-        if (c->master_port == 0) c->master_port = ddp_store_port(c->store);   /* world of one */
+        c->boot.own_store = 1;
+        if (c->boot.master_port == 0) c->boot.master_port = ddp_store_port(c->boot.store);   /* world of one */
         /* Every request of this init ends by the rendezvous' deadline, not a timeout each. */
-        if (c->init_deadline_us) _ddp_store_bound(c->store, c->init_deadline_us);
+        if (c->boot.init_deadline_us) _ddp_store_bound(c->boot.store, c->boot.init_deadline_us);
     }
     return DDP_SUCCESS;
 }
@@ -315,19 +315,19 @@ _DDP_PRIVATE ddp_result_t _ddp_init_pick_transports(ddp_comm_t *c) {
     for (i = 0; i < nranks; i++) {
         int k, best = -1;
         if (i == rank) continue;
-        for (k = 0; k < c->ntinst; k++) {
-            const ddp_transport_t *t = c->tinst[k].t;
-            if (t->reachable && !t->reachable(c->tinst[k].state, i)) continue;
-            if (best < 0 || t->priority > c->tinst[best].t->priority) best = k;
+        for (k = 0; k < c->peers.ntinst; k++) {
+            const ddp_transport_t *t = c->peers.tinst[k].t;
+            if (t->reachable && !t->reachable(c->peers.tinst[k].state, i)) continue;
+            if (best < 0 || t->priority > c->peers.tinst[best].t->priority) best = k;
         }
         if (best < 0) {
             r = ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no transport reaches rank %d (host %s)",
                               i, _ddp_comm_host_id(c, i));
             return r;
         }
-        c->peers[i].tinst = best;
+        c->peers.by_rank[i].tinst = best;
         _DDP_LOG(c, DDP_LOG_TRACE, "peer %d (host %s): transport %s", i, _ddp_comm_host_id(c, i),
-                 c->tinst[best].t->name);
+                 c->peers.tinst[best].t->name);
     }
     return DDP_SUCCESS;
 }
@@ -341,16 +341,16 @@ _DDP_PRIVATE ddp_result_t _ddp_init_coll_provider(ddp_comm_t *c) {
         /* One transport reaches everyone and can run the collectives itself (shared memory on
      * one host): it needs every peer connected. */
     {
-        int same = c->peers[rank == 0 ? 1 : 0].tinst;
-        for (k = 0; k < nranks; k++) if (k != rank && c->peers[k].tinst != same) same = -1;
+        int same = c->peers.by_rank[rank == 0 ? 1 : 0].tinst;
+        for (k = 0; k < nranks; k++) if (k != rank && c->peers.by_rank[k].tinst != same) same = -1;
         /* (Several hosts in the layout: DDP_TEST_HOSTS over one transport; the model decides.) */
-        if (same >= 0 && c->algo == _DDP_ALGO_AUTO && c->layout.nhosts == 1 && c->tinst[same].t->coll &&
-            c->tinst[same].t->coll->enable) {
+        if (same >= 0 && c->choice.algo == _DDP_ALGO_AUTO && c->choice.layout.nhosts == 1 && c->peers.tinst[same].t->coll &&
+            c->peers.tinst[same].t->coll->enable) {
             r = _ddp_connect_peers(c, NULL, nranks);
             if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
-            if (c->tinst[same].t->coll->enable(c->tinst[same].state) == DDP_SUCCESS) {
-                c->coll = c->tinst[same].t->coll;
-                c->coll_state = c->tinst[same].state;
+            if (c->peers.tinst[same].t->coll->enable(c->peers.tinst[same].state) == DDP_SUCCESS) {
+                c->choice.coll = c->peers.tinst[same].t->coll;
+                c->choice.coll_state = c->peers.tinst[same].state;
             }
         }
     }
@@ -382,29 +382,29 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
         _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s; "
                  "%d peers connected in all", list[0], ddp_comm_transport_name(c, list[0]), list[1],
                  ddp_comm_transport_name(c, list[1]), j);
-        if (c->coll)
+        if (c->choice.coll)
             _DDP_LOG(c, DDP_LOG_INFO, "collectives: run by the %s transport itself (all %d ranks "
                      "reach each other through it); DDP_ALGO=ring or rd to use those instead",
-                     c->tinst[c->peers[list[0]].tinst].t->name, nranks);
-        else if (c->algo == _DDP_ALGO_RD)
+                     c->peers.tinst[c->peers.by_rank[list[0]].tinst].t->name, nranks);
+        else if (c->choice.algo == _DDP_ALGO_RD)
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: recursive doubling up to the scratch size "
                      "(%zu bytes), ring above (DDP_ALGO)", c->eng.scratch_bytes);
-        else if (c->algo == 1 + _DDP_AR_HIER_RD)
+        else if (c->choice.algo == 1 + _DDP_AR_HIER_RD)
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: hierarchical, recursive doubling across "
                      "hosts while a slice fits the scratch (%zu bytes), Rabenseifner above (DDP_ALGO)",
                      c->eng.scratch_bytes);
-        else if (c->algo == _DDP_ALGO_HIER)
+        else if (c->choice.algo == _DDP_ALGO_HIER)
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: hierarchical, across hosts as the cost "
                      "model picks (DDP_ALGO)");
-        else if (c->algo != _DDP_ALGO_AUTO)
-            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s (DDP_ALGO)", _ddp_ar_long_names[c->algo - 1]);
-        else if (c->layout.nhosts == 1)
+        else if (c->choice.algo != _DDP_ALGO_AUTO)
+            _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: %s (DDP_ALGO)", _ddp_ar_long_names[c->choice.algo - 1]);
+        else if (c->choice.layout.nhosts == 1)
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: recursive doubling up to %zu bytes, "
                      "ring above (one host: measured thresholds; DDP_ALGO, DDP_RD_MAX_BYTES override)",
-                     c->rd_max_bytes);
+                     c->choice.rd_max_bytes);
         else
             _DDP_LOG(c, DDP_LOG_INFO, "all_reduce algorithm: by the cost model, per call size (%d hosts; "
-                     "rank 0 logs the table; DDP_ALGO overrides)", c->layout.nhosts);
+                     "rank 0 logs the table; DDP_ALGO overrides)", c->choice.layout.nhosts);
         r = _ddp_connect_peers(c, list, j);
         if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
     }
@@ -454,7 +454,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c, const int *split_hosts
         }
     } else {
         for (i = 0; i < n; i++) {
-            key[i] = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+            key[i] = c->boot.host_ids + (size_t)i * _DDP_HOST_ID_LEN;
             lab_len[i] = (int)strlen(key[i]);
         }
     }
@@ -472,43 +472,43 @@ _DDP_PRIVATE ddp_result_t _ddp_init_layout(ddp_comm_t *c, const int *split_hosts
         if (count[i] < lmin) lmin = count[i];
         if (count[i] > lmax) lmax = count[i];
     }
-    c->layout.nranks = n;
-    c->layout.nhosts = nhosts;
-    c->layout.local_min = lmin;
-    c->layout.local_max = lmax;
+    c->choice.layout.nranks = n;
+    c->choice.layout.nhosts = nhosts;
+    c->choice.layout.local_min = lmin;
+    c->choice.layout.local_max = lmax;
     nlocal = count[host[me]];
     ninter = local[me] < lmin ? nhosts : 0;
-    c->hier_ranks = (int *)_ddp_calloc(&c->alloc, sizeof *c->hier_ranks * (size_t)(nlocal + ninter + 1));
-    if (!c->hier_ranks) { r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout"); goto done; }
-    c->hier.local.ranks = c->hier_ranks;
-    c->hier.inter.ranks = c->hier_ranks + nlocal;
-    c->hier.local.n = c->hier.inter.n = 0;
+    c->choice.hier_ranks = (int *)_ddp_calloc(&c->alloc, sizeof *c->choice.hier_ranks * (size_t)(nlocal + ninter + 1));
+    if (!c->choice.hier_ranks) { r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout"); goto done; }
+    c->choice.hier.local.ranks = c->choice.hier_ranks;
+    c->choice.hier.inter.ranks = c->choice.hier_ranks + nlocal;
+    c->choice.hier.local.n = c->choice.hier.inter.n = 0;
     for (i = 0; i < n; i++) {   /* both in rank order: every member makes the same list */
         if (host[i] == host[me]) {
-            if (i == me) c->hier.local.me = c->hier.local.n;
-            c->hier_ranks[c->hier.local.n++] = i;
+            if (i == me) c->choice.hier.local.me = c->choice.hier.local.n;
+            c->choice.hier_ranks[c->choice.hier.local.n++] = i;
         }
         if (ninter && local[i] == local[me]) {
-            if (i == me) c->hier.inter.me = c->hier.inter.n;
-            c->hier_ranks[nlocal + c->hier.inter.n++] = i;
+            if (i == me) c->choice.hier.inter.me = c->choice.hier.inter.n;
+            c->choice.hier_ranks[nlocal + c->choice.hier.inter.n++] = i;
         }
     }
-    c->hier.slices = lmin;
-    c->hier.nhosts = nhosts;
-    c->hier.nranks = n;
+    c->choice.hier.slices = lmin;
+    c->choice.hier.nhosts = nhosts;
+    c->choice.hier.nranks = n;
     if (split_hosts || (labels && *labels)) {   /* kept for this communicator's splits */
-        if (!(c->host_of = (int *)_ddp_calloc(&c->alloc, sizeof *c->host_of * (size_t)n))) {
+        if (!(c->choice.host_of = (int *)_ddp_calloc(&c->alloc, sizeof *c->choice.host_of * (size_t)n))) {
             r = ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: hosts layout");
             goto done;
         }
-        memcpy(c->host_of, host, sizeof *host * (size_t)n);
+        memcpy(c->choice.host_of, host, sizeof *host * (size_t)n);
         if (split_hosts)
             _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: the parent communicator's test hosts");
         else
             _DDP_LOG(c, DDP_LOG_INFO, "hosts: DDP_TEST_HOSTS: this rank on test host '%.*s'", lab_len[me], key[me]);
     }
     _DDP_LOG(c, DDP_LOG_INFO, "hosts: %d ranks on %d host%s, %d to %d per host; this host's ranks: %d, "
-             "local number %d%s", n, nhosts, nhosts == 1 ? "" : "s", lmin, lmax, nlocal, c->hier.local.me,
+             "local number %d%s", n, nhosts, nhosts == 1 ? "" : "s", lmin, lmax, nlocal, c->choice.hier.local.me,
              ninter ? "" : " (forwards only in the hierarchical all-reduce: more ranks here than on the "
              "smallest host)");
 done:
@@ -524,13 +524,13 @@ done:
 /* Which algorithms can run a call of `bytes` here (recursive doubling exchanges whole buffers
  * through the scratch; the hierarchical ones need a host with two ranks to pay). */
 _DDP_PRIVATE unsigned _ddp_ar_allowed(const ddp_comm_t *c, double bytes, int hier_only) {
-    const double L = c->layout.local_min > 0 ? c->layout.local_min : 1;
+    const double L = c->choice.layout.local_min > 0 ? c->choice.layout.local_min : 1;
     unsigned m = 0;
     if (!hier_only) {
         m |= 1u << _DDP_AR_RING | 1u << _DDP_AR_RAB;
         if (bytes <= (double)c->eng.scratch_bytes) m |= 1u << _DDP_AR_RD;
     }
-    if (hier_only || c->layout.local_max > 1) {
+    if (hier_only || c->choice.layout.local_max > 1) {
         m |= 1u << _DDP_AR_HIER_RING | 1u << _DDP_AR_HIER_RAB;
         if (bytes / L <= (double)c->eng.scratch_bytes) m |= 1u << _DDP_AR_HIER_RD;
     }
@@ -548,53 +548,53 @@ _DDP_PRIVATE void _ddp_fmt_bytes(char *out, size_t cap, double b) {
  * them: every rank must choose alike. Then the choice per power of two of the call size, and at
  * INFO (rank 0) the table of predicted times it chose from and the crossovers. */
 _DDP_PRIVATE ddp_result_t _ddp_init_model(ddp_comm_t *c) {
-    const int multi = c->layout.nhosts > 1;
+    const int multi = c->choice.layout.nhosts > 1;
     char key[256], err[512];
     size_t len = 0;
     ddp_result_t r;
     int k, a;
-    _ddp_model_defaults(&c->model);
-    for (k = 0; k < 64; k++) c->ar_pick[k] = c->hier_pick[k] = (signed char)_DDP_AR_RING;
-    if (c->eng.nranks == 1 || (!multi && c->algo != _DDP_ALGO_HIER)) return DDP_SUCCESS;
+    _ddp_model_defaults(&c->choice.model);
+    for (k = 0; k < 64; k++) c->choice.ar_pick[k] = c->choice.hier_pick[k] = (signed char)_DDP_AR_RING;
+    if (c->eng.nranks == 1 || (!multi && c->choice.algo != _DDP_ALGO_HIER)) return DDP_SUCCESS;
     _ddp_key(c, key, sizeof key, "model");
     if (c->eng.rank == 0) {
         const char *path = getenv("DDP_MODEL");
-        if (path && *path && _ddp_model_load(&c->model, path, err, sizeof err) != 0) {
+        if (path && *path && _ddp_model_load(&c->choice.model, path, err, sizeof err) != 0) {
             r = ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_MODEL: %s", err);
             _ddp_publish_failure(c);
             return r;
         }
-        r = ddp_store_set(c->store, key, &c->model, sizeof c->model);
+        r = ddp_store_set(c->boot.store, key, &c->choice.model, sizeof c->choice.model);
     } else {
-        r = ddp_store_get(c->store, key, &c->model, sizeof c->model, &len);
-        if (r == DDP_SUCCESS && len != sizeof c->model)
+        r = ddp_store_get(c->boot.store, key, &c->choice.model, sizeof c->choice.model, &len);
+        if (r == DDP_SUCCESS && len != sizeof c->choice.model)
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rank 0's cost model has %zu bytes, this "
-                                 "build's %zu: every rank must run the same libddp", len, sizeof c->model);
+                                 "build's %zu: every rank must run the same libddp", len, sizeof c->choice.model);
     }
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: cost model: %s", ddp_store_last_error(c->store));
-    c->model.source[sizeof c->model.source - 1] = 0;
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: cost model: %s", ddp_store_last_error(c->boot.store));
+    c->choice.model.source[sizeof c->choice.model.source - 1] = 0;
     for (k = 0; k < 64; k++) {
         const double b = k < 50 ? (double)((uint64_t)1 << k) : 1125899906842624.0;
-        c->ar_pick[k] = (signed char)_ddp_model_ar_pick(&c->model, b, &c->layout, _ddp_ar_allowed(c, b, 0), NULL);
-        c->hier_pick[k] = (signed char)_ddp_model_ar_pick(&c->model, b, &c->layout, _ddp_ar_allowed(c, b, 1), NULL);
+        c->choice.ar_pick[k] = (signed char)_ddp_model_ar_pick(&c->choice.model, b, &c->choice.layout, _ddp_ar_allowed(c, b, 0), NULL);
+        c->choice.hier_pick[k] = (signed char)_ddp_model_ar_pick(&c->choice.model, b, &c->choice.layout, _ddp_ar_allowed(c, b, 1), NULL);
     }
     if (c->eng.rank == 0 && c->eng.log_level >= DDP_LOG_INFO) {
-        const signed char *pick = c->algo == _DDP_ALGO_HIER ? c->hier_pick : c->ar_pick;
+        const signed char *pick = c->choice.algo == _DDP_ALGO_HIER ? c->choice.hier_pick : c->choice.ar_pick;
         char line[1024], sz[32], lo[32];
         size_t o;
         _DDP_LOG(c, DDP_LOG_INFO, "cost model (%s): alpha %.3g us local, %.3g us net; beta %.3g ns/B "
-                 "local, %.3g ns/B net; host link %.3g ns/B; reduce %.3g ns/B", c->model.source,
-                 c->model.alpha_us[0], c->model.alpha_us[1], c->model.beta_ns[0], c->model.beta_ns[1],
-                 c->model.nic_ns, c->model.gamma_ns);
+                 "local, %.3g ns/B net; host link %.3g ns/B; reduce %.3g ns/B", c->choice.model.source,
+                 c->choice.model.alpha_us[0], c->choice.model.alpha_us[1], c->choice.model.beta_ns[0], c->choice.model.beta_ns[1],
+                 c->choice.model.nic_ns, c->choice.model.gamma_ns);
         o = (size_t)snprintf(line, sizeof line, "all_reduce predicted us:  %9s", "size");
         for (a = 0; a < _DDP_AR_NUM; a++) o += (size_t)snprintf(line + o, sizeof line - o, " %17s", _ddp_ar_algo_name(a));
-        _DDP_LOG(c, DDP_LOG_INFO, "%s  -> %s", line, c->algo == _DDP_ALGO_HIER ? "DDP_ALGO=hier picks"
-                 : c->algo == _DDP_ALGO_AUTO ? "auto picks" : "(DDP_ALGO fixes the algorithm)");
+        _DDP_LOG(c, DDP_LOG_INFO, "%s  -> %s", line, c->choice.algo == _DDP_ALGO_HIER ? "DDP_ALGO=hier picks"
+                 : c->choice.algo == _DDP_ALGO_AUTO ? "auto picks" : "(DDP_ALGO fixes the algorithm)");
         for (k = 3; k <= 30; k += 3) {
             const double b = (double)((uint64_t)1 << k);
             double t[_DDP_AR_NUM];
-            unsigned allowed = _ddp_ar_allowed(c, b, c->algo == _DDP_ALGO_HIER);
-            _ddp_model_ar_pick(&c->model, b, &c->layout, allowed, t);
+            unsigned allowed = _ddp_ar_allowed(c, b, c->choice.algo == _DDP_ALGO_HIER);
+            _ddp_model_ar_pick(&c->choice.model, b, &c->choice.layout, allowed, t);
             _ddp_fmt_bytes(sz, sizeof sz, b);
             o = (size_t)snprintf(line, sizeof line, "all_reduce predicted us:  %9s", sz);
             for (a = 0; a < _DDP_AR_NUM; a++) {
@@ -613,7 +613,7 @@ _DDP_PRIVATE ddp_result_t _ddp_init_model(ddp_comm_t *c) {
             if (o >= sizeof line) break;
         }
         _DDP_LOG(c, DDP_LOG_INFO, "all_reduce %s: %s (DDP_ALGO=... to force one, DDP_MODEL=file from "
-                 "`make calibrate`)", c->algo == _DDP_ALGO_HIER ? "DDP_ALGO=hier" : "auto", line);
+                 "`make calibrate`)", c->choice.algo == _DDP_ALGO_HIER ? "DDP_ALGO=hier" : "auto", line);
     }
     return DDP_SUCCESS;
 }
@@ -632,72 +632,72 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
     long chk = 0;
     int local_no;
     int k;
-    for (k = 0; k < c->ntinst && !c->dev_any; k++)
-        if (c->tinst[k].t->device) {
-            c->dev_any = c->tinst[k].t->device;
-            c->dev_any_state = c->tinst[k].state;
+    for (k = 0; k < c->peers.ntinst && !c->dev.any; k++)
+        if (c->peers.tinst[k].t->device) {
+            c->dev.any = c->peers.tinst[k].t->device;
+            c->dev.any_state = c->peers.tinst[k].state;
         }
-    if (!c->dev_any) {
-        _ddp_strlcpy(c->dev_declined, "no device transport compiled in (include transports/ddp_nccl.h)",
-                     sizeof c->dev_declined);
+    if (!c->dev.any) {
+        _ddp_strlcpy(c->dev.declined, "no device transport compiled in (include transports/ddp_nccl.h)",
+                     sizeof c->dev.declined);
         return DDP_SUCCESS;
     }
-    if (is_lane) { _ddp_strlcpy(c->dev_declined, "a lane", sizeof c->dev_declined); return DDP_SUCCESS; }
+    if (is_lane) { _ddp_strlcpy(c->dev.declined, "a lane", sizeof c->dev.declined); return DDP_SUCCESS; }
     /* The first rank that cannot (INT32_MAX: all can), the same on every rank. */
-    local_no = c->dev_any->probe(c->dev_any_state, why, sizeof why) != DDP_SUCCESS;
+    local_no = c->dev.any->probe(c->dev.any_state, why, sizeof why) != DDP_SUCCESS;
     first_no = local_no ? c->eng.rank : INT32_MAX;
     c->last_error[0] = 0;
     if ((r = _ddp_exec_min_int32(c, &first_no)) != DDP_SUCCESS) return r;
     if (first_no == INT32_MAX) {
         /* DDP_ERR_REMOTE: this rank gave up because another's setup failed (it said so through
          * the store), so the ranks agree at once; that rank is the one to name. */
-        ddp_result_t sr = c->dev_any->setup(c->dev_any_state, c->dev_inherited);
+        ddp_result_t sr = c->dev.any->setup(c->dev.any_state, c->dev.inherited);
         local_no = sr != DDP_SUCCESS;
-        c->dev_inherited = NULL;   /* the setup's now, whatever happened */
+        c->dev.inherited = NULL;   /* the setup's now, whatever happened */
         if (local_no) _ddp_strlcpy(why, c->last_error, sizeof why);
         c->last_error[0] = 0;
         first_no = !local_no ? INT32_MAX : sr == DDP_ERR_REMOTE ? INT32_MAX - 1 : c->eng.rank;
         if ((r = _ddp_exec_min_int32(c, &first_no)) != DDP_SUCCESS) return r;
         if (first_no == INT32_MAX) {
-            c->dev = c->dev_any;
-            c->dev_state = c->dev_any_state;
-            c->dev_check = _ddp_env_int("DDP_NCCL_CHECK", 0, 1, &chk) > 0 && chk;
+            c->dev.provider = c->dev.any;
+            c->dev.state = c->dev.any_state;
+            c->dev.check = _ddp_env_int("DDP_NCCL_CHECK", 0, 1, &chk) > 0 && chk;
             _DDP_LOG(c, DDP_LOG_INFO, "device buffers: NCCL on all %d ranks (device calls are "
                      "enqueued on the communicator's CUDA stream and return)%s", c->eng.nranks,
-                     c->dev_check ? "; DDP_NCCL_CHECK: each call's fingerprint compared across ranks" : "");
+                     c->dev.check ? "; DDP_NCCL_CHECK: each call's fingerprint compared across ranks" : "");
             return DDP_SUCCESS;
         }
         if (local_no && sr != DDP_ERR_REMOTE)
-            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on this rank: %s", why);
+            snprintf(c->dev.declined, sizeof c->dev.declined, "NCCL setup failed on this rank: %s", why);
         else if (local_no) {   /* gave up: why names the rank and its reason */
             char me[24];
             int skip = snprintf(me, sizeof me, "rank %d: ", c->eng.rank);
-            snprintf(c->dev_declined, sizeof c->dev_declined, "%s",
+            snprintf(c->dev.declined, sizeof c->dev.declined, "%s",
                      strncmp(why, me, (size_t)skip) ? why : why + skip);
         }
         else if (first_no == INT32_MAX - 1)
-            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on another rank");
+            snprintf(c->dev.declined, sizeof c->dev.declined, "NCCL setup failed on another rank");
         else
-            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL setup failed on rank %d (its log "
+            snprintf(c->dev.declined, sizeof c->dev.declined, "NCCL setup failed on rank %d (its log "
                      "says why)", (int)first_no);
         if (!required)
             _DDP_LOG(c, DDP_LOG_WARN, "device buffers: NCCL not used: %s; host buffers go on as "
-                     "before (DDP_NCCL=1 makes this an init error)", c->dev_declined);
+                     "before (DDP_NCCL=1 makes this an init error)", c->dev.declined);
     } else {
-        if (c->dev_inherited && c->dev_any->release_inherited)
-            c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);
-        c->dev_inherited = NULL;
+        if (c->dev.inherited && c->dev.any->release_inherited)
+            c->dev.any->release_inherited(c->dev.any_state, c->dev.inherited);
+        c->dev.inherited = NULL;
         if (local_no)
-            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL declined on this rank: %s", why);
+            snprintf(c->dev.declined, sizeof c->dev.declined, "NCCL declined on this rank: %s", why);
         else
-            snprintf(c->dev_declined, sizeof c->dev_declined, "NCCL declined on rank %d (its log says "
+            snprintf(c->dev.declined, sizeof c->dev.declined, "NCCL declined on rank %d (its log says "
                      "why; this rank could use it)", (int)first_no);
         if (!required)
             _DDP_LOG(c, DDP_LOG_INFO, "device buffers: %s; host buffers use the host transports "
-                     "(DDP_NCCL=0 to skip NCCL, =1 to require it)", c->dev_declined);
+                     "(DDP_NCCL=0 to skip NCCL, =1 to require it)", c->dev.declined);
     }
     if (required)
-        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: DDP_NCCL=1 but %s", c->dev_declined);
+        return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: DDP_NCCL=1 but %s", c->dev.declined);
     return DDP_SUCCESS;
 }
 
@@ -705,16 +705,16 @@ _DDP_PRIVATE ddp_result_t _ddp_init_device(ddp_comm_t *c, int is_lane) {
  * copies of the communicator with their own connections, every rank at the same point, so
  * async and blocking calls stay interchangeable. Their threads start at the first async call. */
 _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
-    int want = c->coll || c->eng.nranks < 2 ? 1 : c->want_lanes, i;
+    int want = c->choice.coll || c->eng.nranks < 2 ? 1 : c->queue.want_lanes, i;
     ddp_comm_desc_t d;
     ddp_store_desc_t sd;
     _ddp_parent_t lane;
     char prefix[192], err[512] = "";
     ddp_result_t r;
-    c->lanes[0].owner = c->lanes[0].exec = c;
+    c->queue.lanes[0].owner = c->queue.lanes[0].exec = c;
     for (i = 1; i < want; i++) {
         ddp_store_t *client = NULL;
-        snprintf(prefix, sizeof prefix, "%s/lane%d", c->prefix, i);
+        snprintf(prefix, sizeof prefix, "%s/lane%d", c->boot.prefix, i);
         /* Its own client of the store: a store client serves one thread at a time, and the
          * lanes report failures from their own threads. */
         memset(&sd, 0, sizeof sd);
@@ -723,40 +723,40 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = c->eng.rank + 1;
         if (c->log.fn || c->log_file) { sd.log_fn = _ddp_store_log_fwd; sd.log_user = c; }
-        if ((r = _ddp_store_client_like(&client, c->store, &sd, err, sizeof err)) != DDP_SUCCESS) {
+        if ((r = _ddp_store_client_like(&client, c->boot.store, &sd, err, sizeof err)) != DDP_SUCCESS) {
             ddp_comm_fail(c, r, "init: async lane %d: connecting to the store at %s:%d: %.400s", i,
-                          c->store->host, c->store->port, err);
+                          c->boot.store->host, c->boot.store->port, err);
             if (client) ddp_store_close(client);
             return r;
         }
         memset(&d, 0, sizeof d);
-        d.master_addr = c->master_addr;
-        d.master_port = c->master_port;
+        d.master_addr = c->boot.master_addr;
+        d.master_port = c->boot.master_port;
         d.timeout_ms = c->eng.timeout_ms;
-        d.socket_ifname = c->ifname[0] ? c->ifname : NULL;
+        d.socket_ifname = c->boot.ifname[0] ? c->boot.ifname : NULL;
         d.store = client;
         d.store_prefix = prefix;
-        d.transport = c->transport_name[0] ? c->transport_name : NULL;
+        d.transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;
         d.segment_bytes = c->eng.segment_bytes;
         d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
         d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
         d.allocator = c->alloc.alloc ? &c->alloc : NULL;
         d.log_fn = c->log.fn;   /* a lane logs where its communicator does */
         d.log_user = c->log.user;
-        c->lanes[i].owner = c;
+        c->queue.lanes[i].owner = c;
         memset(&lane, 0, sizeof lane);
         lane.is_lane = 1;
-        if ((r = _ddp_comm_init(&c->lanes[i].exec, c->eng.nranks, c->eng.rank, &d, &lane)) != DDP_SUCCESS) {
+        if ((r = _ddp_comm_init(&c->queue.lanes[i].exec, c->eng.nranks, c->eng.rank, &d, &lane)) != DDP_SUCCESS) {
             ddp_store_close(client);
             return ddp_comm_fail(c, r, "init: the connections of async lane %d: %.600s", i,
                                  ddp_last_init_error());
         }
-        c->lanes[i].exec->own_store = 1;   /* destroy closes the client */
-        c->nlanes = i + 1;
+        c->queue.lanes[i].exec->boot.own_store = 1;   /* destroy closes the client */
+        c->queue.nlanes = i + 1;
     }
     _DDP_LOG(c, DDP_LOG_INFO, "async: %d lane%s: %s", want, want > 1 ? "s" : "",
              want > 1 ? "async requests from DDP_LANE_MIN_BYTES up take turns, each lane with its "
-             "own connections (DDP_ASYNC_LANES=1: one)" : c->coll ? "collectives run by the "
+             "own connections (DDP_ASYNC_LANES=1: one)" : c->choice.coll ? "collectives run by the "
              "transport" : "one");
     return DDP_SUCCESS;
 }
@@ -770,56 +770,56 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
      * nothing the parent still uses; the threads stayed in the parent. */
     c->forked = _ddp_forked(c);
     _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator%s", c->forked ? " (a fork child's copy)" : "");
-    if (c->forked) c->progress_on = 0;
-    if (c->progress_on) {
+    if (c->forked) c->queue.progress_on = 0;
+    if (c->queue.progress_on) {
         /* Requests still queued run first (the peers run them too); then the threads end. */
-        pthread_mutex_lock(&c->amu);
-        c->progress_stop = 1;
-        pthread_cond_broadcast(&c->acv);
-        pthread_mutex_unlock(&c->amu);
-        for (i = 0; i < c->nlanes; i++) pthread_join(c->lanes[i].thread, NULL);
-        c->progress_on = 0;
+        pthread_mutex_lock(&c->queue.amu);
+        c->queue.progress_stop = 1;
+        pthread_cond_broadcast(&c->queue.acv);
+        pthread_mutex_unlock(&c->queue.amu);
+        for (i = 0; i < c->queue.nlanes; i++) pthread_join(c->queue.lanes[i].thread, NULL);
+        c->queue.progress_on = 0;
     }
-    for (i = 1; i < c->nlanes; i++) ddp_comm_destroy(c->lanes[i].exec);
-    c->nlanes = 0;
+    for (i = 1; i < c->queue.nlanes; i++) ddp_comm_destroy(c->queue.lanes[i].exec);
+    c->queue.nlanes = 0;
     if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
     _ddp_say_goodbye(c);
     _ddp_close_peers(c);   /* transports see tctx.forked */
-    if (c->dev_inherited && c->dev_any && c->dev_any->release_inherited && !c->forked)
-        c->dev_any->release_inherited(c->dev_any_state, c->dev_inherited);
-    for (i = 0; i < c->ntinst; i++)
-        if (c->tinst[i].state) c->tinst[i].t->finalize(c->tinst[i].state);
+    if (c->dev.inherited && c->dev.any && c->dev.any->release_inherited && !c->forked)
+        c->dev.any->release_inherited(c->dev.any_state, c->dev.inherited);
+    for (i = 0; i < c->peers.ntinst; i++)
+        if (c->peers.tinst[i].state) c->peers.tinst[i].t->finalize(c->peers.tinst[i].state);
     if (c->forked) {
-        if (c->store && c->own_store) _ddp_store_forget(c->store);
-        if (c->extra_store) _ddp_store_forget(c->extra_store);
+        if (c->boot.store && c->boot.own_store) _ddp_store_forget(c->boot.store);
+        if (c->boot.extra_store) _ddp_store_forget(c->boot.extra_store);
     } else {
-        if (c->store && c->own_store) ddp_store_close(c->store);
+        if (c->boot.store && c->boot.own_store) ddp_store_close(c->boot.store);
         /* ddp_comm_init_threads' private server: its clients are this process's other ranks,
          * which need it no more (any destroy order returns at once, as NCCL's ncclCommInitAll
          * users destroy 0..n-1 from one thread). */
-        if (c->extra_store) _ddp_store_close_within(c->extra_store, 0);
+        if (c->boot.extra_store) _ddp_store_close_within(c->boot.extra_store, 0);
     }
     a = c->alloc;
-    _ddp_auth_wipe(c->token, sizeof c->token);
-    _ddp_auth_wipe(c->data_key, sizeof c->data_key);
-    _ddp_free(&a, c->peers);
-    _ddp_free(&a, c->p2p);
-    _ddp_free(&a, c->group_ops);
-    _ddp_free(&a, c->fuse_buf);
-    _ddp_free(&a, c->dev_prints);
+    _ddp_auth_wipe(c->boot.token, sizeof c->boot.token);
+    _ddp_auth_wipe(c->boot.data_key, sizeof c->boot.data_key);
+    _ddp_free(&a, c->peers.by_rank);
+    _ddp_free(&a, c->group.p2p);
+    _ddp_free(&a, c->group.ops);
+    _ddp_free(&a, c->group.fuse_buf);
+    _ddp_free(&a, c->dev.prints);
     /* The parent's trace file: a child's fclose would write the parent's buffered lines again
      * (the FILE and its descriptor are left to the child's exit). */
     if (c->forked) c->trace.file = NULL;
     if (c->trace_open) _ddp_trace_close(&c->trace, &a);
-    _ddp_free(&a, c->host_ids);
-    _ddp_free(&a, c->hier_ranks);
-    _ddp_free(&a, c->host_of);
+    _ddp_free(&a, c->boot.host_ids);
+    _ddp_free(&a, c->choice.hier_ranks);
+    _ddp_free(&a, c->choice.host_of);
     _ddp_free(&a, c->eng.scratch);
-    _ddp_free(&a, c->ops);
-    if (c->async_init && !c->forked) {   /* a progress thread's lock may be copied held */
-        pthread_mutex_destroy(&c->amu);
-        pthread_cond_destroy(&c->acv);
-        pthread_cond_destroy(&c->adone);
+    _ddp_free(&a, c->queue.ops);
+    if (c->queue.async_init && !c->forked) {   /* a progress thread's lock may be copied held */
+        pthread_mutex_destroy(&c->queue.amu);
+        pthread_cond_destroy(&c->queue.acv);
+        pthread_cond_destroy(&c->queue.adone);
     }
     if (c->log_file) close(c->log.fd);
     _ddp_free(&a, c);
@@ -868,10 +868,10 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     c = (ddp_comm_t *)_ddp_calloc(d->allocator, sizeof *c);
     if (!c) return _ddp_init_refuse(DDP_ERR_OUT_OF_MEMORY, "ddp_comm_init: allocating the communicator");
     c->log.fd = 2;   /* stderr until the settings say otherwise */
-    pthread_mutex_init(&c->amu, NULL);
-    pthread_cond_init(&c->acv, NULL);
-    pthread_cond_init(&c->adone, NULL);
-    c->async_init = 1;
+    pthread_mutex_init(&c->queue.amu, NULL);
+    pthread_cond_init(&c->queue.acv, NULL);
+    pthread_cond_init(&c->queue.adone, NULL);
+    c->queue.async_init = 1;
     pthread_once(&_ddp_fork_once, _ddp_fork_register);
     c->fork_gen = __atomic_load_n(&_ddp_fork_gen, __ATOMIC_RELAXED);
     c->pid = (int)getpid();
@@ -879,9 +879,9 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     if (d->allocator) c->alloc = *d->allocator;
     c->eng.rank = rank;
     c->eng.nranks = nranks;
-    c->local_rank = c->local_size = -1;
+    c->boot.local_rank = c->boot.local_size = -1;
     if ((r = _ddp_init_settings(c, d, &forced)) != DDP_SUCCESS) goto fail;
-    c->init_deadline_us = _ddp_deadline(c->eng.timeout_ms);   /* one deadline for the rendezvous */
+    c->boot.init_deadline_us = _ddp_deadline(c->eng.timeout_ms);   /* one deadline for the rendezvous */
     _ddp_init_contexts(c);
     {
         char terr[600];
@@ -900,29 +900,29 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     if (nranks > 1 && (r = _ddp_init_coll_provider(c)) != DDP_SUCCESS) goto fail;
     if (nranks > 1 && (r = _ddp_init_connect_neighbours(c)) != DDP_SUCCESS) goto fail;
     if (from->dev_inherited) {   /* ours from here on (the caller keeps it if we fail before) */
-        c->dev_inherited = *from->dev_inherited;
+        c->dev.inherited = *from->dev_inherited;
         *from->dev_inherited = NULL;
     }
     if ((r = _ddp_init_device(c, from->is_lane)) != DDP_SUCCESS) goto fail;
-    snprintf(c->trace.transport, sizeof c->trace.transport, "%s", nranks == 1 ? "self" : c->coll ?
-             c->tinst[c->peers[(rank + 1) % nranks].tinst].t->name : ddp_comm_transport_name(c, (rank + 1) % nranks));
+    snprintf(c->trace.transport, sizeof c->trace.transport, "%s", nranks == 1 ? "self" : c->choice.coll ?
+             c->peers.tinst[c->peers.by_rank[(rank + 1) % nranks].tinst].t->name : ddp_comm_transport_name(c, (rank + 1) % nranks));
     if (c->trace.file)
         _DDP_LOG(c, DDP_LOG_INFO, "DDP_TRACE: writing this rank's calls as Chrome trace events");
-    c->nlanes = 1;
+    c->queue.nlanes = 1;
     if (!from->is_lane && (r = _ddp_lanes_create(c)) != DDP_SUCCESS) goto fail;
     _DDP_LOG(c, DDP_LOG_INFO, "wait policy: poll %d us (yielding the CPU between polls), then "
              "sleep in the kernel; %d ranks on this host, %d CPUs for them (their affinity masks "
-             "together; %d for this rank)", c->eng.spin_us, c->local_size, c->tctx.host_cpus,
+             "together; %d for this rank)", c->eng.spin_us, c->boot.local_size, c->tctx.host_cpus,
              _ddp_cpu_count());
-    _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->local_rank, c->local_size);
-    if (c->own_store) _ddp_store_bound(c->store, 0);   /* later requests: a timeout each */
+    _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->boot.local_rank, c->boot.local_size);
+    if (c->boot.own_store) _ddp_store_bound(c->boot.store, 0);   /* later requests: a timeout each */
     *out = c;
     return DDP_SUCCESS;
 fail:
-    if (c->store && c->own_store) _ddp_store_bound(c->store, 0);
+    if (c->boot.store && c->boot.own_store) _ddp_store_bound(c->boot.store, 0);
     /* Ranks waiting in the rendezvous learn at once instead of at their timeout; a rank that
      * only saw a peer go away says why that peer went, if it told the store. */
-    if (c->store && (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c))) _ddp_publish_failure(c);
+    if (c->boot.store && (r != DDP_ERR_REMOTE || !_ddp_add_root_cause(c))) _ddp_publish_failure(c);
     /* The caller gets no communicator to ask, so keep the story per thread. */
     _ddp_strlcpy(_ddp_init_error, c->last_error, sizeof _ddp_init_error);
     ddp_comm_destroy(c);
@@ -971,7 +971,7 @@ static void *_ddp_thread_init_main(void *arg) {
         ddp_store_close(client);
         return NULL;
     }
-    (*t->out)->own_store = 1;          /* destroy closes this rank's client */
+    (*t->out)->boot.own_store = 1;          /* destroy closes this rank's client */
     return NULL;
 }
 
@@ -1040,7 +1040,7 @@ DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_
         for (i = 0; i < n; i++) if (comms[i]) { ddp_comm_destroy(comms[i]); comms[i] = NULL; }
         ddp_store_close(srv);
     } else {
-        comms[0]->extra_store = srv;    /* the server lives as long as rank 0's communicator */
+        comms[0]->boot.extra_store = srv;    /* the server lives as long as rank 0's communicator */
     }
     DDP_FREE(t);
     DDP_FREE(th);
@@ -1074,8 +1074,8 @@ DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *
     }
     r = ddp_comm_init(&c, e.nranks, e.rank, d);
     if (r != DDP_SUCCESS) return r;
-    if (e.local_rank >= 0) c->local_rank = e.local_rank;
-    if (e.local_size >= 0) c->local_size = e.local_size;
+    if (e.local_rank >= 0) c->boot.local_rank = e.local_rank;
+    if (e.local_size >= 0) c->boot.local_size = e.local_size;
     *out = c;
     return DDP_SUCCESS;
 }

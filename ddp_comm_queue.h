@@ -56,11 +56,11 @@ _DDP_PRIVATE int _ddp_op_depends(const ddp_comm_t *c, const _ddp_op_t *o, const 
 /* Called with amu held: the next request of lane l that may start, or NULL. */
 _DDP_PRIVATE _ddp_op_t *_ddp_lane_next(ddp_comm_t *c, _ddp_lane_t *l) {
     uint64_t id, e;
-    for (id = l->cursor + 1; id <= c->issued; id++) {
-        _ddp_op_t *o = &c->ops[(id - 1) % DDP_MAX_REQUESTS];
+    for (id = l->cursor + 1; id <= c->queue.issued; id++) {
+        _ddp_op_t *o = &c->queue.ops[(id - 1) % DDP_MAX_REQUESTS];
         if (o->lane != l->index) continue;
-        for (e = c->finished + 1; e < id; e++) {
-            const _ddp_op_t *q = &c->ops[(e - 1) % DDP_MAX_REQUESTS];
+        for (e = c->queue.finished + 1; e < id; e++) {
+            const _ddp_op_t *q = &c->queue.ops[(e - 1) % DDP_MAX_REQUESTS];
             if (q->lane != l->index && q->state != 3 && _ddp_op_depends(c, o, q)) return NULL;
         }
         return o;
@@ -73,33 +73,33 @@ _DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const ch
 static void *_ddp_progress_main(void *arg) {
     _ddp_lane_t *l = (_ddp_lane_t *)arg;
     ddp_comm_t *c = l->owner, *x = l->exec;
-    pthread_mutex_lock(&c->amu);
+    pthread_mutex_lock(&c->queue.amu);
     for (;;) {
         _ddp_op_t *o = _ddp_lane_next(c, l);
         ddp_result_t r;
         if (!o) {
             int more = 0;
             uint64_t id;
-            for (id = l->cursor + 1; id <= c->issued && !more; id++)
-                more = c->ops[(id - 1) % DDP_MAX_REQUESTS].lane == l->index;
-            if (c->progress_stop && !more) break;
+            for (id = l->cursor + 1; id <= c->queue.issued && !more; id++)
+                more = c->queue.ops[(id - 1) % DDP_MAX_REQUESTS].lane == l->index;
+            if (c->queue.progress_stop && !more) break;
             if (!more) {   /* nothing of ours queued: lane 0 polls a while for a new request */
-                uint64_t next = c->issued + 1;
+                uint64_t next = c->queue.issued + 1;
                 if (l->index == 0) {
-                    pthread_mutex_unlock(&c->amu);
-                    _ddp_poll_u64(c, &c->issued, next);
-                    pthread_mutex_lock(&c->amu);
-                    if (c->issued >= next || c->progress_stop) continue;   /* re-check both */
+                    pthread_mutex_unlock(&c->queue.amu);
+                    _ddp_poll_u64(c, &c->queue.issued, next);
+                    pthread_mutex_lock(&c->queue.amu);
+                    if (c->queue.issued >= next || c->queue.progress_stop) continue;   /* re-check both */
                 }
-                pthread_cond_wait(&c->acv, &c->amu);
+                pthread_cond_wait(&c->queue.acv, &c->queue.amu);
             } else {       /* ours, behind another lane's request it depends on */
-                pthread_cond_wait(&c->adone, &c->amu);
+                pthread_cond_wait(&c->queue.adone, &c->queue.amu);
             }
             continue;
         }
         o->state = 2;
         l->cursor = o->id;
-        pthread_mutex_unlock(&c->amu);
+        pthread_mutex_unlock(&c->queue.amu);
         r = _ddp_begin(x);
         if (r == DDP_SUCCESS) {
             if (o->hooks.before) o->hooks.before(o->hooks.arg);
@@ -107,21 +107,21 @@ static void *_ddp_progress_main(void *arg) {
             _ddp_end(x);
             if (r == DDP_SUCCESS && o->hooks.after) o->hooks.after(o->hooks.arg);
         }
-        if (r != DDP_SUCCESS && c->nlanes > 1 && !__atomic_load_n(&x->aborted, __ATOMIC_SEQ_CST)) {
+        if (r != DDP_SUCCESS && c->queue.nlanes > 1 && !__atomic_load_n(&x->queue.aborted, __ATOMIC_SEQ_CST)) {
             char why[640];
             int j;
             snprintf(why, sizeof why, "async lane %d failed: %.560s", l->index, x->last_error);
-            for (j = 0; j < c->nlanes; j++)
-                if (j != l->index) _ddp_abort_internal(c->lanes[j].exec, r, why);
+            for (j = 0; j < c->queue.nlanes; j++)
+                if (j != l->index) _ddp_abort_internal(c->queue.lanes[j].exec, r, why);
         }
-        pthread_mutex_lock(&c->amu);
+        pthread_mutex_lock(&c->queue.amu);
         o->result = r;
         o->state = 3;
-        while (c->finished < c->issued && c->ops[c->finished % DDP_MAX_REQUESTS].state == 3)
-            __atomic_store_n(&c->finished, c->finished + 1, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&c->adone);
+        while (c->queue.finished < c->queue.issued && c->queue.ops[c->queue.finished % DDP_MAX_REQUESTS].state == 3)
+            __atomic_store_n(&c->queue.finished, c->queue.finished + 1, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&c->queue.adone);
     }
-    pthread_mutex_unlock(&c->amu);
+    pthread_mutex_unlock(&c->queue.amu);
     return NULL;
 }
 
@@ -129,28 +129,28 @@ static void *_ddp_progress_main(void *arg) {
 _DDP_PRIVATE ddp_result_t _ddp_lanes_start(ddp_comm_t *c, const char *what) {
     int i;
     ddp_result_t r;
-    if (!c->ops) {
-        c->ops = (_ddp_op_t *)_ddp_calloc(&c->alloc, sizeof *c->ops * DDP_MAX_REQUESTS);
-        if (!c->ops) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "%s: request slots", what);
+    if (!c->queue.ops) {
+        c->queue.ops = (_ddp_op_t *)_ddp_calloc(&c->alloc, sizeof *c->queue.ops * DDP_MAX_REQUESTS);
+        if (!c->queue.ops) return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "%s: request slots", what);
     }
-    for (i = 0; i < c->nlanes; i++) {
-        c->lanes[i].index = i;
-        c->lanes[i].cursor = c->issued;
-        if (pthread_create(&c->lanes[i].thread, NULL, _ddp_progress_main, &c->lanes[i]) != 0) {
+    for (i = 0; i < c->queue.nlanes; i++) {
+        c->queue.lanes[i].index = i;
+        c->queue.lanes[i].cursor = c->queue.issued;
+        if (pthread_create(&c->queue.lanes[i].thread, NULL, _ddp_progress_main, &c->queue.lanes[i]) != 0) {
             r = ddp_comm_fail(c, DDP_ERR_SYSTEM, "%s: starting progress thread %d: %s", what, i,
                               strerror(errno));
-            pthread_mutex_lock(&c->amu);
-            c->progress_stop = 1;
-            pthread_cond_broadcast(&c->acv);
-            pthread_mutex_unlock(&c->amu);
-            while (i-- > 0) pthread_join(c->lanes[i].thread, NULL);
-            c->progress_stop = 0;
+            pthread_mutex_lock(&c->queue.amu);
+            c->queue.progress_stop = 1;
+            pthread_cond_broadcast(&c->queue.acv);
+            pthread_mutex_unlock(&c->queue.amu);
+            while (i-- > 0) pthread_join(c->queue.lanes[i].thread, NULL);
+            c->queue.progress_stop = 0;
             return _ddp_comm_poison(c, r);   /* the peers may have queued theirs: fail them */
         }
     }
-    c->progress_on = 1;
+    c->queue.progress_on = 1;
     _DDP_LOG(c, DDP_LOG_INFO, "async: %d progress thread%s started (each runs its requests in issue order)",
-             c->nlanes, c->nlanes > 1 ? "s" : "");
+             c->queue.nlanes, c->queue.nlanes > 1 ? "s" : "");
     return DDP_SUCCESS;
 }
 
@@ -158,26 +158,26 @@ _DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _dd
                                       ddp_request_t *req) {
     _ddp_op_t *slot;
     int lane = 0;
-    if (!c->progress_on) {
+    if (!c->queue.progress_on) {
         ddp_result_t r = _ddp_lanes_start(c, what);
         if (r != DDP_SUCCESS) return r;
     }
-    if (c->nlanes > 1 && _ddp_op_bytes(c, o, 1) >= c->lane_min_bytes)
-        lane = (int)(c->big_ops++ % (uint64_t)c->nlanes);
-    pthread_mutex_lock(&c->amu);
-    slot = &c->ops[c->issued % DDP_MAX_REQUESTS];
+    if (c->queue.nlanes > 1 && _ddp_op_bytes(c, o, 1) >= c->queue.lane_min_bytes)
+        lane = (int)(c->queue.big_ops++ % (uint64_t)c->queue.nlanes);
+    pthread_mutex_lock(&c->queue.amu);
+    slot = &c->queue.ops[c->queue.issued % DDP_MAX_REQUESTS];
     if (slot->state != 0) {
-        pthread_mutex_unlock(&c->amu);
+        pthread_mutex_unlock(&c->queue.amu);
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: %d requests outstanding already: "
                              "ddp_wait or ddp_test the oldest first", what, DDP_MAX_REQUESTS);
     }
     *slot = *o;
     slot->state = 1;
     slot->lane = lane;
-    slot->id = c->issued + 1;
-    __atomic_store_n(&c->issued, slot->id, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&c->acv);
-    pthread_mutex_unlock(&c->amu);
+    slot->id = c->queue.issued + 1;
+    __atomic_store_n(&c->queue.issued, slot->id, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&c->queue.acv);
+    pthread_mutex_unlock(&c->queue.amu);
     req->comm = c;
     req->id = slot->id;
     _DDP_LOG(c, DDP_LOG_TRACE, "async: %s queued as request %llu (lane %d)", what,
@@ -188,7 +188,7 @@ _DDP_PRIVATE ddp_result_t _ddp_submit(ddp_comm_t *c, const char *what, const _dd
 /* The slot of a live request, or NULL (the message says why). Called with amu held. */
 _DDP_PRIVATE _ddp_op_t *_ddp_req_slot(ddp_request_t *req, const char *what, ddp_result_t *err) {
     ddp_comm_t *c = req->comm;
-    _ddp_op_t *slot = &c->ops[(req->id - 1) % DDP_MAX_REQUESTS];
+    _ddp_op_t *slot = &c->queue.ops[(req->id - 1) % DDP_MAX_REQUESTS];
     if (slot->id != req->id || slot->state == 0) {
         *err = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "%s: request %llu was already collected",
                              what, (unsigned long long)req->id);
@@ -203,7 +203,7 @@ _DDP_PRIVATE int _ddp_req_check(ddp_request_t *req, const char *what, ddp_result
     if (!req) { *r = DDP_ERR_INVALID_ARGUMENT; return 0; }
     if (!req->comm || !req->id) return 0;                        /* the null request */
     if (_ddp_usable(req->comm) != DDP_SUCCESS) { *r = DDP_ERR_INVALID_USAGE; return 0; }
-    if (!req->comm->ops) {
+    if (!req->comm->queue.ops) {
         *r = ddp_comm_fail(req->comm, DDP_ERR_INVALID_USAGE, "%s: not a request of this "
                            "communicator", what);
         return 0;
@@ -220,18 +220,18 @@ DDP_API ddp_result_t ddp_wait(ddp_request_t *req) {
         return _ddp_usable(req->comm) ? DDP_ERR_INVALID_USAGE : _ddp_dev_complete(req, NULL);
     if (!_ddp_req_check(req, "ddp_wait", &r)) return r;
     c = req->comm;
-    pthread_mutex_lock(&c->amu);
+    pthread_mutex_lock(&c->queue.amu);
     if ((slot = _ddp_req_slot(req, "ddp_wait", &r)) != NULL) {
-        if (c->finished < req->id) {   /* requests finish in issue order */
-            pthread_mutex_unlock(&c->amu);
-            _ddp_poll_u64(c, &c->finished, req->id);
-            pthread_mutex_lock(&c->amu);
+        if (c->queue.finished < req->id) {   /* requests finish in issue order */
+            pthread_mutex_unlock(&c->queue.amu);
+            _ddp_poll_u64(c, &c->queue.finished, req->id);
+            pthread_mutex_lock(&c->queue.amu);
         }
-        while (c->finished < req->id) pthread_cond_wait(&c->adone, &c->amu);
+        while (c->queue.finished < req->id) pthread_cond_wait(&c->queue.adone, &c->queue.amu);
         r = slot->result;
         slot->state = 0;
     }
-    pthread_mutex_unlock(&c->amu);
+    pthread_mutex_unlock(&c->queue.amu);
     if (slot) { req->comm = NULL; req->id = 0; }
     return r;
 }
@@ -246,14 +246,14 @@ DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
         return _ddp_usable(req->comm) ? DDP_ERR_INVALID_USAGE : _ddp_dev_complete(req, done);
     if (!_ddp_req_check(req, "ddp_test", &r)) { if (r == DDP_SUCCESS) *done = 1; return r; }
     c = req->comm;
-    pthread_mutex_lock(&c->amu);
+    pthread_mutex_lock(&c->queue.amu);
     r = DDP_SUCCESS;
-    if ((slot = _ddp_req_slot(req, "ddp_test", &r)) != NULL && c->finished >= req->id) {
+    if ((slot = _ddp_req_slot(req, "ddp_test", &r)) != NULL && c->queue.finished >= req->id) {
         r = slot->result;
         slot->state = 0;
         *done = 1;
     }
-    pthread_mutex_unlock(&c->amu);
+    pthread_mutex_unlock(&c->queue.amu);
     if (*done) { req->comm = NULL; req->id = 0; }
     return r;
 }
@@ -262,24 +262,24 @@ DDP_API ddp_result_t ddp_test(ddp_request_t *req, int *done) {
  * tells the peers now (closing our connections). Something running: that sees the flag at its
  * next wait and does it. */
 _DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const char *reason) {
-    pthread_mutex_lock(&c->amu);
-    if (reason && !c->abort_reason[0] && !__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) {
-        _ddp_strlcpy(c->abort_reason, reason, sizeof c->abort_reason);
-        c->abort_code = code;
+    pthread_mutex_lock(&c->queue.amu);
+    if (reason && !c->queue.abort_reason[0] && !__atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST)) {
+        _ddp_strlcpy(c->queue.abort_reason, reason, sizeof c->queue.abort_reason);
+        c->queue.abort_code = code;
     }
-    pthread_mutex_unlock(&c->amu);
-    __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&c->queue.amu);
+    __atomic_store_n(&c->queue.aborted, 1, __ATOMIC_SEQ_CST);
     {   /* wake a call asleep in a transport now, not at its next 100 ms poll */
         int i;
-        for (i = 0; i < c->ntinst; i++)
-            if (c->tinst[i].t->abort && c->tinst[i].state) c->tinst[i].t->abort(c->tinst[i].state);
+        for (i = 0; i < c->peers.ntinst; i++)
+            if (c->peers.tinst[i].t->abort && c->peers.tinst[i].state) c->peers.tinst[i].t->abort(c->peers.tinst[i].state);
     }
-    if (!__atomic_load_n(&c->busy, __ATOMIC_SEQ_CST) && !__atomic_load_n(&c->dev_busy, __ATOMIC_SEQ_CST))
+    if (!__atomic_load_n(&c->queue.busy, __ATOMIC_SEQ_CST) && !__atomic_load_n(&c->dev.busy, __ATOMIC_SEQ_CST))
         _ddp_abort_poison(c);
-    pthread_mutex_lock(&c->amu);
-    pthread_cond_broadcast(&c->acv);
-    pthread_cond_broadcast(&c->adone);
-    pthread_mutex_unlock(&c->amu);
+    pthread_mutex_lock(&c->queue.amu);
+    pthread_cond_broadcast(&c->queue.acv);
+    pthread_cond_broadcast(&c->queue.adone);
+    pthread_mutex_unlock(&c->queue.amu);
 }
 
 DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
@@ -290,7 +290,7 @@ DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
              "DDP_ERR_ABORTED");
     _ddp_abort_internal(c, DDP_ERR_ABORTED, NULL);
     /* the lanes' copies (made at init) */
-    for (i = 1; i < c->nlanes; i++) _ddp_abort_internal(c->lanes[i].exec, DDP_ERR_ABORTED, NULL);
+    for (i = 1; i < c->queue.nlanes; i++) _ddp_abort_internal(c->queue.lanes[i].exec, DDP_ERR_ABORTED, NULL);
     return DDP_SUCCESS;
 }
 
@@ -298,12 +298,12 @@ DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *c, ddp_result_t *e) {
     if (!c || !e) return DDP_ERR_INVALID_ARGUMENT;
     if (_ddp_usable(c) != DDP_SUCCESS) return DDP_ERR_INVALID_USAGE;
     *e = (ddp_result_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
-    if (*e == DDP_SUCCESS && __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
-    if (*e == DDP_SUCCESS && c->dev) *e = c->dev->async_error(c->dev_state);   /* the watchdog's */
+    if (*e == DDP_SUCCESS && __atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST)) *e = DDP_ERR_ABORTED;
+    if (*e == DDP_SUCCESS && c->dev.provider) *e = c->dev.provider->async_error(c->dev.state);   /* the watchdog's */
     {
         int i;
-        for (i = 1; *e == DDP_SUCCESS && i < c->nlanes; i++)
-            *e = (ddp_result_t)__atomic_load_n(&c->lanes[i].exec->error, __ATOMIC_SEQ_CST);
+        for (i = 1; *e == DDP_SUCCESS && i < c->queue.nlanes; i++)
+            *e = (ddp_result_t)__atomic_load_n(&c->queue.lanes[i].exec->error, __ATOMIC_SEQ_CST);
     }
     return DDP_SUCCESS;
 }

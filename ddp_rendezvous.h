@@ -62,8 +62,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name,
     ddp_result_t r;
     _ddp_key(c, key, sizeof key, "%s", name);
     snprintf(want, sizeof want, "%d", mine);
-    r = ddp_store_compare_set(c->store, key, NULL, 0, want, strlen(want), val, sizeof val - 1, &len);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    r = ddp_store_compare_set(c->boot.store, key, NULL, 0, want, strlen(want), val, sizeof val - 1, &len);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     val[len < sizeof val ? len : sizeof val - 1] = 0;
     if (strcmp(val, want) == 0) return DDP_SUCCESS;
     {
@@ -88,15 +88,15 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name,
  * the secret already stretched (ddp_auth.h: _ddp_auth_job_key), so a guess checked against a
  * captured data handshake costs the same as one against the store's. */
 _DDP_PRIVATE void _ddp_derive_data_key(ddp_comm_t *c) {
-    if (c->store && c->store->keylen) {
+    if (c->boot.store && c->boot.store->keylen) {
         _ddp_hmac_sha256_t h;
-        _ddp_hmac_sha256_init(&h, c->store->key, c->store->keylen);
+        _ddp_hmac_sha256_init(&h, c->boot.store->key, c->boot.store->keylen);
         _ddp_hmac_sha256_update(&h, "ddp data key v1", 15);
-        _ddp_hmac_sha256_update(&h, c->token, sizeof c->token);
-        _ddp_hmac_sha256_final(&h, c->data_key);
+        _ddp_hmac_sha256_update(&h, c->boot.token, sizeof c->boot.token);
+        _ddp_hmac_sha256_final(&h, c->boot.data_key);
         _ddp_auth_wipe(&h, sizeof h);
     } else {
-        memcpy(c->data_key, c->token, sizeof c->data_key);
+        memcpy(c->boot.data_key, c->boot.token, sizeof c->boot.data_key);
     }
 }
 
@@ -116,7 +116,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_absent(ddp_comm_t *c, char *out, size_
         if (g < groups) {
             ddp_result_t r;
             _ddp_key(c, key, sizeof key, "joinmask/%d", g);
-            if ((r = ddp_store_add(c->store, key, 0, &mask)) != DDP_SUCCESS) return r;   /* adding 0 reads */
+            if ((r = ddp_store_add(c->boot.store, key, 0, &mask)) != DDP_SUCCESS) return r;   /* adding 0 reads */
         }
         for (b = 0; b < _DDP_JOINMASK_BITS; b++) {
             const int rank = g * _DDP_JOINMASK_BITS + b, absent = g < groups && rank < c->eng.nranks &&
@@ -156,21 +156,21 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_missing(ddp_comm_t *c) {
         return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: rank 0's store does "
                              "not answer: no rendezvous within %d ms, then no answer to a query "
                              "(rank 0 stopped, hung, overloaded or out of descriptors, or cut off "
-                             "from this host)", c->master_addr, c->master_port, c->eng.timeout_ms);
+                             "from this host)", c->boot.master_addr, c->boot.master_port, c->eng.timeout_ms);
     if (!nmissing)
         return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: no rendezvous within %d "
-                             "ms, yet every rank joined as the wait ended", c->master_addr,
-                             c->master_port, c->eng.timeout_ms);
+                             "ms, yet every rank joined as the wait ended", c->boot.master_addr,
+                             c->boot.master_port, c->eng.timeout_ms);
     return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: %d of %d ranks never joined "
                          "within %d ms: %s %s (check WORLD_SIZE and that every rank was started)",
-                         c->master_addr, c->master_port, nmissing, c->eng.nranks, c->eng.timeout_ms,
+                         c->boot.master_addr, c->boot.master_port, nmissing, c->eng.nranks, c->eng.timeout_ms,
                          _ddp_ranks_word(nmissing), missing);
 }
 
 /* What is left of the rendezvous' deadline, less `keep` ms kept for what follows; at least 1
  * (0 would mean the store's own timeout). */
 _DDP_PRIVATE int _ddp_init_ms_left(const ddp_comm_t *c, int keep) {
-    int left = _ddp_ms_left(c->init_deadline_us);
+    int left = _ddp_ms_left(c->boot.init_deadline_us);
     if (left < 0) return -1;   /* no deadline: wait forever */
     left -= keep;
     return left < 1 ? 1 : left;
@@ -183,28 +183,28 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_job(ddp_comm_t *c) {
     ddp_result_t r;
     _ddp_key(c, key, sizeof key, "job");
     if (c->eng.rank == 0) {
-        r = ddp_store_set(c->store, key, c->job, strlen(c->job));
+        r = ddp_store_set(c->boot.store, key, c->boot.job, strlen(c->boot.job));
     } else {
-        char theirs[sizeof c->job];
+        char theirs[sizeof c->boot.job];
         size_t len = 0;
-        r = ddp_store_get(c->store, key, theirs, sizeof theirs - 1, &len);
+        r = ddp_store_get(c->boot.store, key, theirs, sizeof theirs - 1, &len);
         if (r == DDP_SUCCESS) {
             theirs[len < sizeof theirs ? len : sizeof theirs - 1] = 0;
-            if (strcmp(theirs, c->job) != 0) {
-                c->foreign = 1;   /* not our store: leave its job alone (no failure published) */
+            if (strcmp(theirs, c->boot.job) != 0) {
+                c->boot.foreign = 1;   /* not our store: leave its job alone (no failure published) */
                 return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: this rank belongs to job '%s' but the "
                                      "store at %s:%d serves job '%s': two jobs met on one port; give "
-                                     "each job its own MASTER_PORT", c->job[0] ? c->job : "(none)",
-                                     c->master_addr, c->master_port, theirs[0] ? theirs : "(none)");
+                                     "each job its own MASTER_PORT", c->boot.job[0] ? c->boot.job : "(none)",
+                                     c->boot.master_addr, c->boot.master_port, theirs[0] ? theirs : "(none)");
             }
         }
     }
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     /* World size, and DDP_ASYNC_LANES (each rank opens that many connection sets at init):
      * the first rank decides; anyone who disagrees fails loudly. */
     if ((r = _ddp_rendezvous_agree(c, "world_size", c->eng.nranks, "world size disagreement: this rank "
                                    "was started with world size %d, the job's first rank with %s")) != DDP_SUCCESS ||
-        (r = _ddp_rendezvous_agree(c, "async_lanes", c->want_lanes, "DDP_ASYNC_LANES is %d on this "
+        (r = _ddp_rendezvous_agree(c, "async_lanes", c->queue.want_lanes, "DDP_ASYNC_LANES is %d on this "
                                    "rank, %s on the job's first rank: set it the same everywhere")) != DDP_SUCCESS)
         return r;
     return DDP_SUCCESS;
@@ -217,8 +217,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
     int64_t n;
     ddp_result_t r;
     _ddp_key(c, key, sizeof key, "rank/%d", c->eng.rank);
-    r = ddp_store_add(c->store, key, 1, &n);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    r = ddp_store_add(c->boot.store, key, 1, &n);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     if (n > 1) {
         r = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "init: rank %d joined twice (two processes "
                           "were given RANK=%d)", c->eng.rank, c->eng.rank);
@@ -228,29 +228,29 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
     /* This rank's bit in its group's join mask (a sum of distinct powers of two is their OR):
      * a timed-out rendezvous names the missing ranks from a few reads, not one per rank. */
     _ddp_key(c, key, sizeof key, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
-    r = ddp_store_add(c->store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    r = ddp_store_add(c->boot.store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     {   /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
         unsigned char entry[_DDP_HOST_ENTRY];
         memset(entry, 0, sizeof entry);
         memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
         _ddp_cpu_mask(entry + _DDP_HOST_ID_LEN);
         _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
-        if ((r = ddp_store_set(c->store, key, entry, sizeof entry)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+        if ((r = ddp_store_set(c->boot.store, key, entry, sizeof entry)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     }
     if (c->eng.rank == 0) {
         unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
         c->tctx.comm_id = _ddp_random64();
-        if (_ddp_auth_random(c->token, sizeof c->token) != 0)
+        if (_ddp_auth_random(c->boot.token, sizeof c->boot.token) != 0)
             return ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: no random bytes for the connection token");
         memcpy(ident, &c->tctx.comm_id, 8);
-        memcpy(ident + 8, c->token, sizeof c->token);
+        memcpy(ident + 8, c->boot.token, sizeof c->boot.token);
         _ddp_key(c, key, sizeof key, "comm_id");
-        r = ddp_store_set(c->store, key, ident, sizeof ident);
+        r = ddp_store_set(c->boot.store, key, ident, sizeof ident);
         _ddp_auth_wipe(ident, sizeof ident);
         if (r != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
         _ddp_derive_data_key(c);
     }
     return DDP_SUCCESS;
@@ -260,7 +260,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *forced) {
     char why_none[512] = "";
     int i;
-    for (i = 0; i < _ddp_ntransports && c->ntinst < _DDP_MAX_TRANSPORTS; i++) {
+    for (i = 0; i < _ddp_ntransports && c->peers.ntinst < _DDP_MAX_TRANSPORTS; i++) {
         const ddp_transport_t *t = _ddp_transports[i];
         void *state = NULL;
         ddp_result_t r;
@@ -278,11 +278,11 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
             c->last_error[0] = 0;   /* not this communicator's error: init goes on */
             continue;
         }
-        c->tinst[c->ntinst].t = t;
-        c->tinst[c->ntinst].state = state;
-        c->ntinst++;
+        c->peers.tinst[c->peers.ntinst].t = t;
+        c->peers.tinst[c->peers.ntinst].state = state;
+        c->peers.ntinst++;
     }
-    if (c->ntinst == 0 && c->eng.nranks > 1)
+    if (c->peers.ntinst == 0 && c->eng.nranks > 1)
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport (%s)",
                              why_none[0] ? why_none : "none compiled in: include transports/ddp_tcp.h");
     return DDP_SUCCESS;
@@ -294,15 +294,15 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
 _DDP_PRIVATE void _ddp_rendezvous_note(ddp_comm_t *c, int64_t waited_ms) {
     char missing[400];
     int nmissing = 0;
-    const int hosts = c->own_store && c->eng.rank == 0 && !_ddp_torchrun_agent_store();
+    const int hosts = c->boot.own_store && c->eng.rank == 0 && !_ddp_torchrun_agent_store();
     if (_ddp_rendezvous_absent(c, missing, sizeof missing, &nmissing) != DDP_SUCCESS)
         _DDP_LOG(c, DDP_LOG_WARN, "init: waiting %lld s for the rendezvous at %s:%d%s; the store does "
-                 "not answer a query", (long long)(waited_ms / 1000), c->master_addr, c->master_port,
+                 "not answer a query", (long long)(waited_ms / 1000), c->boot.master_addr, c->boot.master_port,
                  hosts ? " (this rank hosts the store)" : "");
     else if (nmissing)
         _DDP_LOG(c, DDP_LOG_WARN, "init: %d of %d ranks joined the rendezvous at %s:%d%s after %lld s; "
                  "still waiting for %s %s (check WORLD_SIZE and that every rank was started)",
-                 c->eng.nranks - nmissing, c->eng.nranks, c->master_addr, c->master_port,
+                 c->eng.nranks - nmissing, c->eng.nranks, c->boot.master_addr, c->boot.master_port,
                  hosts ? " (hosted by this rank)" : "", (long long)(waited_ms / 1000),
                  _ddp_ranks_word(nmissing), missing);
 }
@@ -320,36 +320,36 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
     {
         char key[256];
         _ddp_key(c, key, sizeof key, "joined");
-        if ((r = ddp_store_add(c->store, key, 1, &joined)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+        if ((r = ddp_store_add(c->boot.store, key, 1, &joined)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     }
     _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
-             c->master_addr, c->master_port, c->eng.rank, c->eng.nranks, (long long)joined);
-    if (joined == c->eng.nranks && (r = ddp_store_set(c->store, k_ready, "1", 1)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+             c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)joined);
+    if (joined == c->eng.nranks && (r = ddp_store_set(c->boot.store, k_ready, "1", 1)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     /* A slice of the deadline is kept to ask who is missing (a tenth, 100 ms to 1 s). */
     keep = keep < 100 ? 100 : keep > 1000 ? 1000 : keep;
     for (;;) {
         const int left = _ddp_init_ms_left(c, keep);
         const int64_t note = _ddp_next_wait_note_ms(waited_ms) - waited_ms;
         const int slice = left >= 0 && left <= note ? left : (int)(note < 1 ? 1 : note);
-        r = _ddp_store_wait_keys(c->store, keys, 2, slice, 1);
+        r = _ddp_store_wait_keys(c->boot.store, keys, 2, slice, 1);
         waited_ms = (_ddp_now_us() - t0) / 1000;
         if (r != DDP_ERR_TIMEOUT || slice == left) break;
         _ddp_rendezvous_note(c, waited_ms);   /* the wait goes on: say for whom */
     }
     if (r == DDP_ERR_TIMEOUT) {
         /* A store init did not open is bounded only while it is asked who is missing. */
-        if (!c->own_store && c->init_deadline_us) _ddp_store_bound(c->store, c->init_deadline_us);
+        if (!c->boot.own_store && c->boot.init_deadline_us) _ddp_store_bound(c->boot.store, c->boot.init_deadline_us);
         r = _ddp_rendezvous_missing(c);
-        if (!c->own_store) _ddp_store_bound(c->store, 0);
+        if (!c->boot.own_store) _ddp_store_bound(c->boot.store, 0);
         return r;
     }
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
-    if (ddp_store_check(c->store, k_abort, &ex) == DDP_SUCCESS && ex) {
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    if (ddp_store_check(c->boot.store, k_abort, &ex) == DDP_SUCCESS && ex) {
         char why[512];
         size_t len = 0;
-        ddp_store_get(c->store, k_abort, why, sizeof why - 1, &len);
+        ddp_store_get(c->boot.store, k_abort, why, sizeof why - 1, &len);
         why[len < sizeof why ? len : sizeof why - 1] = 0;
         return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another rank: %s", why);
     }
@@ -363,13 +363,13 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c) {
     size_t len = 0;
     ddp_result_t r;
     _ddp_key(c, key, sizeof key, "comm_id");
-    if ((r = ddp_store_get(c->store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if ((r = ddp_store_get(c->boot.store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     if (len != sizeof ident)
         return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
                              "has %zu bytes, expected %zu (mixed libddp versions?)", len, sizeof ident);
     memcpy(&c->tctx.comm_id, ident, 8);
-    memcpy(c->token, ident + 8, sizeof c->token);
+    memcpy(c->boot.token, ident + 8, sizeof c->boot.token);
     _ddp_auth_wipe(ident, sizeof ident);
     _ddp_derive_data_key(c);
     return DDP_SUCCESS;
@@ -392,20 +392,20 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_table(ddp_comm_t *c, unsigned char *ta
             char hk[256];
             _ddp_key(c, hk, sizeof hk, "host/%d", i);
             len = 0;
-            if ((r = ddp_store_get(c->store, hk, table + (size_t)i * _DDP_HOST_ENTRY, _DDP_HOST_ENTRY, &len)) != DDP_SUCCESS)
-                return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+            if ((r = ddp_store_get(c->boot.store, hk, table + (size_t)i * _DDP_HOST_ENTRY, _DDP_HOST_ENTRY, &len)) != DDP_SUCCESS)
+                return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
             if (len != _DDP_HOST_ENTRY)
                 return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: rank %d's host entry has %zu "
                                      "bytes, expected %d (mixed libddp versions?)", i, len, _DDP_HOST_ENTRY);
         }
-        r = ddp_store_set(c->store, key, table, bytes);
+        r = ddp_store_set(c->boot.store, key, table, bytes);
     } else {
-        r = ddp_store_get(c->store, key, table, bytes, &len);
+        r = ddp_store_get(c->boot.store, key, table, bytes, &len);
         if (r == DDP_SUCCESS && len != bytes)
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the host table has %zu bytes, "
                                  "expected %zu", len, bytes);
     }
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->store));
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     return DDP_SUCCESS;
 }
 
@@ -414,9 +414,9 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host)
     unsigned char *table, cpus[_DDP_CPU_MASK_BYTES];
     int i, k, lr = 0, ls = 0;
     ddp_result_t r;
-    c->host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
+    c->boot.host_ids = (char *)_ddp_calloc(&c->alloc, (size_t)c->eng.nranks * _DDP_HOST_ID_LEN);
     table = (unsigned char *)_ddp_calloc(&c->alloc, bytes);
-    if (!c->host_ids || !table) {
+    if (!c->boot.host_ids || !table) {
         _ddp_free(&c->alloc, table);
         return ddp_comm_fail(c, DDP_ERR_OUT_OF_MEMORY, "init: host table");
     }
@@ -427,7 +427,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host)
     memset(cpus, 0, sizeof cpus);
     for (i = 0; i < c->eng.nranks; i++) {
         const unsigned char *e = table + (size_t)i * _DDP_HOST_ENTRY;
-        char *h = c->host_ids + (size_t)i * _DDP_HOST_ID_LEN;
+        char *h = c->boot.host_ids + (size_t)i * _DDP_HOST_ID_LEN;
         memcpy(h, e, _DDP_HOST_ID_LEN - 1);
         h[_DDP_HOST_ID_LEN - 1] = 0;
         if (strcmp(h, host) != 0) continue;
@@ -436,20 +436,20 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host)
         for (k = 0; k < _DDP_CPU_MASK_BYTES; k++) cpus[k] = (unsigned char)(cpus[k] | e[_DDP_HOST_ID_LEN + k]);
     }
     _ddp_free(&c->alloc, table);
-    if (c->local_rank < 0) c->local_rank = lr;
-    if (c->local_size < 0) c->local_size = ls;
+    if (c->boot.local_rank < 0) c->boot.local_rank = lr;
+    if (c->boot.local_size < 0) c->boot.local_size = ls;
     c->tctx.host_cpus = _ddp_cpu_mask_count(cpus);
     /* Across hosts without a secret the store and the token are readable by anyone who can
      * reach MASTER_PORT: say so once (rank 0), with the fix. */
-    if (c->eng.rank == 0 && c->store && !c->store->keylen) {
+    if (c->eng.rank == 0 && c->boot.store && !c->boot.store->keylen) {
         int other = 0;
         for (i = 1; i < c->eng.nranks && !other; i++)
-            other = strcmp(c->host_ids + (size_t)i * _DDP_HOST_ID_LEN, c->host_ids) != 0;
+            other = strcmp(c->boot.host_ids + (size_t)i * _DDP_HOST_ID_LEN, c->boot.host_ids) != 0;
         if (other)
             _DDP_LOG(c, DDP_LOG_WARN, "ranks span several hosts and no job secret is set: anyone who "
                      "can reach %s:%d can read the rendezvous store, join this job and see or alter "
                      "its data; set the same DDP_JOB_SECRET on every rank (ddprun makes one per job) "
-                     "or desc.job_secret", c->master_addr, c->master_port);
+                     "or desc.job_secret", c->boot.master_addr, c->boot.master_port);
     }
     return DDP_SUCCESS;
 }
@@ -457,7 +457,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_hosts(ddp_comm_t *c, const char *host)
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     char host[_DDP_HOST_ID_LEN];
     ddp_result_t r;
-    c->tctx.key_from_secret = c->store && c->store->keylen;   /* before any transport's init */
+    c->tctx.key_from_secret = c->boot.store && c->boot.store->keylen;   /* before any transport's init */
     _ddp_host_id(host, sizeof host);
     if ((r = _ddp_rendezvous_job(c)) != DDP_SUCCESS ||
         (r = _ddp_rendezvous_register(c, host)) != DDP_SUCCESS ||
