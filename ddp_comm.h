@@ -31,8 +31,10 @@
 #define DDP_COMM_INIT_IMPLEMENTATION
 #endif
 #endif
-#include "ddp_comm_types.h"
+/* ddp_comm_init.h first: the chain below it asks for the implementations that ddp_comm_types.h
+ * includes (a vendored single-file copy inlines each header once, at its first include). */
 #include "ddp_comm_init.h"
+#include "ddp_comm_types.h"
 
 #ifndef DDP_COMM_H_INCLUDED
 #define DDP_COMM_H_INCLUDED
