@@ -6,7 +6,7 @@
  * communicator: its rank and size, the scratch the communicator allocated once, its timeouts
  * and spin policy, and five calls (post a send, post a receive, test one, sleep until one of
  * some peers may progress, connect to peers on first use), plus failure recording and logging.
- * ddp_comm.h fills one per communicator.
+ * ddp_comm_dispatch.h fills one per communicator.
  *
  * "What operation is this" is ddp_call_kind_t (ddp_base.h), the one numbering the engine's tags,
  * the communicator's queue and the transports share.

@@ -603,7 +603,7 @@ _DDP_PRIVATE void _ddp_c10d_connected(ddp_store_t *s) {
 }
 
 /* The dialect is found at the first connection. No libddp server sends a salt: a fixed one. The
- * key is never sent; it binds the data key (ddp_comm.h), which a guess must then stretch to
+ * key is never sent; it binds the data key (ddp_rendezvous.h), which a guess must then stretch to
  * check. */
 _DDP_PRIVATE void _ddp_c10d_prepare(ddp_store_t *s) {
     static const unsigned char c10d_salt[_DDP_AUTH_SALT_BYTES] = {'c', '1', '0', 'd'};

@@ -9,7 +9,7 @@
  *                   to its parent: the same bits every run. (1 + log2 p) buffers in scratch.
  *   gather/scatter  subtrees staged in scratch, in relative rank order: p blocks in scratch.
  * Large messages go to the pipelined chain (ddp_chain.h) and linear (ddp_linear.h) instead:
- * ddp_comm.h chooses by _DDP_TREE_MAX_BYTES, after the call agreement (ddp_agree.h).
+ * ddp_comm_dispatch.h chooses by _DDP_TREE_MAX_BYTES, after the call agreement (ddp_agree.h).
  *
  * Written against the point-to-point engine (ddp_engine.h); every function is _ddp_ and static.
  * Depends on ddp_algorithm.h and ddp_kernels.h. Built by DDP_IMPLEMENTATION.
