@@ -70,6 +70,30 @@ _DDP_PRIVATE _ddp_op_t *_ddp_lane_next(ddp_comm_t *c, _ddp_lane_t *l) {
 
 _DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const char *reason);
 
+/* A failure message without the "rank N: " and " [reason]" that ddp_comm_fail wrapped it in:
+ * quoted inside another failure, which wraps it again (said once, not twice). */
+_DDP_PRIVATE const char *_ddp_error_body(const char *err, char *out, size_t cap) {
+    const char *s = err, *end;
+    size_t n;
+    if (!strncmp(s, "rank ", 5)) {
+        const char *q = s + 5;
+        while (*q >= '0' && *q <= '9') q++;
+        if (q > s + 5 && q[0] == ':' && q[1] == ' ') s = q + 2;
+    }
+    n = strlen(s);
+    end = s + n;
+    if (n > 2 && end[-1] == ']') {
+        const char *b = end - 1;
+        while (b > s && *b != '[') b--;
+        if (b > s + 1 && b[-1] == ' ' && b[0] == '[') end = b - 1;
+    }
+    n = (size_t)(end - s);
+    if (n >= cap) n = cap - 1;
+    memcpy(out, s, n);
+    out[n] = 0;
+    return out;
+}
+
 static void *_ddp_progress_main(void *arg) {
     _ddp_lane_t *l = (_ddp_lane_t *)arg;
     ddp_comm_t *c = l->owner, *x = l->exec;
@@ -108,9 +132,9 @@ static void *_ddp_progress_main(void *arg) {
             if (r == DDP_SUCCESS && o->hooks.after) o->hooks.after(o->hooks.arg);
         }
         if (r != DDP_SUCCESS && c->queue.nlanes > 1 && !__atomic_load_n(&x->queue.aborted, __ATOMIC_SEQ_CST)) {
-            char why[640];
+            char why[640], body[600];
             int j;
-            snprintf(why, sizeof why, "async lane %d failed: %.560s", l->index, x->last_error);
+            snprintf(why, sizeof why, "async lane %d failed: %.560s", l->index, _ddp_error_body(x->last_error, body, sizeof body));
             for (j = 0; j < c->queue.nlanes; j++)
                 if (j != l->index) _ddp_abort_internal(c->queue.lanes[j].exec, r, why);
         }

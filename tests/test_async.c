@@ -239,6 +239,9 @@ static int dead(int rank, int p, void *arg) {
     ok(failed, "rank %d: a request failed after the victim died (%.2f s after)", rank, t_err - S->t_kill);
     ok(t_mentions_rank(ddp_comm_last_error(c), p - 1), "... naming rank %d: %s", p - 1, ddp_comm_last_error(c));
     for (k = 0; k < 8; k++) ddp_wait(&req[k]);       /* the rest fail, without hanging */
+    /* With lanes, the others' requests fail quoting the lane that failed: one "[reason]". */
+    ok(!strstr(ddp_comm_last_error(c), "] ["), "rank %d: the last error says its reason once: %s", rank,
+       ddp_comm_last_error(c));
     {
         ddp_result_t e = DDP_SUCCESS;
         ok(ddp_comm_get_async_error(c, &e) == DDP_SUCCESS && e != DDP_SUCCESS,
