@@ -170,7 +170,7 @@ check "transport per peer: shm within a namespace, tcp across namespaces (never 
 # the ranks of one local index. 2+1+2 on 3 hosts: hosts of different sizes, and a host of one
 # rank that is every slice's member there.
 # want_algo ALGO: the trace's names DDP_ALGO=ALGO may run, one a line (hier_rd turns to
-# Rabenseifner across hosts when a slice outgrows the scratch, as ddp_comm.h documents).
+# Rabenseifner across hosts when a slice outgrows the scratch, as ddp_comm_dispatch.h documents).
 want_algo() {
     case $1 in
         hier_ring) echo "hierarchical (ring across hosts)" ;;

@@ -521,7 +521,7 @@ static int scenario(int rank, int p, void *arg) {
         free(red); free(own); free(a2s); free(a2r); free(out); free(in); free(gat);
         break;
     }
-    case SC_FUSED: {   /* a group's small all-reduces are fused (ddp_comm.h); results as one by one */
+    case SC_FUSED: {   /* a group's small all-reduces are fused (ddp_comm.h, group_end); results as one by one */
         const size_t nbig = 20000;                     /* 80 KB: above the fusion limit, alone */
         int32_t a1 = rank + 1, a1out = -1, a3[1000], *big = (int32_t *)malloc(nbig * 4);
         float f4[7], f4out[7], f5[5], f6[3];

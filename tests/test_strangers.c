@@ -348,7 +348,7 @@ static int relay(int idx, int nproc, void *arg) {
             free(ab.buf); free(ba.buf);
             return 1;
         }
-        {   /* The key the ranks prove, as the communicator derives it (ddp_comm.h) from the
+        {   /* The key the ranks prove, as the communicator derives it (ddp_rendezvous.h) from the
              * secret stretched with the store's salt (ddp_auth.h), as this client did. */
             _ddp_hmac_sha256_t hm;
             unsigned char job_key[32];
