@@ -276,9 +276,11 @@ test-rdma-vm:
 demo: $(B)/train_mlp $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_mlp
 
-# ddp-bench (bench/ddp_bench.c) compiles in every transports/*.h present; svg_chart draws its JSON.
-$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.h $(HEADERS) $(wildcard transports/*.h) | $(B)
-	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+# ddp-bench (bench/ddp_bench.c) has every transport but ibverbs: it links build/libddp-nccl.o, the
+# implementation with tcp, shm and nccl (DDP_BENCH_LINKED: the file does not define
+# DDP_IMPLEMENTATION itself); svg_chart draws its JSON.
+$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.h $(B)/libddp-nccl.o $(HEADERS) $(wildcard transports/*.h) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) -DDDP_BENCH_LINKED $< $(B)/libddp-nccl.o -o $@ $(LDLIBS)
 
 $(B)/svg_chart: bench/svg_chart.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -lm
