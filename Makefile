@@ -52,8 +52,7 @@ IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_mismatch test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_shm_peer test_store \
-                test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
-                netns_rank launch_probe
+                test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
 impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
        $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
@@ -277,9 +276,11 @@ test-rdma-vm:
 demo: $(B)/train_mlp $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_mlp
 
-# ddp-bench (bench/ddp_bench.c) compiles in every transports/*.h present; svg_chart draws its JSON.
-$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.h $(HEADERS) $(wildcard transports/*.h) | $(B)
-	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+# ddp-bench (bench/ddp_bench.c) has every transport but ibverbs: it links build/libddp-nccl.o, the
+# implementation with tcp, shm and nccl (DDP_BENCH_LINKED: the file does not define
+# DDP_IMPLEMENTATION itself); svg_chart draws its JSON.
+$(B)/ddp-bench: bench/ddp_bench.c bench/bench_common.h bench/bench_fork.h $(B)/libddp-nccl.o $(HEADERS) $(wildcard transports/*.h) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) -DDDP_BENCH_LINKED $< $(B)/libddp-nccl.o -o $@ $(LDLIBS)
 
 $(B)/svg_chart: bench/svg_chart.c | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -lm

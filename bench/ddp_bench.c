@@ -22,7 +22,9 @@
  * Method, columns and JSON: bench/bench_common.h and bench/README.md.
  */
 #define _GNU_SOURCE
+#ifndef DDP_BENCH_LINKED   /* the Makefile links build/libddp-nccl.o, the same transports */
 #define DDP_IMPLEMENTATION
+#endif
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 /* Every transport header present is compiled in (including one is what registers it). */

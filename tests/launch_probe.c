@@ -9,7 +9,6 @@
  * jobs sees min != max (or a rank sum other than n(n-1)/2, or the wrong size). Prints one line
  * "launch_probe: ok token T rank R of N" per rank and exits 0; anything else exits 1 with the
  * reason. Used by tests/test_launchers.sh. */
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"

@@ -22,7 +22,6 @@
  * float sums are exact whatever the order, and avg is the exact sum divided once by the world
  * size (IEEE division for floats, truncation toward zero for integers, as libddp documents). */
 #define _GNU_SOURCE
-#define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"

@@ -187,84 +187,19 @@ static void case_str(const tcase_t *c, char *out, size_t cap) {
 }
 
 /* ------------------------------------------------------------------------- inputs */
-static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return t_case_rnd(c->seed, rank, i); }
-
-/* Element i of rank's input for case c, as raw bits (low dtype-size bytes). */
-static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
-    uint64_t u = rnd(c, rank, i);
-    int dt = c->dtype;
-    if (c->coll == C_AG || c->coll == C_BC) return u;     /* copies: any bits at all */
-    if (c->kind == K_RANDOM) {
-        double frac = (double)(u >> 11) * (1.0 / 9007199254740992.0), v;
-        double sign = (u & 1) ? -1.0 : 1.0;
-        if (c->op == DDP_PROD) v = sign * (0.5 + 1.5 * frac);
-        else v = sign * (0.001 + 0.999 * frac);
-        return t_enc_float(dt, v);
-    }
-    return t_exact_bits(dt, c->op, u);
+/* Case c's inputs (tests/ddp_test_data.h): copies move any bits; exact cases t_exact_bits; random
+ * cases uniform floats (t_uniform_bits). Element i of rank r's input is element i of its range. */
+static void case_inputs(const tcase_t *c, t_in_t *g) {
+    int how = c->coll == C_AG || c->coll == C_BC ? T_IN_BITS : c->kind == K_RANDOM ? T_IN_UNIFORM : T_IN_EXACT;
+    t_in_init(g, how, c->dtype, c->op, c->seed);
 }
 
-static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
-    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
-    switch (es) {
-    case 1: for (i = 0; i < n; i++) buf[i] = (unsigned char)gen_bits(c, rank, lo + i); break;
-    case 2: for (i = 0; i < n; i++) { uint16_t v = (uint16_t)gen_bits(c, rank, lo + i); memcpy(buf + 2 * i, &v, 2); } break;
-    case 4: for (i = 0; i < n; i++) { uint32_t v = (uint32_t)gen_bits(c, rank, lo + i); memcpy(buf + 4 * i, &v, 4); } break;
-    default: for (i = 0; i < n; i++) { uint64_t v = gen_bits(c, rank, lo + i); memcpy(buf + 8 * i, &v, 8); } break;
-    }
-}
+static void fill(unsigned char *buf, const t_in_t *g, int rank, size_t lo, size_t n) { t_in_fill(g, rank, lo, n, buf); }
 
 static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) {
     uint64_t v = 0;
     memcpy(&v, buf + i * es, es);   /* little-endian: the low bytes */
     return v;
-}
-
-/* ------------------------------------------------------------------------- reference */
-/* Expected bits of reduction element `gi` (global index) of an exact case. */
-static uint64_t ref_exact(const tcase_t *c, int p, size_t gi) {
-    int dt = c->dtype, op = c->op, r;
-    if (t_is_int(dt)) {
-        uint64_t acc = t_ext_int(dt, gen_bits(c, 0, gi));
-        for (r = 1; r < p; r++) {
-            uint64_t v = t_ext_int(dt, gen_bits(c, r, gi));
-            switch (op) {
-            case DDP_SUM: case DDP_AVG: acc += v; break;
-            case DDP_PROD: acc *= v; break;
-            case DDP_MAX: if (t_is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
-            case DDP_MIN: if (t_is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
-            }
-        }
-        if (op == DDP_AVG) {
-            acc = t_ext_int(dt, acc);   /* the sum as the dtype holds it */
-            if (t_is_signed_int(dt)) acc = (uint64_t)((int64_t)acc / p);
-            else acc /= (uint64_t)p;
-        }
-        return acc;
-    } else {
-        uint64_t b0 = gen_bits(c, 0, gi), win = b0;
-        double acc = t_dec_float(dt, b0), best = acc;
-        for (r = 1; r < p; r++) {
-            uint64_t b = gen_bits(c, r, gi);
-            double v = t_dec_float(dt, b);
-            switch (op) {
-            case DDP_SUM: case DDP_AVG: acc += v; break;
-            case DDP_PROD: acc *= v; break;
-            case DDP_MAX: if (v > best) { best = v; win = b; } break;
-            case DDP_MIN: if (v < best) { best = v; win = b; } break;
-            }
-        }
-        if (op == DDP_MAX || op == DDP_MIN) return win;
-        if (op == DDP_AVG) {
-            if (dt == DDP_FLOAT64) return t_f64_bits(acc / (double)p);
-            {
-                float q = (float)acc / (float)p;
-                if (dt == DDP_FLOAT32) return t_f32_bits(q);
-                return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
-            }
-        }
-        return t_enc_float(dt, acc);
-    }
 }
 
 /* ------------------------------------------------------------------------- checking */
@@ -302,35 +237,49 @@ static int guard_ok(const unsigned char *region, size_t bytes) {
  * cases' tolerance (the same bits on every rank are still checked, through the hashes). */
 static int avg_divides_first;
 
-/* Compares n output elements (global indices lo..) of a reduction with the reference. */
-static void check_reduction(int k, const tcase_t *c, int p, const unsigned char *out, size_t lo, size_t n) {
-    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i, bad = 0, first = 0;
+/* Compares n output elements (global indices lo..) of a reduction with the sequential reference
+ * (t_ref_exact_one, computed a block at a time by t_in_ref_exact / t_in_ref_sums). */
+static void check_reduction(int k, const tcase_t *c, const t_in_t *g, int p, const unsigned char *out, size_t lo, size_t n) {
+    const size_t es = g->es;
+    const int dt = c->dtype;
+    const int exact = c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !t_is_int(dt));
+    const uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
+    size_t i0, i, bad = 0, first = 0;
     uint64_t got_first = 0, exp_first = 0;
     double tol_first = 0;
-    int dt = c->dtype;
-    for (i = 0; i < n; i++) {
-        uint64_t got = load_elem(out, i, es);
-        if (c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !t_is_int(dt))) {
-            uint64_t exp = ref_exact(c, p, lo + i);
-            uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
-            if ((got & mask) != (exp & mask)) { if (!bad++) { first = i; got_first = got; exp_first = exp & mask; } }
-        } else {
-            double sum = 0, abssum = 0, prod = 1, ref, tol, g = t_dec_float(dt, got), u = t_unit_roundoff(dt);
-            int r;
-            for (r = 0; r < p; r++) {
-                double v = t_dec_float(dt, gen_bits(c, r, lo + i));
-                sum += v; abssum += fabs(v); prod *= v;
+    for (i0 = 0; i0 < n; i0 += T_IN_BLOCK) {
+        const size_t m = n - i0 < T_IN_BLOCK ? n - i0 : T_IN_BLOCK;
+        const unsigned char *o = out + i0 * es;
+        if (exact) {
+            uint64_t ref[T_IN_BLOCK];
+            unsigned char want[T_IN_BLOCK * 8];
+            t_in_ref_exact(g, p, lo + i0, m, ref);
+            t_in_narrow(es, ref, m, want);
+            if (memcmp(o, want, m * es) == 0) continue;
+            for (i = 0; i < m; i++) {
+                uint64_t got = load_elem(o, i, es);
+                if (got != (ref[i] & mask) && !bad++) { first = i0 + i; got_first = got; exp_first = ref[i] & mask; }
             }
-            if (c->op == DDP_PROD) { ref = prod; tol = (2 * p + 2) * u * fabs(prod); }
-            else if (c->op == DDP_AVG) { ref = sum / p; tol = (p + 1) * u * abssum / p + 2 * u * fabs(ref); }
-            else { ref = sum; tol = (p + 1) * u * abssum; }
-            if (!(fabs(g - ref) <= tol)) {
-                if (!bad++) { first = i; got_first = got; exp_first = t_f64_bits(ref); tol_first = tol; }
+        } else {
+            double sum[T_IN_BLOCK], abssum[T_IN_BLOCK], prod[T_IN_BLOCK], gotv[T_IN_BLOCK];
+            const double u = t_unit_roundoff(dt);
+            unsigned char gotb[T_IN_BLOCK * 8];
+            t_in_ref_sums(g, p, lo + i0, m, sum, abssum, prod);
+            memcpy(gotb, o, m * es);
+            t_in_decode(dt, gotb, m, gotv);
+            for (i = 0; i < m; i++) {
+                double ref, tol;
+                if (c->op == DDP_PROD) { ref = prod[i]; tol = (2 * p + 2) * u * fabs(prod[i]); }
+                else if (c->op == DDP_AVG) { ref = sum[i] / p; tol = (p + 1) * u * abssum[i] / p + 2 * u * fabs(ref); }
+                else { ref = sum[i]; tol = (p + 1) * u * abssum[i]; }
+                if (!(fabs(gotv[i] - ref) <= tol)) {
+                    if (!bad++) { first = i0 + i; got_first = load_elem(o, i, es); exp_first = t_f64_bits(ref); tol_first = tol; }
+                }
             }
         }
     }
     if (bad) {
-        if (c->kind == K_EXACT && !(avg_divides_first && c->op == DDP_AVG && !t_is_int(dt)))
+        if (exact)
             case_fail(k, "%zu of %zu elements wrong; first at output index %zu: got 0x%llx, expected 0x%llx",
                       bad, n, first, (unsigned long long)got_first, (unsigned long long)exp_first);
         else
@@ -339,17 +288,15 @@ static void check_reduction(int k, const tcase_t *c, int p, const unsigned char 
     }
 }
 
-/* Output element j of a copy collective: rank src's input element si. */
-static void check_copy(int k, const tcase_t *c, const unsigned char *out, int src, size_t si, size_t n, size_t oi) {
-    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
-    uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
-    for (i = 0; i < n; i++) {
-        uint64_t got = load_elem(out, oi + i, es), exp = gen_bits(c, src, si + i) & mask;
-        if (got != exp) {
-            case_fail(k, "output element %zu wrong (from rank %d element %zu): got 0x%llx, expected 0x%llx",
-                      oi + i, src, si + i, (unsigned long long)got, (unsigned long long)exp);
-            return;
-        }
+/* Output elements oi.. of a copy collective: rank src's input elements si... */
+static void check_copy(int k, const t_in_t *g, const unsigned char *out, int src, size_t si, size_t n, size_t oi) {
+    const size_t es = g->es, i = t_in_first_diff(g, src, si, out + oi * es, n);
+    if (i < n) {
+        unsigned char want[8];
+        t_in_fill(g, src, si + i, 1, want);
+        case_fail(k, "output element %zu wrong (from rank %d element %zu): got 0x%llx, expected 0x%llx",
+                  oi + i, src, si + i, (unsigned long long)load_elem(out, oi + i, es),
+                  (unsigned long long)load_elem(want, 0, es));
     }
 }
 
@@ -368,6 +315,7 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
     unsigned char *send = b->sreg + GUARD, *recv = b->rreg + GUARD, *sendp, *recvp, *out;
     ddp_result_t r = DDP_SUCCESS;
     int checker;
+    t_in_t g;
 
     if (c->coll == C_BARRIER) {
         int it, q;
@@ -382,6 +330,7 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
         }
         return r;
     }
+    case_inputs(c, &g);
     switch (c->coll) {
     case C_AR: case C_BC: sbytes = rbytes = n * es; out_elems = n; break;
     case C_RS: sbytes = (size_t)p * n * es; rbytes = n * es; out_elems = n; break;
@@ -394,10 +343,10 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
         guard_set(b->rreg, bytes);
         memset(base, 0xcd, bytes);
         switch (c->coll) {
-        case C_AR: fill(base, c, rank, 0, n); sendp = recvp = base; break;
-        case C_RS: fill(base, c, rank, 0, (size_t)p * n); sendp = base; recvp = base + (size_t)rank * n * es; break;
-        case C_AG: fill(base + (size_t)rank * n * es, c, rank, 0, n); recvp = base; sendp = base + (size_t)rank * n * es; break;
-        default: if (rank == c->root) fill(base, c, rank, 0, n); sendp = recvp = base; break;
+        case C_AR: fill(base, &g, rank, 0, n); sendp = recvp = base; break;
+        case C_RS: fill(base, &g, rank, 0, (size_t)p * n); sendp = base; recvp = base + (size_t)rank * n * es; break;
+        case C_AG: fill(base + (size_t)rank * n * es, &g, rank, 0, n); recvp = base; sendp = base + (size_t)rank * n * es; break;
+        default: if (rank == c->root) fill(base, &g, rank, 0, n); sendp = recvp = base; break;
         }
         if (n == 0 && (k & 1)) sendp = recvp = NULL;    /* count 0: NULL is fine too */
         out = recvp;
@@ -405,8 +354,8 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
         guard_set(b->sreg, sbytes);
         guard_set(b->rreg, rbytes);
         memset(recv, 0xcd, rbytes);
-        if (c->coll == C_RS) fill(send, c, rank, 0, (size_t)p * n);
-        else if (c->coll != C_BC || rank == c->root) fill(send, c, rank, 0, n);
+        if (c->coll == C_RS) fill(send, &g, rank, 0, (size_t)p * n);
+        else if (c->coll != C_BC || rank == c->root) fill(send, &g, rank, 0, n);
         else memset(send, 0x3c, sbytes);  /* a non-root's sendbuf: must be left alone */
         memcpy(b->copy, send, sbytes);
         sendp = send;
@@ -438,10 +387,10 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
     checker = out_elems <= FULL_CHECK_MAX || c->coll == C_RS || k % p == rank;
     if (checker && n) {
         switch (c->coll) {
-        case C_AR: check_reduction(k, c, p, out, 0, n); break;
-        case C_RS: check_reduction(k, c, p, out, (size_t)rank * n, n); break;
-        case C_AG: { int q; for (q = 0; q < p; q++) check_copy(k, c, out, q, 0, n, (size_t)q * n); } break;
-        default: check_copy(k, c, out, c->root, 0, n, 0); break;
+        case C_AR: check_reduction(k, c, &g, p, out, 0, n); break;
+        case C_RS: check_reduction(k, c, &g, p, out, (size_t)rank * n, n); break;
+        case C_AG: { int q; for (q = 0; q < p; q++) check_copy(k, &g, out, q, 0, n, (size_t)q * n); } break;
+        default: check_copy(k, &g, out, c->root, 0, n, 0); break;
         }
     }
     /* Determinism: the same call again gives the same bits. */
@@ -449,10 +398,10 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
         uint64_t h1 = S->hash[rank][k];
         unsigned char *again = b->rep + GUARD;
         if (c->coll == C_AR) {
-            fill(send, c, rank, 0, n);
+            fill(send, &g, rank, 0, n);
             r = ddp_all_reduce(send, again, n, dt, op, comm);
         } else {
-            fill(send, c, rank, 0, (size_t)p * n);
+            fill(send, &g, rank, 0, (size_t)p * n);
             r = ddp_reduce_scatter(send, again, n, dt, op, comm);
         }
         if (r != DDP_SUCCESS) { case_fail(k, "repeat returned %s: %s", ddp_strerror(r), ddp_comm_last_error(comm)); return r; }
@@ -796,8 +745,11 @@ int main(void) {
     run_cfg_t runs[96];
     int nruns = 0, i, quick = getenv("DDP_TEST_QUICK") && atoi(getenv("DDP_TEST_QUICK"));
     double t0;
+    char why[200] = "";
     t_init();
     if (sizeof(coll_shm_t) > T_USER_BYTES) t_bail("coll_shm_t too big");
+    if (!ok(t_in_selftest(why, sizeof why) == 0, "inputs and references a block at a time give the element-wise definitions' bits"))
+        t_bail("%s", why);
     /* TCP: everything. */
     for (i = 1; i <= 8; i++) {
         if (quick && i != 1 && i != 2 && i != 3 && i != 5) continue;

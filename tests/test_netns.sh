@@ -112,7 +112,7 @@ mkdir -p build
 build() {
     # up to date: newer than its source and every header
     [ -x "$R" ] && [ -z "$(find tests/netns_rank.c tests/*.h ./*.h transports/*.h -newer "$R" 2>/dev/null)" ] && return 0
-    $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. tests/netns_rank.c -o "$R" -pthread -lm \
+    $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. -DT_IMPL_SHM=1 tests/netns_rank.c tests/libddp.c -o "$R" -pthread -lm \
         2> "$tmp/cc.err" && return 0
     why "$CC failed, want a clean build; its first messages:"
     head -8 "$tmp/cc.err" >> "$tmp/why"

@@ -70,18 +70,12 @@ static shm_t *S;
 static tcase_t cases[MAXC];
 
 /* ------------------------------------------------------------------------- inputs, reference */
-static inline uint64_t rnd(const tcase_t *c, int rank, size_t i) { return t_case_rnd(c->seed, rank, i); }
-
-/* Element i of rank's input, raw bits in the low dtype-size bytes. */
-static inline uint64_t gen_bits(const tcase_t *c, int rank, size_t i) {
-    uint64_t u = rnd(c, rank, i);
-    return c->coll != C_REDUCE ? u : t_exact_bits(c->dtype, c->op, u);
+/* Case c's inputs (tests/ddp_test_data.h): reduce gets t_exact_bits, the copies any bits. */
+static void case_inputs(const tcase_t *c, t_in_t *g) {
+    t_in_init(g, c->coll == C_REDUCE ? T_IN_EXACT : T_IN_BITS, c->dtype, c->op, c->seed);
 }
 
-static void fill(unsigned char *buf, const tcase_t *c, int rank, size_t lo, size_t n) {
-    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
-    for (i = 0; i < n; i++) { uint64_t v = gen_bits(c, rank, lo + i); memcpy(buf + es * i, &v, es); }
-}
+static void fill(unsigned char *buf, const t_in_t *g, int rank, size_t lo, size_t n) { t_in_fill(g, rank, lo, n, buf); }
 
 static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) {
     uint64_t v = 0;
@@ -89,67 +83,48 @@ static inline uint64_t load_elem(const unsigned char *buf, size_t i, size_t es) 
     return v;
 }
 
-static uint64_t ref_reduce(const tcase_t *c, int p, size_t gi) {
-    int dt = c->dtype, op = c->op, r;
-    if (t_is_int(dt)) {
-        uint64_t acc = t_ext_int(dt, gen_bits(c, 0, gi));
-        for (r = 1; r < p; r++) {
-            uint64_t v = t_ext_int(dt, gen_bits(c, r, gi));
-            switch (op) {
-            case DDP_SUM: case DDP_AVG: acc += v; break;
-            case DDP_PROD: acc *= v; break;
-            case DDP_MAX: if (t_is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; break;
-            default: if (t_is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v; break;
-            }
-        }
-        if (op == DDP_AVG) {
-            acc = t_ext_int(dt, acc);
-            acc = t_is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
-        }
-        return acc;
-    } else {
-        uint64_t b0 = gen_bits(c, 0, gi), win = b0;
-        double acc = t_dec_float(dt, b0), best = acc;
-        for (r = 1; r < p; r++) {
-            uint64_t b = gen_bits(c, r, gi);
-            double v = t_dec_float(dt, b);
-            switch (op) {
-            case DDP_SUM: case DDP_AVG: acc += v; break;
-            case DDP_PROD: acc *= v; break;
-            case DDP_MAX: if (v > best) { best = v; win = b; } break;
-            default: if (v < best) { best = v; win = b; } break;
-            }
-        }
-        if (op == DDP_MAX || op == DDP_MIN) return win;
-        if (op == DDP_AVG) {
-            if (dt == DDP_FLOAT64) return t_f64_bits(acc / (double)p);
-            {
-                float q = (float)acc / (float)p;
-                if (dt == DDP_FLOAT32) return t_f32_bits(q);
-                return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
-            }
-        }
-        return t_enc_float(dt, acc);
-    }
-}
-
 /* Set by test_nccl_rooted.c: NCCL's average divides each input by p before summing floats, so its
  * bits can differ from the exact sum divided once: 1 when got is within the rounding of that
- * (p + 1 unit roundoffs of the sum of magnitudes / p, plus 2 of the result). */
+ * (p + 1 unit roundoffs of the sum of magnitudes / p, plus 2 of the result); sum and abssum are
+ * the inputs' sum and sum of magnitudes (t_in_ref_sums). */
 static int avg_divides_first;
-static int avg_close(const tcase_t *c, int p, size_t gi, uint64_t got) {
-    const int dt = c->dtype;
+static int avg_close(int dt, int p, double sum, double abssum, double g) {
     const double u = dt == DDP_FLOAT16 ? 1.0 / 2048 : dt == DDP_BFLOAT16 ? 1.0 / 256 :
                      dt == DDP_FLOAT32 ? 1.0 / 16777216.0 : 1.0 / 9007199254740992.0;
-    double sum = 0, abssum = 0, ref, g = t_dec_float(dt, got);
-    int r;
-    for (r = 0; r < p; r++) {
-        double v = t_dec_float(dt, gen_bits(c, r, gi));
-        sum += v;
-        abssum += v < 0 ? -v : v;
-    }
-    ref = sum / p;
+    const double ref = sum / p;
     return (g > ref ? g - ref : ref - g) <= (p + 1) * u * abssum / p + 2 * u * (ref < 0 ? -ref : ref);
+}
+
+static void case_fail(int k, const char *fmt, ...) T_PRINTF(2, 3);
+
+/* The root's n reduce results against the sequential reference (t_ref_exact_one, a block at a
+ * time: t_in_ref_exact). */
+static void check_reduce(int k, const tcase_t *c, const t_in_t *g, int p, const unsigned char *out, size_t n) {
+    const size_t es = g->es;
+    const uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
+    const int nccl_avg = avg_divides_first && c->op == DDP_AVG && !t_is_int(c->dtype);
+    size_t i0, i, bad = 0, first = 0;
+    uint64_t g0 = 0, e0 = 0;
+    for (i0 = 0; i0 < n; i0 += T_IN_BLOCK) {
+        const size_t m = n - i0 < T_IN_BLOCK ? n - i0 : T_IN_BLOCK;
+        uint64_t ref[T_IN_BLOCK];
+        unsigned char want[T_IN_BLOCK * 8];
+        double sum[T_IN_BLOCK], abssum[T_IN_BLOCK];
+        int sums = 0;
+        t_in_ref_exact(g, p, i0, m, ref);
+        t_in_narrow(es, ref, m, want);
+        if (memcmp(out + i0 * es, want, m * es) == 0) continue;
+        for (i = 0; i < m; i++) {
+            uint64_t got = load_elem(out, i0 + i, es), exp = ref[i] & mask;
+            if (got != exp && nccl_avg) {
+                if (!sums) { t_in_ref_sums(g, p, i0, m, sum, abssum, NULL); sums = 1; }
+                if (avg_close(c->dtype, p, sum[i], abssum[i], t_dec_float(c->dtype, got))) continue;
+            }
+            if (got != exp && !bad++) { first = i0 + i; g0 = got; e0 = exp; }
+        }
+    }
+    if (bad) case_fail(k, "%zu of %zu elements wrong; first %zu: got 0x%llx, expected 0x%llx", bad, n,
+                       first, (unsigned long long)g0, (unsigned long long)e0);
 }
 
 /* ------------------------------------------------------------------------- cases */
@@ -192,7 +167,6 @@ static void case_str(const tcase_t *c, char *out, size_t cap) {
 }
 
 /* ------------------------------------------------------------------------- running a case */
-static void case_fail(int k, const char *fmt, ...) T_PRINTF(2, 3);
 static void case_fail(int k, const char *fmt, ...) {
     va_list ap;
     char m[180];
@@ -220,17 +194,15 @@ static int guard_ok(const unsigned char *region, size_t bytes) {
 }
 
 /* out[oi..oi+n) == rank src's input elements si.. */
-static void check_copy(int k, const tcase_t *c, const unsigned char *out, size_t oi, int src, size_t si, size_t n,
+static void check_copy(int k, const t_in_t *g, const unsigned char *out, size_t oi, int src, size_t si, size_t n,
                        const char *what) {
-    size_t es = ddp_dtype_size((ddp_dtype_t)c->dtype), i;
-    uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1);
-    for (i = 0; i < n; i++) {
-        uint64_t got = load_elem(out, oi + i, es), exp = gen_bits(c, src, si + i) & mask;
-        if (got != exp) {
-            case_fail(k, "%s: element %zu is 0x%llx, expected 0x%llx (rank %d's element %zu)", what,
-                      oi + i, (unsigned long long)got, (unsigned long long)exp, src, si + i);
-            return;
-        }
+    const size_t es = g->es, i = t_in_first_diff(g, src, si, out + oi * es, n);
+    if (i < n) {
+        unsigned char want[8];
+        t_in_fill(g, src, si + i, 1, want);
+        case_fail(k, "%s: element %zu is 0x%llx, expected 0x%llx (rank %d's element %zu)", what,
+                  oi + i, (unsigned long long)load_elem(out, oi + i, es), (unsigned long long)load_elem(want, 0, es),
+                  src, si + i);
     }
 }
 
@@ -247,8 +219,10 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
     const size_t es = ddp_dtype_size(dt), n = c->count, blk = n * es;
     const int root = c->root, is_root = rank == root;
     unsigned char *send = b->sreg + GUARD, *recv = b->rreg + GUARD, *sp, *rp;
-    size_t sbytes = 0, rbytes = 0, i;
+    size_t sbytes = 0, rbytes = 0;
     ddp_result_t r;
+    t_in_t g;
+    case_inputs(c, &g);
     switch (c->coll) {
     case C_REDUCE: sbytes = rbytes = blk; break;
     case C_GATHER: sbytes = blk; rbytes = (size_t)p * blk; break;
@@ -264,20 +238,20 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
     if (c->inplace) {
         /* One buffer (the receive region, sized for the larger side), NCCL's layouts. */
         switch (c->coll) {
-        case C_REDUCE: fill(recv, c, rank, 0, n); sp = rp = recv; break;
+        case C_REDUCE: fill(recv, &g, rank, 0, n); sp = rp = recv; break;
         case C_GATHER:
-            if (is_root) { fill(recv + (size_t)rank * blk, c, rank, 0, n); sp = recv + (size_t)rank * blk; }
-            else { fill(send, c, rank, 0, n); rp = (k & 2) ? NULL : recv; }
+            if (is_root) { fill(recv + (size_t)rank * blk, &g, rank, 0, n); sp = recv + (size_t)rank * blk; }
+            else { fill(send, &g, rank, 0, n); rp = (k & 2) ? NULL : recv; }
             break;
         default: /* scatter */
-            if (is_root) { guard_set(b->rreg, sbytes); fill(recv, c, rank, 0, (size_t)p * n); sp = recv; rp = recv + (size_t)rank * blk; }
+            if (is_root) { guard_set(b->rreg, sbytes); fill(recv, &g, rank, 0, (size_t)p * n); sp = recv; rp = recv + (size_t)rank * blk; }
             else sp = (k & 2) ? NULL : send;
             break;
         }
     } else {
-        if (c->coll == C_SCATTER) { if (is_root) fill(send, c, rank, 0, (size_t)p * n); else if (k & 2) sp = NULL; }
-        else if (c->coll == C_A2A) fill(send, c, rank, 0, (size_t)p * n);
-        else fill(send, c, rank, 0, n);
+        if (c->coll == C_SCATTER) { if (is_root) fill(send, &g, rank, 0, (size_t)p * n); else if (k & 2) sp = NULL; }
+        else if (c->coll == C_A2A) fill(send, &g, rank, 0, (size_t)p * n);
+        else fill(send, &g, rank, 0, n);
         if (!is_root && (c->coll == C_REDUCE || c->coll == C_GATHER) && (k & 2)) rp = NULL;
     }
     if (n == 0 && (k & 4)) sp = rp = NULL;
@@ -297,36 +271,27 @@ static ddp_result_t run_case(int k, const tcase_t *c, ddp_comm_t *comm, bufs_t *
     switch (c->coll) {
     case C_REDUCE:
         if (is_root) {
-            size_t bad = 0, first = 0;
-            uint64_t mask = es == 8 ? ~0ull : ((1ull << (8 * es)) - 1), g0 = 0, e0 = 0;
-            for (i = 0; i < n; i++) {
-                uint64_t got = load_elem(rp, i, es), exp = ref_reduce(c, p, i) & mask;
-                if (got != exp && avg_divides_first && c->op == DDP_AVG && !t_is_int(c->dtype) &&
-                    avg_close(c, p, i, got)) continue;
-                if (got != exp && !bad++) { first = i; g0 = got; e0 = exp; }
-            }
-            if (bad) case_fail(k, "%zu of %zu elements wrong; first %zu: got 0x%llx, expected 0x%llx", bad, n,
-                               first, (unsigned long long)g0, (unsigned long long)e0);
+            check_reduce(k, c, &g, p, rp, n);
         } else if (c->inplace) {
-            check_copy(k, c, recv, 0, rank, 0, n, "non-root's in-place buffer changed");
+            check_copy(k, &g, recv, 0, rank, 0, n, "non-root's in-place buffer changed");
         } else if (rp && !all_bytes(recv, rbytes, 0xcd)) {
             case_fail(k, "non-root's recvbuf written");
         }
         break;
     case C_GATHER:
-        if (is_root) { int q; for (q = 0; q < p; q++) check_copy(k, c, recv, (size_t)q * n, q, 0, n, "gathered"); }
+        if (is_root) { int q; for (q = 0; q < p; q++) check_copy(k, &g, recv, (size_t)q * n, q, 0, n, "gathered"); }
         else if (rp && !all_bytes(recv, rbytes, 0xcd)) case_fail(k, "non-root's recvbuf written");
         break;
     case C_SCATTER:
-        check_copy(k, c, rp, 0, root, (size_t)rank * n, n, "scattered");
-        if (is_root && c->inplace) check_copy(k, c, recv, 0, rank, 0, (size_t)p * n, "root's in-place buffer");
+        check_copy(k, &g, rp, 0, root, (size_t)rank * n, n, "scattered");
+        if (is_root && c->inplace) check_copy(k, &g, recv, 0, rank, 0, (size_t)p * n, "root's in-place buffer");
         break;
-    default: { int q; for (q = 0; q < p; q++) check_copy(k, c, recv, (size_t)q * n, q, (size_t)rank * n, n, "all_to_all block"); }
+    default: { int q; for (q = 0; q < p; q++) check_copy(k, &g, recv, (size_t)q * n, q, (size_t)rank * n, n, "all_to_all block"); }
     }
     /* Inputs unchanged, guards intact. */
     if (!c->inplace) {
         if (c->coll == C_SCATTER && !is_root) { if (sp && !all_bytes(send, sbytes, 0x3c)) case_fail(k, "non-root's sendbuf written"); }
-        else check_copy(k, c, send, 0, rank, 0, c->coll == C_SCATTER || c->coll == C_A2A ? (size_t)p * n : n, "sendbuf changed");
+        else check_copy(k, &g, send, 0, rank, 0, c->coll == C_SCATTER || c->coll == C_A2A ? (size_t)p * n : n, "sendbuf changed");
         if (!guard_ok(b->sreg, sbytes)) case_fail(k, "guard bytes around sendbuf overwritten");
     }
     if (!guard_ok(b->rreg, c->inplace && c->coll == C_SCATTER && is_root ? sbytes : rbytes))
@@ -692,8 +657,11 @@ int main(void) {
     run_cfg_t runs[40];
     int nruns = 0, i, m;
     double t0;
+    char why[200] = "";
     t_init();
     if (sizeof(shm_t) > T_USER_BYTES) t_bail("shm_t too big");
+    if (!ok(t_in_selftest(why, sizeof why) == 0, "inputs and references a block at a time give the element-wise definitions' bits"))
+        t_bail("%s", why);
     for (i = 1; i <= 8; i++) {
         run_cfg_t *c = &runs[nruns++];
         memset(c, 0, sizeof *c);

@@ -12,7 +12,7 @@ set -u
 py=""
 for cand in "${PYTHON:-}" python3 /usr/bin/python3; do
     [ -n "$cand" ] || continue
-    if "$cand" -c "import torch" >/dev/null 2>&1; then py=$cand; break; fi
+    if version=$("$cand" -c "import torch; print(torch.__version__)" 2>/dev/null); then py=$cand; break; fi
 done
 if [ -z "$py" ]; then
     echo "1..0 # SKIP no torch"
@@ -24,7 +24,7 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 seed=${SAMPLER_SEED:-$(date +%s)}
 count=${SAMPLER_COUNT:-30}
 echo "1..3"
-echo "# torch $("$py" -c 'import torch; print(torch.__version__)') via $py; random seed $seed"
+echo "# torch $version via $py; random seed $seed"
 
 if ${CC:-cc} -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I. tests/test_sampler.c \
         -o "$tmp/test_sampler" -lm 2>"$tmp/cc.log"; then

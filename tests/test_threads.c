@@ -11,7 +11,7 @@
  *             included), reduce-scatter, all-gather, broadcast (root 0 and last), barrier, for
  *             counts 0, 1, 7, 128, 129, 1003 (128 x 8 bytes is the one-step threshold) and a big one
  *             (2 MiB of 8-byte elements), in place and out of place, against a reference
- *             computed element by element from every rank's input (inputs on which every
+ *             computed sequentially from every rank's input (inputs on which every
  *             reduction order gives the same bits: tests/ddp_test_data.h). Out of place, the
  *             send buffer is unchanged; guard bytes around every buffer are untouched; the
  *             outputs of all-reduce, all-gather and broadcast are the same bytes on every rank.
@@ -203,13 +203,15 @@ static uint64_t in_bits(const tc_t *c, int rank, size_t i) {
     return is_reduction(c->coll) ? t_exact_bits(c->dt, c->op, u) : u;
 }
 
+/* The same inputs a range at a time (tests/ddp_test_data.h: t_in_fill gives in_bits' bits). */
+static void case_inputs(const tc_t *c, t_in_t *g) {
+    t_in_init(g, c->random ? T_IN_UNIFORM : is_reduction(c->coll) ? T_IN_EXACT : T_IN_BITS, c->dt, c->op, c->seed);
+}
+
 static void fill(unsigned char *buf, const tc_t *c, int rank, size_t lo, size_t n) {
-    const size_t es = ddp_dtype_size((ddp_dtype_t)c->dt);
-    size_t i;
-    for (i = 0; i < n; i++) {
-        uint64_t v = in_bits(c, rank, lo + i);
-        memcpy(buf + i * es, &v, es);     /* little-endian: the low bytes */
-    }
+    t_in_t g;
+    case_inputs(c, &g);
+    t_in_fill(&g, rank, lo, n, buf);
 }
 
 static uint64_t load(const unsigned char *buf, size_t i, size_t es) {
@@ -347,6 +349,22 @@ static void run_case(rank_t *R, const tc_t *c, unsigned char *sreg, unsigned cha
      * between ranks below covers the rest). */
     hi = out_n;
     if (c->coll == C_AR && n > 10000) { lo = n * (size_t)me / (size_t)p; hi = n * (size_t)(me + 1) / (size_t)p; }
+    if ((c->coll == C_AR || c->coll == C_RS) && !c->random) {
+        /* The reductions' reference a block at a time (t_in_ref_exact: ref_reduce's bits); the
+         * element loop below then reports the first element that differs, if one does. */
+        const size_t base = c->coll == C_RS ? (size_t)me * n : 0;
+        t_in_t g;
+        case_inputs(c, &g);
+        while (lo < hi) {
+            const size_t m = hi - lo < T_IN_BLOCK ? hi - lo : T_IN_BLOCK;
+            uint64_t ref[T_IN_BLOCK];
+            unsigned char want[T_IN_BLOCK * 8];
+            t_in_ref_exact(&g, p, base + lo, m, ref);
+            t_in_narrow(es, ref, m, want);
+            if (memcmp(out + lo * es, want, m * es) != 0) break;
+            lo += m;
+        }
+    }
     for (i = lo; i < hi; i++) {
         uint64_t want, got = load(out, i, es);
         if (c->random) {
@@ -371,8 +389,9 @@ static void run_case(rank_t *R, const tc_t *c, unsigned char *sreg, unsigned cha
         }
     }
     if (!c->inplace && send && (c->coll != C_BC || me == c->root)) {
-        for (i = 0; i < in_n; i++)
-            if (load(sb, i, es) != low_bits(in_bits(c, me, i), es)) break;
+        t_in_t g;
+        case_inputs(c, &g);
+        i = t_in_first_diff(&g, me, 0, sb, in_n);
         if (i < in_n) { case_str(c, p, what, sizeof what); rfail(R, "%s: send buffer changed at %zu", what, i); }
     }
     if (!guard_ok(sreg, in_n * es) || !guard_ok(rreg, (in_n > out_n ? in_n : out_n) * es)) {
@@ -1135,6 +1154,11 @@ int main(void) {
 #endif
     if (getenv("DDP_TEST_QUICK")) g_quick = 1;
     t_init();
+    {   /* before any thread: it also builds the fp16 table the references read */
+        char why[200] = "";
+        if (!ok(t_in_selftest(why, sizeof why) == 0, "inputs and references a block at a time give the element-wise definitions' bits"))
+            t_bail("%s", why);
+    }
     unsetenv("DDP_TRANSPORT");
     unsetenv("DDP_ALGO");
     unsetenv("DDP_THREADS_COLL");
