@@ -24,7 +24,7 @@
 
 #include <math.h>
 
-static char t_dir[512];
+static char t_dir[256];
 
 static _ddp_layout_t lay(int p, int h, int lmin, int lmax) {
     _ddp_layout_t l;
@@ -61,7 +61,7 @@ static void test_names(void) {
 
 static void test_file(void) {
     _ddp_model_t m, back, d;
-    char path[700], err[512];
+    char path[320], err[512];
     struct { const char *text; int line; const char *what; } bad[] = {
         {"alpha_local_us = 1\n\nbogus_key = 3\n", 3, "bogus_key"},
         {"# comment\nalpha_net_us 20\n", 2, "="},
@@ -100,7 +100,7 @@ static void test_file(void) {
        "keys left out keep their values (%s)", err);
 
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char want[160];
+        char want[400];
         back = d;
         write_file(path, bad[i].text);
         err[0] = 0;
@@ -250,7 +250,7 @@ int main(void) {
     test_picks();
     test_shape();
     {
-        char cmd[128];
+        char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", t_dir);
         if (system(cmd) != 0) diag("could not remove %s", t_dir);
     }
