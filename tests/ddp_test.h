@@ -100,6 +100,7 @@ static t_run_t t_last_run;
 /* How the last run's ranks that did not exit cleanly ended: shown on stderr with the parent's
  * next failing check (often "every rank exited cleanly"), which it explains. */
 static char t_last_why[2048];
+static int t_after_fail;                  /* the last check printed failed */
 /* Every rank process this program forked (t_run_ranks), so that a leak check can tell what
  * this program's processes left behind from what programs beside it did. */
 #define T_MAX_CHILD_PIDS 4096
@@ -136,6 +137,7 @@ static T_UNUSED void t_print_line(int pass, int rank, const char *msg_in) {
     for (q = msg; *q; q++) if (*q == '\n' || *q == '\r') *q = ' ';   /* one TAP line per check */
     t_ntests++;
     if (!pass) t_nfailed++;
+    t_after_fail = !pass;
     if (!pass && rank < 0 && t_last_why[0]) {
         extern char *program_invocation_short_name;
         fprintf(stderr, "%s: # %s: %s\n", program_invocation_short_name, msg, t_last_why);
@@ -146,9 +148,10 @@ static T_UNUSED void t_print_line(int pass, int rank, const char *msg_in) {
     fflush(stdout);
 }
 
-/* prove -f shows a program's "not ok" lines and its stderr, not its "#" lines. So once a check
- * has failed, the diagnostics that follow (a failed run's ranks: how each ended, what they
- * said) are written to stderr too, under the program's name, where prove shows them. */
+/* prove -f shows a program's "not ok" lines and its stderr, not its "#" lines. So the diagnostics
+ * that explain a failure are written to stderr too, under the program's name, where prove shows
+ * them: those right after a failing check, and every diagnostic of a run in which a rank's check
+ * failed. */
 static T_UNUSED void t_explain_if(int failed, const char *msg) {
     extern char *program_invocation_short_name;
     if (!failed) return;
@@ -183,7 +186,7 @@ static T_UNUSED void diag(const char *fmt, ...) {
         for (q = msg; *q; q++) if (*q == '\n' || *q == '\r') *q = ' ';
         printf("# %s\n", msg);
         fflush(stdout);
-        t_explain_if(t_nfailed, msg);
+        t_explain_if(t_after_fail, msg);
     }
     va_end(ap);
 }
@@ -286,6 +289,14 @@ static T_UNUSED int t_port_reserve(int port) {
     return 1;
 }
 
+/* In a forked rank: the parent keeps holding the reservations; the rank does not need copies
+ * (a rank may run under a tight RLIMIT_NOFILE). */
+static T_UNUSED void t_port_release_inherited(void) {
+    int i, n = t_port_next < T_PORT_KEEP ? t_port_next : T_PORT_KEEP;
+    for (i = 0; i < n; i++) close(t_port_fds[i]);
+    t_port_next = 0;
+}
+
 /* A port nobody uses, reserved for this process (see above), chosen below the kernel's
  * ephemeral range (so that no socket bound to port 0, such as the TCP transport's listeners, and
  * no outgoing connection can be handed it), spread by pid. */
@@ -374,6 +385,7 @@ static T_UNUSED int t_run_ranks(int p, int (*fn)(int rank, int p, void *arg), vo
         if (pid == 0) {
             int rc;
             prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive the test binary */
+            t_port_release_inherited();
             t_rank = r;
             rc = fn(r, p, arg);
             fflush(stdout);
