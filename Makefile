@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT (see LICENSE)
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
-#   make test    every test (plain, then ASan+UBSan, TSan), header checks (C99/C11, C++11/17/20, gcc and clang)
+#   make test    every test (plain, ASan+UBSan, TSan, side by side), header checks (C99/C11, C++11/17/20, gcc and clang)
 #   make bench   ddp-bench sweep (all_reduce, reduce_scatter, all_gather, broadcast; p = 2 and 4; every transport) -> bench/results/*.json, busbw.svg
 #   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-bench, ddp.pc; make uninstall removes them
 CC      ?= cc
@@ -110,13 +110,18 @@ hdr-link: $(B)/hdr/impl.c
 $(foreach o,$(HDR_OLEVELS),$(B)/hdr/impl$(o).o): $(B)/hdr/impl.c
 	$(CC) -std=c99 $(patsubst $(B)/hdr/impl%.o,%,$@) $(WARN) $(INC) -c $< -o $@
 
-test-plain: $(TESTS) $(B)/ddprun
-	prove -f $(TESTS) $(TEST_SH)
+# Every test program runs through tests/run_one.sh: its own scratch TMPDIR, removed afterwards,
+# and its flavour's settings (sanitizer options, DDP_TEST_QUICK) taken from its path.
+RUN_ONE := --exec 'sh tests/run_one.sh'
 
-# Under ASan+UBSan every path runs, at fewer world sizes (DDP_TEST_QUICK): the plain run above
-# already covers 1..8, and the sanitizers look for memory errors, not for world-size cases.
+test-plain: $(TESTS) $(B)/ddprun
+	prove -f $(RUN_ONE) $(TESTS) $(TEST_SH)
+
+# Under ASan+UBSan every path runs, at fewer world sizes (DDP_TEST_QUICK, set by run_one.sh): the
+# plain run above already covers 1..8, and the sanitizers look for memory errors, not for
+# world-size cases.
 test-san: $(TESTS_SAN)
-	DDP_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(TESTS_SAN)
+	prove -f $(RUN_ONE) $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
@@ -125,30 +130,57 @@ $(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B
 	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 
 test-tsan: $(TSAN_TESTS)
-	TSAN_OPTIONS=halt_on_error=1 T_NCCL_SCENARIOS_ONLY=1 prove -f $(TSAN_TESTS)
+	prove -f $(RUN_ONE) $(TSAN_TESTS)
+
+# test-together: every test program of test-fake-nccl, test-plain, test-san and test-tsan in one
+# prove run, TEST_PROVE_JOBS at a time. Most of them mostly wait (timeouts, peers that die,
+# sleeps), so side by side that waiting overlaps the CPU-bound ones; no check depends on how soon
+# something happens beyond a bound derived from its timeout, and each program has its own ports
+# (tests/ddp_test.h t_free_port) and scratch directory. Longest first (the CI run's times), so
+# that the longest does not start last. On the 2-core VM -j6 kept both cores 99% busy and ran in
+# 510 s what takes 1,003 CPU-seconds (the floor is CPU, not waiting, from there on).
+TEST_PROVE_JOBS ?= 6
+TEST_FAKE_NCCL  := $(B)/fake_nccl/selftest $(B)/fake_nccl_san/selftest $(B)/fake_nccl_tsan/selftest
+TEST_LONGEST    := $(B)/test_collectives $(B)/san/test_collectives tests/test_netns.sh \
+                   tests/test_include_anywhere.sh $(B)/test_failures $(B)/san/test_failures \
+                   $(B)/test_threads $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_threads \
+                   $(B)/tsan/test_nccl $(B)/test_strangers $(B)/san/test_strangers tests/test_launchers.sh \
+                   tests/test_bench.sh tests/test_sampler_torch.sh $(B)/test_stuck $(B)/san/test_stuck \
+                   $(B)/test_c10d_store $(B)/san/test_threads
+TEST_ALL        := $(TESTS) $(TEST_SH) $(TESTS_SAN) $(TSAN_TESTS) $(TEST_FAKE_NCCL)
+TEST_ORDER      := $(filter $(TEST_ALL),$(TEST_LONGEST)) $(filter-out $(TEST_LONGEST),$(TEST_ALL))
+.PHONY: test-together
+test-together: $(TEST_ALL) $(B)/ddprun
+	prove -f -j$(TEST_PROVE_JOBS) $(RUN_ONE) $(TEST_ORDER)
 
 # make test: first everything its phases run is built, with TEST_JOBS jobs (every dependency is
-# declared, so make -j is correct); then the phases run one after another, each saying how long it
-# took (with TEST_JOBS jobs where a phase still builds: headers, fuzz, rdma). The tests themselves run one at a time: several check how soon something happens (a
-# failure "at once", an abort within 1 s, a dead peer within its timeout) with ranks that already
-# share the 2 cores, and a second test beside them would eat that slack.
+# declared, so make -j is correct); then the tests (test-together) run while the other phases
+# run beside them, each phase into its own log under $(B)/test-logs, printed whole when that phase
+# fails: the header matrix then the short fuzz run (CPU-bound compiles and fuzzers, which fill
+# the time the tests spend waiting), and the RDMA VM. Each phase says how long it took.
 TEST_JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
-TEST_PHASES := headers test-fake-nccl test-plain test-san test-tsan test-fuzz-short test-rdma-vm
+TEST_BESIDE := headers test-fuzz-short test-rdma-vm
 # -j unless the caller gave one (a sub-make with its own -j would leave the caller's jobserver).
 TEST_J       = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS))
-TEST_BUILD  := $(TESTS) $(TESTS_SAN) $(TSAN_TESTS) $(B)/ddprun $(B)/fake_nccl/selftest \
-               $(B)/fake_nccl_san/selftest $(B)/fake_nccl_tsan/selftest \
+TEST_BUILD  := $(TESTS) $(TESTS_SAN) $(TSAN_TESTS) $(B)/ddprun $(TEST_FAKE_NCCL) \
                $(B)/ddp-bench $(B)/svg_chart $(B)/train_mlp $(B)/netns_rank
 .PHONY: test-build
 test-build: $(TEST_BUILD)
 test:
 	@s=$$(date +%s); $(MAKE) --no-print-directory $(TEST_J) test-build || exit 1; \
 	echo "make test: building took $$(( $$(date +%s) - s )) s"; \
-	for p in $(TEST_PHASES); do s=$$(date +%s); j=; \
-	  case $$p in headers|test-fuzz-short|test-rdma-vm) j='$(TEST_J)';; esac; \
-	  $(MAKE) --no-print-directory $$j $$p || exit 1; \
-	  echo "make test: $$p took $$(( $$(date +%s) - s )) s"; \
-	done
+	L=$(B)/test-logs; rm -rf $$L; mkdir -p $$L; \
+	phase() { s=$$(date +%s); $(MAKE) --no-print-directory "$$@" > $$L/$$1.log 2>&1; rc=$$?; \
+	  echo "make test: $$1 took $$(( $$(date +%s) - s )) s$$([ $$rc = 0 ] || echo ", FAILED (its log follows)")"; \
+	  [ $$rc = 0 ] || cat $$L/$$1.log; echo $$rc > $$L/$$1.rc; }; \
+	{ phase headers $(TEST_J); phase test-fuzz-short $(TEST_J); } & p1=$$!; \
+	phase test-rdma-vm $(TEST_J) & p2=$$!; \
+	s=$$(date +%s); $(MAKE) --no-print-directory test-together; rc=$$?; \
+	echo "make test: test-together (fake NCCL, plain, san, tsan) took $$(( $$(date +%s) - s )) s"; \
+	wait $$p1 $$p2; \
+	for p in $(TEST_BESIDE); do [ "$$(cat $$L/$$p.rc 2>/dev/null)" = 0 ] || rc=1; done; \
+	for p in $(TEST_BESIDE); do tail -n 3 $$L/$$p.log | sed "s|^|make test: $$p: |"; done; \
+	exit $$rc
 
 # NCCL (transports/ddp_nccl.h, issue 15). No GPU here: tests/fake_nccl builds a fake NCCL and CUDA
 # runtime that test_nccl/test_nccl_rooted load instead of the real ones (DDP_NCCL_LIBRARY,
@@ -183,9 +215,7 @@ $(B)/fake_nccl_san/selftest: $(FAKE_NCCL_SRCS)
 $(B)/fake_nccl_tsan/selftest: $(FAKE_NCCL_SRCS)
 	CC="$(CC)" CFLAGS="-O1 -g" sh tests/fake_nccl/build.sh $(B)/fake_nccl_tsan -fsanitize=thread
 test-fake-nccl: $(B)/fake_nccl/selftest $(B)/fake_nccl_san/selftest $(B)/fake_nccl_tsan/selftest
-	prove -f $(B)/fake_nccl/selftest
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 prove -f $(B)/fake_nccl_san/selftest
-	TSAN_OPTIONS=halt_on_error=1 prove -f $(B)/fake_nccl_tsan/selftest
+	prove -f $(RUN_ONE) $(B)/fake_nccl/selftest $(B)/fake_nccl_san/selftest $(B)/fake_nccl_tsan/selftest
 
 # On a machine with a GPU: tests/gpu/test_gpu.sh finds the real NCCL and CUDA runtime, builds
 # what it runs into build/gpu/ itself (no fake NCCL: the real libraries are loaded at run time),

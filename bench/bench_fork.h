@@ -24,18 +24,27 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A port on 127.0.0.1 that nobody listened on a moment ago (the kernel's pick for port 0). */
+/* A port on 127.0.0.1 for rank 0's store, the kernel's pick for port 0, kept reserved as ddprun
+ * keeps its own: a loopback connection to it whose accepted end closes first leaves the port in
+ * TIME_WAIT, which keeps it out of every other bind(port 0) and connect() on the host meanwhile
+ * (programs run side by side, as make test runs them), while the store (SO_REUSEADDR) binds it. */
 static int bench_free_port(void) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    int one = 1, port = 0, c = -1, s = -1, fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return 0;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
         port = ntohs(a.sin_port);
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        if (c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0) s = accept(fd, NULL, NULL);
+        if (s >= 0) close(s);   /* the accepted end closes first: it is the one in TIME_WAIT */
+        if (c >= 0) close(c);
+    }
     close(fd);
     return port;
 }

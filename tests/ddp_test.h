@@ -97,6 +97,15 @@ static int t_master_port;
 static t_shm_t *t_shm;
 static unsigned char *t_user;
 static t_run_t t_last_run;
+/* How the last run's ranks that did not exit cleanly ended: shown on stderr with the parent's
+ * next failing check (often "every rank exited cleanly"), which it explains. */
+static char t_last_why[2048];
+static int t_after_fail;                  /* the last check printed failed */
+/* Every rank process this program forked (t_run_ranks), so that a leak check can tell what
+ * this program's processes left behind from what programs beside it did. */
+#define T_MAX_CHILD_PIDS 4096
+static pid_t t_child_pids[T_MAX_CHILD_PIDS];
+static int t_nchild_pids;
 
 static T_UNUSED double t_now(void) {
     struct timespec ts;
@@ -128,9 +137,26 @@ static T_UNUSED void t_print_line(int pass, int rank, const char *msg_in) {
     for (q = msg; *q; q++) if (*q == '\n' || *q == '\r') *q = ' ';   /* one TAP line per check */
     t_ntests++;
     if (!pass) t_nfailed++;
+    t_after_fail = !pass;
+    if (!pass && rank < 0 && t_last_why[0]) {
+        extern char *program_invocation_short_name;
+        fprintf(stderr, "%s: # %s: %s\n", program_invocation_short_name, msg, t_last_why);
+        t_last_why[0] = 0;
+    }
     if (rank >= 0) printf("%s %d - [rank %d] %s\n", pass ? "ok" : "not ok", t_ntests, rank, msg);
     else printf("%s %d - %s\n", pass ? "ok" : "not ok", t_ntests, msg);
     fflush(stdout);
+}
+
+/* prove -f shows a program's "not ok" lines and its stderr, not its "#" lines. So the diagnostics
+ * that explain a failure are written to stderr too, under the program's name, where prove shows
+ * them: those right after a failing check, and every diagnostic of a run in which a rank's check
+ * failed. */
+static T_UNUSED void t_explain_if(int failed, const char *msg) {
+    extern char *program_invocation_short_name;
+    if (!failed) return;
+    fprintf(stderr, "%s: # %s\n", program_invocation_short_name, msg);
+    fflush(stderr);
 }
 
 static T_UNUSED int ok(int cond, const char *fmt, ...) T_PRINTF(2, 3);
@@ -160,6 +186,7 @@ static T_UNUSED void diag(const char *fmt, ...) {
         for (q = msg; *q; q++) if (*q == '\n' || *q == '\r') *q = ' ';
         printf("# %s\n", msg);
         fflush(stdout);
+        t_explain_if(t_after_fail, msg);
     }
     va_end(ap);
 }
@@ -213,38 +240,66 @@ static T_UNUSED void *t_shm_user(size_t zero) {
     return t_user;
 }
 
-static T_UNUSED int t_port_is_free(int port) {
-    int ok4 = 0, ok6 = 0, one = 1, zero = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0) {
+/* Ports. Test programs run side by side (make test runs several at once), so a port that was
+ * merely free a moment ago could be taken by a neighbour before our store binds it. t_free_port
+ * therefore reserves the port it returns: the probe's own socket (the wildcard address, IPv4 and
+ * IPv6) is bound WITHOUT SO_REUSEADDR, which fails on any port that
+ * another socket holds in any state (listening, connected, TIME_WAIT, or another test's
+ * reservation); once bound it gets SO_REUSEADDR and stays open, not listening. Linux lets a
+ * socket with SO_REUSEADDR (libddp's store, PyTorch's TCPStore, test_store's listeners) bind
+ * beside them, since neither listens, while every other probe keeps failing on that port. The
+ * last T_PORT_KEEP reservations are kept (a run uses its port long after t_free_port returned). */
+#define T_PORT_KEEP 32
+static int t_port_fds[T_PORT_KEEP];
+static int t_port_next;
+
+/* Binds fd to the port on the wildcard address without SO_REUSEADDR: 1 when the port was free. */
+static T_UNUSED int t_port_bind(int fd, int family, int port) {
+    int zero = 0;
+    if (family == AF_INET) {
         struct sockaddr_in a;
         memset(&a, 0, sizeof a);
         a.sin_family = AF_INET;
         a.sin_addr.s_addr = htonl(INADDR_ANY);
         a.sin_port = htons((uint16_t)port);
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        ok4 = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-        close(fd);
-    }
-    fd = socket(AF_INET6, SOCK_STREAM, 0);
-    if (fd < 0) return ok4;               /* no IPv6 on this host */
-    {
+        return bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    } else {
         struct sockaddr_in6 a;
         memset(&a, 0, sizeof a);
         a.sin6_family = AF_INET6;
         a.sin6_addr = in6addr_any;
         a.sin6_port = htons((uint16_t)port);
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-        ok6 = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-        close(fd);
+        return bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
     }
-    return ok4 && ok6;
 }
 
-/* A port nobody listens on, chosen below the kernel's ephemeral range (so that no socket bound
- * to port 0, such as the TCP transport's listeners, can be handed it meanwhile), spread by pid
- * so that test binaries run in parallel rarely try the same one. */
+/* Reserves the port (see above): 1 when it was free and is now held by this process. One socket:
+ * IPv6 dual-stack, which covers IPv4 too, where the host has IPv6; else IPv4. */
+static T_UNUSED int t_port_reserve(int port) {
+    int one = 1, fd, slot, family = AF_INET6;
+    fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) { family = AF_INET; fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
+    if (fd < 0) return 0;
+    if (!t_port_bind(fd, family, port)) { close(fd); return 0; }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    slot = t_port_next++ % T_PORT_KEEP;
+    if (t_port_next > T_PORT_KEEP) close(t_port_fds[slot]);   /* the oldest reservation goes */
+    t_port_fds[slot] = fd;
+    return 1;
+}
+
+/* In a forked rank: the parent keeps holding the reservations; the rank does not need copies
+ * (a rank may run under a tight RLIMIT_NOFILE). */
+static T_UNUSED void t_port_release_inherited(void) {
+    int i, n = t_port_next < T_PORT_KEEP ? t_port_next : T_PORT_KEEP;
+    for (i = 0; i < n; i++) close(t_port_fds[i]);
+    t_port_next = 0;
+}
+
+/* A port nobody uses, reserved for this process (see above), chosen below the kernel's
+ * ephemeral range (so that no socket bound to port 0, such as the TCP transport's listeners, and
+ * no outgoing connection can be handed it), spread by pid. */
 static T_UNUSED int t_free_port(void) {
     static unsigned counter;
     int lo = 32768, hi = 60999, base, span, i;
@@ -255,24 +310,20 @@ static T_UNUSED int t_free_port(void) {
     }
     if (lo > 12000) { base = lo - 11000; span = 10000; }
     else if (hi < 54000) { base = hi + 1000; span = 10000; }
-    else { base = 0; span = 0; }
-    for (i = 0; span && i < 200; i++) {
+    else { base = 1024; span = lo > 2024 ? lo - 1024 : 0; }
+    for (i = 0; span && i < 1000; i++) {
         int port = base + (int)(((unsigned)getpid() * 2654435761u + (counter++) * 40503u) % (unsigned)span);
-        if (t_port_is_free(port)) return port;
+        if (t_port_reserve(port)) return port;
     }
-    {   /* fall back: let the kernel choose */
-        struct sockaddr_in a;
-        socklen_t sl = sizeof a;
-        int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-        memset(&a, 0, sizeof a);
-        a.sin_family = AF_INET;
-        if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-            getsockname(fd, (struct sockaddr *)&a, &sl) == 0)
-            port = ntohs(a.sin_port);
-        if (fd >= 0) close(fd);
-        if (!port) t_bail("no free TCP port found");
-        return port;
-    }
+    t_bail("no free TCP port found below the ephemeral range (%d-%d)", lo, hi);
+    return 0;
+}
+
+/* The scratch directory of this test program: $TMPDIR (tests/run_one.sh gives each program its
+ * own and removes it afterwards), else /tmp. */
+static T_UNUSED const char *t_tmpdir(void) {
+    const char *d = getenv("TMPDIR");
+    return d && *d ? d : "/tmp";
 }
 
 #ifdef DDP_H_INCLUDED
@@ -334,6 +385,7 @@ static T_UNUSED int t_run_ranks(int p, int (*fn)(int rank, int p, void *arg), vo
         if (pid == 0) {
             int rc;
             prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive the test binary */
+            t_port_release_inherited();
             t_rank = r;
             rc = fn(r, p, arg);
             fflush(stdout);
@@ -341,6 +393,7 @@ static T_UNUSED int t_run_ranks(int p, int (*fn)(int rank, int p, void *arg), vo
             exit(rc & 0xff);
         }
         pids[r] = pid;
+        if (t_nchild_pids < T_MAX_CHILD_PIDS) t_child_pids[t_nchild_pids++] = pid;
         alive++;
     }
     deadline = t0 + timeout_s;
@@ -379,34 +432,52 @@ static T_UNUSED int t_run_ranks(int p, int (*fn)(int rank, int p, void *arg), vo
     /* The children's checks, in rank order. */
     n = t_shm->nrecords < T_MAX_RECORDS ? t_shm->nrecords : T_MAX_RECORDS;
     qsort(t_shm->records, (size_t)n, sizeof t_shm->records[0], t_cmp_record);
+    for (r = 0, bad = 0; r < n; r++) bad += t_shm->records[r].kind == 0;   /* a check failed */
     for (r = 0; r < n; r++) {
         t_record_t *rec = &t_shm->records[r];
         if (rec->kind == -2) continue;
         if (rec->kind < 0) {
-            char *q;
+            char *q, line[T_MSG + 32];
             for (q = rec->msg; *q; q++) if (*q == '\n' || *q == '\r') *q = ' ';
             printf("# [rank %d] %s\n", rec->rank, rec->msg);
+            snprintf(line, sizeof line, "[rank %d] %s", rec->rank, rec->msg);
+            t_explain_if(bad, line);
             continue;
         }
         t_print_line(rec->kind == 1, rec->rank, rec->msg);
     }
+    bad = 0;
+    t_last_why[0] = 0;
     if (t_shm->nrecords > T_MAX_RECORDS)
         ok(0, "harness: %d child records, only %d kept", t_shm->nrecords, T_MAX_RECORDS);
     for (r = 0; r < p; r++) {
         if (res->exited[r] && res->code[r] == 0) continue;
         bad++;
-        if (res->killed_by_watchdog[r])
-            diag("rank %d still running after %d s: killed by the watchdog (it was: %s)", r,
-                 timeout_s, t_shm->where[r][0] ? t_shm->where[r] : "?");
-        else if (res->exited[r])
-            diag("rank %d exited with status %d (last: %s)", r, res->code[r],
-                 t_shm->where[r][0] ? t_shm->where[r] : "?");
-        else
-            diag("rank %d died of signal %d (%s) (last: %s)", r, res->code[r],
-                 strsignal(res->code[r]), t_shm->where[r][0] ? t_shm->where[r] : "?");
+        {
+            char line[T_MSG + 128];
+            size_t k = strlen(t_last_why);
+            if (res->killed_by_watchdog[r])
+                snprintf(line, sizeof line, "rank %d still running after %d s: killed by the watchdog (it was: %s)", r,
+                         timeout_s, t_shm->where[r][0] ? t_shm->where[r] : "?");
+            else if (res->exited[r])
+                snprintf(line, sizeof line, "rank %d exited with status %d (last: %s)", r, res->code[r],
+                         t_shm->where[r][0] ? t_shm->where[r] : "?");
+            else
+                snprintf(line, sizeof line, "rank %d died of signal %d (%s) (last: %s)", r, res->code[r],
+                         strsignal(res->code[r]), t_shm->where[r][0] ? t_shm->where[r] : "?");
+            diag("%s", line);
+            snprintf(t_last_why + k, sizeof t_last_why - k, "%s%s", k ? "; " : "", line);
+        }
     }
     fflush(stdout);
     return bad;
+}
+
+/* Was pid forked by this program (t_run_ranks)? */
+static T_UNUSED int t_is_our_child(pid_t pid) {
+    int i;
+    for (i = 0; i < t_nchild_pids; i++) if (t_child_pids[i] == pid) return 1;
+    return 0;
 }
 
 /* DDP_TEST_ONLY=substring runs only the scenarios whose name contains it (for debugging). */

@@ -479,7 +479,7 @@ static const char *mode_expect(const run_cfg_t *cfg, int rank, int peer) {
 
 /* Set by main(): runs with a DDP_ALGO write their timelines here (DDP_TRACE), and the parent
  * checks that the all-reduces ran the algorithm asked for. */
-static char trace_dir[64];
+static char trace_dir[512];
 
 static int child(int rank, int p, void *arg) {
     const run_cfg_t *cfg = (const run_cfg_t *)arg;
@@ -492,7 +492,7 @@ static int child(int rank, int p, void *arg) {
     /* The run's settings, whatever the environment says. */
     if (cfg->algo) setenv("DDP_ALGO", cfg->algo, 1); else unsetenv("DDP_ALGO");
     if (cfg->algo && trace_dir[0]) {   /* which algorithm ran: see check_algorithm() */
-        char path[128];
+        char path[600];
         snprintf(path, sizeof path, "%s/rank%%r.json", trace_dir);
         setenv("DDP_TRACE", path, 1);
     }
@@ -662,7 +662,7 @@ static void check_algorithm(const run_cfg_t *cfg, const char *tag) {
         {"hier_rabenseifner", "hierarchical (rabenseifner across hosts)", NULL},
         {"hier", "hierarchical", NULL},   /* a prefix: any of the three */
         {"auto", "", NULL}};
-    char names[8][64], summary[600] = "", path[128];
+    char names[8][64], summary[600] = "", path[600];
     int counts[8], nnames = 0, r, i, events = 0, missing = 0, bad = 0, want_seen = 0;
     size_t k, off = 0;
     const char *want = NULL, *also = NULL;
@@ -780,7 +780,7 @@ int main(void) {
     add_run(runs, &nruns, "mixed", 4, 0, NULL, BIG_SUBSET, 0, base_counts, 4);
     if (!quick) add_run(runs, &nruns, "mixed", 8, 0, NULL, BIG_NONE, 0, ring_counts, 5);
     add_hier_runs(runs, &nruns, quick);
-    snprintf(trace_dir, sizeof trace_dir, "/tmp/ddp_test_collectives_XXXXXX");
+    snprintf(trace_dir, sizeof trace_dir, "%s/ddp_test_collectives_XXXXXX", t_tmpdir());
     if (!mkdtemp(trace_dir)) trace_dir[0] = 0;
     t0 = t_now();
     for (i = 0; i < nruns; i++) {

@@ -40,6 +40,7 @@ typedef struct {
     int rc[T_MAX_RANKS];
     int twice;                      /* processes whose error says "twice" */
     int flag[8];
+    int returned;                   /* silent, same_rank: processes whose call has returned */
     pid_t pid0;
     char msg[T_MAX_RANKS][1024];
 } fail_shm_t;
@@ -231,8 +232,8 @@ static int killed(int rank, int p, void *arg) {
     {
         double t0 = t_now();
         r2 = ddp_all_reduce(buf, buf, 1024, DDP_FLOAT32, DDP_SUM, c);
-        ok(r2 != DDP_SUCCESS && t_now() - t0 < 1, "the next call fails at once (%s, %.3f s): the communicator stays failed",
-           ddp_strerror(r2), t_now() - t0);
+        ok(r2 != DDP_SUCCESS && t_now() - t0 < 10, "the next call fails at once (%s, %.3f s, not after the 20 s timeout): "
+           "the communicator stays failed", ddp_strerror(r2), t_now() - t0);
     }
     {
         struct sigaction sa;
@@ -280,17 +281,21 @@ static int silent(int rank, int p, void *arg) {
     (void)arg;
     if (!c) return 1;
     for (i = 0; i < 256; i++) buf[i] = 1;
-    if (rank == p - 1) {   /* alive, connected, but never calls the collective */
+    if (rank == p - 1) {   /* alive, connected, but never calls the collective, until the others returned */
+        double tw = t_now();
         t_where("being silent");
-        t_sleep_ms(4000);
+        while (__atomic_load_n(&S->returned, __ATOMIC_SEQ_CST) < p - 1 && t_now() - tw < 60) t_sleep_ms(5);
         ddp_comm_destroy(c);
         return 0;
     }
     t0 = t_now();
     r = ddp_all_reduce(buf, buf, 256, DDP_FLOAT32, DDP_SUM, c);
     dt = t_now() - t0;
+    __atomic_add_fetch(&S->returned, 1, __ATOMIC_SEQ_CST);
     ok(r == DDP_ERR_TIMEOUT || r == DDP_ERR_REMOTE, "all_reduce with a rank that never calls it -> %s", ddp_strerror(r));
-    ok(dt > 1.0 && dt < 3.9, "... after about the timeout of 1.5 s (%.3f s), before the silent rank gives up", dt);
+    /* The silent rank stays until every other rank has returned (60 s at most): returning before
+     * 30 s is returning by the timeout, not because the silent rank gave up. */
+    ok(dt > 1.0 && dt < 30, "... after about the timeout of 1.5 s (%.3f s), before the silent rank gives up", dt);
     if (rank == 0)   /* rank 0 receives from rank p-1: it waits for the silent one directly */
         ok(t_mentions_rank(ddp_comm_last_error(c), p - 1), "the rank that waits on it names rank %d: %s", p - 1, ddp_comm_last_error(c));
     else
@@ -318,7 +323,7 @@ static int log_routes(int rank, int p, void *arg) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     log_seen_t k;
-    char path[128], err[4096], file[160], *body;
+    char path[512], err[4096], file[512], *body;
     FILE *f;
     size_t n;
     (void)rank; (void)p; (void)arg;
@@ -331,7 +336,7 @@ static int log_routes(int rank, int p, void *arg) {
     if (ddp_comm_init(&c, 1, 0, &d) == DDP_SUCCESS) ddp_comm_destroy(c);
     c = NULL;
     /* DDP_DEBUG_FILE, no callback */
-    snprintf(file, sizeof file, "/tmp/ddp_test_log.%%r.%%p");
+    snprintf(file, sizeof file, "%s/ddp_test_log.%%r.%%p", t_tmpdir());
     setenv("DDP_DEBUG_FILE", file, 1);
     setenv("DDP_DEBUG", "INFO", 1);
     t_desc(&d, 10000);
@@ -339,7 +344,7 @@ static int log_routes(int rank, int p, void *arg) {
     unsetenv("DDP_DEBUG_FILE");
     unsetenv("DDP_DEBUG");
     log_read(path, err, sizeof err);
-    snprintf(file, sizeof file, "/tmp/ddp_test_log.0.%ld", (long)getpid());
+    snprintf(file, sizeof file, "%s/ddp_test_log.0.%ld", t_tmpdir(), (long)getpid());
     f = fopen(file, "r");
     body = (char *)calloc(1, 65536);
     n = f && body ? fread(body, 1, 65535, f) : 0;
@@ -349,7 +354,7 @@ static int log_routes(int rank, int p, void *arg) {
        "desc.log_fn gets every line: %d lines, the INFO version line %d time(s), all rank 0, none with libddp's prefix",
        k.n, k.info);
     ok(n > 0 && body && strstr(body, "[ddp rank 0] INFO libddp ") && strstr(body, "rank 0 of 1"),
-       "DDP_DEBUG_FILE=/tmp/ddp_test_log.%%r.%%p: the lines are in /tmp/ddp_test_log.0.<pid> (%zu bytes)", n);
+       "DDP_DEBUG_FILE=$TMPDIR/ddp_test_log.%%r.%%p: the lines are in $TMPDIR/ddp_test_log.0.<pid> (%zu bytes)", n);
     ok(err[0] == 0, "... and nothing of either went to stderr: '%.200s'", err);
     free(body);
     return 0;
@@ -363,11 +368,11 @@ static int late_rank_named(int rank, int p, void *arg) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     float x[64];
-    char path[160], log[8192];
+    char path[512], log[8192];
     ddp_result_t r;
     int i;
     (void)arg;
-    snprintf(path, sizeof path, "/tmp/ddp_test_latelog.%d", (int)getppid());
+    snprintf(path, sizeof path, "%s/ddp_test_latelog.%d", t_tmpdir(), (int)getppid());
     if (rank == 0 && !freopen(path, "w", stderr)) return 1;
     t_desc(&d, 60000);
     d.log_level = 1 + DDP_LOG_WARN;
@@ -464,7 +469,7 @@ static int never_joins(int rank, int p, void *arg) {
 
 /* A rank's own log: stderr goes to a file from here (log_to), and is read back (log_read). */
 static int log_to(char *path, size_t cap, const char *name) {
-    snprintf(path, cap, "/tmp/ddp_test_%s.%d", name, (int)getpid());
+    snprintf(path, cap, "%s/ddp_test_%s.%d", t_tmpdir(), name, (int)getpid());
     return freopen(path, "w", stderr) != NULL;
 }
 static void log_read(const char *path, char *log, size_t cap) {
@@ -486,7 +491,7 @@ static int never_joins_speaks(int rank, int p, void *arg) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    char path[128], log[8192];
+    char path[512], log[8192];
     (void)arg;
     if (rank == p - 1) return 0;
     if (!log_to(path, sizeof path, "speaks")) return 1;
@@ -505,16 +510,18 @@ static int never_joins_speaks(int rank, int p, void *arg) {
 }
 
 /* A rank given a port nobody listens on (a wrong MASTER_PORT) says, while it retries, which
- * address it tries and what to check: a WARN after 10 s (the 12.5 s timeout leaves it inside the
- * wait under any load; the message is checked, not the time). */
+ * address it tries and what to check: a WARN after 10 s. The retries sleep up to 3 s apart
+ * (backoff at most 2 s, jitter x1.5), so the timeout, 25 s, leaves 15 s after the 10 s mark for
+ * a retry to say it, under any load (12.5 s left only 2.5 s: the note was missed once beside
+ * other tests); the message is checked, not the time. */
 static int wrong_port_speaks(int rank, int p, void *arg) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    char path[128], log[8192], want[96];
+    char path[512], log[8192], want[96];
     (void)rank; (void)p; (void)arg;
     if (!log_to(path, sizeof path, "wrongport")) return 1;
-    t_desc(&d, 12500);
+    t_desc(&d, 25000);
     d.master_port = t_free_port();   /* nobody listens there */
     d.log_level = 1 + DDP_LOG_WARN;
     r = ddp_comm_init(&c, 2, 1, &d);
@@ -653,8 +660,8 @@ static int unresolvable(int rank, int p, void *arg) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    char path[] = "/tmp/ddp_test_dns_XXXXXX", log[8192];
-    int fd = mkstemp(path), saved = dup(2), warns = 0;
+    char path[512], log[8192];
+    int fd = (snprintf(path, sizeof path, "%s/ddp_test_dns_XXXXXX", t_tmpdir()), mkstemp(path)), saved = dup(2), warns = 0;
     ssize_t n;
     const char *msg, *q;
     (void)rank; (void)p; (void)arg;
@@ -691,14 +698,14 @@ static int world_size(int rank, int p, void *arg) {
     double t0;
     int claimed = rank == 0 ? p : p + 1;
     (void)arg;
-    t_desc(&d, 10000);
+    t_desc(&d, 60000);   /* "promptly" below: far below this timeout, whatever the load */
     d.log_level = 1;
     t0 = t_now();
     r = ddp_comm_init(&c, claimed, rank, &d);
     S->rc[rank] = r;
     snprintf(S->msg[rank], sizeof S->msg[rank], "%s", ddp_last_init_error());
     ok(r == DDP_ERR_MISMATCH || r == DDP_ERR_REMOTE, "rank %d told world size %d -> %s", rank, claimed, ddp_strerror(r));
-    ok(t_now() - t0 < 5, "... promptly (%.3f s, timeout 10 s)", t_now() - t0);
+    ok(t_now() - t0 < 30, "... promptly (%.3f s, timeout 60 s)", t_now() - t0);
     ok(strstr(ddp_last_init_error(), "world size") != NULL, "the message says world size: %s", ddp_last_init_error());
     if (c) ddp_comm_destroy(c);
     return 0;
@@ -707,21 +714,23 @@ static int world_size(int rank, int p, void *arg) {
 /* ----------------------------------------------------------------- the same rank twice */
 /* Processes 1 and 2 both say rank 1. Rank 0 (the store) starts 0.2 s late, so both are
  * already knocking when the rendezvous opens, and whoever gets a communicator keeps it (and
- * the store) 1.5 s, so that a duplicate still backing off between connection attempts finds
- * the store up: one of the two must be told it joined twice. */
+ * the store) until all three processes have their answer (12 s at most), so that a duplicate
+ * still backing off between connection attempts finds the store up: one of the two must be
+ * told it joined twice. */
 static int same_rank(int idx, int nproc, void *arg) {
     const int rank = idx == 2 ? 1 : idx;
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
     double t0;
-    (void)nproc; (void)arg;
+    (void)arg;
     if (idx == 0) t_sleep_ms(200);
     t0 = t_now();
-    t_desc(&d, 5000);
+    t_desc(&d, 20000);
     d.log_level = 1;
     r = ddp_comm_init(&c, 2, rank, &d);
     S->rc[idx] = r;
+    __atomic_add_fetch(&S->returned, 1, __ATOMIC_SEQ_CST);
     if (r == DDP_ERR_INVALID_USAGE && strstr(ddp_last_init_error(), "twice")) {
         __atomic_fetch_add(&S->twice, 1, __ATOMIC_SEQ_CST);
         ok(rank == 1, "process %d (rank %d) is told it joined twice: %s", idx, rank, ddp_last_init_error());
@@ -732,10 +741,14 @@ static int same_rank(int idx, int nproc, void *arg) {
         float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
         ddp_result_t r2 = ddp_all_reduce(v, v, 8, DDP_FLOAT32, DDP_SUM, c);
         ok(r2 != DDP_SUCCESS || v[0] == 2.0f, "process %d (rank %d) initialised; its all_reduce is right or fails (%s)", idx, rank, ddp_strerror(r2));
-        t_sleep_ms(1500);   /* keep the store up: a duplicate that is still retrying its connect must get in */
+        {   /* keep the store up: a duplicate that is still retrying its connect must get in */
+            double tw = t_now();
+            while (__atomic_load_n(&S->returned, __ATOMIC_SEQ_CST) < nproc && t_now() - tw < 12) t_sleep_ms(5);
+        }
     }
     if (c) ddp_comm_destroy(c);
-    ok(t_now() - t0 < 4.5, "process %d (rank %d) done in %.3f s (timeout 5 s): %s", idx, rank, t_now() - t0, ddp_strerror(r));
+    ok(t_now() - t0 < 15, "process %d (rank %d) done in %.3f s, before its 20 s timeout: %s", idx, rank, t_now() - t0,
+       ddp_strerror(r));
     return 0;
 }
 
@@ -781,11 +794,11 @@ static int mismatch(int rank, int p, void *arg) {
             ok(r == DDP_SUCCESS, "count 0 on this rank: nothing to do -> %s", ddp_strerror(r));
         } else {
             ok(r != DDP_SUCCESS, "count 1000 here, 0 on rank 0: an error, not a hang -> %s", ddp_strerror(r));
-            ok(dt < 6, "... within the timeout of 3 s + slack (%.3f s)", dt);
+            ok(dt < 15, "... by the timeout of 3 s, with generous slack (%.3f s; a hang meets the watchdog)", dt);
         }
     } else {
         ok(r == DDP_ERR_MISMATCH || r == DDP_ERR_REMOTE, "%s -> %s", m->name, ddp_strerror(r));
-        ok(dt < 5, "... promptly (%.3f s; timeout 20 s)", dt);
+        ok(dt < 10, "... promptly (%.3f s; timeout 20 s)", dt);
         if (r == DDP_ERR_MISMATCH) {   /* the peer it disagreed with, or the one that left over it */
             int q, named = 0;
             for (q = 0; q < p; q++) named |= q != rank && t_mentions_rank(ddp_comm_last_error(c), q);
@@ -793,7 +806,8 @@ static int mismatch(int rank, int p, void *arg) {
         }
         t0 = t_now();
         r2 = ddp_all_reduce(buf, buf, 10, DDP_FLOAT32, DDP_SUM, c);
-        ok(r2 != DDP_SUCCESS && t_now() - t0 < 1, "use after the failed collective -> %s at once", ddp_strerror(r2));
+        ok(r2 != DDP_SUCCESS && t_now() - t0 < 10, "use after the failed collective -> %s at once (%.3f s, timeout 20 s)",
+           ddp_strerror(r2), t_now() - t0);
         ok(r2 == r || r2 == DDP_ERR_INVALID_USAGE, "... the same error again (sticky) or INVALID_USAGE");
     }
     t0 = t_now();
@@ -844,7 +858,7 @@ static int strangers(int idx, int nproc, void *arg) {
         int fd = -1;
         double t0 = t_now();
         while (fd < 0 && t_now() - t0 < 20) { fd = raw_connect_port(t_master_port); if (fd < 0) t_sleep_ms(10); }
-        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && t_closed_within(fd, 5000),
+        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && t_closed_within(fd, 20000),
            "garbage sent to the master port during rendezvous: the connection is dropped");
         if (fd >= 0) close(fd);
         {   /* Rank 1's transport address is in the store (no job secret): knock on it too. */
@@ -864,7 +878,7 @@ static int strangers(int idx, int nproc, void *arg) {
                 sent = fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk;
                 /* Rank 1 only accepts once everyone joined: let the last rank start now. */
                 __atomic_store_n(&S->flag[0], 1, __ATOMIC_SEQ_CST);
-                ok(sent && t_closed_within(fd, 8000),
+                ok(sent && t_closed_within(fd, 20000),
                    "garbage sent to rank 1's transport listener before it accepts: the connection is dropped");
                 if (fd >= 0) close(fd);
             } else {
@@ -922,11 +936,11 @@ static void set_env(const char *spec) {
 
 /* ddp_comm_init_env with stderr caught: what it logged, in log. */
 static ddp_result_t init_env_log(ddp_comm_t **c, char *log, size_t cap) {
-    char path[128];
+    char path[512];
     int saved = dup(2), fd;
     ssize_t n = 0;
     ddp_result_t r = DDP_ERR_SYSTEM;
-    snprintf(path, sizeof path, "/tmp/ddp_test_initlog.%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/ddp_test_initlog.%d", t_tmpdir(), (int)getpid());
     fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
     if (fd >= 0 && saved >= 0) {
         dup2(fd, 2);
@@ -972,7 +986,8 @@ static int env_cases(int rank, int p, void *arg) {
         c = NULL;
         t0 = t_now();
         r = ddp_comm_init_env(&c, NULL);
-        ok(r == DDP_ERR_INVALID_ARGUMENT && c == NULL && t_now() - t0 < 2, "ddp_comm_init_env with {%s} -> %s", bad[i].env, ddp_strerror(r));
+        ok(r == DDP_ERR_INVALID_ARGUMENT && c == NULL && t_now() - t0 < 30, "ddp_comm_init_env with {%s} -> %s at once "
+           "(%.3f s: no rendezvous tried)", bad[i].env, ddp_strerror(r), t_now() - t0);
         ok(strstr(ddp_last_init_error(), bad[i].names) != NULL, "... and ddp_last_init_error names %s: %s", bad[i].names, ddp_last_init_error());
         if (c) ddp_comm_destroy(c);
     }
@@ -1082,7 +1097,7 @@ int main(void) {
     run_killed_with(4, 1, "hier_ring", "a,a,b,b");
     run_killed_with(5, 3, "hier_rabenseifner", "a,a,b,b,b");
     run_killed_with(5, 4, "rabenseifner", NULL);
-    run("a silent rank (alive, never calls the collective)", 3, silent, NULL, 60);
+    run("a silent rank (alive, never calls the collective)", 3, silent, NULL, 120);
     run("a rank that destroys its communicator after 2 calls, the other makes 3", 2, leaves_early, NULL, 60);
     run("the log to the trainer's function, or to DDP_DEBUG_FILE", 1, log_routes, NULL, 60);
     if (!getenv("DDP_TEST_QUICK")) run("a collective waiting 10 s names the rank it waits for", 2, late_rank_named, NULL, 120);

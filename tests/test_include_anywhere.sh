@@ -42,18 +42,27 @@ $ib
 #include <netinet/in.h>
 #include <arpa/inet.h>
 
-/* A loopback port the kernel has just handed out and taken back: free for rank 0's store. */
+/* A port for rank 0's store that nothing else on the host is handed meanwhile, made as ddprun and
+ * tests/tap.sh's free_port make it: the kernel's pick, held in TIME_WAIT by a loopback connection
+ * whose accepted end closes first. TIME_WAIT keeps it out of every bind(port 0) and connect()
+ * on the host (other tests run beside this one), while the store (SO_REUSEADDR) can bind it. */
 static int free_port(void) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1, port = 0, c = -1, s = -1, l = socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    if (l >= 0) setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 1) == 0 &&
+        getsockname(l, (struct sockaddr *)&a, &len) == 0) {
         port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        if (c >= 0 && connect(c, (struct sockaddr *)&a, sizeof a) == 0) s = accept(l, NULL, NULL);
+        if (s >= 0) close(s);   /* the accepted end closes first: it is the one in TIME_WAIT */
+        if (c >= 0) close(c);
+    }
+    if (l >= 0) close(l);
     return port;
 }
 

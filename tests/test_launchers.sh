@@ -22,7 +22,6 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_JO
       SLURM_JOB_ID SLURM_STEP_ID TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_RUN_ID DDP_TRANSPORT
 export DDP_TIMEOUT_MS=60000
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 have_torch() { [ -x "$PY" ] && "$PY" -c 'import torch.distributed' 2>/dev/null; }
 # oks FILE N: FILE has N "launch_probe: ok" lines
 oks() { [ "$(grep -c 'launch_probe: ok' "$1")" -eq "$2" ] || { why "$(cat "$1")"; return 1; }; }

@@ -24,7 +24,7 @@
 
 #include <math.h>
 
-static char t_dir[64];
+static char t_dir[256];
 
 static _ddp_layout_t lay(int p, int h, int lmin, int lmax) {
     _ddp_layout_t l;
@@ -61,7 +61,7 @@ static void test_names(void) {
 
 static void test_file(void) {
     _ddp_model_t m, back, d;
-    char path[128], err[512];
+    char path[320], err[512];
     struct { const char *text; int line; const char *what; } bad[] = {
         {"alpha_local_us = 1\n\nbogus_key = 3\n", 3, "bogus_key"},
         {"# comment\nalpha_net_us 20\n", 2, "="},
@@ -100,7 +100,7 @@ static void test_file(void) {
        "keys left out keep their values (%s)", err);
 
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char want[160];
+        char want[400];
         back = d;
         write_file(path, bad[i].text);
         err[0] = 0;
@@ -243,14 +243,14 @@ static void test_shape(void) {
 }
 
 int main(void) {
-    snprintf(t_dir, sizeof t_dir, "/tmp/ddp_model_test.XXXXXX");
+    snprintf(t_dir, sizeof t_dir, "%s/ddp_model_test.XXXXXX", t_tmpdir());
     if (!mkdtemp(t_dir)) { perror("mkdtemp"); return 1; }
     test_names();
     test_file();
     test_picks();
     test_shape();
     {
-        char cmd[128];
+        char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", t_dir);
         if (system(cmd) != 0) diag("could not remove %s", t_dir);
     }

@@ -84,7 +84,8 @@ host_of() { netns_ns "$(netns_host_of "$1")"; }
 secret=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
 
 # start CASE PORT LIMIT_S ENV... -- ARGS...: every rank of the world in its namespace, in the
-# background, output in $tmp/CASE.RANK.{out,err}; pids in $rank_pids (rank order).
+# background, output in $tmp/CASE.RANK.{out,err}; pids in $rank_pids (rank order). LIMIT_S only
+# ends a hang: it is far above what a case takes on a busy machine (other tests run beside).
 start() {
     c=$1 port=$2 lim=$3; shift 3
     envs=""
@@ -123,7 +124,7 @@ check "tests/netns_rank.c builds (C99, -Wall -Wextra -Wpedantic -Werror)" build
 
 # --- 2-4: collectives across the bridge --------------------------------------------------------
 t0=$(now_ms)
-start coll 29501 60 -- coll
+start coll 29501 180 -- coll
 finish
 echo "# collectives: $(($(now_ms) - t0)) ms"
 coll_exit() {
@@ -309,7 +310,7 @@ else
     for h in 1 2 3; do ip -n "$(netns_ns $h)" link set dev eth0 gso_max_segs 1 2>/dev/null || gso_refused="$gso_refused $h"; done
     resent1=$(retrans 1) resent2=$(retrans 2) resent3=$(retrans 3)
     t0=$(now_ms)
-    start loss 29503 90 DDP_TIMEOUT_MS=30000 -- loss $LOSS_N
+    start loss 29503 300 DDP_TIMEOUT_MS=30000 -- loss $LOSS_N
     finish
     echo "# loss: $LOSS_N all-reduces in $(($(now_ms) - t0)) ms"
     loss_ok() {
@@ -357,7 +358,7 @@ fi
 # final).
 for ns in $NS1 $NS2 $NS3; do ip -n "$ns" neigh flush dev eth0 2>/dev/null; done
 ip -n "$NSS" link set h3 down
-start late 29504 40 DDP_TIMEOUT_MS=20000 -- loss 20
+start late 29504 120 DDP_TIMEOUT_MS=20000 -- loss 20
 sleep 5
 ip -n "$NSS" link set h3 up
 set -- $rank_pids
@@ -380,16 +381,16 @@ for ns in $NS1 $NS2 $NS3; do ip -n "$ns" neigh flush dev eth0 2>/dev/null; done
 # --- 19-22: a cut link (last: host 2 stays cut off) ------------------------------------------
 # Host 2's bridge port goes down, as a pulled cable: host 2 keeps its address and routes, and
 # nobody gets a reset; only the timeout can tell.
-start cut 29502 40 DDP_TIMEOUT_MS=$TIMEOUT_MS -- cut
+start cut 29502 120 DDP_TIMEOUT_MS=$TIMEOUT_MS -- cut
 warm() {
     i=0
-    while [ $i -lt 300 ]; do
+    while [ $i -lt 900 ]; do
         w=0
         for r in $(seq 0 $((WORLD - 1))); do grep -q ' looping' "$tmp/cut.$r.out" 2>/dev/null && w=$((w + 1)); done
         [ $w -eq $WORLD ] && return 0
         sleep 0.1; i=$((i + 1))
     done
-    why "only $w of $WORLD ranks got through 50 all-reduces within 30 s"
+    why "only $w of $WORLD ranks got through 50 all-reduces within 90 s"
     for r in $(seq 0 $((WORLD - 1))); do tail -2 "$tmp/cut.$r.out" "$tmp/cut.$r.err" >> "$tmp/why" 2>/dev/null; done
     return 1
 }
@@ -410,7 +411,7 @@ done
 errored() {
     for r in "$@"; do
         rc=$(rc_of $r)
-        [ "$rc" = 2 ] || { why "rank $r exited $rc, want 2 (an error returned; 124/137: it hung and the hard timeout killed it; 3: no error in 60 s)"; continue; }
+        [ "$rc" = 2 ] || { why "rank $r exited $rc, want 2 (an error returned; 124/137: it hung and the hard timeout killed it; 3: no error in 100 s)"; continue; }
         t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/cut.$r.out")
         [ -n "$t" ] || { why "rank $r printed no ERROR line"; continue; }
         [ $((t - t_cut)) -lt $((TIMEOUT_MS + 15000)) ] ||

@@ -316,12 +316,12 @@ int main(void) {
         rd_shm();
         t_run_ranks(3, rd_dead_child, NULL, 120);
         for (i = 0; i < 2; i++) {
-            if (R->r[i] != DDP_ERR_REMOTE || R->secs[i] > 20) okk = 0;
+            if (R->r[i] != DDP_ERR_REMOTE || R->secs[i] > 30) okk = 0;   /* half the 60 s timeout */
             diag("  survivor rank %d: %s after %.2f s (%llu keepalive probes): %.300s", i,
                  ddp_strerror((ddp_result_t)R->r[i]), R->secs[i],
                  (unsigned long long)R->s0[i].keepalive_probes, R->msg[i]);
         }
-        ok(okk, "a rank killed (SIGKILL) mid-loop: both survivors return DDP_ERR_REMOTE within 20 s");
+        ok(okk, "a rank killed (SIGKILL) mid-loop: both survivors return DDP_ERR_REMOTE within 30 s (timeout 60 s)");
     }
 
     if (t_selected("regcache")) {

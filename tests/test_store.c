@@ -292,7 +292,7 @@ static int basic(int rank, int p, void *arg) {
         r = ddp_store_wait(s, keys, 1, 300);
         dt = t_now() - t0;
         ok(r == DDP_ERR_TIMEOUT, "wait(timeout 300 ms) on a key nobody sets -> %s", ddp_strerror(r));
-        ok(dt >= 0.25 && dt < 2.0, "... promptly (%.3f s)", dt);
+        ok(dt >= 0.25 && dt < 4.0, "... promptly (%.3f s; the store's own timeout is 8 s)", dt);
         ok(ddp_store_set(s, "after-timeout", "x", 1) == DDP_SUCCESS && get_str(s, "after-timeout", buf, sizeof buf) &&
            !strcmp(buf, "x"), "the handle works after a timed-out wait");
     }
@@ -307,7 +307,7 @@ static int basic(int rank, int p, void *arg) {
             t0 = t_now();
             r = ddp_store_get(s2, "never2", buf, sizeof buf, &len);
             dt = t_now() - t0;
-            ok(r == DDP_ERR_TIMEOUT && dt >= 0.3 && dt < 2.5, "get on a key nobody sets -> %s after %.3f s (timeout 0.4 s)",
+            ok(r == DDP_ERR_TIMEOUT && dt >= 0.3 && dt < 4.0, "get on a key nobody sets -> %s after %.3f s (timeout 0.4 s; the server's 8 s)",
                ddp_strerror(r), dt);
             ok(ddp_store_get(s2, "after-timeout", buf, sizeof buf, &len) == DDP_SUCCESS || ddp_store_set(s2, "k2", "v", 1) == DDP_SUCCESS,
                "the handle works after a timed-out get");
@@ -322,7 +322,7 @@ static int basic(int rank, int p, void *arg) {
         double t0 = t_now();
         /* the clients close right after the barrier; the server then closes */
         r = ddp_store_close(s);
-        ok(r == DDP_SUCCESS && t_now() - t0 < 3, "server close returns once the clients are gone, including those whose "
+        ok(r == DDP_SUCCESS && t_now() - t0 < 6, "server close returns once the clients are gone, including those whose "
            "get/wait timed out (%.3f s; store timeout 8 s)", t_now() - t0);
     } else {
         ok(ddp_store_close(s) == DDP_SUCCESS, "client close");
@@ -354,7 +354,7 @@ static int auth(int rank, int p, void *arg) {
             double t0 = t_now();
             c = NULL;
             r = ddp_store_open(&c, "127.0.0.1", port, 0, &d);
-            ok(r == DDP_ERR_AUTH && c == NULL && t_now() - t0 < 3, "secret %s%s%s -> %s (%.3f s)", wrong[i] ? "'" : "",
+            ok(r == DDP_ERR_AUTH && c == NULL && t_now() - t0 < 10, "secret %s%s%s -> %s (%.3f s, timeout 20 s)", wrong[i] ? "'" : "",
                wrong[i] ? wrong[i] : "NULL (none)", wrong[i] ? "'" : "", ddp_strerror(r), t_now() - t0);
             if (c) ddp_store_close(c);
         }
@@ -387,7 +387,9 @@ static int comm_auth(int rank, int p, void *arg) {
     double t0;
     (void)arg;
     unsetenv("DDP_JOB_SECRET");
-    t_desc(&d, 1500);
+    /* Rank 1 is refused at once: its timeout is long so that "at once" is far from it; rank 0
+     * learns it by its own short timeout. */
+    t_desc(&d, rank == 1 ? 30000 : 1500);
     d.job_secret = rank == 0 ? "alpha" : "beta";
     d.log_level = 1;
     t0 = t_now();
@@ -395,9 +397,10 @@ static int comm_auth(int rank, int p, void *arg) {
     if (rank == 1) {
         ok(r == DDP_ERR_AUTH, "rank with the wrong job secret: ddp_comm_init -> %s", ddp_strerror(r));
         ok(strstr(ddp_last_init_error(), "secret") != NULL, "the message says it is the secret: %s", ddp_last_init_error());
-        ok(t_now() - t0 < 1.4, "... at once (%.3f s, timeout 1.5 s)", t_now() - t0);
+        ok(t_now() - t0 < 15, "... at once (%.3f s, timeout 30 s)", t_now() - t0);
     } else {
-        ok(r != DDP_SUCCESS && t_now() - t0 < 5, "rank 0, whose peer was refused, fails too (%s) within %.3f s", ddp_strerror(r), t_now() - t0);
+        ok(r != DDP_SUCCESS && t_now() - t0 < 10, "rank 0, whose peer was refused, fails too (%s) within %.3f s (timeout 1.5 s)",
+           ddp_strerror(r), t_now() - t0);
     }
     if (comm) ddp_comm_destroy(comm);
     return 0;
@@ -429,7 +432,7 @@ static int strangers(int rank, int p, void *arg) {
         uint32_t hdr[8];
         for (i = 0; i < (int)sizeof junk; i++) junk[i] = (unsigned char)(i * 37 + 11);
         fd = raw_connect(port);
-        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && t_closed_within(fd, 3000),
+        ok(fd >= 0 && send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk && t_closed_within(fd, 20000),
            "a stranger sending 256 bytes of garbage is disconnected");
         if (fd >= 0) close(fd);
         /* The store's wire header: {u32 magic, op, klen, v1len, v2len, flags; i64 arg}. */
@@ -439,12 +442,12 @@ static int strangers(int rank, int p, void *arg) {
         hdr[2] = 1; hdr[3] = 1;
         fd = raw_connect(port);
         ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && send(fd, "kv", 2, MSG_NOSIGNAL) == 2 &&
-           t_closed_within(fd, 3000), "a stranger sending a request before the handshake is disconnected");
+           t_closed_within(fd, 20000), "a stranger sending a request before the handshake is disconnected");
         if (fd >= 0) close(fd);
         hdr[1] = 1;                /* HELLO with an absurd key length */
         hdr[2] = 0xffffff00u;
         fd = raw_connect(port);
-        ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && t_closed_within(fd, 3000),
+        ok(fd >= 0 && send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr && t_closed_within(fd, 20000),
            "a stranger announcing a 4 GiB key is disconnected (no allocation of that size)");
         if (fd >= 0) close(fd);
         /* Half a header, then silence, while rank 1 works; then an idle connection that stays
@@ -483,7 +486,7 @@ static int strangers(int rank, int p, void *arg) {
         double t0 = t_now();
         ddp_result_t r = ddp_store_close(s);
         double dt = t_now() - t0;
-        ok(r == DDP_SUCCESS && dt < 3, "server close is not held up by an idle unauthenticated connection (%.3f s; store timeout 8 s)", dt);
+        ok(r == DDP_SUCCESS && dt < 6, "server close is not held up by an idle unauthenticated connection (%.3f s; store timeout 8 s)", dt);
     }
     return 0;
 }
@@ -528,7 +531,7 @@ static ddp_result_t with_stderr_captured(ddp_result_t (*f)(void *), void *arg) {
 static int held_port;
 static ddp_result_t open_server_on_held(void *arg) {
     ddp_store_t **s = (ddp_store_t **)arg;
-    ddp_store_desc_t d = sdesc(3000, NULL, 0);
+    ddp_store_desc_t d = sdesc(30000, NULL, 0);   /* "at once" below is far from it */
     d.log_level = DDP_LOG_WARN + 1;
     return ddp_store_open(s, NULL, held_port, 1, &d);
 }
@@ -546,19 +549,19 @@ static int ports(int rank, int p, void *arg) {
         held_port = port;
         t0 = t_now();
         r = with_stderr_captured(open_server_on_held, &s);
-        ok(r != DDP_SUCCESS && s == NULL && t_now() - t0 < 2, "ddp_store_open(server) on a port %s holds -> %s (%.3f s)",
+        ok(r != DDP_SUCCESS && s == NULL && t_now() - t0 < 15, "ddp_store_open(server) on a port %s holds -> %s (%.3f s, timeout 30 s)",
            ips[i], ddp_strerror(r), t_now() - t0);
         ok(strstr(captured, "in use") != NULL && t_mentions_int(captured, port), "the warning says port %d is in use: %.200s", port, captured);
         if (s) ddp_store_close(s);
         {
             ddp_comm_desc_t d;
             ddp_comm_t *comm = NULL;
-            t_desc(&d, 3000);
+            t_desc(&d, 30000);
             d.master_port = port;
             d.log_level = 1;
             t0 = t_now();
             r = ddp_comm_init(&comm, 1, 0, &d);
-            ok(r != DDP_SUCCESS && comm == NULL && t_now() - t0 < 2, "ddp_comm_init as rank 0 on a port %s holds -> %s (%.3f s)",
+            ok(r != DDP_SUCCESS && comm == NULL && t_now() - t0 < 15, "ddp_comm_init as rank 0 on a port %s holds -> %s (%.3f s, timeout 30 s)",
                ips[i], ddp_strerror(r), t_now() - t0);
             ok(strstr(ddp_last_init_error(), "in use") != NULL && t_mentions_int(ddp_last_init_error(), port),
                "ddp_last_init_error says port %d is in use: %s", port, ddp_last_init_error());
@@ -574,7 +577,7 @@ static int ports(int rank, int p, void *arg) {
         ddp_result_t r = ddp_store_open(&s, "127.0.0.1", port, 0, &d);
         dt = t_now() - t0;
         ok(r == DDP_ERR_TIMEOUT && s == NULL, "client to a port nobody listens on -> %s", ddp_strerror(r));
-        ok(dt >= 0.4 && dt < 3, "... after its timeout of 0.5 s (%.3f s)", dt);
+        ok(dt >= 0.4 && dt < 5, "... after its timeout of 0.5 s (%.3f s)", dt);
     }
     {   /* two servers on one port: the second fails */
         ddp_store_t *a = NULL, *b = NULL;
@@ -607,7 +610,7 @@ static int server_dies(int rank, int p, void *arg) {
         ddp_result_t r = ddp_store_get(s, "never", buf, sizeof buf, &len);
         dt = t_now() - t0;
         ok(r == DDP_ERR_REMOTE, "a get blocked on a server that dies -> %s", ddp_strerror(r));
-        ok(dt < 5, "... promptly (%.3f s; timeout 20 s)", dt);
+        ok(dt < 10, "... promptly (%.3f s; timeout 20 s)", dt);
         ok(strstr(ddp_store_last_error(s), "127.0.0.1") != NULL, "the error names the master: %s", ddp_store_last_error(s));
         ddp_store_close(s);
     }
@@ -845,7 +848,7 @@ static int stranger_attempt(int port, int how, char *what, size_t whatcap) {
         good = recv_exact(fd, &resp, sizeof resp, 5000) && resp.magic == _DDP_STORE_MAGIC &&
                resp.status == DDP_ERR_AUTH && resp.vlen == 0;
     /* then nothing more (no value ever), and the server closes the connection */
-    if (good) good = t_closed_within(fd, 5000);
+    if (good) good = t_closed_within(fd, 20000);
     close(fd);
     return good;
 }
@@ -1072,7 +1075,7 @@ static int preauth_memory(int rank, int p, void *arg) {
         if (fd < 0) continue;
         if (recv_exact(fd, &ch, sizeof ch, 5000) && send(fd, &rq, sizeof rq, MSG_NOSIGNAL) == (ssize_t)sizeof rq) {
             if (send(fd, junk, sizeof junk, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}   /* best effort: it may be closed already */
-            closed += t_closed_within(fd, 5000);
+            closed += t_closed_within(fd, 20000);
         }
         close(fd);
     }

@@ -267,9 +267,9 @@ static void stretched_key(void) {
     port = ddp_store_port(srv);
     {   /* a short secret gets a WARN at the default level; this one (24 characters) none */
         static const char *const secrets[2] = {"hunter2", SECRET};
-        char path[128];
+        char path[512];
         int k;
-        snprintf(path, sizeof path, "/tmp/ddp_guard_short_%d.log", (int)getpid());
+        snprintf(path, sizeof path, "%s/ddp_guard_short_%d.log", t_tmpdir(), (int)getpid());
         for (k = 0; k < 2; k++) {
             ddp_store_t *x = NULL;
             int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), saved = dup(2);
@@ -360,7 +360,7 @@ static void secretless_user(void) {
 }
 
 /* ----------------------------------------------------------------- secretless-warn */
-typedef struct { const char *master; char files[2][128]; } warn_arg_t;
+typedef struct { const char *master; char files[2][512]; } warn_arg_t;
 
 /* A 2-rank job over TCP without a secret, each rank's stderr (its log) in a file. */
 static int warn_rank(int rank, int p, void *arg) {
@@ -395,7 +395,7 @@ static void secretless_warn(void) {
         freeifaddrs(ifs);
     }
     for (k = 0; k < 2; k++)
-        snprintf(a.files[k], sizeof a.files[k], "/tmp/ddp_guard_warn_%d_%d.log", (int)getpid(), k);
+        snprintf(a.files[k], sizeof a.files[k], "%s/ddp_guard_warn_%d_%d.log", t_tmpdir(), (int)getpid(), k);
     if (!ip[0]) {
         ok(1, "# SKIP secretless-warn: no non-loopback IPv4 address here");
     } else {

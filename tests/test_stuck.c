@@ -157,7 +157,8 @@ static int bad_world(int rank, int p, void *arg) {
     t_desc(&d, 20000);
     d.log_level = 1;
     r = ddp_comm_init(&c, 100000000, 3, &d);
-    ok(r == DDP_ERR_INVALID_ARGUMENT && t_now() - t0 < 1, "world size 100000000 fails at once (%s, %.3f s)", ddp_strerror(r), t_now() - t0);
+    ok(r == DDP_ERR_INVALID_ARGUMENT && t_now() - t0 < 10, "world size 100000000 fails at once (%s, %.3f s, timeout 20 s)",
+       ddp_strerror(r), t_now() - t0);
     ok(strstr(ddp_last_init_error(), "world size") != NULL, "... and says why: %s", ddp_last_init_error());
     r = ddp_comm_init(&c, 0, 0, &d);
     ok(r == DDP_ERR_INVALID_ARGUMENT && ddp_last_init_error()[0], "world size 0: %s", ddp_last_init_error());
@@ -169,7 +170,7 @@ static int bad_world(int rank, int p, void *arg) {
     setenv("RANK", "5", 1);
     t0 = t_now();
     r = ddp_comm_init_env(&c, &d);
-    ok(r == DDP_ERR_INVALID_ARGUMENT && t_now() - t0 < 1, "WORLD_SIZE=100000000 fails at once (%s, %.3f s): %s",
+    ok(r == DDP_ERR_INVALID_ARGUMENT && t_now() - t0 < 10, "WORLD_SIZE=100000000 fails at once (%s, %.3f s, timeout 20 s): %s",
        ddp_strerror(r), t_now() - t0, ddp_last_init_error());
     unsetenv("WORLD_SIZE");
     unsetenv("RANK");
@@ -196,7 +197,7 @@ static int destroy_threads(int rank, int p, void *arg) {
             if (dt > worst) worst = dt;
             if (r != DDP_SUCCESS) ok(0, "destroy comms[%d]: %s", orders[o][i], ddp_strerror(r));
         }
-        ok(worst < 3.0, "threads as ranks, destroyed in the order %d %d %d %d from one thread: the slowest "
+        ok(worst < 60.0, "threads as ranks, destroyed in the order %d %d %d %d from one thread: the slowest "
            "destroy took %.3f s (timeout 600 s)", orders[o][0], orders[o][1], orders[o][2], orders[o][3], worst);
     }
     return 0;
@@ -214,12 +215,14 @@ static int destroy_process(int rank, int p, void *arg) {
     ok(ddp_all_reduce(&x, &x, 1, DDP_FLOAT32, DDP_SUM, c) == DDP_SUCCESS, "rank %d: all_reduce", rank);
     if (rank == 0) {
         double t0 = t_now();
-        ok(ddp_comm_destroy(c) == DDP_SUCCESS && t_now() - t0 < 5.0, "rank 0's destroy, rank 1 still connected "
-           "and alive for 8 s more: %.3f s (grace 2 s; timeout 600 s)", t_now() - t0);
+        /* Rank 1 stays connected until this destroy has returned (or 60 s): a destroy that waited
+         * for it to leave would take those 60 s. */
+        ok(ddp_comm_destroy(c) == DDP_SUCCESS && t_now() - t0 < 30.0, "rank 0's destroy, rank 1 still connected "
+           "and alive until it returns: %.3f s (grace 2 s; timeout 600 s)", t_now() - t0);
         __atomic_store_n(&S->misuse_ok, 1, __ATOMIC_SEQ_CST);
     } else {
         double t0 = t_now();
-        while (!__atomic_load_n(&S->misuse_ok, __ATOMIC_SEQ_CST) && t_now() - t0 < 8.0) t_sleep_ms(5);
+        while (!__atomic_load_n(&S->misuse_ok, __ATOMIC_SEQ_CST) && t_now() - t0 < 60.0) t_sleep_ms(5);
         t_sleep_ms(100);
         ddp_comm_destroy(c);
     }
@@ -242,7 +245,7 @@ int main(void) {
         diag("--- destroy orders");
         ok(t_run_ranks(1, destroy_threads, NULL, 120) == 0, "threads: exited cleanly");
         S->misuse_ok = 0;
-        ok(t_run_ranks(2, destroy_process, NULL, 60) == 0, "processes: exited cleanly");
+        ok(t_run_ranks(2, destroy_process, NULL, 120) == 0, "processes: exited cleanly");
     }
     stuck_trials(0, trials ? trials : 3, seed);
     stuck_trials(1, trials ? trials : 2, seed + 1);

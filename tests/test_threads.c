@@ -536,7 +536,7 @@ static void hier_body(rank_t *R) {
 }
 
 /* Where the hier worlds write their timelines (DDP_TRACE): which algorithm ran. */
-static char g_trace_dir[64];
+static char g_trace_dir[512];
 
 /* The all-reduce events of the DDP_TRACE file `path`: how many, and how many of them ran an
  * algorithm whose name does not start with `want` (when `also` is not NULL, nor is `also`).
@@ -567,7 +567,7 @@ static void run_hier_world(const char *label, const char *hosts, const char *alg
     ddp_comm_desc_t d;
     int n = 1;
     const char *s;
-    char path[128];
+    char path[600];
     for (s = hosts; *s; s++) n += *s == ',';
     memset(&d, 0, sizeof d);
     d.timeout_ms = 60000;
@@ -683,7 +683,7 @@ static void run_hier(void) {
     static const int big_dts[3] = {DDP_FLOAT32, DDP_UINT8, DDP_FLOAT64};
     static const int big_ops[3] = {DDP_AVG, DDP_MIN, DDP_SUM};
     int a, l;
-    snprintf(g_trace_dir, sizeof g_trace_dir, "/tmp/ddp_test_threads_XXXXXX");
+    snprintf(g_trace_dir, sizeof g_trace_dir, "%s/ddp_test_threads_XXXXXX", t_tmpdir());
     if (!mkdtemp(g_trace_dir)) g_trace_dir[0] = 0;
     for (a = 0; a < 3; a++)
         for (l = 0; l < 3; l++) {

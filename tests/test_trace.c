@@ -134,9 +134,10 @@ static void recorder_checks(int p, void *arg, const char *how) {
 }
 
 int main(void) {
-    char tmpl[] = "/tmp/ddp_trace_test.XXXXXX";
+    char tmpl[256];
     int p = 3, q;
     t_init();
+    snprintf(tmpl, sizeof tmpl, "%s/ddp_trace_test.XXXXXX", t_tmpdir());
     X = (tr_shm_t *)t_shm_user(sizeof(tr_shm_t));
     if (!mkdtemp(tmpl)) t_bail("mkdtemp");
     snprintf(X->dir, sizeof X->dir, "%s", tmpl);

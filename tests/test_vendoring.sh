@@ -43,7 +43,7 @@ check "g++ -std=c++17 builds it" build g++ -std=c++17 ex_gxx cpp
 
 # run BIN TRANSPORT: two ranks by hand (RANK, WORLD_SIZE, MASTER_PORT), as any launcher does.
 run2() {
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     ( RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TRANSPORT=$2 DDP_TIMEOUT_MS=60000 \
         timeout 90 "$tmp/flat/$1" > "$tmp/r1.out" 2>&1; echo $? > "$tmp/r1.rc" ) &
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TRANSPORT=$2 DDP_TIMEOUT_MS=60000 \
