@@ -182,17 +182,9 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *comm, int color, int key, ddp_co
  * layers built on the communicator (the reducer) and hooks. */
 DDP_API void *ddp_comm_calloc(ddp_comm_t *comm, size_t size);
 DDP_API void ddp_comm_free(ddp_comm_t *comm, void *ptr);
-DDP_API void ddp_comm_log(const ddp_comm_t *comm, ddp_log_level_t level, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-/* Records the failure (shown by ddp_comm_last_error, logged at WARN) and returns r. */
-DDP_API ddp_result_t ddp_comm_fail(ddp_comm_t *comm, ddp_result_t r, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+/* ddp_comm_log (a line in the communicator's log: its prefix, level and sink) and ddp_comm_fail
+ * (records a failure, shown by ddp_comm_last_error and logged at WARN; returns r) are declared
+ * with their definitions in ddp_comm_core.h, because every layer of the communicator uses them. */
 
 #ifdef __cplusplus
 }

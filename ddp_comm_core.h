@@ -58,7 +58,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Defined here and used by every header above (users: see ddp_comm.h, which declares them too). */
+/* Public (ddp_comm.h points here): defined below and used by every header above. A line in the
+ * communicator's log (its prefix, level and sink: stderr, DDP_DEBUG_FILE or desc.log_fn). */
 DDP_API void ddp_comm_log(const ddp_comm_t *comm, ddp_log_level_t level, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)
     __attribute__((format(printf, 3, 4)))
