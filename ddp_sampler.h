@@ -153,8 +153,11 @@ DDP_API ddp_result_t ddp_torch_randperm_u32(ddp_mt19937_t *g, uint64_t n, uint32
 /* Fields are private (read them through the functions); public so it can be a plain value. */
 typedef struct ddp_sampler {
     uint64_t dataset_len, num_samples, total_size, epoch;
+    uint64_t start;     /* positions of the epoch's list before this are done (a re-shard's
+                           consumed; 0 after set_epoch) */
     int64_t seed;
     int num_replicas, rank, shuffle, drop_last;
+    int epoch_replicas; /* the world the epoch's list was laid out for (set_epoch's) */
     ddp_randperm_algo_t algo;
     char error[96];
 } ddp_sampler_t;
@@ -163,10 +166,14 @@ typedef struct ddp_sampler {
  * Needs 0 <= rank < num_replicas and dataset_len < 2^63. */
 DDP_API ddp_result_t ddp_sampler_init(ddp_sampler_t *s, uint64_t dataset_len, int num_replicas,
                                       int rank, int shuffle, int64_t seed, int drop_last);
+/* Starts epoch `epoch` from its beginning, laid out as torch lays it out for the current world
+ * (after a re-shard: the re-shard's num_replicas and rank; this also ends the re-shard). */
 DDP_API void ddp_sampler_set_epoch(ddp_sampler_t *s, uint64_t epoch);
 /* DDP_RANDPERM_TORCH_LEGACY reproduces torch <= 2.6 for n >= DDP_RANDPERM_LARGE_N. */
 DDP_API ddp_result_t ddp_sampler_set_randperm(ddp_sampler_t *s, ddp_randperm_algo_t algo);
 DDP_API uint64_t ddp_sampler_num_samples(const ddp_sampler_t *s); /* len(sampler); 0 if NULL */
+/* Length of the epoch's list, the one positions count in: torch's total_size for the world
+ * set_epoch (or init) laid the epoch out for; a re-shard does not change it. */
 DDP_API uint64_t ddp_sampler_total_size(const ddp_sampler_t *s);
 DDP_API const char *ddp_sampler_last_error(const ddp_sampler_t *s); /* "" if none; never NULL */
 /* list(iter(sampler)) for the current epoch: num_samples entries into out. */
@@ -176,6 +183,36 @@ DDP_API ddp_result_t ddp_sampler_indices(const ddp_sampler_t *s, uint64_t *out);
 DDP_API size_t ddp_sampler_workspace_size(const ddp_sampler_t *s);
 DDP_API ddp_result_t ddp_sampler_indices_ws(const ddp_sampler_t *s, uint64_t *out,
                                             void *workspace, size_t workspace_bytes);
+
+/* ---------------------------------------------------------------- mid-epoch: resume, re-shard */
+/* Positions: the epoch's list is torch's (shuffled, padded or cut to total_size); rank r of W
+ * takes positions r, r + W, r + 2W, ... A step of batch b on every rank uses the b*W positions
+ * after the previous step's, so "consumed" = how many positions at the head of the list are done.
+ *
+ * After local_steps steps of batch samples each, counted from set_epoch or from the last
+ * re-shard (only steps every rank completed: a failed step is not counted), *consumed = the
+ * position the epoch's list is done up to. The same on every rank. Refused: batch == 0, more
+ * steps than ddp_sampler_num_steps(s, batch). */
+DDP_API ddp_result_t ddp_sampler_consumed_after(ddp_sampler_t *s, uint64_t local_steps,
+                                                uint64_t batch, uint64_t *consumed);
+/* Deals positions consumed .. total_size - 1 of this epoch's list (the list as it was laid out
+ * for epoch_replicas, padding included, so that no index is visited more or less often than
+ * without the re-shard) to num_replicas ranks: rank r takes consumed + r, consumed + r +
+ * num_replicas, ... num_samples becomes this rank's share; shares differ by at most one. Then
+ * ddp_sampler_indices gives that share. Several re-shards in an epoch compose (consumed is
+ * always a position of the same list). Needs 0 <= rank < num_replicas and start <= consumed <=
+ * total_size, where start is the previous re-shard's consumed (0 after set_epoch): positions
+ * before it were trained on already. Refused calls change nothing but the error text. */
+DDP_API ddp_result_t ddp_sampler_reshard(ddp_sampler_t *s, int num_replicas, int rank,
+                                         uint64_t consumed);
+/* The number of steps of batch samples every rank runs until the epoch ends: ceil(largest share
+ * / batch), the same on every rank. A rank whose share ends first takes part in the last step
+ * with a short or empty batch (it still joins the collectives). 0 if batch == 0. */
+DDP_API uint64_t ddp_sampler_num_steps(const ddp_sampler_t *s, uint64_t batch);
+/* What to checkpoint mid-epoch, besides init's arguments: ddp_sampler_epoch_replicas(s), the
+ * epoch, and ddp_sampler_consumed_after(...). start is the last re-shard's consumed, 0 if none. */
+DDP_API int ddp_sampler_epoch_replicas(const ddp_sampler_t *s);
+DDP_API uint64_t ddp_sampler_start(const ddp_sampler_t *s);
 
 /* ---------------------------------------------------------------- batches */
 /* torch.utils.data.BatchSampler(sampler, batch_size, drop_last) over an index list: batches of
@@ -641,6 +678,7 @@ _DDP_SAMPLER_DEF ddp_result_t ddp_sampler_init(ddp_sampler_t *s, uint64_t datase
     s->total_size = s->num_samples * w;
     s->dataset_len = dataset_len;
     s->num_replicas = num_replicas;
+    s->epoch_replicas = num_replicas;
     s->rank = rank;
     s->shuffle = shuffle != 0;
     s->seed = seed;
@@ -649,8 +687,18 @@ _DDP_SAMPLER_DEF ddp_result_t ddp_sampler_init(ddp_sampler_t *s, uint64_t datase
     return DDP_SUCCESS;
 }
 
+/* After a re-shard the epoch is laid out anew for the re-shard's world, exactly as init would:
+ * init checked that any W < 2^31 fits for this dataset_len. Without one nothing changes. */
 _DDP_SAMPLER_DEF void ddp_sampler_set_epoch(ddp_sampler_t *s, uint64_t epoch) {
-    if (s) s->epoch = epoch;
+    uint64_t w;
+    if (!s) return;
+    s->epoch = epoch;
+    if (s->num_replicas < 1) return; /* never initialised, or init failed: stays empty */
+    w = (uint64_t)s->num_replicas;
+    s->num_samples = s->dataset_len / w + (!s->drop_last && s->dataset_len % w != 0);
+    s->total_size = s->num_samples * w;
+    s->epoch_replicas = s->num_replicas;
+    s->start = 0;
 }
 
 _DDP_SAMPLER_DEF ddp_result_t ddp_sampler_set_randperm(ddp_sampler_t *s, ddp_randperm_algo_t algo) {
@@ -669,23 +717,34 @@ _DDP_SAMPLER_DEF const char *ddp_sampler_last_error(const ddp_sampler_t *s) {
     return s ? s->error : "ddp_sampler_last_error: sampler is NULL";
 }
 
+/* 1 where this rank's share is the epoch's whole base order, untouched (one rank, from the start
+ * of an epoch that needs no padding): then out itself can hold the permutation. */
+_DDP_SAMPLER_PRIVATE int _ddp_sampler_share_is_base(const ddp_sampler_t *s) {
+    return s->num_replicas == 1 && s->start == 0 && s->num_samples == s->dataset_len;
+}
+
 /* The scratch permutation is needed only when shuffling for more than one rank: with one rank
  * out itself has n entries and holds the permutation. */
 _DDP_SAMPLER_DEF size_t ddp_sampler_workspace_size(const ddp_sampler_t *s) {
     uint64_t n;
-    if (!s || !s->shuffle || s->num_replicas <= 1 || s->num_samples == 0) return 0;
+    if (!s || !s->shuffle || s->num_samples == 0 || _ddp_sampler_share_is_base(s)) return 0;
     n = s->dataset_len;
     if (n <= ((uint64_t)1 << 32)) return n > SIZE_MAX / 4 ? SIZE_MAX : (size_t)n * 4;
     return n > SIZE_MAX / 8 ? SIZE_MAX : (size_t)n * 8;
 }
 
-/* out[k] = padded[rank + k * W] with padded[p] = base[p mod n]: without drop_last that is
- * torch's cyclic padding, with it total_size <= n and the modulo never bites. */
+/* out[k] = padded[start + rank + k * W] with padded[p] = base[p mod n]: without drop_last that
+ * is torch's cyclic padding, with it total_size <= n and the modulo never bites. start is 0 and
+ * W the epoch's world unless re-sharded. */
+_DDP_SAMPLER_PRIVATE uint64_t _ddp_sampler_first_pos(const ddp_sampler_t *s) {
+    uint64_t n = s->dataset_len;
+    return (s->start % n + (uint64_t)s->rank % n) % n; /* no overflow: each term < n < 2^63 */
+}
 #define _DDP_DEFINE_GATHER(SUFFIX, T)                                                              \
     _DDP_SAMPLER_PRIVATE void _ddp_gather_##SUFFIX(const ddp_sampler_t *s, const T *base,          \
                                                    uint64_t *out) {                                \
         uint64_t n = s->dataset_len, step = (uint64_t)s->num_replicas % n, k;                      \
-        uint64_t pos = (uint64_t)s->rank % n;                                                      \
+        uint64_t pos = _ddp_sampler_first_pos(s);                                                  \
         for (k = 0; k < s->num_samples; k++) {                                                     \
             out[k] = base[pos];                                                                    \
             pos += step;                                                                           \
@@ -706,7 +765,7 @@ _DDP_SAMPLER_DEF ddp_result_t ddp_sampler_indices_ws(const ddp_sampler_t *s, uin
     if (!out) return DDP_ERR_INVALID_ARGUMENT;
     n = s->dataset_len;
     if (!s->shuffle) {
-        uint64_t step = (uint64_t)s->num_replicas % n, pos = (uint64_t)s->rank % n;
+        uint64_t step = (uint64_t)s->num_replicas % n, pos = _ddp_sampler_first_pos(s);
         for (k = 0; k < s->num_samples; k++) {
             out[k] = pos;
             pos += step;
@@ -715,7 +774,7 @@ _DDP_SAMPLER_DEF ddp_result_t ddp_sampler_indices_ws(const ddp_sampler_t *s, uin
         return DDP_SUCCESS;
     }
     _ddp_mt_seed(&g, (uint64_t)s->seed + s->epoch);
-    if (s->num_replicas == 1) { /* num_samples == n */
+    if (_ddp_sampler_share_is_base(s)) { /* num_samples == n */
         _ddp_randperm_run_u64(&g, out, n, s->algo);
         return DDP_SUCCESS;
     }
@@ -748,6 +807,96 @@ _DDP_SAMPLER_DEF ddp_result_t ddp_sampler_indices(const ddp_sampler_t *s, uint64
     DDP_FREE(ws);
     return r;
 }
+
+/* ---------------------------------------------------------------- mid-epoch: resume, re-shard
+ * The epoch's list stays the one set_epoch laid out (total_size positions); a re-shard only
+ * moves where this rank starts in it (start + rank) and how far it strides (num_replicas). */
+_DDP_SAMPLER_DEF ddp_result_t ddp_sampler_reshard(ddp_sampler_t *s, int num_replicas, int rank,
+                                                  uint64_t consumed) {
+    uint64_t left, w;
+    if (!s) return DDP_ERR_INVALID_ARGUMENT;
+    if (s->num_replicas < 1) {
+        snprintf(s->error, sizeof s->error, "reshard: the sampler was never initialised");
+        return DDP_ERR_INVALID_USAGE;
+    }
+    if (num_replicas < 1) {
+        snprintf(s->error, sizeof s->error, "reshard: num_replicas must be at least 1, got %d",
+                 num_replicas);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (rank < 0 || rank >= num_replicas) {
+        snprintf(s->error, sizeof s->error,
+                 "reshard: invalid rank %d, rank should be in the interval [0, %d]", rank,
+                 num_replicas - 1);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (consumed > s->total_size) {
+        snprintf(s->error, sizeof s->error, "reshard: consumed %llu is past the epoch's end, %llu",
+                 (unsigned long long)consumed, (unsigned long long)s->total_size);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    if (consumed < s->start) { /* would train a second time on what a step already used */
+        snprintf(s->error, sizeof s->error, "reshard: consumed %llu is before %llu, done already",
+                 (unsigned long long)consumed, (unsigned long long)s->start);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    left = s->total_size - consumed;
+    w = (uint64_t)num_replicas;
+    s->num_samples = left / w + ((uint64_t)rank < left % w);
+    s->num_replicas = num_replicas;
+    s->rank = rank;
+    s->start = consumed;
+    s->error[0] = '\0';
+    return DDP_SUCCESS;
+}
+
+/* The largest share: what rank 0 holds (ranks below left % W hold one more than the rest). */
+_DDP_SAMPLER_PRIVATE uint64_t _ddp_sampler_max_share(const ddp_sampler_t *s) {
+    uint64_t left = s->total_size - s->start, w = (uint64_t)s->num_replicas;
+    return left / w + (left % w != 0);
+}
+
+_DDP_SAMPLER_DEF uint64_t ddp_sampler_num_steps(const ddp_sampler_t *s, uint64_t batch) {
+    uint64_t most;
+    if (!s || batch == 0 || s->num_replicas < 1) return 0;
+    most = _ddp_sampler_max_share(s);
+    return most / batch + (most % batch != 0);
+}
+
+/* Every rank has run local_steps steps, so each has used min(local_steps * batch, its share)
+ * samples: rank r position start + r + jW for j below that, which is every position below
+ * start + min(local_steps * batch * W, left) and none after. */
+_DDP_SAMPLER_DEF ddp_result_t ddp_sampler_consumed_after(ddp_sampler_t *s, uint64_t local_steps,
+                                                         uint64_t batch, uint64_t *consumed) {
+    uint64_t steps, used, left, done;
+    if (!s || !consumed) return DDP_ERR_INVALID_ARGUMENT;
+    if (s->num_replicas < 1) {
+        snprintf(s->error, sizeof s->error, "consumed_after: the sampler was never initialised");
+        return DDP_ERR_INVALID_USAGE;
+    }
+    if (batch == 0) {
+        snprintf(s->error, sizeof s->error, "consumed_after: batch must be at least 1");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    steps = ddp_sampler_num_steps(s, batch);
+    if (local_steps > steps) {
+        snprintf(s->error, sizeof s->error, "consumed_after: %llu steps, but the epoch has %llu",
+                 (unsigned long long)local_steps, (unsigned long long)steps);
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    /* below the last step local_steps * batch < the largest share: no overflow; times W it
+     * stays under left + W */
+    used = local_steps == steps ? _ddp_sampler_max_share(s) : local_steps * batch;
+    left = s->total_size - s->start;
+    done = used * (uint64_t)s->num_replicas;
+    *consumed = s->start + (done < left ? done : left);
+    return DDP_SUCCESS;
+}
+
+_DDP_SAMPLER_DEF int ddp_sampler_epoch_replicas(const ddp_sampler_t *s) {
+    return s ? s->epoch_replicas : 0;
+}
+_DDP_SAMPLER_DEF uint64_t ddp_sampler_start(const ddp_sampler_t *s) { return s ? s->start : 0; }
 
 /* ---------------------------------------------------------------- batches
  * torch/utils/data/sampler.py, BatchSampler: len = count // bs if drop_last else ceil. */
