@@ -174,6 +174,10 @@ static void run_scenario(const scenario_t *sc) {
             if (ddp_sampler_num_steps(s, sc->batch) != steps || share > steps * sc->batch ||
                 (steps && share < (steps - 1) * sc->batch))
                 fail(F_STEPS, sc);
+            if (share > total - c) { /* more than is left: do not let it write past idx */
+                fail(F_POSITION, sc);
+                continue;
+            }
             if (ddp_sampler_indices(s, idx) != DDP_SUCCESS) bad_api = 1;
             for (j = 0; j < share; j++) {
                 uint64_t p = c + (uint64_t)r + j * (uint64_t)w;
@@ -341,7 +345,7 @@ static void check_epochs(void) {
                     }
     for (f = 0; f < F_COUNT; f++) {
         if (f_count[f]) printf("# first failing case: %s\n", f_first[f]);
-        ok(f_count[f] == 0, "%s (%d cases, %d failed)", f_name[f],
+        ok(f_count[f] == 0, "%s (%d cases; %d failures)", f_name[f],
            f == F_IDENTITY ? f_identity_cases : f_cases, f_count[f]);
     }
 }
