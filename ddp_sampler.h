@@ -45,6 +45,32 @@
  *     ddp_mt19937_t g; ddp_mt19937_seed_rank(&g, 1234, rank);
  *     float u[8]; ddp_torch_rand_f32(&g, u, 8);           // = torch.rand(8, generator=g)
  *
+ * AFTER A LOST RANK: the survivors finish the same epoch (no sample lost, none repeated)
+ *     uint64_t c;  // done = steps of batch b every rank completed since set_epoch or the last
+ *     ddp_sampler_consumed_after(&s, done, b, &c);       // re-shard; the failed one not counted
+ *     ddp_sampler_reshard(&s, new_world, new_rank, c);   // the rest of this epoch, dealt anew
+ *     ddp_sampler_indices(&s, idx);  // num_samples may have grown: total_size entries always fit
+ *     ddp_batch_iter_init(&it, idx, ddp_sampler_num_samples(&s), b, 0);
+ *     for (k = 0; k < ddp_sampler_num_steps(&s, b); k++) {       // the same count on every rank
+ *         len = ddp_batch_iter_next(&it, &batch); train_step(batch, len); } // last: len may be 0
+ *   - Positions: the epoch's list is torch's padded (or cut) list of total_size entries for the
+ *     world the epoch began with; rank r of W takes positions r, r + W, ... so after k steps of
+ *     batch b on every rank the positions below min(k * b, num_samples) * W are done: that count
+ *     is "consumed". A re-shard deals positions consumed .. total_size - 1 of the same list to
+ *     the new ranks (new rank r: consumed + r, consumed + r + W', ...). The old world's padding
+ *     stays where it was and none is added for the new world, so the epoch visits every index
+ *     exactly as often as it would have without the failure. Shares differ by at most one;
+ *     every rank runs ddp_sampler_num_steps steps, all full but the last, which can be short or
+ *     empty on some ranks (such a rank still joins that step's collectives, with a zero
+ *     gradient, as torch's Join does for uneven inputs). Re-shards compose (two failures in one
+ *     epoch); consumed never goes back. set_epoch ends it: the next epoch is torch's sampler
+ *     for the new world, bit for bit (its num_samples can differ from the old world's).
+ *   - Resume mid-epoch: a checkpoint needs (epoch, ddp_sampler_epoch_replicas, consumed) on top
+ *     of init's arguments; the world and rank are the resumed job's own:
+ *         ddp_sampler_init(&s, n, epoch_replicas, 0, shuffle, seed, drop_last);
+ *         ddp_sampler_set_epoch(&s, epoch);
+ *         ddp_sampler_reshard(&s, world, rank, consumed);
+ *
  * RULES
  *   - What torch does (torch/utils/data/distributed.py; checked bit for bit against torch 1.13
  *     by tests/test_sampler.c, vectors from tests/sampler_ref.py):
