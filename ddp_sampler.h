@@ -218,7 +218,7 @@ DDP_API ddp_result_t ddp_sampler_indices_ws(const ddp_sampler_t *s, uint64_t *ou
  * After local_steps steps of batch samples each, counted from set_epoch or from the last
  * re-shard (only steps every rank completed: a failed step is not counted), *consumed = the
  * position the epoch's list is done up to. The same on every rank. Refused: batch == 0, more
- * steps than ddp_sampler_num_steps(s, batch). */
+ * steps than ddp_sampler_num_steps(s, batch) (s is not const: a refusal leaves its text). */
 DDP_API ddp_result_t ddp_sampler_consumed_after(ddp_sampler_t *s, uint64_t local_steps,
                                                 uint64_t batch, uint64_t *consumed);
 /* Deals positions consumed .. total_size - 1 of this epoch's list (the list as it was laid out
@@ -231,8 +231,8 @@ DDP_API ddp_result_t ddp_sampler_consumed_after(ddp_sampler_t *s, uint64_t local
  * before it were trained on already. Refused calls change nothing but the error text. */
 DDP_API ddp_result_t ddp_sampler_reshard(ddp_sampler_t *s, int num_replicas, int rank,
                                          uint64_t consumed);
-/* The number of steps of batch samples every rank runs until the epoch ends: ceil(largest share
- * / batch), the same on every rank. A rank whose share ends first takes part in the last step
+/* The number of steps of batch samples every rank runs from set_epoch or the last re-shard to
+ * the end of the epoch: ceil(largest share / batch), the same on every rank. A rank whose share ends first takes part in the last step
  * with a short or empty batch (it still joins the collectives). 0 if batch == 0. */
 DDP_API uint64_t ddp_sampler_num_steps(const ddp_sampler_t *s, uint64_t batch);
 /* What to checkpoint mid-epoch, besides init's arguments: ddp_sampler_epoch_replicas(s), the
