@@ -13,7 +13,10 @@
  *           exactly the average over the 3 survivors (integer-valued float64 gradients, so
  *           the check is ==), and the replicas' weights are bitwise identical and equal to a
  *           reference computed here. Copy mode, bucket views, flat mode and fp16 compression
- *           (the one that divides by the world size itself); tcp and shm.
+ *           (the one that divides by the world size itself); tcp and shm. In bucket-view and
+ *           fp16 modes the survivors abandon the failing step after its first bucket, without
+ *           finish (rebind drops its state); a variant kills the victim between its exchange
+ *           of step 2 and that step's commit round (nobody commits it: dropped everywhere).
  *   decide  p = 3, states constructed after real steps (this test pokes the reducer's step
  *           counters, as a commit round failing on some ranks would leave them): one rank
  *           missed the commit of step s; nobody committed step s (some exchanged it); one
@@ -96,6 +99,8 @@ typedef struct {
     double own[NP][200];                 /* copy and fp16 modes: the caller's gradients */
     double flat[TOTAL];                  /* flat mode: the buffer */
     double w[TOTAL];                     /* the weights, w -= average per applied step */
+    int abandon;                         /* see step_run */
+    ddp_comm_t *comm;
 } model_t;
 
 static double *grad_of(model_t *m, int i) {
@@ -127,12 +132,23 @@ static ddp_reducer_t *mk(ddp_comm_t *c, model_t *m, int elastic) {
     return r;
 }
 
-/* One step's backward and finish, as rank `who` (old numbering). */
+/* One step's backward and finish, as rank `who` (old numbering). With m->abandon (bucket-view
+ * and fp16 modes, on the old communicator once the victim is dead) the trainer marks the
+ * first bucket's gradients, learns of the failure from the communicator (its launched bucket
+ * fails) and abandons backward without finish: rebind must drop the step's bucket state. */
 static ddp_result_t step_run(model_t *m, int who, int step) {
     int i;
     size_t j;
     for (i = NP - 1; i >= 0; i--) {
         double *gr = grad_of(m, i);
+        if (m->abandon && i == NP - 3) {   /* bucket 0 is parameters 4 and 3 */
+            ddp_result_t e = DDP_SUCCESS;
+            double t0 = t_now();
+            t_where("waiting for the first bucket of step %d to fail", step);
+            while (ddp_comm_get_async_error(m->comm, &e) == DDP_SUCCESS && e == DDP_SUCCESS && t_now() - t0 < 30)
+                t_sleep_ms(1);
+            return e != DDP_SUCCESS ? e : DDP_ERR_TIMEOUT;
+        }
         for (j = 0; j < g_sizes[i]; j++) gr[j] = g(who, step, i, j);
         ddp_reducer_grad_ready(m->r, i);     /* a failure shows again at finish */
     }
@@ -188,6 +204,9 @@ static int shrink(int rank, int p, void *arg) {
             t_where("dying after step %d", VICTIM_LAST_STEP);
             kill(getpid(), SIGKILL);
         }
+        m.comm = c;
+        m.abandon = !recovered && !a->before_commit && step > VICTIM_LAST_STEP &&
+                    (m.mode == M_VIEW || m.mode == M_FP16);
         e = step_run(&m, rank, step);
         if (a->before_commit && rank == a->victim) {
             int32_t one = 1;
@@ -232,7 +251,8 @@ static int shrink(int rank, int p, void *arg) {
                g_mode_names[m.mode], p, bad);
             step_apply(&m);
         }
-        diag("recovered in %.3f s (destroy, init of %d ranks, rebind)", t_now() - t0, ns);
+        diag("recovered in %.3f s (destroy, init of %d ranks, rebind)%s", t_now() - t0, ns,
+             m.abandon ? "; backward abandoned after the first bucket, without finish" : "");
         step = (int)ddp_reducer_committed_steps(m.r) + 1;
         recovered = 1;
         R[rank].apply = apply;
