@@ -133,23 +133,26 @@ extern "C" {
  * step's average: apply it"), 0 everywhere else (redo the batch whose finish failed). From then
  * on the reducer averages over newcomm. The loop (docs/reducer.md):
  *
- *     e = ddp_reducer_finish(red);
- *     if (e != DDP_SUCCESS) {                  // a rank died (or another step failed)
- *         ddp_comm_t *nc;
- *         int apply;
- *         if (ddp_comm_shrink(comm, NULL, &nc) != DDP_SUCCESS) fatal();
- *         ddp_comm_destroy(comm);               // before rebind: no bucket of it runs after
- *         comm = nc;
- *         if (ddp_reducer_rebind(red, comm, &apply) != DDP_SUCCESS) fatal();
- *         ddp_sampler_reshard(sampler, comm, ddp_reducer_committed_steps(red) * global_batch);
- *         if (!apply) continue;                 // redo this batch on the survivors
+ *     for (step = 0; step < total_steps; ) {
+ *         forward_backward(next_batch(sampler));   // marks gradients ready
+ *         world = ddp_comm_size(comm);             // the step's world, for its samples
+ *         if (ddp_reducer_finish(red) != DDP_SUCCESS) {   // a rank died: not committed here
+ *             if (ddp_comm_shrink(comm, NULL, &nc) != DDP_SUCCESS) fail();
+ *             ddp_comm_destroy(comm);              // before rebind (see below)
+ *             comm = nc;
+ *             if (ddp_reducer_rebind(red, comm, &apply) != DDP_SUCCESS) fail();
+ *             ddp_sampler_reshard(sampler, comm, consumed + (apply ? world * local_batch : 0));
+ *             if (!apply) continue;                // redo: a batch of the re-sharded epoch
+ *         }
+ *         consumed += world * local_batch;
+ *         optimizer_step(); step++;                // the gradients hold the average
  *     }
- *     optimizer_step();                         // the gradients hold the average
  *
  *   - Do not touch the gradients between a failed finish and rebind: with apply = 1 they hold
  *     the step to apply. rebind never waits on the old communicator (its requests failed);
  *     destroy it first (its progress thread may run a bucket's copies until then). newcomm
- *     must use the old one's allocator (shrink and split keep it) and not be a device one.
+ *     must use the old one's allocator (shrink and split keep it): the reducer's memory moves
+ *     with it. ddp_reducer_committed_steps is then the same on every survivor.
  *   - No bucket rebuild (it is a broadcast inside finish: a rank that died in it would leave
  *     the survivors with different layouts); no_sync steps have no commit round.
  *   - Not with zero_stage = 1 (refused at create): the dead rank's shard of the optimizer state
@@ -1149,13 +1152,12 @@ DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, i
     if (apply_pending) *apply_pending = 0;
     if (!r || !newcomm || !apply_pending) return DDP_ERR_INVALID_ARGUMENT;
     if ((world = ddp_comm_size(newcomm)) < 1) return DDP_ERR_INVALID_USAGE;   /* destroyed */
-    /* The old communicator is never used again: not even to record an error. */
-    r->comm = newcomm;
-    if (!r->d.elastic)
-        return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "rebind needs elastic = 1: without the commit "
-                                 "round nothing says whether the last step was applied everywhere");
-    if (r->dev)
-        return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "rebind with device gradients");
+    if (!r->d.elastic || r->dev) {   /* refused: still bound to the old one, which is not touched */
+        snprintf(r->err, sizeof r->err, "%s", r->dev ? "rebind with device gradients" : "rebind needs "
+                 "elastic = 1: without the commit round nothing says whether the last step was applied everywhere");
+        return ddp_comm_fail(newcomm, r->dev ? DDP_ERR_UNSUPPORTED : DDP_ERR_INVALID_USAGE, "reducer: %s", r->err);
+    }
+    r->comm = newcomm;   /* the old communicator is never used again, not even for an error */
     /* The failed step's state: its requests belonged to the old communicator (they failed or
      * never will complete); the buckets are laid out independently of the world size. */
     if (r->closed) _ddp_reducer_reset(r);
