@@ -120,7 +120,46 @@ extern "C" {
  * the first ranks. Loop over the shards (ddp_reducer_num_shards, ddp_reducer_shard); the shards
  * cover every registered element exactly once across the ranks. Not with comm_hook or
  * compression. zero_stage = 0 in flat mode: the shards are the buckets (every rank owns
- * everything) and all_gather_params does nothing, so one optimizer loop serves both. */
+ * everything) and all_gather_params does nothing, so one optimizer loop serves both.
+ *
+ * ELASTIC (desc.elastic = 1: training goes on when a rank dies). finish ends with a commit
+ * round, a one-int MIN all-reduce of "my gradient exchange completed", and returns success
+ * (apply the step) only when that round completed with 1. A round completes at a rank only
+ * after every rank contributed, so one rank's commit proves that every rank, the dead one
+ * included, held the complete average; a rank whose commit round failed may still hold it. After
+ * ddp_comm_shrink, ddp_reducer_rebind(r, newcomm, &apply) exchanges the survivors' (last
+ * committed step, last completed exchange) over newcomm, so all of them end on the same step:
+ * apply = 1 on a rank that lacks a step another survivor committed ("your gradients hold that
+ * step's average: apply it"), 0 everywhere else (redo the batch whose finish failed). From then
+ * on the reducer averages over newcomm. The loop (docs/reducer.md):
+ *
+ *     for (step = 0; step < total_steps; ) {
+ *         forward_backward(next_batch(sampler));   // marks gradients ready
+ *         world = ddp_comm_size(comm);             // the step's world, for its samples
+ *         if (ddp_reducer_finish(red) != DDP_SUCCESS) {   // a rank died: not committed here
+ *             if (ddp_comm_shrink(comm, NULL, &nc) != DDP_SUCCESS) fail();
+ *             ddp_comm_destroy(comm);              // before rebind (see below)
+ *             comm = nc;
+ *             if (ddp_reducer_rebind(red, comm, &apply) != DDP_SUCCESS) fail();
+ *             ddp_sampler_reshard(sampler, comm, consumed + (apply ? world * local_batch : 0));
+ *             if (!apply) continue;                // redo: a batch of the re-sharded epoch
+ *         }
+ *         consumed += world * local_batch;
+ *         optimizer_step(); step++;                // the gradients hold the average
+ *     }
+ *
+ *   - Do not touch the gradients between a failed finish and rebind: with apply = 1 they hold
+ *     the step to apply. rebind never waits on the old communicator (its requests failed);
+ *     destroy it first (its progress thread may run a bucket's copies until then). newcomm
+ *     must use the old one's allocator (shrink and split keep it): the reducer's memory moves
+ *     with it. ddp_reducer_committed_steps is then the same on every survivor.
+ *   - No bucket rebuild (it is a broadcast inside finish: a rank that died in it would leave
+ *     the survivors with different layouts); no_sync steps have no commit round.
+ *   - Not with zero_stage = 1 (refused at create): the dead rank's shard of the optimizer state
+ *     (and of the parameters, if it died in all_gather_params) is lost; restart those from a
+ *     checkpoint. Nor with device gradients (finish returns before the exchange completes,
+ *     so it has nothing to commit: refused when the list closes).
+ *   - Without elastic nothing changes: no commit round, no extra collective. */
 typedef struct ddp_reducer ddp_reducer_t;
 typedef enum { DDP_COMPRESS_NONE = 0, DDP_COMPRESS_FP16, DDP_COMPRESS_BF16 } ddp_compress_t;
 typedef ddp_result_t (*ddp_comm_hook_fn)(void *state, ddp_comm_t *comm, int bucket, void *buf,
@@ -140,6 +179,7 @@ typedef struct ddp_reducer_desc {  /* zero = defaults */
     void *flat_grads;              /* flat mode: the trainer's gradient buffer; slices are views */
     size_t flat_bytes;             /* its size (its dtype is the slices') */
     int zero_stage;                /* 1: ZeRO-1, reduce-scatter per bucket (flat mode only) */
+    int elastic;                   /* 1: commit round in finish; ddp_reducer_rebind after a shrink */
 } ddp_reducer_desc_t;
 #define DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES ((size_t)25 << 20)
 #define DDP_REDUCER_DEFAULT_FIRST_BUCKET_BYTES ((size_t)1 << 20)
@@ -177,6 +217,17 @@ DDP_API ddp_result_t ddp_reducer_shard(ddp_reducer_t *r, int k, size_t *offset, 
 DDP_API ddp_result_t ddp_reducer_all_gather_params(ddp_reducer_t *r, void *flat_params,
                                                    ddp_dtype_t dtype);
 DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r);   /* "" when none */
+/* Elastic: after ddp_comm_shrink (the old communicator destroyed), collective over newcomm: the
+ * reducer moves there (averages over its size, no request of the old one waited for, the failed
+ * step's state dropped) and *apply_pending says what to do with the step that failed (see
+ * ELASTIC above). DDP_ERR_MISMATCH on every survivor if their states cannot be reconciled
+ * (naming the rank); a failure of newcomm leaves the reducer bound to it: shrink again, rebind
+ * again. */
+DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, int *apply_pending);
+/* Synchronised steps applied everywhere so far: elastic, those committed (after rebind: the
+ * survivors' common count); else those whose finish succeeded. -1 for NULL. With the global
+ * batch size, the samples the sampler consumed. */
+DDP_API int64_t ddp_reducer_committed_steps(const ddp_reducer_t *r);
 /* Every rank's params[i] (counts[i] x dtypes[i]) becomes root's: DDP's broadcast of the initial
  * model state; small parameters of one dtype travel coalesced. */
 DDP_API ddp_result_t ddp_broadcast_params(ddp_comm_t *comm, void *const *params,
@@ -261,6 +312,9 @@ struct ddp_reducer {
     _ddp_rshard_t *shards;         /* flat mode: this rank's shards, packed state offsets */
     int nshards;
     size_t shard_elems;
+    /* Step numbers, from 1: synchronised finishes begun, the last whose exchange completed
+     * here, the last committed here (elastic: its commit round gave 1; else finish succeeded). */
+    int64_t step, exchanged, committed;
     char err[768];
 };
 
@@ -657,6 +711,10 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_close(ddp_reducer_t *r) {
         if (r->dev && !ddp_comm_device_enabled(r->comm, NULL, 0))
             return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "device gradients, but the communicator "
                                      "cannot use NCCL: %.600s", ddp_comm_last_error(r->comm));
+        if (r->dev && r->d.elastic)
+            return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "elastic with device gradients: finish "
+                                     "returns before the stream-ordered exchange completes, so it cannot "
+                                     "commit the step");
         if (r->dev && r->d.compression != DDP_COMPRESS_NONE)
             return _ddp_reducer_fail(r, DDP_ERR_UNSUPPORTED, "built-in fp16/bf16 compression on "
                                      "device gradients (it needs CUDA kernels): use a comm_hook");
@@ -911,6 +969,10 @@ DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
     if (d.zero_stage && (d.comm_hook || d.compression != DDP_COMPRESS_NONE))
         return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: zero_stage 1 reduce-scatters "
                              "each bucket: not with a comm_hook or compression (they replace an all-reduce)");
+    if (d.elastic && d.zero_stage)
+        return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: elastic with zero_stage 1: a "
+                             "lost rank takes its shard of the optimizer state (and, in all_gather_params, of "
+                             "the parameters) with it; restart from a checkpoint instead");
     if (d.flat_grads) d.gradient_as_bucket_view = 1;   /* the buffer is the buckets */
     r = (ddp_reducer_t *)ddp_comm_calloc(comm, sizeof *r);
     if (!r) return ddp_comm_fail(comm, DDP_ERR_OUT_OF_MEMORY, "reducer_create");
@@ -1037,6 +1099,89 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_rebuild(ddp_reducer_t *r) {
     return DDP_SUCCESS;
 }
 
+/* Elastic: the commit round, on the buckets' communicator after them. Every rank takes part,
+ * whatever its exchange did (a 0 from a rank whose exchange failed keeps the others from
+ * committing), so the round is the same collective everywhere. Returns what finish returns. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_commit(ddp_reducer_t *r, ddp_result_t e, ddp_result_t usage) {
+    int32_t flag = e == DDP_SUCCESS && usage == DDP_SUCCESS;
+    ddp_result_t ce = ddp_all_reduce(&flag, &flag, 1, DDP_INT32, DDP_MIN, r->comm);
+    if (ce == DDP_SUCCESS && flag == 1) {
+        r->committed = r->step;
+        return e;
+    }
+    if (e != DDP_SUCCESS || usage != DDP_SUCCESS) return e;   /* r->err says why */
+    if (ce != DDP_SUCCESS) {
+        snprintf(r->err, sizeof r->err, "step %lld not committed: its gradient exchange completed here "
+                 "but the commit round failed (after the shrink, ddp_reducer_rebind says whether to apply "
+                 "it): %.600s", (long long)r->step, ddp_comm_last_error(r->comm));
+        return ce;
+    }
+    return _ddp_reducer_fail(r, DDP_ERR_REMOTE, "step %lld not committed: another rank's gradient "
+                             "exchange failed (the commit round gave 0); do not apply it", (long long)r->step);
+}
+
+/* Elastic: the survivors' (committed, exchanged) steps, gathered over the new communicator.
+ * S, the latest step any of them committed, is the one all of them end on: every rank that has
+ * not committed S completed S's exchange (a commit of S proves that all did), and every
+ * survivor committed S - 1 (it began S only after finish S - 1 succeeded). Anything else cannot
+ * be reconciled. A later step some rank exchanged but nobody committed is dropped. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_decide(ddp_reducer_t *r, const int64_t *all, int n, int *apply) {
+    int64_t S = all[0];
+    int j;
+    for (j = 1; j < n; j++) if (all[2 * j] > S) S = all[2 * j];
+    for (j = 0; j < n; j++) {
+        int64_t c = all[2 * j], x = all[2 * j + 1];
+        if (c < S - 1 || (c < S && x < S))
+            return _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d of the new communicator "
+                                     "committed step %lld and exchanged step %lld, but step %lld was committed "
+                                     "elsewhere: its gradients cannot be made the others' (restart from a "
+                                     "checkpoint)", j, (long long)c, (long long)x, (long long)S);
+    }
+    *apply = r->committed < S;
+    ddp_comm_log(r->comm, DDP_LOG_INFO, "reducer: rebound to %d ranks at step %lld: %s", n, (long long)S,
+                 *apply ? "apply it (committed elsewhere, its exchange completed here)" :
+                 r->exchanged > S || r->step > S ? "the step after it is dropped: redo it" : "nothing pending");
+    r->step = r->exchanged = r->committed = S;
+    return DDP_SUCCESS;
+}
+
+DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, int *apply_pending) {
+    int64_t mine[2], *all;
+    ddp_result_t e;
+    int world;
+    if (apply_pending) *apply_pending = 0;
+    if (!r || !newcomm || !apply_pending) return DDP_ERR_INVALID_ARGUMENT;
+    if ((world = ddp_comm_size(newcomm)) < 1) return DDP_ERR_INVALID_USAGE;   /* destroyed */
+    if (!r->d.elastic || r->dev) {   /* refused: still bound to the old one, which is not touched */
+        snprintf(r->err, sizeof r->err, "%s", r->dev ? "rebind with device gradients" : "rebind needs "
+                 "elastic = 1: without the commit round nothing says whether the last step was applied everywhere");
+        return ddp_comm_fail(newcomm, r->dev ? DDP_ERR_UNSUPPORTED : DDP_ERR_INVALID_USAGE, "reducer: %s", r->err);
+    }
+    r->comm = newcomm;   /* the old communicator is never used again, not even for an error */
+    /* The failed step's state: its requests belonged to the old communicator (they failed or
+     * never will complete); the buckets are laid out independently of the world size. */
+    if (r->closed) _ddp_reducer_reset(r);
+    r->in_iteration = 0;
+    r->finished = 1;
+    r->world = world;
+    r->rank = ddp_comm_rank(newcomm);
+    mine[0] = r->committed;
+    mine[1] = r->exchanged;
+    all = (int64_t *)ddp_comm_calloc(newcomm, sizeof *all * 2 * (size_t)world);
+    if (!all) return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "rebind: %d ranks' states", world);
+    e = ddp_all_gather(mine, all, 2, DDP_INT64, newcomm);
+    if (e != DDP_SUCCESS)
+        snprintf(r->err, sizeof r->err, "rebind: the all-gather of the survivors' steps: %.700s",
+                 ddp_comm_last_error(newcomm));
+    else
+        e = _ddp_reducer_decide(r, all, world, apply_pending);
+    ddp_comm_free(newcomm, all);
+    if (e == DDP_SUCCESS) r->err[0] = 0;
+    return e;
+}
+
+DDP_API int64_t ddp_reducer_committed_steps(const ddp_reducer_t *r) { return r ? r->committed : -1; }
+
 DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     ddp_result_t e, usage = DDP_SUCCESS;
     ddp_request_t ureq;
@@ -1049,6 +1194,7 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     if (r->finished)
         return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "finish called twice: no gradient was "
                                  "marked ready since the last finish");
+    r->step++;
     /* Parameters nobody marked: zeros in the bucket (as mark_variable_ready_dense does for an
      * undefined grad), so that every bucket is reduced and no rank waits for this one. */
     missing[0] = 0;
@@ -1086,10 +1232,15 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     }
 
     e = r->iter_err;
-    /* flat mode: the buckets are the user's memory, which cannot be reordered */
-    if (!r->rebuilt && !r->d.find_unused && !r->flat && e == DDP_SUCCESS) e = _ddp_reducer_rebuild(r);
+    /* flat mode: the buckets are the user's memory, which cannot be reordered; elastic: a rank
+     * dying in the broadcast would leave the survivors with different layouts */
+    if (!r->rebuilt && !r->d.find_unused && !r->flat && !r->d.elastic && e == DDP_SUCCESS)
+        e = _ddp_reducer_rebuild(r);
     _ddp_reducer_reset(r);
     r->finished = 1;
+    if (e == DDP_SUCCESS && usage == DDP_SUCCESS) r->exchanged = r->step;
+    if (r->d.elastic) e = _ddp_reducer_commit(r, e, usage);
+    else if (e == DDP_SUCCESS && usage == DDP_SUCCESS) r->committed = r->step;
     if (e != DDP_SUCCESS) return e;   /* r->err and the communicator say what failed */
     if (usage != DDP_SUCCESS)
         return _ddp_reducer_fail(r, usage, "finish: parameter(s) %s%s (%d of %d) were never marked "
