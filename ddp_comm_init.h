@@ -264,7 +264,8 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     return DDP_SUCCESS;
 }
 
-/* Step 2: the store: the caller's (split, threads), else rank 0 serves MASTER_ADDR:PORT. */
+/* Step 2: the store: the caller's (split, threads), else the launcher's (DDP_LAUNCHER_STORE), else
+ * torchrun's agent's, else rank 0 serves MASTER_ADDR:PORT. */
 _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *d) {
     const int rank = c->eng.rank;
     ddp_result_t r;
@@ -272,14 +273,33 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
         c->boot.store = d->store;
     } else {
         ddp_store_desc_t sd;
-        char err[512] = "";
+        char err[512] = "", lhost[256];
+        const char *who;
+        int lr, lport = 0;
         memset(&sd, 0, sizeof sd);
         sd.timeout_ms = c->eng.timeout_ms;
         sd.secret = d->job_secret;
         sd.log_level = c->eng.log_level + 1;
         sd.log_rank = rank + 1;
         if (c->log.fn || c->log_file) { sd.log_fn = _ddp_store_log_fwd; sd.log_user = c; }
-        if (_ddp_torchrun_agent_store()) {
+        if ((lr = _ddp_launcher_store(lhost, sizeof lhost, &lport)) < 0) {
+            return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_LAUNCHER_STORE='%.200s' is not "
+                                 "HOST:PORT", getenv("DDP_LAUNCHER_STORE"));
+        } else if (lr > 0) {
+            /* ddprun serves the store (libddp's protocol, the job secret): every rank is a client,
+             * so losing any rank, rank 0 included, leaves the store to the others. Each attempt
+             * of a restarted job gets its own keys, as under torchrun's agent store. */
+            const char *run = getenv("TORCHELASTIC_RUN_ID"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+            if (!d->store_prefix)
+                snprintf(c->boot.prefix, sizeof c->boot.prefix, "libddp/%.40s/attempt_%.16s", run ? run : "none",
+                         att ? att : "0");
+            _ddp_strlcpy(c->boot.master_addr, lhost, sizeof c->boot.master_addr);
+            c->boot.master_port = lport;
+            _DDP_LOG(c, DDP_LOG_INFO, "rendezvous through the launcher's store at %s:%d "
+                     "(DDP_LAUNCHER_STORE), keys under %s/", lhost, lport, c->boot.prefix);
+            r = _ddp_store_open(&c->boot.store, lhost, lport, 0, &sd, err, sizeof err);
+            who = _DDP_LAUNCHER_HOST;
+        } else if (_ddp_torchrun_agent_store()) {
             /* torchrun (not --standalone) already serves a c10d TCPStore on MASTER_PORT: every
              * rank is a client of it. It outlives worker restarts, so the keys of this attempt
              * get their own namespace unless the caller chose one. */
@@ -291,13 +311,16 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
                      "protocol, TORCHELASTIC_USE_AGENT_STORE=True), keys under %s/", c->boot.master_addr,
                      c->boot.master_port, c->boot.prefix);
             r = _ddp_store_connect_c10d(&c->boot.store, c->boot.master_addr, c->boot.master_port, &sd, err, sizeof err);
+            who = "torchrun's agent";
         } else {
             r = _ddp_store_open(&c->boot.store, c->boot.master_addr, c->boot.master_port, rank == 0, &sd, err, sizeof err);
+            who = "rank 0";   /* mpirun, srun, torchrun --standalone: the store dies with rank 0 */
         }
         if (r != DDP_SUCCESS) {
             r = ddp_comm_fail(c, r, "init: %s", err);
             return r;
         }
+        _ddp_strlcpy(c->boot.store->hosted_by, who, sizeof c->boot.store->hosted_by);
         c->boot.own_store = 1;
         if (c->boot.master_port == 0) c->boot.master_port = ddp_store_port(c->boot.store);   /* world of one */
         /* Every request of this init ends by the rendezvous' deadline, not a timeout each. */

@@ -153,6 +153,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_attach(ddp_store_t *s, const _ddp_store_cli
     ddp_result_t r;
     s->client = client;
     _ddp_store_copy_key(s, like);
+    if (like) memcpy(s->hosted_by, like->hosted_by, sizeof s->hosted_by);   /* a lane's messages too */
     if (client->prepare) client->prepare(s);
     pthread_mutex_lock(&s->mu);
     r = _ddp_store_connect(s);
