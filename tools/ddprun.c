@@ -4,8 +4,9 @@
  *     cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror tools/ddprun.c -o build/ddprun
  *     build/ddprun -n 4 ./prog args...
  *
- * The interface to the ranks is the environment (below); ddprun does not include ddp.h, so it
- * launches torchrun-style programs (PyTorch's init_process_group("env://")) just as well.
+ * The interface to the ranks is the environment (below); ddprun builds only libddp's store (to
+ * serve it, see THE STORE), not ddp.h, so it launches torchrun-style programs (PyTorch's
+ * init_process_group("env://")) just as well.
  * `ddprun --help` is the manual; this comment records why things are the way they are.
  *
  * ENVIRONMENT CONTRACT. What torchrun gives each worker, checked against PyTorch's source:
@@ -17,12 +18,39 @@
  * "environment variables" list of its docstring; config_from_args sets OMP_NUM_THREADS=1 when it is
  * unset and nproc_per_node > 1; --role defaults to "default", --rdzv-id to "none", --standalone
  * uses a fresh uuid4 as run id). Differences, on purpose:
- *   - TORCHELASTIC_USE_AGENT_STORE is "False": torchrun's static rendezvous hosts a TCPStore in
- *     the agent at MASTER_PORT and says "True"; ddprun runs no store, so rank 0 must create it
- *     (that is what libddp does, and what torch does when it reads "False").
- *   - DDP_JOB_SECRET is added (libddp's rendezvous refuses ranks that do not present it).
+ *   - TORCHELASTIC_USE_AGENT_STORE is "False": torchrun's static rendezvous hosts a c10d TCPStore
+ *     in the agent at MASTER_PORT and says "True". ddprun's store speaks libddp's protocol, not
+ *     c10d's, so it is not at MASTER_PORT: a torch program reads "False" and its rank 0 creates
+ *     torch's store at MASTER_PORT as under mpirun, and libddp finds ddprun's store by
+ *     DDP_LAUNCHER_STORE instead (THE STORE).
+ *   - DDP_JOB_SECRET is added (libddp's rendezvous refuses ranks that do not present it), and
+ *     DDP_LAUNCHER_STORE, and DDP_ELASTIC_MIN_RANKS under --elastic.
  *   - Not set: TORCHELASTIC_ERROR_FILE (torchrun's error-file protocol) and the file-timer
  *     watchdog variables; ddprun has neither feature.
+ *
+ * THE STORE. ddprun serves libddp's rendezvous store itself, in a thread of its own, and every
+ * rank is a client of it (DDP_LAUNCHER_STORE=HOST:PORT): the store outlives any rank, rank 0
+ * included, which a communicator that shrinks after a lost rank needs (torchrun's agent store is
+ * there for the same reason). It is libddp's server (ddp_store_server.h): the job secret proven
+ * by challenge-response before a connection may do anything, and bounded in what a connection
+ * that has not proven it may cost. One host: on MASTER_ADDR (127.0.0.1 by default: loopback
+ * only), on a port the kernel picks. Several hosts: node 0's ddprun serves it on MASTER_ADDR at
+ * --store-port (default MASTER_PORT + 1), the other ddprun processes only pass the address on.
+ * One store per attempt: opened before the ranks start, closed after the last has exited, so a
+ * restart starts from an empty store (a new secret too, when ddprun made it); libddp's keys are
+ * also under libddp/<run id>/attempt_<n>/, as under torchrun's agent store. The server thread
+ * blocks every signal (ddprun's handlers run in the main thread), and since ddprun is no longer
+ * single-threaded, a rank's environment is made before fork and the child calls only
+ * async-signal-safe functions until exec. A program that does not use libddp ignores it all.
+ *
+ * ELASTIC. --elastic MIN: a rank that fails (non-zero exit or a signal) is "lost", logged at
+ * once (rank, pid, how, UTC time and seconds into the attempt), and the others keep running,
+ * while at least MIN of the NPROC ranks have not failed; the loss that leaves fewer than MIN is
+ * the usual failure (the rest stopped, restarted under --max-restarts, the FAILED summary, that
+ * rank's status). A job whose remaining ranks all exit 0 ends with a DEGRADED summary naming the
+ * lost ranks and status 0: the job did its work, with fewer ranks; the summary is how a script
+ * tells (torchelastic's agent also reports success once its workers succeeded). One host only:
+ * each ddprun sees only its own ranks, and ddprun processes do not talk to each other.
  *
  * PROCESS GROUPS. Every rank starts a new session (setsid), so it leads its own process group, and
  * every signal ddprun sends goes to the whole group (killpg): a rank that is a shell script, or
@@ -132,12 +160,18 @@ static const char *const k_help[] = {
     "    pseudo-terminal (as under mpirun), so its lines arrive as they are printed, not\n",
     "    when a pipe's buffer fills (see --no-pty).\n",
     "\n",
+    "    ddprun serves the rendezvous store itself (libddp's, authenticated with the job\n",
+    "    secret) and the ranks connect to it as clients (DDP_LAUNCHER_STORE), so the store\n",
+    "    outlives any rank, rank 0 included. On several hosts node 0's ddprun serves it\n",
+    "    (see --store-port).\n",
+    "\n",
     "    Fail-fast: when a rank exits with a non-zero code or is killed by a signal, every\n",
     "    other rank gets SIGTERM, and SIGKILL if it is still running after the grace period.\n",
     "    ddprun then prints one summary to stderr naming the first rank that failed, its exit\n",
     "    code or signal, and its last stderr lines, and exits with that rank's status (see\n",
     "    EXIT STATUS). With --max-restarts N the whole group is started again instead, up to\n",
-    "    N times, with TORCHELASTIC_RESTART_COUNT counting the restarts.\n",
+    "    N times, with TORCHELASTIC_RESTART_COUNT counting the restarts. With --elastic MIN\n",
+    "    a failed rank is lost instead, and the others go on while MIN remain.\n",
     "\n",
     "    SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to ddprun are forwarded to every rank,\n",
     "    then the same grace period and SIGKILL apply; a second such signal sends SIGKILL at\n",
@@ -161,14 +195,26 @@ static const char *const k_help[] = {
     "        Default 1. (-np is mpirun's spelling.)\n",
     "    --nnodes N\n",
     "        Number of hosts (each runs its own ddprun). Default 1. Elastic ranges\n",
-    "        (MIN:MAX) are not supported.\n",
+    "        (MIN:MAX) are not supported (for a minimum of ranks see --elastic).\n",
     "    --node-rank R\n",
     "        This host's index, 0..N-1. Default 0.\n",
     "    --master-addr HOST\n",
-    "        Host of rank 0, where the rendezvous listens. Default 127.0.0.1.\n",
+    "        Host of node 0, where node 0's ddprun serves the rendezvous store (and where a\n",
+    "        torch program's rank 0 serves its own). Default 127.0.0.1.\n",
     "    --master-port PORT\n",
     "        Rendezvous port on the master. Required when --nnodes > 1. On one host the\n",
     "        default (or 0) is a free port that ddprun chooses, a new one for each restart.\n",
+    "    --elastic MIN\n",
+    "        A rank that fails no longer ends the job while at least MIN ranks (1..NPROC)\n",
+    "        have not failed: ddprun prints \"ddprun: LOST: rank R ...\" to stderr (how it\n",
+    "        ended, the UTC time, seconds into the attempt, how many remain) and the other\n",
+    "        ranks keep running; the ranks see DDP_ELASTIC_MIN_RANKS=MIN. The failure that\n",
+    "        leaves fewer than MIN ends the job as without --elastic (and counts for\n",
+    "        --max-restarts); its summary also lists the ranks lost before. One host only.\n",
+    "    --store-port PORT\n",
+    "        With --nnodes > 1: the port where node 0's ddprun serves the rendezvous store,\n",
+    "        on --master-addr. Default --master-port + 1; give every host the same value. On\n",
+    "        one host the default is a free port the kernel picks.\n",
     "    --max-restarts N\n",
     "        Restart the whole group up to N times after a failure. Default 0.\n",
     "    --grace-period SECONDS\n",
@@ -210,11 +256,11 @@ static const char *const k_help[] = {
     "      GROUP_RANK, GROUP_WORLD_SIZE  --node-rank, --nnodes\n",
     "      ROLE_RANK, ROLE_WORLD_SIZE  same as RANK, WORLD_SIZE (one role)\n",
     "      ROLE_NAME                   --role\n",
-    "      MASTER_ADDR, MASTER_PORT    the rendezvous (rank 0's store)\n",
+    "      MASTER_ADDR, MASTER_PORT    where a torch program's rank 0 serves its store\n",
     "      TORCHELASTIC_RESTART_COUNT  restarts so far (0 on the first attempt)\n",
     "      TORCHELASTIC_MAX_RESTARTS   --max-restarts\n",
     "      TORCHELASTIC_RUN_ID         --rdzv-id\n",
-    "      TORCHELASTIC_USE_AGENT_STORE  \"False\": ddprun runs no store, rank 0 does\n",
+    "      TORCHELASTIC_USE_AGENT_STORE  \"False\": ddprun's store is not a c10d one\n",
     "      TORCH_NCCL_ASYNC_ERROR_HANDLING  kept if set, else \"1\" (as torchrun)\n",
     "      OMP_NUM_THREADS             kept if set, else \"1\" when NPROC > 1 (as torchrun)\n",
     "      DDP_JOB_SECRET              rendezvous secret. Kept if set in ddprun's\n",
@@ -222,11 +268,16 @@ static const char *const k_help[] = {
     "                                  digits from /dev/urandom, new for each restart. On\n",
     "                                  several hosts export the same value on each (else\n",
     "                                  the rendezvous is not authenticated).\n",
+    "      DDP_LAUNCHER_STORE          HOST:PORT of ddprun's store (libddp ranks connect\n",
+    "                                  to it; none of them serves one)\n",
+    "      DDP_ELASTIC_MIN_RANKS       MIN, under --elastic only\n",
     "    Everything else in ddprun's environment is passed on unchanged.\n",
     "\n",
     "EXIT STATUS\n",
-    "    0        every rank exited with code 0\n",
-    "    1..255   the exit code of the first rank that failed\n",
+    "    0        every rank exited with code 0; with --elastic, every rank not lost\n",
+    "             did (the summary says DEGRADED and names the lost ranks)\n",
+    "    1..255   the exit code of the first rank that failed (with --elastic: of the\n",
+    "             rank whose loss left fewer than MIN)\n",
     "    128+S    the first rank that failed was killed by signal S, or ddprun got\n",
     "             signal S and forwarded it\n",
     "    1        ddprun could not start the job (the message says why)\n",
@@ -240,7 +291,11 @@ static const char *const k_help[] = {
     "    ddprun -n 8 --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 ./train\n",
     "    ddprun -n 8 --nnodes 2 --node-rank 1 --master-addr node0 --master-port 29500 ./train\n",
     "        Sixteen ranks on two hosts (run the first line on node0, the second on node1,\n",
-    "        after exporting the same DDP_JOB_SECRET on both).\n",
+    "        after exporting the same DDP_JOB_SECRET on both). node0's ddprun serves the\n",
+    "        store on port 29501, which node1 must reach too.\n",
+    "    ddprun -n 4 --elastic 3 ./train\n",
+    "        Four ranks; the job goes on after losing one (any one, rank 0 included), and\n",
+    "        ends after losing two.\n",
 };
 
 typedef struct {
@@ -489,7 +544,8 @@ static void parse_args(int argc, char **argv, opts_t *o) {
             }
             break;
         case O_NNODES:
-            if (strchr(val, ':')) usage_error("%s: elastic ranges ('%s') are not supported; give one number", name, val);
+            if (strchr(val, ':')) usage_error("%s: elastic ranges ('%s') are not supported; give one number (for a "
+                                                "minimum of ranks on one host: --elastic MIN)", name, val);
             o->nnodes = int_arg(name, val, 1, 1 << 20);
             break;
         case O_NODE_RANK: o->node_rank = int_arg(name, val, 0, (1 << 20) - 1); break;
