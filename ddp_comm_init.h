@@ -316,6 +316,9 @@ _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *
             r = _ddp_store_open(&c->boot.store, c->boot.master_addr, c->boot.master_port, rank == 0, &sd, err, sizeof err);
             who = "rank 0";   /* mpirun, srun, torchrun --standalone: the store dies with rank 0 */
         }
+        if (r != DDP_SUCCESS && lr > 0)
+            return ddp_comm_fail(c, r, "init: the launcher's store (DDP_LAUNCHER_STORE=%.200s, served by "
+                                 "ddprun, on several hosts by node 0's): %s", getenv("DDP_LAUNCHER_STORE"), err);
         if (r != DDP_SUCCESS) {
             r = ddp_comm_fail(c, r, "init: %s", err);
             return r;
