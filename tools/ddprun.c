@@ -998,6 +998,14 @@ static int scan_exits(job_t *j, int *alive) {
 
 /* ---- the store ----------------------------------------------------------------------------- */
 
+/* The store's log lines (DDP_DEBUG sets the level) as ddprun's own: "ddprun: store: ...". Called
+ * from the server thread too: one write per line. */
+static void store_log(void *user, ddp_log_level_t level, int rank, const char *msg) {
+    (void)user;
+    (void)rank;
+    dprintf(2, "ddprun: %s%s\n", level == DDP_LOG_WARN ? "WARN " : "", msg);
+}
+
 /* Node 0's ddprun serves the rendezvous store for the attempt (THE STORE above); every ddprun
  * tells its ranks where it is. The server is libddp's own: it authenticates with the job secret
  * and bounds what a connection that has not proven it may cost (ddp_store.h). Its thread takes
@@ -1012,6 +1020,7 @@ static void store_start(job_t *j, const char *secret) {
         ddp_result_t r;
         memset(&d, 0, sizeof d);
         d.secret = secret ? secret : "";   /* "": none (NULL would read DDP_JOB_SECRET again) */
+        d.log_fn = store_log;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
         r = _ddp_store_open(&j->store, o->master_addr, port, 1, &d, err, sizeof err);
