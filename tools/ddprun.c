@@ -102,6 +102,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -368,6 +369,10 @@ typedef struct {
 static int g_wake_w = -1;                       /* self-pipe: a byte per signal wakes poll() */
 static volatile sig_atomic_t g_sig_count[NSIG]; /* deliveries per signal number */
 static int g_ignored[NSIG];                     /* ignored when ddprun started: left ignored */
+/* RLIMIT_NOFILE as ddprun found it: the store's server raises the soft limit to the hard one
+ * (a descriptor per rank), and the ranks get back the limit they would have had without it. */
+static struct rlimit g_nofile;
+static int g_nofile_ok;
 
 static const int k_forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
@@ -860,6 +865,7 @@ static void child_exec(const job_t *j, char **env, int outw, int errw, const sig
     (void)parent;
 #endif
     if (dup2(outw, 1) < 0 || dup2(errw, 2) < 0) _exit(127);
+    if (g_nofile_ok) setrlimit(RLIMIT_NOFILE, &g_nofile);
     environ = env;
     sigprocmask(SIG_SETMASK, mask, NULL);
     execvp(o->argv[0], o->argv);
@@ -1013,6 +1019,7 @@ static void store_log(void *user, ddp_log_level_t level, int rank, const char *m
 static void store_start(job_t *j, const char *secret) {
     const opts_t *o = &j->o;
     int port = o->store_port ? o->store_port : o->nnodes > 1 ? o->master_port + 1 : 0;
+    if (!g_nofile_ok) g_nofile_ok = getrlimit(RLIMIT_NOFILE, &g_nofile) == 0;
     if (o->node_rank == 0) {
         ddp_store_desc_t d;
         sigset_t all, old;
