@@ -31,7 +31,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "1..14"
+echo "1..15"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why, free_port
 
 mkdir -p build
@@ -129,19 +129,23 @@ below_lost() {
 }
 check "the summary also names rank 3, lost earlier" below_lost
 
-# --- 11: without --elastic, as before ---------------------------------------------------------
+# --- 11-12: without --elastic, as before ---------------------------------------------------------
 F=$tmp/f
 mkdir -p "$F"
 not_elastic() {
-    "$D" -n 3 sh -c 'if [ "$RANK" = 1 ]; then exit 4; fi; echo "$DDP_ELASTIC_MIN_RANKS" > "$1/min.$RANK"; exec sleep 600' rank "$F" \
-        > "$F.out" 2> "$F.err" &
+    "$D" -n 3 sh -c 'if [ "$RANK" = 1 ]; then exit 4; fi; exec sleep 600' > "$F.out" 2> "$F.err" &
     dpid=$!; pids="$pids $dpid"
     finish "$dpid" || { show "$F"; return 1; }
     [ "$(cat "$tmp/rc")" = 4 ] && grep -q '^ddprun: FAILED: rank 1 ' "$F.err" && ! grep -q 'LOST' "$F.err" || { show "$F"; return 1; }
 }
 check "without --elastic a failed rank still stops the job (FAILED, its exit code)" not_elastic
+env_plain() {
+    "$D" -n 1 sh -c 'echo "min=${DDP_ELASTIC_MIN_RANKS-unset} store=$DDP_LAUNCHER_STORE"' > "$F.env" 2>&1 || { why "exit $?"; return 1; }
+    grep -qx '\[rank 0\] min=unset store=127\.0\.0\.1:[0-9][0-9]*' "$F.env" || { why "got: $(cat "$F.env")"; return 1; }
+}
+check "without --elastic no DDP_ELASTIC_MIN_RANKS; DDP_LAUNCHER_STORE is ddprun's store on 127.0.0.1" env_plain
 
-# --- 12-14: no ddprun: rank 0 hosts the store, and its loss is told clearly -----------------------
+# --- 13-15: no ddprun: rank 0 hosts the store, and its loss is told clearly -----------------------
 M=$tmp/m
 mkdir -p "$M"
 no_launcher() {
