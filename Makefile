@@ -37,8 +37,11 @@ EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench \
      $(B)/nccl-raw
 
-$(B)/ddprun: tools/ddprun.c ddp_base.h | $(B)
-	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@
+# ddprun serves the rendezvous store itself: it builds libddp's store (and what it rests on).
+DDPRUN_DEPS := ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h ddp_store_core.h ddp_store_server.h \
+               ddp_store_client.h ddp_store_c10d.h
+$(B)/ddprun: tools/ddprun.c $(DDPRUN_DEPS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -pthread
 
 $(B) $(B)/san $(B)/tsan $(B)/hdr:
 	mkdir -p $@

@@ -264,45 +264,78 @@ _DDP_PRIVATE ddp_result_t _ddp_init_settings(ddp_comm_t *c, const ddp_comm_desc_
     return DDP_SUCCESS;
 }
 
-/* Step 2: the store: the caller's (split, threads), else rank 0 serves MASTER_ADDR:PORT. */
+/* Keys of this attempt under libddp/<run id>/attempt_<n>/ unless the caller chose a prefix: a
+ * store that outlives the ranks (torchrun's agent's, ddprun's) may serve several attempts. */
+_DDP_PRIVATE void _ddp_init_attempt_prefix(ddp_comm_t *c, const ddp_comm_desc_t *d) {
+    const char *run = getenv("TORCHELASTIC_RUN_ID"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (!d->store_prefix)
+        snprintf(c->boot.prefix, sizeof c->boot.prefix, "libddp/%.40s/attempt_%.16s", run ? run : "none",
+                 att ? att : "0");
+}
+
+/* Opens this rank's handle of the job's store; *who: who serves it (for messages). */
+_DDP_PRIVATE ddp_result_t _ddp_init_store_open(ddp_comm_t *c, const ddp_comm_desc_t *d, const ddp_store_desc_t *sd,
+                                               const char **who) {
+    char err[512] = "", lhost[256];
+    int lport = 0;
+    const int lr = _ddp_launcher_store(lhost, sizeof lhost, &lport);
+    ddp_result_t r;
+    if (lr < 0)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_LAUNCHER_STORE='%.200s' is not "
+                             "HOST:PORT", getenv("DDP_LAUNCHER_STORE"));
+    if (lr > 0) {
+        /* ddprun serves the store (libddp's protocol, the job secret): every rank is a client,
+         * so losing any rank, rank 0 included, leaves the store to the others. */
+        _ddp_init_attempt_prefix(c, d);
+        _ddp_strlcpy(c->boot.master_addr, lhost, sizeof c->boot.master_addr);
+        c->boot.master_port = lport;
+        _DDP_LOG(c, DDP_LOG_INFO, "rendezvous through the launcher's store at %s:%d "
+                 "(DDP_LAUNCHER_STORE), keys under %s/", lhost, lport, c->boot.prefix);
+        *who = _DDP_LAUNCHER_HOST;
+        if ((r = _ddp_store_open(&c->boot.store, lhost, lport, 0, sd, err, sizeof err)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: the launcher's store (DDP_LAUNCHER_STORE=%.200s, served by "
+                                 "ddprun, on several hosts by node 0's): %s", getenv("DDP_LAUNCHER_STORE"), err);
+        return DDP_SUCCESS;
+    }
+    if (_ddp_torchrun_agent_store()) {
+        /* torchrun (not --standalone) already serves a c10d TCPStore on MASTER_PORT: every
+         * rank is a client of it. It outlives worker restarts. */
+        _ddp_init_attempt_prefix(c, d);
+        _DDP_LOG(c, DDP_LOG_INFO, "rendezvous through torchrun's agent store at %s:%d (c10d TCPStore "
+                 "protocol, TORCHELASTIC_USE_AGENT_STORE=True), keys under %s/", c->boot.master_addr,
+                 c->boot.master_port, c->boot.prefix);
+        *who = "torchrun's agent";
+        r = _ddp_store_connect_c10d(&c->boot.store, c->boot.master_addr, c->boot.master_port, sd, err, sizeof err);
+    } else {
+        *who = "rank 0";   /* mpirun, srun, torchrun --standalone: the store dies with rank 0 */
+        r = _ddp_store_open(&c->boot.store, c->boot.master_addr, c->boot.master_port, c->eng.rank == 0, sd, err,
+                            sizeof err);
+    }
+    return r == DDP_SUCCESS ? r : ddp_comm_fail(c, r, "init: %s", err);
+}
+
+/* Step 2: the store: the caller's (split, threads), else the launcher's (DDP_LAUNCHER_STORE), else
+ * torchrun's agent's, else rank 0 serves MASTER_ADDR:PORT. */
 _DDP_PRIVATE ddp_result_t _ddp_init_store(ddp_comm_t *c, const ddp_comm_desc_t *d) {
-    const int rank = c->eng.rank;
+    ddp_store_desc_t sd;
+    const char *who = "";
     ddp_result_t r;
     if (d->store) {
         c->boot.store = d->store;
-    } else {
-        ddp_store_desc_t sd;
-        char err[512] = "";
-        memset(&sd, 0, sizeof sd);
-        sd.timeout_ms = c->eng.timeout_ms;
-        sd.secret = d->job_secret;
-        sd.log_level = c->eng.log_level + 1;
-        sd.log_rank = rank + 1;
-        if (c->log.fn || c->log_file) { sd.log_fn = _ddp_store_log_fwd; sd.log_user = c; }
-        if (_ddp_torchrun_agent_store()) {
-            /* torchrun (not --standalone) already serves a c10d TCPStore on MASTER_PORT: every
-             * rank is a client of it. It outlives worker restarts, so the keys of this attempt
-             * get their own namespace unless the caller chose one. */
-            const char *run = getenv("TORCHELASTIC_RUN_ID"), *att = getenv("TORCHELASTIC_RESTART_COUNT");
-            if (!d->store_prefix)
-                snprintf(c->boot.prefix, sizeof c->boot.prefix, "libddp/%.40s/attempt_%.16s", run ? run : "none",
-                         att ? att : "0");
-            _DDP_LOG(c, DDP_LOG_INFO, "rendezvous through torchrun's agent store at %s:%d (c10d TCPStore "
-                     "protocol, TORCHELASTIC_USE_AGENT_STORE=True), keys under %s/", c->boot.master_addr,
-                     c->boot.master_port, c->boot.prefix);
-            r = _ddp_store_connect_c10d(&c->boot.store, c->boot.master_addr, c->boot.master_port, &sd, err, sizeof err);
-        } else {
-            r = _ddp_store_open(&c->boot.store, c->boot.master_addr, c->boot.master_port, rank == 0, &sd, err, sizeof err);
-        }
-        if (r != DDP_SUCCESS) {
-            r = ddp_comm_fail(c, r, "init: %s", err);
-            return r;
-        }
-        c->boot.own_store = 1;
-        if (c->boot.master_port == 0) c->boot.master_port = ddp_store_port(c->boot.store);   /* world of one */
-        /* Every request of this init ends by the rendezvous' deadline, not a timeout each. */
-        if (c->boot.init_deadline_us) _ddp_store_bound(c->boot.store, c->boot.init_deadline_us);
+        return DDP_SUCCESS;
     }
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = c->eng.timeout_ms;
+    sd.secret = d->job_secret;
+    sd.log_level = c->eng.log_level + 1;
+    sd.log_rank = c->eng.rank + 1;
+    if (c->log.fn || c->log_file) { sd.log_fn = _ddp_store_log_fwd; sd.log_user = c; }
+    if ((r = _ddp_init_store_open(c, d, &sd, &who)) != DDP_SUCCESS) return r;
+    _ddp_strlcpy(c->boot.store->hosted_by, who, sizeof c->boot.store->hosted_by);
+    c->boot.own_store = 1;
+    if (c->boot.master_port == 0) c->boot.master_port = ddp_store_port(c->boot.store);   /* world of one */
+    /* Every request of this init ends by the rendezvous' deadline, not a timeout each. */
+    if (c->boot.init_deadline_us) _ddp_store_bound(c->boot.store, c->boot.init_deadline_us);
     return DDP_SUCCESS;
 }
 

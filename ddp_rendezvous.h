@@ -31,6 +31,30 @@ _DDP_PRIVATE int _ddp_torchrun_agent_store(void) {
     return a && (!strcmp(a, "True") || !strcmp(a, "true") || !strcmp(a, "1"));
 }
 
+/* ddprun serves the store itself (DDP_LAUNCHER_STORE=HOST:PORT, libddp's protocol): every rank
+ * is a client, so the store outlives any rank. 1 with host and port, 0 when unset, -1 when the
+ * value is not HOST:PORT ("[v6]:PORT" for an IPv6 address). */
+_DDP_PRIVATE int _ddp_launcher_store(char *host, size_t cap, int *port) {
+    const char *v = getenv("DDP_LAUNCHER_STORE"), *colon;
+    size_t n;
+    long p;
+    if (!v || !*v) return 0;
+    colon = strrchr(v, ':');
+    if (!colon || colon == v || _ddp_parse_long(colon + 1, 1, 65535, &p) != 0) return -1;
+    n = (size_t)(colon - v);
+    if (v[0] == '[' && n >= 2 && v[n - 1] == ']') { v++; n -= 2; }
+    if (n == 0 || n >= cap) return -1;
+    memcpy(host, v, n);
+    host[n] = 0;
+    *port = (int)p;
+    return 1;
+}
+
+#define _DDP_LAUNCHER_HOST "the launcher (ddprun)"   /* the store's hosted_by under ddprun */
+_DDP_PRIVATE int _ddp_store_by_launcher(const ddp_store_t *s) {
+    return s && !strcmp(s->hosted_by, _DDP_LAUNCHER_HOST);
+}
+
 /* Host identity: boot id + hostname + network namespace (two containers on one kernel share the
  * boot id but not the namespace; two hosts may share a name). DDP_HOST_ID overrides, so tests
  * can fake several hosts on one machine (DDP_TEST_HOSTS, for the hierarchical algorithms'
@@ -153,10 +177,12 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_missing(ddp_comm_t *c) {
     char missing[400];
     int nmissing = 0;
     if (_ddp_rendezvous_absent(c, missing, sizeof missing, &nmissing) != DDP_SUCCESS)
-        return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: rank 0's store does "
+        return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: %s store does "
                              "not answer: no rendezvous within %d ms, then no answer to a query "
-                             "(rank 0 stopped, hung, overloaded or out of descriptors, or cut off "
-                             "from this host)", c->boot.master_addr, c->boot.master_port, c->eng.timeout_ms);
+                             "(%s stopped, hung, overloaded or out of descriptors, or cut off "
+                             "from this host)", c->boot.master_addr, c->boot.master_port,
+                             _ddp_store_by_launcher(c->boot.store) ? "the launcher's" : "rank 0's", c->eng.timeout_ms,
+                             _ddp_store_by_launcher(c->boot.store) ? "the launcher" : "rank 0");
     if (!nmissing)
         return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "init: rendezvous at %s:%d: no rendezvous within %d "
                              "ms, yet every rank joined as the wait ended", c->boot.master_addr,
@@ -294,7 +320,8 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
 _DDP_PRIVATE void _ddp_rendezvous_note(ddp_comm_t *c, int64_t waited_ms) {
     char missing[400];
     int nmissing = 0;
-    const int hosts = c->boot.own_store && c->eng.rank == 0 && !_ddp_torchrun_agent_store();
+    const int hosts = c->boot.own_store && c->eng.rank == 0 && !_ddp_torchrun_agent_store() &&
+                      !_ddp_store_by_launcher(c->boot.store);
     if (_ddp_rendezvous_absent(c, missing, sizeof missing, &nmissing) != DDP_SUCCESS)
         _DDP_LOG(c, DDP_LOG_WARN, "init: waiting %lld s for the rendezvous at %s:%d%s; the store does "
                  "not answer a query", (long long)(waited_ms / 1000), c->boot.master_addr, c->boot.master_port,

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT (see LICENSE) */
 /* ddp_store.h — libddp's rendezvous key-value store, client and server (c10d TCPStore
  * semantics). Rank 0 of a communicator serves it on MASTER_ADDR:MASTER_PORT and every rank is a
- * client; it is also usable on its own:
+ * client; under ddprun, ddprun serves it (DDP_LAUNCHER_STORE) and so it outlives any rank; it is
+ * also usable on its own:
  *
  *     #define DDP_IMPLEMENTATION        // in one .c file (or DDP_STORE_IMPLEMENTATION)
  *     #include "ddp_store.h"
@@ -153,6 +154,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_attach(ddp_store_t *s, const _ddp_store_cli
     ddp_result_t r;
     s->client = client;
     _ddp_store_copy_key(s, like);
+    if (like) memcpy(s->hosted_by, like->hosted_by, sizeof s->hosted_by);   /* a lane's messages too */
     if (client->prepare) client->prepare(s);
     pthread_mutex_lock(&s->mu);
     r = _ddp_store_connect(s);

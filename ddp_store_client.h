@@ -243,9 +243,28 @@ _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, const _ddp_store_call_t
             return DDP_ERR_TIMEOUT;
         }
         if (rc == -ETIMEDOUT)
-            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rank 0's store at %s:%d did not answer within "
-                                  "%d ms (key '%.*s')", s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
+            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s%s at %s:%d did not answer within %d ms (key "
+                                  "'%.*s')", s->hosted_by[0] ? s->hosted_by : "rank 0",
+                                  s->hosted_by[0] && strncmp(s->hosted_by, "rank ", 5) ? ": the store" : "'s store",
+                                  s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
                                   (int)(q->klen > 200 ? 200 : q->klen), q->key);
+        if (!strncmp(s->hosted_by, "rank ", 5)) {
+            /* A rank's store: one look says whether it is gone (refused) or the stream broke
+             * (briefer while reporting a failure: that must not wait on a dead host). */
+            char why[256];
+            const int fd = _ddp_store_dial(s, _ddp_deadline(s->quick ? 100 : 1000), why, sizeof why);
+            if (fd >= 0) close(fd);
+            if (fd == -ECONNREFUSED)
+                return _ddp_store_err(s, DDP_ERR_REMOTE, "the store at %s:%d was hosted by %s, which is "
+                                      "gone (the connection was lost: %s; a new one is refused): %s "
+                                      "exited or was killed, and the store went with it; launched "
+                                      "without ddprun (mpirun, srun), a job cannot outlive its %s "
+                                      "(ddprun keeps the store in the launcher)", s->host, s->port,
+                                      s->hosted_by, strerror(-rc), s->hosted_by, s->hosted_by);
+        }
+        if (s->hosted_by[0])
+            return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to the store at %s:%d, hosted "
+                                  "by %s: %s", s->host, s->port, s->hosted_by, strerror(-rc));
         return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
                               "store): %s", s->host, s->port, strerror(-rc));
     }

@@ -155,6 +155,12 @@ struct ddp_store {
     size_t keylen;            /* 0: no key yet (or no job secret) */
     unsigned char salt[_DDP_AUTH_SALT_BYTES];   /* the server's (in every challenge) */
     char last_error[512];
+    /* Who serves the store, for messages ("rank 0", "the launcher (ddprun)"; "": not known, then
+     * messages say "rank 0's store" as they always did). When a rank serves it and a connection
+     * was made once, a refused reconnect means the server is gone for good: it fails at once
+     * instead of retrying until the timeout (nothing restarts one rank's store). */
+    char hosted_by[64];
+    int connected_once;
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
     int listen_fd;
@@ -331,6 +337,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             ddp_result_t r = s->client->handshake(s, &fd, deadline, &retry);
             if (r == DDP_SUCCESS) {
                 s->fd = fd;
+                s->connected_once = 1;
                 s->client->connected(s);
                 if (attempts > 1)
                     _ddp_store_log(s, DDP_LOG_TRACE, "store: after %d attempts", attempts);
@@ -341,6 +348,13 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             _ddp_strlcpy(why, s->last_error, sizeof why);
             _ddp_store_log(s, DDP_LOG_TRACE, "store: %s; retrying", why);
         }
+        if (fd == -ECONNREFUSED && s->connected_once && !strncmp(s->hosted_by, "rank ", 5))
+            return _ddp_store_err(s, DDP_ERR_REMOTE, "the store at %s:%d was hosted by %s, which is "
+                                  "gone (it served this rank before; now the connection is refused): "
+                                  "%s exited or was killed, and the store went with it; launched "
+                                  "without ddprun (mpirun, srun), a job cannot outlive its %s "
+                                  "(ddprun keeps the store in the launcher)", s->host, s->port,
+                                  s->hosted_by, s->hosted_by, s->hosted_by);
         if (_ddp_ms_left(deadline) == 0 && last_unresolved)
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "rendezvous: %s (retried for %d ms, %d attempts)",
                                   why, (int)((_ddp_now_us() - t0) / 1000), attempts);

@@ -39,8 +39,10 @@ wait_for() { i=0; while [ ! -e "$1" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i 
 mkdir -p build
 # --- 1: build ------------------------------------------------------------------------------
 build_ddprun() {
-    if [ -x "$D" ] && [ "$D" -nt tools/ddprun.c ] && [ "$D" -nt ddp_base.h ]; then return 0; fi
-    $CC $CFLAGS_T tools/ddprun.c -o "$D" 2> "$tmp/why"
+    fresh=1
+    for f in tools/ddprun.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store*.h; do [ "$D" -nt "$f" ] || fresh=0; done
+    if [ -x "$D" ] && [ $fresh = 1 ]; then return 0; fi
+    $CC $CFLAGS_T tools/ddprun.c -o "$D" -pthread 2> "$tmp/why"
 }
 check "build/ddprun builds (C99, -Wall -Wextra -Wpedantic -Werror)" build_ddprun
 [ -x "$D" ] || { echo "Bail out! no build/ddprun"; exit 1; }

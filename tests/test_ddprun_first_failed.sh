@@ -27,8 +27,10 @@ echo "1..5"
 
 mkdir -p build
 build_ddprun() {
-    if [ -x "$D" ] && [ "$D" -nt tools/ddprun.c ] && [ "$D" -nt ddp_base.h ]; then return 0; fi
-    $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror tools/ddprun.c -o "$D" 2> "$tmp/why"
+    fresh=1
+    for f in tools/ddprun.c ddp_base.h ddp_socket.h ddp_auth.h ddp_store*.h; do [ "$D" -nt "$f" ] || fresh=0; done
+    if [ -x "$D" ] && [ $fresh = 1 ]; then return 0; fi
+    $CC -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror tools/ddprun.c -o "$D" -pthread 2> "$tmp/why"
 }
 check "build/ddprun builds" build_ddprun
 [ -x "$D" ] || { echo "Bail out! no build/ddprun"; exit 1; }

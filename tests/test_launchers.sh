@@ -132,7 +132,7 @@ else ok "two srun jobs # SKIP no Slurm here (sudo bash ../shared/slurm-local/set
 
 # --- ddprun (the project's own launcher) for completeness
 ddprun_job() {
-    [ -x build/ddprun ] || $CC -std=c99 -O2 tools/ddprun.c -o build/ddprun || return 1
+    [ -x build/ddprun ] || $CC -std=c99 -O2 tools/ddprun.c -o build/ddprun -pthread || return 1
     timeout 60 build/ddprun -n 3 $P 701 3 > "$tmp/d" 2>&1 && oks "$tmp/d" 3
 }
 check "ddprun -n 3" ddprun_job

@@ -4,8 +4,9 @@
  *     cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror tools/ddprun.c -o build/ddprun
  *     build/ddprun -n 4 ./prog args...
  *
- * The interface to the ranks is the environment (below); ddprun does not include ddp.h, so it
- * launches torchrun-style programs (PyTorch's init_process_group("env://")) just as well.
+ * The interface to the ranks is the environment (below); ddprun builds only libddp's store (to
+ * serve it, see THE STORE), not ddp.h, so it launches torchrun-style programs (PyTorch's
+ * init_process_group("env://")) just as well.
  * `ddprun --help` is the manual; this comment records why things are the way they are.
  *
  * ENVIRONMENT CONTRACT. What torchrun gives each worker, checked against PyTorch's source:
@@ -17,12 +18,39 @@
  * "environment variables" list of its docstring; config_from_args sets OMP_NUM_THREADS=1 when it is
  * unset and nproc_per_node > 1; --role defaults to "default", --rdzv-id to "none", --standalone
  * uses a fresh uuid4 as run id). Differences, on purpose:
- *   - TORCHELASTIC_USE_AGENT_STORE is "False": torchrun's static rendezvous hosts a TCPStore in
- *     the agent at MASTER_PORT and says "True"; ddprun runs no store, so rank 0 must create it
- *     (that is what libddp does, and what torch does when it reads "False").
- *   - DDP_JOB_SECRET is added (libddp's rendezvous refuses ranks that do not present it).
+ *   - TORCHELASTIC_USE_AGENT_STORE is "False": torchrun's static rendezvous hosts a c10d TCPStore
+ *     in the agent at MASTER_PORT and says "True". ddprun's store speaks libddp's protocol, not
+ *     c10d's, so it is not at MASTER_PORT: a torch program reads "False" and its rank 0 creates
+ *     torch's store at MASTER_PORT as under mpirun, and libddp finds ddprun's store by
+ *     DDP_LAUNCHER_STORE instead (THE STORE).
+ *   - DDP_JOB_SECRET is added (libddp's rendezvous refuses ranks that do not present it), and
+ *     DDP_LAUNCHER_STORE, and DDP_ELASTIC_MIN_RANKS under --elastic.
  *   - Not set: TORCHELASTIC_ERROR_FILE (torchrun's error-file protocol) and the file-timer
  *     watchdog variables; ddprun has neither feature.
+ *
+ * THE STORE. ddprun serves libddp's rendezvous store itself, in a thread of its own, and every
+ * rank is a client of it (DDP_LAUNCHER_STORE=HOST:PORT): the store outlives any rank, rank 0
+ * included, which a communicator that shrinks after a lost rank needs (torchrun's agent store is
+ * there for the same reason). It is libddp's server (ddp_store_server.h): the job secret proven
+ * by challenge-response before a connection may do anything, and bounded in what a connection
+ * that has not proven it may cost. One host: on MASTER_ADDR (127.0.0.1 by default: loopback
+ * only), on a port the kernel picks. Several hosts: node 0's ddprun serves it on MASTER_ADDR at
+ * --store-port (default MASTER_PORT + 1), the other ddprun processes only pass the address on.
+ * One store per attempt: opened before the ranks start, closed after the last has exited, so a
+ * restart starts from an empty store (a new secret too, when ddprun made it); libddp's keys are
+ * also under libddp/<run id>/attempt_<n>/, as under torchrun's agent store. The server thread
+ * blocks every signal (ddprun's handlers run in the main thread), and since ddprun is no longer
+ * single-threaded, a rank's environment is made before fork and the child calls only
+ * async-signal-safe functions until exec. A program that does not use libddp ignores it all.
+ *
+ * ELASTIC. --elastic MIN: a rank that fails (non-zero exit or a signal) is "lost", logged at
+ * once (rank, pid, how, UTC time and seconds into the attempt), and the others keep running,
+ * while at least MIN of the NPROC ranks have not failed; the loss that leaves fewer than MIN is
+ * the usual failure (the rest stopped, restarted under --max-restarts, the FAILED summary, that
+ * rank's status). A job whose remaining ranks all exit 0 ends with a DEGRADED summary naming the
+ * lost ranks and status 0: the job did its work, with fewer ranks; the summary is how a script
+ * tells (torchelastic's agent also reports success once its workers succeeded). One host only:
+ * each ddprun sees only its own ranks, and ddprun processes do not talk to each other.
  *
  * PROCESS GROUPS. Every rank starts a new session (setsid), so it leads its own process group, and
  * every signal ddprun sends goes to the whole group (killpg): a rank that is a shell script, or
@@ -74,6 +102,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -81,7 +110,11 @@
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
-#include "../ddp_base.h" /* DDP_VERSION_* only: ddprun uses nothing else of the library */
+/* The library's store, server side: ddprun serves the rendezvous (THE STORE above); nothing else
+ * of the library is built in. */
+#define DDP_STATIC
+#define DDP_STORE_IMPLEMENTATION
+#include "../ddp_store.h"
 
 enum {
     MAX_NPROC = 1024,
@@ -128,12 +161,18 @@ static const char *const k_help[] = {
     "    pseudo-terminal (as under mpirun), so its lines arrive as they are printed, not\n",
     "    when a pipe's buffer fills (see --no-pty).\n",
     "\n",
+    "    ddprun serves the rendezvous store itself (libddp's, authenticated with the job\n",
+    "    secret) and the ranks connect to it as clients (DDP_LAUNCHER_STORE), so the store\n",
+    "    outlives any rank, rank 0 included. On several hosts node 0's ddprun serves it\n",
+    "    (see --store-port).\n",
+    "\n",
     "    Fail-fast: when a rank exits with a non-zero code or is killed by a signal, every\n",
     "    other rank gets SIGTERM, and SIGKILL if it is still running after the grace period.\n",
     "    ddprun then prints one summary to stderr naming the first rank that failed, its exit\n",
     "    code or signal, and its last stderr lines, and exits with that rank's status (see\n",
     "    EXIT STATUS). With --max-restarts N the whole group is started again instead, up to\n",
-    "    N times, with TORCHELASTIC_RESTART_COUNT counting the restarts.\n",
+    "    N times, with TORCHELASTIC_RESTART_COUNT counting the restarts. With --elastic MIN\n",
+    "    a failed rank is lost instead, and the others go on while MIN remain.\n",
     "\n",
     "    SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to ddprun are forwarded to every rank,\n",
     "    then the same grace period and SIGKILL apply; a second such signal sends SIGKILL at\n",
@@ -157,14 +196,26 @@ static const char *const k_help[] = {
     "        Default 1. (-np is mpirun's spelling.)\n",
     "    --nnodes N\n",
     "        Number of hosts (each runs its own ddprun). Default 1. Elastic ranges\n",
-    "        (MIN:MAX) are not supported.\n",
+    "        (MIN:MAX) are not supported (for a minimum of ranks see --elastic).\n",
     "    --node-rank R\n",
     "        This host's index, 0..N-1. Default 0.\n",
     "    --master-addr HOST\n",
-    "        Host of rank 0, where the rendezvous listens. Default 127.0.0.1.\n",
+    "        Host of node 0, where node 0's ddprun serves the rendezvous store (and where a\n",
+    "        torch program's rank 0 serves its own). Default 127.0.0.1.\n",
     "    --master-port PORT\n",
     "        Rendezvous port on the master. Required when --nnodes > 1. On one host the\n",
     "        default (or 0) is a free port that ddprun chooses, a new one for each restart.\n",
+    "    --elastic MIN\n",
+    "        A rank that fails no longer ends the job while at least MIN ranks (1..NPROC)\n",
+    "        have not failed: ddprun prints \"ddprun: LOST: rank R ...\" to stderr (how it\n",
+    "        ended, the UTC time, seconds into the attempt, how many remain) and the other\n",
+    "        ranks keep running; the ranks see DDP_ELASTIC_MIN_RANKS=MIN. The failure that\n",
+    "        leaves fewer than MIN ends the job as without --elastic (and counts for\n",
+    "        --max-restarts); its summary also lists the ranks lost before. One host only.\n",
+    "    --store-port PORT\n",
+    "        With --nnodes > 1: the port where node 0's ddprun serves the rendezvous store,\n",
+    "        on --master-addr. Default --master-port + 1; give every host the same value. On\n",
+    "        one host the default is a free port the kernel picks.\n",
     "    --max-restarts N\n",
     "        Restart the whole group up to N times after a failure. Default 0.\n",
     "    --grace-period SECONDS\n",
@@ -206,11 +257,11 @@ static const char *const k_help[] = {
     "      GROUP_RANK, GROUP_WORLD_SIZE  --node-rank, --nnodes\n",
     "      ROLE_RANK, ROLE_WORLD_SIZE  same as RANK, WORLD_SIZE (one role)\n",
     "      ROLE_NAME                   --role\n",
-    "      MASTER_ADDR, MASTER_PORT    the rendezvous (rank 0's store)\n",
+    "      MASTER_ADDR, MASTER_PORT    where a torch program's rank 0 serves its store\n",
     "      TORCHELASTIC_RESTART_COUNT  restarts so far (0 on the first attempt)\n",
     "      TORCHELASTIC_MAX_RESTARTS   --max-restarts\n",
     "      TORCHELASTIC_RUN_ID         --rdzv-id\n",
-    "      TORCHELASTIC_USE_AGENT_STORE  \"False\": ddprun runs no store, rank 0 does\n",
+    "      TORCHELASTIC_USE_AGENT_STORE  \"False\": ddprun's store is not a c10d one\n",
     "      TORCH_NCCL_ASYNC_ERROR_HANDLING  kept if set, else \"1\" (as torchrun)\n",
     "      OMP_NUM_THREADS             kept if set, else \"1\" when NPROC > 1 (as torchrun)\n",
     "      DDP_JOB_SECRET              rendezvous secret. Kept if set in ddprun's\n",
@@ -218,11 +269,16 @@ static const char *const k_help[] = {
     "                                  digits from /dev/urandom, new for each restart. On\n",
     "                                  several hosts export the same value on each (else\n",
     "                                  the rendezvous is not authenticated).\n",
+    "      DDP_LAUNCHER_STORE          HOST:PORT of ddprun's store (libddp ranks connect\n",
+    "                                  to it; none of them serves one)\n",
+    "      DDP_ELASTIC_MIN_RANKS       MIN, under --elastic only\n",
     "    Everything else in ddprun's environment is passed on unchanged.\n",
     "\n",
     "EXIT STATUS\n",
-    "    0        every rank exited with code 0\n",
-    "    1..255   the exit code of the first rank that failed\n",
+    "    0        every rank exited with code 0; with --elastic, every rank not lost\n",
+    "             did (the summary says DEGRADED and names the lost ranks)\n",
+    "    1..255   the exit code of the first rank that failed (with --elastic: of the\n",
+    "             rank whose loss left fewer than MIN)\n",
     "    128+S    the first rank that failed was killed by signal S, or ddprun got\n",
     "             signal S and forwarded it\n",
     "    1        ddprun could not start the job (the message says why)\n",
@@ -236,7 +292,11 @@ static const char *const k_help[] = {
     "    ddprun -n 8 --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 ./train\n",
     "    ddprun -n 8 --nnodes 2 --node-rank 1 --master-addr node0 --master-port 29500 ./train\n",
     "        Sixteen ranks on two hosts (run the first line on node0, the second on node1,\n",
-    "        after exporting the same DDP_JOB_SECRET on both).\n",
+    "        after exporting the same DDP_JOB_SECRET on both). node0's ddprun serves the\n",
+    "        store on port 29501, which node1 must reach too.\n",
+    "    ddprun -n 4 --elastic 3 ./train\n",
+    "        Four ranks; the job goes on after losing one (any one, rank 0 included), and\n",
+    "        ends after losing two.\n",
 };
 
 typedef struct {
@@ -249,6 +309,8 @@ typedef struct {
     int no_pty;               /* --no-pty: stdout through a pipe */
     const char *log_dir, *role, *run_id;
     const char *trace;        /* --trace FILE, or NULL */
+    int elastic_min;          /* --elastic MIN: a lost rank is tolerated while MIN remain; 0: off */
+    int store_port;           /* --store-port: where node 0's ddprun serves the store (0: default) */
     char **argv;              /* the program and its arguments */
 } opts_t;
 
@@ -266,6 +328,10 @@ typedef struct {
     pid_t pid;                /* 0: not started this attempt */
     int exited;               /* waitid saw it exit; still a zombie until the attempt ends */
     int code, signo, core;    /* exit code, or the signal that killed it */
+    int exit_seq;             /* the order of its exit among the attempt's (1, 2, ...) */
+    int lost;                 /* --elastic: its failure was tolerated and logged */
+    double exit_s;            /* now_s() when ddprun saw it exit */
+    char exit_wall[32];       /* the same moment, UTC wall clock, for the log and the summary */
     stream_t out, err;
     char tail[TAIL_LINES][TAIL_BYTES];
     int tail_n, tail_next;
@@ -281,6 +347,11 @@ typedef struct {
     int file_warned;
     int pty_warned;           /* said once that stdout goes through pipes */
     int exits_seen;           /* SIGCHLDs of the log (on_sigchld) that scan_exits has read */
+    int exit_seq;             /* exits noted this attempt */
+    int nlost;                /* --elastic: ranks lost this attempt, the job going on */
+    double attempt_t0;        /* now_s() when the attempt started */
+    ddp_store_t *store;       /* the store this ddprun serves (node 0), or NULL */
+    char store_addr[300];     /* DDP_LAUNCHER_STORE for the ranks: HOST:PORT */
 } job_t;
 
 /* What ended an attempt. */
@@ -291,12 +362,17 @@ typedef struct {
     int stopped;              /* ranks still running when the group was stopped */
     int killed;               /* of those, still running at the end of the grace period */
     int stuck;                /* still running even after SIGKILL (left behind) */
+    int below_min;            /* --elastic: oc.failed's loss left fewer than MIN ranks */
 } outcome_t;
 
 /* The signal handlers' state: the only globals, since a handler has no other way to talk. */
 static int g_wake_w = -1;                       /* self-pipe: a byte per signal wakes poll() */
 static volatile sig_atomic_t g_sig_count[NSIG]; /* deliveries per signal number */
 static int g_ignored[NSIG];                     /* ignored when ddprun started: left ignored */
+/* RLIMIT_NOFILE as ddprun found it: the store's server raises the soft limit to the hard one
+ * (a descriptor per rank), and the ranks get back the limit they would have had without it. */
+static struct rlimit g_nofile;
+static int g_nofile_ok;
 
 static const int k_forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
@@ -397,7 +473,7 @@ static int int_arg(const char *opt, const char *v, long lo, long hi) {
 
 enum { O_NPROC = 'n', O_HELP = 'h', O_VERSION = 'V', O_NNODES = 256, O_NODE_RANK, O_MASTER_ADDR,
        O_MASTER_PORT, O_MAX_RESTARTS, O_GRACE, O_LOG_DIR, O_TEE, O_NO_PREFIX, O_ROLE, O_RDZV_ID,
-       O_STANDALONE, O_TRACE, O_NO_PTY };
+       O_STANDALONE, O_TRACE, O_NO_PTY, O_ELASTIC, O_STORE_PORT };
 
 /* Each long option in both spellings: ours and torchrun's with underscores (--nproc_per_node). */
 static const struct option k_long[] = {
@@ -416,6 +492,8 @@ static const struct option k_long[] = {
     {"rdzv-id", required_argument, NULL, O_RDZV_ID},      {"rdzv_id", required_argument, NULL, O_RDZV_ID},
     {"standalone", no_argument, NULL, O_STANDALONE},
     {"trace", required_argument, NULL, O_TRACE},
+    {"elastic", required_argument, NULL, O_ELASTIC},
+    {"store-port", required_argument, NULL, O_STORE_PORT}, {"store_port", required_argument, NULL, O_STORE_PORT},
     {"help", no_argument, NULL, O_HELP},
     {"version", no_argument, NULL, O_VERSION},
     {NULL, 0, NULL, 0}
@@ -471,7 +549,8 @@ static void parse_args(int argc, char **argv, opts_t *o) {
             }
             break;
         case O_NNODES:
-            if (strchr(val, ':')) usage_error("%s: elastic ranges ('%s') are not supported; give one number", name, val);
+            if (strchr(val, ':')) usage_error("%s: elastic ranges ('%s') are not supported; give one number (for a "
+                                                "minimum of ranks on one host: --elastic MIN)", name, val);
             o->nnodes = int_arg(name, val, 1, 1 << 20);
             break;
         case O_NODE_RANK: o->node_rank = int_arg(name, val, 0, (1 << 20) - 1); break;
@@ -503,6 +582,8 @@ static void parse_args(int argc, char **argv, opts_t *o) {
             if (!*val) usage_error("%s: empty file name", name);
             o->trace = val;
             break;
+        case O_ELASTIC: o->elastic_min = int_arg(name, val, 1, MAX_NPROC); break;
+        case O_STORE_PORT: o->store_port = int_arg(name, val, 1, 65535); break;
         case O_HELP:
             for (k = 0; k < sizeof k_help / sizeof k_help[0]; k++) fputs(k_help[k], stdout);
             exit(0);
@@ -525,6 +606,12 @@ static void parse_args(int argc, char **argv, opts_t *o) {
         usage_error("--nnodes %d needs --master-port (every host must name the same port)", o->nnodes);
     if ((long)o->nnodes * o->nproc > INT_MAX) usage_error("--nnodes x --nproc-per-node is too large");
     if (o->tee && !o->log_dir) usage_error("--tee needs --log-dir");
+    if (o->elastic_min && o->nnodes > 1)
+        usage_error("--elastic works on one host only (each ddprun sees only its own ranks)");
+    if (o->elastic_min > o->nproc)
+        usage_error("--elastic %d: the minimum is more than the %d ranks started", o->elastic_min, o->nproc);
+    if (o->nnodes > 1 && !o->store_port && o->master_port == 65535)
+        usage_error("--master-port 65535 leaves no port for the store: give --store-port");
 }
 
 /* ---- randomness, port ---------------------------------------------------------------------- */
@@ -685,15 +772,85 @@ static void stream_close(stream_t *s) {
 
 /* ---- ranks --------------------------------------------------------------------------------- */
 
-static void setenv_int(const char *k, long v) {
-    char b[32];
-    snprintf(b, sizeof b, "%ld", v);
-    setenv(k, b, 1);
+/* A rank's environment, made in ddprun before fork: the store's server thread runs in ddprun, so
+ * the child may call only async-signal-safe functions until exec (no setenv, no malloc). */
+typedef struct {
+    char **v;                 /* NULL-terminated, for environ */
+    size_t n, cap;
+    char **own;               /* the "NAME=value" strings made here, freed after fork */
+    size_t nown;
+} envv_t;
+
+static void env_init(envv_t *e, size_t extra) {
+    size_t n = 0;
+    while (environ && environ[n]) n++;
+    e->cap = n + extra + 1;
+    e->v = (char **)calloc(e->cap, sizeof *e->v);
+    e->own = (char **)calloc(extra, sizeof *e->own);
+    if (!e->v || !e->own) die(1, "out of memory");
+    if (n) memcpy(e->v, environ, n * sizeof *e->v);
+    e->n = n;
+    e->nown = 0;
 }
 
-/* In the child, between fork and exec. ddprun is single-threaded, so setenv is safe here. */
-static void child_exec(const job_t *j, const rank_t *r, int attempt, int port, const char *secret,
-                       int outw, int errw, const sigset_t *mask, pid_t parent) {
+/* NAME=value, replacing NAME (unless keep: then an existing NAME stays). Each call makes at most
+ * one string, and env_init was told how many calls there are. */
+static void env_put(envv_t *e, const char *name, const char *value, int keep) {
+    const size_t nl = strlen(name);
+    size_t i;
+    char *kv;
+    for (i = 0; i < e->n; i++)
+        if (!strncmp(e->v[i], name, nl) && e->v[i][nl] == '=') break;
+    if (i < e->n && keep) return;
+    kv = (char *)malloc(nl + strlen(value) + 2);
+    if (!kv) die(1, "out of memory");
+    sprintf(kv, "%s=%s", name, value);
+    e->own[e->nown++] = kv;
+    if (i == e->n) e->n++;
+    e->v[i] = kv;
+}
+
+static void env_put_int(envv_t *e, const char *name, long v) {
+    char b[32];
+    snprintf(b, sizeof b, "%ld", v);
+    env_put(e, name, b, 0);
+}
+
+static void env_free(envv_t *e) {
+    size_t i;
+    for (i = 0; i < e->nown; i++) free(e->own[i]);
+    free(e->own);
+    free(e->v);
+}
+
+enum { ENV_PUTS = 24 };   /* env_put calls in rank_env, at most */
+static void rank_env(const job_t *j, const rank_t *r, int attempt, int port, const char *secret, envv_t *e) {
+    const opts_t *o = &j->o;
+    env_init(e, ENV_PUTS);
+    env_put_int(e, "RANK", r->rank);
+    env_put_int(e, "LOCAL_RANK", r->local_rank);
+    env_put_int(e, "WORLD_SIZE", j->world_size);
+    env_put_int(e, "LOCAL_WORLD_SIZE", o->nproc);
+    env_put_int(e, "GROUP_RANK", o->node_rank);
+    env_put_int(e, "GROUP_WORLD_SIZE", o->nnodes);
+    env_put_int(e, "ROLE_RANK", r->rank);
+    env_put_int(e, "ROLE_WORLD_SIZE", j->world_size);
+    env_put(e, "ROLE_NAME", o->role, 0);
+    env_put(e, "MASTER_ADDR", o->master_addr, 0);
+    env_put_int(e, "MASTER_PORT", port);
+    env_put_int(e, "TORCHELASTIC_RESTART_COUNT", attempt);
+    env_put_int(e, "TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+    env_put(e, "TORCHELASTIC_RUN_ID", j->run_id, 0);
+    env_put(e, "TORCHELASTIC_USE_AGENT_STORE", "False", 0);
+    env_put(e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 1);
+    if (o->nproc > 1) env_put(e, "OMP_NUM_THREADS", "1", 1);
+    if (secret) env_put(e, "DDP_JOB_SECRET", secret, 0);
+    env_put(e, "DDP_LAUNCHER_STORE", j->store_addr, 0);
+    if (o->elastic_min) env_put_int(e, "DDP_ELASTIC_MIN_RANKS", o->elastic_min);
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only (see envv_t). */
+static void child_exec(const job_t *j, char **env, int outw, int errw, const sigset_t *mask, pid_t parent) {
     const opts_t *o = &j->o;
     size_t k;
     for (k = 0; k < sizeof k_forwarded / sizeof k_forwarded[0]; k++)
@@ -708,24 +865,8 @@ static void child_exec(const job_t *j, const rank_t *r, int attempt, int port, c
     (void)parent;
 #endif
     if (dup2(outw, 1) < 0 || dup2(errw, 2) < 0) _exit(127);
-    setenv_int("RANK", r->rank);
-    setenv_int("LOCAL_RANK", r->local_rank);
-    setenv_int("WORLD_SIZE", j->world_size);
-    setenv_int("LOCAL_WORLD_SIZE", o->nproc);
-    setenv_int("GROUP_RANK", o->node_rank);
-    setenv_int("GROUP_WORLD_SIZE", o->nnodes);
-    setenv_int("ROLE_RANK", r->rank);
-    setenv_int("ROLE_WORLD_SIZE", j->world_size);
-    setenv("ROLE_NAME", o->role, 1);
-    setenv("MASTER_ADDR", o->master_addr, 1);
-    setenv_int("MASTER_PORT", port);
-    setenv_int("TORCHELASTIC_RESTART_COUNT", attempt);
-    setenv_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
-    setenv("TORCHELASTIC_RUN_ID", j->run_id, 1);
-    setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
-    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
-    if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
-    if (secret) setenv("DDP_JOB_SECRET", secret, 1);
+    if (g_nofile_ok) setrlimit(RLIMIT_NOFILE, &g_nofile);
+    environ = env;
     sigprocmask(SIG_SETMASK, mask, NULL);
     execvp(o->argv[0], o->argv);
     dprintf(2, "ddprun: cannot run '%s': %s\n", o->argv[0], strerror(errno));
@@ -762,6 +903,7 @@ static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *se
     int outp[2], errp[2];
     sigset_t all, old;
     pid_t pid, self = getpid();
+    envv_t env;
     if (j->o.no_pty || open_pty(outp) != 0) {
         if (!j->o.no_pty && !j->pty_warned++)
             fprintf(stderr, "ddprun: no pseudo-terminal for the ranks' stdout (%s); using pipes, so "
@@ -775,11 +917,13 @@ static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *se
     }
     /* Signals stay blocked across fork until the child has reset ddprun's handlers; otherwise a
      * SIGTERM landing in between would run ddprun's handler in the child. */
+    rank_env(j, r, attempt, port, secret, &env);
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
     pid = fork();
-    if (pid == 0) child_exec(j, r, attempt, port, secret, outp[1], errp[1], &old, self);
+    if (pid == 0) child_exec(j, env.v, outp[1], errp[1], &old, self);
     sigprocmask(SIG_SETMASK, &old, NULL);
+    env_free(&env);
     close(outp[1]);
     close(errp[1]);
     if (pid < 0) {
@@ -814,13 +958,25 @@ static int signal_all(job_t *j, int sig) {
     return running;
 }
 
+/* "07:12:03.123 UTC": now, for the log of a lost rank. */
+static void wall_now(char *out, size_t cap) {
+    struct timespec t;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &t);
+    gmtime_r(&t.tv_sec, &tm);
+    snprintf(out, cap, "%02d:%02d:%02d.%03d UTC", tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(t.tv_nsec / 1000000));
+}
+
 /* Notes that rank r has exited if it has, without reaping it: 1 if it exited and failed. */
-static int note_exit(rank_t *r, int *alive) {
+static int note_exit(job_t *j, rank_t *r, int *alive) {
     siginfo_t si;
     if (r->pid <= 0 || r->exited) return 0;
     memset(&si, 0, sizeof si);
     if (waitid(P_PID, (id_t)r->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != r->pid) return 0;
     r->exited = 1;
+    r->exit_seq = ++j->exit_seq;
+    r->exit_s = now_s();
+    wall_now(r->exit_wall, sizeof r->exit_wall);
     (*alive)--;
     if (si.si_code == CLD_EXITED) r->code = si.si_status;
     else { r->signo = si.si_status; r->core = si.si_code == CLD_DUMPED; }
@@ -837,13 +993,87 @@ static int scan_exits(job_t *j, int *alive) {
         pid_t pid = (pid_t)g_exit_pid[j->exits_seen % EXIT_LOG];
         for (i = 0; i < j->o.nproc; i++)
             if (j->ranks[i].pid == pid) {
-                if (note_exit(&j->ranks[i], alive) && first < 0) first = i;
+                if (note_exit(j, &j->ranks[i], alive) && first < 0) first = i;
                 break;
             }
     }
     for (i = 0; i < j->o.nproc; i++)
-        if (note_exit(&j->ranks[i], alive) && first < 0) first = i;
+        if (note_exit(j, &j->ranks[i], alive) && first < 0) first = i;
     return first;
+}
+
+/* ---- the store ----------------------------------------------------------------------------- */
+
+/* The store's log lines (DDP_DEBUG sets the level) as ddprun's own: "ddprun: store: ...". Called
+ * from the server thread too: one write per line. */
+static void store_log(void *user, ddp_log_level_t level, int rank, const char *msg) {
+    (void)user;
+    (void)rank;
+    dprintf(2, "ddprun: %s%s\n", level == DDP_LOG_WARN ? "WARN " : "", msg);
+}
+
+/* Node 0's ddprun serves the rendezvous store for the attempt (THE STORE above); every ddprun
+ * tells its ranks where it is. The server is libddp's own: it authenticates with the job secret
+ * and bounds what a connection that has not proven it may cost (ddp_store.h). Its thread takes
+ * no signals: ddprun's handlers run in the main thread. */
+static void store_start(job_t *j, const char *secret) {
+    const opts_t *o = &j->o;
+    int port = o->store_port ? o->store_port : o->nnodes > 1 ? o->master_port + 1 : 0;
+    if (!g_nofile_ok) g_nofile_ok = getrlimit(RLIMIT_NOFILE, &g_nofile) == 0;
+    if (o->node_rank == 0) {
+        ddp_store_desc_t d;
+        sigset_t all, old;
+        char err[512] = "";
+        ddp_result_t r;
+        memset(&d, 0, sizeof d);
+        d.secret = secret ? secret : "";   /* "": none (NULL would read DDP_JOB_SECRET again) */
+        d.log_fn = store_log;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        r = _ddp_store_open(&j->store, o->master_addr, port, 1, &d, err, sizeof err);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (r != DDP_SUCCESS)
+            die(1, "cannot serve the rendezvous store on %s port %d: %s%s", o->master_addr, port, err,
+                port ? " (give another --store-port)" : "");
+        port = ddp_store_port(j->store);
+    }
+    snprintf(j->store_addr, sizeof j->store_addr, strchr(o->master_addr, ':') ? "[%s]:%d" : "%s:%d",
+             o->master_addr, port);
+}
+
+static void store_stop(job_t *j) {
+    if (!j->store) return;
+    _ddp_store_close_within(j->store, 0);   /* the ranks are gone: nobody to wait for */
+    j->store = NULL;
+}
+
+/* ---- --elastic ----------------------------------------------------------------------------- */
+
+static void describe_exit(const rank_t *r, char *out, size_t cap);
+
+/* Failed ranks not yet noted, in the order they exited: each is lost, said at once. Returns the
+ * one whose loss leaves fewer than MIN ranks (the job ends then), or -1. */
+static int note_lost(job_t *j) {
+    for (;;) {
+        int i, next = -1, left;
+        rank_t *r;
+        char how[128];
+        for (i = 0; i < j->o.nproc; i++) {
+            const rank_t *q = &j->ranks[i];
+            if (q->exited && (q->code || q->signo) && !q->lost && (next < 0 || q->exit_seq < j->ranks[next].exit_seq))
+                next = i;
+        }
+        if (next < 0) return -1;
+        r = &j->ranks[next];
+        left = j->o.nproc - j->nlost - 1;
+        if (left < j->o.elastic_min) return next;   /* the usual failure: print_failure says it */
+        r->lost = 1;
+        j->nlost++;
+        describe_exit(r, how, sizeof how);
+        fprintf(stderr, "ddprun: LOST: rank %d (local rank %d, pid %ld) %s at %s, %.3f s into the "
+                "attempt; --elastic %d: %d of %d ranks remain, the job goes on\n", r->rank, r->local_rank,
+                (long)r->pid, how, r->exit_wall, r->exit_s - j->attempt_t0, j->o.elastic_min, left, j->o.nproc);
+    }
 }
 
 /* ---- one attempt --------------------------------------------------------------------------- */
@@ -873,6 +1103,10 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
     }
     for (i = 0; i < o->nproc; i++) j->ranks[i].pid = 0; /* none of the last attempt's pids is ours */
     j->exits_seen = g_exit_n;                                /* nor the exits logged so far */
+    j->exit_seq = j->nlost = 0;
+    for (i = 0; i < o->nproc; i++) j->ranks[i].lost = j->ranks[i].exit_seq = 0;
+    store_start(j, secret);
+    j->attempt_t0 = now_s();
     pfd = (struct pollfd *)calloc((size_t)o->nproc * 2 + 1, sizeof *pfd);
     owner = (rank_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *owner);
     which = (stream_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *which);
@@ -967,6 +1201,11 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
         if (g_sig_count[SIGCHLD] != seen[SIGCHLD]) { /* read the count first: a later SIGCHLD wakes us again */
             seen[SIGCHLD] = g_sig_count[SIGCHLD];
             failed = scan_exits(j, &alive);
+            /* --elastic: a failed rank is lost, not the end, while MIN ranks remain */
+            if (failed >= 0 && phase == 0 && o->elastic_min) {
+                failed = note_lost(j);
+                oc.below_min = failed >= 0;
+            }
         }
         if (failed >= 0 && phase == 0) {
             oc.failed = failed;
@@ -987,6 +1226,7 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
         stream_close(&r->out);
         stream_close(&r->err);
     }
+    store_stop(j);
     free(pfd);
     free(owner);
     free(which);
@@ -1027,10 +1267,39 @@ static void describe_stop(const job_t *j, const outcome_t *oc, const char *sig, 
         appendf(out, cap, &k, "; %d still had not exited %d s after SIGKILL and were left behind", oc->stuck, KILL_WAIT_MS / 1000);
 }
 
+/* --elastic: one line per rank lost while the job went on, in the order they were lost. */
+static void append_lost(const job_t *j, char *b, size_t cap, size_t *k) {
+    int seq, i;
+    if (!j->nlost) return;
+    appendf(b, cap, k, "ddprun: lost earlier, the job going on (--elastic %d): %d rank%s\n", j->o.elastic_min,
+            j->nlost, j->nlost == 1 ? "" : "s");
+    for (seq = 1; seq <= j->exit_seq; seq++)
+        for (i = 0; i < j->o.nproc; i++) {
+            const rank_t *r = &j->ranks[i];
+            char how[128];
+            if (!r->lost || r->exit_seq != seq) continue;
+            describe_exit(r, how, sizeof how);
+            appendf(b, cap, k, "ddprun:   rank %d (local rank %d, pid %ld) %s at %s, %.3f s into the attempt\n",
+                    r->rank, r->local_rank, (long)r->pid, how, r->exit_wall, r->exit_s - j->attempt_t0);
+        }
+}
+
+/* --elastic, every rank left exited 0: the job finished, with fewer ranks. One write. */
+static void print_degraded(const job_t *j) {
+    size_t cap = (size_t)(j->nlost + 2) * 256, k = 0;
+    char *b = (char *)malloc(cap);
+    if (!b) return;
+    appendf(b, cap, &k, "ddprun: DEGRADED: the job finished with %d of %d ranks (each exited 0); "
+            "exit status 0\n", j->o.nproc - j->nlost, j->o.nproc);
+    append_lost(j, b, cap, &k);
+    if (write(2, b, k) < 0) { /* nowhere left to report to */ }
+    free(b);
+}
+
 /* The one summary of a failed job: a single write, so it is never interleaved. */
 static void print_failure(const job_t *j, const outcome_t *oc, int attempt) {
     const rank_t *r = &j->ranks[oc->failed];
-    size_t cap = (size_t)(TAIL_LINES + 4) * (TAIL_BYTES + 64), k = 0;
+    size_t cap = (size_t)(TAIL_LINES + 6) * (TAIL_BYTES + 64) + (size_t)j->nlost * 256, k = 0;
     char *b = (char *)malloc(cap), how[128], stop[512], att[64] = "";
     int i;
     if (!b) return;
@@ -1039,6 +1308,10 @@ static void print_failure(const job_t *j, const outcome_t *oc, int attempt) {
     if (j->o.max_restarts) snprintf(att, sizeof att, " (attempt %d of %d)", attempt + 1, j->o.max_restarts + 1);
     appendf(b, cap, &k, "ddprun: FAILED: rank %d (local rank %d, pid %ld) %s%s; %s\n",
             r->rank, r->local_rank, (long)r->pid, how, att, stop);
+    if (oc->below_min)
+        appendf(b, cap, &k, "ddprun: --elastic %d: after losing rank %d only %d of %d ranks were left, "
+                "below the minimum\n", j->o.elastic_min, r->rank, j->o.nproc - j->nlost - 1, j->o.nproc);
+    append_lost(j, b, cap, &k);
     if (r->tail_n == 0) {
         appendf(b, cap, &k, "ddprun: rank %d wrote nothing to stderr\n", r->rank);
     } else {
@@ -1205,6 +1478,7 @@ int main(int argc, char **argv) {
         }
         if (oc.failed < 0) {
             if (oc.stuck) fprintf(stderr, "ddprun: %d ranks did not exit after SIGKILL\n", oc.stuck);
+            if (!oc.stuck && j.nlost) print_degraded(&j);
             return oc.stuck ? 1 : 0;
         }
         if (attempt < j.o.max_restarts && !pending_signal(seen)) {
