@@ -10,8 +10,12 @@
 # every ordered pair). No file defines a feature macro (libddp needs none), and the
 # implementation is also compiled after the ISO C headers a trainer includes first (mode
 # "after": <stdio.h>, <stdlib.h>, <string.h>, <time.h>, ...).
-# Usage: tests/check_headers.sh OUTDIR HEADER...   (run from the repository root; make headers;
-# the "others" are the headers given, in the order given)
+# A private header (named in $CHECK_HEADERS_PRIVATE) is compiled alone in three of the pairs
+# (gcc C99, clang C11, g++ C++11): what "alone" proves is that it includes what it uses, which
+# does not depend on the language mode; its code is compiled in every pair anyway, through the
+# public headers that include it (ddp.h's implementation includes every private header).
+# Usage: [CHECK_HEADERS_PRIVATE="H..."] tests/check_headers.sh OUTDIR HEADER...   (run from the
+# repository root; make headers; the "others" are the headers given, in the order given)
 set -euo pipefail
 out=$1; shift
 mkdir -p "$out"
@@ -20,6 +24,10 @@ have() { command -v "$1" >/dev/null 2>&1; }
 compilers=("gcc -std=c99" "gcc -std=c11" "g++ -std=c++11" "g++ -std=c++17" "g++ -std=c++20")
 have clang && compilers+=("clang -std=c99" "clang -std=c11")
 have clang++ && compilers+=("clang++ -std=c++11" "clang++ -std=c++20")
+private_compilers=("gcc -std=c99" "g++ -std=c++11")
+have clang && private_compilers+=("clang -std=c11")
+is_private() { case " ${CHECK_HEADERS_PRIVATE:-} " in *" $1 "*) return 0;; esac; return 1; }
+nprivate=0
 jobs=()
 n=0
 src() {   # src FILE MODE STATIC HEADER...
@@ -37,6 +45,8 @@ src() {   # src FILE MODE STATIC HEADER...
     } > "$f"
 }
 for h in "$@"; do
+    pairs=("${compilers[@]}")
+    if is_private "$h"; then pairs=("${private_compilers[@]}"); nprivate=$((nprivate + 1)); fi
     for mode in decl impl after; do
         for st in plain static; do
             [ "$mode" = decl ] && [ "$st" = static ] && continue   # DDP_STATIC only means something with the implementation
@@ -45,7 +55,7 @@ for h in "$@"; do
             base="$out/h$n"
             src "$base.c" "$mode" "$st" "$h"
             cp "$base.c" "$base.cpp"
-            for cc in "${compilers[@]}"; do
+            for cc in "${pairs[@]}"; do
                 case $cc in g++*|clang++*) f="$base.cpp";; *) f="$base.c";; esac
                 jobs+=("$cc $WARN -I. -fsyntax-only $f  # $h $mode $st")
             done
@@ -63,8 +73,18 @@ for h in "$@"; do
     src "$out/p$n.c" impl plain "${others[@]}" "$h"
     jobs+=("gcc -std=c99 $WARN -I. -fsyntax-only $out/p$n.c  # the others, then $h")
 done
+# The claim above, checked: every private header is compiled as part of the public ones.
+if [ -n "${CHECK_HEADERS_PRIVATE:-}" ]; then
+    public=()
+    for h in "$@"; do is_private "$h" || public+=("$h"); done
+    src "$out/public.c" impl plain "${public[@]}"
+    deps=$(gcc -I. -MM "$out/public.c" | tr ' \\' '\n\n')
+    for h in $CHECK_HEADERS_PRIVATE; do
+        printf '%s\n' "$deps" | grep -qx "$h" || { echo "headers: FAILED: private $h is not included by any public header"; exit 1; }
+    done
+fi
 printf '%s\n' "${jobs[@]}" > "$out/jobs.txt"
 fail=0
 if ! xargs -P "$(nproc)" -I{} -d '\n' sh -c '{} 2>&1 || { echo "FAILED: {}"; exit 255; }' < "$out/jobs.txt" > "$out/log.txt"; then fail=1; fi
 if [ $fail = 1 ] || grep -q . "$out/log.txt"; then cat "$out/log.txt"; echo "headers: FAILED"; exit 1; fi
-echo "ok: ${#jobs[@]} compiles: $# headers alone (decl/impl/impl after ISO C headers, impl with/without DDP_STATIC, ${#compilers[@]} compiler/standard pairs), each first and last among the others; no feature macros"
+echo "ok: ${#jobs[@]} compiles: $# headers alone (decl/impl/impl after ISO C headers, impl with/without DDP_STATIC; ${#compilers[@]} compiler/standard pairs, ${#private_compilers[@]} for the $nprivate private ones), each first and last among the others; no feature macros"

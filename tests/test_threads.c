@@ -188,24 +188,20 @@ static void case_str(const tc_t *c, int n, char *out, size_t cap) {
 
 static int is_reduction(int coll) { return coll == C_AR || coll == C_RS || coll == C_REDUCE; }
 
-/* Uniform data, where the reduction order shows in the rounding: +-[0.5, 2) for PROD (no
- * overflow or underflow), +-[0.001, 1) otherwise. */
-static uint64_t random_bits(int dt, int op, uint64_t u) {
-    double frac = (double)(u >> 11) * (1.0 / 9007199254740992.0), sign = (u & 1) ? -1.0 : 1.0;
-    return t_enc_float(dt, sign * (op == DDP_PROD ? 0.5 + 1.5 * frac : 0.001 + 0.999 * frac));
+/* What a case's inputs are (tests/ddp_test_data.h): reductions get order-independent values
+ * (or uniform ones in a random case), copies any bits. */
+static int case_how(const tc_t *c) {
+    return c->random ? T_IN_UNIFORM : is_reduction(c->coll) ? T_IN_EXACT : T_IN_BITS;
 }
 
-/* Element i of rank's input: reductions get order-independent values (or uniform ones in a
- * random case), copies any bits. */
+/* Element i of rank's input. */
 static uint64_t in_bits(const tc_t *c, int rank, size_t i) {
-    uint64_t u = t_case_rnd(c->seed, rank, i);
-    if (c->random) return random_bits(c->dt, c->op, u);
-    return is_reduction(c->coll) ? t_exact_bits(c->dt, c->op, u) : u;
+    return t_in_bits_one(case_how(c), c->dt, c->op, t_case_rnd(c->seed, rank, i));
 }
 
-/* The same inputs a range at a time (tests/ddp_test_data.h: t_in_fill gives in_bits' bits). */
+/* The same inputs a range at a time (t_in_fill gives in_bits' bits). */
 static void case_inputs(const tc_t *c, t_in_t *g) {
-    t_in_init(g, c->random ? T_IN_UNIFORM : is_reduction(c->coll) ? T_IN_EXACT : T_IN_BITS, c->dt, c->op, c->seed);
+    t_in_init(g, case_how(c), c->dt, c->op, c->seed);
 }
 
 static void fill(unsigned char *buf, const tc_t *c, int rank, size_t lo, size_t n) {
@@ -222,46 +218,10 @@ static uint64_t load(const unsigned char *buf, size_t i, size_t es) {
 
 static uint64_t low_bits(uint64_t v, size_t es) { return es == 8 ? v : v & ((1ull << (8 * es)) - 1); }
 
-/* The expected bits of reduction element gi over p ranks. */
+/* The expected bits of reduction element gi over p ranks: the shared sequential reference
+ * (tests/ddp_test_data.h), on the inputs in_bits gives. */
 static uint64_t ref_reduce(const tc_t *c, int p, size_t gi) {
-    const int dt = c->dt, op = c->op;
-    const size_t es = ddp_dtype_size((ddp_dtype_t)dt);
-    int r;
-    if (t_is_int(dt)) {
-        uint64_t acc = t_ext_int(dt, in_bits(c, 0, gi));
-        for (r = 1; r < p; r++) {
-            uint64_t v = t_ext_int(dt, in_bits(c, r, gi));
-            if (op == DDP_SUM || op == DDP_AVG) acc += v;
-            else if (op == DDP_PROD) acc *= v;
-            else if (op == DDP_MAX) { if (t_is_signed_int(dt) ? (int64_t)v > (int64_t)acc : v > acc) acc = v; }
-            else if (t_is_signed_int(dt) ? (int64_t)v < (int64_t)acc : v < acc) acc = v;
-        }
-        if (op == DDP_AVG) {
-            acc = t_ext_int(dt, low_bits(acc, es));
-            acc = t_is_signed_int(dt) ? (uint64_t)((int64_t)acc / p) : acc / (uint64_t)p;
-        }
-        return low_bits(acc, es);
-    } else {
-        uint64_t b = in_bits(c, 0, gi), win = b;
-        double acc = t_dec_float(dt, b), best = acc;
-        for (r = 1; r < p; r++) {
-            double v;
-            b = in_bits(c, r, gi);
-            v = t_dec_float(dt, b);
-            if (op == DDP_SUM || op == DDP_AVG) acc += v;
-            else if (op == DDP_PROD) acc *= v;
-            else if (op == DDP_MAX ? v > best : v < best) { best = v; win = b; }
-        }
-        if (op == DDP_MAX || op == DDP_MIN) return low_bits(win, es);
-        if (op == DDP_AVG) {
-            float q;
-            if (dt == DDP_FLOAT64) return t_f64_bits(acc / (double)p);
-            q = (float)acc / (float)p;
-            if (dt == DDP_FLOAT32) return t_f32_bits(q);
-            return dt == DDP_FLOAT16 ? ddp_float_to_half(q) : ddp_float_to_bfloat16(q);
-        }
-        return low_bits(t_enc_float(dt, acc), es);
-    }
+    return low_bits(t_ref_exact_one(case_how(c), c->dt, c->op, c->seed, p, gi), ddp_dtype_size((ddp_dtype_t)c->dt));
 }
 
 /* A random case's element gi: within (p+1) unit roundoffs of the double-precision reference
