@@ -342,6 +342,13 @@ _DDP_PRIVATE ddp_result_t _ddp_transport_conn_fail(const ddp_transport_ctx_t *ct
     return ddp_transport_fail(ctx, r, "%s", msg);
 }
 
+/* A connection to `peer` broke (closed, reset, gone): the communicator blames that peer (a
+ * shrink then asks whether it closed on purpose or died). Returns r. */
+static inline ddp_result_t _ddp_transport_blame(const ddp_transport_ctx_t *ctx, int peer, ddp_result_t r) {
+    if (ctx->waiting_on) *ctx->waiting_on = peer;
+    return r;
+}
+
 /* ---------------------------------------------------------------- requests and connections
  * Every transport's request starts with this head (its first member): one message posted on
  * one connection, moving through the connection's send or receive queue in posting order. A
