@@ -492,6 +492,7 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group.n = 0; return r; }
     r = _ddp_group_run(c);   /* empties the queue */
     r = r == DDP_SUCCESS || c->group.err != DDP_SUCCESS ? r : _ddp_finish(c, r);
+    r = _ddp_fence_after_gap(c, r);
     _ddp_end(c);
     return r;
 }

@@ -225,6 +225,7 @@ typedef struct {
                                     * timeout, or the one whose connection broke */
     int closed_noted;              /* closed/<rank> is in the store: this rank closed on purpose */
     int revoked;                   /* ddp_comm_shrink ran on it: no second shrink */
+    int64_t last_end_us;           /* when the last operation ended (0: none yet) */
 } _ddp_comm_shrink_t;
 
 struct ddp_comm {
@@ -570,22 +571,38 @@ _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
 
 /* A collective failed: make the error sticky, tell the others (closing our connections wakes
  * every neighbour with EOF at once instead of after a timeout), and say where it started. */
+/* Fenced: the survivors shrank without this rank (it was stopped or too slow); whatever it was
+ * doing, the answer is that it is out. Sticky, as any failure. */
+_DDP_PRIVATE ddp_result_t _ddp_fence(ddp_comm_t *c, int gen, int attempt, int succeeded) {
+    char was[640];
+    _ddp_strlcpy(was, succeeded ? "its call completed from data sent before the others gave up "
+                 "on it: not to be used" : c->last_error, sizeof was);
+    ddp_comm_fail(c, DDP_ERR_REMOVED, "removed from the communicator by shrink generation %d "
+                  "(attempt %d) while in call #%u: the other ranks went on without it (it stopped "
+                  "or was too slow); destroy this communicator (%.400s)", gen, attempt, c->eng.seq, was);
+    __atomic_store_n(&c->error, DDP_ERR_REMOVED, __ATOMIC_SEQ_CST);
+    _ddp_close_peers(c);
+    return DDP_ERR_REMOVED;
+}
+
+/* A rank stopped past the timeout (SIGSTOP, a debugger, a host paused) can find its next call
+ * complete from data its peers sent before they gave up on it, and never see a failure to
+ * learn it was fenced by. So a call that ends more than the timeout after the previous one
+ * asks the store whether a shrink went on without this rank: one round trip, only then (a
+ * rank that computes longer than the timeout between calls pays it once per call). */
+_DDP_PRIVATE ddp_result_t _ddp_fence_after_gap(ddp_comm_t *c, ddp_result_t r) {
+    int64_t now = _ddp_now_us(), last = c->shrink.last_end_us;
+    int gen = 0, attempt = 0;
+    c->shrink.last_end_us = now;
+    if (r != DDP_SUCCESS || !last || c->eng.timeout_ms < 0 || now - last <= (int64_t)c->eng.timeout_ms * 1000)
+        return r;
+    return _ddp_shrink_excluded(c, &gen, &attempt) ? _ddp_fence(c, gen, attempt, 1) : r;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
     int cause = 0, gen = 0, attempt = 0;
     if (r == DDP_SUCCESS) return r;
-    /* Fenced: the survivors shrank without this rank (it was stopped or too slow); whatever it
-     * was doing, the answer is that it is out. */
-    if (r != DDP_ERR_REMOVED && _ddp_shrink_excluded(c, &gen, &attempt)) {
-        char was[640];
-        _ddp_strlcpy(was, c->last_error, sizeof was);
-        r = ddp_comm_fail(c, DDP_ERR_REMOVED, "removed from the communicator by shrink generation "
-                          "%d (attempt %d) while in call #%u: the other ranks went on without it "
-                          "(it stopped or was too slow); destroy this communicator (was: %.400s)",
-                          gen, attempt, c->eng.seq, was);
-        __atomic_store_n(&c->error, r, __ATOMIC_SEQ_CST);
-        _ddp_close_peers(c);
-        return r;
-    }
+    if (r != DDP_ERR_REMOVED && _ddp_shrink_excluded(c, &gen, &attempt)) return _ddp_fence(c, gen, attempt, 0);
     if (r == DDP_ERR_REMOTE) cause = _ddp_add_root_cause(c);
     if (!cause) _ddp_publish_failure(c);
     /* A peer that left because the ranks called different things: this rank's call was part of
