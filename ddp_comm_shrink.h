@@ -59,8 +59,11 @@ extern "C" {
 #endif
 
 typedef struct ddp_shrink_opts {   /* zero = defaults */
-    int timeout_ms;                /* bound on each phase (agreement, building, verdict) of each
-                                    * attempt; 0: the communicator's timeout; < 0: forever */
+    int timeout_ms;                /* bound on each phase (agreement, verdict) of each attempt:
+                                    * how long a rank that neither checked in nor is known dead
+                                    * is waited for. 0: twice the communicator's timeout + 1 s
+                                    * (a live rank blocked on a stopped one fails only at its
+                                    * own timeout); < 0: forever */
     int min_ranks;                 /* fewer survivors than this: fail (0: 1) */
 } ddp_shrink_opts_t;
 
@@ -418,6 +421,16 @@ _DDP_PRIVATE ddp_result_t _ddp_shrink_adopt(_ddp_shrink_t *s, ddp_comm_t *child)
     return DDP_SUCCESS;
 }
 
+/* The default bound of each phase: a live rank blocked on a third one (one that stopped, or
+ * is late) learns of the failure only at its own timeout, then names the stuck rank (up to
+ * half its timeout, in [1, 10] s: _ddp_name_stuck_rank) before it checks in; waiting less
+ * would drop it. Ranks that fail by a broken connection are all accounted at once. */
+_DDP_PRIVATE int _ddp_shrink_default_ms(int timeout_ms) {
+    if (timeout_ms < 0) return -1;
+    if (timeout_ms > (INT_MAX - 1000) / 2) return INT_MAX;
+    return 2 * timeout_ms + 1000;
+}
+
 DDP_API ddp_result_t ddp_comm_shrink(ddp_comm_t *c, const ddp_shrink_opts_t *opts, ddp_comm_t **out) {
     _ddp_shrink_t s;
     ddp_result_t r;
@@ -442,7 +455,7 @@ DDP_API ddp_result_t ddp_comm_shrink(ddp_comm_t *c, const ddp_shrink_opts_t *opt
     s.n = c->eng.nranks;
     s.me = c->eng.rank;
     s.gen = c->shrink.generation + 1;
-    s.timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : c->eng.timeout_ms;
+    s.timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : _ddp_shrink_default_ms(c->eng.timeout_ms);
     s.min_ranks = opts && opts->min_ranks > 0 ? opts->min_ranks : 1;
     snprintf(s.base, sizeof s.base, "%s/shrink%d", c->boot.prefix, s.gen);
     if (_ddp_shrink_excluded(c, &gen, &attempt)) {

@@ -18,6 +18,10 @@
  *             on the new communicator it is continued: its next call fails with
  *             DDP_ERR_REMOVED naming the generation and its call, so do its shrink and a send,
  *             and the new communicator's results stay exact (nothing of it gets in)
+ *   late      rank 0 SIGKILLed; rank 3, alive, computes until the others' shrink returned
+ *             (past its deadline): they went on without it; its next call and its own
+ *             ddp_comm_shrink are DDP_ERR_REMOVED (one decision: the late rank does not make
+ *             a membership of its own)
  *   threads   threads as ranks: thread rank 2 stops calling; the others shrink; its next call
  *             is DDP_ERR_REMOVED
  * After each shrink the survivors' collectives on the new communicator are checked exactly,
@@ -48,7 +52,8 @@ typedef struct {
     double t_kill;                  /* set by the (first) victim just before it dies */
     int pid[NP];
     survivor_t s[NP];
-    int fenced_done;                /* the stopped rank finished its checks */
+    int shrunk;                     /* survivors whose ddp_comm_shrink returned */
+    int fenced_done;                /* the stopped (or late) rank finished its checks */
     int fenced_ok;
     char fenced_msg[600];
 } shared_t;
@@ -60,6 +65,7 @@ typedef struct {
                                      * 3 SIGSTOP */
     int dies_in_shrink;             /* this rank dies right after the agreement included it */
     int timeout_ms;
+    int late;                       /* this rank (alive) calls only after the others shrank */
 } scenario_t;
 
 static shared_t *S;
@@ -183,15 +189,16 @@ static int fenced(ddp_comm_t *c, float *a, int rank) {
     return 0;
 }
 
-/* Waits (bounded) for a flag another process sets. */
-static int wait_flag(const int *flag, int ms) {
+/* Waits (bounded) until a counter other processes raise reaches n. */
+static int wait_flag_n(const int *flag, int n, int ms) {
     double until = t_now() + ms / 1000.0;
-    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST)) {
+    while (__atomic_load_n(flag, __ATOMIC_SEQ_CST) < n) {
         if (t_now() > until) return 0;
         t_sleep_ms(1);
     }
     return 1;
 }
+static int wait_flag(const int *flag, int ms) { return wait_flag_n(flag, 1, ms); }
 
 static int rank_main(int rank, int p, void *arg) {
     const scenario_t *sc = (const scenario_t *)arg;
@@ -212,6 +219,14 @@ static int rank_main(int rank, int p, void *arg) {
             die(sc->how, c, a, rank);
             return fenced(c, a, rank);          /* only a stopped rank gets here */
         }
+        if (rank == sc->late && k == KILL_AT) {   /* computes until the others went on */
+            int n_out = 0;
+            for (i = 0; i < NP; i++) n_out += (sc->victims >> i & 1u) || i == sc->late;
+            t_where("late: waiting for the others' shrink");
+            if (!ok(wait_flag_n(&S->shrunk, NP - n_out, 60000), "[%s] rank %d: the others shrank", g_transport, rank))
+                return 1;
+            return fenced(c, a, rank);
+        }
         t_where("step %d", k);
         r = step(c, a, b, rank, k, sc->how, all, NP);
         if (r != DDP_SUCCESS) { failed_at = k; break; }
@@ -223,6 +238,7 @@ static int rank_main(int rank, int p, void *arg) {
     t_where("ddp_comm_shrink");
     r = ddp_comm_shrink(c, &o, &nc);
     me->rc = (int)r;
+    __atomic_add_fetch(&S->shrunk, 1, __ATOMIC_SEQ_CST);
     if (!ok(r == DDP_SUCCESS && nc, "[%s] rank %d: ddp_comm_shrink -> %s in %.0f ms %s", g_transport, rank,
             ddp_strerror(r), (t_now() - t0) * 1e3, r ? ddp_comm_last_error(c) : ""))
         return 1;
@@ -243,7 +259,7 @@ static int rank_main(int rank, int p, void *arg) {
     if (sc->how == 3 && me->newrank == 0) {
         for (i = 0; i < NP; i++) if (sc->victims >> i & 1u) kill(S->pid[i], SIGCONT);
     }
-    if (sc->how == 3)
+    if (sc->how == 3 || sc->late >= 0)
         ok(wait_flag(&S->fenced_done, 60000), "[%s] rank %d: the continued rank finished its tries", g_transport, rank);
     for (k = 101; k < 106; k++) {
         r = step(nc, a, b, rank, k, k & 1 ? 2 : 0, members, n);
@@ -268,7 +284,8 @@ static int rank_main(int rank, int p, void *arg) {
 static void check_run(const scenario_t *sc) {
     int r, want_n = 0, want_parent[NP], want_removed[NP], nrem = 0, good = 1;
     double worst = 0;
-    unsigned out = sc->victims | (sc->dies_in_shrink >= 0 ? 1u << sc->dies_in_shrink : 0u);
+    unsigned out = sc->victims | (sc->dies_in_shrink >= 0 ? 1u << sc->dies_in_shrink : 0u) |
+                   (sc->late >= 0 ? 1u << sc->late : 0u);
     for (r = 0; r < NP; r++) {
         if (out >> r & 1u) want_removed[nrem++] = r;
         else want_parent[want_n++] = r;
@@ -277,9 +294,10 @@ static void check_run(const scenario_t *sc) {
         const survivor_t *s = &S->s[r];
         int i, newrank = 0;
         if (out >> r & 1u) {
-            if (sc->how == 3 && (sc->victims >> r & 1u))
+            if ((sc->how == 3 && (sc->victims >> r & 1u)) || r == sc->late)
                 good &= ok(t_last_run.exited[r] && t_last_run.code[r] == 0 && S->fenced_ok,
-                           "[%s] %s: the stopped rank %d was fenced and exited", g_transport, sc->name, r);
+                           "[%s] %s: the %s rank %d was fenced and exited", g_transport, sc->name,
+                           r == sc->late ? "late" : "stopped", r);
             else
                 good &= ok(t_rank_signaled(r, SIGKILL), "[%s] %s: rank %d died (SIGKILL)", g_transport, sc->name, r);
             continue;
@@ -429,12 +447,13 @@ static void run_threads(void) {
 
 int main(void) {
     static const scenario_t sc[] = {
-        {"first", 1u << 0, 0, -1, 5000},
-        {"middle", 1u << 1, 1, -1, 5000},
-        {"last", 1u << 3, 2, -1, 5000},
-        {"two", (1u << 1) | (1u << 3), 0, -1, 3000},
-        {"during", 1u << 3, 0, 1, 3000},
-        {"stopped", 1u << 2, 3, -1, 1500},
+        {"first", 1u << 0, 0, -1, 5000, -1},
+        {"middle", 1u << 1, 1, -1, 5000, -1},
+        {"last", 1u << 3, 2, -1, 5000, -1},
+        {"two", (1u << 1) | (1u << 3), 0, -1, 3000, -1},
+        {"during", 1u << 3, 0, 1, 3000, -1},
+        {"stopped", 1u << 2, 3, -1, 1500, -1},
+        {"late", 1u << 0, 0, -1, 1500, 3},
     };
     static const char *const transports[] = {"tcp", "shm"};
     size_t i, m;
