@@ -217,7 +217,8 @@ static int rank_main(int rank, int p, void *arg) {
     for (k = 0; k < 40; k++) {
         if ((sc->victims >> rank & 1u) && k == KILL_AT) {
             die(sc->how, c, a, rank);
-            return fenced(c, a, rank);          /* only a stopped rank gets here */
+            k = fenced(c, a, rank);             /* only a stopped rank gets here */
+            goto out;
         }
         if (rank == sc->late && k == KILL_AT) {   /* computes until the others went on */
             int n_out = 0;
@@ -225,7 +226,8 @@ static int rank_main(int rank, int p, void *arg) {
             t_where("late: waiting for the others' shrink");
             if (!ok(wait_flag_n(&S->shrunk, NP - n_out, 60000), "[%s] rank %d: the others shrank", g_transport, rank))
                 return 1;
-            return fenced(c, a, rank);
+            k = fenced(c, a, rank);
+            goto out;
         }
         t_where("step %d", k);
         r = step(c, a, b, rank, k, sc->how, all, NP);
@@ -273,11 +275,13 @@ static int rank_main(int rank, int p, void *arg) {
         ok(r == DDP_SUCCESS && x == 4242, "[%s] rank %d: broadcast from new rank 0 (%s)", g_transport, rank, ddp_strerror(r));
     }
     ok(ddp_comm_destroy(nc) == DDP_SUCCESS, "[%s] rank %d: destroy the new communicator", g_transport, rank);
-    ddp_store_close(st);
     me->done = 1;
+    k = 0;
+out:
+    ddp_store_close(st);
     free(a);
     free(b);
-    return 0;
+    return k;
 }
 
 /* The parent: the victims died, every survivor got the same membership, right. */
