@@ -504,6 +504,11 @@ DDP_API ddp_result_t ddp_comm_shrink(ddp_comm_t *c, const ddp_shrink_opts_t *opt
             if (child) { _ddp_abort_internal(child, DDP_ERR_ABORTED, "comm_shrink failed"); ddp_comm_destroy(child); }
             goto done;
         }
+        if (ok && !child) {   /* cannot be: "ok" needs this rank's own "built ok" */
+            r = ddp_comm_fail(c, DDP_ERR_INTERNAL, "comm_shrink: generation %d attempt %d: verdict ok "
+                              "without this rank's communicator", s.gen, s.attempt);
+            goto done;
+        }
         if (ok && (r = _ddp_shrink_adopt(&s, child)) != DDP_SUCCESS) {
             ddp_comm_destroy(child);
             r = ddp_comm_fail(c, r, "comm_shrink");

@@ -19,9 +19,9 @@
  *             DDP_ERR_REMOVED naming the generation and its call, so do its shrink and a send,
  *             and the new communicator's results stay exact (nothing of it gets in)
  *   late      rank 0 SIGKILLed; rank 3, alive, computes until the others' shrink returned
- *             (past its deadline): they went on without it; its next call and its own
- *             ddp_comm_shrink are DDP_ERR_REMOVED (one decision: the late rank does not make
- *             a membership of its own)
+ *             (past its deadline), then calls ddp_comm_shrink itself: DDP_ERR_REMOVED (one
+ *             decision: the late rank does not make a membership of its own), and so are its
+ *             calls on the old communicator
  *   threads   threads as ranks: thread rank 2 stops calling; the others shrink; its next call
  *             is DDP_ERR_REMOVED
  * After each shrink the survivors' collectives on the new communicator are checked exactly,
@@ -164,25 +164,29 @@ static void die(int how, ddp_comm_t *c, float *a, int rank) {
     raise(SIGKILL);
 }
 
-/* The stopped rank, continued: everything it tries on the old communicator is refused. */
-static int fenced(ddp_comm_t *c, float *a, int rank) {
+/* The stopped rank, continued (or the late one): everything it tries on the old communicator
+ * is refused. The late rank starts with ddp_comm_shrink, as a trainer dropping stopped ranks
+ * would: it must find the others' decision, not make a membership of its own. */
+static int fenced(ddp_comm_t *c, float *a, int rank, int shrink_first) {
     ddp_result_t r, r2, r3, r4;
     ddp_comm_t *nc = NULL;
     const char *e;
-    int good;
+    int good, call = shrink_first ? KILL_AT : KILL_AT + 1;
     fill(a, rank, KILL_AT);
-    r = ddp_all_reduce(a, a, COUNT, DDP_FLOAT32, DDP_SUM, c);
+    r = shrink_first ? ddp_comm_shrink(c, NULL, &nc) : ddp_all_reduce(a, a, COUNT, DDP_FLOAT32, DDP_SUM, c);
     e = ddp_comm_last_error(c);
     snprintf(S->fenced_msg, sizeof S->fenced_msg, "%s", e);
-    good = ok(r == DDP_ERR_REMOVED, "[%s] the stopped rank, continued: its next call -> %s", g_transport, ddp_strerror(r));
-    good &= ok(strstr(e, "generation 1") && strstr(e, "call #") && t_mentions_int(e, KILL_AT + 1),
-               "[%s] ... naming the generation and its call (#%d): %s", g_transport, KILL_AT + 1, e);
+    good = ok(r == DDP_ERR_REMOVED && nc == NULL, "[%s] the %s rank: its %s -> %s", g_transport,
+              shrink_first ? "late" : "continued", shrink_first ? "ddp_comm_shrink" : "next call", ddp_strerror(r));
+    good &= ok(strstr(e, "generation 1") && strstr(e, "call #") && t_mentions_int(e, call),
+               "[%s] ... naming the generation and its call (#%d): %s", g_transport, call, e);
     r2 = ddp_all_reduce(a, a, COUNT, DDP_FLOAT32, DDP_SUM, c);
     r3 = ddp_send(a, 16, DDP_FLOAT32, 0, c);
-    r4 = ddp_comm_shrink(c, NULL, &nc);
+    r4 = shrink_first ? ddp_all_reduce(a, a, COUNT, DDP_FLOAT32, DDP_SUM, c) : ddp_comm_shrink(c, NULL, &nc);
     good &= ok(r2 == DDP_ERR_REMOVED && r3 == DDP_ERR_REMOVED && r4 == DDP_ERR_REMOVED && nc == NULL,
-               "[%s] ... and so do another all-reduce (%s), a send to rank 0 (%s) and ddp_comm_shrink (%s)",
-               g_transport, ddp_strerror(r2), ddp_strerror(r3), ddp_strerror(r4));
+               "[%s] ... and so do an all-reduce (%s), a send to rank 0 (%s) and %s (%s)",
+               g_transport, ddp_strerror(r2), ddp_strerror(r3), shrink_first ? "another all-reduce" : "ddp_comm_shrink",
+               ddp_strerror(r4));
     S->fenced_ok = good;
     __atomic_store_n(&S->fenced_done, 1, __ATOMIC_SEQ_CST);
     ok(ddp_comm_destroy(c) == DDP_SUCCESS, "[%s] the fenced rank destroys its communicator", g_transport);
@@ -217,7 +221,7 @@ static int rank_main(int rank, int p, void *arg) {
     for (k = 0; k < 40; k++) {
         if ((sc->victims >> rank & 1u) && k == KILL_AT) {
             die(sc->how, c, a, rank);
-            k = fenced(c, a, rank);             /* only a stopped rank gets here */
+            k = fenced(c, a, rank, 0);          /* only a stopped rank gets here */
             goto out;
         }
         if (rank == sc->late && k == KILL_AT) {   /* computes until the others went on */
@@ -226,7 +230,7 @@ static int rank_main(int rank, int p, void *arg) {
             t_where("late: waiting for the others' shrink");
             if (!ok(wait_flag_n(&S->shrunk, NP - n_out, 60000), "[%s] rank %d: the others shrank", g_transport, rank))
                 return 1;
-            k = fenced(c, a, rank);
+            k = fenced(c, a, rank, 1);
             goto out;
         }
         t_where("step %d", k);
@@ -322,22 +326,52 @@ static void check_run(const scenario_t *sc) {
              "(the slowest survivor)", NP, g_transport, sc->name, worst * 1e3);
 }
 
+/* The store, in a process of its own (as a launcher's): no rank serves it, so any rank may die,
+ * and this process stays single-threaded for the ranks' forks (ThreadSanitizer). It serves
+ * until `stop` closes. Returns its pid, the port in *port. */
+static pid_t store_process(int *port, int *stop) {
+    int up[2], down[2];
+    pid_t pid;
+    if (pipe(up) != 0 || pipe(down) != 0) return -1;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        ddp_store_t *srv = NULL;
+        ddp_store_desc_t sd;
+        char b;
+        int p = -1;
+        close(up[0]);
+        close(down[1]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = 30000;
+        sd.secret = "";
+        sd.log_level = 1;
+        if (ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS) p = ddp_store_port(srv);
+        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
+        while (read(down[0], &b, 1) > 0) {}
+        if (srv) ddp_store_close(srv);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    if (pid < 0 || read(up[0], port, sizeof *port) != (ssize_t)sizeof *port) *port = -1;
+    close(up[0]);
+    *stop = down[1];
+    return pid;
+}
+
 static void run_forked(const scenario_t *sc) {
-    ddp_store_t *srv = NULL;
-    ddp_store_desc_t sd;
-    memset(&sd, 0, sizeof sd);
-    sd.timeout_ms = 30000;
-    sd.secret = "";
-    sd.log_level = 1;
-    if (!ok(ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS, "[%s] %s: the store (this process)",
-            g_transport, sc->name))
+    int stop = -1;
+    pid_t store = store_process(&g_store_port, &stop);
+    if (!ok(store > 0 && g_store_port > 0, "[%s] %s: the store (a process of its own)", g_transport, sc->name))
         return;
-    g_store_port = ddp_store_port(srv);
     S = (shared_t *)t_shm_user(sizeof *S);
     diag("--- [%s] %s", g_transport, sc->name);
     t_run_ranks(NP, rank_main, (void *)sc, 120);
     check_run(sc);
-    ddp_store_close(srv);
+    close(stop);
+    waitpid(store, NULL, 0);
 }
 
 /* ---------------------------------------------------------------- threads as ranks */
