@@ -179,6 +179,8 @@ DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *as
  * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
 #define DDP_SPLIT_NOCOLOR (-1)
 DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *comm, int color, int key, ddp_comm_t **newcomm);
+/* Surviving a lost rank: ddp_comm_shrink, ddp_comm_parent_rank, ddp_comm_removed_ranks and
+ * ddp_comm_generation are declared and documented in ddp_comm_shrink.h (docs/elastic.md). */
 
 
 /* The communicator's allocator (desc.allocator, else DDP_MALLOC/DDP_FREE); calloc zeroes. For
