@@ -441,11 +441,11 @@ DDP_API ddp_result_t ddp_comm_shrink(ddp_comm_t *c, const ddp_shrink_opts_t *opt
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
     if ((r = _ddp_usable(c)) != DDP_SUCCESS) return r;
     if (!out) return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "comm_shrink: NULL newcomm");
+    if (__atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_ERR_REMOVED)
+        return DDP_ERR_REMOVED;   /* a failed call (or shrink) said so already */
     if (c->shrink.revoked)
         return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "comm_shrink: this communicator was shrunk "
                              "already (generation %d): shrink the communicator that returned", c->shrink.generation + 1);
-    if (__atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_ERR_REMOVED)
-        return DDP_ERR_REMOVED;   /* its failed call said so already */
     if (!c->boot.store || c->boot.foreign)
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "comm_shrink: %s", c->boot.store ? "the rendezvous "
                              "store belongs to another job: this communicator may not write to it" :

@@ -22,6 +22,8 @@
  *             (past its deadline), then calls ddp_comm_shrink itself: DDP_ERR_REMOVED (one
  *             decision: the late rank does not make a membership of its own), and so are its
  *             calls on the old communicator
+ *   again     shrink after shrink: ranks 0, 3, then 2 die, one per generation; rank 1 goes on
+ *             alone (generation 3, a world of one)
  *   threads   threads as ranks: thread rank 2 stops calling; the others shrink; its next call
  *             is DDP_ERR_REMOVED
  * After each shrink the survivors' collectives on the new communicator are checked exactly,
@@ -288,6 +290,57 @@ out:
     return k;
 }
 
+/* again: shrink after shrink down to a world of one. Rank 0 dies in the first communicator,
+ * rank 3 in the second, rank 2 in the third; rank 1 ends alone (generation 3), its all-reduces
+ * a copy. Each shrink's parent ranks, removed rank and generation are checked here. */
+static int again_main(int rank, int p, void *arg) {
+    static const int dies_in[NP] = {0, -1, 2, 1};   /* the generation each rank dies in */
+    const scenario_t *sc = (const scenario_t *)arg;
+    ddp_store_t *st = NULL;
+    ddp_comm_t *c, *nc = NULL;
+    float *a = (float *)malloc(COUNT * sizeof(float)), *b = (float *)malloc(COUNT * sizeof(float));
+    int members[NP] = {0, 1, 2, 3}, n = NP, g, k, i, good = 1;
+    ddp_result_t r = DDP_SUCCESS;
+    (void)p;
+    if (!(c = open_comm(rank, sc, &st))) return 1;
+    for (g = 0; g < NP && good; g++) {
+        int was[NP], wn = n, victim = -1, removed = -1;
+        for (k = 0; k < 20; k++) {
+            if (dies_in[rank] == g && k == KILL_AT) { S->t_kill = t_now(); raise(SIGKILL); }
+            t_where("generation %d step %d", g, k);
+            if ((r = step(c, a, b, rank, k, 0, members, n)) != DDP_SUCCESS) break;
+        }
+        if (g == NP - 1) {
+            good &= ok(r == DDP_SUCCESS && n == 1 && ddp_comm_size(c) == 1 && ddp_comm_generation(c) == 3,
+                       "[%s] rank %d alone: 20 all-reduces on a world of 1, generation %d (%s)", g_transport,
+                       rank, ddp_comm_generation(c), ddp_strerror(r));
+            break;
+        }
+        memcpy(was, members, sizeof was);
+        for (i = 0; i < NP; i++) if (dies_in[i] == g) victim = i;
+        r = ddp_comm_shrink(c, NULL, &nc);
+        if (!ok(r == DDP_SUCCESS, "[%s] rank %d: shrink %d -> %s %s", g_transport, rank, g + 1, ddp_strerror(r),
+                r ? ddp_comm_last_error(c) : ""))
+            { good = 0; break; }
+        ddp_comm_destroy(c);
+        c = nc;
+        n = ddp_comm_size(c);
+        for (i = 0; i < n; i++) members[i] = was[ddp_comm_parent_rank(c, i)];
+        for (i = 0; i < wn; i++) if (was[i] == victim) removed = i;
+        ddp_comm_removed_ranks(c, &i, 1);
+        good &= ok(ddp_comm_generation(c) == g + 1 && n == wn - 1 && ddp_comm_removed_ranks(c, NULL, 0) == 1 &&
+                   i == removed && ddp_comm_parent_rank(c, ddp_comm_rank(c)) >= 0 &&
+                   was[ddp_comm_parent_rank(c, ddp_comm_rank(c))] == rank,
+                   "[%s] rank %d: generation %d: %d ranks, removed parent rank %d (rank %d at first)", g_transport,
+                   rank, ddp_comm_generation(c), n, i, victim);
+    }
+    ddp_comm_destroy(c);
+    ddp_store_close(st);
+    free(a);
+    free(b);
+    return good ? 0 : 1;
+}
+
 /* The parent: the victims died, every survivor got the same membership, right. */
 static void check_run(const scenario_t *sc) {
     int r, want_n = 0, want_parent[NP], want_removed[NP], nrem = 0, good = 1;
@@ -368,8 +421,15 @@ static void run_forked(const scenario_t *sc) {
         return;
     S = (shared_t *)t_shm_user(sizeof *S);
     diag("--- [%s] %s", g_transport, sc->name);
-    t_run_ranks(NP, rank_main, (void *)sc, 120);
-    check_run(sc);
+    if (!strcmp(sc->name, "again")) {
+        t_run_ranks(NP, again_main, (void *)sc, 120);
+        ok(t_rank_signaled(0, SIGKILL) && t_rank_signaled(2, SIGKILL) && t_rank_signaled(3, SIGKILL) &&
+           t_last_run.exited[1] && t_last_run.code[1] == 0, "[%s] again: three shrinks, rank 1 finished alone",
+           g_transport);
+    } else {
+        t_run_ranks(NP, rank_main, (void *)sc, 120);
+        check_run(sc);
+    }
     close(stop);
     waitpid(store, NULL, 0);
 }
@@ -492,6 +552,7 @@ int main(void) {
         {"during", 1u << 3, 0, 1, 3000, -1},
         {"stopped", 1u << 2, 3, -1, 1500, -1},
         {"late", 1u << 0, 0, -1, 1500, 3},
+        {"again", 0, 0, -1, 5000, -1},
     };
     static const char *const transports[] = {"tcp", "shm"};
     size_t i, m;
