@@ -492,10 +492,12 @@ _DDP_PRIVATE ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigne
         int closed = (int)__atomic_load_n(&ch->closed, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ch->mu);
         _ddp_thr_req_put(k, q);
-        if (closed)
-            return ddp_transport_fail(tp->ctx, _ddp_transport_blame(tp->ctx, k->peer, DDP_ERR_REMOTE), "threads: rank %d closed the "
+        if (closed) {
+            _ddp_transport_blame(tp->ctx, k->peer);
+            return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the "
                                       "connection (its communicator was destroyed, aborted or "
                                       "failed)", k->peer);
+        }
         return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message with "
                                   "rank %d did not match: the connection is unusable", k->peer);
     }
@@ -578,7 +580,8 @@ _DDP_PRIVATE ddp_result_t _ddp_thr_test(void *req, int *done) {
         return ddp_transport_fail(k->tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message "
                                   "with rank %d did not match: the connection is unusable",
                                   k->peer);
-    return ddp_transport_fail(k->tp->ctx, _ddp_transport_blame(k->tp->ctx, k->peer, DDP_ERR_REMOTE), "threads: rank %d closed the connection "
+    _ddp_transport_blame(k->tp->ctx, k->peer);
+    return ddp_transport_fail(k->tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the connection "
                               "(its communicator was destroyed, aborted or failed) while this "
                               "rank %s %zu bytes (message #%u)", k->peer,
                               q->h.is_send ? "sent it" : "waited for", q->h.len,
