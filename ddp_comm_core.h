@@ -226,6 +226,9 @@ typedef struct {
     int closed_noted;              /* closed/<rank> is in the store: this rank closed on purpose */
     int revoked;                   /* ddp_comm_shrink ran on it: no second shrink */
     int64_t last_end_us;           /* when the last operation ended (0: none yet) */
+    int root_len;                  /* boot.prefix's first root_len bytes: the prefix of the first
+                                    * communicator of the line (0: all of it), under which every
+                                    * shrink's keys live, so prefixes do not grow per shrink */
 } _ddp_comm_shrink_t;
 
 struct ddp_comm {
@@ -522,9 +525,15 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     return exists;
 }
 
+/* "<root prefix>/shrink<gen>": where the shrink that makes generation gen keeps its keys. */
+static inline void _ddp_shrink_base(const ddp_comm_t *c, int gen, char *out, size_t cap) {
+    int len = c->shrink.root_len > 0 ? c->shrink.root_len : (int)strlen(c->boot.prefix);
+    snprintf(out, cap, "%.*s/shrink%d", len, c->boot.prefix, gen);
+}
+
 /* Fencing (ddp_comm_shrink.h writes the decision): 1 when a shrink of this communicator
  * decided on a membership without this rank; then *gen and *attempt say which. The decision's
- * key is "<prefix>/shrink<generation + 1>/decided", its value "<attempt> <parent ranks...>". */
+ * key is "<root prefix>/shrink<generation + 1>/decided", its value "<attempt> <parent ranks...>". */
 _DDP_PRIVATE int _ddp_shrink_excluded(ddp_comm_t *c, int *gen, int *attempt) {
     char key[256], val[2048];
     size_t len = 0;
@@ -532,7 +541,8 @@ _DDP_PRIVATE int _ddp_shrink_excluded(ddp_comm_t *c, int *gen, int *attempt) {
     const char *p;
     if (!c->boot.store || c->boot.foreign || c->eng.nranks < 2) return 0;
     *gen = c->shrink.generation + 1;
-    _ddp_key(c, key, sizeof key, "shrink%d/decided", *gen);
+    _ddp_shrink_base(c, *gen, key, sizeof key - 16);
+    strcat(key, "/decided");
     _ddp_store_quick(c->boot.store, 1);
     if (ddp_store_check(c->boot.store, key, &exists) != DDP_SUCCESS || !exists ||
         ddp_store_get(c->boot.store, key, val, sizeof val - 1, &len) != DDP_SUCCESS)

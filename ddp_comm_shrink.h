@@ -12,8 +12,9 @@
  *         comm = next;                     // redo the step with ddp_comm_size(comm) ranks
  *     }
  *
- * How (docs/elastic.md has the whole story), under "<prefix>/shrink<g>" in the parent's store,
- * g = the new communicator's generation:
+ * How (docs/elastic.md has the whole story), under "<prefix>/shrink<g>" in the parent's store
+ * (<prefix>: the first communicator's of the line, so keys do not grow), g = the new
+ * communicator's generation:
  *  1. Revoke: this rank aborts the parent (a call still running on it, the progress thread's,
  *     ends within ~100 ms), notes "closed/<rank>" (it closes on purpose: it is alive) and closes
  *     its connections, so a peer still blocked in the parent fails at once and shrinks too.
@@ -105,7 +106,7 @@ extern "C" {   /* the public calls defined here: C linkage, as declared above */
 typedef struct {
     ddp_comm_t *c;
     int n, me, gen, attempt, timeout_ms, min_ranks;
-    char base[160];                /* "<parent prefix>/shrink<gen>" */
+    char base[160];                /* "<root prefix>/shrink<gen>" (_ddp_shrink_base) */
     unsigned char *cand;           /* n: a candidate of this attempt */
     unsigned char *member;         /* n: in this attempt's decision */
     int *blame;                    /* n: the peer each checked-in rank blamed (-1), -2: not in */
@@ -401,6 +402,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shrink_adopt(_ddp_shrink_t *s, ddp_comm_t *child)
     ddp_comm_t *c = s->c;
     int i, j = 0, k = 0;
     child->shrink.generation = s->gen;
+    child->shrink.root_len = c->shrink.root_len > 0 ? c->shrink.root_len : (int)strlen(c->boot.prefix);
     child->shrink.parent_ranks = (int *)_ddp_alloc(&child->alloc, sizeof(int) * (size_t)s->nmembers);
     child->shrink.nremoved = s->n - s->nmembers;
     child->shrink.removed = child->shrink.nremoved
@@ -457,7 +459,11 @@ DDP_API ddp_result_t ddp_comm_shrink(ddp_comm_t *c, const ddp_shrink_opts_t *opt
     s.gen = c->shrink.generation + 1;
     s.timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : _ddp_shrink_default_ms(c->eng.timeout_ms);
     s.min_ranks = opts && opts->min_ranks > 0 ? opts->min_ranks : 1;
-    snprintf(s.base, sizeof s.base, "%s/shrink%d", c->boot.prefix, s.gen);
+    _ddp_shrink_base(c, s.gen, s.base, sizeof s.base);
+    if (strlen(s.base) + 16 >= sizeof c->boot.prefix)   /* the child's prefix: base/attempt<k> */
+        return ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "comm_shrink: the store prefix %s is too long "
+                             "for a shrink's keys (at most %d bytes with /shrink<g>/attempt<k>)",
+                             c->boot.prefix, (int)sizeof c->boot.prefix - 1);
     if (_ddp_shrink_excluded(c, &gen, &attempt)) {
         c->shrink.revoked = 1;
         __atomic_store_n(&c->error, DDP_ERR_REMOVED, __ATOMIC_SEQ_CST);
