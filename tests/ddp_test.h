@@ -28,7 +28,8 @@
  *
  * HELPERS: t_mentions_rank(msg, r) / t_mentions_int(msg, v) check that an error message names a
  *        rank or a number as a whole token; t_hash() hashes results for cross-rank comparison;
- *        t_selected(name) honours DDP_TEST_ONLY=substring (run one scenario while debugging).
+ *        t_selected(name) honours DDP_TEST_ONLY=substring (run one scenario while debugging);
+ *        t_store_process() serves a store in a process of its own (any rank may then die).
  *
  * Children exit with exit(), not _exit(), so that LeakSanitizer checks them too; stdout is
  * flushed before every fork so nothing is printed twice. SIGPIPE is reset to its default action
@@ -336,6 +337,42 @@ static T_UNUSED void t_desc(ddp_comm_desc_t *d, int timeout_ms) {
 }
 
 /* ddp_comm_init as one check: the communicator, or NULL after a failed ok() that says why. */
+/* A rendezvous store in a process of its own, as a launcher's (ddprun's): no rank serves it, so
+ * any rank may die (a shrink needs it), and the test process stays single-threaded for the ranks'
+ * forks (ThreadSanitizer). No secret. It serves until the caller closes *stop (then waitpid the
+ * pid returned); the port in *port (-1 on failure). Ranks pass a client handle in desc.store. */
+static T_UNUSED pid_t t_store_process(int *port, int *stop) {
+    int up[2], down[2];
+    pid_t pid;
+    if (pipe(up) != 0 || pipe(down) != 0) return -1;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        ddp_store_t *srv = NULL;
+        ddp_store_desc_t sd;
+        char b;
+        int p = -1;
+        close(up[0]);
+        close(down[1]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = 30000;
+        sd.secret = "";
+        sd.log_level = 1;
+        if (ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS) p = ddp_store_port(srv);
+        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
+        while (read(down[0], &b, 1) > 0) {}
+        if (srv) ddp_store_close(srv);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    if (pid < 0 || read(up[0], port, sizeof *port) != (ssize_t)sizeof *port) *port = -1;
+    close(up[0]);
+    *stop = down[1];
+    return pid;
+}
+
 static T_UNUSED ddp_comm_t *t_comm_init(int rank, int p, const ddp_comm_desc_t *d) {
     ddp_comm_t *c = NULL;
     ddp_result_t r;

@@ -6,9 +6,9 @@
  *
  * Scenarios:
  *   shrink  p = 4; the victim (rank 3, 0 or 1) finishes step 2, then dies (SIGKILL). The
- *           survivors' step 2 or 3 fails; they destroy the old communicator, build a p = 3
- *           one (ddp_comm_init on a new port, renumbered), rebind, apply the pending step
- *           if told to, and redo. Every survivor ends with 2 committed steps at the rebind
+ *           survivors' step 2 or 3 fails; they shrink the communicator (ddp_comm_shrink, the
+ *           store in a process of its own, so rank 0 may be the victim: p = 3, renumbered),
+ *           destroy the old one, rebind, apply the pending step if told to, and redo. Every survivor ends with 2 committed steps at the rebind
  *           (the victim committed step 2, so every rank had its average), steps 3 and 4 are
  *           exactly the average over the 3 survivors (integer-valued float64 gradients, so
  *           the check is ==), and the replicas' weights are bitwise identical and equal to a
@@ -42,7 +42,7 @@
 static const size_t g_sizes[NP] = {37, 200, 64, 150, 9};   /* float64; 460 elements */
 #define TOTAL 460
 static const char *g_mode = "tcp";
-static int g_port2;                      /* the new communicator's master port */
+static int g_store_port;                 /* the shrink scenario's store (a process of its own) */
 
 enum { M_COPY, M_VIEW, M_FLAT, M_FP16, M_NUM };
 static const char *const g_mode_names[M_NUM] = {"copy", "bucket views", "flat", "fp16 compression"};
@@ -61,6 +61,32 @@ static result_t *R;
 static void set_mode(void) {
     unsetenv("DDP_SHM_COLL");
     if (!strcmp(g_mode, "tcp")) setenv("DDP_TRANSPORT", "tcp", 1); else unsetenv("DDP_TRANSPORT");
+}
+
+/* The shrink scenario's communicator: its store is served by a process of its own (as ddprun's),
+ * so any rank may die, rank 0 included, and the survivors still agree through it. */
+static ddp_comm_t *init_comm_store(int rank, int p, ddp_store_t **st) {
+    ddp_store_desc_t sd;
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = 30000;
+    sd.secret = "";
+    sd.log_level = 1;
+    if (!ok(ddp_store_open(st, "127.0.0.1", g_store_port, 0, &sd) == DDP_SUCCESS, "rank %d: store client", rank))
+        return NULL;
+    set_mode();
+    t_desc(&d, 20000);
+    d.store = *st;
+    d.store_prefix = "reducer-elastic";
+    d.log_level = 1;
+    t_where("ddp_comm_init rank %d of %d (external store)", rank, p);
+    r = ddp_comm_init(&c, p, rank, &d);
+    if (!ok(r == DDP_SUCCESS, "[%s] ddp_comm_init rank %d of %d -> %s %s", g_mode, rank, p,
+            ddp_strerror(r), r ? ddp_last_init_error() : ""))
+        return NULL;
+    return c;
 }
 
 static ddp_comm_t *init_comm(int rank, int p, int port) {
@@ -192,7 +218,8 @@ static int shrink(int rank, int p, void *arg) {
     memset(&m, 0, sizeof m);
     m.mode = a->mode;
     for (k = 0; k < p; k++) { all[k] = k; if (k != a->victim) surv[ns++] = k; }
-    if (!(c = init_comm(rank, p, t_master_port))) return 1;
+    ddp_store_t *st = NULL;
+    if (!(c = init_comm_store(rank, p, &st))) return 1;
     if (!(m.r = mk(c, &m, !(a->before_commit && rank == a->victim)))) return 1;
     while (step <= STEPS) {
         const int *members = step <= last_step(a) ? all : surv;
@@ -232,9 +259,14 @@ static int shrink(int rank, int p, void *arg) {
             ok(step == VICTIM_LAST_STEP && strstr(ddp_reducer_last_error(m.r), "commit round failed"),
                "step %d: the exchange completed, the commit round failed: %.200s", step, ddp_reducer_last_error(m.r));
         t0 = t_now();
+        t_where("ddp_comm_shrink");
+        e = ddp_comm_shrink(c, NULL, &nc);
+        if (!ok(e == DDP_SUCCESS && nc && ddp_comm_size(nc) == ns && ddp_comm_rank(nc) == newrank,
+                "[%s] shrink -> %s: rank %d of %d (want %d of %d) %s", g_mode_names[m.mode], ddp_strerror(e),
+                ddp_comm_rank(nc), ddp_comm_size(nc), newrank, ns, e ? ddp_comm_last_error(c) : ""))
+            return 1;
         t_where("destroying the old communicator");
-        ddp_comm_destroy(c);   /* what ddp_comm_shrink leaves behind; never waited on again */
-        if (!(nc = init_comm(newrank, ns, g_port2))) return 1;
+        ddp_comm_destroy(c);   /* revoked by the shrink: waits on nobody */
         c = nc;
         t_where("rebind");
         e = ddp_reducer_rebind(m.r, c, &apply);
@@ -251,7 +283,7 @@ static int shrink(int rank, int p, void *arg) {
                g_mode_names[m.mode], p, bad);
             step_apply(&m);
         }
-        diag("recovered in %.3f s (destroy, init of %d ranks, rebind)%s", t_now() - t0, ns,
+        diag("recovered in %.3f s (shrink to %d ranks, destroy, rebind)%s", t_now() - t0, ns,
              m.abandon ? "; backward abandoned after the first bucket, without finish" : "");
         step = (int)ddp_reducer_committed_steps(m.r) + 1;
         recovered = 1;
@@ -263,6 +295,7 @@ static int shrink(int rank, int p, void *arg) {
     R[rank].done = 1;
     ddp_reducer_destroy(m.r);
     ddp_comm_destroy(c);
+    ddp_store_close(st);
     return 0;
 }
 
@@ -288,10 +321,14 @@ static void run_shrink(int mode, int victim, int before_commit) {
     a.victim = victim;
     a.before_commit = before_commit;
     memset(R, 0, sizeof *R * MAXP);
-    g_port2 = t_free_port();
+    int stop = -1;
+    pid_t store = t_store_process(&g_store_port, &stop);
+    if (!ok(store > 0 && g_store_port > 0, "the store (a process of its own)")) return;
     diag("--- [%s] %s: rank %d of %d dies %s step %d", g_mode, g_mode_names[mode], victim, p,
          before_commit ? "between the exchange and the commit round of" : "after", VICTIM_LAST_STEP);
     t_run_ranks(p, shrink, &a, 120);
+    close(stop);
+    waitpid(store, NULL, 0);
     ok(t_rank_signaled(victim, SIGKILL), "the victim died (SIGKILL)");
     for (r = 0; r < p; r++) {
         if (r == victim) continue;

@@ -379,44 +379,9 @@ static void check_run(const scenario_t *sc) {
              "(the slowest survivor)", NP, g_transport, sc->name, worst * 1e3);
 }
 
-/* The store, in a process of its own (as a launcher's): no rank serves it, so any rank may die,
- * and this process stays single-threaded for the ranks' forks (ThreadSanitizer). It serves
- * until `stop` closes. Returns its pid, the port in *port. */
-static pid_t store_process(int *port, int *stop) {
-    int up[2], down[2];
-    pid_t pid;
-    if (pipe(up) != 0 || pipe(down) != 0) return -1;
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-        ddp_store_t *srv = NULL;
-        ddp_store_desc_t sd;
-        char b;
-        int p = -1;
-        close(up[0]);
-        close(down[1]);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        memset(&sd, 0, sizeof sd);
-        sd.timeout_ms = 30000;
-        sd.secret = "";
-        sd.log_level = 1;
-        if (ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS) p = ddp_store_port(srv);
-        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
-        while (read(down[0], &b, 1) > 0) {}
-        if (srv) ddp_store_close(srv);
-        _exit(0);
-    }
-    close(up[1]);
-    close(down[0]);
-    if (pid < 0 || read(up[0], port, sizeof *port) != (ssize_t)sizeof *port) *port = -1;
-    close(up[0]);
-    *stop = down[1];
-    return pid;
-}
-
 static void run_forked(const scenario_t *sc) {
     int stop = -1;
-    pid_t store = store_process(&g_store_port, &stop);
+    pid_t store = t_store_process(&g_store_port, &stop);
     if (!ok(store > 0 && g_store_port > 0, "[%s] %s: the store (a process of its own)", g_transport, sc->name))
         return;
     S = (shared_t *)t_shm_user(sizeof *S);
