@@ -19,13 +19,13 @@ HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp
            ddp_algorithm.h ddp_ring.h ddp_recursive_doubling.h ddp_agree.h ddp_rabenseifner.h \
            ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_algorithms.h \
            ddp_trace.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
-           ddp_comm_device.h ddp_comm_queue.h ddp_comm_init.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
+           ddp_comm_device.h ddp_comm_queue.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
            transports/ddp_nccl_api.h transports/ddp_nccl.h
 # What users and transport authors include; the rest of HEADERS is private (each says so in its
 # first line) and is checked alone in fewer compiler pairs (tests/check_headers.sh says why).
 PUBLIC_HEADERS := ddp_base.h ddp_kernels.h ddp_store.h transports/ddp_transport.h ddp_engine.h ddp_trace.h \
-                  ddp_model.h ddp_comm_types.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h transports/ddp_tcp.h \
+                  ddp_model.h ddp_comm_types.h ddp_comm_shrink.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h transports/ddp_tcp.h \
                   transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
                   transports/ddp_nccl_api.h transports/ddp_nccl.h
 # The store alone (tools built on it without the communicator).
@@ -59,7 +59,7 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # test_shm_peer, rename sendmsg before the implementation to tamper with what it sends; the two
 # sampler tests are also compiled alone (test_sampler_torch.sh, sampler_reshard_mutants.py).
 IMPL_TCP     := test_failures test_kernels test_trace
-IMPL_THREADS := test_mismatch test_threads test_wait_notes
+IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
@@ -136,7 +136,7 @@ test-san: $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
-              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic
+              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic $(B)/tsan/test_shrink
 $(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/tsan
 	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 

@@ -65,7 +65,8 @@
  *     rank and deterministic run to run.
  *   - A communicator is used by one thread at a time. Several communicators may coexist.
  *   - Every blocking point times out (DDP_TIMEOUT_MS). A failed collective leaves the
- *     communicator in an error state: later calls return the same error; destroy it.
+ *     communicator in an error state: later calls return the same error; destroy it, or first
+ *     ddp_comm_shrink it to go on with the ranks still there (ddp_comm_shrink.h).
  *   - Errors: every call returns ddp_result_t; ddp_comm_last_error() says which rank, which peer,
  *     which phase, errno and what was expected. The library never calls abort() or exit().
  */

@@ -77,8 +77,9 @@ extern "C" {
 
 typedef enum { DDP_SUCCESS = 0, DDP_ERR_INVALID_ARGUMENT, DDP_ERR_INVALID_USAGE, DDP_ERR_SYSTEM,
                DDP_ERR_REMOTE, DDP_ERR_TIMEOUT, DDP_ERR_ABORTED, DDP_ERR_OUT_OF_MEMORY,
-               DDP_ERR_MISMATCH, DDP_ERR_AUTH, DDP_ERR_UNSUPPORTED, DDP_ERR_INTERNAL } ddp_result_t;
-#define DDP_NUM_RESULTS 12
+               DDP_ERR_MISMATCH, DDP_ERR_AUTH, DDP_ERR_UNSUPPORTED, DDP_ERR_INTERNAL,
+               DDP_ERR_REMOVED } ddp_result_t;
+#define DDP_NUM_RESULTS 13
 
 /* Values are NCCL's (ncclDataType_t / ncclRedOp_t), so the NCCL transport can cast directly. */
 typedef enum { DDP_INT8 = 0, DDP_UINT8, DDP_INT32, DDP_UINT32, DDP_INT64, DDP_UINT64,
@@ -150,6 +151,7 @@ DDP_API const char *ddp_strerror(ddp_result_t r) {
     case DDP_ERR_AUTH: return "authentication failed (job secret or connection key)";
     case DDP_ERR_UNSUPPORTED: return "unsupported";
     case DDP_ERR_INTERNAL: return "internal error";
+    case DDP_ERR_REMOVED: return "this rank was removed from the communicator by a shrink";
     }
     return "unknown ddp_result_t";
 }

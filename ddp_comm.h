@@ -15,6 +15,8 @@
  *   ddp_comm_device.h    device (GPU) buffers
  *   ddp_comm_queue.h     async requests, progress threads, abort
  *   ddp_comm_init.h      bootstrap: init, threads as ranks, env, destroy
+ *   ddp_comm_shrink.h    shrink: the survivors of a lost rank agree and go on (its calls
+ *                        are declared there)
  *   ddp_comm.h           the public calls (this file)
  * A blocking ddp_all_reduce: _ddp_issue here; _ddp_exec, _ddp_run_op and the algorithm choice in
  * ddp_comm_dispatch.h; the algorithm (ddp_algorithms.h) over the engine, whose isend
@@ -27,13 +29,14 @@
 #define DDP_COMM_IMPLEMENTATION
 #endif
 #if defined(DDP_COMM_IMPLEMENTATION)
-#ifndef DDP_COMM_INIT_IMPLEMENTATION
-#define DDP_COMM_INIT_IMPLEMENTATION
+#ifndef DDP_COMM_SHRINK_IMPLEMENTATION
+#define DDP_COMM_SHRINK_IMPLEMENTATION
 #endif
 #endif
-/* ddp_comm_init.h first: the chain below it asks for the implementations that ddp_comm_types.h
- * includes (a vendored single-file copy inlines each header once, at its first include). */
-#include "ddp_comm_init.h"
+/* ddp_comm_shrink.h (and under it ddp_comm_init.h) first: the chain below it asks for the
+ * implementations that ddp_comm_types.h includes (a vendored single-file copy inlines each
+ * header once, at its first include). */
+#include "ddp_comm_shrink.h"
 #include "ddp_comm_types.h"
 
 #ifndef DDP_COMM_H_INCLUDED
@@ -176,6 +179,8 @@ DDP_API ddp_result_t ddp_comm_get_async_error(ddp_comm_t *comm, ddp_result_t *as
  * communicator, ordered by (key, rank in comm); color DDP_SPLIT_NOCOLOR gives *newcomm = NULL. */
 #define DDP_SPLIT_NOCOLOR (-1)
 DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *comm, int color, int key, ddp_comm_t **newcomm);
+/* Surviving a lost rank: ddp_comm_shrink, ddp_comm_parent_rank, ddp_comm_removed_ranks and
+ * ddp_comm_generation are declared and documented in ddp_comm_shrink.h (docs/elastic.md). */
 
 
 /* The communicator's allocator (desc.allocator, else DDP_MALLOC/DDP_FREE); calloc zeroes. For
@@ -196,7 +201,7 @@ DDP_API void ddp_comm_free(ddp_comm_t *comm, void *ptr);
  * ========================================================================================== */
 #if defined(DDP_COMM_IMPLEMENTATION) && !defined(DDP_COMM_IMPL_INCLUDED)
 #define DDP_COMM_IMPL_INCLUDED
-#if !defined(DDP_COMM_INIT_IMPL_INCLUDED)
+#if !defined(DDP_COMM_SHRINK_IMPL_INCLUDED)
 #error "libddp: ddp_comm.h's implementation needs those of the headers below it (define DDP_IMPLEMENTATION)"
 #endif
 
@@ -489,6 +494,7 @@ DDP_API ddp_result_t ddp_group_end(ddp_comm_t *c) {
     if ((r = _ddp_enter(c)) != DDP_SUCCESS) { c->group.n = 0; return r; }
     r = _ddp_group_run(c);   /* empties the queue */
     r = r == DDP_SUCCESS || c->group.err != DDP_SUCCESS ? r : _ddp_finish(c, r);
+    r = _ddp_fence_after_gap(c, r);
     _ddp_end(c);
     return r;
 }

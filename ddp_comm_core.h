@@ -214,6 +214,23 @@ typedef struct {
     char transport_name[32];       /* desc.transport / DDP_TRANSPORT, "" for auto (for copies) */
 } _ddp_comm_peers_t;
 
+/* Shrinks (ddp_comm_shrink.h): where this communicator stands in a line of shrinks, and what
+ * its failure tells the next one. */
+typedef struct {
+    int generation;                /* shrinks from the first communicator to this one */
+    int *parent_ranks;             /* nranks entries: each rank's rank in the parent (NULL: none) */
+    int *removed;                  /* the parent ranks the shrink that made this one removed */
+    int nremoved;
+    int suspect, has_suspect;      /* the peer this rank's failure blamed: the stuck rank of a
+                                    * timeout, or the one whose connection broke */
+    int closed_noted;              /* closed/<rank> is in the store: this rank closed on purpose */
+    int revoked;                   /* ddp_comm_shrink ran on it: no second shrink */
+    int64_t last_end_us;           /* when the last operation ended (0: none yet) */
+    int root_len;                  /* boot.prefix's first root_len bytes: the prefix of the first
+                                    * communicator of the line (0: all of it), under which every
+                                    * shrink's keys live, so prefixes do not grow per shrink */
+} _ddp_comm_shrink_t;
+
 struct ddp_comm {
     /* What the algorithms see (rank, size, timeouts, spin, segment, scratch, sequence) and the
      * calls they make: filled at init, the one copy of those settings. */
@@ -234,6 +251,7 @@ struct ddp_comm {
     _ddp_comm_choice_t choice;     /* who runs the collectives, which algorithm (ddp_comm_dispatch.h) */
     _ddp_comm_group_t group;       /* groups and send/recv (ddp_comm.h, ddp_comm_dispatch.h) */
     _ddp_comm_device_t dev;        /* device (GPU) buffers (ddp_comm_device.h) */
+    _ddp_comm_shrink_t shrink;     /* its line of shrinks, fencing (ddp_comm_shrink.h) */
     _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
     int trace_open;
     unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */
@@ -507,6 +525,50 @@ _DDP_PRIVATE int _ddp_add_root_cause(ddp_comm_t *c) {
     return exists;
 }
 
+/* "<root prefix>/shrink<gen>": where the shrink that makes generation gen keeps its keys. */
+static inline void _ddp_shrink_base(const ddp_comm_t *c, int gen, char *out, size_t cap) {
+    int len = c->shrink.root_len > 0 ? c->shrink.root_len : (int)strlen(c->boot.prefix);
+    snprintf(out, cap, "%.*s/shrink%d", len, c->boot.prefix, gen);
+}
+
+/* Fencing (ddp_comm_shrink.h writes the decision): 1 when a shrink of this communicator
+ * decided on a membership without this rank; then *gen and *attempt say which. The decision's
+ * key is "<root prefix>/shrink<generation + 1>/decided", its value "<attempt> <parent ranks...>". */
+_DDP_PRIVATE int _ddp_shrink_excluded(ddp_comm_t *c, int *gen, int *attempt) {
+    char key[256], val[2048];
+    size_t len = 0;
+    int exists = 0, in = 0, r, used = 0;
+    const char *p;
+    if (!c->boot.store || c->boot.foreign || c->eng.nranks < 2) return 0;
+    *gen = c->shrink.generation + 1;
+    _ddp_shrink_base(c, *gen, key, sizeof key - 16);
+    strcat(key, "/decided");
+    _ddp_store_quick(c->boot.store, 1);
+    if (ddp_store_check(c->boot.store, key, &exists) != DDP_SUCCESS || !exists ||
+        ddp_store_get(c->boot.store, key, val, sizeof val - 1, &len) != DDP_SUCCESS)
+        exists = 0;
+    _ddp_store_quick(c->boot.store, 0);
+    if (!exists || len >= sizeof val) return 0;   /* a longer list: not a decision on this size */
+    val[len] = 0;
+    if (sscanf(val, "%d%n", attempt, &used) != 1) return 0;
+    for (p = val + used; sscanf(p, "%d%n", &r, &used) == 1; p += used)
+        if (r == c->eng.rank) in = 1;
+    return !in;
+}
+
+/* Before closing its connections on purpose (a failure, a revoke), a rank says so in the store:
+ * a peer that then sees the connection close knows this rank is alive (a shrink waits for it)
+ * rather than dead (a shrink may go on without it). Best effort, short timeout. */
+_DDP_PRIVATE void _ddp_note_closed(ddp_comm_t *c) {
+    char key[256], val[32];
+    if (!c->boot.store || c->boot.foreign || c->forked || c->shrink.closed_noted || c->eng.nranks < 2) return;
+    _ddp_key(c, key, sizeof key, "closed/%d", c->eng.rank);
+    snprintf(val, sizeof val, "%u", c->eng.seq);
+    _ddp_store_quick(c->boot.store, 1);
+    if (ddp_store_set(c->boot.store, key, val, strlen(val)) == DDP_SUCCESS) c->shrink.closed_noted = 1;
+    _ddp_store_quick(c->boot.store, 0);
+}
+
 _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
     int i;
     if (!c->peers.by_rank) return;
@@ -519,9 +581,38 @@ _DDP_PRIVATE void _ddp_close_peers(ddp_comm_t *c) {
 
 /* A collective failed: make the error sticky, tell the others (closing our connections wakes
  * every neighbour with EOF at once instead of after a timeout), and say where it started. */
+/* Fenced: the survivors shrank without this rank (it was stopped or too slow); whatever it was
+ * doing, the answer is that it is out. Sticky, as any failure. */
+_DDP_PRIVATE ddp_result_t _ddp_fence(ddp_comm_t *c, int gen, int attempt, int succeeded) {
+    char was[640];
+    _ddp_strlcpy(was, succeeded ? "its call completed from data sent before the others gave up "
+                 "on it: not to be used" : c->last_error, sizeof was);
+    ddp_comm_fail(c, DDP_ERR_REMOVED, "removed from the communicator by shrink generation %d "
+                  "(attempt %d) while in call #%u: the other ranks went on without it (it stopped "
+                  "or was too slow); destroy this communicator (%.400s)", gen, attempt, c->eng.seq, was);
+    __atomic_store_n(&c->error, DDP_ERR_REMOVED, __ATOMIC_SEQ_CST);
+    _ddp_close_peers(c);
+    return DDP_ERR_REMOVED;
+}
+
+/* A rank stopped past the timeout (SIGSTOP, a debugger, a host paused) can find its next call
+ * complete from data its peers sent before they gave up on it, and never see a failure to
+ * learn it was fenced by. So a call that ends more than the timeout after the previous one
+ * asks the store whether a shrink went on without this rank: one round trip, only then (a
+ * rank that computes longer than the timeout between calls pays it once per call). */
+_DDP_PRIVATE ddp_result_t _ddp_fence_after_gap(ddp_comm_t *c, ddp_result_t r) {
+    int64_t now = _ddp_now_us(), last = c->shrink.last_end_us;
+    int gen = 0, attempt = 0;
+    c->shrink.last_end_us = now;
+    if (r != DDP_SUCCESS || !last || c->eng.timeout_ms < 0 || now - last <= (int64_t)c->eng.timeout_ms * 1000)
+        return r;
+    return _ddp_shrink_excluded(c, &gen, &attempt) ? _ddp_fence(c, gen, attempt, 1) : r;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
-    int cause = 0;
+    int cause = 0, gen = 0, attempt = 0;
     if (r == DDP_SUCCESS) return r;
+    if (r != DDP_ERR_REMOVED && _ddp_shrink_excluded(c, &gen, &attempt)) return _ddp_fence(c, gen, attempt, 0);
     if (r == DDP_ERR_REMOTE) cause = _ddp_add_root_cause(c);
     if (!cause) _ddp_publish_failure(c);
     /* A peer that left because the ranks called different things: this rank's call was part of
@@ -529,6 +620,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_poison(ddp_comm_t *c, ddp_result_t r) {
      * close, so whoever sees them close finds it). */
     if (cause == 2) r = DDP_ERR_MISMATCH;
     __atomic_store_n(&c->error, r, __ATOMIC_SEQ_CST);
+    _ddp_note_closed(c);
     _ddp_close_peers(c);
     _DDP_LOG(c, DDP_LOG_WARN, "communicator is now unusable: %s", c->last_error);
     return r;
@@ -693,12 +785,20 @@ _DDP_PRIVATE void _ddp_name_stuck_rank(ddp_comm_t *c) {
                  "on it reported: they wait on each other, e.g. different collectives): %.400s",
                  me, body, chain);
     if (stuck >= 0 || off) _DDP_LOG(c, DDP_LOG_WARN, "%s", c->last_error);
+    if (stuck >= 0 && stuck != me) { c->shrink.suspect = stuck; c->shrink.has_suspect = 1; }
 }
 
 /* The communicator's error state, NCCL-style: a failed collective poisons it. A timeout first
  * finds out which rank stopped making progress. */
 _DDP_PRIVATE ddp_result_t _ddp_finish(ddp_comm_t *c, ddp_result_t r) {
     if (r == DDP_ERR_TIMEOUT) _ddp_name_stuck_rank(c);
+    /* A broken connection: the transport named the peer (a timeout's peer may only be waiting
+     * itself: the stuck rank above is the one to blame). */
+    else if (r != DDP_SUCCESS && !c->shrink.has_suspect && c->eng.waiting_on >= 0 &&
+             c->eng.waiting_on < c->eng.nranks && c->eng.waiting_on != c->eng.rank) {
+        c->shrink.suspect = c->eng.waiting_on;
+        c->shrink.has_suspect = 1;
+    }
     return r == DDP_SUCCESS ? r : _ddp_comm_poison(c, r);
 }
 

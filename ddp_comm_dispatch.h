@@ -649,8 +649,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
     r = _ddp_run_op_raw(c, o);
     __atomic_store_n(&c->op_quiet, 0, __ATOMIC_RELEASE);
     _ddp_trace_end(&c->trace, r);
-    if (r == DDP_SUCCESS) return r;
-    r = _ddp_finish(c, r);
+    if (r == DDP_SUCCESS && (r = _ddp_fence_after_gap(c, r)) == DDP_SUCCESS) return r;
+    if (r != DDP_ERR_REMOVED) r = _ddp_finish(c, r);
     _ddp_flight_dump(c);
     return r;
 }

@@ -849,6 +849,8 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _ddp_free(&a, c->choice.host_of);
     _ddp_free(&a, c->eng.scratch);
     _ddp_free(&a, c->queue.ops);
+    _ddp_free(&a, c->shrink.parent_ranks);
+    _ddp_free(&a, c->shrink.removed);
     if (c->queue.async_init && !c->forked) {   /* a progress thread's lock may be copied held */
         pthread_mutex_destroy(&c->queue.amu);
         pthread_cond_destroy(&c->queue.acv);

@@ -54,7 +54,7 @@ static int32_t isum(size_t i) { int32_t s = 0; int r; for (r = 0; r < nranks; r+
 static const char *result_name(ddp_result_t r) {
     static const char *const names[] = {"DDP_SUCCESS", "DDP_ERR_INVALID_ARGUMENT", "DDP_ERR_INVALID_USAGE",
         "DDP_ERR_SYSTEM", "DDP_ERR_REMOTE", "DDP_ERR_TIMEOUT", "DDP_ERR_ABORTED", "DDP_ERR_OUT_OF_MEMORY",
-        "DDP_ERR_MISMATCH", "DDP_ERR_AUTH", "DDP_ERR_UNSUPPORTED", "DDP_ERR_INTERNAL"};
+        "DDP_ERR_MISMATCH", "DDP_ERR_AUTH", "DDP_ERR_UNSUPPORTED", "DDP_ERR_INTERNAL", "DDP_ERR_REMOVED"};
     return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "DDP_ERR_?";
 }
 

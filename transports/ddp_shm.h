@@ -844,6 +844,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
 
 /* ---------------------------------------------------------------- point-to-point */
 _DDP_PRIVATE ddp_result_t _ddp_shm_broken(_ddp_shm_conn_t *k, ddp_result_t r, const char *what) {
+    if (r == DDP_ERR_REMOTE) _ddp_transport_blame(k->sp->ctx, k->h.peer);
     return _ddp_transport_conn_fail(k->sp->ctx, &k->h.err, r, "shm: %s rank %d (pid %d)", what,
                                     k->h.peer, k->peer_pid);
 }
@@ -1165,12 +1166,14 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport
                                           _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks);
             if (_ddp_shm_peer_gone(k) &&
-                __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target)
+                __atomic_load_n(&k->hdr->phase, __ATOMIC_ACQUIRE) < target) {
+                _ddp_transport_blame(sp->ctx, k->h.peer);
                 return ddp_transport_fail(sp->ctx, DDP_ERR_REMOTE, "shm: rank %d (pid %d) is gone: "
                                           "it exited, crashed or failed during %s (phase %s, chunk "
                                           "%zu of %zu)", k->h.peer, k->peer_pid,
                                           _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks);
+            }
             if (_ddp_transport_spin_expired(&s)) {
                 if (sp->ctx->waiting_on) *sp->ctx->waiting_on = k->h.peer;
                 return ddp_transport_fail(sp->ctx, DDP_ERR_TIMEOUT, "shm: %s (phase %s, chunk %zu "

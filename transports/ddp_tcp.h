@@ -591,8 +591,10 @@ _DDP_PRIVATE ddp_result_t _ddp_tcp_accept(void *state, int peer, void **conn) {
     return DDP_SUCCESS;
 }
 
-/* The connection's first failure is recorded and sticks: every later call on it returns it. */
-#define _DDP_TCP_BROKEN(k, ...) _ddp_transport_conn_fail((k)->tp->ctx, &(k)->h.err, __VA_ARGS__)
+/* The connection's first failure is recorded and sticks: every later call on it returns it. Its
+ * peer is blamed (a shrink asks whether it died). */
+#define _DDP_TCP_BROKEN(k, ...) (_ddp_transport_blame((k)->tp->ctx, (k)->h.peer), \
+                                 _ddp_transport_conn_fail((k)->tp->ctx, &(k)->h.err, __VA_ARGS__))
 
 /* Sends: header + payload of several queued messages in one writev, as many bytes as the socket
  * takes. */

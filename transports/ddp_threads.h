@@ -492,10 +492,12 @@ _DDP_PRIVATE ddp_result_t _ddp_thr_post(_ddp_thr_conn_t *k, int is_send, unsigne
         int closed = (int)__atomic_load_n(&ch->closed, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&ch->mu);
         _ddp_thr_req_put(k, q);
-        if (closed)
+        if (closed) {
+            _ddp_transport_blame(tp->ctx, k->peer);
             return ddp_transport_fail(tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the "
                                       "connection (its communicator was destroyed, aborted or "
                                       "failed)", k->peer);
+        }
         return ddp_transport_fail(tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message with "
                                   "rank %d did not match: the connection is unusable", k->peer);
     }
@@ -578,6 +580,7 @@ _DDP_PRIVATE ddp_result_t _ddp_thr_test(void *req, int *done) {
         return ddp_transport_fail(k->tp->ctx, DDP_ERR_MISMATCH, "threads: an earlier message "
                                   "with rank %d did not match: the connection is unusable",
                                   k->peer);
+    _ddp_transport_blame(k->tp->ctx, k->peer);
     return ddp_transport_fail(k->tp->ctx, DDP_ERR_REMOTE, "threads: rank %d closed the connection "
                               "(its communicator was destroyed, aborted or failed) while this "
                               "rank %s %zu bytes (message #%u)", k->peer,

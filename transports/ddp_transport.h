@@ -53,7 +53,8 @@ typedef struct ddp_transport_ctx {
     const ddp_allocator_t *allocator;   /* NULL: DDP_MALLOC/DDP_FREE */
     const int *abort_flag;        /* read it with ddp_transport_aborted (atomically) */
     int *waiting_on;              /* a wait that times out stores the peer it waited for here,
-                                   * so the communicator can find which rank is stuck */
+                                   * so the communicator can find which rank is stuck; a broken
+                                   * connection its peer (_ddp_transport_blame) */
     /* The per-communicator key every data connection proves knowledge of, both ways, by
      * challenge-response (ddp_auth.h: _ddp_auth_proof); never sent. Filled once the rendezvous
      * is done, before any connect/accept. */
@@ -340,6 +341,12 @@ _DDP_PRIVATE ddp_result_t _ddp_transport_conn_fail(const ddp_transport_ctx_t *ct
     va_end(ap);
     *err = r;
     return ddp_transport_fail(ctx, r, "%s", msg);
+}
+
+/* A connection to `peer` broke (closed, reset, gone): the communicator blames that peer (a
+ * shrink then asks whether it closed on purpose or died). */
+static inline void _ddp_transport_blame(const ddp_transport_ctx_t *ctx, int peer) {
+    if (ctx->waiting_on) *ctx->waiting_on = peer;
 }
 
 /* ---------------------------------------------------------------- requests and connections
