@@ -25,7 +25,9 @@
  * before the failure recomputed from its sampler) against the epoch's list that PyTorch's
  * DistributedSampler lays out (every index once, a few twice as padding). Then one line
  *     train_mlp_elastic: RESULT kill=R:S seen_ms=.. first_step_ms=.. accuracy=.. identical=yes samples=ok PASS
- * and exit 0 (PASS) or 1 (FAIL). With DDP_DEMO_KILL set, a run in which no rank was lost FAILs.
+ * and every survivor exits 0 (PASS) or 1 (FAIL): rank 0 broadcasts its verdict, since under
+ * ddprun --elastic one rank's non-zero exit alone is a tolerated loss. With DDP_DEMO_KILL set, a
+ * run in which no rank was lost FAILs.
  *
  * Run: make elastic-demo (random rank and step, tcp and shm), or by hand
  *     DDP_DEMO_KILL=0:100 build/ddprun -n 4 --elastic 3 build/train_mlp_elastic
@@ -146,8 +148,8 @@ int main(int argc, char **argv) {
     ddp_batch_iter_t it;
     step_ctx_t ctx;
     float *data, *p, *g;
-    int32_t *cnt, *want;
-    int *label, rank, world, world0, epoch, t, apply, kill_rank = -1, identical, pass, samples_ok = 1;
+    int32_t *cnt, *want, pass;
+    int *label, rank, world, world0, epoch, t, apply, kill_rank = -1, identical, samples_ok = 1;
     int fail_epoch = -1, fail_world = 0, dead[8], ndead = 0;
     long kill_step = -1, step = 0, lost, extra, fail_lost = 0, fail_extra = 0;
     uint64_t *idx, *tmp, hash[2], fail_consumed = 0;
@@ -290,9 +292,6 @@ int main(int argc, char **argv) {
         ddp_all_reduce(times, times, 2, DDP_FLOAT64, DDP_MAX, comm) != DDP_SUCCESS)
         return fail_msg("all_reduce (hash, times)", comm);
     identical = hash[0] == hash[1];
-    ddp_reducer_destroy(reducer);
-    ddp_comm_destroy(comm);
-    workspace_free(&ws);
 
     pass = 1;
     if (rank == 0) {
@@ -324,7 +323,15 @@ int main(int argc, char **argv) {
                kill_rank >= 0 && killed ? 1e3 * (times[0] - t_kill) : -1.0,
                kill_rank >= 0 && killed ? 1e3 * (times[1] - t_kill) : -1.0, 100 * acc,
                identical ? "yes" : "no", samples_ok ? "ok" : "WRONG", pass ? "PASS" : "FAIL");
+        fflush(stdout);
     }
+    /* Every rank exits with rank 0's verdict: under ddprun --elastic one rank's failure is a
+     * tolerated loss, so FAIL must end them all to show in ddprun's exit status. */
+    if (ddp_broadcast(&pass, &pass, 1, DDP_INT32, 0, comm) != DDP_SUCCESS)
+        return fail_msg("broadcast (verdict)", comm);
+    ddp_reducer_destroy(reducer);
+    ddp_comm_destroy(comm);
+    workspace_free(&ws);
     free(data), free(label), free(p), free(g), free(cnt), free(want), free(idx), free(tmp);
     return pass ? 0 : 1;
 }
