@@ -229,13 +229,13 @@ int main(int argc, char **argv) {
 
     for (epoch = 0; epoch < EPOCHS; epoch++) {
         const uint64_t *b;
-        uint64_t len, k, nsteps, done = 0, c;   /* done: steps applied since set_epoch / re-shard */
+        uint64_t len, nsteps, done = 0, c;   /* done: steps applied since set_epoch / the re-shard */
         ddp_sampler_set_epoch(&smp, (uint64_t)epoch);
         if (start_shard(&smp, idx, &it) != 0) return 1;
         nsteps = ddp_sampler_num_steps(&smp, BATCH);
         memset(cnt, 0, sizeof(int32_t) * SAMPLES);
         stats[0] = stats[1] = stats[2] = 0;
-        for (k = 0; k < nsteps;) {
+        while (done < nsteps) {
             double st[2] = {0, 0};
             len = ddp_batch_iter_next(&it, &b);
             ctx.kill_now = rank == kill_rank && step == kill_step && ddp_comm_generation(comm) == 0;
@@ -243,23 +243,23 @@ int main(int argc, char **argv) {
             step_grad(p, data, label, b, len, g, st, &ws, &ctx);
             tally(cnt, b, len, 1);
             if (ddp_reducer_finish(reducer) != DDP_SUCCESS) {          /* ELASTIC: a rank died */
-                if (times[0] == 0) times[0] = realtime_s();
+                if (times[0] == 0) times[0] = realtime_s();               /* (demo: timing) */
                 if (ddp_comm_shrink(comm, &sopts, &nc) != DDP_SUCCESS) return fail_msg("ddp_comm_shrink", comm);
                 ddp_comm_destroy(comm);                                  /* waits on nobody */
                 fail_world = world, comm = nc, world = ddp_comm_size(comm), rank = ddp_comm_rank(comm);
                 if (ddp_reducer_rebind(reducer, comm, &apply) != DDP_SUCCESS)
                     return fail_msg("ddp_reducer_rebind", comm);
-                if (!apply) tally(cnt, b, len, -1);   /* (demo: not used; before idx is overwritten) */
+                if (!apply) tally(cnt, b, len, -1);   /* (demo accounting: the batch goes back) */
                 if (ddp_sampler_consumed_after(&smp, done + (uint64_t)apply, BATCH, &c) != DDP_SUCCESS ||
                     ddp_sampler_reshard(&smp, world, rank, c) != DDP_SUCCESS || start_shard(&smp, idx, &it) != 0)
                     return 1;                                            /* the rest of the epoch */
-                nsteps = ddp_sampler_num_steps(&smp, BATCH), k = done = 0;
+                nsteps = ddp_sampler_num_steps(&smp, BATCH), done = 0;
                 fail_epoch = epoch, fail_consumed = c;                   /* (demo: accounting) */
-                ndead = ddp_comm_removed_ranks(comm, dead, 8);
+                ndead = ddp_comm_removed_ranks(comm, dead, 8);           /* (demo: accounting) */
                 if (!apply) continue;                                    /* redo: nobody applied it */
             } else {
-                k++, done++;
-                if (times[1] == 0 && ddp_comm_generation(comm) > 0) times[1] = realtime_s();
+                done++;
+                if (times[1] == 0 && ddp_comm_generation(comm) > 0) times[1] = realtime_s(); /* (demo) */
             }
             stats[0] += st[0], stats[1] += st[1], stats[2] += (double)len;
             sgd_step(p, g);
