@@ -5,7 +5,7 @@
  * themselves (ddp_sampler_reshard) and go on, no restart. The training loop in main is the
  * plain one plus the ~15 lines marked ELASTIC (docs/elastic_training.md quotes them).
  *
- * The model, dataset, backward pass and weight hash are train_mlp.c's (included below, its main
+ * The model, dataset, backward pass, weight hash and comparison are train_mlp.c's (included below, its main
  * renamed and unused). The reducer is elastic (desc.elastic = 1: a commit round in finish).
  *
  * FAULT INJECTION (standing in for a launcher or a machine killing a rank; deterministic, so a
@@ -23,8 +23,12 @@
  * communicator), and the sample accounting: per epoch, how many applied steps used each
  * dataset index (the survivors' counts summed over the communicator; the lost rank's part
  * before the failure recomputed from its sampler) against the epoch's list that PyTorch's
- * DistributedSampler lays out (every index once, a few twice as padding). Then one line
- *     train_mlp_elastic: RESULT kill=R:S seen_ms=.. first_step_ms=.. accuracy=.. identical=yes samples=ok PASS
+ * DistributedSampler lays out (every index once, a few twice as padding); and the weights
+ * against a single-process replay of the applied steps (every rank's batch from its sampler,
+ * the old world's before the failure, the re-shard's after; per-rank mean gradients averaged
+ * over the step's world), to 1e-5 relative as train_mlp.c's reference. Then one line
+ *     train_mlp_elastic: RESULT kill=R:S seen_ms=.. first_step_ms=.. accuracy=.. identical=yes
+ *                       samples=ok replay=equal PASS
  * and every survivor exits 0 (PASS) or 1 (FAIL): rank 0 broadcasts its verdict, since under
  * ddprun --elastic one rank's non-zero exit alone is a tolerated loss. With DDP_DEMO_KILL set, a
  * run in which no rank was lost FAILs.
@@ -121,6 +125,74 @@ static int account(const int32_t *cnt, int32_t *want, int epoch_replicas, uint64
     return 0;
 }
 
+/* ---------------------------------------------------------------- the single-process replay */
+/* steps steps of the ranks whose samplers are s[0..w) (set for the epoch, re-sharded or not),
+ * replayed in one process: each rank's mean gradient over its batch, averaged over the w ranks
+ * (what the reducer's average does; an empty batch counts as a zero gradient), then SGD. */
+static int replay_part(float *p, ddp_sampler_t *s, int w, uint64_t steps, const float *data,
+                       const int *label, uint64_t *idx, size_t cap, float *g, float *sum,
+                       const workspace_t *ws) {
+    ddp_batch_iter_t it[8];
+    double st[2] = {0, 0};
+    const uint64_t *b;
+    uint64_t k, len;
+    int q, i;
+    for (q = 0; q < w; q++)
+        if (ddp_sampler_indices(&s[q], idx + cap * (size_t)q) != DDP_SUCCESS ||
+            ddp_batch_iter_init(&it[q], idx + cap * (size_t)q, ddp_sampler_num_samples(&s[q]), BATCH, 0) != DDP_SUCCESS)
+            return -1;
+    for (k = 0; k < steps; k++) {
+        memset(sum, 0, sizeof(float) * NPARAM);
+        for (q = 0; q < w; q++)
+            if ((len = ddp_batch_iter_next(&it[q], &b)) != 0) {
+                batch_grad(p, data, label, b, len, g, st, ws, NULL, NULL);
+                for (i = 0; i < NPARAM; i++) sum[i] += g[i];
+            }
+        for (i = 0; i < NPARAM; i++) g[i] = sum[i] / (float)w;
+        sgd_step(p, g);
+    }
+    return 0;
+}
+
+/* The whole run from the initial weights p: world0 ranks until the failure's epoch, fail_done
+ * steps of it on its fail_world ranks, the rest of it re-sharded from fail_consumed over
+ * world_end ranks, then world_end ranks (fail_epoch < 0: no failure). At most 8 ranks. */
+static int replay(float *p, const float *data, const int *label, int world0, int fail_epoch, int fail_world,
+                  uint64_t fail_done, uint64_t fail_consumed, int world_end) {
+    ddp_sampler_t s[8];
+    size_t cap = SAMPLES + (size_t)world0;
+    uint64_t *idx = (uint64_t *)malloc(sizeof *idx * cap * 8);
+    float *g = (float *)malloc(sizeof(float) * NPARAM), *sum = (float *)malloc(sizeof(float) * NPARAM);
+    workspace_t ws;
+    int epoch, q, w, rc = -1;
+    memset(&ws, 0, sizeof ws);
+    if (!idx || !g || !sum || world0 > 8 || workspace_alloc(&ws, BATCH) != 0) goto out;
+    for (epoch = 0; epoch < EPOCHS; epoch++) {
+        w = fail_epoch < 0 || epoch < fail_epoch ? world0 : epoch == fail_epoch ? fail_world : world_end;
+        for (q = 0; q < w; q++) {
+            if (ddp_sampler_init(&s[q], SAMPLES, w, q, 1, SAMPLER_SEED, 0) != DDP_SUCCESS) goto out;
+            ddp_sampler_set_epoch(&s[q], (uint64_t)epoch);
+        }
+        if (replay_part(p, s, w, epoch == fail_epoch ? fail_done : ddp_sampler_num_steps(&s[0], BATCH), data,
+                        label, idx, cap, g, sum, &ws) != 0)
+            goto out;
+        if (epoch != fail_epoch) continue;
+        for (q = 0; q < world_end; q++) {      /* the rest of the epoch, as the survivors had it */
+            if (ddp_sampler_init(&s[q], SAMPLES, fail_world, 0, 1, SAMPLER_SEED, 0) != DDP_SUCCESS) goto out;
+            ddp_sampler_set_epoch(&s[q], (uint64_t)epoch);
+            if (ddp_sampler_reshard(&s[q], world_end, q, fail_consumed) != DDP_SUCCESS) goto out;
+        }
+        if (replay_part(p, s, world_end, ddp_sampler_num_steps(&s[0], BATCH), data, label, idx, cap, g, sum,
+                        &ws) != 0)
+            goto out;
+    }
+    rc = 0;
+out:
+    free(idx), free(g), free(sum);
+    workspace_free(&ws);
+    return rc;
+}
+
 /* (Re)starts this rank's part of the epoch after set_epoch or a re-shard. */
 static int start_shard(ddp_sampler_t *s, uint64_t *idx, ddp_batch_iter_t *it) {
     if (ddp_sampler_indices(s, idx) == DDP_SUCCESS &&
@@ -147,13 +219,13 @@ int main(int argc, char **argv) {
     ddp_sampler_t smp;
     ddp_batch_iter_t it;
     step_ctx_t ctx;
-    float *data, *p, *g;
+    float *data, *p, *p0, *g;
     int32_t *cnt, *want, pass;
     int *label, rank, world, world0, epoch, t, apply, kill_rank = -1, identical, samples_ok = 1;
-    int fail_epoch = -1, fail_world = 0, dead[8], ndead = 0;
+    int fail_epoch = -1, fail_world = 0, dead[8], ndead = 0, nfail = 0, worst = 0;
     long kill_step = -1, step = 0, lost, extra, fail_lost = 0, fail_extra = 0;
-    uint64_t *idx, *tmp, hash[2], fail_consumed = 0;
-    double stats[3], acc = 0, times[2] = {0, 0}, t_kill = 0;
+    uint64_t *idx, *tmp, hash[2], fail_consumed = 0, fail_done = 0;
+    double stats[3], acc = 0, times[2] = {0, 0}, t_kill = 0, rel = -1;
     const char *kill_env = getenv("DDP_DEMO_KILL"), *min_env = getenv("DDP_ELASTIC_MIN_RANKS");
     const char *kill_file = getenv("DDP_DEMO_KILL_FILE"), *tmpdir = getenv("TMPDIR");
     char kill_path[512];
@@ -182,13 +254,14 @@ int main(int argc, char **argv) {
     data = (float *)malloc(sizeof(float) * SAMPLES * IN);
     label = (int *)malloc(sizeof(int) * SAMPLES);
     p = (float *)malloc(sizeof(float) * NPARAM);
+    p0 = (float *)malloc(sizeof(float) * NPARAM);
     g = (float *)malloc(sizeof(float) * NPARAM);
     cnt = (int32_t *)malloc(sizeof(int32_t) * SAMPLES);
     want = (int32_t *)malloc(sizeof(int32_t) * SAMPLES);
     /* a shard never holds more than the epoch's list, n + W - 1 entries for any W <= world0 */
     idx = (uint64_t *)malloc(sizeof *idx * (SAMPLES + (size_t)world0));
     tmp = (uint64_t *)malloc(sizeof *tmp * (SAMPLES + (size_t)world0));
-    if (!data || !label || !p || !g || !cnt || !want || !idx || !tmp || workspace_alloc(&ws, BATCH) != 0) {
+    if (!data || !label || !p || !p0 || !g || !cnt || !want || !idx || !tmp || workspace_alloc(&ws, BATCH) != 0) {
         fprintf(stderr, "train_mlp_elastic: out of memory\n");
         return 1;
     }
@@ -205,6 +278,7 @@ int main(int argc, char **argv) {
     }
     if (ddp_broadcast_params(comm, views, counts, dtypes, NTENSORS, 0) != DDP_SUCCESS)
         return fail_msg("broadcast_params", comm);
+    memcpy(p0, p, sizeof(float) * NPARAM);
 
     memset(&rdesc, 0, sizeof rdesc);
     rdesc.first_bucket_bytes = FIRST_BUCKET_BYTES;
@@ -253,8 +327,8 @@ int main(int argc, char **argv) {
                 if (ddp_sampler_consumed_after(&smp, done + (uint64_t)apply, BATCH, &c) != DDP_SUCCESS ||
                     ddp_sampler_reshard(&smp, world, rank, c) != DDP_SUCCESS || start_shard(&smp, idx, &it) != 0)
                     return 1;                                            /* the rest of the epoch */
+                fail_epoch = epoch, fail_consumed = c, fail_done = done + (uint64_t)apply, nfail++; /* (demo) */
                 nsteps = ddp_sampler_num_steps(&smp, BATCH), done = 0;
-                fail_epoch = epoch, fail_consumed = c;                   /* (demo: accounting) */
                 ndead = ddp_comm_removed_ranks(comm, dead, 8);           /* (demo: accounting) */
                 if (!apply) continue;                                    /* redo: nobody applied it */
             } else {
@@ -316,13 +390,21 @@ int main(int argc, char **argv) {
                    fail_lost || fail_extra ? "WRONG" : "every sample used by exactly one applied step",
                    fail_lost, fail_extra, (int)((SAMPLES + fail_world - 1) / fail_world * fail_world - SAMPLES));
         printf("sample accounting, all %d epochs: %s\n", EPOCHS, samples_ok ? "ok" : "WRONG");
-        pass = identical && acc >= MIN_ACCURACY && samples_ok &&
+        /* The same training replayed in one process (one failure at most; a fuller one would
+         * replay each re-shard): the survivors' weights must equal it to REL_TOL. */
+        if (nfail <= 1 && world0 <= 8 &&
+            replay(p0, data, label, world0, nfail ? fail_epoch : -1, fail_world, fail_done, fail_consumed, world) == 0)
+            rel = weights_rel_diff(p, p0, &worst);
+        printf("single-process replay of the applied steps: max relative difference %.2e in %s (limit %.0e): %s\n",
+               rel, tensors[worst].name, REL_TOL, rel >= 0 && rel <= REL_TOL ? "equal" : "DIFFERENT");
+        pass = identical && acc >= MIN_ACCURACY && samples_ok && rel >= 0 && rel <= REL_TOL &&
                (kill_rank < 0 || (fail_epoch >= 0 && killed && times[1] > 0 && world == world0 - 1));
         printf("train_mlp_elastic: RESULT kill=%s seen_ms=%.1f first_step_ms=%.1f accuracy=%.1f identical=%s "
-               "samples=%s %s\n", kill_rank >= 0 ? kill_env : "none",
+               "samples=%s replay=%s %s\n", kill_rank >= 0 ? kill_env : "none",
                kill_rank >= 0 && killed ? 1e3 * (times[0] - t_kill) : -1.0,
                kill_rank >= 0 && killed ? 1e3 * (times[1] - t_kill) : -1.0, 100 * acc,
-               identical ? "yes" : "no", samples_ok ? "ok" : "WRONG", pass ? "PASS" : "FAIL");
+               identical ? "yes" : "no", samples_ok ? "ok" : "WRONG", rel >= 0 && rel <= REL_TOL ? "equal" : "DIFFERENT",
+               pass ? "PASS" : "FAIL");
         fflush(stdout);
     }
     /* Every rank exits with rank 0's verdict: under ddprun --elastic one rank's failure is a
@@ -332,6 +414,6 @@ int main(int argc, char **argv) {
     ddp_reducer_destroy(reducer);
     ddp_comm_destroy(comm);
     workspace_free(&ws);
-    free(data), free(label), free(p), free(g), free(cnt), free(want), free(idx), free(tmp);
+    free(data), free(label), free(p), free(p0), free(g), free(cnt), free(want), free(idx), free(tmp);
     return pass ? 0 : 1;
 }

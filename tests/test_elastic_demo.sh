@@ -7,8 +7,8 @@
 # build/ddprun through make.
 #   - tcp, rank 0 killed at step 100 (mid epoch 2): the store is ddprun's, so the others go on;
 #     the new rank 0 (launched as rank 1) prints PASS: replicas identical on 3 ranks, every
-#     sample of epoch 2 used by exactly one applied step, accuracy reached; ddprun says DEGRADED
-#     and exits 0.
+#     sample of epoch 2 used by exactly one applied step, weights equal to the single-process
+#     replay, accuracy reached; ddprun says DEGRADED and exits 0.
 #   - shm, rank 3 (the last) killed at step 511, the last step of the last epoch: the rest of the
 #     epoch is re-sharded into a full and a short step; PASS as above.
 #   - a kill that never happens (a step past the run's end): the demo must FAIL (no rank lost),
@@ -53,8 +53,9 @@ rc_is() { [ "$(cat "$tmp/$1.rc")" "$2" 0 ] || { why "exit status $(cat "$tmp/$1.
 # passed NAME EPOCH LAUNCHED_RANK_OF_NEW_0 LOST_RANK
 passed() {
     rc_is "$1" -eq &&
-        has "$1" "^\[rank $3\] train_mlp_elastic: RESULT kill=[0-9]+:[0-9]+ seen_ms=[0-9.]+ first_step_ms=[0-9.]+ accuracy=[0-9.]+ identical=yes samples=ok PASS$" &&
+        has "$1" "^\[rank $3\] train_mlp_elastic: RESULT kill=[0-9]+:[0-9]+ seen_ms=[0-9.]+ first_step_ms=[0-9.]+ accuracy=[0-9.]+ identical=yes samples=ok replay=equal PASS$" &&
         has "$1" "^\[rank $3\] replicas bitwise identical on all 3 ranks: yes$" &&
+        has "$1" "^\[rank $3\] single-process replay of the applied steps: max relative difference [0-9.e+-]+ in [A-Za-z0-9]+ \(limit 1e-05\): equal$" &&
         has "$1" "^\[rank $3\] epoch $2 \(the failure's\) sample accounting: every sample used by exactly one applied step \(0 lost, 0 repeated" &&
         has "$1" "^\[rank $3\] first step on the shrunk communicator \(3 ranks\) completed [0-9.]+ ms after the kill$" &&
         has "$1" "^ddprun: DEGRADED: the job finished with 3 of 4 ranks" &&
