@@ -3,10 +3,12 @@
  * rank dies the others shrink the communicator (ddp_comm_shrink), move the reducer to it
  * (ddp_reducer_rebind: apply or redo the step that failed), deal the rest of the epoch over
  * themselves (ddp_sampler_reshard) and go on, no restart. The training loop in main is the
- * plain one plus the ~15 lines marked ELASTIC (docs/elastic_training.md quotes them).
+ * plain one plus the block under "ELASTIC: a rank died" (13 lines, and 5 that only measure and
+ * count for the demo's report, marked so; docs/elastic_training.md quotes them).
  *
- * The model, dataset, backward pass, weight hash and comparison are train_mlp.c's (included below, its main
- * renamed and unused). The reducer is elastic (desc.elastic = 1: a commit round in finish).
+ * The model, dataset, backward pass, weight hash and comparison are train_mlp.c's (included
+ * below, its main renamed and unused). The reducer is elastic (desc.elastic = 1: a commit round
+ * in finish).
  *
  * FAULT INJECTION (standing in for a launcher or a machine killing a rank; deterministic, so a
  * failing run can be replayed exactly): DDP_DEMO_KILL=RANK:STEP makes the rank RANK (of the
@@ -293,7 +295,7 @@ int main(int argc, char **argv) {
 
     if (rank == 0) {
         printf("train_mlp_elastic: MLP %d-%d-%d-%d (%d parameters), %d samples, %d ranks x batch %d, "
-               "%d epochs, SGD lr %g; elastic reducer, shrink to at least %d ranks\n", IN, H1, H2, OUT,
+               "%d epochs, SGD lr %g; elastic reducer, shrinks while at least %d rank(s) remain\n", IN, H1, H2, OUT,
                (int)NPARAM, SAMPLES, world, BATCH, EPOCHS, (double)LR, sopts.min_ranks > 0 ? sopts.min_ranks : 1);
         if (kill_rank >= 0)
             printf("train_mlp_elastic: DDP_DEMO_KILL: rank %d SIGKILLs itself at step %ld, in backward "
