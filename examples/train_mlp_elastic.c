@@ -3,7 +3,7 @@
  * rank dies the others shrink the communicator (ddp_comm_shrink), move the reducer to it
  * (ddp_reducer_rebind: apply or redo the step that failed), deal the rest of the epoch over
  * themselves (ddp_sampler_reshard) and go on, no restart. The training loop in main is the
- * plain one plus the block under "ELASTIC: a rank died" (13 lines, and 5 that only measure and
+ * plain one plus the block under "ELASTIC: a rank died" (13 lines, and 6 that only measure and
  * count for the demo's report, marked so; docs/elastic_training.md quotes them).
  *
  * The model, dataset, backward pass, weight hash and comparison are train_mlp.c's (included
@@ -209,6 +209,87 @@ static int fail_msg(const char *what, ddp_comm_t *c) {
     return 1;
 }
 
+/* ---------------------------------------------------------------- the demo's report */
+/* What the demo records for its report; a trainer needs none of it. */
+typedef struct {
+    int kill_rank;               /* DDP_DEMO_KILL's, -1: none */
+    long kill_step;
+    const char *kill_env, *kill_file;
+    double times[2];             /* CLOCK_REALTIME: finish failed; first step on the new comm done */
+    int nfail, fail_epoch, fail_world, dead[8], ndead; /* the (last) failure: epoch, world before */
+    uint64_t fail_consumed, fail_done;                 /* its re-shard's consumed; steps applied */
+    long fail_lost, fail_extra;  /* the failure epoch's accounting */
+    int samples_ok;              /* every epoch's accounting exact */
+} run_t;
+
+/* Rank 0 at the end of an epoch, cnt the uses of each index summed over the ranks: adds the
+ * lost ranks' applied steps (from their samplers) in the failure's epoch, then checks cnt
+ * against the epoch's list. Returns -1 if a sampler call failed. */
+static int epoch_accounting(run_t *r, int32_t *cnt, int32_t *want, uint64_t *tmp, const ddp_sampler_t *smp,
+                            int epoch) {
+    long lost, extra;
+    int t;
+    if (epoch == r->fail_epoch)
+        for (t = 0; t < r->ndead && t < 8; t++)
+            if (tally_shard(cnt, r->fail_world, r->dead[t], (uint64_t)epoch, r->fail_consumed, tmp) != 0) return -1;
+    if (account(cnt, want, ddp_sampler_epoch_replicas(smp), (uint64_t)epoch, tmp, &lost, &extra) != 0) return -1;
+    if (epoch == r->fail_epoch) r->fail_lost = lost, r->fail_extra = extra;
+    if (lost || extra) {
+        r->samples_ok = 0;
+        printf("train_mlp_elastic: epoch %d: %ld uses of samples lost, %ld beyond the epoch's list\n",
+               epoch + 1, lost, extra);
+    }
+    return 0;
+}
+
+/* Rank 0's verdict, printed: the timings against the kill time, accuracy, replicas, accounting
+ * and the single-process replay from the initial weights p0 (overwritten). 1: PASS. */
+static int32_t verdict(const run_t *r, const float *p, float *p0, const float *data, const int *label,
+                       int world0, int world, double acc, int identical) {
+    FILE *f = r->kill_rank >= 0 ? fopen(r->kill_file, "r") : NULL;
+    double t_kill = 0, rel = -1;
+    int killed = f && fscanf(f, "%lf", &t_kill) == 1, worst = 0, equal;
+    int32_t pass;
+    if (f) fclose(f), remove(r->kill_file);
+    if (r->kill_rank < 0)
+        printf("train_mlp_elastic: no rank was killed (DDP_DEMO_KILL not set)\n");
+    else if (r->nfail == 0 || !killed)
+        printf("train_mlp_elastic: rank %d was to be killed at step %ld, but %s\n", r->kill_rank, r->kill_step,
+               r->nfail == 0 ? "no rank was lost" : "its kill time is not in DDP_DEMO_KILL_FILE");
+    else {
+        printf("failure seen %.1f ms after the kill (the last survivor to see it)\n", 1e3 * (r->times[0] - t_kill));
+        printf("first step on the shrunk communicator (%d ranks) completed %.1f ms after the kill\n", world,
+               1e3 * (r->times[1] - t_kill));
+    }
+    printf("final accuracy %.1f%% (need >= %.0f%%)\n", 100 * acc, 100 * MIN_ACCURACY);
+    printf("replicas bitwise identical on all %d ranks: %s\n", world, identical ? "yes" : "NO");
+    if (r->nfail > 0)
+        printf("epoch %d (the failure's) sample accounting: %s (%ld lost, %ld repeated beyond PyTorch's "
+               "padding of %d)\n", r->fail_epoch + 1,
+               r->fail_lost || r->fail_extra ? "WRONG" : "every sample used by exactly one applied step",
+               r->fail_lost, r->fail_extra,
+               (int)((SAMPLES + r->fail_world - 1) / r->fail_world * r->fail_world - SAMPLES));
+    printf("sample accounting, all %d epochs: %s\n", EPOCHS, r->samples_ok ? "ok" : "WRONG");
+    /* The same training replayed in one process (one failure at most; more would need a replay
+     * of each re-shard): the survivors' weights must equal it to REL_TOL. */
+    if (r->nfail <= 1 && world0 <= 8 &&
+        replay(p0, data, label, world0, r->nfail ? r->fail_epoch : -1, r->fail_world, r->fail_done,
+               r->fail_consumed, world) == 0)
+        rel = weights_rel_diff(p, p0, &worst);
+    equal = rel >= 0 && rel <= REL_TOL;
+    printf("single-process replay of the applied steps: max relative difference %.2e in %s (limit %.0e): %s\n",
+           rel, tensors[worst].name, REL_TOL, equal ? "equal" : "DIFFERENT");
+    pass = identical && acc >= MIN_ACCURACY && r->samples_ok && equal &&
+           (r->kill_rank < 0 || (r->nfail > 0 && killed && r->times[1] > 0 && world == world0 - 1));
+    printf("train_mlp_elastic: RESULT kill=%s seen_ms=%.1f first_step_ms=%.1f accuracy=%.1f identical=%s "
+           "samples=%s replay=%s %s\n", r->kill_rank >= 0 ? r->kill_env : "none",
+           killed ? 1e3 * (r->times[0] - t_kill) : -1.0, killed ? 1e3 * (r->times[1] - t_kill) : -1.0, 100 * acc,
+           identical ? "yes" : "no", r->samples_ok ? "ok" : "WRONG", equal ? "equal" : "DIFFERENT",
+           pass ? "PASS" : "FAIL");
+    fflush(stdout);
+    return pass;
+}
+
 int main(int argc, char **argv) {
     ddp_comm_t *comm, *nc;
     ddp_reducer_t *reducer;
@@ -223,28 +304,30 @@ int main(int argc, char **argv) {
     step_ctx_t ctx;
     float *data, *p, *p0, *g;
     int32_t *cnt, *want, pass;
-    int *label, rank, world, world0, epoch, t, apply, kill_rank = -1, identical, samples_ok = 1;
-    int fail_epoch = -1, fail_world = 0, dead[8], ndead = 0, nfail = 0, worst = 0;
-    long kill_step = -1, step = 0, lost, extra, fail_lost = 0, fail_extra = 0;
-    uint64_t *idx, *tmp, hash[2], fail_consumed = 0, fail_done = 0;
-    double stats[3], acc = 0, times[2] = {0, 0}, t_kill = 0, rel = -1;
-    const char *kill_env = getenv("DDP_DEMO_KILL"), *min_env = getenv("DDP_ELASTIC_MIN_RANKS");
-    const char *kill_file = getenv("DDP_DEMO_KILL_FILE"), *tmpdir = getenv("TMPDIR");
+    int *label, rank, world, world0, epoch, t, apply, identical;
+    long step = 0;
+    uint64_t *idx, *tmp, hash[2];
+    double stats[3], acc = 0;
+    const char *min_env = getenv("DDP_ELASTIC_MIN_RANKS"), *tmpdir = getenv("TMPDIR");
     char kill_path[512];
+    run_t run;
 
     if (argc > 1) {
         fprintf(stderr, "usage: [DDP_DEMO_KILL=RANK:STEP] ddprun -n 4 --elastic 3 %s   (no arguments; "
                         "see examples/train_mlp_elastic.c)\n", argv[0]);
         return 2;
     }
-    if (kill_env && *kill_env && sscanf(kill_env, "%d:%ld", &kill_rank, &kill_step) != 2) {
-        fprintf(stderr, "train_mlp_elastic: DDP_DEMO_KILL='%s': want RANK:STEP\n", kill_env);
+    memset(&run, 0, sizeof run);
+    run.kill_rank = run.fail_epoch = -1, run.samples_ok = 1;
+    run.kill_env = getenv("DDP_DEMO_KILL"), run.kill_file = getenv("DDP_DEMO_KILL_FILE");
+    if (run.kill_env && *run.kill_env && sscanf(run.kill_env, "%d:%ld", &run.kill_rank, &run.kill_step) != 2) {
+        fprintf(stderr, "train_mlp_elastic: DDP_DEMO_KILL='%s': want RANK:STEP\n", run.kill_env);
         return 2;
     }
-    if (!kill_file || !*kill_file) {
+    if (!run.kill_file || !*run.kill_file) {
         snprintf(kill_path, sizeof kill_path, "%s/train_mlp_elastic.%ld.kill",
                  tmpdir && *tmpdir ? tmpdir : "/tmp", (long)getppid());
-        kill_file = kill_path;
+        run.kill_file = kill_path;
     }
     memset(&sopts, 0, sizeof sopts);
     sopts.min_ranks = min_env ? atoi(min_env) : 0;   /* ddprun --elastic MIN sets it */
@@ -291,15 +374,15 @@ int main(int argc, char **argv) {
         if (ddp_reducer_add_param(reducer, g + tensors[t].off, (size_t)tensors[t].len, DDP_FLOAT32) != t)
             return fail_msg("reducer_add_param", comm);
     ctx.red = reducer;
-    ctx.kill_file = kill_file;
+    ctx.kill_file = run.kill_file;
 
     if (rank == 0) {
         printf("train_mlp_elastic: MLP %d-%d-%d-%d (%d parameters), %d samples, %d ranks x batch %d, "
                "%d epochs, SGD lr %g; elastic reducer, shrinks while at least %d rank(s) remain\n", IN, H1, H2, OUT,
                (int)NPARAM, SAMPLES, world, BATCH, EPOCHS, (double)LR, sopts.min_ranks > 0 ? sopts.min_ranks : 1);
-        if (kill_rank >= 0)
+        if (run.kill_rank >= 0)
             printf("train_mlp_elastic: DDP_DEMO_KILL: rank %d SIGKILLs itself at step %ld, in backward "
-                   "with a bucket in flight\n", kill_rank, kill_step);
+                   "with a bucket in flight\n", run.kill_rank, run.kill_step);
         print_buckets(reducer, "(reverse registration order)");
     }
 
@@ -314,28 +397,29 @@ int main(int argc, char **argv) {
         while (done < nsteps) {
             double st[2] = {0, 0};
             len = ddp_batch_iter_next(&it, &b);
-            ctx.kill_now = rank == kill_rank && step == kill_step && ddp_comm_generation(comm) == 0;
+            ctx.kill_now = rank == run.kill_rank && step == run.kill_step && ddp_comm_generation(comm) == 0;
             step++;
             step_grad(p, data, label, b, len, g, st, &ws, &ctx);
             tally(cnt, b, len, 1);
             if (ddp_reducer_finish(reducer) != DDP_SUCCESS) {          /* ELASTIC: a rank died */
-                if (times[0] == 0) times[0] = realtime_s();               /* (demo: timing) */
+                if (run.times[0] == 0) run.times[0] = realtime_s();       /* (demo: timing) */
                 if (ddp_comm_shrink(comm, &sopts, &nc) != DDP_SUCCESS) return fail_msg("ddp_comm_shrink", comm);
                 ddp_comm_destroy(comm);                                  /* waits on nobody */
-                fail_world = world, comm = nc, world = ddp_comm_size(comm), rank = ddp_comm_rank(comm);
+                run.fail_world = world;                                  /* (demo: accounting) */
+                comm = nc, world = ddp_comm_size(comm), rank = ddp_comm_rank(comm);
                 if (ddp_reducer_rebind(reducer, comm, &apply) != DDP_SUCCESS)
                     return fail_msg("ddp_reducer_rebind", comm);
                 if (!apply) tally(cnt, b, len, -1);   /* (demo accounting: the batch goes back) */
                 if (ddp_sampler_consumed_after(&smp, done + (uint64_t)apply, BATCH, &c) != DDP_SUCCESS ||
                     ddp_sampler_reshard(&smp, world, rank, c) != DDP_SUCCESS || start_shard(&smp, idx, &it) != 0)
                     return 1;                                            /* the rest of the epoch */
-                fail_epoch = epoch, fail_consumed = c, fail_done = done + (uint64_t)apply, nfail++; /* (demo) */
+                run.fail_epoch = epoch, run.fail_consumed = c, run.fail_done = done + (uint64_t)apply; /* (demo) */
+                run.nfail++, run.ndead = ddp_comm_removed_ranks(comm, run.dead, 8); /* (demo: accounting) */
                 nsteps = ddp_sampler_num_steps(&smp, BATCH), done = 0;
-                ndead = ddp_comm_removed_ranks(comm, dead, 8);           /* (demo: accounting) */
                 if (!apply) continue;                                    /* redo: nobody applied it */
             } else {
                 done++;
-                if (times[1] == 0 && ddp_comm_generation(comm) > 0) times[1] = realtime_s(); /* (demo) */
+                if (run.times[1] == 0 && ddp_comm_generation(comm) > 0) run.times[1] = realtime_s(); /* (demo) */
             }
             stats[0] += st[0], stats[1] += st[1], stats[2] += (double)len;
             sgd_step(p, g);
@@ -347,17 +431,8 @@ int main(int argc, char **argv) {
         acc = stats[1] / stats[2];
         if (rank != 0) continue;
         printf("epoch %d/%d  loss %.4f  accuracy %5.1f%%  on %d ranks%s\n", epoch + 1, EPOCHS,
-               stats[0] / stats[2], 100 * acc, world, epoch == fail_epoch ? " (from here on)" : "");
-        if (epoch == fail_epoch) /* the lost ranks' applied steps, from their samplers */
-            for (t = 0; t < ndead && t < 8; t++)
-                if (tally_shard(cnt, fail_world, dead[t], (uint64_t)epoch, fail_consumed, tmp) != 0) return 1;
-        if (account(cnt, want, ddp_sampler_epoch_replicas(&smp), (uint64_t)epoch, tmp, &lost, &extra) != 0)
-            return 1;
-        if (lost || extra) samples_ok = 0;
-        if (epoch == fail_epoch) fail_lost = lost, fail_extra = extra;
-        if (lost || extra)
-            printf("train_mlp_elastic: epoch %d: %ld uses of samples lost, %ld beyond the epoch's list\n",
-                   epoch + 1, lost, extra);
+               stats[0] / stats[2], 100 * acc, world, epoch == run.fail_epoch ? " (from here on)" : "");
+        if (epoch_accounting(&run, cnt, want, tmp, &smp, epoch) != 0) return 1;
     }
 
     /* Replicas: every survivor's weights hash, the largest and the smallest agree. Times: the
@@ -365,50 +440,11 @@ int main(int argc, char **argv) {
     hash[0] = hash[1] = weights_hash(p);
     if (ddp_all_reduce(&hash[0], &hash[0], 1, DDP_UINT64, DDP_MAX, comm) != DDP_SUCCESS ||
         ddp_all_reduce(&hash[1], &hash[1], 1, DDP_UINT64, DDP_MIN, comm) != DDP_SUCCESS ||
-        ddp_all_reduce(times, times, 2, DDP_FLOAT64, DDP_MAX, comm) != DDP_SUCCESS)
+        ddp_all_reduce(run.times, run.times, 2, DDP_FLOAT64, DDP_MAX, comm) != DDP_SUCCESS)
         return fail_msg("all_reduce (hash, times)", comm);
     identical = hash[0] == hash[1];
 
-    pass = 1;
-    if (rank == 0) {
-        FILE *f = kill_rank >= 0 ? fopen(kill_file, "r") : NULL;
-        int killed = f && fscanf(f, "%lf", &t_kill) == 1;
-        if (f) fclose(f), remove(kill_file);
-        if (kill_rank < 0)
-            printf("train_mlp_elastic: no rank was killed (DDP_DEMO_KILL not set)\n");
-        else if (fail_epoch < 0 || !killed)
-            printf("train_mlp_elastic: rank %d was to be killed at step %ld, but %s\n", kill_rank, kill_step,
-                   fail_epoch < 0 ? "no rank was lost" : "its kill time is not in DDP_DEMO_KILL_FILE");
-        else {
-            printf("failure seen %.1f ms after the kill (the last survivor to see it)\n", 1e3 * (times[0] - t_kill));
-            printf("first step on the shrunk communicator (%d ranks) completed %.1f ms after the kill\n",
-                   world, 1e3 * (times[1] - t_kill));
-        }
-        printf("final accuracy %.1f%% (need >= %.0f%%)\n", 100 * acc, 100 * MIN_ACCURACY);
-        printf("replicas bitwise identical on all %d ranks: %s\n", world, identical ? "yes" : "NO");
-        if (fail_epoch >= 0)
-            printf("epoch %d (the failure's) sample accounting: %s (%ld lost, %ld repeated beyond "
-                   "PyTorch's padding of %d)\n", fail_epoch + 1,
-                   fail_lost || fail_extra ? "WRONG" : "every sample used by exactly one applied step",
-                   fail_lost, fail_extra, (int)((SAMPLES + fail_world - 1) / fail_world * fail_world - SAMPLES));
-        printf("sample accounting, all %d epochs: %s\n", EPOCHS, samples_ok ? "ok" : "WRONG");
-        /* The same training replayed in one process (one failure at most; a fuller one would
-         * replay each re-shard): the survivors' weights must equal it to REL_TOL. */
-        if (nfail <= 1 && world0 <= 8 &&
-            replay(p0, data, label, world0, nfail ? fail_epoch : -1, fail_world, fail_done, fail_consumed, world) == 0)
-            rel = weights_rel_diff(p, p0, &worst);
-        printf("single-process replay of the applied steps: max relative difference %.2e in %s (limit %.0e): %s\n",
-               rel, tensors[worst].name, REL_TOL, rel >= 0 && rel <= REL_TOL ? "equal" : "DIFFERENT");
-        pass = identical && acc >= MIN_ACCURACY && samples_ok && rel >= 0 && rel <= REL_TOL &&
-               (kill_rank < 0 || (fail_epoch >= 0 && killed && times[1] > 0 && world == world0 - 1));
-        printf("train_mlp_elastic: RESULT kill=%s seen_ms=%.1f first_step_ms=%.1f accuracy=%.1f identical=%s "
-               "samples=%s replay=%s %s\n", kill_rank >= 0 ? kill_env : "none",
-               kill_rank >= 0 && killed ? 1e3 * (times[0] - t_kill) : -1.0,
-               kill_rank >= 0 && killed ? 1e3 * (times[1] - t_kill) : -1.0, 100 * acc,
-               identical ? "yes" : "no", samples_ok ? "ok" : "WRONG", rel >= 0 && rel <= REL_TOL ? "equal" : "DIFFERENT",
-               pass ? "PASS" : "FAIL");
-        fflush(stdout);
-    }
+    pass = rank == 0 ? verdict(&run, p, p0, data, label, world0, world, acc, identical) : 1;
     /* Every rank exits with rank 0's verdict: under ddprun --elastic one rank's failure is a
      * tolerated loss, so FAIL must end them all to show in ddprun's exit status. */
     if (ddp_broadcast(&pass, &pass, 1, DDP_INT32, 0, comm) != DDP_SUCCESS)
