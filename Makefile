@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT (see LICENSE)
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
+#   make elastic-demo   the same surviving a killed rank (ELASTIC_RUNS=N runs)
 #   make test    every test (plain, ASan+UBSan, TSan, side by side), header checks (C99/C11, C++11/17/20, gcc and clang)
 #   make bench   ddp-bench sweep (all_reduce, reduce_scatter, all_gather, broadcast; p = 2 and 4; every transport) -> bench/results/*.json, busbw.svg
 #   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-bench, ddp.pc; make uninstall removes them
@@ -92,6 +93,7 @@ $(B)/san/%: tests/%.c $$(call impl,$(B)/san,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/
 
 $(B)/%: examples/%.c $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+$(B)/train_mlp_elastic: examples/train_mlp.c   # it includes the MLP demo's model
 
 # Each header alone (declarations and implementation, with and without DDP_STATIC, C99/C11 and
 # C++11/17/20, gcc and clang) and each header first and last among the others:
@@ -324,6 +326,14 @@ test-rdma-vm:
 # The MLP demo (examples/train_mlp.c); build/train_demo, the linear-model example, is built by `all`.
 demo: $(B)/train_mlp $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_mlp
+
+# The elastic MLP demo (examples/train_mlp_elastic.c): ELASTIC_RUNS runs of 4 ranks under
+# ddprun --elastic 3, each killing a random rank at a random step, tcp and shm in turn; a summary
+# of the kill -> first step times; fails if any run does.
+ELASTIC_RUNS ?= 1
+.PHONY: elastic-demo
+elastic-demo: $(B)/train_mlp_elastic $(B)/ddprun
+	sh examples/elastic_demo.sh $(ELASTIC_RUNS)
 
 # ddp-bench (bench/ddp_bench.c) has every transport but ibverbs: it links build/libddp-nccl.o, the
 # implementation with tcp, shm and nccl (DDP_BENCH_LINKED: the file does not define
