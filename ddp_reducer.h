@@ -131,21 +131,21 @@ extern "C" {
  * committed step, last completed exchange) over newcomm, so all of them end on the same step:
  * apply = 1 on a rank that lacks a step another survivor committed ("your gradients hold that
  * step's average: apply it"), 0 everywhere else (redo the batch whose finish failed). From then
- * on the reducer averages over newcomm. The loop (docs/reducer.md):
+ * on the reducer averages over newcomm. The loop (docs/elastic_training.md has the whole one):
  *
- *     for (step = 0; step < total_steps; ) {
- *         forward_backward(next_batch(sampler));   // marks gradients ready
- *         world = ddp_comm_size(comm);             // the step's world, for its samples
+ *     while (done < nsteps) {                     // nsteps = ddp_sampler_num_steps(&smp, batch)
+ *         forward_backward(next_batch(&smp));      // marks gradients ready
  *         if (ddp_reducer_finish(red) != DDP_SUCCESS) {   // a rank died: not committed here
  *             if (ddp_comm_shrink(comm, NULL, &nc) != DDP_SUCCESS) fail();
  *             ddp_comm_destroy(comm);              // before rebind (see below)
  *             comm = nc;
  *             if (ddp_reducer_rebind(red, comm, &apply) != DDP_SUCCESS) fail();
- *             ddp_sampler_reshard(sampler, comm, consumed + (apply ? world * local_batch : 0));
+ *             ddp_sampler_consumed_after(&smp, done + apply, batch, &pos);   // the rest of
+ *             ddp_sampler_reshard(&smp, ddp_comm_size(comm), ddp_comm_rank(comm), pos);  // the epoch
+ *             nsteps = ddp_sampler_num_steps(&smp, batch), done = 0;
  *             if (!apply) continue;                // redo: a batch of the re-sharded epoch
- *         }
- *         consumed += world * local_batch;
- *         optimizer_step(); step++;                // the gradients hold the average
+ *         } else done++;
+ *         optimizer_step();                        // the gradients hold the average
  *     }
  *
  *   - Do not touch the gradients between a failed finish and rebind: with apply = 1 they hold
@@ -225,8 +225,9 @@ DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r);   /* "" when
  * again. */
 DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, int *apply_pending);
 /* Synchronised steps applied everywhere so far: elastic, those committed (after rebind: the
- * survivors' common count); else those whose finish succeeded. -1 for NULL. With the global
- * batch size, the samples the sampler consumed. */
+ * survivors' common count); else those whose finish succeeded. -1 for NULL. (The sampler's
+ * position is ddp_sampler_consumed_after's: a short last batch and a re-shard's uneven shares
+ * make steps times the global batch wrong.) */
 DDP_API int64_t ddp_reducer_committed_steps(const ddp_reducer_t *r);
 /* Every rank's params[i] (counts[i] x dtypes[i]) becomes root's: DDP's broadcast of the initial
  * model state; small parameters of one dtype travel coalesced. */
