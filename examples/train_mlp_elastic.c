@@ -35,6 +35,12 @@
  * ddprun --elastic one rank's non-zero exit alone is a tolerated loss. With DDP_DEMO_KILL set, a
  * run in which no rank was lost FAILs.
  *
+ * THE RESTART BASELINE (bench/restart_vs_shrink.sh: what a job without shrink loses per failure,
+ * torchrun's --max-restarts answer): under a launcher that restarts every rank, DDP_DEMO_KILL acts
+ * in the first attempt only (TORCHELASTIC_RESTART_COUNT 0 or unset); DDP_DEMO_NO_SHRINK=1 makes a
+ * failed step end the process as a plain trainer does; DDP_DEMO_STEP_LOG=FILE has rank 0 append
+ * "first_step ATTEMPT TIME" (CLOCK_REALTIME, seconds) when its first step of the process is done.
+ *
  * Run: make elastic-demo (random rank and step, tcp and shm), or by hand
  *     DDP_DEMO_KILL=0:100 build/ddprun -n 4 --elastic 3 build/train_mlp_elastic
  * No arguments.
@@ -45,6 +51,15 @@
 
 #include <signal.h>
 #include <unistd.h>
+
+static double realtime_s(void);
+/* The restart baseline's timestamp (DDP_DEMO_STEP_LOG). */
+static void log_first_step(const char *path, int attempt) {
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "first_step %d %.6f\n", attempt, realtime_s());
+    fclose(f);
+}
 
 static double realtime_s(void) {
     struct timespec ts;
@@ -309,6 +324,8 @@ int main(int argc, char **argv) {
     uint64_t *idx, *tmp, hash[2];
     double stats[3], acc = 0;
     const char *min_env = getenv("DDP_ELASTIC_MIN_RANKS"), *tmpdir = getenv("TMPDIR");
+    const char *attempt_env = getenv("TORCHELASTIC_RESTART_COUNT"), *step_log = getenv("DDP_DEMO_STEP_LOG");
+    const int attempt = attempt_env ? atoi(attempt_env) : 0, no_shrink = getenv("DDP_DEMO_NO_SHRINK") != NULL;
     char kill_path[512];
     run_t run;
 
@@ -324,6 +341,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_mlp_elastic: DDP_DEMO_KILL='%s': want RANK:STEP\n", run.kill_env);
         return 2;
     }
+    if (attempt > 0) run.kill_rank = -1;     /* (baseline) a restarted attempt runs undisturbed */
     if (!run.kill_file || !*run.kill_file) {
         snprintf(kill_path, sizeof kill_path, "%s/train_mlp_elastic.%ld.kill",
                  tmpdir && *tmpdir ? tmpdir : "/tmp", (long)getppid());
@@ -402,6 +420,7 @@ int main(int argc, char **argv) {
             step_grad(p, data, label, b, len, g, st, &ws, &ctx);
             tally(cnt, b, len, 1);
             if (ddp_reducer_finish(reducer) != DDP_SUCCESS) {          /* ELASTIC: a rank died */
+                if (no_shrink) return fail_msg("ddp_reducer_finish (DDP_DEMO_NO_SHRINK)", comm); /* (baseline) */
                 if (run.times[0] == 0) run.times[0] = realtime_s();       /* (demo: timing) */
                 if (ddp_comm_shrink(comm, &sopts, &nc) != DDP_SUCCESS) return fail_msg("ddp_comm_shrink", comm);
                 ddp_comm_destroy(comm);                                  /* waits on nobody */
@@ -419,6 +438,7 @@ int main(int argc, char **argv) {
                 if (!apply) continue;                                    /* redo: nobody applied it */
             } else {
                 done++;
+                if (step_log && step == 1 && rank == 0) log_first_step(step_log, attempt);   /* (baseline) */
                 if (run.times[1] == 0 && ddp_comm_generation(comm) > 0) run.times[1] = realtime_s(); /* (demo) */
             }
             stats[0] += st[0], stats[1] += st[1], stats[2] += (double)len;
