@@ -217,6 +217,52 @@ _DDP_PRIVATE ddp_result_t _ddp_shrink_dead(_ddp_shrink_t *s, int r, int *dead, i
     return DDP_SUCCESS;
 }
 
+/* The story of a decision, for the logs: who is out, and who blamed them (as far as this rank
+ * saw). */
+_DDP_PRIVATE void _ddp_shrink_story(_ddp_shrink_t *s) {
+    size_t o = 0;
+    int i;
+    s->story[0] = 0;
+    for (i = 0; i < s->n && o + 64 < sizeof s->story; i++) {
+        int j, by = -1;
+        if (!s->cand[i] || s->member[i]) continue;
+        for (j = 0; j < s->n && by < 0; j++) if (s->cand[j] && s->blame[j] == i) by = j;
+        if (by >= 0) o += (size_t)snprintf(s->story + o, sizeof s->story - o, "%s%d (blamed by %d)", o ? ", " : "", i, by);
+        else o += (size_t)snprintf(s->story + o, sizeof s->story - o, "%s%d (did not check in)", o ? ", " : "", i);
+    }
+    if (!o) _ddp_strlcpy(s->story, "none", sizeof s->story);
+}
+
+/* The fence: "<attempt> <members>" under "decided", what a removed rank's failed call finds. */
+_DDP_PRIVATE void _ddp_shrink_post_fence(_ddp_shrink_t *s, const char *members, size_t cap) {
+    char key[256], *fence = (char *)_ddp_alloc(&s->c->alloc, cap + 16);
+    if (!fence) return;
+    snprintf(fence, cap + 16, "%d %s", s->attempt, members);
+    _ddp_shk(s, key, sizeof key, "decided");
+    ddp_store_set(s->c->boot.store, key, fence, strlen(fence));
+    _ddp_free(&s->c->alloc, fence);
+}
+
+/* The candidates that checked in since the last look: whom each blamed (s->blame, -2 while
+ * not in). */
+_DDP_PRIVATE ddp_result_t _ddp_shrink_read_checkins(_ddp_shrink_t *s) {
+    char key[256], val[16];
+    size_t len = 0;
+    int i, exists = 0;
+    ddp_result_t r;
+    for (i = 0; i < s->n; i++) {
+        if (!s->cand[i] || s->blame[i] != -2) continue;
+        _ddp_shk(s, key, sizeof key, "attempt%d/in/%d", s->attempt, i);
+        if ((r = ddp_store_check(s->c->boot.store, key, &exists)) != DDP_SUCCESS) return r;
+        if (!exists) continue;
+        if ((r = ddp_store_get(s->c->boot.store, key, val, sizeof val - 1, &len)) != DDP_SUCCESS) return r;
+        val[len < sizeof val ? len : sizeof val - 1] = 0;
+        s->blame[i] = atoi(val);
+        if (s->blame[i] < -1 || s->blame[i] >= s->n) s->blame[i] = -1;
+    }
+    return DDP_SUCCESS;
+}
+
 /* Step 2: agreement on the members of this attempt. */
 _DDP_PRIVATE ddp_result_t _ddp_shrink_agree(_ddp_shrink_t *s) {
     ddp_comm_t *c = s->c;
@@ -238,16 +284,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shrink_agree(_ddp_shrink_t *s) {
         _ddp_shk(s, key, sizeof key, "attempt%d/members", s->attempt);
         if ((r = ddp_store_check(st, key, &exists)) != DDP_SUCCESS) goto store_failed;
         if (exists) break;
-        for (i = 0; i < s->n; i++) {
-            if (!s->cand[i] || s->blame[i] != -2) continue;
-            _ddp_shk(s, key, sizeof key, "attempt%d/in/%d", s->attempt, i);
-            if ((r = ddp_store_check(st, key, &exists)) != DDP_SUCCESS) goto store_failed;
-            if (!exists) continue;
-            if ((r = ddp_store_get(st, key, val, sizeof val - 1, &len)) != DDP_SUCCESS) goto store_failed;
-            val[len < sizeof val ? len : sizeof val - 1] = 0;
-            s->blame[i] = atoi(val);
-            if (s->blame[i] < -1 || s->blame[i] >= s->n) s->blame[i] = -1;
-        }
+        if ((r = _ddp_shrink_read_checkins(s)) != DDP_SUCCESS) goto store_failed;
         for (i = 0; i < s->n && (all || late); i++) {
             int dead = 0, by = -1;
             if (!s->cand[i] || s->blame[i] != -2) continue;
@@ -290,28 +327,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shrink_agree(_ddp_shrink_t *s) {
         return ddp_comm_fail(c, DDP_ERR_INTERNAL, "comm_shrink: generation %d attempt %d: a malformed "
                              "decision in the store", s->gen, s->attempt);
     }
-    {   /* the story: who is out, and who blamed them (as far as this rank saw) */
-        size_t o = 0;
-        s->story[0] = 0;
-        for (i = 0; i < s->n && o + 64 < sizeof s->story; i++) {
-            int j, by = -1;
-            if (!s->cand[i] || s->member[i]) continue;
-            for (j = 0; j < s->n && by < 0; j++) if (s->cand[j] && s->blame[j] == i) by = j;
-            if (by >= 0) o += (size_t)snprintf(s->story + o, sizeof s->story - o, "%s%d (blamed by %d)", o ? ", " : "", i, by);
-            else o += (size_t)snprintf(s->story + o, sizeof s->story - o, "%s%d (did not check in)", o ? ", " : "", i);
-        }
-        if (!o) _ddp_strlcpy(s->story, "none", sizeof s->story);
-    }
+    _ddp_shrink_story(s);
     _DDP_LOG(c, DDP_LOG_INFO, "shrink %d attempt %d: members %s, removed %s", s->gen, s->attempt, buf, s->story);
-    {   /* the fence: "<attempt> <members>", what a removed rank's failed call finds */
-        char *fence = (char *)_ddp_alloc(&c->alloc, cap + 16);
-        if (fence) {
-            snprintf(fence, cap + 16, "%d %s", s->attempt, buf);
-            _ddp_shk(s, key, sizeof key, "decided");
-            ddp_store_set(st, key, fence, strlen(fence));
-            _ddp_free(&c->alloc, fence);
-        }
-    }
+    _ddp_shrink_post_fence(s, buf, cap);
     _ddp_free(&c->alloc, buf);
     return DDP_SUCCESS;
 store_failed:

@@ -6,9 +6,10 @@
 #   shrink          build/ddprun -n 4 --elastic 3: the survivors shrink and go on, no restart
 #   ddprun restart  build/ddprun -n 4 --max-restarts 1, DDP_DEMO_NO_SHRINK=1: every rank is
 #                   stopped and the job starts again (a plain trainer, torchrun's answer)
-#   torchrun        /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 4
-#                   --max_restarts 1 --monitor_interval MONITOR (default 0.1 s; torchrun's own
-#                   default is 5 s), DDP_DEMO_NO_SHRINK=1; skipped where torch is missing
+#   torchrun        /usr/bin/python3 -m torch.distributed.run --nproc_per_node 4 --max_restarts 1
+#                   --monitor_interval MONITOR (default 0.1 s; torchrun's own default is 5 s),
+#                   DDP_DEMO_NO_SHRINK=1 (--redirects 1 --tee 1: Debian's torch 1.13 on Python
+#                   3.11 crashes in its log handling without them); skipped where torch is missing
 # and prints per way the pause: from the kill (the demo's kill file) to the first completed step
 # afterwards (shrink: on the shrunk communicator; restart: of the new attempt, DDP_DEMO_STEP_LOG),
 # median and max. A restart also redoes the steps since its last checkpoint (the demo keeps none:
@@ -50,8 +51,9 @@ while [ "$i" -le "$runs" ]; do
             ms=$(pause_restart "$d") ;;
         torchrun)
             /usr/bin/python3 -c 'import torch' 2>/dev/null || continue
-            DDP_DEMO_NO_SHRINK=1 timeout -k 5 120 /usr/bin/python3 -m torch.distributed.run --standalone \
-                --nproc_per_node 4 --max_restarts 1 --monitor_interval "$monitor" --no_python "$M" > "$d/out" 2>&1
+            DDP_DEMO_NO_SHRINK=1 timeout -k 5 120 /usr/bin/python3 -m torch.distributed.run --nproc_per_node 4 \
+                --master_port $((20000 + (i * 37 + $$) % 20000)) --max_restarts 1 --monitor_interval "$monitor" \
+                --redirects 1 --tee 1 --no_python "$M" > "$d/out" 2>&1
             ms=$(pause_restart "$d") ;;
         esac
         if [ -n "$ms" ]; then echo "$way $ms" >> "$tmp/times"; echo "run $i $way: kill=$r:$kill_step pause ${ms} ms"
