@@ -381,20 +381,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     }
     if (r != DDP_SUCCESS || color == DDP_SPLIT_NOCOLOR) { _ddp_free(&c->alloc, hosts); return r; }
     snprintf(prefix, sizeof prefix, "%s/split%u/color%d", c->boot.prefix, c->boot.splits, color);
-    memset(&d, 0, sizeof d);
-    d.master_addr = c->boot.master_addr;
-    d.master_port = c->boot.master_port;
-    d.timeout_ms = c->eng.timeout_ms;
-    d.socket_ifname = c->boot.ifname[0] ? c->boot.ifname : NULL;
-    d.store = c->boot.store;
-    d.store_prefix = prefix;
-    d.transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;   /* as the parent's */
-    d.segment_bytes = c->eng.segment_bytes;
-    d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
-    d.log_level = c->eng.log_level + 1;
-    d.allocator = c->alloc.alloc ? &c->alloc : NULL;
-    d.log_fn = c->log.fn;   /* the child logs where its parent does */
-    d.log_user = c->log.user;
+    _ddp_child_desc(c, prefix, &d);
     _DDP_LOG(c, DDP_LOG_INFO, "comm_split: color %d key %d -> rank %d of %d (store prefix %s)",
              color, key, me, n, prefix);
     memset(&child, 0, sizeof child);

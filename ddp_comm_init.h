@@ -85,6 +85,25 @@ typedef struct {
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
                                          const _ddp_parent_t *from);
 
+/* The settings of a communicator made from c (a split's or a shrink's child): c's store under
+ * prefix, its transport, timeout, segment size, wait policy, allocator and log. */
+_DDP_PRIVATE void _ddp_child_desc(const ddp_comm_t *c, const char *prefix, ddp_comm_desc_t *d) {
+    memset(d, 0, sizeof *d);
+    d->master_addr = c->boot.master_addr;
+    d->master_port = c->boot.master_port;
+    d->timeout_ms = c->eng.timeout_ms;
+    d->socket_ifname = c->boot.ifname[0] ? c->boot.ifname : NULL;
+    d->store = c->boot.store;
+    d->store_prefix = prefix;
+    d->transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;   /* as the parent's */
+    d->segment_bytes = c->eng.segment_bytes;
+    d->spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
+    d->log_level = c->eng.log_level + 1;
+    d->allocator = c->alloc.alloc ? &c->alloc : NULL;
+    d->log_fn = c->log.fn;   /* the child logs where its parent does */
+    d->log_user = c->log.user;
+}
+
 DDP_API ddp_result_t ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d) {
     _ddp_parent_t none;
     memset(&none, 0, sizeof none);

@@ -349,20 +349,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shrink_build(_ddp_shrink_t *s, ddp_comm_t **out) 
     int i, me = 0;
     for (i = 0; i < s->me; i++) me += s->member[i];
     snprintf(prefix, sizeof prefix, "%s/attempt%d", s->base, s->attempt);
-    memset(&d, 0, sizeof d);
-    d.master_addr = c->boot.master_addr;
-    d.master_port = c->boot.master_port;
-    d.timeout_ms = c->eng.timeout_ms;
-    d.socket_ifname = c->boot.ifname[0] ? c->boot.ifname : NULL;
-    d.store = c->boot.store;
-    d.store_prefix = prefix;
-    d.transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;   /* as the parent's */
-    d.segment_bytes = c->eng.segment_bytes;
-    d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
-    d.log_level = c->eng.log_level + 1;
-    d.allocator = c->alloc.alloc ? &c->alloc : NULL;
-    d.log_fn = c->log.fn;
-    d.log_user = c->log.user;
+    _ddp_child_desc(c, prefix, &d);
     memset(&from, 0, sizeof from);   /* no device communicator: ncclCommSplit needs the dead too */
     return _ddp_comm_init(out, s->nmembers, me, &d, &from);
 }

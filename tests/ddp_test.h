@@ -29,7 +29,8 @@
  * HELPERS: t_mentions_rank(msg, r) / t_mentions_int(msg, v) check that an error message names a
  *        rank or a number as a whole token; t_hash() hashes results for cross-rank comparison;
  *        t_selected(name) honours DDP_TEST_ONLY=substring (run one scenario while debugging);
- *        t_store_process() serves a store in a process of its own (any rank may then die).
+ *        t_store_process() serves a store in a process of its own (any rank may then die),
+ *        t_store_client() connects to it.
  *
  * Children exit with exit(), not _exit(), so that LeakSanitizer checks them too; stdout is
  * flushed before every fork so nothing is printed twice. SIGPIPE is reset to its default action
@@ -371,6 +372,16 @@ static T_UNUSED pid_t t_store_process(int *port, int *stop) {
     close(up[0]);
     *stop = down[1];
     return pid;
+}
+
+/* A client of t_store_process's store (no secret; requests time out after 30 s). */
+static T_UNUSED ddp_result_t t_store_client(ddp_store_t **st, int port) {
+    ddp_store_desc_t sd;
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = 30000;
+    sd.secret = "";
+    sd.log_level = 1;
+    return ddp_store_open(st, "127.0.0.1", port, 0, &sd);
 }
 
 static T_UNUSED ddp_comm_t *t_comm_init(int rank, int p, const ddp_comm_desc_t *d) {

@@ -66,15 +66,10 @@ static void set_mode(void) {
 /* The shrink scenario's communicator: its store is served by a process of its own (as ddprun's),
  * so any rank may die, rank 0 included, and the survivors still agree through it. */
 static ddp_comm_t *init_comm_store(int rank, int p, ddp_store_t **st) {
-    ddp_store_desc_t sd;
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    memset(&sd, 0, sizeof sd);
-    sd.timeout_ms = 30000;
-    sd.secret = "";
-    sd.log_level = 1;
-    if (!ok(ddp_store_open(st, "127.0.0.1", g_store_port, 0, &sd) == DDP_SUCCESS, "rank %d: store client", rank))
+    if (!ok(t_store_client(st, g_store_port) == DDP_SUCCESS, "rank %d: store client", rank))
         return NULL;
     set_mode();
     t_desc(&d, 20000);

@@ -105,15 +105,10 @@ static void die_in_shrink_log(void *user, ddp_log_level_t level, int rank, const
 }
 
 static ddp_comm_t *open_comm(int rank, const scenario_t *sc, ddp_store_t **st) {
-    ddp_store_desc_t sd;
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    memset(&sd, 0, sizeof sd);
-    sd.timeout_ms = 30000;
-    sd.secret = "";
-    sd.log_level = 1;
-    if (ddp_store_open(st, "127.0.0.1", g_store_port, 0, &sd) != DDP_SUCCESS) {
+    if (t_store_client(st, g_store_port) != DDP_SUCCESS) {
         ok(0, "rank %d: store client", rank);
         return NULL;
     }
