@@ -9,6 +9,7 @@
 #     the new rank 0 (launched as rank 1) prints PASS: replicas identical on 3 ranks, every
 #     sample of epoch 2 used by exactly one applied step, weights equal to the single-process
 #     replay, accuracy reached; ddprun says DEGRADED and exits 0.
+#   - shm, rank 1 (a middle one) killed at step 300 (mid epoch 5); PASS as above.
 #   - shm, rank 3 (the last) killed at step 511, the last step of the last epoch: the rest of the
 #     epoch is re-sharded into a full and a short step; PASS as above.
 #   - a kill that never happens (a step past the run's end): the demo must FAIL (no rank lost),
@@ -23,7 +24,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/elastic_demo_test.XXXXXX") || { echo "Bail out!
 trap 'rm -rf "$tmp"' EXIT
 unset DDP_DEMO_KILL DDP_DEMO_KILL_FILE DDP_TRANSPORT DDP_JOB_SECRET RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
 
-echo "1..5"
+echo "1..6"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 
 build() { make -s "$M" "$D" > "$tmp/why" 2>&1; }
@@ -65,6 +66,10 @@ passed() {
 run rank0 tcp 0:100
 check "tcp, rank 0 killed at step 100 (epoch 2, a bucket in flight): 3 ranks finish, identical, every sample once, PASS, exit 0" \
     passed rank0 2 1 0
+
+run middle shm 1:300
+check "shm, a middle rank killed at step 300 (epoch 5, a bucket in flight): 3 ranks finish, identical, every sample once, PASS" \
+    passed middle 5 0 1
 
 run last shm 3:511
 check "shm, the last rank killed at the last step: the epoch's rest re-sharded (a short step), identical, every sample once, PASS" \
