@@ -17,6 +17,8 @@
  *   ddp_comm_init.h      bootstrap: init, threads as ranks, env, destroy
  *   ddp_comm_shrink.h    shrink: the survivors of a lost rank agree and go on (its calls
  *                        are declared there)
+ *   ddp_comm_grow.h      grow: joiners wait, the members admit them (declared there; also
+ *                        ddp_comm_init_env, which joins when DDP_ELASTIC_JOIN=1)
  *   ddp_comm.h           the public calls (this file)
  * A blocking ddp_all_reduce: _ddp_issue here; _ddp_exec, _ddp_run_op and the algorithm choice in
  * ddp_comm_dispatch.h; the algorithm (ddp_algorithms.h) over the engine, whose isend
@@ -29,14 +31,14 @@
 #define DDP_COMM_IMPLEMENTATION
 #endif
 #if defined(DDP_COMM_IMPLEMENTATION)
-#ifndef DDP_COMM_SHRINK_IMPLEMENTATION
-#define DDP_COMM_SHRINK_IMPLEMENTATION
+#ifndef DDP_COMM_GROW_IMPLEMENTATION
+#define DDP_COMM_GROW_IMPLEMENTATION
 #endif
 #endif
-/* ddp_comm_shrink.h (and under it ddp_comm_init.h) first: the chain below it asks for the
+/* ddp_comm_grow.h (and under it ddp_comm_shrink.h, ddp_comm_init.h) first: the chain below it asks for the
  * implementations that ddp_comm_types.h includes (a vendored single-file copy inlines each
  * header once, at its first include). */
-#include "ddp_comm_shrink.h"
+#include "ddp_comm_grow.h"
 #include "ddp_comm_types.h"
 
 #ifndef DDP_COMM_H_INCLUDED

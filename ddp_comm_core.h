@@ -231,6 +231,20 @@ typedef struct {
                                     * shrink's keys live, so prefixes do not grow per shrink */
 } _ddp_comm_shrink_t;
 
+/* Grows (ddp_comm_grow.h): who joined the communicator, and the watcher that counts joiners
+ * waiting. */
+typedef struct _ddp_comm_grow _ddp_comm_grow_t;
+struct _ddp_comm_grow {
+    int members;                   /* made by a grow or a join: ranks 0..members-1 were members
+                                    * before it (0: not made by one) */
+    int joined;                    /* this rank joined (ddp_comm_join) */
+    unsigned grows;                /* ddp_comm_grow calls on it: part of their keys */
+    int retired;                   /* a grow replaced it: its calls fail */
+    int waiting;                   /* joiners waiting, as the watcher last saw (atomic) */
+    void *watch;                   /* the watcher (ddp_comm_grow.h), NULL until the first look */
+    void (*watch_stop)(ddp_comm_t *c);   /* destroy ends the watcher through this */
+};
+
 struct ddp_comm {
     /* What the algorithms see (rank, size, timeouts, spin, segment, scratch, sequence) and the
      * calls they make: filled at init, the one copy of those settings. */
@@ -252,6 +266,7 @@ struct ddp_comm {
     _ddp_comm_group_t group;       /* groups and send/recv (ddp_comm.h, ddp_comm_dispatch.h) */
     _ddp_comm_device_t dev;        /* device (GPU) buffers (ddp_comm_device.h) */
     _ddp_comm_shrink_t shrink;     /* its line of shrinks, fencing (ddp_comm_shrink.h) */
+    _ddp_comm_grow_t grow;         /* joiners admitted, the watcher (ddp_comm_grow.h) */
     _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
     int trace_open;
     unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */

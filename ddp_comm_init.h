@@ -80,6 +80,8 @@ typedef struct {
     void **dev_inherited;       /* the device communicator of a split (adopted: set to NULL) */
     const int *split_hosts;     /* a split of a DDP_TEST_HOSTS layout: the members' host numbers,
                                  * in the new ranks' order */
+    int rendezvous_ms;          /* > 0: the rendezvous' bound, instead of the timeout (a grow:
+                                 * a joiner lost meanwhile must not hold the members long) */
 } _ddp_parent_t;
 
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
@@ -823,6 +825,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     c->forked = _ddp_forked(c);
     _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator%s", c->forked ? " (a fork child's copy)" : "");
     if (c->forked) c->queue.progress_on = 0;
+    if (c->grow.watch_stop) c->grow.watch_stop(c);   /* the joiners' watcher, if it ran */
     if (c->queue.progress_on) {
         /* Requests still queued run first (the peers run them too); then the threads end. */
         pthread_mutex_lock(&c->queue.amu);
@@ -898,14 +901,13 @@ _DDP_PRIVATE ddp_result_t _ddp_init_refuse(ddp_result_t r, const char *fmt, ...)
     return r;
 }
 
-/* Settings, store, rendezvous (transports open listeners and publish), transport per peer,
- * collective provider, neighbour connections, lanes: each step names its failure. */
-_DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
-                                         const _ddp_parent_t *from) {
+/* Init's first step, and a joiner's lobby (ddp_comm_grow.h): a communicator with its settings
+ * and nothing else (no store, no peers). */
+_DDP_PRIVATE ddp_result_t _ddp_comm_new(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
+                                        const char **forced) {
     ddp_comm_desc_t zero;
     ddp_comm_t *c;
     ddp_result_t r;
-    const char *forced = NULL;
     _ddp_init_error[0] = 0;
     if (!out) return _ddp_init_refuse(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init: NULL comm pointer");
     *out = NULL;
@@ -934,8 +936,28 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     c->eng.rank = rank;
     c->eng.nranks = nranks;
     c->boot.local_rank = c->boot.local_size = -1;
-    if ((r = _ddp_init_settings(c, d, &forced)) != DDP_SUCCESS) goto fail;
-    c->boot.init_deadline_us = _ddp_deadline(c->eng.timeout_ms);   /* one deadline for the rendezvous */
+    if ((r = _ddp_init_settings(c, d, forced)) != DDP_SUCCESS) {
+        _ddp_strlcpy(_ddp_init_error, c->last_error, sizeof _ddp_init_error);
+        ddp_comm_destroy(c);
+        return r;
+    }
+    *out = c;
+    return DDP_SUCCESS;
+}
+
+/* Settings, store, rendezvous (transports open listeners and publish), transport per peer,
+ * collective provider, neighbour connections, lanes: each step names its failure. */
+_DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
+                                         const _ddp_parent_t *from) {
+    ddp_comm_desc_t zero;
+    ddp_comm_t *c;
+    ddp_result_t r;
+    const char *forced = NULL;
+    if ((r = _ddp_comm_new(&c, nranks, rank, d, &forced)) != DDP_SUCCESS) return r;
+    *out = NULL;
+    if (!d) { memset(&zero, 0, sizeof zero); d = &zero; }
+    /* one deadline for the rendezvous */
+    c->boot.init_deadline_us = _ddp_deadline(from->rendezvous_ms > 0 ? from->rendezvous_ms : c->eng.timeout_ms);
     _ddp_init_contexts(c);
     {
         char terr[600];
@@ -1101,7 +1123,9 @@ DDP_API ddp_result_t ddp_comm_init_threads(ddp_comm_t **comms, int n, const ddp_
     return r;
 }
 
-DDP_API ddp_result_t ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *d) {
+/* ddp_comm_init_env's ranks from the environment (ddp_comm_grow.h's ddp_comm_init_env joins
+ * instead when told to). */
+_DDP_PRIVATE ddp_result_t _ddp_comm_init_env(ddp_comm_t **out, const ddp_comm_desc_t *d) {
     _ddp_env_ranks_t e;
     ddp_result_t r;
     ddp_comm_t *c;

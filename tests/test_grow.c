@@ -1,0 +1,385 @@
+/* SPDX-License-Identifier: MIT (see LICENSE) */
+/* tests/test_grow.c — ddp_comm_join / ddp_comm_grow: processes started into a running job wait
+ * as joiners; the members admit them at a step boundary and go on with the grown communicator
+ * (ddp_comm_grow.h). TAP.
+ *
+ *   build/test_grow          (DDP_TEST_ONLY=<scenario> runs one)
+ *
+ * Each scenario forks members and joiners over tcp, then over shm; the store is served by a
+ * process of its own with a job secret (as ddprun's). Members pass a store client in
+ * desc.store; joiners find the store as a user's process would (master address, port, secret).
+ * Members run steps of one all-reduce each; at each step boundary they agree (all-reduce MAX)
+ * on ddp_comm_joiners_waiting and grow when it is > 0. Every all-reduce is checked exactly.
+ *   basic     3 members; a joiner takes its ticket while member 0 is inside a step's
+ *             all-reduce: it is admitted at a later boundary, never in the middle (every step
+ *             exact, the grow's step after the one in flight); ranks, sizes, members, joined
+ *   two       2 members, two joiners at once (the members wait until both do): one grow,
+ *             ranks 2 and 3 in the order they came
+ *   dies      3 members, two joiners; the first dies right after taking its seat: the grow
+ *             gives no communicator (the members go on, nothing lost), the other joiner is
+ *             admitted at the next boundary
+ *   secret    a joiner with the wrong secret: refused (DDP_ERR_AUTH), the members never see it
+ *   job       a joiner of another job (DDP_JOB_ID): refused (DDP_ERR_MISMATCH) naming both jobs
+ *   again     grow, shrink, grow: 3 members + a joiner -> 4; member 1 killed -> shrink to 3;
+ *             a second joiner -> 4 again (generation 3), every step exact */
+#define _GNU_SOURCE
+#include "ddp.h"
+#include "transports/ddp_tcp.h"
+#include "transports/ddp_shm.h"
+#include "tests/ddp_test.h"
+
+#define MAXP 8
+#define COUNT 1031                  /* odd: uneven ring chunks */
+#define SECRET "grow-test-secret-0123456789"
+
+typedef struct {
+    int done, rc;                   /* reached the end; the scenario's verdict (0 ok) */
+    int rank, size, members, joined, gen;
+    int grown_at;                   /* the step after which the last grow returned a communicator */
+    int nulls;                      /* grows that admitted nobody */
+    int grows;                      /* grows that returned a communicator */
+    char err[600];
+} report_t;
+
+typedef struct {
+    report_t r[MAXP];
+    int in_step;                    /* member 0 is inside this step's all-reduce (+1) */
+    int ticket_taken_at;            /* the step member 0 was in when the joiner took its ticket */
+    int first_admitted;             /* the first grow happened (for "again"'s second joiner) */
+    int shrunk;                     /* "again": the survivors shrank */
+} shared_t;
+
+typedef struct {
+    const char *name;
+    int members, joiners;
+    int dying_joiner;               /* process index of a joiner that dies after its seat (-1) */
+    int bad;                        /* 1 wrong secret, 2 another job */
+    int again;                      /* grow, shrink, grow */
+    int min_wait;                   /* grow only when this many wait (two: both at once) */
+} scenario_t;
+
+static shared_t *S;
+static const char *g_transport = "tcp";
+static int g_store_port;
+static ddp_store_t *g_client;
+static int sc_min_wait;
+
+static float val(int rank, size_t i, int k) { return (float)((rank + 1) * (int)((i % 7) + 1) + k); }
+
+/* One step: every rank contributes val(its rank, i, k); the sum over the ranks is known. */
+static ddp_result_t step(ddp_comm_t *c, float *a, int k) {
+    size_t i;
+    int j, me = ddp_comm_rank(c), n = ddp_comm_size(c);
+    ddp_result_t r;
+    for (i = 0; i < COUNT; i++) a[i] = val(me, i, k);
+    if ((r = ddp_all_reduce(a, a, COUNT, DDP_FLOAT32, DDP_SUM, c)) != DDP_SUCCESS) return r;
+    for (i = 0; i < COUNT; i++) {
+        float want = 0;
+        for (j = 0; j < n; j++) want += val(j, i, k);
+        if (a[i] != want) return DDP_ERR_INTERNAL;
+    }
+    return DDP_SUCCESS;
+}
+
+/* The store: a process of its own, with the job's secret (t_store_process without one). */
+static pid_t store_process(int *port, int *stop) {
+    int up[2], down[2];
+    pid_t pid;
+    if (pipe(up) != 0 || pipe(down) != 0) return -1;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        ddp_store_t *srv = NULL;
+        ddp_store_desc_t sd;
+        char b;
+        int p = -1;
+        close(up[0]);
+        close(down[1]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        memset(&sd, 0, sizeof sd);
+        sd.timeout_ms = 30000;
+        sd.secret = SECRET;
+        sd.log_level = 1;
+        if (ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS) p = ddp_store_port(srv);
+        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
+        while (read(down[0], &b, 1) > 0) {}
+        if (srv) ddp_store_close(srv);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    if (pid < 0 || read(up[0], port, sizeof *port) != (ssize_t)sizeof *port) *port = -1;
+    close(up[0]);
+    *stop = down[1];
+    return pid;
+}
+
+static void joiner_desc(ddp_comm_desc_t *d, const char *secret) {
+    memset(d, 0, sizeof *d);
+    d->master_addr = "127.0.0.1";
+    d->master_port = g_store_port;
+    d->job_secret = secret;
+    d->store_prefix = "growtest";
+    d->transport = g_transport;
+    d->timeout_ms = 10000;
+    d->log_level = 1;
+}
+
+/* A joiner that dies right after taking its seat. */
+static void die_on_seat(void *user, ddp_log_level_t level, int rank, const char *msg) {
+    (void)user; (void)level; (void)rank;
+    if (strstr(msg, "comm_join: took a seat")) raise(SIGKILL);
+}
+
+/* The members' agreement at a step boundary: the most joiners any member saw waiting. */
+static ddp_result_t agreed_waiting(ddp_comm_t *c, int *w) {
+    int32_t v = ddp_comm_joiners_waiting(c);
+    ddp_result_t r = ddp_all_reduce(&v, &v, 1, DDP_INT32, DDP_MAX, c);
+    *w = (int)v;
+    return r;
+}
+
+/* Steps on c until someone waits; then a grow; until the communicator has want ranks. Returns
+ * it (c destroyed if it grew) or NULL when the steps ran out or a call failed. */
+static ddp_comm_t *grow_to(ddp_comm_t *c, int proc, int *k, int want) {
+    float *a = (float *)malloc(COUNT * sizeof *a);
+    ddp_comm_t *g = NULL;
+    ddp_grow_opts_t go;
+    ddp_result_t r = DDP_SUCCESS;
+    memset(&go, 0, sizeof go);
+    go.timeout_ms = 3000;
+    go.accept_ms = 3000;
+    for (; ddp_comm_size(c) < want && *k < 100000; (*k)++) {
+        int w = 0;
+        if (ddp_comm_rank(c) == 0) __atomic_store_n(&S->in_step, *k + 1, __ATOMIC_SEQ_CST);
+        if ((r = step(c, a, *k)) != DDP_SUCCESS) break;
+        if (ddp_comm_rank(c) == 0) __atomic_store_n(&S->in_step, 0, __ATOMIC_SEQ_CST);
+        if ((r = agreed_waiting(c, &w)) != DDP_SUCCESS) break;
+        if (w == 0 || w < sc_min_wait) { usleep(1000); continue; }
+        t_where("ddp_comm_grow at step %d", *k);
+        if ((r = ddp_comm_grow(c, &go, &g)) != DDP_SUCCESS) break;
+        if (!g) { S->r[proc].nulls++; continue; }   /* nobody admitted (a joiner died): go on */
+        ddp_comm_destroy(c);
+        c = g;
+        g = NULL;
+        S->r[proc].grown_at = *k;
+        S->r[proc].grows++;
+        *k = -1;   /* a joiner starts counting at 0: so does everyone on the grown communicator */
+    }
+    free(a);
+    if (ddp_comm_size(c) < want) {
+        snprintf(S->r[proc].err, sizeof S->r[proc].err, "%s at step %d: %s",
+                 r == DDP_SUCCESS ? "out of steps" : ddp_strerror(r), *k, ddp_comm_last_error(c));
+        ddp_comm_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* After the last grow: steps on the grown communicator, then the report. */
+static int finish(ddp_comm_t *c, int proc) {
+    float a[COUNT];
+    report_t *rep = &S->r[proc];
+    int j;
+    ddp_result_t r = DDP_SUCCESS;
+    for (j = 0; j < 5 && r == DDP_SUCCESS; j++) r = step(c, a, 1000 + j);
+    rep->rank = ddp_comm_rank(c);
+    rep->size = ddp_comm_size(c);
+    rep->members = ddp_comm_grow_members(c);
+    rep->joined = ddp_comm_joined(c);
+    rep->gen = ddp_comm_generation(c);
+    rep->rc = r;
+    if (r != DDP_SUCCESS) snprintf(rep->err, sizeof rep->err, "steps after the grow: %s", ddp_comm_last_error(c));
+    rep->done = 1;
+    ddp_comm_destroy(c);
+    return r == DDP_SUCCESS ? 0 : 1;
+}
+
+/* Everyone's life from its first communicator (a member's from init, a joiner's from join):
+ * grow to the scenario's size; for "again" then lose original member 1, shrink, grow again. */
+static int life(ddp_comm_t *c, int proc, const scenario_t *sc, int stage) {
+    int k = 0;   /* steps on the current communicator */
+    if (stage == 0) {
+        int want = sc->again ? sc->members + 1 : sc->members + sc->joiners - (sc->dying_joiner >= 0);
+        if (!(c = grow_to(c, proc, &k, want))) return 1;
+        if (!sc->again) return finish(c, proc);
+        __atomic_store_n(&S->first_admitted, 1, __ATOMIC_SEQ_CST);
+        stage = 1;
+    }
+    if (stage == 1) {
+        float a[COUNT];
+        ddp_comm_t *nc = NULL;
+        if (proc == 1) raise(SIGKILL);   /* original member 1 is lost at this step */
+        if (step(c, a, 500) == DDP_SUCCESS) {
+            snprintf(S->r[proc].err, sizeof S->r[proc].err, "a step with a dead member succeeded");
+            return 1;
+        }
+        if (ddp_comm_shrink(c, NULL, &nc) != DDP_SUCCESS) {
+            snprintf(S->r[proc].err, sizeof S->r[proc].err, "shrink: %s", ddp_comm_last_error(c));
+            return 1;
+        }
+        ddp_comm_destroy(c);
+        __atomic_add_fetch(&S->shrunk, 1, __ATOMIC_SEQ_CST);
+        k = 0;   /* the first joiner came in at stage 1: every rank counts steps from here */
+        if (!(c = grow_to(nc, proc, &k, sc->members + 1))) return 1;
+    }
+    return finish(c, proc);
+}
+
+static int member_main(int proc, const scenario_t *sc) {
+    ddp_comm_desc_t d;
+    ddp_store_desc_t sd;
+    ddp_store_t *st = NULL;
+    ddp_comm_t *c = NULL;
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_ms = 30000;
+    sd.secret = SECRET;
+    sd.log_level = 1;
+    if (ddp_store_open(&st, "127.0.0.1", g_store_port, 0, &sd) != DDP_SUCCESS) return 2;
+    t_desc(&d, 5000);
+    d.store = st;
+    d.store_prefix = "growtest";
+    d.transport = g_transport;
+    d.log_level = 1;
+    t_where("ddp_comm_init");
+    if (ddp_comm_init(&c, sc->members, proc, &d) != DDP_SUCCESS) {
+        snprintf(S->r[proc].err, sizeof S->r[proc].err, "init: %s", ddp_last_init_error());
+        return 1;
+    }
+    g_client = st;   /* closed when the process is done (the communicators do not own it) */
+    if (sc->bad) {   /* the refused joiner never shows: a few steps, nobody waiting, done */
+        float a[COUNT];
+        int w = 0, k;
+        ddp_result_t r = DDP_SUCCESS;
+        while (!__atomic_load_n(&S->r[sc->members].done, __ATOMIC_SEQ_CST)) usleep(1000);
+        usleep(50000);   /* ten of the watcher's looks: a refused joiner must not be counted */
+        for (k = 0; k < 3 && r == DDP_SUCCESS; k++) {
+            r = step(c, a, k);
+            if (r == DDP_SUCCESS) r = agreed_waiting(c, &w);
+            if (w) r = DDP_ERR_INTERNAL;
+        }
+        S->r[proc].rank = ddp_comm_rank(c);
+        S->r[proc].size = ddp_comm_size(c);
+        S->r[proc].rc = r;
+        S->r[proc].done = 1;
+        ddp_comm_destroy(c);
+        return r == DDP_SUCCESS ? 0 : 1;
+    }
+    return life(c, proc, sc, 0);
+}
+
+static int joiner_main(int proc, const scenario_t *sc) {
+    ddp_comm_desc_t d;
+    ddp_comm_t *c = NULL;
+    ddp_result_t r;
+    int first_joiner = proc == sc->members;
+    report_t *rep = &S->r[proc];
+    joiner_desc(&d, sc->bad == 1 ? "not-the-secret-of-this-job-987" : SECRET);
+    if (sc->bad == 2) setenv("DDP_JOB_ID", "another-job", 1);
+    if (proc == sc->dying_joiner) { d.log_level = DDP_LOG_INFO + 1; d.log_fn = die_on_seat; }
+    if (first_joiner && !strcmp(sc->name, "basic")) {
+        /* take the ticket while member 0 is inside a step's all-reduce */
+        while (!__atomic_load_n(&S->in_step, __ATOMIC_SEQ_CST)) usleep(100);
+        S->ticket_taken_at = __atomic_load_n(&S->in_step, __ATOMIC_SEQ_CST) - 1;
+    }
+    if (sc->again && !first_joiner)
+        while (!__atomic_load_n(&S->shrunk, __ATOMIC_SEQ_CST)) usleep(1000);
+    t_where("ddp_comm_join");
+    r = ddp_comm_join(&c, &d, NULL);
+    if (sc->bad) {
+        rep->rc = r;
+        snprintf(rep->err, sizeof rep->err, "%s", ddp_last_init_error());
+        __atomic_store_n(&rep->done, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    if (r != DDP_SUCCESS) {
+        snprintf(rep->err, sizeof rep->err, "join: %s", ddp_last_init_error());
+        rep->rc = r;
+        return 1;
+    }
+    return life(c, proc, sc, sc->again && !first_joiner ? 2 : sc->again ? 1 : 0);
+}
+
+static int proc_main(int proc, int p, void *arg) {
+    const scenario_t *sc = (const scenario_t *)arg;
+    (void)p;
+    int rc;
+    setenv("DDP_JOIN_POLL_MS", "5", 1);
+    sc_min_wait = sc->min_wait;
+    rc = proc < sc->members ? member_main(proc, sc) : joiner_main(proc, sc);
+    if (g_client) ddp_store_close(g_client);
+    return rc;
+}
+
+static void run(const scenario_t *sc) {
+    int stop = -1, p = sc->members + sc->joiners, i;
+    pid_t store = store_process(&g_store_port, &stop);
+    if (!ok(store > 0 && g_store_port > 0, "[%s] %s: the store", g_transport, sc->name)) return;
+    S = (shared_t *)t_shm_user(sizeof *S);
+    diag("--- [%s] %s", g_transport, sc->name);
+    t_run_ranks(p, proc_main, (void *)sc, 120);
+    close(stop);
+    waitpid(store, NULL, 0);
+    if (sc->bad) {
+        report_t *j = &S->r[sc->members];
+        if (sc->bad == 1)
+            ok(j->done && j->rc == DDP_ERR_AUTH, "[%s] %s: a joiner with the wrong secret is refused -> %s: %s",
+               g_transport, sc->name, ddp_strerror((ddp_result_t)j->rc), j->err);
+        else
+            ok(j->done && j->rc == DDP_ERR_MISMATCH && strstr(j->err, "another-job"), "[%s] %s: a joiner of "
+               "another job is refused naming it -> %s: %s", g_transport, sc->name, ddp_strerror((ddp_result_t)j->rc), j->err);
+        for (i = 0; i < sc->members; i++)
+            ok(S->r[i].done && S->r[i].rc == 0 && S->r[i].size == sc->members, "[%s] %s: member %d went on "
+               "with %d ranks, nobody waiting (%s)", g_transport, sc->name, i, S->r[i].size, S->r[i].err);
+        return;
+    }
+    for (i = 0; i < p; i++) {
+        report_t *r = &S->r[i];
+        int want_size = sc->again ? sc->members + 1 : p - (sc->dying_joiner >= 0);
+        int want_gen = sc->again ? 3 : 1, joiner = i >= sc->members;
+        if (i == sc->dying_joiner || (sc->again && i == 1)) {
+            ok(t_rank_signaled(i, SIGKILL), "[%s] %s: process %d was killed as planned", g_transport, sc->name, i);
+            continue;
+        }
+        ok(r->done && r->rc == 0, "[%s] %s: process %d (%s) finished, every step exact (%s)", g_transport,
+           sc->name, i, joiner ? "joiner" : "member", r->err);
+        ok(r->size == want_size && r->gen == want_gen && r->joined == (joiner && !(sc->again && i == sc->members)) &&
+           r->members == sc->members,
+           "[%s] %s: process %d -> rank %d of %d, %d members before the grow, joined %d, generation %d",
+           g_transport, sc->name, i, r->rank, r->size, r->members, r->joined, r->gen);
+    }
+    if (!strcmp(sc->name, "basic"))
+        ok(S->r[0].grown_at >= S->ticket_taken_at && S->r[3].rank == 3, "[%s] basic: the joiner took its ticket "
+           "during step %d's all-reduce, was admitted after step %d (a boundary) as rank %d", g_transport,
+           S->ticket_taken_at, S->r[0].grown_at, S->r[3].rank);
+    if (!strcmp(sc->name, "two"))
+        ok(S->r[0].grows == 1 && S->r[0].rank == 0 && S->r[1].rank == 1 && S->r[2].rank + S->r[3].rank == 5 &&
+           S->r[2].rank != S->r[3].rank, "[%s] two: both joiners in %d grow; members keep ranks 0 and 1, the "
+           "joiners get 2 and 3 (%d, %d)", g_transport, S->r[0].grows, S->r[2].rank, S->r[3].rank);
+    if (!strcmp(sc->name, "dies"))
+        ok(S->r[0].nulls >= 1 && S->r[4].rank == 3, "[%s] dies: %d grow(s) admitted nobody while the joiner died; "
+           "the other joiner came in as rank %d", g_transport, S->r[0].nulls, S->r[4].rank);
+    if (!strcmp(sc->name, "again"))
+        ok(S->r[0].rank == 0 && S->r[2].rank == 1 && S->r[3].rank == 2 && S->r[4].rank == 3, "[%s] again: after "
+           "grow, shrink, grow: ranks %d %d %d %d", g_transport, S->r[0].rank, S->r[2].rank, S->r[3].rank, S->r[4].rank);
+}
+
+int main(void) {
+    static const scenario_t sc[] = {
+        {"basic", 3, 1, -1, 0, 0, 0},
+        {"two", 2, 2, -1, 0, 0, 2},
+        {"dies", 3, 2, 3, 0, 0, 0},
+        {"secret", 2, 1, -1, 1, 0, 0},
+        {"job", 2, 1, -1, 2, 0, 0},
+        {"again", 3, 2, -1, 0, 1, 0},
+    };
+    static const char *const transports[] = {"tcp", "shm"};
+    size_t i, m;
+    t_init();
+    for (m = 0; m < 2; m++) {
+        g_transport = transports[m];
+        for (i = 0; i < sizeof sc / sizeof sc[0]; i++)
+            if (t_selected(sc[i].name)) run(&sc[i]);
+    }
+    return t_done();
+}
