@@ -41,7 +41,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench \
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench $(B)/grow-bench \
      $(B)/nccl-raw
 
 # ddprun serves the rendezvous store itself: it builds libddp's store (and what it rests on).
@@ -360,6 +360,10 @@ $(B)/store-bench: bench/store_bench.c bench/bench_cli.h $(STORE_HEADERS) | $(B)
 # rendezvous-stopped (bench/rendezvous_stopped.c): how soon every rank's init fails when rank 0
 # is stopped under its listening store (run: build/rendezvous-stopped -n 64 -t 2000).
 $(B)/rendezvous-stopped: bench/rendezvous_stopped.c $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# grow-bench (bench/grow_bench.c): the per-step "anyone waiting?" check and a grow's time.
+$(B)/grow-bench: bench/grow_bench.c bench/bench_fork.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # guess-bench (bench/guess_bench.c): wrong job secrets per second from one thread against a store.

@@ -426,18 +426,19 @@ _DDP_PRIVATE ddp_result_t _ddp_grow_mark(ddp_comm_t *child, int gen, int root_le
     return DDP_SUCCESS;
 }
 
-/* A member's communicator after a grow: no call on it from now on; its connections close
- * (the new communicator has its own); the store handle goes to the new one. */
+/* A member's communicator after a grow: every call on it fails from now on, saying to use the
+ * new one (quietly: nothing failed); its connections close (the new communicator has its
+ * own); the store handle goes to the new one. No async request is pending (checked first). */
 _DDP_PRIVATE void _ddp_grow_retire(ddp_comm_t *c, ddp_comm_t *child, int gen) {
-    char why[128];
     int i;
-    snprintf(why, sizeof why, "retired by ddp_comm_grow (generation %d): use the new communicator", gen);
-    _ddp_abort_internal(c, DDP_ERR_ABORTED, why);
-    for (i = 1; i < c->queue.nlanes; i++) _ddp_abort_internal(c->queue.lanes[i].exec, DDP_ERR_ABORTED, why);
-    _ddp_abort_poison(c);
-    _ddp_note_closed(c);
-    _ddp_close_peers(c);
-    for (i = 1; i < c->queue.nlanes; i++) _ddp_close_peers(c->queue.lanes[i].exec);
+    for (i = 0; i < (c->queue.nlanes > 0 ? c->queue.nlanes : 1); i++) {
+        ddp_comm_t *x = i ? c->queue.lanes[i].exec : c;
+        snprintf(x->last_error, sizeof x->last_error, "rank %d: retired by ddp_comm_grow (generation %d): use "
+                 "the new communicator [%s]", x->eng.rank, gen, ddp_strerror(DDP_ERR_ABORTED));
+        __atomic_store_n(&x->error, DDP_ERR_ABORTED, __ATOMIC_SEQ_CST);
+        if (!i) _ddp_note_closed(x);
+        _ddp_close_peers(x);
+    }
     c->grow.retired = 1;
     c->shrink.revoked = 1;
     if (child->boot.store == c->boot.store && c->boot.own_store) {

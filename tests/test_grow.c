@@ -38,6 +38,7 @@ typedef struct {
     int grown_at;                   /* the step after which the last grow returned a communicator */
     int nulls;                      /* grows that admitted nobody */
     int grows;                      /* grows that returned a communicator */
+    int retired_bad;                /* a call on the old communicator did not fail as retired */
     char err[600];
 } report_t;
 
@@ -159,6 +160,8 @@ static ddp_comm_t *grow_to(ddp_comm_t *c, int proc, int *k, int want) {
         t_where("ddp_comm_grow at step %d", *k);
         if ((r = ddp_comm_grow(c, &go, &g)) != DDP_SUCCESS) break;
         if (!g) { S->r[proc].nulls++; continue; }   /* nobody admitted (a joiner died): go on */
+        if (ddp_barrier(c) != DDP_ERR_ABORTED || !strstr(ddp_comm_last_error(c), "retired by ddp_comm_grow"))
+            S->r[proc].retired_bad = 1;   /* the old communicator must refuse, saying why */
         ddp_comm_destroy(c);
         c = g;
         g = NULL;
@@ -341,8 +344,8 @@ static void run(const scenario_t *sc) {
             ok(t_rank_signaled(i, SIGKILL), "[%s] %s: process %d was killed as planned", g_transport, sc->name, i);
             continue;
         }
-        ok(r->done && r->rc == 0, "[%s] %s: process %d (%s) finished, every step exact (%s)", g_transport,
-           sc->name, i, joiner ? "joiner" : "member", r->err);
+        ok(r->done && r->rc == 0 && !r->retired_bad, "[%s] %s: process %d (%s) finished, every step exact, "
+           "the old communicator refused calls as retired (%s)", g_transport, sc->name, i, joiner ? "joiner" : "member", r->err);
         ok(r->size == want_size && r->gen == want_gen && r->joined == (joiner && !(sc->again && i == sc->members)) &&
            r->members == sc->members,
            "[%s] %s: process %d -> rank %d of %d, %d members before the grow, joined %d, generation %d",
