@@ -14,7 +14,7 @@
  *             all-reduce: it is admitted at a later boundary, never in the middle (every step
  *             exact, the grow's step after the one in flight); ranks, sizes, members, joined
  *   two       2 members, two joiners at once (the members wait until both do): one grow,
- *             ranks 2 and 3 in the order they came
+ *             ranks 2 and 3
  *   dies      3 members, two joiners; the first dies right after taking its seat: the grow
  *             gives no communicator (the members go on, nothing lost), the other joiner is
  *             admitted at the next boundary
