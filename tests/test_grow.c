@@ -15,9 +15,10 @@
  *             exact, the grow's step after the one in flight); ranks, sizes, members, joined
  *   two       2 members, two joiners at once (the members wait until both do): one grow,
  *             ranks 2 and 3
- *   dies      3 members, two joiners; the first dies right after taking its seat: the grow
- *             gives no communicator (the members go on, nothing lost), the other joiner is
- *             admitted at the next boundary
+ *   dies      3 members, two joiners, both seated in one grow; one dies right after taking
+ *             its seat: the build fails, the grow gives no communicator (the members go on,
+ *             nothing lost), the other joiner takes a new ticket and is admitted at the next
+ *             boundary
  *   secret    a joiner with the wrong secret: refused (DDP_ERR_AUTH), the members never see it
  *   job       a joiner of another job (DDP_JOB_ID): refused (DDP_ERR_MISMATCH) naming both jobs
  *   again     grow, shrink, grow: 3 members + a joiner -> 4; member 1 killed -> shrink to 3;
@@ -156,7 +157,8 @@ static ddp_comm_t *grow_to(ddp_comm_t *c, int proc, int *k, int want) {
         if ((r = step(c, a, *k)) != DDP_SUCCESS) break;
         if (ddp_comm_rank(c) == 0) __atomic_store_n(&S->in_step, 0, __ATOMIC_SEQ_CST);
         if ((r = agreed_waiting(c, &w)) != DDP_SUCCESS) break;
-        if (w == 0 || w < sc_min_wait) { usleep(1000); continue; }
+        /* min_wait: the first grow waits until that many joiners wait (both seated at once) */
+        if (w == 0 || (!S->r[proc].grows && !S->r[proc].nulls && w < sc_min_wait)) { usleep(1000); continue; }
         t_where("ddp_comm_grow at step %d", *k);
         if ((r = ddp_comm_grow(c, &go, &g)) != DDP_SUCCESS) break;
         if (!g) { S->r[proc].nulls++; continue; }   /* nobody admitted (a joiner died): go on */
@@ -371,7 +373,7 @@ int main(void) {
     static const scenario_t sc[] = {
         {"basic", 3, 1, -1, 0, 0, 0},
         {"two", 2, 2, -1, 0, 0, 2},
-        {"dies", 3, 2, 3, 0, 0, 0},
+        {"dies", 3, 2, 3, 0, 0, 2},
         {"secret", 2, 1, -1, 1, 0, 0},
         {"job", 2, 1, -1, 2, 0, 0},
         {"again", 3, 2, -1, 0, 1, 0},
