@@ -46,8 +46,8 @@
  * ELASTIC. --elastic MIN: a rank that fails (non-zero exit or a signal) is "lost", logged at
  * once (rank, pid, how, UTC time and seconds into the attempt), and the others keep running,
  * while at least MIN of the NPROC ranks have not failed; the loss that leaves fewer than MIN is
- * the usual failure (the rest stopped, restarted under --max-restarts, the FAILED summary, that
- * rank's status). A job whose remaining ranks all exit 0 ends with a DEGRADED summary naming the
+ * the usual failure (the rest stopped, the FAILED summary, that rank's status; not restarted:
+ * see REPLACEMENTS). A job whose remaining ranks all exit 0 ends with a DEGRADED summary naming the
  * lost ranks and status 0: the job did its work, with fewer ranks; the summary is how a script
  * tells (torchelastic's agent also reports success once its workers succeeded). One host only:
  * each ddprun sees only its own ranks, and ddprun processes do not talk to each other.
@@ -75,13 +75,14 @@
  * its pid, so its process-group id cannot be reused by an unrelated process while ddprun may
  * still signal that group.
  *
- * RESTARTS. As torchrun (run.py, "Failure Modes"): when any rank fails, the whole group is stopped
- * and started again, up to --max-restarts times, with TORCHELASTIC_RESTART_COUNT = restarts so
- * far and the same TORCHELASTIC_RUN_ID. A port that ddprun chose, and a secret it made, are new for
- * every attempt: a straggler of the failed attempt cannot join the new rendezvous, and the old
- * port may still be in TIME_WAIT. A --master-port given by the user stays (the other hosts
- * know only that one), as with torchrun's static rendezvous. A job stopped by a signal to ddprun
- * is not restarted (in torchrun a SignalException ends the run, too).
+ * RESTARTS. Without --elastic, as torchrun (run.py, "Failure Modes"): when any rank fails, the
+ * whole group is stopped and started again, up to --max-restarts times, with
+ * TORCHELASTIC_RESTART_COUNT = restarts so far and the same TORCHELASTIC_RUN_ID. A port that
+ * ddprun chose, and a secret it made, are new for every attempt: a straggler of the failed
+ * attempt cannot join the new rendezvous, and the old port may still be in TIME_WAIT. A
+ * --master-port given by the user stays (the other hosts know only that one), as with torchrun's
+ * static rendezvous. A job stopped by a signal to ddprun is not restarted (in torchrun a
+ * SignalException ends the run, too).
  *
  * OUTPUT AS IT IS PRINTED. A rank's stdout is a pseudo-terminal (raw mode: no echo, no CR added),
  * as Open MPI's mpirun gives its local processes, because C's stdio (and Python's) buffers a
@@ -135,7 +136,8 @@ enum {
     TAIL_BYTES = 512,     /* longer lines are cut in the summary (not in the output) */
     LINE_CAP = 16384,     /* a line longer than this is passed on in pieces of this size */
     KILL_WAIT_MS = 5000,  /* after SIGKILL: how long to wait for the kernel to deliver it */
-    DRAIN_MS = 1000       /* after the last rank exited: how long to read pipes still open */
+    DRAIN_MS = 1000,      /* after the last rank exited: how long to read pipes still open */
+    DRAIN_READS = 64      /* a lost rank's pipes: reads at most before ddprun says it is lost */
 };
 #define DEFAULT_GRACE_S 5.0
 #if defined(__GNUC__) || defined(__clang__)
@@ -255,7 +257,7 @@ static const char *const k_help[] = {
     "    --log-dir DIR\n",
     "        Write each rank's output, unprefixed, to DIR/rank_N.out and DIR/rank_N.err\n",
     "        (N: global rank; DIR is created; files are truncated when ddprun starts and\n",
-    "        appended to by restarts) instead of the terminal.\n",
+    "        appended to by restarts and replacements) instead of the terminal.\n",
     "    --tee\n",
     "        With --log-dir: also pass the output on to ddprun's stdout and stderr.\n",
     "    --trace FILE\n",
@@ -1142,14 +1144,15 @@ PRINTF_LIKE(1, 2) static void say(const char *fmt, ...) {
 
 /* Reads what the exited rank r left in its pipes, up to their end: its last lines come before
  * ddprun's news of its loss, and its streams are closed. A stream that something it started
- * still holds open stays open (poll finds it empty, not at its end). */
+ * still holds open stays open (poll finds it empty, not at its end); so does one that such a
+ * process keeps filling (DRAIN_READS reads at most: the poll loop reads the rest). */
 static void drain_streams(job_t *j, rank_t *r) {
     stream_t *ss[2];
-    int m;
+    int m, n;
     ss[0] = &r->out;
     ss[1] = &r->err;
     for (m = 0; m < 2; m++)
-        while (ss[m]->fd >= 0) {
+        for (n = 0; n < DRAIN_READS && ss[m]->fd >= 0; n++) {
             struct pollfd p;
             p.fd = ss[m]->fd;
             p.events = POLLIN;
