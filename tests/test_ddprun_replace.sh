@@ -17,7 +17,8 @@
 #     summary says the budget ran out.
 #   - -n 3 --elastic 2 --max-restarts 1, rank 2 replaced, rank 1 lost (no budget left), then rank
 #     0: below the minimum, the job ends with rank 0's code; the group is not restarted.
-#   - without --elastic, --max-restarts restarts the whole group (no replacement).
+#   - without --elastic, --max-restarts restarts the whole group (no replacement); --max-restarts
+#     -1, and --elastic --max-restarts on several hosts, are refused.
 # No time is assumed: each step waits for what the last one leads to (a file, a log line, an
 # exit), every wait bounded (60 s: other tests may run beside).
 set -u
@@ -34,7 +35,7 @@ cleanup() {
 trap cleanup EXIT
 unset DDP_JOB_SECRET DDP_ELASTIC_JOIN DDP_ELASTIC_REPLACEMENT
 
-echo "1..22"
+echo "1..23"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 
 mkdir -p build
@@ -200,7 +201,7 @@ c_stopped() {
 }
 check "the replacement is not left running" c_stopped
 
-# --- 20-22: without --elastic, --max-restarts restarts the group; the command line ---------------------
+# --- 20-23: without --elastic, --max-restarts restarts the group; the command line ---------------------
 F=$tmp/f
 mkdir -p "$F"
 whole_group() {
@@ -223,3 +224,9 @@ negative() {
     [ $rc = 2 ] && has "$tmp/neg.err" 'max-restarts' || { why "exit $rc"; cat "$tmp/neg.err" >> "$tmp/why"; return 1; }
 }
 check "--max-restarts -1 is refused (exit 2)" negative
+several_hosts() {
+    "$D" --nnodes 2 --node-rank 0 --master-port 29500 --elastic 1 --max-restarts 1 -n 1 true > /dev/null 2> "$tmp/nn.err"
+    rc=$?
+    [ $rc = 2 ] && has "$tmp/nn.err" 'one host only' || { why "exit $rc"; cat "$tmp/nn.err" >> "$tmp/why"; return 1; }
+}
+check "--elastic with --max-restarts on several hosts is refused, as --elastic is (exit 2)" several_hosts

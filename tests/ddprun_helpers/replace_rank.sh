@@ -15,7 +15,7 @@
 #                   child waits for DIR/env.r1, writes "leftover of pid P" to stdout, then
 #                   creates DIR/leftover.done and exits
 # A process the plan does not name waits for DIR/end and exits 0. Every wait ends after 60 s
-# (exit 99), or at once when DIR/abort exists (exit 98: the test gave up).
+# (exit 99), or at once when DIR/abort exists or DIR is gone (exit 98: the test gave up).
 d=$1
 shift
 if [ -n "${DDP_ELASTIC_REPLACEMENT-}" ]; then who=r$DDP_ELASTIC_REPLACEMENT; else who=$RANK; fi
@@ -26,7 +26,7 @@ echo "$who here (pid $$)"
 wait_for() {
     i=0
     while [ ! -e "$d/$1" ]; do
-        [ -e "$d/abort" ] && exit 98
+        [ -e "$d/abort" ] || [ ! -d "$d" ] && exit 98
         i=$((i + 1))
         [ $i -gt 6000 ] && exit 99
         sleep 0.01
