@@ -46,11 +46,24 @@
  * ELASTIC. --elastic MIN: a rank that fails (non-zero exit or a signal) is "lost", logged at
  * once (rank, pid, how, UTC time and seconds into the attempt), and the others keep running,
  * while at least MIN of the NPROC ranks have not failed; the loss that leaves fewer than MIN is
- * the usual failure (the rest stopped, restarted under --max-restarts, the FAILED summary, that
- * rank's status). A job whose remaining ranks all exit 0 ends with a DEGRADED summary naming the
+ * the usual failure (the rest stopped, the FAILED summary, that rank's status; not restarted:
+ * see REPLACEMENTS). A job whose remaining ranks all exit 0 ends with a DEGRADED summary naming the
  * lost ranks and status 0: the job did its work, with fewer ranks; the summary is how a script
  * tells (torchelastic's agent also reports success once its workers succeeded). One host only:
  * each ddprun sees only its own ranks, and ddprun processes do not talk to each other.
+ *
+ * REPLACEMENTS. --elastic with --max-restarts N: a lost rank's slot gets a new process, up to N
+ * in all over the job (torchrun's name for its budget; torchrun spends it restarting everything,
+ * which is what --elastic avoids). The replacement has its slot's environment, built as for the
+ * attempt's ranks (same store, secret and TORCHELASTIC_RESTART_COUNT, so the store's keys are the
+ * running attempt's), plus DDP_ELASTIC_JOIN=1 (libddp's ddp_comm_init_env then joins the running
+ * job: the members admit it at a step boundary) and DDP_ELASTIC_REPLACEMENT=k. ddprun watches it
+ * as that slot: its failure is one more loss, replaced again while the budget lasts. MIN is
+ * checked before replacing: the members must go on without the lost rank (shrink) before a
+ * replacement can join them, so a loss that leaves fewer than MIN ends the job even with budget
+ * left. Under --elastic the group is never restarted as a whole: one budget, one meaning. The
+ * lost process stays an unreaped zombie (its group id stays ours, see PROCESS GROUPS) and what
+ * it left holding its output is still read (j->retired) while the slot's new process runs.
  *
  * PROCESS GROUPS. Every rank starts a new session (setsid), so it leads its own process group, and
  * every signal ddprun sends goes to the whole group (killpg): a rank that is a shell script, or
@@ -62,13 +75,14 @@
  * its pid, so its process-group id cannot be reused by an unrelated process while ddprun may
  * still signal that group.
  *
- * RESTARTS. As torchrun (run.py, "Failure Modes"): when any rank fails, the whole group is stopped
- * and started again, up to --max-restarts times, with TORCHELASTIC_RESTART_COUNT = restarts so
- * far and the same TORCHELASTIC_RUN_ID. A port that ddprun chose, and a secret it made, are new for
- * every attempt: a straggler of the failed attempt cannot join the new rendezvous, and the old
- * port may still be in TIME_WAIT. A --master-port given by the user stays (the other hosts
- * know only that one), as with torchrun's static rendezvous. A job stopped by a signal to ddprun
- * is not restarted (in torchrun a SignalException ends the run, too).
+ * RESTARTS. Without --elastic, as torchrun (run.py, "Failure Modes"): when any rank fails, the
+ * whole group is stopped and started again, up to --max-restarts times, with
+ * TORCHELASTIC_RESTART_COUNT = restarts so far and the same TORCHELASTIC_RUN_ID. A port that
+ * ddprun chose, and a secret it made, are new for every attempt: a straggler of the failed
+ * attempt cannot join the new rendezvous, and the old port may still be in TIME_WAIT. A
+ * --master-port given by the user stays (the other hosts know only that one), as with torchrun's
+ * static rendezvous. A job stopped by a signal to ddprun is not restarted (in torchrun a
+ * SignalException ends the run, too).
  *
  * OUTPUT AS IT IS PRINTED. A rank's stdout is a pseudo-terminal (raw mode: no echo, no CR added),
  * as Open MPI's mpirun gives its local processes, because C's stdio (and Python's) buffers a
@@ -122,7 +136,8 @@ enum {
     TAIL_BYTES = 512,     /* longer lines are cut in the summary (not in the output) */
     LINE_CAP = 16384,     /* a line longer than this is passed on in pieces of this size */
     KILL_WAIT_MS = 5000,  /* after SIGKILL: how long to wait for the kernel to deliver it */
-    DRAIN_MS = 1000       /* after the last rank exited: how long to read pipes still open */
+    DRAIN_MS = 1000,      /* after the last rank exited: how long to read pipes still open */
+    DRAIN_READS = 64      /* a lost rank's pipes: reads at most before ddprun says it is lost */
 };
 #define DEFAULT_GRACE_S 5.0
 #if defined(__GNUC__) || defined(__clang__)
@@ -172,7 +187,9 @@ static const char *const k_help[] = {
     "    code or signal, and its last stderr lines, and exits with that rank's status (see\n",
     "    EXIT STATUS). With --max-restarts N the whole group is started again instead, up to\n",
     "    N times, with TORCHELASTIC_RESTART_COUNT counting the restarts. With --elastic MIN\n",
-    "    a failed rank is lost instead, and the others go on while MIN remain.\n",
+    "    a failed rank is lost instead, and the others go on while MIN remain; with both,\n",
+    "    a lost rank is replaced by a new process that joins the running job, up to N\n",
+    "    times.\n",
     "\n",
     "    SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to ddprun are forwarded to every rank,\n",
     "    then the same grace period and SIGKILL apply; a second such signal sends SIGKILL at\n",
@@ -210,14 +227,28 @@ static const char *const k_help[] = {
     "        have not failed: ddprun prints \"ddprun: LOST: rank R ...\" to stderr (how it\n",
     "        ended, the UTC time, seconds into the attempt, how many remain) and the other\n",
     "        ranks keep running; the ranks see DDP_ELASTIC_MIN_RANKS=MIN. The failure that\n",
-    "        leaves fewer than MIN ends the job as without --elastic (and counts for\n",
-    "        --max-restarts); its summary also lists the ranks lost before. One host only.\n",
+    "        leaves fewer than MIN ends the job as without --elastic, but the group is not\n",
+    "        restarted (see --max-restarts); its summary also lists the ranks lost before.\n",
+    "        One host only.\n",
     "    --store-port PORT\n",
     "        With --nnodes > 1: the port where node 0's ddprun serves the rendezvous store,\n",
     "        on --master-addr. Default --master-port + 1; give every host the same value. On\n",
     "        one host the default is a free port the kernel picks.\n",
     "    --max-restarts N\n",
     "        Restart the whole group up to N times after a failure. Default 0.\n",
+    "        With --elastic it counts replacements instead: a lost rank's slot gets a new\n",
+    "        process, up to N in all, with the lost rank's environment (RANK, LOCAL_RANK,\n",
+    "        the attempt's store, secret and TORCHELASTIC_RESTART_COUNT) plus\n",
+    "        DDP_ELASTIC_JOIN=1 and DDP_ELASTIC_REPLACEMENT=K (the K-th replacement):\n",
+    "        it joins the running job (libddp's ddp_comm_init_env waits until the ranks\n",
+    "        admit it) instead of starting a new one. ddprun prints \"ddprun: REPLACED\n",
+    "        rank R ...\" and watches the replacement as rank R: if it fails, that is a\n",
+    "        loss like any other (replaced again while the budget lasts). Once all N are\n",
+    "        used a loss is not replaced (\"ddprun: NOT REPLACED ...\") and the job goes on\n",
+    "        with fewer ranks. Under --elastic the group is never restarted as a whole:\n",
+    "        the loss that leaves fewer than MIN ends the job. A program that cannot join\n",
+    "        a running job fails (at once, or when its rendezvous times out), and each such\n",
+    "        failure uses up one replacement.\n",
     "    --grace-period SECONDS\n",
     "        Time between SIGTERM and SIGKILL when stopping ranks (may be fractional).\n",
     "        Default 5.\n",
@@ -226,7 +257,7 @@ static const char *const k_help[] = {
     "    --log-dir DIR\n",
     "        Write each rank's output, unprefixed, to DIR/rank_N.out and DIR/rank_N.err\n",
     "        (N: global rank; DIR is created; files are truncated when ddprun starts and\n",
-    "        appended to by restarts) instead of the terminal.\n",
+    "        appended to by restarts and replacements) instead of the terminal.\n",
     "    --tee\n",
     "        With --log-dir: also pass the output on to ddprun's stdout and stderr.\n",
     "    --trace FILE\n",
@@ -272,11 +303,15 @@ static const char *const k_help[] = {
     "      DDP_LAUNCHER_STORE          HOST:PORT of ddprun's store (libddp ranks connect\n",
     "                                  to it; none of them serves one)\n",
     "      DDP_ELASTIC_MIN_RANKS       MIN, under --elastic only\n",
+    "      DDP_ELASTIC_JOIN            \"1\", for a replacement only (--elastic with\n",
+    "                                  --max-restarts): join the running job\n",
+    "      DDP_ELASTIC_REPLACEMENT     K, for the K-th replacement only (1, 2, ...)\n",
     "    Everything else in ddprun's environment is passed on unchanged.\n",
     "\n",
     "EXIT STATUS\n",
-    "    0        every rank exited with code 0; with --elastic, every rank not lost\n",
-    "             did (the summary says DEGRADED and names the lost ranks)\n",
+    "    0        every rank exited with code 0; with --elastic, every process not lost\n",
+    "             did (the summary says DEGRADED and names the lost ranks, or RECOVERED\n",
+    "             when replacements brought the job back to NPROC ranks)\n",
     "    1..255   the exit code of the first rank that failed (with --elastic: of the\n",
     "             rank whose loss left fewer than MIN)\n",
     "    128+S    the first rank that failed was killed by signal S, or ddprun got\n",
@@ -297,6 +332,9 @@ static const char *const k_help[] = {
     "    ddprun -n 4 --elastic 3 ./train\n",
     "        Four ranks; the job goes on after losing one (any one, rank 0 included), and\n",
     "        ends after losing two.\n",
+    "    ddprun -n 4 --elastic 3 --max-restarts 2 ./train\n",
+    "        The same, and a lost rank is replaced by a process that joins the running\n",
+    "        job, twice at most; the program must support joining (ddp_comm_init_env).\n",
 };
 
 typedef struct {
@@ -329,13 +367,29 @@ typedef struct {
     int exited;               /* waitid saw it exit; still a zombie until the attempt ends */
     int code, signo, core;    /* exit code, or the signal that killed it */
     int exit_seq;             /* the order of its exit among the attempt's (1, 2, ...) */
-    int lost;                 /* --elastic: its failure was tolerated and logged */
+    int lost;                 /* --elastic: its failure was tolerated and logged (and the slot
+                               * not refilled: a replacement clears it) */
     double exit_s;            /* now_s() when ddprun saw it exit */
     char exit_wall[32];       /* the same moment, UTC wall clock, for the log and the summary */
     stream_t out, err;
     char tail[TAIL_LINES][TAIL_BYTES];
     int tail_n, tail_next;
 } rank_t;
+
+/* --elastic: one process lost while the job went on (the slot's rank_t is reused when a
+ * replacement takes its place, so the loss is kept here). */
+typedef struct {
+    int slot;                 /* its index in ranks: the rank it was */
+    pid_t pid;
+    int code, signo, core;
+    double exit_s;
+    char exit_wall[32];
+    int replacement;          /* the k-th replacement was started in its place (1, 2, ...); 0: none */
+    int not_replaced;         /* 0 (--max-restarts 0), NR_BUDGET or NR_SPAWN */
+    pid_t rpid;               /* the replacement's pid */
+    double rstart_s;          /* now_s() when it was started */
+} loss_t;
+enum { NR_BUDGET = 1, NR_SPAWN = 2 };
 
 typedef struct {
     opts_t o;
@@ -348,7 +402,17 @@ typedef struct {
     int pty_warned;           /* said once that stdout goes through pipes */
     int exits_seen;           /* SIGCHLDs of the log (on_sigchld) that scan_exits has read */
     int exit_seq;             /* exits noted this attempt */
-    int nlost;                /* --elastic: ranks lost this attempt, the job going on */
+    int nlost;                /* --elastic: processes lost this attempt, the job going on */
+    int ndown;                /* --elastic: of the NPROC slots, those lost and not refilled */
+    loss_t *losses;           /* --elastic: the nlost losses, in order */
+    int losses_cap;
+    int nreplaced;            /* --elastic --max-restarts: replacements started this attempt */
+    pid_t *zombies;           /* lost processes whose slot a replacement took: unreaped until */
+    int nzombies, zombies_cap;/* the attempt ends, so that their group ids stay ours */
+    rank_t *retired;          /* their output, while something they started still holds it */
+    int nretired, retired_cap;
+    int attempt, port;        /* the running attempt's, for a replacement's environment */
+    const char *secret;
     double attempt_t0;        /* now_s() when the attempt started */
     ddp_store_t *store;       /* the store this ddprun serves (node 0), or NULL */
     char store_addr[300];     /* DDP_LAUNCHER_STORE for the ranks: HOST:PORT */
@@ -824,7 +888,11 @@ static void env_free(envv_t *e) {
 }
 
 enum { ENV_PUTS = 24 };   /* env_put calls in rank_env, at most */
-static void rank_env(const job_t *j, const rank_t *r, int attempt, int port, const char *secret, envv_t *e) {
+/* replacement: 0 for the ranks started with the attempt; k for the k-th replacement (--elastic
+ * --max-restarts), which gets its slot's environment (the attempt's store, secret and restart
+ * count: the store's keys stay the running attempt's) and is told to join the running job. */
+static void rank_env(const job_t *j, const rank_t *r, int attempt, int port, const char *secret, int replacement,
+                     envv_t *e) {
     const opts_t *o = &j->o;
     env_init(e, ENV_PUTS);
     env_put_int(e, "RANK", r->rank);
@@ -847,6 +915,10 @@ static void rank_env(const job_t *j, const rank_t *r, int attempt, int port, con
     if (secret) env_put(e, "DDP_JOB_SECRET", secret, 0);
     env_put(e, "DDP_LAUNCHER_STORE", j->store_addr, 0);
     if (o->elastic_min) env_put_int(e, "DDP_ELASTIC_MIN_RANKS", o->elastic_min);
+    if (replacement) {
+        env_put(e, "DDP_ELASTIC_JOIN", "1", 0);
+        env_put_int(e, "DDP_ELASTIC_REPLACEMENT", replacement);
+    }
 }
 
 /* In the child, between fork and exec: async-signal-safe calls only (see envv_t). */
@@ -899,7 +971,8 @@ fail:
     return -1;
 }
 
-static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *secret, char *err, size_t errcap) {
+static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *secret, int replacement, char *err,
+                      size_t errcap) {
     int outp[2], errp[2];
     sigset_t all, old;
     pid_t pid, self = getpid();
@@ -917,7 +990,7 @@ static int spawn_rank(job_t *j, rank_t *r, int attempt, int port, const char *se
     }
     /* Signals stay blocked across fork until the child has reset ddprun's handlers; otherwise a
      * SIGTERM landing in between would run ddprun's handler in the child. */
-    rank_env(j, r, attempt, port, secret, &env);
+    rank_env(j, r, attempt, port, secret, replacement, &env);
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
     pid = fork();
@@ -949,12 +1022,17 @@ static void signal_rank(const rank_t *r, int sig) {
     if (kill(-r->pid, sig) != 0 && errno == ESRCH) kill(r->pid, sig);
 }
 
+/* Every rank's group, and the groups of lost processes whose slot a replacement took (what they
+ * started may still run there; their zombie leaders keep the group ids ours). Returns how many
+ * ranks were still running. */
 static int signal_all(job_t *j, int sig) {
     int i, running = 0;
     for (i = 0; i < j->o.nproc; i++) {
         signal_rank(&j->ranks[i], sig);
         running += j->ranks[i].pid > 0 && !j->ranks[i].exited;
     }
+    for (i = 0; i < j->nzombies; i++)
+        if (kill(-j->zombies[i], sig) != 0 && errno == ESRCH) kill(j->zombies[i], sig);
     return running;
 }
 
@@ -1051,12 +1129,128 @@ static void store_stop(job_t *j) {
 
 static void describe_exit(const rank_t *r, char *out, size_t cap);
 
-/* Failed ranks not yet noted, in the order they exited: each is lost, said at once. Returns the
- * one whose loss leaves fewer than MIN ranks (the job ends then), or -1. */
-static int note_lost(job_t *j) {
+/* One line of ddprun's own to stderr, in one write (a live line never mixes with a rank's). */
+PRINTF_LIKE(1, 2) static void say(const char *fmt, ...) {
+    char b[1024];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof b) { n = (int)sizeof b - 1; b[n - 1] = '\n'; }
+    if (write(2, b, (size_t)n) < 0) { /* nowhere left to report to */ }
+}
+
+/* Reads what the exited rank r left in its pipes, up to their end: its last lines come before
+ * ddprun's news of its loss, and its streams are closed. A stream that something it started
+ * still holds open stays open (poll finds it empty, not at its end); so does one that such a
+ * process keeps filling (DRAIN_READS reads at most: the poll loop reads the rest). */
+static void drain_streams(job_t *j, rank_t *r) {
+    stream_t *ss[2];
+    int m, n;
+    ss[0] = &r->out;
+    ss[1] = &r->err;
+    for (m = 0; m < 2; m++)
+        for (n = 0; n < DRAIN_READS && ss[m]->fd >= 0; n++) {
+            struct pollfd p;
+            p.fd = ss[m]->fd;
+            p.events = POLLIN;
+            p.revents = 0;
+            if (poll(&p, 1, 0) <= 0) break;             /* nothing now: held open by another */
+            if (!stream_read(j, r, ss[m])) stream_close(ss[m]);
+        }
+}
+
+/* Before a replacement takes slot r: streams of the lost process still open (something it
+ * started holds them) move to j->retired, read as before until they close; the slot gets new
+ * buffers. */
+static void retire_streams(job_t *j, rank_t *r) {
+    rank_t *t;
+    if (r->out.fd < 0 && r->err.fd < 0) return;
+    if (j->nretired == j->retired_cap) {
+        int cap = j->retired_cap ? 2 * j->retired_cap : 4;
+        rank_t *n = (rank_t *)realloc(j->retired, (size_t)cap * sizeof *n);
+        if (!n) die(1, "out of memory");
+        j->retired = n;
+        j->retired_cap = cap;
+    }
+    t = &j->retired[j->nretired++];
+    *t = *r;                                            /* its rank (the prefix), streams, tail */
+    if (r->out.file_fd >= 0) t->out.file_fd = fcntl(r->out.file_fd, F_DUPFD_CLOEXEC, 3);
+    if (r->err.file_fd >= 0) t->err.file_fd = fcntl(r->err.file_fd, F_DUPFD_CLOEXEC, 3);
+    r->out.buf = (char *)malloc(LINE_CAP);
+    r->err.buf = (char *)malloc(LINE_CAP);
+    if (!r->out.buf || !r->err.buf) die(1, "out of memory");
+    r->out.fd = r->err.fd = -1;
+    r->out.len = r->err.len = 0;
+}
+
+static void retired_free(job_t *j) {
+    int i;
+    for (i = 0; i < j->nretired; i++) {
+        rank_t *t = &j->retired[i];
+        stream_close(&t->out);
+        stream_close(&t->err);
+        if (t->out.file_fd >= 0) close(t->out.file_fd);
+        if (t->err.file_fd >= 0) close(t->err.file_fd);
+        free(t->out.buf);
+        free(t->err.buf);
+    }
+    j->nretired = 0;
+}
+
+/* --max-restarts under --elastic: a replacement for the process of slot r, lost as l, if the
+ * budget allows; said at once either way. */
+static void replace_rank(job_t *j, rank_t *r, loss_t *l, int *alive) {
+    const opts_t *o = &j->o;
+    char err[256] = "";
+    pid_t old = r->pid;
+    int k = j->nreplaced + 1;
+    if (j->nreplaced >= o->max_restarts) {
+        l->not_replaced = NR_BUDGET;
+        say("ddprun: NOT REPLACED rank %d (pid %ld, lost at %s): the %d replacement%s of --max-restarts %d "
+            "%s used up; the job goes on with %d of %d ranks\n", r->rank, (long)old, l->exit_wall, o->max_restarts,
+            o->max_restarts == 1 ? "" : "s", o->max_restarts, o->max_restarts == 1 ? "is" : "are",
+            o->nproc - j->ndown, o->nproc);
+        return;
+    }
+    if (j->nzombies == j->zombies_cap) {
+        int cap = j->zombies_cap ? 2 * j->zombies_cap : 4;
+        pid_t *n = (pid_t *)realloc(j->zombies, (size_t)cap * sizeof *n);
+        if (!n) die(1, "out of memory");
+        j->zombies = n;
+        j->zombies_cap = cap;
+    }
+    retire_streams(j, r);
+    if (spawn_rank(j, r, j->attempt, j->port, j->secret, k, err, sizeof err) != 0) {
+        l->not_replaced = NR_SPAWN;          /* the slot keeps the lost pid: still reaped at the end */
+        say("ddprun: NOT REPLACED rank %d (pid %ld, lost at %s): cannot start a replacement: %s; the job goes on "
+            "with %d of %d ranks\n", r->rank, (long)old, l->exit_wall, err, o->nproc - j->ndown, o->nproc);
+        return;
+    }
+    j->zombies[j->nzombies++] = old;
+    j->nreplaced = k;
+    j->ndown--;
+    r->lost = 0;
+    r->exit_seq = 0;
+    (*alive)++;
+    l->replacement = k;
+    l->rpid = r->pid;
+    l->rstart_s = now_s();
+    say("ddprun: REPLACED rank %d (pid %ld, lost at %s): replacement pid %ld started (%d of %d), joining the "
+        "running job (DDP_ELASTIC_JOIN=1); %d of %d ranks\n", r->rank, (long)old, l->exit_wall, (long)r->pid, k,
+        o->max_restarts, o->nproc - j->ndown, o->nproc);
+}
+
+/* Failed ranks not yet noted, in the order they exited: each is lost, said at once, and with
+ * --max-restarts replaced while the budget lasts. Returns the one whose loss leaves fewer than
+ * MIN ranks (the job ends then), or -1. */
+static int note_lost(job_t *j, int *alive) {
     for (;;) {
         int i, next = -1, left;
         rank_t *r;
+        loss_t *l;
         char how[128];
         for (i = 0; i < j->o.nproc; i++) {
             const rank_t *q = &j->ranks[i];
@@ -1065,14 +1259,32 @@ static int note_lost(job_t *j) {
         }
         if (next < 0) return -1;
         r = &j->ranks[next];
-        left = j->o.nproc - j->nlost - 1;
+        left = j->o.nproc - j->ndown - 1;
         if (left < j->o.elastic_min) return next;   /* the usual failure: print_failure says it */
+        if (j->nlost == j->losses_cap) {
+            int cap = j->losses_cap ? 2 * j->losses_cap : 8;
+            loss_t *n = (loss_t *)realloc(j->losses, (size_t)cap * sizeof *n);
+            if (!n) die(1, "out of memory");
+            j->losses = n;
+            j->losses_cap = cap;
+        }
+        l = &j->losses[j->nlost++];
+        memset(l, 0, sizeof *l);
+        l->slot = next;
+        l->pid = r->pid;
+        l->code = r->code;
+        l->signo = r->signo;
+        l->core = r->core;
+        l->exit_s = r->exit_s;
+        memcpy(l->exit_wall, r->exit_wall, sizeof l->exit_wall);
         r->lost = 1;
-        j->nlost++;
+        j->ndown++;
+        drain_streams(j, r);
         describe_exit(r, how, sizeof how);
-        fprintf(stderr, "ddprun: LOST: rank %d (local rank %d, pid %ld) %s at %s, %.3f s into the "
-                "attempt; --elastic %d: %d of %d ranks remain, the job goes on\n", r->rank, r->local_rank,
-                (long)r->pid, how, r->exit_wall, r->exit_s - j->attempt_t0, j->o.elastic_min, left, j->o.nproc);
+        say("ddprun: LOST: rank %d (local rank %d, pid %ld) %s at %s, %.3f s into the attempt; --elastic %d: "
+            "%d of %d ranks remain, the job goes on\n", r->rank, r->local_rank, (long)r->pid, how, r->exit_wall,
+            r->exit_s - j->attempt_t0, j->o.elastic_min, left, j->o.nproc);
+        if (j->o.max_restarts) replace_rank(j, r, l, alive);
     }
 }
 
@@ -1082,7 +1294,7 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
     const opts_t *o = &j->o;
     outcome_t oc;
     int i, alive = 0, started = 0, port = o->master_port, phase = 0; /* 0 running, 1 TERM sent, 2 KILL sent */
-    int leftovers_killed = 0;
+    int leftovers_killed = 0, pcap = o->nproc * 2 + 1;
     double kill_at = 0, giveup_at = 0, drain_until = 0;
     char secret_buf[65], err[256] = "";
     const char *secret = getenv("DDP_JOB_SECRET");
@@ -1103,17 +1315,20 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
     }
     for (i = 0; i < o->nproc; i++) j->ranks[i].pid = 0; /* none of the last attempt's pids is ours */
     j->exits_seen = g_exit_n;                                /* nor the exits logged so far */
-    j->exit_seq = j->nlost = 0;
+    j->exit_seq = j->nlost = j->ndown = j->nreplaced = j->nzombies = 0;
+    j->attempt = attempt;
+    j->port = port;
+    j->secret = secret;
     for (i = 0; i < o->nproc; i++) j->ranks[i].lost = j->ranks[i].exit_seq = 0;
     store_start(j, secret);
     j->attempt_t0 = now_s();
-    pfd = (struct pollfd *)calloc((size_t)o->nproc * 2 + 1, sizeof *pfd);
-    owner = (rank_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *owner);
-    which = (stream_t **)calloc((size_t)o->nproc * 2 + 1, sizeof *which);
+    pfd = (struct pollfd *)calloc((size_t)pcap, sizeof *pfd);
+    owner = (rank_t **)calloc((size_t)pcap, sizeof *owner);
+    which = (stream_t **)calloc((size_t)pcap, sizeof *which);
     if (!pfd || !owner || !which) die(1, "out of memory");
 
     for (i = 0; i < o->nproc; i++) {
-        if (spawn_rank(j, &j->ranks[i], attempt, port, secret, err, sizeof err) != 0) break;
+        if (spawn_rank(j, &j->ranks[i], attempt, port, secret, 0, err, sizeof err) != 0) break;
         started++;
         alive++;
     }
@@ -1132,6 +1347,14 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
         char drain[64];
 
         for (i = 0; i < started; i++) open_streams += (j->ranks[i].out.fd >= 0) + (j->ranks[i].err.fd >= 0);
+        for (i = 0; i < j->nretired; i++) open_streams += (j->retired[i].out.fd >= 0) + (j->retired[i].err.fd >= 0);
+        if ((started + j->nretired) * 2 + 1 > pcap) {   /* streams of lost processes, replaced */
+            pcap = (started + j->nretired) * 2 + 1;
+            pfd = (struct pollfd *)realloc(pfd, (size_t)pcap * sizeof *pfd);
+            owner = (rank_t **)realloc(owner, (size_t)pcap * sizeof *owner);
+            which = (stream_t **)realloc(which, (size_t)pcap * sizeof *which);
+            if (!pfd || !owner || !which) die(1, "out of memory");
+        }
         if (alive == 0) {
             if (open_streams == 0) break;
             if (phase > 0 && !leftovers_killed) {
@@ -1161,8 +1384,8 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
         pfd[n].fd = wake_r;
         pfd[n].events = POLLIN;
         n++;
-        for (i = 0; i < started; i++) {
-            rank_t *r = &j->ranks[i];
+        for (i = 0; i < started + j->nretired; i++) {
+            rank_t *r = i < started ? &j->ranks[i] : &j->retired[i - started];
             stream_t *ss[2];
             int m;
             ss[0] = &r->out;
@@ -1203,7 +1426,7 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
             failed = scan_exits(j, &alive);
             /* --elastic: a failed rank is lost, not the end, while MIN ranks remain */
             if (failed >= 0 && phase == 0 && o->elastic_min) {
-                failed = note_lost(j);
+                failed = note_lost(j, &alive);
                 oc.below_min = failed >= 0;
             }
         }
@@ -1226,6 +1449,9 @@ static outcome_t run_attempt(job_t *j, int attempt, int wake_r, sig_atomic_t *se
         stream_close(&r->out);
         stream_close(&r->err);
     }
+    for (i = 0; i < j->nzombies; i++) waitpid(j->zombies[i], NULL, 0);   /* zombies already */
+    j->nzombies = 0;
+    retired_free(j);
     store_stop(j);
     free(pfd);
     free(owner);
@@ -1246,12 +1472,14 @@ PRINTF_LIKE(4, 5) static void appendf(char *b, size_t cap, size_t *k, const char
     if (n > 0) *k = *k + (size_t)n < cap ? *k + (size_t)n : cap - 1;
 }
 
-static void describe_exit(const rank_t *r, char *out, size_t cap) {
-    if (r->signo)
-        snprintf(out, cap, "was killed by %s (signal %d%s)", signal_name(r->signo), r->signo, r->core ? ", core dumped" : "");
+static void describe_how(int code, int signo, int core, char *out, size_t cap) {
+    if (signo)
+        snprintf(out, cap, "was killed by %s (signal %d%s)", signal_name(signo), signo, core ? ", core dumped" : "");
     else
-        snprintf(out, cap, "exited with code %d", r->code);
+        snprintf(out, cap, "exited with code %d", code);
 }
+
+static void describe_exit(const rank_t *r, char *out, size_t cap) { describe_how(r->code, r->signo, r->core, out, cap); }
 
 static int exit_status(const rank_t *r) { return r->signo ? 128 + r->signo : r->code; }
 
@@ -1267,31 +1495,77 @@ static void describe_stop(const job_t *j, const outcome_t *oc, const char *sig, 
         appendf(out, cap, &k, "; %d still had not exited %d s after SIGKILL and were left behind", oc->stuck, KILL_WAIT_MS / 1000);
 }
 
-/* --elastic: one line per rank lost while the job went on, in the order they were lost. */
+/* --elastic: one line per process lost while the job went on, in the order they were lost. */
 static void append_lost(const job_t *j, char *b, size_t cap, size_t *k) {
-    int seq, i;
+    int i;
     if (!j->nlost) return;
-    appendf(b, cap, k, "ddprun: lost earlier, the job going on (--elastic %d): %d rank%s\n", j->o.elastic_min,
-            j->nlost, j->nlost == 1 ? "" : "s");
-    for (seq = 1; seq <= j->exit_seq; seq++)
-        for (i = 0; i < j->o.nproc; i++) {
-            const rank_t *r = &j->ranks[i];
-            char how[128];
-            if (!r->lost || r->exit_seq != seq) continue;
-            describe_exit(r, how, sizeof how);
-            appendf(b, cap, k, "ddprun:   rank %d (local rank %d, pid %ld) %s at %s, %.3f s into the attempt\n",
-                    r->rank, r->local_rank, (long)r->pid, how, r->exit_wall, r->exit_s - j->attempt_t0);
-        }
+    if (j->o.max_restarts)
+        appendf(b, cap, k, "ddprun: lost earlier, the job going on (--elastic %d): %d loss%s\n", j->o.elastic_min,
+                j->nlost, j->nlost == 1 ? "" : "es");
+    else
+        appendf(b, cap, k, "ddprun: lost earlier, the job going on (--elastic %d): %d rank%s\n", j->o.elastic_min,
+                j->nlost, j->nlost == 1 ? "" : "s");
+    for (i = 0; i < j->nlost; i++) {
+        const loss_t *l = &j->losses[i];
+        const rank_t *r = &j->ranks[l->slot];
+        char how[128], what[128] = "";
+        describe_how(l->code, l->signo, l->core, how, sizeof how);
+        if (l->replacement)
+            snprintf(what, sizeof what, "; replaced by pid %ld (replacement %d)", (long)l->rpid, l->replacement);
+        else if (l->not_replaced == NR_BUDGET)
+            snprintf(what, sizeof what, "; not replaced: no replacement was left");
+        else if (l->not_replaced == NR_SPAWN)
+            snprintf(what, sizeof what, "; not replaced: its replacement could not be started");
+        appendf(b, cap, k, "ddprun:   rank %d (local rank %d, pid %ld) %s at %s, %.3f s into the attempt%s\n",
+                r->rank, r->local_rank, (long)l->pid, how, l->exit_wall, l->exit_s - j->attempt_t0, what);
+    }
 }
 
-/* --elastic, every rank left exited 0: the job finished, with fewer ranks. One write. */
+/* --elastic --max-restarts: one line per replacement started (and what became of it), and
+ * whether the budget ran out. */
+static void append_replacements(const job_t *j, char *b, size_t cap, size_t *k) {
+    int i, out = 0;
+    if (!j->o.max_restarts || !j->nlost) return;
+    for (i = 0; i < j->nlost; i++) out += j->losses[i].not_replaced == NR_BUDGET;
+    appendf(b, cap, k, "ddprun: replacements (--max-restarts %d): %d of %d used%s", j->o.max_restarts, j->nreplaced,
+            j->o.max_restarts, out ? "; the budget ran out, " : "\n");
+    if (out) appendf(b, cap, k, "%d later loss%s not replaced\n", out, out == 1 ? " was" : "es were");
+    for (i = 0; i < j->nlost; i++) {
+        const loss_t *l = &j->losses[i], *again = NULL;
+        const rank_t *r = &j->ranks[l->slot];
+        char fate[192];
+        int m;
+        if (!l->replacement) continue;
+        for (m = i + 1; m < j->nlost && !again; m++)
+            if (j->losses[m].pid == l->rpid) again = &j->losses[m];
+        if (again) {
+            snprintf(fate, sizeof fate, "lost in turn at %s", again->exit_wall);
+        } else if (r->pid == l->rpid && r->exited) {
+            describe_exit(r, fate, sizeof fate);
+        } else {
+            snprintf(fate, sizeof fate, "still running");
+        }
+        appendf(b, cap, k, "ddprun:   replacement %d: rank %d (local rank %d), pid %ld, started %.3f s into the "
+                "attempt in place of pid %ld; %s\n", l->replacement, r->rank, r->local_rank, (long)l->rpid,
+                l->rstart_s - j->attempt_t0, (long)l->pid, fate);
+    }
+}
+
+/* --elastic, every rank left exited 0: the job finished, at full size again after replacements
+ * (RECOVERED), or with fewer ranks (DEGRADED). One write. */
 static void print_degraded(const job_t *j) {
-    size_t cap = (size_t)(j->nlost + 2) * 256, k = 0;
+    size_t cap = (size_t)(2 * j->nlost + 4) * 384, k = 0;
     char *b = (char *)malloc(cap);
     if (!b) return;
-    appendf(b, cap, &k, "ddprun: DEGRADED: the job finished with %d of %d ranks (each exited 0); "
-            "exit status 0\n", j->o.nproc - j->nlost, j->o.nproc);
+    if (j->ndown == 0)
+        appendf(b, cap, &k, "ddprun: RECOVERED: the job finished at full size, %d of %d ranks (each exited 0), "
+                "after %d replacement%s; exit status 0\n", j->o.nproc, j->o.nproc, j->nreplaced,
+                j->nreplaced == 1 ? "" : "s");
+    else
+        appendf(b, cap, &k, "ddprun: DEGRADED: the job finished with %d of %d ranks (each exited 0); "
+                "exit status 0\n", j->o.nproc - j->ndown, j->o.nproc);
     append_lost(j, b, cap, &k);
+    append_replacements(j, b, cap, &k);
     if (write(2, b, k) < 0) { /* nowhere left to report to */ }
     free(b);
 }
@@ -1299,19 +1573,23 @@ static void print_degraded(const job_t *j) {
 /* The one summary of a failed job: a single write, so it is never interleaved. */
 static void print_failure(const job_t *j, const outcome_t *oc, int attempt) {
     const rank_t *r = &j->ranks[oc->failed];
-    size_t cap = (size_t)(TAIL_LINES + 6) * (TAIL_BYTES + 64) + (size_t)j->nlost * 256, k = 0;
+    size_t cap = (size_t)(TAIL_LINES + 7) * (TAIL_BYTES + 64) + (size_t)j->nlost * 2 * 384, k = 0;
     char *b = (char *)malloc(cap), how[128], stop[512], att[64] = "";
     int i;
     if (!b) return;
     describe_exit(r, how, sizeof how);
     describe_stop(j, oc, "SIGTERM", stop, sizeof stop);
-    if (j->o.max_restarts) snprintf(att, sizeof att, " (attempt %d of %d)", attempt + 1, j->o.max_restarts + 1);
+    if (j->o.max_restarts && !j->o.elastic_min)
+        snprintf(att, sizeof att, " (attempt %d of %d)", attempt + 1, j->o.max_restarts + 1);
     appendf(b, cap, &k, "ddprun: FAILED: rank %d (local rank %d, pid %ld) %s%s; %s\n",
             r->rank, r->local_rank, (long)r->pid, how, att, stop);
     if (oc->below_min)
         appendf(b, cap, &k, "ddprun: --elastic %d: after losing rank %d only %d of %d ranks were left, "
-                "below the minimum\n", j->o.elastic_min, r->rank, j->o.nproc - j->nlost - 1, j->o.nproc);
+                "below the minimum%s\n", j->o.elastic_min, r->rank, j->o.nproc - j->ndown - 1, j->o.nproc,
+                j->o.max_restarts ? " (under --elastic the group is not restarted: --max-restarts counts replacements)"
+                                  : "");
     append_lost(j, b, cap, &k);
+    append_replacements(j, b, cap, &k);
     if (r->tail_n == 0) {
         appendf(b, cap, &k, "ddprun: rank %d wrote nothing to stderr\n", r->rank);
     } else {
@@ -1481,7 +1759,9 @@ int main(int argc, char **argv) {
             if (!oc.stuck && j.nlost) print_degraded(&j);
             return oc.stuck ? 1 : 0;
         }
-        if (attempt < j.o.max_restarts && !pending_signal(seen)) {
+        /* Under --elastic, --max-restarts is the budget of replacements (note_lost): the loss
+         * that leaves fewer than MIN ends the job. */
+        if (attempt < j.o.max_restarts && !j.o.elastic_min && !pending_signal(seen)) {
             char how[128];
             describe_exit(&j.ranks[oc.failed], how, sizeof how);
             fprintf(stderr, "ddprun: rank %d %s; restarting all %d ranks (restart %d of %d)\n",
