@@ -122,13 +122,13 @@ extern "C" {
  * compression. zero_stage = 0 in flat mode: the shards are the buckets (every rank owns
  * everything) and all_gather_params does nothing, so one optimizer loop serves both.
  *
- * ELASTIC (desc.elastic = 1: training goes on when a rank dies). finish ends with a commit
- * round, a one-int MIN all-reduce of "my gradient exchange completed", and returns success
- * (apply the step) only when that round completed with 1. A round completes at a rank only
- * after every rank contributed, so one rank's commit proves that every rank, the dead one
- * included, held the complete average; a rank whose commit round failed may still hold it. After
- * ddp_comm_shrink, ddp_reducer_rebind(r, newcomm, &apply) exchanges the survivors' (last
- * committed step, last completed exchange) over newcomm, so all of them end on the same step:
+ * ELASTIC (desc.elastic = 1: training goes on when a rank dies, and ranks may join). finish
+ * ends with a commit round, a one-int MIN all-reduce of "my gradient exchange completed", and
+ * returns success (apply the step) only when that round agreed on it. A round completes at a
+ * rank only after every rank contributed, so one rank's commit proves that every rank, the dead
+ * one included, held the complete average; a rank whose commit round failed may still hold
+ * it. After ddp_comm_shrink, ddp_reducer_rebind(r, newcomm, &apply) exchanges the survivors'
+ * (last committed step, last completed exchange) over newcomm, so all end on the same step:
  * apply = 1 on a rank that lacks a step another survivor committed ("your gradients hold that
  * step's average: apply it"), 0 everywhere else (redo the batch whose finish failed). From then
  * on the reducer averages over newcomm. The loop (docs/elastic_training.md has the whole one):
@@ -153,12 +153,39 @@ extern "C" {
  *     destroy it first (its progress thread may run a bucket's copies until then). newcomm
  *     must use the old one's allocator (shrink and split keep it): the reducer's memory moves
  *     with it. ddp_reducer_committed_steps is then the same on every survivor.
- *   - No bucket rebuild (it is a broadcast inside finish: a rank that died in it would leave
- *     the survivors with different layouts); no_sync steps have no commit round.
- *   - Not with zero_stage = 1 (refused at create): the dead rank's shard of the optimizer state
- *     (and of the parameters, if it died in all_gather_params) is lost; restart those from a
- *     checkpoint. Nor with device gradients (finish returns before the exchange completes,
- *     so it has nothing to commit: refused when the list closes).
+ *   - rebind also checks that every rank registered the same parameters (counts, dtypes, flat
+ *     offsets) with the same settings (DDP_ERR_MISMATCH on every rank, naming the first rank
+ *     and parameter that differ), and makes every rank take the bucket layout (and the
+ *     "rebuilt" state) of the first rank that has run a step: the one-time rebuild is a
+ *     broadcast inside finish, and a rank that died in it may leave the survivors with
+ *     different layouts, which would pair different buckets. no_sync steps have no commit round.
+ *
+ * GROW (ranks join: ddp_comm_grow returns a communicator with the members at ranks 0 .. m-1,
+ * the joiners after them). At a step boundary (the last finish succeeded), every rank of the
+ * grown communicator calls ddp_reducer_rebind(r, grown, &apply) once: a member with its
+ * reducer, a joiner with a FRESH one (created on the grown communicator, same desc, the same
+ * add_param calls in the same order: the same program; no finish yet, which is how rebind
+ * knows it is fresh). Afterwards apply = 0 everywhere, ddp_reducer_committed_steps is the
+ * members' on every rank, the buckets are the members' (a joiner takes their rebuilt layout
+ * and does not rebuild again) and every average divides by the new size. The joiner's model
+ * and optimizer state come from the members (the reducer holds none); its sampler from their
+ * position (ddp_sampler_position_after, ddp_sampler_resume). A fresh reducer beside members
+ * whose last step failed on some (a shrink and a grow at once) works too: the members get
+ * their usual apply, the joiner none (take its state after the members applied theirs).
+ *   - ddp_reducer_joiners_waiting(r), after a finish that committed: how many joiners wait to
+ *     be admitted, the MAX over the ranks, agreed in the same commit round, so every rank
+ *     decides alike whether to grow at this boundary, without another collective: the round's
+ *     one int is ok * 2^30 + (2^30 - 1 - waiting), whose MIN is the AND of the oks and, when
+ *     all are ok, the largest count (counts clamped to [0, 2^30 - 1]). A rank's count comes
+ *     from its communicator (ddp_comm_joiners_waiting: it never blocks).
+ *
+ *   - Flat mode: the buckets are ranges of the flat buffer, independent of the world size;
+ *     nothing moves. Not with zero_stage = 1 (refused at create): a rank's shards are cut for
+ *     the world size, so a shrink loses the dead rank's shard of the optimizer state (and of
+ *     the parameters, if it died in all_gather_params) and a grow would re-cut every shard
+ *     (each rank's optimizer state would have to move); restart from a checkpoint. Nor with
+ *     device gradients (finish returns before the exchange completes, so it has nothing to
+ *     commit: refused when the list closes).
  *   - Without elastic nothing changes: no commit round, no extra collective. */
 typedef struct ddp_reducer ddp_reducer_t;
 typedef enum { DDP_COMPRESS_NONE = 0, DDP_COMPRESS_FP16, DDP_COMPRESS_BF16 } ddp_compress_t;
@@ -217,12 +244,13 @@ DDP_API ddp_result_t ddp_reducer_shard(ddp_reducer_t *r, int k, size_t *offset, 
 DDP_API ddp_result_t ddp_reducer_all_gather_params(ddp_reducer_t *r, void *flat_params,
                                                    ddp_dtype_t dtype);
 DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r);   /* "" when none */
-/* Elastic: after ddp_comm_shrink (the old communicator destroyed), collective over newcomm: the
- * reducer moves there (averages over its size, no request of the old one waited for, the failed
- * step's state dropped) and *apply_pending says what to do with the step that failed (see
- * ELASTIC above). DDP_ERR_MISMATCH on every survivor if their states cannot be reconciled
- * (naming the rank); a failure of newcomm leaves the reducer bound to it: shrink again, rebind
- * again. */
+/* Elastic: after ddp_comm_shrink (the old communicator destroyed) or a grow, collective over
+ * newcomm (every rank, a joiner's fresh reducer too): the reducer moves there (averages over its
+ * size, no request of the old one waited for, the failed step's state dropped, the bucket
+ * layout of the first rank that ran a step) and *apply_pending says what to do with the step
+ * that failed (see ELASTIC and GROW above). DDP_ERR_MISMATCH on every rank if their states
+ * cannot be reconciled or their parameter lists or settings differ (naming the rank, and the
+ * parameter); a failure of newcomm leaves the reducer bound to it: shrink again, rebind again. */
 DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, int *apply_pending);
 /* Synchronised steps applied everywhere so far: elastic, those committed (after rebind: the
  * survivors' common count); else those whose finish succeeded. -1 for NULL. (The sampler's

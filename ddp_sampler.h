@@ -70,6 +70,12 @@
  *         ddp_sampler_init(&s, n, epoch_replicas, 0, shuffle, seed, drop_last);
  *         ddp_sampler_set_epoch(&s, epoch);
  *         ddp_sampler_reshard(&s, world, rank, consumed);
+ *     or, with the three numbers as one value (ddp_sampler_position_t, ddp_sampler_position_after
+ *     on the live sampler), ddp_sampler_init(&s, n, world, rank, ...) then
+ *     ddp_sampler_resume(&s, &pos, world, rank).
+ *   - Ranks joining mid-epoch (a grow): the members re-shard to the grown world as above; a
+ *     joiner resumes from the members' position (sent to it), which gives it exactly the share
+ *     a member computes for its rank. Shrinks and grows compose in one epoch.
  *
  * RULES
  *   - What torch does (torch/utils/data/distributed.py; checked bit for bit against torch 1.13
