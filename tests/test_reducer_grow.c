@@ -25,7 +25,9 @@
  *            parameter); members whose committed counts cannot be reconciled with a fresh
  *            joiner: DDP_ERR_MISMATCH everywhere naming the rank; one member that missed the
  *            last commit with a fresh joiner: apply_pending only there, the joiner adopts the
- *            count. The reducers still work afterwards (no rank left in a collective).
+ *            count. Survivors with different layouts (as a rank dying in the rebuild's broadcast
+ *            leaves them) all take rank 0's, the bucket views' values kept. The reducers still
+ *            work afterwards (no rank left in a collective).
  *   joiners  the per-rank count of joiners waiting (the private hook, injected here) agreed in
  *            the commit round: the MAX over ranks on every rank; 0 when a step did not commit
  *            (one rank left a gradient unmarked: finish fails everywhere); negative counts are 0,
@@ -458,6 +460,35 @@ static int mismatch(int rank, int p, void *arg) {
        ddp_reducer_last_error(m.r));
     ok(steps(&m, rank, who, p, 4, 5, "after the mixed rebind") == 0, "the reducer works afterwards");
     ddp_reducer_destroy(m.r);
+    {   /* survivors with different layouts (a rank died in the rebuild's broadcast, which reached
+         * rank 1 only): everyone takes rank 0's, the gradients' values (bucket views) kept */
+        static const int32_t other[NP] = {0, 1, 2, 3, 4};
+        int i, b, bad = 0, n, params[NP];
+        size_t j;
+        poke_t st = {2, 2, 2};
+        memset(&m, 0, sizeof m);
+        m.mode = M_VIEW;
+        if (!(m.r = mk(c, &m, T_SAME))) return 1;
+        poke(m.r, &st);
+        ddp_reducer_num_buckets(m.r);   /* closes the list: the default layout */
+        if (rank == 1) {
+            _ddp_reducer_relayout(m.r, other);
+            m.r->rebuilt = 1;
+        }
+        for (i = 0; i < NP; i++)
+            for (j = 0; j < g_sizes[i]; j++) grad_of(&m, i)[j] = g(rank, 77, i, j);
+        e = ddp_reducer_rebind(m.r, c, &apply);
+        for (i = 0; i < NP; i++)
+            for (j = 0; j < g_sizes[i]; j++) bad += grad_of(&m, i)[j] != g(rank, 77, i, j);
+        n = ddp_reducer_bucket_info(m.r, 0, params, NP, NULL, NULL);
+        b = ddp_reducer_num_buckets(m.r);
+        ok(e == DDP_SUCCESS && apply == 0 && b == 3 && n == 2 && params[0] == 4 && params[1] == 3 &&
+           !ddp_reducer_rebuilt(m.r) && bad == 0, "survivors with different layouts: rank 0's everywhere (%d "
+           "buckets, the first {%d, %d}, rebuilt %d), %d gradient values changed -> %s %s", b, params[0], params[1],
+           ddp_reducer_rebuilt(m.r), bad, ddp_strerror(e), ddp_reducer_last_error(m.r));
+        ok(steps(&m, rank, who, p, 6, 7, "after the layout agreement") == 0, "the buckets pair up afterwards");
+        ddp_reducer_destroy(m.r);
+    }
     ddp_comm_destroy(c);
     return 0;
 }
