@@ -1292,12 +1292,16 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_rebind_name_param(ddp_reducer_t *r, int n
     if (j == n) e = _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: the parameter lists differ");
     else {
         const int64_t *b = bad + 4 * (size_t)j, *f0 = ref + 3 * (size_t)b[0];
+        char at_j[40] = "", at_0[40] = "";   /* flat mode: where the slices start */
+        if (r->flat) {
+            snprintf(at_j, sizeof at_j, " at element %lld", (long long)b[3]);
+            snprintf(at_0, sizeof at_0, " at element %lld", (long long)f0[2]);
+        }
         e = _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d of the new communicator registered parameter "
-                              "%lld as %lld x %s%s%.0lld, rank 0 as %lld x %s%s%.0lld: every rank must register the "
-                              "same parameters in the same order (the same program)", j, (long long)b[0],
-                              (long long)b[1], ddp_dtype_name((ddp_dtype_t)b[2]), r->flat ? " at element " : "",
-                              (long long)b[3], (long long)f0[0], ddp_dtype_name((ddp_dtype_t)f0[1]),
-                              r->flat ? " at element " : "", (long long)f0[2]);
+                              "%lld as %lld x %s%s, rank 0 as %lld x %s%s: every rank must register the same "
+                              "parameters in the same order (the same program)", j, (long long)b[0], (long long)b[1],
+                              ddp_dtype_name((ddp_dtype_t)b[2]), at_j, (long long)f0[0],
+                              ddp_dtype_name((ddp_dtype_t)f0[1]), at_0);
     }
     ddp_comm_free(r->comm, ref);
     return e;
@@ -1333,7 +1337,7 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_rebind_layout(ddp_reducer_t *r, int src) 
     }
     if (!same) {
         if ((e = _ddp_reducer_relayout(r, r->order + 1)) != DDP_SUCCESS) return e;
-        _ddp_reducer_log_layout(r, "rebind: took the bucket layout of the new communicator's rank");
+        _ddp_reducer_log_layout(r, "rebind: took the bucket layout the other ranks train with");
     }
     r->rebuilt = r->order[0] != 0;
     return DDP_SUCCESS;

@@ -399,12 +399,12 @@ static void poke(ddp_reducer_t *r, const poke_t *s) {
 }
 
 /* m = 2 members and a joiner (rank 2) with the given tweak: every rank's rebind result. */
-static int mismatch_case(ddp_comm_t *big, int rank, int tweak, const char *what, int param) {
+static int mismatch_case(ddp_comm_t *big, int rank, int mode, int tweak, const char *what, int param) {
     static model_t m;
     ddp_result_t e;
     int apply = -1, p = ddp_comm_size(big);
     memset(&m, 0, sizeof m);
-    m.mode = M_COPY;
+    m.mode = mode;
     if (!(m.r = mk(big, &m, rank == p - 1 ? tweak : T_SAME))) return 1;
     if (rank < p - 1) {   /* a member, two steps committed */
         poke_t st = {2, 2, 2};
@@ -430,9 +430,10 @@ static int mismatch(int rank, int p, void *arg) {
     t_desc(&d, 20000);
     d.log_level = 1;
     if (!(c = t_comm_init(rank, p, &d))) return 1;
-    mismatch_case(c, rank, T_COUNT, "a joiner's parameter 2 of another count", 2);
-    mismatch_case(c, rank, T_FEWER, "a joiner with a parameter less", -1);
-    mismatch_case(c, rank, T_CAP, "a joiner with another bucket cap", -1);
+    mismatch_case(c, rank, M_COPY, T_COUNT, "a joiner's parameter 2 of another count", 2);
+    mismatch_case(c, rank, M_FLAT, T_COUNT, "flat mode: a joiner's parameter 2 of another count", 2);
+    mismatch_case(c, rank, M_COPY, T_FEWER, "a joiner with a parameter less", -1);
+    mismatch_case(c, rank, M_COPY, T_CAP, "a joiner with another bucket cap", -1);
     memset(&m, 0, sizeof m);
     m.mode = M_COPY;
     if (!(m.r = mk(c, &m, T_SAME))) return 1;
