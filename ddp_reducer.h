@@ -260,7 +260,8 @@ DDP_API int64_t ddp_reducer_committed_steps(const ddp_reducer_t *r);
 /* Elastic, after a finish that committed: how many joiners wait to be admitted, the MAX of
  * the ranks' counts agreed in the commit round (no extra collective), so the same on every
  * rank: grow the communicator when it is > 0, and every rank decides alike. 0 after a finish
- * that did not commit, after rebind, and without elastic; -1 for NULL. */
+ * that did not commit, after a no_sync finish (not a step boundary), after rebind, and
+ * without elastic; -1 for NULL. */
 DDP_API int ddp_reducer_joiners_waiting(const ddp_reducer_t *r);
 /* Every rank's params[i] (counts[i] x dtypes[i]) becomes root's: DDP's broadcast of the initial
  * model state; small parameters of one dtype travel coalesced. */
@@ -1433,7 +1434,10 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     size_t mlen = 0;
     if (!r) return DDP_ERR_INVALID_ARGUMENT;
     if ((e = _ddp_reducer_close(r)) != DDP_SUCCESS) return e;
-    if (r->no_sync) return DDP_SUCCESS;
+    if (r->no_sync) {   /* not a step boundary: nobody grows in the middle of an accumulation */
+        r->joiners = 0;
+        return DDP_SUCCESS;
+    }
     if (r->finished)
         return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "finish called twice: no gradient was "
                                  "marked ready since the last finish");

@@ -30,8 +30,8 @@
  *            work afterwards (no rank left in a collective).
  *   joiners  the per-rank count of joiners waiting (the private hook, injected here) agreed in
  *            the commit round: the MAX over ranks on every rank; 0 when a step did not commit
- *            (one rank left a gradient unmarked: finish fails everywhere); negative counts are 0,
- *            huge ones clamp to 2^30 - 1; 0 without elastic.
+ *            (one rank left a gradient unmarked: finish fails everywhere) and after a no_sync
+ *            finish; negative counts are 0, huge ones clamp to 2^30 - 1; 0 without elastic.
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -542,6 +542,11 @@ static int joiners(int rank, int p, void *arg) {
     g_waiting = 2;
     if (steps(&m, rank, who, p, 50, 50, "joiners, after the failed step") != 0) return 1;
     ok(ddp_reducer_joiners_waiting(m.r) == 2, "and the next step agrees again: %d", ddp_reducer_joiners_waiting(m.r));
+    ddp_reducer_set_no_sync(m.r, 1);
+    for (k = 0; k < NP; k++) ddp_reducer_grad_ready(m.r, g_ready[k]);
+    ok(ddp_reducer_finish(m.r) == DDP_SUCCESS && ddp_reducer_joiners_waiting(m.r) == 0,
+       "a no_sync finish (not a step boundary): joiners_waiting 0, not the last round's 2");
+    ddp_reducer_set_no_sync(m.r, 0);
     ddp_reducer_destroy(m.r);
     {   /* without elastic: no commit round, 0 whatever the hook says */
         ddp_reducer_desc_t rd;
