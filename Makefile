@@ -64,7 +64,7 @@ IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
-                test_reducer_elastic
+                test_reducer_elastic test_reducer_grow
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
 impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
        $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
@@ -138,7 +138,8 @@ test-san: $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
-              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic $(B)/tsan/test_shrink
+              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic $(B)/tsan/test_reducer_grow \
+              $(B)/tsan/test_shrink
 $(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/tsan
 	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 

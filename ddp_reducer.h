@@ -122,13 +122,13 @@ extern "C" {
  * compression. zero_stage = 0 in flat mode: the shards are the buckets (every rank owns
  * everything) and all_gather_params does nothing, so one optimizer loop serves both.
  *
- * ELASTIC (desc.elastic = 1: training goes on when a rank dies). finish ends with a commit
- * round, a one-int MIN all-reduce of "my gradient exchange completed", and returns success
- * (apply the step) only when that round completed with 1. A round completes at a rank only
- * after every rank contributed, so one rank's commit proves that every rank, the dead one
- * included, held the complete average; a rank whose commit round failed may still hold it. After
- * ddp_comm_shrink, ddp_reducer_rebind(r, newcomm, &apply) exchanges the survivors' (last
- * committed step, last completed exchange) over newcomm, so all of them end on the same step:
+ * ELASTIC (desc.elastic = 1: training goes on when a rank dies, and ranks may join). finish
+ * ends with a commit round, a one-int MIN all-reduce of "my gradient exchange completed", and
+ * returns success (apply the step) only when that round agreed on it. A round completes at a
+ * rank only after every rank contributed, so one rank's commit proves that every rank, the dead
+ * one included, held the complete average; a rank whose commit round failed may still hold
+ * it. After ddp_comm_shrink, ddp_reducer_rebind(r, newcomm, &apply) exchanges the survivors'
+ * (last committed step, last completed exchange) over newcomm, so all end on the same step:
  * apply = 1 on a rank that lacks a step another survivor committed ("your gradients hold that
  * step's average: apply it"), 0 everywhere else (redo the batch whose finish failed). From then
  * on the reducer averages over newcomm. The loop (docs/elastic_training.md has the whole one):
@@ -153,12 +153,39 @@ extern "C" {
  *     destroy it first (its progress thread may run a bucket's copies until then). newcomm
  *     must use the old one's allocator (shrink and split keep it): the reducer's memory moves
  *     with it. ddp_reducer_committed_steps is then the same on every survivor.
- *   - No bucket rebuild (it is a broadcast inside finish: a rank that died in it would leave
- *     the survivors with different layouts); no_sync steps have no commit round.
- *   - Not with zero_stage = 1 (refused at create): the dead rank's shard of the optimizer state
- *     (and of the parameters, if it died in all_gather_params) is lost; restart those from a
- *     checkpoint. Nor with device gradients (finish returns before the exchange completes,
- *     so it has nothing to commit: refused when the list closes).
+ *   - rebind also checks that every rank registered the same parameters (counts, dtypes, flat
+ *     offsets) with the same settings (DDP_ERR_MISMATCH on every rank, naming the first rank
+ *     and parameter that differ), and makes every rank take the bucket layout (and the
+ *     "rebuilt" state) of the first rank that has run a step: the one-time rebuild is a
+ *     broadcast inside finish, and a rank that died in it may leave the survivors with
+ *     different layouts, which would pair different buckets. no_sync steps have no commit round.
+ *
+ * GROW (ranks join: ddp_comm_grow returns a communicator with the members at ranks 0 .. m-1,
+ * the joiners after them). At a step boundary (the last finish succeeded), every rank of the
+ * grown communicator calls ddp_reducer_rebind(r, grown, &apply) once: a member with its
+ * reducer, a joiner with a FRESH one (created on the grown communicator, same desc, the same
+ * add_param calls in the same order: the same program; no finish yet, which is how rebind
+ * knows it is fresh). Afterwards apply = 0 everywhere, ddp_reducer_committed_steps is the
+ * members' on every rank, the buckets are the members' (a joiner takes their rebuilt layout
+ * and does not rebuild again) and every average divides by the new size. The joiner's model
+ * and optimizer state come from the members (the reducer holds none); its sampler from their
+ * position (ddp_sampler_position_after, ddp_sampler_resume). A fresh reducer beside members
+ * whose last step failed on some (a shrink and a grow at once) works too: the members get
+ * their usual apply, the joiner none (take its state after the members applied theirs).
+ *   - ddp_reducer_joiners_waiting(r), after a finish that committed: how many joiners wait to
+ *     be admitted, the MAX over the ranks, agreed in the same commit round, so every rank
+ *     decides alike whether to grow at this boundary, without another collective: the round's
+ *     one int is ok * 2^30 + (2^30 - 1 - waiting), whose MIN is the AND of the oks and, when
+ *     all are ok, the largest count (counts clamped to [0, 2^30 - 1]). A rank's count comes
+ *     from its communicator (ddp_comm_joiners_waiting: it never blocks).
+ *
+ *   - Flat mode: the buckets are ranges of the flat buffer, independent of the world size;
+ *     nothing moves. Not with zero_stage = 1 (refused at create): a rank's shards are cut for
+ *     the world size, so a shrink loses the dead rank's shard of the optimizer state (and of
+ *     the parameters, if it died in all_gather_params) and a grow would re-cut every shard
+ *     (each rank's optimizer state would have to move); restart from a checkpoint. Nor with
+ *     device gradients (finish returns before the exchange completes, so it has nothing to
+ *     commit: refused when the list closes).
  *   - Without elastic nothing changes: no commit round, no extra collective. */
 typedef struct ddp_reducer ddp_reducer_t;
 typedef enum { DDP_COMPRESS_NONE = 0, DDP_COMPRESS_FP16, DDP_COMPRESS_BF16 } ddp_compress_t;
@@ -217,18 +244,25 @@ DDP_API ddp_result_t ddp_reducer_shard(ddp_reducer_t *r, int k, size_t *offset, 
 DDP_API ddp_result_t ddp_reducer_all_gather_params(ddp_reducer_t *r, void *flat_params,
                                                    ddp_dtype_t dtype);
 DDP_API const char *ddp_reducer_last_error(const ddp_reducer_t *r);   /* "" when none */
-/* Elastic: after ddp_comm_shrink (the old communicator destroyed), collective over newcomm: the
- * reducer moves there (averages over its size, no request of the old one waited for, the failed
- * step's state dropped) and *apply_pending says what to do with the step that failed (see
- * ELASTIC above). DDP_ERR_MISMATCH on every survivor if their states cannot be reconciled
- * (naming the rank); a failure of newcomm leaves the reducer bound to it: shrink again, rebind
- * again. */
+/* Elastic: after ddp_comm_shrink (the old communicator destroyed) or a grow, collective over
+ * newcomm (every rank, a joiner's fresh reducer too): the reducer moves there (averages over its
+ * size, no request of the old one waited for, the failed step's state dropped, the bucket
+ * layout of the first rank that ran a step) and *apply_pending says what to do with the step
+ * that failed (see ELASTIC and GROW above). DDP_ERR_MISMATCH on every rank if their states
+ * cannot be reconciled or their parameter lists or settings differ (naming the rank, and the
+ * parameter); a failure of newcomm leaves the reducer bound to it: shrink again, rebind again. */
 DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, int *apply_pending);
 /* Synchronised steps applied everywhere so far: elastic, those committed (after rebind: the
  * survivors' common count); else those whose finish succeeded. -1 for NULL. (The sampler's
  * position is ddp_sampler_consumed_after's: a short last batch and a re-shard's uneven shares
  * make steps times the global batch wrong.) */
 DDP_API int64_t ddp_reducer_committed_steps(const ddp_reducer_t *r);
+/* Elastic, after a finish that committed: how many joiners wait to be admitted, the MAX of
+ * the ranks' counts agreed in the commit round (no extra collective), so the same on every
+ * rank: grow the communicator when it is > 0, and every rank decides alike. 0 after a finish
+ * that did not commit, after a no_sync finish (not a step boundary), after rebind, and
+ * without elastic; -1 for NULL. */
+DDP_API int ddp_reducer_joiners_waiting(const ddp_reducer_t *r);
 /* Every rank's params[i] (counts[i] x dtypes[i]) becomes root's: DDP's broadcast of the initial
  * model state; small parameters of one dtype travel coalesced. */
 DDP_API ddp_result_t ddp_broadcast_params(ddp_comm_t *comm, void *const *params,
@@ -316,8 +350,16 @@ struct ddp_reducer {
     /* Step numbers, from 1: synchronised finishes begun, the last whose exchange completed
      * here, the last committed here (elastic: its commit round gave 1; else finish succeeded). */
     int64_t step, exchanged, committed;
+    /* Elastic: how many joiners this rank sees waiting (asked at each finish, before the commit
+     * round; a communicator that can admit joiners answers it, else 0), and the MAX over the
+     * ranks that the last commit round agreed on. */
+    int (*joiners_fn)(ddp_comm_t *comm);
+    int joiners;
     char err[768];
 };
+
+/* joiners_fn until a communicator that admits joiners answers it. */
+_DDP_PRIVATE int _ddp_reducer_no_joiners(ddp_comm_t *comm) { (void)comm; return 0; }
 
 #define _DDP_REDUCER_MAX_INFLIGHT (DDP_MAX_REQUESTS / 2)
 #define _DDP_REDUCER_ALIGN 64
@@ -983,6 +1025,7 @@ DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
     r->rank = ddp_comm_rank(comm);
     r->flat = (unsigned char *)d.flat_grads;
     r->zero = d.zero_stage == 1;
+    r->joiners_fn = _ddp_reducer_no_joiners;
     *out = r;
     return DDP_SUCCESS;
 }
@@ -1055,6 +1098,30 @@ DDP_API ddp_result_t ddp_reducer_grad_ready(ddp_reducer_t *r, int i) {
     return r->iter_err;
 }
 
+/* The buckets (not flat mode) laid out again from `order` (a permutation of the parameters, not
+ * in r->work), in new memory; with bucket views the gradients' values move along. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_relayout(ddp_reducer_t *r, const int32_t *order) {
+    int n = r->nparams, k;
+    ddp_result_t e;
+    unsigned char **old = NULL, *old_arena = r->arena, *old_half = r->half_arena;
+    if (r->d.gradient_as_bucket_view) {   /* the views move: keep their values (the result) */
+        old = (unsigned char **)ddp_comm_calloc(r->comm, sizeof *old * (size_t)n);
+        if (!old) return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "laying out the buckets again");
+        for (k = 0; k < n; k++) old[k] = r->buckets[r->params[k].bucket].buf + r->params[k].offset;
+    }
+    _ddp_reducer_assign(r, order);
+    if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) { ddp_comm_free(r->comm, old); return e; }
+    if (old)
+        for (k = 0; k < n; k++)
+            _ddp_reducer_move(r, r->buckets[r->params[k].bucket].buf + r->params[k].offset, old[k],
+                              r->params[k].bytes);
+    ddp_comm_free(r->comm, old);
+    _ddp_reducer_free_arena(r, old_arena);
+    ddp_comm_free(r->comm, old_half);
+    _ddp_reducer_reset(r);
+    return DDP_SUCCESS;
+}
+
 /* After the first synchronised iteration: buckets in the order rank 0's gradients became ready
  * (Reducer::rebuild_buckets + sync_bucket_indices: rank 0's order is broadcast so every rank
  * builds the same buckets). order[0] says whether rank 0 saw every parameter ready; if not,
@@ -1062,7 +1129,6 @@ DDP_API ddp_result_t ddp_reducer_grad_ready(ddp_reducer_t *r, int i) {
 _DDP_PRIVATE ddp_result_t _ddp_reducer_rebuild(ddp_reducer_t *r) {
     int n = r->nparams, k;
     ddp_result_t e;
-    unsigned char **old = NULL, *old_arena = r->arena, *old_half = r->half_arena;
     r->order[0] = r->nready == n;
     e = ddp_broadcast(r->order, r->order, (size_t)n + 1, DDP_INT32, 0, r->comm);
     if (e != DDP_SUCCESS) {
@@ -1081,33 +1147,35 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_rebuild(ddp_reducer_t *r) {
             return _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rank 0's gradient order is not a "
                                      "permutation of this rank's %d parameters", n);
     }
-    if (r->d.gradient_as_bucket_view) {   /* the views move: keep their values (the result) */
-        old = (unsigned char **)ddp_comm_calloc(r->comm, sizeof *old * (size_t)n);
-        if (!old) return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "rebuilding the buckets");
-        for (k = 0; k < n; k++) old[k] = r->buckets[r->params[k].bucket].buf + r->params[k].offset;
-    }
-    _ddp_reducer_assign(r, r->order + 1);
-    if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) { ddp_comm_free(r->comm, old); return e; }
-    if (old)
-        for (k = 0; k < n; k++)
-            _ddp_reducer_move(r, r->buckets[r->params[k].bucket].buf + r->params[k].offset, old[k],
-                              r->params[k].bytes);
-    ddp_comm_free(r->comm, old);
-    _ddp_reducer_free_arena(r, old_arena);
-    ddp_comm_free(r->comm, old_half);
+    if ((e = _ddp_reducer_relayout(r, r->order + 1)) != DDP_SUCCESS) return e;
     r->rebuilt = 1;
     _ddp_reducer_log_layout(r, "rebuilt in rank 0's gradient ready order");
     return DDP_SUCCESS;
 }
 
+/* Elastic: the commit round's one int carries two agreements in one MIN all-reduce: "my
+ * exchange completed" (ok, 0 or 1) in its high part, so the MIN is 1 there only if every rank's
+ * is, and BIG - 1 - waiting in its low part, so that among ranks that all say ok the MIN picks
+ * the largest waiting count. waiting is clamped to [0, BIG - 1] (a billion joiners). */
+#define _DDP_REDUCER_COMMIT_BIG ((int32_t)1 << 30)
+_DDP_PRIVATE int32_t _ddp_reducer_commit_value(int ok, int waiting) {
+    if (waiting < 0) waiting = 0;
+    if (waiting > _DDP_REDUCER_COMMIT_BIG - 1) waiting = _DDP_REDUCER_COMMIT_BIG - 1;
+    return (ok ? _DDP_REDUCER_COMMIT_BIG : 0) + (_DDP_REDUCER_COMMIT_BIG - 1 - waiting);
+}
+
 /* Elastic: the commit round, on the buckets' communicator after them. Every rank takes part,
  * whatever its exchange did (a 0 from a rank whose exchange failed keeps the others from
- * committing), so the round is the same collective everywhere. Returns what finish returns. */
+ * committing), so the round is the same collective everywhere. Returns what finish returns.
+ * It also agrees on the joiners waiting (the MAX of the ranks' counts; 0 unless committed). */
 _DDP_PRIVATE ddp_result_t _ddp_reducer_commit(ddp_reducer_t *r, ddp_result_t e, ddp_result_t usage) {
-    int32_t flag = e == DDP_SUCCESS && usage == DDP_SUCCESS;
+    int32_t flag = _ddp_reducer_commit_value(e == DDP_SUCCESS && usage == DDP_SUCCESS,
+                                             r->joiners_fn ? r->joiners_fn(r->comm) : 0);
     ddp_result_t ce = ddp_all_reduce(&flag, &flag, 1, DDP_INT32, DDP_MIN, r->comm);
-    if (ce == DDP_SUCCESS && flag == 1) {
+    r->joiners = 0;
+    if (ce == DDP_SUCCESS && flag >= _DDP_REDUCER_COMMIT_BIG) {
         r->committed = r->step;
+        r->joiners = (int)(_DDP_REDUCER_COMMIT_BIG - 1 - (flag - _DDP_REDUCER_COMMIT_BIG));
         return e;
     }
     if (e != DDP_SUCCESS || usage != DDP_SUCCESS) return e;   /* r->err says why */
@@ -1121,35 +1189,207 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_commit(ddp_reducer_t *r, ddp_result_t e, 
                              "exchange failed (the commit round gave 0); do not apply it", (long long)r->step);
 }
 
-/* Elastic: the survivors' (committed, exchanged) steps, gathered over the new communicator.
+/* Rebind's all-gather: what each rank of the new communicator says about itself. */
+enum {
+    _DDP_RB_COMMITTED, _DDP_RB_EXCHANGED,
+    _DDP_RB_STEP,                  /* finishes begun: 0 for a fresh reducer (a joiner's) */
+    _DDP_RB_CLOSE,                 /* its parameter list could not be closed: why (a ddp_result_t) */
+    _DDP_RB_NPARAMS,
+    _DDP_RB_PARAMS,                /* digest of the parameters' counts, dtypes (and flat offsets) */
+    _DDP_RB_SETTINGS,              /* digest of the settings that shape the collectives */
+    _DDP_RB_FIELDS
+};
+
+_DDP_PRIVATE void _ddp_reducer_param_fields(const ddp_reducer_t *r, int k, int64_t *f) {
+    f[0] = (int64_t)r->params[k].count;
+    f[1] = (int64_t)r->params[k].dtype;
+    f[2] = r->flat ? (int64_t)r->params[k].off : 0;
+}
+
+_DDP_PRIVATE void _ddp_reducer_rebind_mine(ddp_reducer_t *r, int64_t *mine) {
+    uint64_t h = _DDP_FNV_INIT, set[9];
+    int k;
+    memset(mine, 0, sizeof *mine * _DDP_RB_FIELDS);
+    mine[_DDP_RB_COMMITTED] = r->committed;
+    mine[_DDP_RB_EXCHANGED] = r->exchanged;
+    mine[_DDP_RB_STEP] = r->step;
+    mine[_DDP_RB_CLOSE] = (int64_t)_ddp_reducer_close(r);   /* a joiner's may be open still */
+    mine[_DDP_RB_NPARAMS] = r->nparams;
+    for (k = 0; k < r->nparams; k++) {
+        int64_t f[3];
+        _ddp_reducer_param_fields(r, k, f);
+        h = _ddp_fnv1a(f, sizeof f, h);
+    }
+    mine[_DDP_RB_PARAMS] = (int64_t)h;
+    set[0] = r->d.bucket_cap_bytes;
+    set[1] = r->d.first_bucket_bytes;
+    set[2] = (uint64_t)r->d.find_unused;
+    set[3] = (uint64_t)r->d.compression;
+    set[4] = r->d.comm_hook != NULL;
+    set[5] = r->flat != NULL;
+    set[6] = r->d.flat_bytes;
+    set[7] = (uint64_t)r->d.zero_stage;
+    set[8] = (uint64_t)r->d.elastic;
+    mine[_DDP_RB_SETTINGS] = (int64_t)_ddp_fnv1a(set, sizeof set, _DDP_FNV_INIT);
+}
+
+/* Every rank runs this on the same gathered rows, so every rank returns the same verdict. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_rebind_check(ddp_reducer_t *r, const int64_t *all, int n, int *params_differ) {
+    int j;
+    *params_differ = 0;
+    for (j = 0; j < n; j++) {
+        const int64_t *row = all + (size_t)j * _DDP_RB_FIELDS;
+        if (row[_DDP_RB_CLOSE] != DDP_SUCCESS)
+            return _ddp_reducer_fail(r, (ddp_result_t)row[_DDP_RB_CLOSE], "rebind: rank %d of the new "
+                                     "communicator cannot use its reducer (%s%s)", j,
+                                     ddp_strerror((ddp_result_t)row[_DDP_RB_CLOSE]), row[_DDP_RB_NPARAMS] ? "" :
+                                     ": no parameters registered");
+    }
+    for (j = 1; j < n; j++) {
+        const int64_t *row = all + (size_t)j * _DDP_RB_FIELDS;
+        if (row[_DDP_RB_SETTINGS] != all[_DDP_RB_SETTINGS])
+            return _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d of the new communicator created its "
+                                     "reducer with other settings than rank 0 (bucket_cap_bytes, first_bucket_bytes, "
+                                     "find_unused, compression, comm_hook, flat_grads/flat_bytes): every rank must "
+                                     "use the same desc", j);
+        if (row[_DDP_RB_NPARAMS] != all[_DDP_RB_NPARAMS])
+            return _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d of the new communicator registered "
+                                     "%lld parameters, rank 0 %lld: every rank must register the same ones, in "
+                                     "the same order", j, (long long)row[_DDP_RB_NPARAMS],
+                                     (long long)all[_DDP_RB_NPARAMS]);
+        if (row[_DDP_RB_PARAMS] != all[_DDP_RB_PARAMS]) *params_differ = 1;
+    }
+    return DDP_SUCCESS;
+}
+
+/* The parameter lists differ somewhere (their digests do): collective, to name the first rank
+ * and parameter on every rank. Rank 0's list is broadcast; each rank finds its first parameter
+ * unlike it; the all-gather of those tells everyone. */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_rebind_name_param(ddp_reducer_t *r, int n) {
+    const int np = r->nparams;
+    int64_t *ref = (int64_t *)ddp_comm_calloc(r->comm, sizeof *ref * (3 * (size_t)np + 4 * (size_t)n));
+    int64_t *bad, mine[4] = {-1, 0, 0, 0};
+    ddp_result_t e;
+    int k, j;
+    if (!ref) return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "rebind: the parameter lists differ");
+    bad = ref + 3 * (size_t)np;
+    for (k = 0; k < np && r->rank == 0; k++) _ddp_reducer_param_fields(r, k, ref + 3 * (size_t)k);
+    e = ddp_broadcast(ref, ref, 3 * (size_t)np, DDP_INT64, 0, r->comm);
+    for (k = 0; k < np && e == DDP_SUCCESS && mine[0] < 0; k++) {
+        int64_t f[3];
+        _ddp_reducer_param_fields(r, k, f);
+        if (memcmp(f, ref + 3 * (size_t)k, sizeof f) == 0) continue;
+        mine[0] = k;
+        memcpy(mine + 1, f, sizeof f);
+    }
+    if (e == DDP_SUCCESS) e = ddp_all_gather(mine, bad, 4, DDP_INT64, r->comm);
+    if (e != DDP_SUCCESS) {
+        snprintf(r->err, sizeof r->err, "rebind: the parameter lists differ; naming the first difference: "
+                 "%.600s", ddp_comm_last_error(r->comm));
+        ddp_comm_free(r->comm, ref);
+        return e;
+    }
+    for (j = 1; j < n && bad[4 * (size_t)j] < 0; j++) {}
+    if (j == n) e = _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: the parameter lists differ");
+    else {
+        const int64_t *b = bad + 4 * (size_t)j, *f0 = ref + 3 * (size_t)b[0];
+        char at_j[40] = "", at_0[40] = "";   /* flat mode: where the slices start */
+        if (r->flat) {
+            snprintf(at_j, sizeof at_j, " at element %lld", (long long)b[3]);
+            snprintf(at_0, sizeof at_0, " at element %lld", (long long)f0[2]);
+        }
+        e = _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d of the new communicator registered parameter "
+                              "%lld as %lld x %s%s, rank 0 as %lld x %s%s: every rank must register the same "
+                              "parameters in the same order (the same program)", j, (long long)b[0], (long long)b[1],
+                              ddp_dtype_name((ddp_dtype_t)b[2]), at_j, (long long)f0[0],
+                              ddp_dtype_name((ddp_dtype_t)f0[1]), at_0);
+    }
+    ddp_comm_free(r->comm, ref);
+    return e;
+}
+
+/* Every rank takes rank src's bucket layout (and whether it was rebuilt: a rank that adopted a
+ * rebuilt layout must not rebuild again, and one whose source has not rebuilt yet rebuilds
+ * with the others). A layout is its parameters in bucket order (params_of): laying them out in
+ * that order gives the same buckets again (buckets of one dtype close in order; a bucket's
+ * parameters are contiguous in it). Flat mode: the layout is the slices' (already compared). */
+_DDP_PRIVATE ddp_result_t _ddp_reducer_rebind_layout(ddp_reducer_t *r, int src) {
+    const int n = r->nparams;
+    ddp_result_t e;
+    int k, same = 1;
+    if (r->flat) return DDP_SUCCESS;
+    if (r->rank == src) {
+        r->order[0] = r->rebuilt;
+        for (k = 0; k < n; k++) r->order[1 + k] = r->params_of[k];
+    }
+    e = ddp_broadcast(r->order, r->order, (size_t)n + 1, DDP_INT32, src, r->comm);
+    if (e != DDP_SUCCESS) {
+        snprintf(r->err, sizeof r->err, "rebind: the broadcast of rank %d's bucket layout: %.680s", src,
+                 ddp_comm_last_error(r->comm));
+        return e;
+    }
+    for (k = 0; k < n; k++) r->work[k] = 0;
+    for (k = 0; k < n; k++) {
+        int32_t q = r->order[1 + k];
+        if (q < 0 || q >= n || r->work[q]++)
+            return _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d's bucket layout is not a permutation "
+                                     "of this rank's %d parameters", src, n);
+        same &= q == r->params_of[k];
+    }
+    if (!same) {
+        if ((e = _ddp_reducer_relayout(r, r->order + 1)) != DDP_SUCCESS) return e;
+        _ddp_reducer_log_layout(r, "rebind: took the bucket layout the other ranks train with");
+    }
+    r->rebuilt = r->order[0] != 0;
+    return DDP_SUCCESS;
+}
+
+/* Elastic: the ranks' (committed, exchanged) steps, gathered over the new communicator.
  * S, the latest step any of them committed, is the one all of them end on: every rank that has
  * not committed S completed S's exchange (a commit of S proves that all did), and every
  * survivor committed S - 1 (it began S only after finish S - 1 succeeded). Anything else cannot
- * be reconciled. A later step some rank exchanged but nobody committed is dropped. */
+ * be reconciled. A later step some rank exchanged but nobody committed is dropped. A fresh
+ * reducer (no finish begun: a joiner's after a grow) has nothing to reconcile: it takes S, and
+ * nothing is pending for it (its state comes from the others). */
 _DDP_PRIVATE ddp_result_t _ddp_reducer_decide(ddp_reducer_t *r, const int64_t *all, int n, int *apply) {
-    int64_t S = all[0];
-    int j;
-    for (j = 1; j < n; j++) if (all[2 * j] > S) S = all[2 * j];
+    int64_t S = 0;
+    int j, fresh = 0;
     for (j = 0; j < n; j++) {
-        int64_t c = all[2 * j], x = all[2 * j + 1];
+        const int64_t *row = all + (size_t)j * _DDP_RB_FIELDS;
+        if (row[_DDP_RB_STEP] == 0) fresh++;
+        else if (row[_DDP_RB_COMMITTED] > S) S = row[_DDP_RB_COMMITTED];
+    }
+    for (j = 0; j < n; j++) {
+        const int64_t *row = all + (size_t)j * _DDP_RB_FIELDS;
+        int64_t c = row[_DDP_RB_COMMITTED], x = row[_DDP_RB_EXCHANGED];
+        if (row[_DDP_RB_STEP] == 0) continue;
         if (c < S - 1 || (c < S && x < S))
             return _ddp_reducer_fail(r, DDP_ERR_MISMATCH, "rebind: rank %d of the new communicator "
                                      "committed step %lld and exchanged step %lld, but step %lld was committed "
                                      "elsewhere: its gradients cannot be made the others' (restart from a "
                                      "checkpoint)", j, (long long)c, (long long)x, (long long)S);
     }
-    *apply = r->committed < S;
-    ddp_comm_log(r->comm, DDP_LOG_INFO, "reducer: rebound to %d ranks at step %lld: %s", n, (long long)S,
+    *apply = r->step > 0 && r->committed < S;
+    ddp_comm_log(r->comm, DDP_LOG_INFO, "reducer: rebound to %d ranks (%d of them fresh) at step %lld: %s", n,
+                 fresh, (long long)S, r->step == 0 ? "fresh: takes the step count (its state comes from the others)" :
                  *apply ? "apply it (committed elsewhere, its exchange completed here)" :
                  r->exchanged > S || r->step > S ? "the step after it is dropped: redo it" : "nothing pending");
     r->step = r->exchanged = r->committed = S;
     return DDP_SUCCESS;
 }
 
+/* The rank whose layout everyone takes: the first with a finish begun (a member's, never a
+ * fresh joiner's), else rank 0. */
+_DDP_PRIVATE int _ddp_reducer_layout_source(const int64_t *all, int n) {
+    int j;
+    for (j = 0; j < n; j++) if (all[(size_t)j * _DDP_RB_FIELDS + _DDP_RB_STEP] > 0) return j;
+    return 0;
+}
+
 DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, int *apply_pending) {
-    int64_t mine[2], *all;
+    int64_t mine[_DDP_RB_FIELDS], *all;
     ddp_result_t e;
-    int world;
+    int world, params_differ = 0;
     if (apply_pending) *apply_pending = 0;
     if (!r || !newcomm || !apply_pending) return DDP_ERR_INVALID_ARGUMENT;
     if ((world = ddp_comm_size(newcomm)) < 1) return DDP_ERR_INVALID_USAGE;   /* destroyed */
@@ -1160,28 +1400,31 @@ DDP_API ddp_result_t ddp_reducer_rebind(ddp_reducer_t *r, ddp_comm_t *newcomm, i
     }
     r->comm = newcomm;   /* the old communicator is never used again, not even for an error */
     /* The failed step's state: its requests belonged to the old communicator (they failed or
-     * never will complete); the buckets are laid out independently of the world size. */
+     * never will complete). */
     if (r->closed) _ddp_reducer_reset(r);
     r->in_iteration = 0;
     r->finished = 1;
     r->world = world;
     r->rank = ddp_comm_rank(newcomm);
-    mine[0] = r->committed;
-    mine[1] = r->exchanged;
-    all = (int64_t *)ddp_comm_calloc(newcomm, sizeof *all * 2 * (size_t)world);
+    r->joiners = 0;
+    _ddp_reducer_rebind_mine(r, mine);
+    all = (int64_t *)ddp_comm_calloc(newcomm, sizeof *all * _DDP_RB_FIELDS * (size_t)world);
     if (!all) return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "rebind: %d ranks' states", world);
-    e = ddp_all_gather(mine, all, 2, DDP_INT64, newcomm);
+    e = ddp_all_gather(mine, all, _DDP_RB_FIELDS, DDP_INT64, newcomm);
     if (e != DDP_SUCCESS)
-        snprintf(r->err, sizeof r->err, "rebind: the all-gather of the survivors' steps: %.700s",
+        snprintf(r->err, sizeof r->err, "rebind: the all-gather of the ranks' steps: %.700s",
                  ddp_comm_last_error(newcomm));
-    else
-        e = _ddp_reducer_decide(r, all, world, apply_pending);
+    if (e == DDP_SUCCESS) e = _ddp_reducer_rebind_check(r, all, world, &params_differ);
+    if (e == DDP_SUCCESS && params_differ) e = _ddp_reducer_rebind_name_param(r, world);
+    if (e == DDP_SUCCESS) e = _ddp_reducer_rebind_layout(r, _ddp_reducer_layout_source(all, world));
+    if (e == DDP_SUCCESS) e = _ddp_reducer_decide(r, all, world, apply_pending);
     ddp_comm_free(newcomm, all);
     if (e == DDP_SUCCESS) r->err[0] = 0;
     return e;
 }
 
 DDP_API int64_t ddp_reducer_committed_steps(const ddp_reducer_t *r) { return r ? r->committed : -1; }
+DDP_API int ddp_reducer_joiners_waiting(const ddp_reducer_t *r) { return r ? r->joiners : -1; }
 
 DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     ddp_result_t e, usage = DDP_SUCCESS;
@@ -1191,7 +1434,10 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     size_t mlen = 0;
     if (!r) return DDP_ERR_INVALID_ARGUMENT;
     if ((e = _ddp_reducer_close(r)) != DDP_SUCCESS) return e;
-    if (r->no_sync) return DDP_SUCCESS;
+    if (r->no_sync) {   /* not a step boundary: nobody grows in the middle of an accumulation */
+        r->joiners = 0;
+        return DDP_SUCCESS;
+    }
     if (r->finished)
         return _ddp_reducer_fail(r, DDP_ERR_INVALID_USAGE, "finish called twice: no gradient was "
                                  "marked ready since the last finish");
@@ -1233,9 +1479,10 @@ DDP_API ddp_result_t ddp_reducer_finish(ddp_reducer_t *r) {
     }
 
     e = r->iter_err;
-    /* flat mode: the buckets are the user's memory, which cannot be reordered; elastic: a rank
-     * dying in the broadcast would leave the survivors with different layouts */
-    if (!r->rebuilt && !r->d.find_unused && !r->flat && !r->d.elastic && e == DDP_SUCCESS)
+    /* flat mode: the buckets are the user's memory, which cannot be reordered. Elastic: a rank
+     * dying in the broadcast may leave the survivors with different layouts; rebind makes them
+     * agree again (and a joiner's fresh reducer adopts the members' layout there). */
+    if (!r->rebuilt && !r->d.find_unused && !r->flat && e == DDP_SUCCESS)
         e = _ddp_reducer_rebuild(r);
     _ddp_reducer_reset(r);
     r->finished = 1;

@@ -70,6 +70,12 @@
  *         ddp_sampler_init(&s, n, epoch_replicas, 0, shuffle, seed, drop_last);
  *         ddp_sampler_set_epoch(&s, epoch);
  *         ddp_sampler_reshard(&s, world, rank, consumed);
+ *     or, with the three numbers as one value (ddp_sampler_position_t, ddp_sampler_position_after
+ *     on the live sampler), ddp_sampler_init(&s, n, world, rank, ...) then
+ *     ddp_sampler_resume(&s, &pos, world, rank).
+ *   - Ranks joining mid-epoch (a grow): the members re-shard to the grown world as above; a
+ *     joiner resumes from the members' position (sent to it), which gives it exactly the share
+ *     a member computes for its rank. Shrinks and grows compose in one epoch.
  *
  * RULES
  *   - What torch does (torch/utils/data/distributed.py; checked bit for bit against torch 1.13
@@ -239,6 +245,26 @@ DDP_API uint64_t ddp_sampler_num_steps(const ddp_sampler_t *s, uint64_t batch);
  * epoch, and ddp_sampler_consumed_after(...). start is the last re-shard's consumed, 0 if none. */
 DDP_API int ddp_sampler_epoch_replicas(const ddp_sampler_t *s);
 DDP_API uint64_t ddp_sampler_start(const ddp_sampler_t *s);
+/* Those three numbers as one value: where a sampler is in its epoch. It is what a rank joining
+ * a running job needs from the members (besides init's arguments, which are the program's),
+ * and what a checkpoint needs mid-epoch. Three 64-bit integers, no padding: it can travel as
+ * its bytes between ranks of one machine type. */
+typedef struct ddp_sampler_position {
+    uint64_t epoch;
+    uint64_t consumed;         /* positions of the epoch's list done (consumed_after's) */
+    int64_t epoch_replicas;    /* the world the epoch's list was laid out for */
+} ddp_sampler_position_t;
+/* s's position after local_steps steps of batch, counted as ddp_sampler_consumed_after counts
+ * them (and refused as it refuses); the same on every rank. */
+DDP_API ddp_result_t ddp_sampler_position_after(ddp_sampler_t *s, uint64_t local_steps,
+                                                uint64_t batch, ddp_sampler_position_t *pos);
+/* s, initialised with the job's dataset_len, shuffle, seed and drop_last (its num_replicas and
+ * rank do not matter; its randperm choice is kept), goes to pos and deals the rest of that
+ * epoch to num_replicas ranks, this one being rank: exactly the share a member gets from
+ * ddp_sampler_reshard(num_replicas, rank, pos->consumed). A joiner's sampler after a grow, or a
+ * job resumed mid-epoch. Refused calls change nothing but the error text. */
+DDP_API ddp_result_t ddp_sampler_resume(ddp_sampler_t *s, const ddp_sampler_position_t *pos,
+                                        int num_replicas, int rank);
 
 /* ---------------------------------------------------------------- batches */
 /* torch.utils.data.BatchSampler(sampler, batch_size, drop_last) over an index list: batches of
@@ -923,6 +949,49 @@ _DDP_SAMPLER_DEF int ddp_sampler_epoch_replicas(const ddp_sampler_t *s) {
     return s ? s->epoch_replicas : 0;
 }
 _DDP_SAMPLER_DEF uint64_t ddp_sampler_start(const ddp_sampler_t *s) { return s ? s->start : 0; }
+
+_DDP_SAMPLER_DEF ddp_result_t ddp_sampler_position_after(ddp_sampler_t *s, uint64_t local_steps,
+                                                         uint64_t batch, ddp_sampler_position_t *pos) {
+    uint64_t c = 0;
+    ddp_result_t e;
+    if (!s || !pos) return DDP_ERR_INVALID_ARGUMENT;
+    if ((e = ddp_sampler_consumed_after(s, local_steps, batch, &c)) != DDP_SUCCESS) return e;
+    pos->epoch = s->epoch;
+    pos->consumed = c;
+    pos->epoch_replicas = s->epoch_replicas;
+    return DDP_SUCCESS;
+}
+
+/* The epoch laid out again for the world it began with, then re-sharded: a copy, so that a
+ * refusal leaves s as it was. */
+_DDP_SAMPLER_DEF ddp_result_t ddp_sampler_resume(ddp_sampler_t *s, const ddp_sampler_position_t *pos,
+                                                 int num_replicas, int rank) {
+    ddp_sampler_t t;
+    ddp_result_t e;
+    if (!s) return DDP_ERR_INVALID_ARGUMENT;
+    if (s->num_replicas < 1) {
+        snprintf(s->error, sizeof s->error, "resume: the sampler was never initialised");
+        return DDP_ERR_INVALID_USAGE;
+    }
+    if (!pos || pos->epoch_replicas < 1 || pos->epoch_replicas > INT32_MAX) {
+        if (pos) snprintf(s->error, sizeof s->error, "resume: the position's epoch_replicas %lld is not a world size",
+                          (long long)pos->epoch_replicas);
+        else snprintf(s->error, sizeof s->error, "resume: NULL position");
+        return DDP_ERR_INVALID_ARGUMENT;
+    }
+    e = ddp_sampler_init(&t, s->dataset_len, (int)pos->epoch_replicas, 0, s->shuffle, s->seed, s->drop_last);
+    if (e == DDP_SUCCESS) {
+        t.algo = s->algo;
+        ddp_sampler_set_epoch(&t, pos->epoch);
+        e = ddp_sampler_reshard(&t, num_replicas, rank, pos->consumed);
+    }
+    if (e != DDP_SUCCESS) {
+        snprintf(s->error, sizeof s->error, "resume: %.80s", t.error);
+        return e;
+    }
+    *s = t;
+    return DDP_SUCCESS;
+}
 
 /* ---------------------------------------------------------------- batches
  * torch/utils/data/sampler.py, BatchSampler: len = count // bs if drop_last else ceil. */

@@ -35,6 +35,9 @@ MUTANTS = {
         "    left = s->total_size - consumed;\n",
         "    left = (s->dataset_len < s->total_size ? s->dataset_len : s->total_size) - consumed;\n"
         "    if (consumed > s->dataset_len) left = 0;\n"),
+    "a joiner's resume lays the epoch out for the new world": (
+        "ddp_sampler_init(&t, s->dataset_len, (int)pos->epoch_replicas, 0,",
+        "ddp_sampler_init(&t, s->dataset_len, num_replicas, 0,"),
 }
 
 

@@ -231,7 +231,7 @@ static int shrink(int rank, int p, void *arg) {
                     (m.mode == M_VIEW || m.mode == M_FP16);
         e = step_run(&m, rank, step);
         if (a->before_commit && rank == a->victim) {
-            int32_t one = 1;
+            int32_t one = _ddp_reducer_commit_value(1, 0);   /* committed, no joiner waiting */
             if (step == VICTIM_LAST_STEP) {
                 t_where("dying between the exchange and the commit round of step %d", step);
                 kill(getpid(), SIGKILL);

@@ -468,8 +468,155 @@ static void check_errors(void) {
     }
 }
 
+/* ------------------------------------------------------------------ grows
+ * A grow re-shards the rest of the epoch to more ranks, with the same reshard. The members
+ * re-shard their samplers; a joiner has none: it builds one from init's arguments and the
+ * position the members send it (ddp_sampler_position_after / ddp_sampler_resume, which is init with
+ * the epoch's world, set_epoch, reshard). Its share must be the one a member would compute for
+ * that rank, and the epoch, shrinks and grows together, must visit every index as often as the
+ * epoch without them. */
+static void check_grow_joiners(const scenario_t *sc, int *cases, int *bad_share, int *bad_recipe,
+                               int *bad_pos) {
+    ddp_sampler_t ranks[16], next[16];
+    uint64_t c = 0;
+    int seg, r;
+    for (r = 0; r < sc->world[0]; r++) init_rank(&ranks[r], sc, sc->world[0], r);
+    for (seg = 1; seg < sc->nworlds; seg++) {
+        const int wp = sc->world[seg - 1], w = sc->world[seg];
+        uint64_t steps = ddp_sampler_num_steps(&ranks[0], sc->batch);
+        uint64_t run = sc->steps[seg - 1] > steps ? steps : sc->steps[seg - 1];
+        ddp_sampler_position_t pos;
+        if (ddp_sampler_position_after(&ranks[0], run, sc->batch, &pos) != DDP_SUCCESS ||
+            ddp_sampler_consumed_after(&ranks[0], run, sc->batch, &c) != DDP_SUCCESS ||
+            pos.consumed != c || pos.epoch != sc->epoch || pos.epoch_replicas != sc->world[0])
+            (*bad_pos)++;
+        for (r = 0; r < w; r++) {
+            /* a member's view of rank r's share, and the joiner's own (any init world/rank) */
+            ddp_sampler_t member = ranks[r % wp], joiner, recipe;
+            if (ddp_sampler_reshard(&member, w, r, c) != DDP_SUCCESS) (*bad_share)++;
+            next[r] = member;
+            if (r < wp) continue;   /* a member: it has its own */
+            (*cases)++;
+            if (ddp_sampler_init(&joiner, sc->n, w, r, sc->shuffle, sc->seed, sc->drop_last) !=
+                    DDP_SUCCESS ||
+                ddp_sampler_resume(&joiner, &pos, w, r) != DDP_SUCCESS ||
+                !same_indices(&joiner, &member) ||
+                ddp_sampler_num_steps(&joiner, sc->batch) != ddp_sampler_num_steps(&member, sc->batch))
+                (*bad_share)++;
+            /* the recipe by hand: init with the epoch's world, set_epoch, reshard */
+            if (ddp_sampler_init(&recipe, sc->n, (int)pos.epoch_replicas, 0, sc->shuffle, sc->seed,
+                                 sc->drop_last) != DDP_SUCCESS)
+                (*bad_recipe)++;
+            ddp_sampler_set_epoch(&recipe, pos.epoch);
+            if (ddp_sampler_reshard(&recipe, w, r, pos.consumed) != DDP_SUCCESS ||
+                !same_indices(&recipe, &member))
+                (*bad_recipe)++;
+        }
+        memcpy(ranks, next, (size_t)w * sizeof *ranks);
+    }
+}
+
+static void check_grows(void) {
+    static const uint64_t ns[] = {1, 2, 5, 7, 10, 17, 31, 64, 101, 1000};
+    static const uint64_t batches[] = {1, 2, 3, 7};
+    static const int worlds[][4] = {{4, 3, 4, 0}, {3, 5, 0, 0}, {1, 4, 0, 0}, {4, 3, 4, 2}};
+    static const int nworlds[] = {3, 2, 2, 4};
+    static const char *const names[] = {"4 -> 3 -> 4", "3 -> 5", "1 -> 4", "4 -> 3 -> 4 -> 2"};
+    size_t a, bi, wi;
+    int shuffle, drop, f, k;
+    for (wi = 0; wi < sizeof nworlds / sizeof nworlds[0]; wi++) {
+        int cases = 0, bad_share = 0, bad_recipe = 0, bad_pos = 0, failures = 0;
+        memset(f_count, 0, sizeof f_count);
+        f_cases = 0;
+        for (a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (shuffle = 0; shuffle < 2; shuffle++)
+                for (drop = 0; drop < 2; drop++)
+                    for (bi = 0; bi < sizeof batches / sizeof batches[0]; bi++)
+                        for (k = 0; k < 6; k++) {
+                            scenario_t sc;
+                            ddp_sampler_t s;
+                            uint64_t steps;
+                            int w;
+                            memset(&sc, 0, sizeof sc);
+                            sc.n = ns[a];
+                            sc.batch = batches[bi];
+                            sc.epoch = 3 + a;
+                            sc.seed = 7 + (int64_t)k;
+                            sc.shuffle = shuffle;
+                            sc.drop_last = drop;
+                            sc.nworlds = nworlds[wi];
+                            for (w = 0; w < sc.nworlds; w++) sc.world[w] = worlds[wi][w];
+                            init_rank(&s, &sc, sc.world[0], 0);
+                            steps = ddp_sampler_num_steps(&s, sc.batch);
+                            /* grow at the start, after one step, mid-epoch, at the end; then picked */
+                            sc.steps[0] = k == 0 ? 0 : k == 1 ? 1 : k == 2 ? steps / 2 : k == 3 ? steps : pick(steps);
+                            sc.steps[1] = k < 4 ? (steps + 2) / 3 : pick(steps);
+                            sc.steps[2] = k == 5 ? 0 : pick(steps);
+                            run_scenario(&sc);
+                            check_grow_joiners(&sc, &cases, &bad_share, &bad_recipe, &bad_pos);
+                        }
+        for (f = 0; f < F_COUNT; f++) {
+            if (f_count[f]) printf("# %s: first failing case: %s\n", names[wi], f_first[f]);
+            failures += f_count[f];
+        }
+        ok(failures == 0, "%s mid-epoch: every index visited exactly as often as without re-shards, every rank "
+           "of a world the same steps, positions the head of the list, the next epoch torch's (%d cases, %d "
+           "failures)", names[wi], f_cases, failures);
+        ok(bad_pos == 0, "%s: ddp_sampler_position_after is (epoch, the epoch's world, consumed_after) (%d bad)",
+           names[wi], bad_pos);
+        ok(bad_share == 0 && cases > 0, "%s: a joiner's sampler from init + ddp_sampler_resume(position) has "
+           "exactly the share a member computes for its rank (%d joiners, %d bad)", names[wi], cases, bad_share);
+        ok(bad_recipe == 0, "%s: and so has init(epoch_replicas) + set_epoch(epoch) + reshard(world, rank, "
+           "consumed) (%d bad)", names[wi], bad_recipe);
+    }
+}
+
+/* ddp_sampler_position_after and ddp_sampler_resume refuse what they cannot do, changing nothing. */
+static void check_resume_errors(void) {
+    ddp_sampler_t s, before, m;
+    ddp_sampler_position_t pos;
+    ddp_result_t e;
+    int good;
+    ddp_sampler_init(&m, 100, 4, 1, 1, 42, 0);
+    ddp_sampler_set_epoch(&m, 3);
+    ddp_sampler_set_randperm(&m, DDP_RANDPERM_TORCH_LEGACY);
+    ok(ddp_sampler_position_after(&m, 2, 5, &pos) == DDP_SUCCESS && pos.epoch == 3 && pos.consumed == 40 &&
+       pos.epoch_replicas == 4, "position after 2 steps of 5 on 4 ranks: epoch 3, consumed 40, epoch_replicas 4");
+    ok(ddp_sampler_position_after(&m, 99, 5, &pos) == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_sampler_last_error(&m), "steps"),
+       "position: more steps than the epoch has refused: %s", ddp_sampler_last_error(&m));
+    ok(ddp_sampler_position_after(&m, 1, 5, NULL) == DDP_ERR_INVALID_ARGUMENT, "position_after: NULL refused");
+    ddp_sampler_position_after(&m, 2, 5, &pos);
+    ddp_sampler_init(&s, 100, 1, 0, 1, 42, 0);
+    ddp_sampler_set_randperm(&s, DDP_RANDPERM_TORCH_LEGACY);
+    before = s;
+    good = 1;
+    e = ddp_sampler_resume(&s, &pos, 3, 3);
+    good &= e == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_sampler_last_error(&s), "rank") != NULL;
+    pos.epoch_replicas = 0;
+    e = ddp_sampler_resume(&s, &pos, 3, 0);
+    good &= e == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_sampler_last_error(&s), "epoch_replicas") != NULL;
+    pos.epoch_replicas = 4;
+    pos.consumed = 101;
+    e = ddp_sampler_resume(&s, &pos, 3, 0);
+    good &= e == DDP_ERR_INVALID_ARGUMENT && strstr(ddp_sampler_last_error(&s), "past") != NULL;
+    good &= ddp_sampler_resume(&s, NULL, 3, 0) == DDP_ERR_INVALID_ARGUMENT;
+    good &= unchanged(&s, &before) && s.algo == before.algo;
+    ok(good, "resume refuses a bad rank, a position with no world, consumed past the epoch, NULL; s unchanged");
+    pos.consumed = 40;
+    ok(ddp_sampler_resume(&s, &pos, 3, 2) == DDP_SUCCESS && s.algo == DDP_RANDPERM_TORCH_LEGACY &&
+       ddp_sampler_num_samples(&s) == 20 && ddp_sampler_start(&s) == 40 && ddp_sampler_epoch_replicas(&s) == 4,
+       "resume to 3 ranks at 40 of 100: 20 samples, start 40, the epoch's world 4, randperm choice kept");
+    {
+        ddp_sampler_t u;
+        memset(&u, 0, sizeof u);
+        ok(ddp_sampler_resume(&u, &pos, 3, 0) == DDP_ERR_INVALID_USAGE, "resume of a sampler never initialised");
+    }
+}
+
 int main(void) {
     check_epochs();
+    check_grows();
+    check_resume_errors();
     check_worked_example();
     check_errors();
     printf("1..%d\n", g_tests);
