@@ -351,15 +351,13 @@ struct ddp_reducer {
      * here, the last committed here (elastic: its commit round gave 1; else finish succeeded). */
     int64_t step, exchanged, committed;
     /* Elastic: how many joiners this rank sees waiting (asked at each finish, before the commit
-     * round; a communicator that can admit joiners answers it, else 0), and the MAX over the
-     * ranks that the last commit round agreed on. */
+     * round: ddp_comm_joiners_waiting, -1 counted as 0), and the MAX over the ranks that the
+     * last commit round agreed on. */
     int (*joiners_fn)(ddp_comm_t *comm);
     int joiners;
     char err[768];
 };
 
-/* joiners_fn until a communicator that admits joiners answers it. */
-_DDP_PRIVATE int _ddp_reducer_no_joiners(ddp_comm_t *comm) { (void)comm; return 0; }
 
 #define _DDP_REDUCER_MAX_INFLIGHT (DDP_MAX_REQUESTS / 2)
 #define _DDP_REDUCER_ALIGN 64
@@ -1025,7 +1023,7 @@ DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
     r->rank = ddp_comm_rank(comm);
     r->flat = (unsigned char *)d.flat_grads;
     r->zero = d.zero_stage == 1;
-    r->joiners_fn = _ddp_reducer_no_joiners;
+    r->joiners_fn = ddp_comm_joiners_waiting;   /* (tests point it elsewhere to inject counts) */
     *out = r;
     return DDP_SUCCESS;
 }
