@@ -95,7 +95,9 @@ typedef struct ddp_grow_opts {     /* zero = defaults */
  * when nobody was admitted (none waiting, or every one offered a seat died or did not take it:
  * comm goes on as it was). After a grow, comm is retired (its calls fail: use the new one) and
  * must be destroyed. A member that does not take part fails the grow on every member (naming
- * it); comm is then as after any failed call: shrink it. */
+ * it); comm is then as after any failed call: shrink it. Destroying a healthy communicator that
+ * looked for joiners (neither grown nor shrunk: the job is ending) closes the job to joiners:
+ * those still waiting fail at once (DDP_ERR_ABORTED). */
 DDP_API ddp_result_t ddp_comm_grow(ddp_comm_t *comm, const ddp_grow_opts_t *opts, ddp_comm_t **newcomm);
 /* A communicator made by ddp_comm_grow or ddp_comm_join: how many of its ranks (0 .. m-1) were
  * members before it grew (they hold the job's state); ddp_comm_size for any other; -1 if NULL. */
@@ -222,10 +224,21 @@ static void *_ddp_grow_watch_main(void *arg) {
     return NULL;
 }
 
+/* At destroy. A healthy communicator that looked for joiners and goes away unreplaced (not
+ * grown, not shrunk: the job is ending) closes the job to joiners: rank 0 says so in the store,
+ * so a joiner still waiting fails at once instead of at its timeout. */
 static void _ddp_grow_watch_stop(ddp_comm_t *c) {
     _ddp_grow_watch_t *w = (_ddp_grow_watch_t *)c->grow.watch;
     c->grow.watch_stop = NULL;
     c->grow.watch = NULL;
+    if (!c->forked && c->eng.rank == 0 && !c->grow.retired && !c->shrink.revoked && c->boot.store &&
+        !c->boot.foreign && __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_SUCCESS) {
+        char key[256];
+        _ddp_root_key(c, key, sizeof key, "join/closed");
+        _ddp_store_quick(c->boot.store, 1);
+        ddp_store_set(c->boot.store, key, "destroyed", 9);
+        _ddp_store_quick(c->boot.store, 0);
+    }
     if (!w) return;
     if (w->started && !c->forked) {   /* a fork child has no thread to end: its copy goes */
         pthread_mutex_lock(&w->mu);
@@ -697,17 +710,23 @@ done:
     return r;
 }
 
-/* Waits for a seat (to the join deadline), saying every 10 s what it waits for. */
+/* Waits for a seat (to the join deadline), saying every 10 s what it waits for; fails at once
+ * when the job ended (its members destroyed their communicator). */
 _DDP_PRIVATE ddp_result_t _ddp_join_wait_seat(_ddp_joiner_t *j, char *seat, size_t cap) {
     ddp_comm_t *c = j->lobby;
-    char key[256];
+    char key[256], closed[256];
     int exists = 0, nap = 100;
     int64_t t0 = _ddp_now_us(), next_note = t0 + 10000000;
     ddp_result_t r;
     _ddp_root_key(c, key, sizeof key, "join/seat/%lld", (long long)j->ticket);
+    _ddp_root_key(c, closed, sizeof closed, "join/closed");
     for (;;) {
         if ((r = ddp_store_check(c->boot.store, key, &exists)) != DDP_SUCCESS) return r;
         if (exists) return _ddp_grow_get(c->boot.store, key, seat, cap);
+        if ((r = ddp_store_check(c->boot.store, closed, &exists)) != DDP_SUCCESS) return r;
+        if (exists)
+            return ddp_comm_fail(c, DDP_ERR_ABORTED, "comm_join: the job ended before admitting this joiner "
+                                 "(ticket %lld): its members destroyed their communicator", (long long)j->ticket);
         if (_ddp_ms_left(j->deadline) == 0)
             return ddp_comm_fail(c, DDP_ERR_TIMEOUT, "comm_join: not admitted within %d ms (ticket %lld): "
                                  "the members never called ddp_comm_grow", j->timeout_ms, (long long)j->ticket);
@@ -764,7 +783,11 @@ DDP_API ddp_result_t ddp_comm_join(ddp_comm_t **out, const ddp_comm_desc_t *desc
     *out = child;
     return DDP_SUCCESS;
 fail:
-    _ddp_strlcpy(_ddp_init_error, j.lobby->last_error, sizeof _ddp_init_error);
+    {   /* the lobby's "rank 1" means nothing to the user: a joiner has no rank yet */
+        char body[900];
+        snprintf(_ddp_init_error, sizeof _ddp_init_error, "joiner (pid %d): %s [%s]", (int)getpid(),
+                 _ddp_error_body(j.lobby->last_error, body, sizeof body), ddp_strerror(r));
+    }
     ddp_comm_destroy(j.lobby);
     return r;
 }

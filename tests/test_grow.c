@@ -21,6 +21,8 @@
  *             boundary
  *   secret    a joiner with the wrong secret: refused (DDP_ERR_AUTH), the members never see it
  *   job       a joiner of another job (DDP_JOB_ID): refused (DDP_ERR_MISMATCH) naming both jobs
+ *   ended     a joiner that comes after the members destroyed their communicator (the job is
+ *             over): fails at once (DDP_ERR_ABORTED), not at its timeout
  *   again     grow, shrink, grow: 3 members + a joiner -> 4; member 1 killed -> shrink to 3;
  *             a second joiner -> 4 again (generation 3), every step exact */
 #define _GNU_SOURCE
@@ -55,7 +57,7 @@ typedef struct {
     const char *name;
     int members, joiners;
     int dying_joiner;               /* process index of a joiner that dies after its seat (-1) */
-    int bad;                        /* 1 wrong secret, 2 another job */
+    int bad;                        /* 1 wrong secret, 2 another job, 3 after the job ended */
     int again;                      /* grow, shrink, grow */
     int min_wait;                   /* grow only when this many wait (two: both at once) */
 } scenario_t;
@@ -256,8 +258,10 @@ static int member_main(int proc, const scenario_t *sc) {
         float a[COUNT];
         int w = 0, k;
         ddp_result_t r = DDP_SUCCESS;
-        while (!__atomic_load_n(&S->r[sc->members].done, __ATOMIC_SEQ_CST)) usleep(1000);
-        usleep(50000);   /* ten of the watcher's looks: a refused joiner must not be counted */
+        if (sc->bad != 3) {   /* (3: the joiner comes after the job ended) */
+            while (!__atomic_load_n(&S->r[sc->members].done, __ATOMIC_SEQ_CST)) usleep(1000);
+            usleep(50000);   /* ten of the watcher's looks: a refused joiner must not be counted */
+        }
         for (k = 0; k < 3 && r == DDP_SUCCESS; k++) {
             r = step(c, a, k);
             if (r == DDP_SUCCESS) r = agreed_waiting(c, &w);
@@ -266,8 +270,8 @@ static int member_main(int proc, const scenario_t *sc) {
         S->r[proc].rank = ddp_comm_rank(c);
         S->r[proc].size = ddp_comm_size(c);
         S->r[proc].rc = r;
-        S->r[proc].done = 1;
         ddp_comm_destroy(c);
+        __atomic_store_n(&S->r[proc].done, 1, __ATOMIC_SEQ_CST);
         return r == DDP_SUCCESS ? 0 : 1;
     }
     return life(c, proc, sc, 0);
@@ -277,7 +281,7 @@ static int joiner_main(int proc, const scenario_t *sc) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    int first_joiner = proc == sc->members;
+    int first_joiner = proc == sc->members, i;
     report_t *rep = &S->r[proc];
     joiner_desc(&d, sc->bad == 1 ? "not-the-secret-of-this-job-987" : SECRET);
     if (sc->bad == 2) setenv("DDP_JOB_ID", "another-job", 1);
@@ -289,6 +293,8 @@ static int joiner_main(int proc, const scenario_t *sc) {
     }
     if (sc->again && !first_joiner)
         while (!__atomic_load_n(&S->shrunk, __ATOMIC_SEQ_CST)) usleep(1000);
+    if (sc->bad == 3)   /* after the members destroyed their communicator */
+        for (i = 0; i < sc->members; i++) while (!__atomic_load_n(&S->r[i].done, __ATOMIC_SEQ_CST)) usleep(1000);
     t_where("ddp_comm_join");
     r = ddp_comm_join(&c, &d, NULL);
     if (sc->bad) {
@@ -330,9 +336,13 @@ static void run(const scenario_t *sc) {
         if (sc->bad == 1)
             ok(j->done && j->rc == DDP_ERR_AUTH, "[%s] %s: a joiner with the wrong secret is refused -> %s: %s",
                g_transport, sc->name, ddp_strerror((ddp_result_t)j->rc), j->err);
-        else
+        else if (sc->bad == 2)
             ok(j->done && j->rc == DDP_ERR_MISMATCH && strstr(j->err, "another-job"), "[%s] %s: a joiner of "
                "another job is refused naming it -> %s: %s", g_transport, sc->name, ddp_strerror((ddp_result_t)j->rc), j->err);
+        else
+            ok(j->done && j->rc == DDP_ERR_ABORTED && strstr(j->err, "ended"), "[%s] %s: a joiner that comes "
+               "after the members destroyed their communicator fails at once -> %s: %s", g_transport, sc->name,
+               ddp_strerror((ddp_result_t)j->rc), j->err);
         for (i = 0; i < sc->members; i++)
             ok(S->r[i].done && S->r[i].rc == 0 && S->r[i].size == sc->members, "[%s] %s: member %d went on "
                "with %d ranks, nobody waiting (%s)", g_transport, sc->name, i, S->r[i].size, S->r[i].err);
@@ -376,6 +386,7 @@ int main(void) {
         {"dies", 3, 2, 3, 0, 0, 2},
         {"secret", 2, 1, -1, 1, 0, 0},
         {"job", 2, 1, -1, 2, 0, 0},
+        {"ended", 2, 1, -1, 3, 0, 0},
         {"again", 3, 2, -1, 0, 1, 0},
     };
     static const char *const transports[] = {"tcp", "shm"};
