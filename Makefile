@@ -42,7 +42,7 @@ EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
 all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench \
-     $(B)/nccl-raw
+     $(B)/nccl-raw $(B)/ddp-state-transfer
 
 # ddprun serves the rendezvous store itself: it builds libddp's store (and what it rests on).
 DDPRUN_DEPS := ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h ddp_store_core.h ddp_store_server.h \
@@ -374,6 +374,11 @@ scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 
 # ddp-kill-detect (bench/kill_detect.c): time from a rank's SIGKILL to each survivor's error.
 $(B)/ddp-kill-detect: bench/kill_detect.c bench/bench_cli.h $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# ddp-state-transfer (bench/state_transfer.c): ddp_state_sync of 256 MiB from 3 ranks to 1 against
+# the TCP loopback stream and memcpy of the same run (bench/results/state_transfer.md).
+$(B)/ddp-state-transfer: bench/state_transfer.c bench/bench_fork.h bench/bench_cli.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).

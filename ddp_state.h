@@ -18,8 +18,9 @@
  * it. How (docs/state.md has the whole story):
  *  1. Check: one small all-gather of each rank's (senders, number of buffers, total bytes, a
  *     digest of the size list, options). A rank that disagrees is named on every rank
- *     (DDP_ERR_MISMATCH) before any data moves; a rank whose arguments are invalid fails on every
- *     rank too (DDP_ERR_INVALID_ARGUMENT). opts->check_senders: each sender also puts the
+ *     (DDP_ERR_MISMATCH) before any data moves (a buffer whose size differs is named too, after
+ *     one more round that only a mismatch costs); a rank whose arguments are invalid fails on
+ *     every rank too (DDP_ERR_INVALID_ARGUMENT). opts->check_senders: each sender also puts the
  *     digest of its whole state in, and the senders' replicas must be bitwise identical.
  *  2. Move: the concatenated bytes of the buffers are cut into `senders` contiguous shares, at
  *     DDP_STATE_BLOCK_BYTES boundaries (shares cross buffer boundaries); sender i sends share i
@@ -345,12 +346,14 @@ enum {
 #define _DDP_STATE_MAGIC UINT64_C(0x6464707374617431)   /* "ddpstat1" */
 
 /* The first rank whose record disagrees with rank 0's, and how: the same message on every rank.
- * DDP_SUCCESS when all agree. */
-_DDP_PRIVATE ddp_result_t _ddp_state_agree(ddp_comm_t *c, const uint64_t *rec, int size) {
+ * DDP_SUCCESS when all agree. *sizes_rank: the first rank whose buffer sizes differ while the
+ * number of buffers agrees everywhere (-1: none); the caller names the buffer (one more round). */
+_DDP_PRIVATE ddp_result_t _ddp_state_agree(ddp_comm_t *c, const uint64_t *rec, int size, int *sizes_rank) {
     static const char *const what[_DDP_SR_WORDS] = {"version", "", "senders", "number of buffers", "total bytes",
                                                     "", "piece_bytes", "check_senders", ""};
     const uint64_t *r0 = rec;
     int r, w;
+    *sizes_rank = -1;
     for (r = 0; r < size; r++)
         if (rec[r * _DDP_SR_WORDS + _DDP_SR_BAD])
             return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "state_sync: rank %d refused its arguments (its "
@@ -358,15 +361,18 @@ _DDP_PRIVATE ddp_result_t _ddp_state_agree(ddp_comm_t *c, const uint64_t *rec, i
     for (r = 1; r < size; r++) {
         const uint64_t *x = rec + r * _DDP_SR_WORDS;
         for (w = 0; w < _DDP_SR_WORDS; w++) {
-            if (w == _DDP_SR_BAD || w == _DDP_SR_WHOLE || x[w] == r0[w]) continue;
-            if (w == _DDP_SR_SIZES)
-                return ddp_comm_fail(c, DDP_ERR_MISMATCH, "state_sync: rank %d's buffer sizes differ from rank "
-                                     "0's (both %llu buffers, %llu bytes in all, but not the same sizes in "
-                                     "the same order); nothing was moved", r, (unsigned long long)x[_DDP_SR_NBUFS],
-                                     (unsigned long long)x[_DDP_SR_TOTAL]);
+            if (w == _DDP_SR_BAD || w == _DDP_SR_WHOLE || w == _DDP_SR_TOTAL || w == _DDP_SR_SIZES || x[w] == r0[w])
+                continue;
             return ddp_comm_fail(c, DDP_ERR_MISMATCH, "state_sync: rank %d passed %s %llu, rank 0 %llu (every "
                                  "rank passes the same list of buffer sizes and options); nothing was moved",
                                  r, what[w], (unsigned long long)x[w], (unsigned long long)r0[w]);
+        }
+    }
+    for (r = 1; r < size; r++) {
+        const uint64_t *x = rec + r * _DDP_SR_WORDS;
+        if (x[_DDP_SR_SIZES] != r0[_DDP_SR_SIZES] || x[_DDP_SR_TOTAL] != r0[_DDP_SR_TOTAL]) {
+            *sizes_rank = r;
+            return DDP_ERR_MISMATCH;
         }
     }
     if (r0[_DDP_SR_CHECK])
@@ -378,6 +384,35 @@ _DDP_PRIVATE ddp_result_t _ddp_state_agree(ddp_comm_t *c, const uint64_t *rec, i
                                      (unsigned long long)rec[r * _DDP_SR_WORDS + _DDP_SR_WHOLE],
                                      (unsigned long long)r0[_DDP_SR_WHOLE]);
     return DDP_SUCCESS;
+}
+
+/* Every rank has as many buffers as rank 0 but some sizes differ (rank `first` for one): rank 0's
+ * sizes are broadcast, 64 at a time, each rank finds its first buffer that differs, and one
+ * all-gather of (buffer + 1, its size, rank 0's) names it on every rank. rec: 3 words per rank. */
+_DDP_PRIVATE ddp_result_t _ddp_state_name_buffer(ddp_comm_t *c, const ddp_state_buf_t *bufs, int nbufs, uint64_t *rec,
+                                                 int first) {
+    const int rank = ddp_comm_rank(c), size = ddp_comm_size(c);
+    uint64_t chunk[64], mine[3] = {0, 0, 0};
+    int base, i, r;
+    ddp_result_t e;
+    for (base = 0; base < nbufs; base += 64) {
+        const int m = nbufs - base < 64 ? nbufs - base : 64;
+        for (i = 0; i < m; i++) chunk[i] = bufs[base + i].bytes;
+        if ((e = ddp_broadcast(chunk, chunk, (size_t)m, DDP_UINT64, 0, c)) != DDP_SUCCESS) return e;
+        for (i = 0; i < m && !mine[0]; i++)
+            if (chunk[i] != bufs[base + i].bytes)
+                mine[0] = (uint64_t)(base + i) + 1, mine[1] = bufs[base + i].bytes, mine[2] = chunk[i];
+    }
+    memcpy(rec + 3 * (size_t)rank, mine, sizeof mine);
+    if ((e = ddp_all_gather(rec + 3 * (size_t)rank, rec, 3, DDP_UINT64, c)) != DDP_SUCCESS) return e;
+    for (r = 1; r < size; r++)
+        if (rec[3 * r])
+            return ddp_comm_fail(c, DDP_ERR_MISMATCH, "state_sync: rank %d's buffer %d is %llu bytes, rank 0's "
+                                 "%llu (every rank passes the same list of buffer sizes); nothing was moved", r,
+                                 (int)rec[3 * r] - 1, (unsigned long long)rec[3 * r + 1],
+                                 (unsigned long long)rec[3 * r + 2]);
+    return ddp_comm_fail(c, DDP_ERR_INTERNAL, "state_sync: rank %d's sizes digest differs from rank 0's, yet "
+                         "every size agrees", first);
 }
 
 /* The local checks; DDP_SUCCESS or DDP_ERR_INVALID_ARGUMENT (recorded, not yet returned: the
@@ -575,7 +610,12 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
         goto out;
     }
     if (bad != DDP_SUCCESS) { e = bad; goto out; }   /* its message is this rank's last error */
-    if ((e = _ddp_state_agree(c, rec, size)) != DDP_SUCCESS) goto out;
+    if ((e = _ddp_state_agree(c, rec, size, &i)) != DDP_SUCCESS) {
+        if (i >= 0 && (e = _ddp_state_name_buffer(c, bufs, nbufs, rec, i)) != DDP_ERR_MISMATCH &&
+            e != DDP_ERR_INTERNAL)
+            e = _ddp_state_comm_err(c, e, "naming the buffer whose size differs");
+        goto out;
+    }
     rep.bytes = total;
     rep.senders = senders;
     rep.receivers = size - senders;
