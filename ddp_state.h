@@ -33,7 +33,8 @@
  *     buffers, and the receiver. No rank returns success while another fails verification.
  * A failure of comm (a peer died, a timeout) returns its error, naming the rank and phase, and
  * leaves comm failed as any call would (shrink or destroy it); a refusal or a mismatch leaves it
- * usable. senders == size: nothing to receive (the checks only). One INFO line per call.
+ * usable. senders == size: nothing to receive (the checks only). Host buffers only (device
+ * memory: DDP_ERR_UNSUPPORTED). One INFO line per call.
  *
  * THE DIGEST (ddp_state_digest; the report's digest): XXH64 (the xxHash specification,
  * doc/xxhash_spec.md in github.com/Cyan4973/xxHash, "XXH64 algorithm description"; written here
@@ -415,8 +416,9 @@ _DDP_PRIVATE ddp_result_t _ddp_state_name_buffer(ddp_comm_t *c, const ddp_state_
                          "every size agrees", first);
 }
 
-/* The local checks; DDP_SUCCESS or DDP_ERR_INVALID_ARGUMENT (recorded, not yet returned: the
- * rank still takes part in the check round, so that every rank fails at once). */
+/* The local checks; DDP_SUCCESS, DDP_ERR_INVALID_ARGUMENT or (device memory)
+ * DDP_ERR_UNSUPPORTED, recorded, not yet returned: the rank still takes part in the check round,
+ * so that every rank fails at once (the others with DDP_ERR_INVALID_ARGUMENT, naming it). */
 _DDP_PRIVATE ddp_result_t _ddp_state_args(ddp_comm_t *c, int senders, const ddp_state_buf_t *bufs, int nbufs,
                                           uint64_t *total) {
     int b;
@@ -432,6 +434,9 @@ _DDP_PRIVATE ddp_result_t _ddp_state_args(ddp_comm_t *c, int senders, const ddp_
         if (!bufs[b].ptr && bufs[b].bytes)
             return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "state_sync: buffer %d: NULL ptr with %zu bytes", b,
                                  bufs[b].bytes);
+        if (bufs[b].bytes && ddp_comm_is_device(c, bufs[b].ptr))   /* hashed here: host memory only */
+            return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "state_sync: buffer %d is device memory: host buffers "
+                                 "only (stage a device state through host memory)", b);
         if (*total + bufs[b].bytes < *total)
             return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "state_sync: buffer %d: the sizes add up past 2^64", b);
         *total += bufs[b].bytes;
@@ -478,8 +483,9 @@ _DDP_PRIVATE ddp_result_t _ddp_state_post(ddp_comm_t *c, const _ddp_state_cur_t 
     return DDP_SUCCESS;
 }
 
-/* After the group: walks the same piece again, hashing it (hash = 0: a sender that hashed its
- * share before) and moving k past it. Returns the piece's bytes. */
+/* After the group: walks the same piece again and moves k past it; hash = 1 hashes it, 2 too (a
+ * receiver's: what arrived), 0 does not (the hasher's cursors do, or a sender hashed before).
+ * Returns the piece's bytes. */
 _DDP_PRIVATE uint64_t _ddp_state_advance(_ddp_state_cur_t *k, const ddp_state_buf_t *bufs, int nbufs, size_t piece,
                                          uint64_t total, int hash, int share) {
     int segs = 0;
@@ -502,20 +508,90 @@ _DDP_PRIVATE uint64_t _ddp_state_advance(_ddp_state_cur_t *k, const ddp_state_bu
     return moved;
 }
 
+/* The hashing beside the transfer: a thread of this call walks the same pieces with cursors of
+ * its own and hashes them, one round behind the transfer on a receiver (round j's bytes are in
+ * place once its group ended, and round j + 1 lands elsewhere), free-running on a sender (its
+ * share does not change), so the hashing overlaps the transfer instead of adding to it. If no
+ * thread can be started, the transfer hashes each round itself after its group. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t ready;                /* rounds whose bytes are in place (a sender: all) */
+    int stop;                      /* the transfer failed: return at once */
+    _ddp_state_cur_t *k;           /* its own cursors */
+    int nk, nbufs, receiver, rank;
+    const ddp_state_buf_t *bufs;
+    size_t piece;
+    uint64_t total;
+} _ddp_state_hasher_t;
+
+_DDP_PRIVATE int _ddp_state_left(const _ddp_state_cur_t *k, int nk) {
+    int i, left = 0;
+    for (i = 0; i < nk; i++) left += k[i].off < k[i].end;
+    return left;
+}
+
+_DDP_PRIVATE void *_ddp_state_hasher_main(void *arg) {
+    _ddp_state_hasher_t *h = (_ddp_state_hasher_t *)arg;
+    uint64_t round;
+    int i, stop;
+    for (round = 0; _ddp_state_left(h->k, h->nk); round++) {
+        pthread_mutex_lock(&h->mu);
+        while (!h->stop && h->ready <= round) pthread_cond_wait(&h->cv, &h->mu);
+        stop = h->stop;
+        pthread_mutex_unlock(&h->mu);
+        if (stop) break;
+        for (i = 0; i < h->nk; i++)
+            if (h->k[i].off < h->k[i].end)
+                _ddp_state_advance(&h->k[i], h->bufs, h->nbufs, h->piece, h->total, h->receiver ? 2 : 1,
+                                   h->receiver ? i : h->rank);
+    }
+    return NULL;
+}
+
+/* Tells the hasher that rounds [0, ready) are in place, or (stop) to give up. */
+_DDP_PRIVATE void _ddp_state_hasher_tell(_ddp_state_hasher_t *h, uint64_t ready, int stop) {
+    pthread_mutex_lock(&h->mu);
+    if (ready > h->ready) h->ready = ready;
+    if (stop) h->stop = 1;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
 /* The data phase: the senders' shares to every receiver, piece by piece; each piece one group.
- * k: this rank's cursors (a sender: k[0], its share; a receiver: k[i], share i). */
-_DDP_PRIVATE ddp_result_t _ddp_state_move(ddp_comm_t *c, _ddp_state_cur_t *k, int senders, const ddp_state_buf_t *bufs,
-                                          int nbufs, size_t piece, uint64_t total, int hashed, uint64_t *moved) {
+ * k: this rank's cursors (a sender: k[0], its share; a receiver: k[i], share i), hk as many
+ * for the hasher; hash = 0: a sender that hashed its share before. On success k[i].sum holds
+ * the digest of what k[i] covered. */
+_DDP_PRIVATE ddp_result_t _ddp_state_move(ddp_comm_t *c, _ddp_state_cur_t *k, _ddp_state_cur_t *hk, int senders,
+                                          const ddp_state_buf_t *bufs, int nbufs, size_t piece, uint64_t total,
+                                          int hash, uint64_t *moved) {
     const int rank = ddp_comm_rank(c), size = ddp_comm_size(c), sender = rank < senders;
     const int nk = sender ? 1 : senders;
-    int i, left;
+    _ddp_state_hasher_t h;
+    pthread_t th;
+    int i, threaded = 0, why = 0;
     uint64_t pieces = 0;
-    ddp_result_t e;
+    ddp_result_t e = DDP_SUCCESS;
     *moved = 0;
-    for (;;) {
-        for (i = 0, left = 0; i < nk; i++) left += k[i].off < k[i].end;
-        if (!left) return DDP_SUCCESS;
-        if ((e = ddp_group_start(c)) != DDP_SUCCESS) return e;
+    if (hash) {
+        memset(&h, 0, sizeof h);
+        memcpy(hk, k, sizeof *k * (size_t)nk);
+        h.k = hk, h.nk = nk, h.nbufs = nbufs, h.receiver = !sender, h.rank = rank;
+        h.bufs = bufs, h.piece = piece, h.total = total;
+        h.ready = sender ? UINT64_MAX : 0;
+        if ((why = pthread_mutex_init(&h.mu, NULL)) == 0) {
+            if ((why = pthread_cond_init(&h.cv, NULL)) == 0) {
+                threaded = (why = pthread_create(&th, NULL, _ddp_state_hasher_main, &h)) == 0;
+                if (!threaded) pthread_cond_destroy(&h.cv);
+            }
+            if (!threaded) pthread_mutex_destroy(&h.mu);
+        }
+        if (!threaded)
+            ddp_comm_log(c, DDP_LOG_INFO, "state_sync: no hashing thread (%s): hashing after each piece",
+                         strerror(why));
+    }
+    while (_ddp_state_left(k, nk)) {
+        if ((e = ddp_group_start(c)) != DDP_SUCCESS) break;
         for (i = 0, e = DDP_SUCCESS; i < nk && e == DDP_SUCCESS; i++)
             if (k[i].off < k[i].end) e = _ddp_state_post(c, &k[i], bufs, nbufs, piece, sender ? -1 : i, senders, size);
         {   /* the group runs (or, after a refused call, reports it) at group_end */
@@ -526,16 +602,26 @@ _DDP_PRIVATE ddp_result_t _ddp_state_move(ddp_comm_t *c, _ddp_state_cur_t *k, in
             char what[96];
             snprintf(what, sizeof what, "%s piece %llu of %s", sender ? "sending" : "receiving",
                      (unsigned long long)pieces, sender ? "its share to the receivers" : "the shares");
-            return _ddp_state_comm_err(c, e, what);
+            e = _ddp_state_comm_err(c, e, what);
+            break;
         }
         for (i = 0; i < nk; i++)
             if (k[i].off < k[i].end) {
-                uint64_t n = _ddp_state_advance(&k[i], bufs, nbufs, piece, total, sender ? !hashed : 2,
-                                                sender ? rank : i);
+                uint64_t n = _ddp_state_advance(&k[i], bufs, nbufs, piece, total,
+                                                threaded || !hash ? 0 : sender ? 1 : 2, sender ? rank : i);
                 *moved += sender ? n * (uint64_t)(size - senders) : n;
             }
         pieces++;
+        if (threaded && !sender) _ddp_state_hasher_tell(&h, pieces, 0);
     }
+    if (threaded) {   /* after a failure: stop it; else it finishes the last round */
+        if (e != DDP_SUCCESS) _ddp_state_hasher_tell(&h, 0, 1);
+        pthread_join(th, NULL);
+        pthread_cond_destroy(&h.cv);
+        pthread_mutex_destroy(&h.mu);
+        for (i = 0; i < nk; i++) k[i].sum = hk[i].sum;
+    }
+    return e;
 }
 
 DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_buf_t *bufs, int nbufs,
@@ -562,9 +648,10 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
     bad = _ddp_state_args(c, senders, bufs, nbufs, &total);
     sender = rank < senders;
     /* The records of every rank, then (reused) the senders' share digests and the verdicts;
-     * the cursors: one per share on a receiver. Sized by the world, never by the state. */
+     * the cursors: one per share on a receiver, twice (the transfer's, the hasher's). Sized by
+     * the world, never by the state. */
     rec = (uint64_t *)ddp_comm_calloc(c, sizeof *rec * (size_t)size * _DDP_SR_WORDS);
-    k = (_ddp_state_cur_t *)ddp_comm_calloc(c, sizeof *k * (size_t)(bad == DDP_SUCCESS && !sender ? senders : 1));
+    k = (_ddp_state_cur_t *)ddp_comm_calloc(c, sizeof *k * 2 * (size_t)(bad == DDP_SUCCESS && !sender ? senders : 1));
     if (!rec || !k) {
         ddp_comm_free(c, rec);
         ddp_comm_free(c, k);
@@ -627,7 +714,9 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
         _ddp_state_share(total, senders, sender ? rank : i, &lo, &hi);
         _ddp_state_cur_init(&k[i], bufs, nbufs, lo, hi);
     }
-    if ((e = _ddp_state_move(c, k, senders, bufs, nbufs, piece, total, hashed, &moved)) != DDP_SUCCESS) goto out;
+    if ((e = _ddp_state_move(c, k, k + (sender ? 1 : senders), senders, bufs, nbufs, piece, total, !hashed, &moved)) !=
+        DDP_SUCCESS)
+        goto out;
     rep.moved = moved;
 
     /* Verify: the senders' share digests to everyone, then everyone's verdict to everyone. */
