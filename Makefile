@@ -138,7 +138,8 @@ test-san: $(TESTS_SAN)
 
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
-              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic $(B)/tsan/test_shrink
+              $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic $(B)/tsan/test_shrink \
+              $(B)/tsan/test_state_sync
 $(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/tsan
 	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 

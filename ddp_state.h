@@ -26,15 +26,17 @@
  *     DDP_STATE_BLOCK_BYTES boundaries (shares cross buffer boundaries); sender i sends share i
  *     to every receiver, in pieces of at most opts->piece_bytes, all senders at once (one group
  *     of sends and receives per piece).
- *  3. Verify: each sender hashes its share as it goes out, each receiver each share as it
- *     arrives; one all-gather of the senders' share digests, each receiver compares, and one
- *     all-gather of the receivers' verdicts: a share that arrived different fails the call on
- *     EVERY rank with the same DDP_ERR_MISMATCH, naming the share, its sender, its bytes and
- *     buffers, and the receiver. No rank returns success while another fails verification.
+ *  3. Verify: each sender hashes its share as it goes out, each receiver each share as it arrives
+ *     (a thread of the call hashes while the next piece moves); one all-gather of the senders'
+ *     share digests, each receiver compares, and one all-gather of the receivers' verdicts: a share
+ *     that arrived different fails the call on EVERY rank with the same DDP_ERR_MISMATCH, naming
+ *     the share, its sender, its bytes and buffers, and the receiver. No rank returns success while
+ *     another fails verification.
  * A failure of comm (a peer died, a timeout) returns its error, naming the rank and phase, and
  * leaves comm failed as any call would (shrink or destroy it); a refusal or a mismatch leaves it
- * usable. senders == size: nothing to receive (the checks only). Host buffers only (device
- * memory: DDP_ERR_UNSUPPORTED). One INFO line per call.
+ * usable. After any failure the receivers' buffers hold an unspecified mix: do not use them.
+ * senders == size: nothing to receive (the checks only). Host buffers only (device memory:
+ * DDP_ERR_UNSUPPORTED). One INFO line per call.
  *
  * THE DIGEST (ddp_state_digest; the report's digest): XXH64 (the xxHash specification,
  * doc/xxhash_spec.md in github.com/Cyan4973/xxHash, "XXH64 algorithm description"; written here
@@ -579,6 +581,10 @@ _DDP_PRIVATE ddp_result_t _ddp_state_move(ddp_comm_t *c, _ddp_state_cur_t *k, _d
         h.k = hk, h.nk = nk, h.nbufs = nbufs, h.receiver = !sender, h.rank = rank;
         h.bufs = bufs, h.piece = piece, h.total = total;
         h.ready = sender ? UINT64_MAX : 0;
+#ifdef _DDP_STATE_TEST_NO_THREAD
+        if (_DDP_STATE_TEST_NO_THREAD) why = EAGAIN;   /* test builds only: the fallback */
+        else
+#endif
         if ((why = pthread_mutex_init(&h.mu, NULL)) == 0) {
             if ((why = pthread_cond_init(&h.cv, NULL)) == 0) {
                 threaded = (why = pthread_create(&th, NULL, _ddp_state_hasher_main, &h)) == 0;
@@ -729,7 +735,8 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
         uint64_t verdict = 0;   /* (shares that arrived different) << 32 | first such share + 1 */
         for (i = 0, sums = 0; i < senders; i++) {
             sums += k[i].sum;
-            if (k[i].sum != rec[i]) verdict = verdict ? verdict + (UINT64_C(1) << 32) : (UINT64_C(1) << 32) | (uint64_t)(i + 1);
+            if (k[i].sum != rec[i])
+                verdict = verdict ? verdict + (UINT64_C(1) << 32) : (UINT64_C(1) << 32) | (uint64_t)(i + 1);
         }
         rep.digest = _ddp_state_final(sums, total);
         rec[size + rank] = verdict;

@@ -11,21 +11,23 @@
  *            different for one flipped bit, the empty state.
  *   sync     senders 1..3 x receivers 1..2 (world sizes 2..5), tcp and shm: a state of odd-sized
  *            buffers (a 0-byte one among them, ~1.3 MiB, many pieces of 64 KiB; one run of 150
- *            small buffers, more than one group holds; one at the default piece size) lands in
- *            the receivers' buffers bit for bit (memcmp against the pattern, and the digest the
- *            receivers report is the senders' ddp_state_digest); the report's counts.
+ *            small buffers, more than one group holds; one at the default piece size; one
+ *            without the hashing thread, the fallback) lands in the receivers' buffers bit for
+ *            bit (memcmp against the pattern, and the digest the receivers report is the
+ *            senders' ddp_state_digest); the report's counts.
  *   edges    a state of 0 bytes (no buffers; only 0-byte ones); senders == size (nothing to
  *            receive, check_senders still compares); a state smaller than one block.
  *   refuse   senders out of range, NULL bufs, a NULL ptr with bytes, on ONE rank: every rank
  *            fails with DDP_ERR_INVALID_ARGUMENT naming it; a rank with a different buffer size,
  *            another buffer count, the same total split differently, other options: every rank
- *            fails with DDP_ERR_MISMATCH naming it (and the buffer whose size differs), nothing moved (the receivers' buffers
- *            untouched); the communicator still works after (a sync that succeeds).
+ *            fails with DDP_ERR_MISMATCH naming it (and the buffer whose size differs); nothing
+ *            moved (the receivers' buffers untouched); the communicator still works after (a
+ *            sync that succeeds).
  *   senders  check_senders: a sender whose replica differs in one byte fails the call on every
  *            rank naming it, before anything moves.
  *   corrupt  a byte of one share changed in transit (this test's hook, _DDP_STATE_TEST_RECEIVED,
  *            compiled into this program only): every rank fails with DDP_ERR_MISMATCH naming the
- *            share, its sender and the receiver; tcp and shm.
+ *            share, its sender and the receiver; tcp and shm; also without the hashing thread.
  *   dies     a receiver SIGKILLs itself after its first piece: the senders fail (no hang) naming
  *            it, and so does the other receiver's call; tcp and shm.
  * tests/state_sync_mutants.sh disables each check in turn (the share digests not compared, what
@@ -40,6 +42,9 @@
 /* The test hook: what a receiver got, before it is hashed (ddp_state.h calls it in test builds). */
 static void t_state_received(int share, uint64_t off, unsigned char *p, size_t n);
 #define _DDP_STATE_TEST_RECEIVED(share, off, p, n) t_state_received(share, off, p, n)
+/* 1: as if no hashing thread could be started (the transfer hashes each piece itself). */
+static int g_no_thread;
+#define _DDP_STATE_TEST_NO_THREAD g_no_thread
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
@@ -78,7 +83,9 @@ typedef struct {
     int check;
 } layout_t;
 
-static unsigned char pattern(int b, size_t j) { return (unsigned char)(t_mix64(((uint64_t)b << 40) ^ j ^ 0x5eed) >> 17); }
+static unsigned char pattern(int b, size_t j) {
+    return (unsigned char)(t_mix64(((uint64_t)b << 40) ^ j ^ 0x5eed) >> 17);
+}
 
 /* Allocates the buffers; fills them with the pattern (a sender) or 0xA5 (a receiver). */
 static void state_make(const layout_t *L, ddp_state_buf_t *bufs, int fill) {
@@ -328,7 +335,8 @@ static int dies_rank(int rank, int p, void *argp) {
     e = ddp_state_sync(c, a->senders, bufs, L.n, &o, &rep);
     if (rank < a->senders)
         ok(e != DDP_SUCCESS && t_mentions_rank(ddp_comm_last_error(c), a->victim),
-           "[%s] receiver %d died: sender %d -> %s: %s", g_mode, a->victim, rank, ddp_strerror(e), ddp_comm_last_error(c));
+           "[%s] receiver %d died: sender %d -> %s: %s", g_mode, a->victim, rank, ddp_strerror(e),
+           ddp_comm_last_error(c));
     else
         ok(e != DDP_SUCCESS, "[%s] receiver %d died: receiver %d -> %s: %s", g_mode, a->victim, rank, ddp_strerror(e),
            ddp_comm_last_error(c));
@@ -408,14 +416,16 @@ static void test_digest(void) {
     for (i = 0; i < n; i += 1 + i % 61) _ddp_xxh64_update(&h, buf + i, (1 + i % 61 < n - i) ? 1 + i % 61 : n - i);
     ok(_ddp_xxh64_digest(&h) == _ddp_xxh64(buf, n, 0), "XXH64 streamed in pieces of 1..61 bytes = in one call");
     for (b = 0; b * DDP_STATE_BLOCK_BYTES < n; b++) {
-        size_t lo = (size_t)b * DDP_STATE_BLOCK_BYTES, len = n - lo < DDP_STATE_BLOCK_BYTES ? n - lo : DDP_STATE_BLOCK_BYTES;
+        const size_t lo = (size_t)b * DDP_STATE_BLOCK_BYTES;
+        const size_t len = n - lo < DDP_STATE_BLOCK_BYTES ? n - lo : DDP_STATE_BLOCK_BYTES;
         sum += _ddp_xxh64(buf + lo, len, b);
     }
     one.ptr = buf, one.bytes = n;
     d = ddp_state_digest(&one, 1);
     {
         unsigned char le[16];
-        for (i = 0; i < 8; i++) le[i] = (unsigned char)(sum >> (8 * i)), le[8 + i] = (unsigned char)((uint64_t)n >> (8 * i));
+        for (i = 0; i < 8; i++)
+            le[i] = (unsigned char)(sum >> (8 * i)), le[8 + i] = (unsigned char)((uint64_t)n >> (8 * i));
         ok(d == _ddp_xxh64(le, 16, 0), "ddp_state_digest = XXH64(sum of the blocks' XXH64 seeded by index, total)");
     }
     split[0].ptr = buf, split[0].bytes = 1;
@@ -459,6 +469,9 @@ int main(void) {
                 for (r = 1; r <= 2; r++) run_sync(&odd, s, r);
             run_sync(&many, 2, 1);
             run_sync(&deflt, 3, 1);
+            g_no_thread = 1;   /* the fallback: no hashing thread */
+            run_sync(&odd, 2, 2);
+            g_no_thread = 0;
         }
         if (t_selected("edges")) {
             diag("--- [%s] edges: empty states, senders == size, less than a block", g_mode);
@@ -486,6 +499,10 @@ int main(void) {
             a.senders = 2, a.victim = 3, a.share = 0;
             ok(t_run_ranks(4, corrupt_rank, &a, 60) == 0, "[%s] corrupt (2 receivers): every rank exited cleanly",
                g_mode);
+            g_no_thread = 1;
+            ok(t_run_ranks(4, corrupt_rank, &a, 60) == 0, "[%s] corrupt, no hashing thread: every rank exited cleanly",
+               g_mode);
+            g_no_thread = 0;
         }
         if (t_selected("dies")) {
             dies_arg_t a;
