@@ -771,9 +771,9 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
 done:
     rep.seconds = (double)(_ddp_now_us() - t0) * 1e-6;
     ddp_comm_log(c, DDP_LOG_INFO, "state_sync: %llu bytes in %d buffers, %d share(s) from ranks 0..%d to %d "
-                 "receiver(s), %s %llu bytes, verified: %.3f s, %.2f GB/s", (unsigned long long)total, nbufs, senders,
-                 senders - 1, size - senders, sender ? "sent" : "received", (unsigned long long)rep.moved, rep.seconds,
-                 rep.seconds > 0 ? (double)rep.moved / rep.seconds * 1e-9 : 0.0);
+                 "receiver(s), %s %llu bytes, verified: %.3f s, %.2f GB/s (the state's bytes / time)",
+                 (unsigned long long)total, nbufs, senders, senders - 1, size - senders, sender ? "sent" : "received",
+                 (unsigned long long)rep.moved, rep.seconds, rep.seconds > 0 ? (double)total / rep.seconds * 1e-9 : 0.0);
     if (report) *report = rep;
     e = DDP_SUCCESS;
 out:
