@@ -618,6 +618,9 @@ _DDP_PRIVATE ddp_result_t _ddp_state_move(ddp_comm_t *c, _ddp_state_cur_t *k, _d
                 *moved += sender ? n * (uint64_t)(size - senders) : n;
             }
         pieces++;
+#ifdef _DDP_STATE_TEST_SENT
+        if (sender) _DDP_STATE_TEST_SENT(pieces);   /* test builds only: a piece went out */
+#endif
         if (threaded && !sender) _ddp_state_hasher_tell(&h, pieces, 0);
     }
     if (threaded) {   /* after a failure: stop it; else it finishes the last round */

@@ -29,7 +29,8 @@
  *            compiled into this program only): every rank fails with DDP_ERR_MISMATCH naming the
  *            share, its sender and the receiver; tcp and shm; also without the hashing thread.
  *   dies     a receiver SIGKILLs itself after its first piece: the senders fail (no hang) naming
- *            it, and so does the other receiver's call; tcp and shm.
+ *            it, and so does the other receiver's call; a sender does the same after its first
+ *            piece went out: the receiver fails naming it; tcp and shm (_DDP_STATE_TEST_SENT).
  * tests/state_sync_mutants.sh disables each check in turn (the share digests not compared, what
  * arrived not hashed, the senders' digests not compared, the sizes not compared) and shows that
  * corrupt, senders and refuse then fail.
@@ -42,6 +43,9 @@
 /* The test hook: what a receiver got, before it is hashed (ddp_state.h calls it in test builds). */
 static void t_state_received(int share, uint64_t off, unsigned char *p, size_t n);
 #define _DDP_STATE_TEST_RECEIVED(share, off, p, n) t_state_received(share, off, p, n)
+/* After a sender's piece went out. */
+static void t_state_sent(uint64_t pieces);
+#define _DDP_STATE_TEST_SENT(pieces) t_state_sent(pieces)
 /* 1: as if no hashing thread could be started (the transfer hashes each piece itself). */
 static int g_no_thread;
 #define _DDP_STATE_TEST_NO_THREAD g_no_thread
@@ -60,6 +64,9 @@ static void t_state_received(int share, uint64_t off, unsigned char *p, size_t n
     (void)off;
     if (g_corrupt_share == share && n) { p[n / 2] ^= 0x10; g_corrupt_share = -1; }
     if (g_die_after_first) kill(getpid(), SIGKILL);
+}
+static void t_state_sent(uint64_t pieces) {
+    if (g_die_after_first && pieces == 1) kill(getpid(), SIGKILL);
 }
 
 static void set_mode(void) {
@@ -333,7 +340,11 @@ static int dies_rank(int rank, int p, void *argp) {
     if (rank == a->victim) g_die_after_first = 1;
     t_where("ddp_state_sync, rank %d to die", a->victim);
     e = ddp_state_sync(c, a->senders, bufs, L.n, &o, &rep);
-    if (rank < a->senders)
+    if (a->victim < a->senders)   /* a sender died: every receiver's error names it */
+        ok(e != DDP_SUCCESS && (rank < a->senders || t_mentions_rank(ddp_comm_last_error(c), a->victim)),
+           "[%s] sender %d died: %s %d -> %s: %s", g_mode, a->victim, rank < a->senders ? "sender" : "receiver", rank,
+           ddp_strerror(e), ddp_comm_last_error(c));
+    else if (rank < a->senders)
         ok(e != DDP_SUCCESS && t_mentions_rank(ddp_comm_last_error(c), a->victim),
            "[%s] receiver %d died: sender %d -> %s: %s", g_mode, a->victim, rank, ddp_strerror(e),
            ddp_comm_last_error(c));
@@ -515,6 +526,10 @@ int main(void) {
             t_run_ranks(4, dies_rank, &a, 90);
             ok(t_last_run.exited[0] && t_last_run.exited[1] && t_last_run.exited[3] && !t_last_run.timed_out &&
                t_rank_signaled(2, SIGKILL), "[%s] dies (2 receivers): the others returned (no hang)", g_mode);
+            a.senders = 3, a.victim = 1;   /* a member dies while it sends */
+            t_run_ranks(4, dies_rank, &a, 90);
+            ok(t_last_run.exited[0] && t_last_run.exited[2] && t_last_run.exited[3] && !t_last_run.timed_out &&
+               t_rank_signaled(1, SIGKILL), "[%s] dies (sender 1): the others returned (no hang)", g_mode);
         }
     }
     return t_done();
