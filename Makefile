@@ -57,8 +57,10 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # into each program below that uses only the public API; IMPL_* say which set a program includes
 # (including a transport registers it, so the set is part of the program's behaviour). IMPL_SELF
 # compile the implementation themselves: they call private _ddp_ functions (static), or, for
-# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends; the two
-# sampler tests are also compiled alone (test_sampler_torch.sh, sampler_reshard_mutants.py).
+# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends (and
+# test_state_sync defines ddp_state.h's test hooks: a share corrupted in transit, a rank killed
+# mid-transfer); the two sampler tests are also compiled alone (test_sampler_torch.sh,
+# sampler_reshard_mutants.py).
 IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
