@@ -15,6 +15,7 @@
  *            without the hashing thread, the fallback) lands in the receivers' buffers bit for
  *            bit (memcmp against the pattern, and the digest the receivers report is the
  *            senders' ddp_state_digest); the report's counts.
+ *   threads  ranks as threads of one process (transports/ddp_threads.h): 2 senders, 2 receivers.
  *   edges    a state of 0 bytes (no buffers; only 0-byte ones); senders == size (nothing to
  *            receive, check_senders still compares); a state smaller than one block.
  *   refuse   senders out of range, NULL bufs, a NULL ptr with bytes, on ONE rank: every rank
@@ -53,7 +54,10 @@ static int g_no_thread;
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
+#include "transports/ddp_threads.h"
 #include "tests/ddp_test.h"
+
+#include <pthread.h>
 
 #define MAXB 160
 static const char *g_mode = "tcp";
@@ -394,6 +398,56 @@ static int edges_rank(int rank, int p, void *argp) {
     return 0;
 }
 
+/* ---- threads: ranks as threads of one process (transports/ddp_threads.h) ---- */
+#define THR_N 4
+typedef struct {
+    ddp_comm_t *c;
+    ddp_state_buf_t bufs[3];
+    ddp_result_t e;
+    ddp_state_report_t rep;
+} thr_rank_t;
+
+static void *thr_rank(void *arg) {
+    thr_rank_t *t = (thr_rank_t *)arg;
+    t->e = ddp_state_sync(t->c, 2, t->bufs, 3, NULL, &t->rep);
+    return NULL;
+}
+
+/* One process (a forked child: the test process itself stays single-threaded for its forks)
+ * whose THR_N threads are the ranks: 2 senders, 2 receivers. */
+static int threads_run(int rank, int p, void *argp) {
+    static const layout_t L = {3, {150001, 0, 98765}, 64 << 10, 0};
+    ddp_comm_t *comms[THR_N];
+    thr_rank_t t[THR_N];
+    pthread_t th[THR_N];
+    ddp_comm_desc_t d;
+    ddp_result_t e;
+    uint64_t want;
+    char why[160];
+    int r;
+    (void)rank, (void)p, (void)argp;
+    t_desc(&d, 20000);
+    d.log_level = 1;
+    e = ddp_comm_init_threads(comms, THR_N, &d);
+    if (!ok(e == DDP_SUCCESS, "[threads] init: %s %s", ddp_strerror(e), e ? ddp_last_init_error() : "")) return 1;
+    for (r = 0; r < THR_N; r++) {
+        t[r].c = comms[r];
+        state_make(&L, t[r].bufs, r < 2);
+    }
+    want = ddp_state_digest(t[0].bufs, L.n);
+    for (r = 0; r < THR_N; r++) pthread_create(&th[r], NULL, thr_rank, &t[r]);
+    for (r = 0; r < THR_N; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < THR_N; r++) {
+        ok(t[r].e == DDP_SUCCESS && state_is_pattern(t[r].bufs, L.n, why, sizeof why) &&
+           (r < 2 || t[r].rep.digest == want), "[threads] rank %d (%s, transport %s) -> %s %s (%s)", r,
+           r < 2 ? "sender" : "receiver", ddp_comm_transport_name(comms[r], (r + 1) % THR_N), ddp_strerror(t[r].e),
+           t[r].e ? ddp_comm_last_error(comms[r]) : "", why);
+        state_free(t[r].bufs, L.n);
+    }
+    for (r = THR_N - 1; r >= 0; r--) ddp_comm_destroy(comms[r]);
+    return 0;
+}
+
 /* ---- digest: local ---- */
 static void test_digest(void) {
     static const struct { const char *s; uint64_t seed, want; } v[] = {
@@ -472,6 +526,11 @@ int main(void) {
     deflt.sizes[0] = (size_t)5 << 20, deflt.sizes[1] = 11, deflt.sizes[2] = (size_t)4 << 20;
     deflt.check = 1;
     if (t_selected("digest")) test_digest();
+    if (t_selected("threads")) {
+        diag("--- threads as ranks: 2 senders, 2 receivers in one process");
+        unsetenv("DDP_TRANSPORT");
+        ok(t_run_ranks(1, threads_run, NULL, 60) == 0, "[threads] the process exited cleanly");
+    }
     for (m = 0; m < 2; m++) {
         g_mode = modes[m];
         if (t_selected("sync")) {
