@@ -684,18 +684,17 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
         mine[_DDP_SR_SIZES] = _ddp_xxh64_digest(&h);
         mine[_DDP_SR_PIECE] = piece;
         mine[_DDP_SR_CHECK] = o.check_senders != 0;
-        if (sender && o.check_senders) {   /* every share, so this rank's own digest comes free */
+        if (sender && o.check_senders) {   /* every share, so this rank's own share's digest comes free */
+            uint64_t all = 0;
             for (i = 0; i < senders; i++) {
                 uint64_t lo, hi;
                 _ddp_state_share(total, senders, i, &lo, &hi);
                 _ddp_state_cur_init(k, bufs, nbufs, lo, hi);
                 _ddp_state_hash_all(k, bufs, nbufs, total);
-                sums += k->sum;
-                if (i == rank) mine[_DDP_SR_WHOLE] = k->sum;   /* parked until the record is built */
+                all += k->sum;
+                if (i == rank) sums = k->sum;   /* its share's, for the verification */
             }
-            rep.digest = _ddp_state_final(sums, total);
-            sums = mine[_DDP_SR_WHOLE];
-            mine[_DDP_SR_WHOLE] = rep.digest;
+            rep.digest = mine[_DDP_SR_WHOLE] = _ddp_state_final(all, total);
             hashed = 1;
         }
     }
