@@ -20,13 +20,13 @@ HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp
            ddp_algorithm.h ddp_ring.h ddp_recursive_doubling.h ddp_agree.h ddp_rabenseifner.h \
            ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_algorithms.h \
            ddp_trace.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
-           ddp_comm_device.h ddp_comm_queue.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h \
+           ddp_comm_device.h ddp_comm_queue.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_state.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
            transports/ddp_nccl_api.h transports/ddp_nccl.h
 # What users and transport authors include; the rest of HEADERS is private (each says so in its
 # first line) and is checked alone in fewer compiler pairs (tests/check_headers.sh says why).
 PUBLIC_HEADERS := ddp_base.h ddp_kernels.h ddp_store.h transports/ddp_transport.h ddp_engine.h ddp_trace.h \
-                  ddp_model.h ddp_comm_types.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp.h ddp_sampler.h transports/ddp_tcp.h \
+                  ddp_model.h ddp_comm_types.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_state.h ddp.h ddp_sampler.h transports/ddp_tcp.h \
                   transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
                   transports/ddp_nccl_api.h transports/ddp_nccl.h
 # The store alone (tools built on it without the communicator).
@@ -42,7 +42,7 @@ EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
 all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench $(B)/grow-bench \
-     $(B)/nccl-raw
+     $(B)/nccl-raw $(B)/ddp-state-transfer
 
 # ddprun serves the rendezvous store itself: it builds libddp's store (and what it rests on).
 DDPRUN_DEPS := ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h ddp_store_core.h ddp_store_server.h \
@@ -57,14 +57,16 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # into each program below that uses only the public API; IMPL_* say which set a program includes
 # (including a transport registers it, so the set is part of the program's behaviour). IMPL_SELF
 # compile the implementation themselves: they call private _ddp_ functions (static), or, for
-# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends; the two
-# sampler tests are also compiled alone (test_sampler_torch.sh, sampler_reshard_mutants.py).
+# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends (and
+# test_state_sync defines ddp_state.h's test hooks: a share corrupted in transit, a rank killed
+# mid-transfer); the two sampler tests are also compiled alone (test_sampler_torch.sh,
+# sampler_reshard_mutants.py).
 IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
-                test_reducer_elastic test_reducer_grow
+                test_reducer_elastic test_reducer_grow test_state_sync
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
 impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
        $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
@@ -139,7 +141,7 @@ test-san: $(TESTS_SAN)
 # ThreadSanitizer where libddp runs threads: the store server thread, with clients in threads.
 TSAN_TESTS := $(B)/tsan/test_grow $(B)/tsan/test_store $(B)/tsan/test_shm $(B)/tsan/test_async $(B)/tsan/test_reducer $(B)/tsan/test_threads \
               $(B)/tsan/test_nccl $(B)/tsan/test_flat_reducer $(B)/tsan/test_reducer_elastic $(B)/tsan/test_reducer_grow \
-              $(B)/tsan/test_shrink
+              $(B)/tsan/test_shrink $(B)/tsan/test_state_sync
 $(B)/tsan/%: tests/%.c $$(call impl,$(B)/tsan,$$*) $(HEADERS) $(TEST_HDRS) | $(B)/tsan
 	$(CC) $(STD) -O1 -g $(TSAN) $(WARN) $(INC) $< $(call impl,$(B)/tsan,$*) -o $@ $(LDLIBS)
 
@@ -379,6 +381,11 @@ scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
 
 # ddp-kill-detect (bench/kill_detect.c): time from a rank's SIGKILL to each survivor's error.
 $(B)/ddp-kill-detect: bench/kill_detect.c bench/bench_cli.h $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# ddp-state-transfer (bench/state_transfer.c): ddp_state_sync of 256 MiB from 3 ranks to 1 against
+# the TCP loopback stream and memcpy of the same run (bench/results/state_transfer.md).
+$(B)/ddp-state-transfer: bench/state_transfer.c bench/bench_fork.h bench/bench_cli.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # ddp-async (bench/ddp_async.c): k all-reduces blocking, async and in a group (run: build/ddp-async -p 2).

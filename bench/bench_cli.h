@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT (see LICENSE) */
 /* bench/bench_cli.h — the command line of the small benchmark tools (ddp-overlap, ddp-async,
- * ddp-scale, ddp-kill-detect, store-bench, guess-bench), with ddp-bench's conventions
- * (bench_common.h): getopt_long, so "-b8", "-b 8", "--bytes 8" and "--bytes=8" all work;
- * -h/--help prints the usage to stdout and exits 0; --version prints "<tool> (libddp) X.Y" and
- * exits 0; an unknown option, a missing value or a stray argument prints why, then the usage,
+ * ddp-scale, ddp-kill-detect, store-bench, guess-bench, ddp-state-transfer), with ddp-bench's
+ * conventions (bench_common.h): getopt_long, so "-b8", "-b 8", "--bytes 8" and "--bytes=8" all
+ * work; -h/--help prints the usage to stdout and exits 0; --version prints "<tool> (libddp) X.Y"
+ * and exits 0; an unknown option, a missing value or a stray argument prints why, then the usage,
  * to stderr and exits 2; a bad value prints why and exits 2.
  *
  *     static const struct option longopts[] = {{"iters", required_argument, NULL, 'i'},
