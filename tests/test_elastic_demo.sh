@@ -46,12 +46,12 @@ fi
 # run NAME TRANSPORT RANK:STEP [DDPRUN OPTIONS]: the demo on 4 ranks, --elastic 3; output in
 # $tmp/NAME.out, exit status in $tmp/NAME.rc.
 run() {
-    n=$1 tp=$2 k=$3
+    run_name=$1 run_tp=$2 run_kill=$3
     shift 3
-    mkdir -p "$tmp/$n.d"
-    TMPDIR="$tmp/$n.d" DDP_TRANSPORT=$tp DDP_DEMO_KILL=$k DDP_DEMO_KILL_FILE="$tmp/$n.d/kill" \
-        timeout -k 2 120 "$D" -n 4 --elastic 3 "$@" "$M" > "$tmp/$n.out" 2>&1
-    echo $? > "$tmp/$n.rc"
+    mkdir -p "$tmp/$run_name.d"
+    TMPDIR="$tmp/$run_name.d" DDP_TRANSPORT=$run_tp DDP_DEMO_KILL=$run_kill DDP_DEMO_KILL_FILE="$tmp/$run_name.d/kill" \
+        timeout -k 2 120 "$D" -n 4 --elastic 3 "$@" "$M" > "$tmp/$run_name.out" 2>&1
+    echo $? > "$tmp/$run_name.rc"
 }
 # has NAME PATTERN: the output of run NAME has a line matching the extended regex PATTERN.
 has() { grep -Eq "$2" "$tmp/$1.out" || { why "no line matching '$2' in:"; cat "$tmp/$1.out" >> "$tmp/why"; return 1; }; }
