@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT (see LICENSE)
 # libddp — header-only; this Makefile builds the tests, examples and benchmarks.
 #   make demo    data-parallel MLP training: 4 ranks on this host, checked against one process
-#   make elastic-demo   the same surviving a killed rank (ELASTIC_RUNS=N runs)
+#   make elastic-demo   the same surviving a killed rank and growing back (ELASTIC_RUNS=N runs)
 #   make test    every test (plain, ASan+UBSan, TSan, side by side), header checks (C99/C11, C++11/17/20, gcc and clang)
 #   make bench   ddp-bench sweep (all_reduce, reduce_scatter, all_gather, broadcast; p = 2 and 4; every transport) -> bench/results/*.json, busbw.svg
 #   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-bench, ddp.pc; make uninstall removes them
@@ -331,8 +331,9 @@ demo: $(B)/train_mlp $(B)/ddprun
 	$(B)/ddprun -n $(NP) $(B)/train_mlp
 
 # The elastic MLP demo (examples/train_mlp_elastic.c): ELASTIC_RUNS runs of 4 ranks under
-# ddprun --elastic 3, each killing a random rank at a random step, tcp and shm in turn; a summary
-# of the kill -> first step times; fails if any run does.
+# ddprun --elastic 3 --max-restarts 1, each killing a random rank at a random step, tcp and shm
+# in turn (the replacement joins, the job grows back to 4); a summary of the kill -> first step
+# and replacement -> first step at full size times; fails if any run does.
 ELASTIC_RUNS ?= 1
 .PHONY: elastic-demo
 elastic-demo: $(B)/train_mlp_elastic $(B)/ddprun
