@@ -633,14 +633,150 @@ _DDP_PRIVATE ddp_result_t _ddp_state_move(ddp_comm_t *c, _ddp_state_cur_t *k, _d
     return e;
 }
 
+/* ---- ddp_state_sync's steps ---- */
+
+/* opts' piece size rounded up to whole blocks, as documented at ddp_state_opts_t. */
+_DDP_PRIVATE size_t _ddp_state_piece(const ddp_state_opts_t *o) {
+    size_t piece = o->piece_bytes ? o->piece_bytes : DDP_STATE_DEFAULT_PIECE_BYTES;
+    piece = (piece + DDP_STATE_BLOCK_BYTES - 1) / DDP_STATE_BLOCK_BYTES * DDP_STATE_BLOCK_BYTES;
+    if (!piece) piece = DDP_STATE_BLOCK_BYTES;   /* rounding wrapped */
+    return piece;
+}
+
+/* A digest of the size list (each size little-endian), so that one word of the check round
+ * compares every rank's list, whatever its length. */
+_DDP_PRIVATE uint64_t _ddp_state_sizes_digest(const ddp_state_buf_t *bufs, int nbufs) {
+    _ddp_xxh64_t h;
+    unsigned char le[8];
+    int b, j;
+    _ddp_xxh64_init(&h, 0);
+    for (b = 0; b < nbufs; b++) {
+        for (j = 0; j < 8; j++) le[j] = (unsigned char)((uint64_t)bufs[b].bytes >> (8 * j));
+        _ddp_xxh64_update(&h, le, 8);
+    }
+    return _ddp_xxh64_digest(&h);
+}
+
+/* This rank's record for the check round: every word every rank must agree on before data moves
+ * (the whole state's digest, for check_senders, is the caller's). */
+_DDP_PRIVATE void _ddp_state_record(uint64_t *mine, int senders, const ddp_state_buf_t *bufs, int nbufs,
+                                    uint64_t total, size_t piece, const ddp_state_opts_t *o) {
+    mine[_DDP_SR_SENDERS] = (uint64_t)senders;
+    mine[_DDP_SR_NBUFS] = (uint64_t)nbufs;
+    mine[_DDP_SR_TOTAL] = total;
+    mine[_DDP_SR_SIZES] = _ddp_state_sizes_digest(bufs, nbufs);
+    mine[_DDP_SR_PIECE] = piece;
+    mine[_DDP_SR_CHECK] = o->check_senders != 0;
+}
+
+/* check_senders on a sender: the digest of the whole state, hashed share by share (k: scratch),
+ * so that this rank's own share's digest comes free (*own) and the transfer need not hash it. */
+_DDP_PRIVATE uint64_t _ddp_state_whole_digest(_ddp_state_cur_t *k, const ddp_state_buf_t *bufs, int nbufs,
+                                              uint64_t total, int senders, int rank, uint64_t *own) {
+    uint64_t all = 0, lo, hi;
+    int i;
+    for (i = 0; i < senders; i++) {
+        _ddp_state_share(total, senders, i, &lo, &hi);
+        _ddp_state_cur_init(k, bufs, nbufs, lo, hi);
+        _ddp_state_hash_all(k, bufs, nbufs, total);
+        all += k->sum;
+        if (i == rank) *own = k->sum;   /* its share's, for the verification */
+    }
+    return _ddp_state_final(all, total);
+}
+
+/* The check round: every rank's record to every rank and the same verdict on each, so that a
+ * refusal or a disagreement fails every rank before any data moves. */
+_DDP_PRIVATE ddp_result_t _ddp_state_check(ddp_comm_t *c, const uint64_t *mine, uint64_t *rec, ddp_result_t bad,
+                                           const ddp_state_buf_t *bufs, int nbufs) {
+    const int rank = ddp_comm_rank(c), size = ddp_comm_size(c);
+    int first;
+    ddp_result_t e;
+    memcpy(rec + (size_t)rank * _DDP_SR_WORDS, mine, sizeof *mine * _DDP_SR_WORDS);
+    e = ddp_all_gather(rec + (size_t)rank * _DDP_SR_WORDS, rec, _DDP_SR_WORDS, DDP_UINT64, c);
+    if (e != DDP_SUCCESS) return _ddp_state_comm_err(c, e, "the check round (sizes, options)");
+    if (bad != DDP_SUCCESS) return bad;   /* its message is this rank's last error */
+    if ((e = _ddp_state_agree(c, rec, size, &first)) != DDP_SUCCESS) {
+        if (first >= 0 && (e = _ddp_state_name_buffer(c, bufs, nbufs, rec, first)) != DDP_ERR_MISMATCH &&
+            e != DDP_ERR_INTERNAL)
+            e = _ddp_state_comm_err(c, e, "naming the buffer whose size differs");
+        return e;
+    }
+    return DDP_SUCCESS;
+}
+
+/* The transfer: this rank's cursors (a sender: its share; a receiver: every share; the hasher's
+ * after them), then every share moves, hashed as it goes unless a sender hashed it already. */
+_DDP_PRIVATE ddp_result_t _ddp_state_transfer(ddp_comm_t *c, _ddp_state_cur_t *k, int senders,
+                                              const ddp_state_buf_t *bufs, int nbufs, size_t piece, uint64_t total,
+                                              int hashed, uint64_t *moved) {
+    const int rank = ddp_comm_rank(c), sender = rank < senders, nk = sender ? 1 : senders;
+    uint64_t lo, hi;
+    int i;
+    for (i = 0; i < nk; i++) {
+        _ddp_state_share(total, senders, sender ? rank : i, &lo, &hi);
+        _ddp_state_cur_init(&k[i], bufs, nbufs, lo, hi);
+    }
+    return _ddp_state_move(c, k, k + nk, senders, bufs, nbufs, piece, total, !hashed, moved);
+}
+
+/* The exchange of digests: the senders' share digests (own: this sender's) to everyone, each
+ * receiver compares, then every receiver's verdict to everyone (in rec[size ..]), so that every
+ * rank reaches the same result. A receiver's *digest: the state's, from what arrived. */
+_DDP_PRIVATE ddp_result_t _ddp_state_exchange(ddp_comm_t *c, const _ddp_state_cur_t *k, uint64_t *rec, int senders,
+                                              uint64_t own, uint64_t total, uint64_t *digest) {
+    const int rank = ddp_comm_rank(c), size = ddp_comm_size(c), sender = rank < senders;
+    uint64_t verdict = 0, sums = 0;   /* (shares that arrived different) << 32 | first such share + 1 */
+    int i;
+    ddp_result_t e;
+    rec[rank] = sender ? own : 0;
+    if ((e = ddp_all_gather(rec + rank, rec, 1, DDP_UINT64, c)) != DDP_SUCCESS)
+        return _ddp_state_comm_err(c, e, "gathering the senders' share digests");
+    if (!sender) {
+        for (i = 0; i < senders; i++) {
+            sums += k[i].sum;
+            if (k[i].sum != rec[i])
+                verdict = verdict ? verdict + (UINT64_C(1) << 32) : (UINT64_C(1) << 32) | (uint64_t)(i + 1);
+        }
+        *digest = _ddp_state_final(sums, total);
+    }
+    rec[size + rank] = verdict;
+    if ((e = ddp_all_gather(rec + size + rank, rec + size, 1, DDP_UINT64, c)) != DDP_SUCCESS)
+        return _ddp_state_comm_err(c, e, "gathering the receivers' verdicts");
+    return DDP_SUCCESS;
+}
+
+/* The verdict from the receivers' (rec[size ..]): the same DDP_ERR_MISMATCH on every rank, naming
+ * the first share that arrived different, its sender and receiver, so no rank succeeds alone. */
+_DDP_PRIVATE ddp_result_t _ddp_state_verdict(ddp_comm_t *c, const uint64_t *rec, int senders,
+                                             const ddp_state_buf_t *bufs, int nbufs, uint64_t total) {
+    const int size = ddp_comm_size(c);
+    uint64_t lo, hi;
+    int i, first, last, bad_share = -1, bad_receiver = -1, nbad = 0;
+    for (i = senders; i < size; i++) {
+        const uint64_t v = rec[size + i];
+        if (!v) continue;
+        nbad += (int)(v >> 32);
+        if (bad_receiver < 0) bad_receiver = i, bad_share = (int)(v & 0xffffffffu) - 1;
+    }
+    if (!nbad) return DDP_SUCCESS;
+    _ddp_state_share(total, senders, bad_share, &lo, &hi);
+    _ddp_state_bufs_of(bufs, nbufs, lo, hi, &first, &last);
+    return ddp_comm_fail(c, DDP_ERR_MISMATCH, "state_sync: share %d (bytes [%llu, %llu) of %llu, buffers %d .. %d), "
+                         "sent by rank %d, arrived different at rank %d (its digest differs from the sender's); "
+                         "%d share(s) arrived different in all: the receivers' state is not to be used",
+                         bad_share, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)total,
+                         first, last, bad_share, bad_receiver, nbad);
+}
+
 DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_buf_t *bufs, int nbufs,
                                     const ddp_state_opts_t *opts, ddp_state_report_t *report) {
     const int64_t t0 = _ddp_now_us();
     ddp_state_opts_t o;
     ddp_state_report_t rep;
-    uint64_t total = 0, mine[_DDP_SR_WORDS], *rec = NULL, moved = 0, sums = 0;
+    uint64_t total = 0, mine[_DDP_SR_WORDS], *rec = NULL, moved = 0, own = 0;
     _ddp_state_cur_t *k = NULL;
-    int size, rank, sender, i, hashed = 0, bad_share = -1, bad_receiver = -1, nbad = 0;
+    int size, rank, sender, hashed = 0;
     size_t piece;
     ddp_result_t e, bad;
     if (report) memset(report, 0, sizeof *report);
@@ -649,9 +785,7 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
     rank = ddp_comm_rank(c);
     memset(&o, 0, sizeof o);
     if (opts) o = *opts;
-    piece = o.piece_bytes ? o.piece_bytes : DDP_STATE_DEFAULT_PIECE_BYTES;
-    piece = (piece + DDP_STATE_BLOCK_BYTES - 1) / DDP_STATE_BLOCK_BYTES * DDP_STATE_BLOCK_BYTES;
-    if (!piece) piece = DDP_STATE_BLOCK_BYTES;   /* rounding wrapped */
+    piece = _ddp_state_piece(&o);
     memset(&rep, 0, sizeof rep);
     memset(mine, 0, sizeof mine);
     bad = _ddp_state_args(c, senders, bufs, nbufs, &total);
@@ -670,114 +804,35 @@ DDP_API ddp_result_t ddp_state_sync(ddp_comm_t *c, int senders, const ddp_state_
     mine[_DDP_SR_MAGIC] = _DDP_STATE_MAGIC;
     mine[_DDP_SR_BAD] = bad != DDP_SUCCESS;
     if (bad == DDP_SUCCESS) {
-        _ddp_xxh64_t h;
-        unsigned char le[8];
-        int b, j;
-        _ddp_xxh64_init(&h, 0);
-        for (b = 0; b < nbufs; b++) {
-            for (j = 0; j < 8; j++) le[j] = (unsigned char)((uint64_t)bufs[b].bytes >> (8 * j));
-            _ddp_xxh64_update(&h, le, 8);
-        }
-        mine[_DDP_SR_SENDERS] = (uint64_t)senders;
-        mine[_DDP_SR_NBUFS] = (uint64_t)nbufs;
-        mine[_DDP_SR_TOTAL] = total;
-        mine[_DDP_SR_SIZES] = _ddp_xxh64_digest(&h);
-        mine[_DDP_SR_PIECE] = piece;
-        mine[_DDP_SR_CHECK] = o.check_senders != 0;
-        if (sender && o.check_senders) {   /* every share, so this rank's own share's digest comes free */
-            uint64_t all = 0;
-            for (i = 0; i < senders; i++) {
-                uint64_t lo, hi;
-                _ddp_state_share(total, senders, i, &lo, &hi);
-                _ddp_state_cur_init(k, bufs, nbufs, lo, hi);
-                _ddp_state_hash_all(k, bufs, nbufs, total);
-                all += k->sum;
-                if (i == rank) sums = k->sum;   /* its share's, for the verification */
-            }
-            rep.digest = mine[_DDP_SR_WHOLE] = _ddp_state_final(all, total);
+        _ddp_state_record(mine, senders, bufs, nbufs, total, piece, &o);
+        if (sender && o.check_senders) {
+            rep.digest = mine[_DDP_SR_WHOLE] = _ddp_state_whole_digest(k, bufs, nbufs, total, senders, rank, &own);
             hashed = 1;
         }
     }
-    memcpy(rec + (size_t)rank * _DDP_SR_WORDS, mine, sizeof mine);
-    e = ddp_all_gather(rec + (size_t)rank * _DDP_SR_WORDS, rec, _DDP_SR_WORDS, DDP_UINT64, c);
-    if (e != DDP_SUCCESS) {
-        e = _ddp_state_comm_err(c, e, "the check round (sizes, options)");
-        goto out;
-    }
-    if (bad != DDP_SUCCESS) { e = bad; goto out; }   /* its message is this rank's last error */
-    if ((e = _ddp_state_agree(c, rec, size, &i)) != DDP_SUCCESS) {
-        if (i >= 0 && (e = _ddp_state_name_buffer(c, bufs, nbufs, rec, i)) != DDP_ERR_MISMATCH &&
-            e != DDP_ERR_INTERNAL)
-            e = _ddp_state_comm_err(c, e, "naming the buffer whose size differs");
-        goto out;
-    }
+    if ((e = _ddp_state_check(c, mine, rec, bad, bufs, nbufs)) != DDP_SUCCESS) goto out;
     rep.bytes = total;
     rep.senders = senders;
     rep.receivers = size - senders;
-    if (senders == size) goto done;
-
-    /* Move every share, hashing as it goes. */
-    for (i = 0; i < (sender ? 1 : senders); i++) {
-        uint64_t lo, hi;
-        _ddp_state_share(total, senders, sender ? rank : i, &lo, &hi);
-        _ddp_state_cur_init(&k[i], bufs, nbufs, lo, hi);
-    }
-    if ((e = _ddp_state_move(c, k, k + (sender ? 1 : senders), senders, bufs, nbufs, piece, total, !hashed, &moved)) !=
-        DDP_SUCCESS)
-        goto out;
-    rep.moved = moved;
-
-    /* Verify: the senders' share digests to everyone, then everyone's verdict to everyone. */
-    rec[rank] = sender ? (hashed ? sums : k[0].sum) : 0;
-    if ((e = ddp_all_gather(rec + rank, rec, 1, DDP_UINT64, c)) != DDP_SUCCESS) {
-        e = _ddp_state_comm_err(c, e, "gathering the senders' share digests");
-        goto out;
-    }
-    if (!sender) {
-        uint64_t verdict = 0;   /* (shares that arrived different) << 32 | first such share + 1 */
-        for (i = 0, sums = 0; i < senders; i++) {
-            sums += k[i].sum;
-            if (k[i].sum != rec[i])
-                verdict = verdict ? verdict + (UINT64_C(1) << 32) : (UINT64_C(1) << 32) | (uint64_t)(i + 1);
+    if (senders < size) {
+        if ((e = _ddp_state_transfer(c, k, senders, bufs, nbufs, piece, total, hashed, &moved)) != DDP_SUCCESS)
+            goto out;
+        rep.moved = moved;
+        if ((e = _ddp_state_exchange(c, k, rec, senders, hashed ? own : k[0].sum, total, &rep.digest)) != DDP_SUCCESS)
+            goto out;
+        if ((e = _ddp_state_verdict(c, rec, senders, bufs, nbufs, total)) != DDP_SUCCESS) {
+            rep.seconds = (double)(_ddp_now_us() - t0) * 1e-6;   /* a mismatch still reports */
+            if (report) *report = rep;
+            report = NULL;
+            goto out;
         }
-        rep.digest = _ddp_state_final(sums, total);
-        rec[size + rank] = verdict;
-    } else {
-        rec[size + rank] = 0;
     }
-    if ((e = ddp_all_gather(rec + size + rank, rec + size, 1, DDP_UINT64, c)) != DDP_SUCCESS) {
-        e = _ddp_state_comm_err(c, e, "gathering the receivers' verdicts");
-        goto out;
-    }
-    for (i = senders; i < size; i++) {
-        const uint64_t v = rec[size + i];
-        if (!v) continue;
-        nbad += (int)(v >> 32);
-        if (bad_receiver < 0) bad_receiver = i, bad_share = (int)(v & 0xffffffffu) - 1;
-    }
-    if (nbad) {
-        uint64_t lo, hi;
-        int first, last;
-        _ddp_state_share(total, senders, bad_share, &lo, &hi);
-        _ddp_state_bufs_of(bufs, nbufs, lo, hi, &first, &last);
-        e = ddp_comm_fail(c, DDP_ERR_MISMATCH, "state_sync: share %d (bytes [%llu, %llu) of %llu, buffers %d .. %d), "
-                          "sent by rank %d, arrived different at rank %d (its digest differs from the sender's); "
-                          "%d share(s) arrived different in all: the receivers' state is not to be used",
-                          bad_share, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)total,
-                          first, last, bad_share, bad_receiver, nbad);
-        rep.seconds = (double)(_ddp_now_us() - t0) * 1e-6;
-        if (report) *report = rep;
-        report = NULL;
-        goto out;
-    }
-done:
     rep.seconds = (double)(_ddp_now_us() - t0) * 1e-6;
     ddp_comm_log(c, DDP_LOG_INFO, "state_sync: %llu bytes in %d buffers, %d share(s) from ranks 0..%d to %d "
                  "receiver(s), %s %llu bytes, verified: %.3f s, %.2f GB/s (the state's bytes / time)",
                  (unsigned long long)total, nbufs, senders, senders - 1, size - senders, sender ? "sent" : "received",
                  (unsigned long long)rep.moved, rep.seconds, rep.seconds > 0 ? (double)total / rep.seconds * 1e-9 : 0.0);
     if (report) *report = rep;
-    e = DDP_SUCCESS;
 out:
     if (e != DDP_SUCCESS && report) memset(report, 0, sizeof *report);
     ddp_comm_free(c, rec);
