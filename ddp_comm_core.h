@@ -408,11 +408,16 @@ _DDP_PRIVATE ddp_result_t _ddp_usable(ddp_comm_t *c) {
     return DDP_SUCCESS;
 }
 
+/* "<the first len bytes of prefix>/<fmt ...>" into out: every store key a communicator makes. */
+_DDP_PRIVATE void _ddp_vkey(char *out, size_t cap, const char *prefix, int len, const char *fmt, va_list ap) {
+    int n = snprintf(out, cap, "%.*s/", len, prefix);
+    if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
+}
+
 _DDP_PRIVATE void _ddp_key(const ddp_comm_t *c, char *out, size_t cap, const char *fmt, ...) {
     va_list ap;
-    int n = snprintf(out, cap, "%s/", c->boot.prefix);
     va_start(ap, fmt);
-    if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
+    _ddp_vkey(out, cap, c->boot.prefix, (int)strlen(c->boot.prefix), fmt, ap);
     va_end(ap);
 }
 

@@ -136,9 +136,8 @@ _DDP_PRIVATE void _ddp_root_key(const ddp_comm_t *c, char *out, size_t cap, cons
 _DDP_PRIVATE void _ddp_root_key(const ddp_comm_t *c, char *out, size_t cap, const char *fmt, ...) {
     va_list ap;
     int len = c->shrink.root_len > 0 ? c->shrink.root_len : (int)strlen(c->boot.prefix);
-    int n = snprintf(out, cap, "%.*s/", len, c->boot.prefix);
     va_start(ap, fmt);
-    if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
+    _ddp_vkey(out, cap, c->boot.prefix, len, fmt, ap);
     va_end(ap);
 }
 

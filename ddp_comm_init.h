@@ -953,8 +953,9 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
     ddp_comm_t *c;
     ddp_result_t r;
     const char *forced = NULL;
-    if ((r = _ddp_comm_new(&c, nranks, rank, d, &forced)) != DDP_SUCCESS) return r;
+    if (!out) return _ddp_init_refuse(DDP_ERR_INVALID_ARGUMENT, "ddp_comm_init: NULL comm pointer");
     *out = NULL;
+    if ((r = _ddp_comm_new(&c, nranks, rank, d, &forced)) != DDP_SUCCESS) return r;
     if (!d) { memset(&zero, 0, sizeof zero); d = &zero; }
     /* one deadline for the rendezvous */
     c->boot.init_deadline_us = _ddp_deadline(from->rendezvous_ms > 0 ? from->rendezvous_ms : c->eng.timeout_ms);

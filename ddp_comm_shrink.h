@@ -122,9 +122,8 @@ _DDP_PRIVATE void _ddp_shk(const _ddp_shrink_t *s, char *out, size_t cap, const 
     ;
 _DDP_PRIVATE void _ddp_shk(const _ddp_shrink_t *s, char *out, size_t cap, const char *fmt, ...) {
     va_list ap;
-    int n = snprintf(out, cap, "%s/", s->base);
     va_start(ap, fmt);
-    if (n > 0 && (size_t)n < cap) vsnprintf(out + n, cap - (size_t)n, fmt, ap);
+    _ddp_vkey(out, cap, s->base, (int)strlen(s->base), fmt, ap);
     va_end(ap);
 }
 

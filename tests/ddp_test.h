@@ -340,9 +340,10 @@ static T_UNUSED void t_desc(ddp_comm_desc_t *d, int timeout_ms) {
 /* ddp_comm_init as one check: the communicator, or NULL after a failed ok() that says why. */
 /* A rendezvous store in a process of its own, as a launcher's (ddprun's): no rank serves it, so
  * any rank may die (a shrink needs it), and the test process stays single-threaded for the ranks'
- * forks (ThreadSanitizer). No secret. It serves until the caller closes *stop (then waitpid the
- * pid returned); the port in *port (-1 on failure). Ranks pass a client handle in desc.store. */
-static T_UNUSED pid_t t_store_process(int *port, int *stop) {
+ * forks (ThreadSanitizer). secret: the job's ("": none). It serves until the caller closes *stop
+ * (then waitpid the pid returned); the port in *port (-1 on failure). Ranks pass a client handle
+ * in desc.store (t_store_client_secret). */
+static T_UNUSED pid_t t_store_process_secret(int *port, int *stop, const char *secret) {
     int up[2], down[2];
     pid_t pid;
     if (pipe(up) != 0 || pipe(down) != 0) return -1;
@@ -358,7 +359,7 @@ static T_UNUSED pid_t t_store_process(int *port, int *stop) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         memset(&sd, 0, sizeof sd);
         sd.timeout_ms = 30000;
-        sd.secret = "";
+        sd.secret = secret;
         sd.log_level = 1;
         if (ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS) p = ddp_store_port(srv);
         if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
@@ -374,15 +375,18 @@ static T_UNUSED pid_t t_store_process(int *port, int *stop) {
     return pid;
 }
 
-/* A client of t_store_process's store (no secret; requests time out after 30 s). */
-static T_UNUSED ddp_result_t t_store_client(ddp_store_t **st, int port) {
+static T_UNUSED pid_t t_store_process(int *port, int *stop) { return t_store_process_secret(port, stop, ""); }
+
+/* A client of t_store_process's store (secret: the store's; requests time out after 30 s). */
+static T_UNUSED ddp_result_t t_store_client_secret(ddp_store_t **st, int port, const char *secret) {
     ddp_store_desc_t sd;
     memset(&sd, 0, sizeof sd);
     sd.timeout_ms = 30000;
-    sd.secret = "";
+    sd.secret = secret;
     sd.log_level = 1;
     return ddp_store_open(st, "127.0.0.1", port, 0, &sd);
 }
+static T_UNUSED ddp_result_t t_store_client(ddp_store_t **st, int port) { return t_store_client_secret(st, port, ""); }
 
 static T_UNUSED ddp_comm_t *t_comm_init(int rank, int p, const ddp_comm_desc_t *d) {
     ddp_comm_t *c = NULL;

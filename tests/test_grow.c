@@ -85,39 +85,6 @@ static ddp_result_t step(ddp_comm_t *c, float *a, int k) {
     return DDP_SUCCESS;
 }
 
-/* The store: a process of its own, with the job's secret (t_store_process without one). */
-static pid_t store_process(int *port, int *stop) {
-    int up[2], down[2];
-    pid_t pid;
-    if (pipe(up) != 0 || pipe(down) != 0) return -1;
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-        ddp_store_t *srv = NULL;
-        ddp_store_desc_t sd;
-        char b;
-        int p = -1;
-        close(up[0]);
-        close(down[1]);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        memset(&sd, 0, sizeof sd);
-        sd.timeout_ms = 30000;
-        sd.secret = SECRET;
-        sd.log_level = 1;
-        if (ddp_store_open(&srv, "127.0.0.1", 0, 1, &sd) == DDP_SUCCESS) p = ddp_store_port(srv);
-        if (write(up[1], &p, sizeof p) != (ssize_t)sizeof p) _exit(1);
-        while (read(down[0], &b, 1) > 0) {}
-        if (srv) ddp_store_close(srv);
-        _exit(0);
-    }
-    close(up[1]);
-    close(down[0]);
-    if (pid < 0 || read(up[0], port, sizeof *port) != (ssize_t)sizeof *port) *port = -1;
-    close(up[0]);
-    *stop = down[1];
-    return pid;
-}
-
 static void joiner_desc(ddp_comm_desc_t *d, const char *secret) {
     memset(d, 0, sizeof *d);
     d->master_addr = "127.0.0.1";
@@ -235,14 +202,9 @@ static int life(ddp_comm_t *c, int proc, const scenario_t *sc, int stage) {
 
 static int member_main(int proc, const scenario_t *sc) {
     ddp_comm_desc_t d;
-    ddp_store_desc_t sd;
     ddp_store_t *st = NULL;
     ddp_comm_t *c = NULL;
-    memset(&sd, 0, sizeof sd);
-    sd.timeout_ms = 30000;
-    sd.secret = SECRET;
-    sd.log_level = 1;
-    if (ddp_store_open(&st, "127.0.0.1", g_store_port, 0, &sd) != DDP_SUCCESS) return 2;
+    if (t_store_client_secret(&st, g_store_port, SECRET) != DDP_SUCCESS) return 2;
     t_desc(&d, 5000);
     d.store = st;
     d.store_prefix = "growtest";
@@ -324,7 +286,7 @@ static int proc_main(int proc, int p, void *arg) {
 
 static void run(const scenario_t *sc) {
     int stop = -1, p = sc->members + sc->joiners, i;
-    pid_t store = store_process(&g_store_port, &stop);
+    pid_t store = t_store_process_secret(&g_store_port, &stop, SECRET);
     if (!ok(store > 0 && g_store_port > 0, "[%s] %s: the store", g_transport, sc->name)) return;
     S = (shared_t *)t_shm_user(sizeof *S);
     diag("--- [%s] %s", g_transport, sc->name);
