@@ -34,18 +34,9 @@
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "tests/ddp_test.h"
+#include "tests/ddp_test_elastic.h"
 
-#include <math.h>
-
-#define NP 5
 #define MAXP 4
-static const size_t g_sizes[NP] = {37, 200, 64, 150, 9};   /* float64; 460 elements */
-#define TOTAL 460
-static const char *g_mode = "tcp";
-static int g_store_port;                 /* the shrink scenario's store (a process of its own) */
-
-enum { M_COPY, M_VIEW, M_FLAT, M_FP16, M_NUM };
-static const char *const g_mode_names[M_NUM] = {"copy", "bucket views", "flat", "fp16 compression"};
 
 /* before_commit: the victim's reducer is not elastic (flat mode: same buckets, no rebuild); it
  * runs step 1's commit round by hand and dies between its exchange of step 2 and that step's
@@ -58,146 +49,20 @@ typedef struct {                         /* per old rank, written by the childre
 } result_t;
 static result_t *R;
 
-static void set_mode(void) {
-    unsetenv("DDP_SHM_COLL");
-    if (!strcmp(g_mode, "tcp")) setenv("DDP_TRANSPORT", "tcp", 1); else unsetenv("DDP_TRANSPORT");
-}
-
-/* The shrink scenario's communicator: its store is served by a process of its own (as ddprun's),
- * so any rank may die, rank 0 included, and the survivors still agree through it. */
-static ddp_comm_t *init_comm_store(int rank, int p, ddp_store_t **st) {
-    ddp_comm_desc_t d;
-    ddp_comm_t *c = NULL;
-    ddp_result_t r;
-    if (!ok(t_store_client(st, g_store_port) == DDP_SUCCESS, "rank %d: store client", rank))
-        return NULL;
-    set_mode();
-    t_desc(&d, 20000);
-    d.store = *st;
-    d.store_prefix = "reducer-elastic";
-    d.log_level = 1;
-    t_where("ddp_comm_init rank %d of %d (external store)", rank, p);
-    r = ddp_comm_init(&c, p, rank, &d);
-    if (!ok(r == DDP_SUCCESS, "[%s] ddp_comm_init rank %d of %d -> %s %s", g_mode, rank, p,
-            ddp_strerror(r), r ? ddp_last_init_error() : ""))
-        return NULL;
-    return c;
-}
-
 static ddp_comm_t *init_comm(int rank, int p, int port) {
     ddp_comm_desc_t d;
     ddp_comm_t *c = NULL;
     ddp_result_t r;
-    set_mode();
+    t_el_set_transport();
     t_desc(&d, 20000);
     d.master_port = port;
     d.log_level = 1;
     t_where("ddp_comm_init rank %d of %d, port %d", rank, p, port);
     r = ddp_comm_init(&c, p, rank, &d);
-    if (!ok(r == DDP_SUCCESS, "[%s] ddp_comm_init rank %d of %d -> %s %s", g_mode, rank, p,
+    if (!ok(r == DDP_SUCCESS, "[%s] ddp_comm_init rank %d of %d -> %s %s", t_el_transport, rank, p,
             ddp_strerror(r), r ? ddp_last_init_error() : ""))
         return NULL;
     return c;
-}
-
-/* Rank `who`'s gradient of step `step`, element j of parameter i: an integer in [-8, 8], so
- * sums are exact and the average is one correctly rounded division, as the library's. */
-static double g(int who, int step, int i, size_t j) {
-    return (double)(int)(t_mix64(((uint64_t)who << 48) ^ ((uint64_t)step << 32) ^ ((uint64_t)i << 20) ^ j) % 17) - 8;
-}
-
-/* The average over the ranks in members[0..n) (old numbering). */
-static double expect(const int *members, int n, int step, int i, size_t j) {
-    int k;
-    double s = 0;
-    for (k = 0; k < n; k++) s += g(members[k], step, i, j);
-    return s / n;
-}
-
-typedef struct {
-    ddp_reducer_t *r;
-    int mode;
-    double own[NP][200];                 /* copy and fp16 modes: the caller's gradients */
-    double flat[TOTAL];                  /* flat mode: the buffer */
-    double w[TOTAL];                     /* the weights, w -= average per applied step */
-    int abandon;                         /* see step_run */
-    ddp_comm_t *comm;
-} model_t;
-
-static double *grad_of(model_t *m, int i) {
-    return (double *)ddp_reducer_grad(m->r, i);
-}
-
-static ddp_reducer_t *mk(ddp_comm_t *c, model_t *m, int elastic) {
-    ddp_reducer_desc_t d;
-    ddp_reducer_t *r = NULL;
-    size_t off = 0;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.first_bucket_bytes = 256;
-    d.bucket_cap_bytes = 1024;
-    d.elastic = elastic;
-    d.gradient_as_bucket_view = m->mode == M_VIEW;
-    if (m->mode == M_FP16) d.compression = DDP_COMPRESS_FP16;
-    if (m->mode == M_FLAT) { d.flat_grads = m->flat; d.flat_bytes = sizeof m->flat; }
-    if (!ok(ddp_reducer_create(&r, c, &d) == DDP_SUCCESS, "reducer_create (elastic, %s)", g_mode_names[m->mode]))
-        return NULL;
-    for (i = 0; i < NP; off += g_sizes[i], i++) {
-        void *p = m->mode == M_FLAT ? (void *)(m->flat + off) : m->mode == M_VIEW ? NULL : (void *)m->own[i];
-        if (ddp_reducer_add_param(r, p, g_sizes[i], DDP_FLOAT64) != i) {
-            ok(0, "add_param %d: %s", i, ddp_reducer_last_error(r));
-            ddp_reducer_destroy(r);
-            return NULL;
-        }
-    }
-    return r;
-}
-
-/* One step's backward and finish, as rank `who` (old numbering). With m->abandon (bucket-view
- * and fp16 modes, on the old communicator once the victim is dead) the trainer marks the
- * first bucket's gradients, learns of the failure from the communicator (its launched bucket
- * fails) and abandons backward without finish: rebind must drop the step's bucket state. */
-static ddp_result_t step_run(model_t *m, int who, int step) {
-    int i;
-    size_t j;
-    for (i = NP - 1; i >= 0; i--) {
-        double *gr = grad_of(m, i);
-        if (m->abandon && i == NP - 3) {   /* bucket 0 is parameters 4 and 3 */
-            ddp_result_t e = DDP_SUCCESS;
-            double t0 = t_now();
-            t_where("waiting for the first bucket of step %d to fail", step);
-            while (ddp_comm_get_async_error(m->comm, &e) == DDP_SUCCESS && e == DDP_SUCCESS && t_now() - t0 < 30)
-                t_sleep_ms(1);
-            return e != DDP_SUCCESS ? e : DDP_ERR_TIMEOUT;
-        }
-        for (j = 0; j < g_sizes[i]; j++) gr[j] = g(who, step, i, j);
-        ddp_reducer_grad_ready(m->r, i);     /* a failure shows again at finish */
-    }
-    t_where("finish of step %d", step);
-    return ddp_reducer_finish(m->r);
-}
-
-/* How many gradient elements differ from the average over members (fp16: beyond its precision). */
-static int step_check(model_t *m, const int *members, int n, int step) {
-    int i, bad = 0;
-    size_t j;
-    for (i = 0; i < NP; i++) {
-        const double *gr = grad_of(m, i);
-        for (j = 0; j < g_sizes[i]; j++) {
-            double want = expect(members, n, step, i, j);
-            if (m->mode == M_FP16 ? fabs(gr[j] - want) > 0.01 : gr[j] != want) bad++;
-        }
-    }
-    return bad;
-}
-
-static void step_apply(model_t *m) {
-    size_t off = 0, j;
-    int i;
-    for (i = 0; i < NP; off += g_sizes[i], i++) {
-        const double *gr = grad_of(m, i);
-        for (j = 0; j < g_sizes[i]; j++) m->w[off + j] -= gr[j];
-    }
 }
 
 /* ----------------------------------------------------------------- shrink */
@@ -207,15 +72,15 @@ static int last_step(const shrink_arg_t *a) { return a->before_commit ? 1 : VICT
 
 static int shrink(int rank, int p, void *arg) {
     const shrink_arg_t *a = (const shrink_arg_t *)arg;
-    static model_t m;
+    static t_el_model_t m;
     ddp_comm_t *c;
     int all[MAXP], surv[MAXP], ns = 0, k, step = 1, recovered = 0, newrank = rank - (rank > a->victim);
     memset(&m, 0, sizeof m);
     m.mode = a->mode;
     for (k = 0; k < p; k++) { all[k] = k; if (k != a->victim) surv[ns++] = k; }
     ddp_store_t *st = NULL;
-    if (!(c = init_comm_store(rank, p, &st))) return 1;
-    if (!(m.r = mk(c, &m, !(a->before_commit && rank == a->victim)))) return 1;
+    if (!(c = t_el_comm_on_store(rank, p, "reducer-elastic", &st))) return 1;
+    if (!(m.r = t_el_reducer(c, &m, a->before_commit && rank == a->victim ? T_EL_PLAIN : T_EL_SAME))) return 1;
     while (step <= STEPS) {
         const int *members = step <= last_step(a) ? all : surv;
         int n = step <= last_step(a) ? p : ns, apply = -1, bad;
@@ -228,8 +93,8 @@ static int shrink(int rank, int p, void *arg) {
         }
         m.comm = c;
         m.abandon = !recovered && !a->before_commit && step > VICTIM_LAST_STEP &&
-                    (m.mode == M_VIEW || m.mode == M_FP16);
-        e = step_run(&m, rank, step);
+                    (m.mode == T_EL_VIEW || m.mode == T_EL_FP16);
+        e = t_el_step_run(&m, rank, step);
         if (a->before_commit && rank == a->victim) {
             int32_t one = _ddp_reducer_commit_value(1, 0);   /* committed, no joiner waiting */
             if (step == VICTIM_LAST_STEP) {
@@ -239,15 +104,15 @@ static int shrink(int rank, int p, void *arg) {
             if (e == DDP_SUCCESS) e = ddp_all_reduce(&one, &one, 1, DDP_INT32, DDP_MIN, c);
         }
         if (e == DDP_SUCCESS) {
-            bad = step_check(&m, members, n, step);
-            ok(bad == 0, "[%s] step %d%s: the average over %d ranks (%d elements differ)", g_mode_names[m.mode],
+            bad = t_el_step_check(&m, members, n, step);
+            ok(bad == 0, "[%s] step %d%s: the average over %d ranks (%d elements differ)", t_el_mode_names[m.mode],
                step, recovered ? " (new communicator)" : "", n, bad);
-            step_apply(&m);
+            t_el_step_apply(&m);
             step++;
             continue;
         }
         if (!ok(!recovered && rank != a->victim, "[%s] step %d failed (%s: %.200s): the first failure, on a survivor",
-                g_mode_names[m.mode], step, ddp_strerror(e), ddp_reducer_last_error(m.r)))
+                t_el_mode_names[m.mode], step, ddp_strerror(e), ddp_reducer_last_error(m.r)))
             return 1;
         diag("step %d failed as it should: %s: %.240s", step, ddp_strerror(e), ddp_reducer_last_error(m.r));
         if (a->before_commit)
@@ -257,7 +122,7 @@ static int shrink(int rank, int p, void *arg) {
         t_where("ddp_comm_shrink");
         e = ddp_comm_shrink(c, NULL, &nc);
         if (!ok(e == DDP_SUCCESS && nc && ddp_comm_size(nc) == ns && ddp_comm_rank(nc) == newrank,
-                "[%s] shrink -> %s: rank %d of %d (want %d of %d) %s", g_mode_names[m.mode], ddp_strerror(e),
+                "[%s] shrink -> %s: rank %d of %d (want %d of %d) %s", t_el_mode_names[m.mode], ddp_strerror(e),
                 ddp_comm_rank(nc), ddp_comm_size(nc), newrank, ns, e ? ddp_comm_last_error(c) : ""))
             return 1;
         t_where("destroying the old communicator");
@@ -265,7 +130,7 @@ static int shrink(int rank, int p, void *arg) {
         c = nc;
         t_where("rebind");
         e = ddp_reducer_rebind(m.r, c, &apply);
-        if (!ok(e == DDP_SUCCESS, "[%s] rebind onto %d ranks -> %s %s", g_mode_names[m.mode], ns, ddp_strerror(e),
+        if (!ok(e == DDP_SUCCESS, "[%s] rebind onto %d ranks -> %s %s", t_el_mode_names[m.mode], ns, ddp_strerror(e),
                 ddp_reducer_last_error(m.r)))
             return 1;
         ok(ddp_reducer_committed_steps(m.r) == last_step(a), "committed steps after rebind: %lld (the victim "
@@ -273,10 +138,10 @@ static int shrink(int rank, int p, void *arg) {
            last_step(a));
         ok(apply == (step == VICTIM_LAST_STEP && !a->before_commit), "failed in step %d: apply_pending %d", step, apply);
         if (apply) {   /* the gradients still hold step 2's average over the 4 ranks */
-            bad = step_check(&m, all, p, VICTIM_LAST_STEP);
+            bad = t_el_step_check(&m, all, p, VICTIM_LAST_STEP);
             ok(bad == 0, "[%s] the pending step's gradients are its average over %d ranks (%d differ)",
-               g_mode_names[m.mode], p, bad);
-            step_apply(&m);
+               t_el_mode_names[m.mode], p, bad);
+            t_el_step_apply(&m);
         }
         diag("recovered in %.3f s (shrink to %d ranks, destroy, rebind)%s", t_now() - t0, ns,
              m.abandon ? "; backward abandoned after the first bucket, without finish" : "");
@@ -296,15 +161,15 @@ static int shrink(int rank, int p, void *arg) {
 
 /* The survivors' weights: steps 1 .. last averaged over all p ranks, the others over the survivors. */
 static uint64_t reference(int p, int victim, int last) {
-    static double w[TOTAL];
+    static double w[T_EL_TOTAL];
     int all[MAXP], surv[MAXP], ns = 0, k, step, i;
     size_t off, j;
     for (k = 0; k < p; k++) { all[k] = k; if (k != victim) surv[ns++] = k; }
     memset(w, 0, sizeof w);
     for (step = 1; step <= STEPS; step++)
-        for (i = 0, off = 0; i < NP; off += g_sizes[i], i++)
-            for (j = 0; j < g_sizes[i]; j++)
-                w[off + j] -= step <= last ? expect(all, p, step, i, j) : expect(surv, ns, step, i, j);
+        for (i = 0, off = 0; i < T_EL_NP; off += t_el_sizes[i], i++)
+            for (j = 0; j < t_el_sizes[i]; j++)
+                w[off + j] -= step <= last ? t_el_expect(all, p, step, i, j) : t_el_expect(surv, ns, step, i, j);
     return t_hash(w, sizeof w);
 }
 
@@ -317,9 +182,9 @@ static void run_shrink(int mode, int victim, int before_commit) {
     a.before_commit = before_commit;
     memset(R, 0, sizeof *R * MAXP);
     int stop = -1;
-    pid_t store = t_store_process(&g_store_port, &stop);
-    if (!ok(store > 0 && g_store_port > 0, "the store (a process of its own)")) return;
-    diag("--- [%s] %s: rank %d of %d dies %s step %d", g_mode, g_mode_names[mode], victim, p,
+    pid_t store = t_store_process(&t_el_store_port, &stop);
+    if (!ok(store > 0 && t_el_store_port > 0, "the store (a process of its own)")) return;
+    diag("--- [%s] %s: rank %d of %d dies %s step %d", t_el_transport, t_el_mode_names[mode], victim, p,
          before_commit ? "between the exchange and the commit round of" : "after", VICTIM_LAST_STEP);
     t_run_ranks(p, shrink, &a, 120);
     close(stop);
@@ -332,68 +197,60 @@ static void run_shrink(int mode, int victim, int before_commit) {
         else if (R[r].whash != R[first].whash) same = 0;
         napply += R[r].apply == 1;
     }
-    ok(bad == 0, "[%s] %s: every survivor recovered once, finished %d steps and exited cleanly", g_mode,
-       g_mode_names[mode], STEPS);
-    ok(same, "[%s] %s: the survivors' weights are bitwise identical", g_mode, g_mode_names[mode]);
-    if (mode != M_FP16)
+    ok(bad == 0, "[%s] %s: every survivor recovered once, finished %d steps and exited cleanly", t_el_transport,
+       t_el_mode_names[mode], STEPS);
+    ok(same, "[%s] %s: the survivors' weights are bitwise identical", t_el_transport, t_el_mode_names[mode]);
+    if (mode != T_EL_FP16)
         ok(first >= 0 && R[first].whash == reference(p, victim, last_step(&a)), "[%s] %s: and equal the reference "
-           "(%d step(s) over 4 ranks, the others over 3)", g_mode, g_mode_names[mode], last_step(&a));
+           "(%d step(s) over 4 ranks, the others over 3)", t_el_transport, t_el_mode_names[mode], last_step(&a));
     diag("%d of the 3 survivors applied step %d at the rebind (their commit round failed)", napply, VICTIM_LAST_STEP);
 }
 
 /* ----------------------------------------------------------------- decide */
-typedef struct { int64_t step, exchanged, committed; } poke_t;
-
-static void poke(ddp_reducer_t *r, const poke_t *s) {
-    r->step = s->step;
-    r->exchanged = s->exchanged;
-    r->committed = s->committed;
-}
-
 /* Rebind onto the same communicator (any communicator will do) with the states given. */
-static ddp_result_t decide_case(model_t *m, ddp_comm_t *c, const poke_t *st, int *apply) {
-    poke(m->r, &st[ddp_comm_rank(c)]);
+static ddp_result_t decide_case(t_el_model_t *m, ddp_comm_t *c, const t_el_poke_t *st, int *apply) {
+    t_el_poke(m->r, &st[ddp_comm_rank(c)]);
     *apply = -1;
     return ddp_reducer_rebind(m->r, c, apply);
 }
 
 static int decide(int rank, int p, void *arg) {
-    static model_t m;
+    static t_el_model_t m;
     ddp_comm_t *c;
     int all[MAXP], k, apply, bad, step;
     ddp_result_t e;
     (void)arg;
     memset(&m, 0, sizeof m);
-    m.mode = M_COPY;
+    m.mode = T_EL_COPY;
     for (k = 0; k < p; k++) all[k] = k;
     if (!(c = init_comm(rank, p, t_master_port))) return 1;
-    if (!(m.r = mk(c, &m, 1))) return 1;
+    if (!(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
     for (step = 1; step <= 3; step++)
-        if (!ok(step_run(&m, rank, step) == DDP_SUCCESS, "step %d", step)) return 1;
+        if (!ok(t_el_step_run(&m, rank, step) == DDP_SUCCESS, "step %d", step)) return 1;
     ok(ddp_reducer_committed_steps(m.r) == 3, "3 steps committed");
     {   /* rank 1's commit round of step 3 failed after its exchange completed */
-        const poke_t st[3] = {{3, 3, 3}, {3, 3, 2}, {3, 3, 3}};
+        const t_el_poke_t st[3] = {{3, 3, 3}, {3, 3, 2}, {3, 3, 3}};
         e = decide_case(&m, c, st, &apply);
         ok(e == DDP_SUCCESS && apply == (rank == 1), "one rank missed the commit of step 3: apply_pending %d "
            "(only there) -> %s", apply, ddp_strerror(e));
         ok(ddp_reducer_committed_steps(m.r) == 3, "committed steps: %lld (3 everywhere)",
            (long long)ddp_reducer_committed_steps(m.r));
-        bad = step_check(&m, all, p, 3);
+        bad = t_el_step_check(&m, all, p, 3);
         ok(bad == 0, "the gradients hold step 3's average (%d differ): what the rank told to apply applies", bad);
     }
-    if (!ok(step_run(&m, rank, 4) == DDP_SUCCESS, "step 4 after the rebind")) return 1;
+    if (!ok(t_el_step_run(&m, rank, 4) == DDP_SUCCESS, "step 4 after the rebind")) return 1;
     {   /* nobody committed step 4; ranks 0 and 2 completed its exchange, rank 1 did not */
-        const poke_t st[3] = {{4, 4, 3}, {4, 3, 3}, {4, 4, 3}};
+        const t_el_poke_t st[3] = {{4, 4, 3}, {4, 3, 3}, {4, 4, 3}};
         e = decide_case(&m, c, st, &apply);
         ok(e == DDP_SUCCESS && apply == 0, "nobody committed step 4: apply_pending %d everywhere -> %s", apply,
            ddp_strerror(e));
         ok(ddp_reducer_committed_steps(m.r) == 3, "committed steps: %lld (3: step 4 dropped, to redo)",
            (long long)ddp_reducer_committed_steps(m.r));
     }
-    if (!ok(step_run(&m, rank, 4) == DDP_SUCCESS, "step 4 redone")) return 1;
+    if (!ok(t_el_step_run(&m, rank, 4) == DDP_SUCCESS, "step 4 redone")) return 1;
     ok(ddp_reducer_committed_steps(m.r) == 4, "committed steps: 4");
     {   /* rank 0 committed 4 and went on to exchange 5 (not committed); rank 1 missed 4's commit */
-        const poke_t st[3] = {{5, 5, 4}, {4, 4, 3}, {4, 4, 4}};
+        const t_el_poke_t st[3] = {{5, 5, 4}, {4, 4, 3}, {4, 4, 4}};
         e = decide_case(&m, c, st, &apply);
         ok(e == DDP_SUCCESS && apply == (rank == 1), "one rank a step ahead, one missed the commit: "
            "apply_pending %d (only the one that missed it) -> %s", apply, ddp_strerror(e));
@@ -401,13 +258,13 @@ static int decide(int rank, int p, void *arg) {
            (long long)ddp_reducer_committed_steps(m.r));
     }
     {   /* rank 2 is two steps behind: it cannot have step 4's gradients */
-        const poke_t st[3] = {{4, 4, 4}, {4, 4, 4}, {2, 2, 2}};
+        const t_el_poke_t st[3] = {{4, 4, 4}, {4, 4, 4}, {2, 2, 2}};
         e = decide_case(&m, c, st, &apply);
         ok(e == DDP_ERR_MISMATCH && apply == 0 && t_mentions_rank(ddp_reducer_last_error(m.r), 2),
            "irreconcilable states: DDP_ERR_MISMATCH on every rank naming rank 2 -> %s: %s", ddp_strerror(e),
            ddp_reducer_last_error(m.r));
     }
-    if (!ok(step_run(&m, rank, 5) == DDP_SUCCESS, "the reducer still works")) return 1;
+    if (!ok(t_el_step_run(&m, rank, 5) == DDP_SUCCESS, "the reducer still works")) return 1;
     ddp_reducer_destroy(m.r);
     ddp_comm_destroy(c);
     return 0;
@@ -415,7 +272,7 @@ static int decide(int rank, int p, void *arg) {
 
 /* ----------------------------------------------------------------- refuse */
 static int refuse(int rank, int p, void *arg) {
-    static model_t m;
+    static t_el_model_t m;
     static double flat[64];
     ddp_comm_t *c;
     ddp_reducer_t *r = NULL;
@@ -433,14 +290,16 @@ static int refuse(int rank, int p, void *arg) {
     ok(e == DDP_ERR_INVALID_ARGUMENT && !r && strstr(ddp_comm_last_error(c), "checkpoint"),
        "elastic with ZeRO-1 refused at create -> %s: %s", ddp_strerror(e), ddp_comm_last_error(c));
     memset(&m, 0, sizeof m);
-    m.mode = M_COPY;
-    if (!(m.r = mk(c, &m, 1))) return 1;
+    m.mode = T_EL_COPY;
+    if (!(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
     ok(ddp_reducer_rebind(m.r, c, NULL) == DDP_ERR_INVALID_ARGUMENT, "rebind with NULL apply_pending");
     ok(ddp_reducer_rebind(m.r, NULL, &apply) == DDP_ERR_INVALID_ARGUMENT && apply == 0, "rebind with NULL newcomm");
     ok(ddp_reducer_committed_steps(NULL) == -1, "committed_steps(NULL) = -1");
-    ok(step_run(&m, rank, 1) == DDP_SUCCESS && ddp_reducer_committed_steps(m.r) == 1, "elastic: one step committed");
+    ok(t_el_step_run(&m, rank, 1) == DDP_SUCCESS && ddp_reducer_committed_steps(m.r) == 1,
+       "elastic: one step committed");
     ddp_reducer_set_no_sync(m.r, 1);
-    ok(step_run(&m, rank, 2) == DDP_SUCCESS && ddp_reducer_committed_steps(m.r) == 1, "a no_sync step: not counted");
+    ok(t_el_step_run(&m, rank, 2) == DDP_SUCCESS && ddp_reducer_committed_steps(m.r) == 1,
+       "a no_sync step: not counted");
     ddp_reducer_set_no_sync(m.r, 0);
     ddp_reducer_destroy(m.r);
     memset(&d, 0, sizeof d);
@@ -467,14 +326,14 @@ int main(void) {
     if (t_selected("shrink")) {
         /* every mode over tcp; copy and flat over shm; the victim the last, the first (the old
          * communicator's store) and a middle rank */
-        static const int victim[2][M_NUM] = {{3, 0, 1, 2}, {1, -1, 0, -1}};
+        static const int victim[2][T_EL_NUM_MODES] = {{3, 0, 1, 2}, {1, -1, 0, -1}};
         for (k = 0; k < 2; k++) {
-            g_mode = modes[k];
-            for (m = 0; m < M_NUM; m++)
+            t_el_transport = modes[k];
+            for (m = 0; m < T_EL_NUM_MODES; m++)
                 if (victim[k][m] >= 0) run_shrink(m, victim[k][m], 0);
-            run_shrink(M_FLAT, k ? 2 : 0, 1);
+            run_shrink(T_EL_FLAT, k ? 2 : 0, 1);
         }
-        g_mode = "tcp";
+        t_el_transport = "tcp";
     }
     if (t_selected("decide")) {
         diag("--- the commit decision, from constructed states, p = 3");

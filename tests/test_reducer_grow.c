@@ -39,145 +39,33 @@
 #include "transports/ddp_tcp.h"
 #include "transports/ddp_shm.h"
 #include "tests/ddp_test.h"
+#include "tests/ddp_test_elastic.h"
 
-#define NP 5
 #define MAXP 5
-static const size_t g_sizes[NP] = {37, 200, 64, 150, 9};   /* float64; 460 elements */
-#define TOTAL 460
 /* The order backward marks gradients in: not reverse registration order (4 3 2 1 0), so the
  * rebuild after step 1 gives another layout (buckets {2}, {4, 0, 3}, {1} instead of {4, 3},
  * {2, 1}, {0} with a first bucket of 256 bytes and a cap of 1024). */
-static const int g_ready[NP] = {2, 4, 0, 3, 1};
-static const char *g_mode = "tcp";
-static int g_store_port;
-
-enum { M_COPY, M_VIEW, M_FLAT, M_NUM };
-static const char *const g_mode_names[M_NUM] = {"copy", "bucket views", "flat"};
+static const int g_ready[T_EL_NP] = {2, 4, 0, 3, 1};
 
 typedef struct {                         /* per process, written by the children */
     uint64_t whash;
     int apply, committed, rebuilt, done, nbuckets;
-    int layout[NP][NP + 1];              /* per bucket: its count, then its parameters */
+    int layout[T_EL_NP][T_EL_NP + 1];    /* per bucket: its count, then its parameters */
 } result_t;
 static result_t *R;
 
-static void set_mode(void) {
-    unsetenv("DDP_SHM_COLL");
-    if (!strcmp(g_mode, "tcp")) setenv("DDP_TRANSPORT", "tcp", 1); else unsetenv("DDP_TRANSPORT");
-}
-
-/* A communicator of p ranks under `prefix` in the test's store process. */
-static ddp_comm_t *comm_on_store(int rank, int p, const char *prefix, ddp_store_t **st) {
-    ddp_comm_desc_t d;
-    ddp_comm_t *c = NULL;
-    ddp_result_t r;
-    if (!*st && !ok(t_store_client(st, g_store_port) == DDP_SUCCESS, "rank %d: store client", rank)) return NULL;
-    set_mode();
-    t_desc(&d, 20000);
-    d.store = *st;
-    d.store_prefix = prefix;
-    d.log_level = 1;
-    t_where("ddp_comm_init rank %d of %d (%s)", rank, p, prefix);
-    r = ddp_comm_init(&c, p, rank, &d);
-    if (!ok(r == DDP_SUCCESS, "[%s] ddp_comm_init rank %d of %d (%s) -> %s %s", g_mode, rank, p, prefix,
-            ddp_strerror(r), r ? ddp_last_init_error() : ""))
-        return NULL;
-    return c;
-}
-
-/* Process `who`'s gradient of step `step`: an integer in [-8, 8], so sums are exact. */
-static double g(int who, int step, int i, size_t j) {
-    return (double)(int)(t_mix64(((uint64_t)who << 48) ^ ((uint64_t)step << 32) ^ ((uint64_t)i << 20) ^ j) % 17) - 8;
-}
-
-static double expect(const int *who, int n, int step, int i, size_t j) {
-    int k;
-    double s = 0;
-    for (k = 0; k < n; k++) s += g(who[k], step, i, j);
-    return s / n;
-}
-
-typedef struct {
-    ddp_reducer_t *r;
-    int mode;
-    double own[NP][200];
-    double flat[TOTAL];
-    double w[TOTAL];
-} model_t;
-
-static double *grad_of(model_t *m, int i) { return (double *)ddp_reducer_grad(m->r, i); }
-
-/* The reducer every process builds the same way (tweak: a joiner's deliberate differences). */
-enum { T_SAME, T_COUNT, T_FEWER, T_CAP };
-static ddp_reducer_t *mk(ddp_comm_t *c, model_t *m, int tweak) {
-    ddp_reducer_desc_t d;
-    ddp_reducer_t *r = NULL;
-    size_t off = 0;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.first_bucket_bytes = 256;
-    d.bucket_cap_bytes = tweak == T_CAP ? 2048 : 1024;
-    d.elastic = 1;
-    d.gradient_as_bucket_view = m->mode == M_VIEW;
-    if (m->mode == M_FLAT) { d.flat_grads = m->flat; d.flat_bytes = sizeof m->flat; }
-    if (!ok(ddp_reducer_create(&r, c, &d) == DDP_SUCCESS, "reducer_create (elastic, %s)", g_mode_names[m->mode]))
-        return NULL;
-    for (i = 0; i < NP - (tweak == T_FEWER); off += g_sizes[i], i++) {
-        void *p = m->mode == M_FLAT ? (void *)(m->flat + off) : m->mode == M_VIEW ? NULL : (void *)m->own[i];
-        size_t n = tweak == T_COUNT && i == 2 ? g_sizes[i] - 1 : g_sizes[i];
-        if (ddp_reducer_add_param(r, p, n, DDP_FLOAT64) != i) {
-            ok(0, "add_param %d: %s", i, ddp_reducer_last_error(r));
-            ddp_reducer_destroy(r);
-            return NULL;
-        }
-    }
-    return r;
-}
-
-static ddp_result_t step_run(model_t *m, int who, int step) {
-    int k;
-    size_t j;
-    for (k = 0; k < NP; k++) {
-        int i = g_ready[k];
-        double *gr = grad_of(m, i);
-        for (j = 0; j < g_sizes[i]; j++) gr[j] = g(who, step, i, j);
-        ddp_reducer_grad_ready(m->r, i);
-    }
-    t_where("finish of step %d", step);
-    return ddp_reducer_finish(m->r);
-}
-
-static int step_check(model_t *m, const int *who, int n, int step) {
-    int i, bad = 0;
-    size_t j;
-    for (i = 0; i < NP; i++) {
-        const double *gr = grad_of(m, i);
-        for (j = 0; j < g_sizes[i]; j++) bad += gr[j] != expect(who, n, step, i, j);
-    }
-    return bad;
-}
-
-static void step_apply(model_t *m) {
-    size_t off = 0, j;
-    int i;
-    for (i = 0; i < NP; off += g_sizes[i], i++) {
-        const double *gr = grad_of(m, i);
-        for (j = 0; j < g_sizes[i]; j++) m->w[off + j] -= gr[j];
-    }
-}
-
 /* Steps [from, to] over the processes who[0..n), checked and applied. */
-static int steps(model_t *m, int me, const int *who, int n, int from, int to, const char *what) {
+static int steps(t_el_model_t *m, int me, const int *who, int n, int from, int to, const char *what) {
     int s, bad;
     for (s = from; s <= to; s++) {
-        ddp_result_t e = step_run(m, me, s);
-        if (!ok(e == DDP_SUCCESS, "[%s] %s step %d -> %s %s", g_mode_names[m->mode], what, s, ddp_strerror(e),
+        ddp_result_t e = t_el_step_run(m, me, s);
+        if (!ok(e == DDP_SUCCESS, "[%s] %s step %d -> %s %s", t_el_mode_names[m->mode], what, s, ddp_strerror(e),
                 ddp_reducer_last_error(m->r)))
             return -1;
-        bad = step_check(m, who, n, s);
-        ok(bad == 0, "[%s] %s step %d: the average over %d ranks (%d elements differ)", g_mode_names[m->mode], what,
+        bad = t_el_step_check(m, who, n, s);
+        ok(bad == 0, "[%s] %s step %d: the average over %d ranks (%d elements differ)", t_el_mode_names[m->mode], what,
            s, n, bad);
-        step_apply(m);
+        t_el_step_apply(m);
     }
     return 0;
 }
@@ -188,18 +76,18 @@ static void replay(double *w, const int *who, int n, int from, int to) {
     int s, i;
     size_t off, j;
     for (s = from; s <= to; s++)
-        for (i = 0, off = 0; i < NP; off += g_sizes[i], i++)
-            for (j = 0; j < g_sizes[i]; j++) w[off + j] -= expect(who, n, s, i, j);
+        for (i = 0, off = 0; i < T_EL_NP; off += t_el_sizes[i], i++)
+            for (j = 0; j < t_el_sizes[i]; j++) w[off + j] -= t_el_expect(who, n, s, i, j);
 }
 
-static void record(model_t *m, int slot, int apply) {
+static void record(t_el_model_t *m, int slot, int apply) {
     int b;
     R[slot].apply = apply;
     R[slot].committed = (int)ddp_reducer_committed_steps(m->r);
     R[slot].rebuilt = ddp_reducer_rebuilt(m->r);
     R[slot].nbuckets = ddp_reducer_num_buckets(m->r);
-    for (b = 0; b < R[slot].nbuckets && b < NP; b++)
-        R[slot].layout[b][0] = ddp_reducer_bucket_info(m->r, b, &R[slot].layout[b][1], NP, NULL, NULL);
+    for (b = 0; b < R[slot].nbuckets && b < T_EL_NP; b++)
+        R[slot].layout[b][0] = ddp_reducer_bucket_info(m->r, b, &R[slot].layout[b][1], T_EL_NP, NULL, NULL);
 }
 
 static int layout_equal(int a, int b) {
@@ -210,7 +98,7 @@ static void layout_str(int slot, char *out, size_t cap) {
     size_t n = 0;
     int b, k;
     out[0] = 0;
-    for (b = 0; b < R[slot].nbuckets && b < NP && n < cap; b++) {
+    for (b = 0; b < R[slot].nbuckets && b < T_EL_NP && n < cap; b++) {
         n += (size_t)snprintf(out + n, cap - n, "%s{", b ? " " : "");
         for (k = 0; k < R[slot].layout[b][0] && n < cap; k++)
             n += (size_t)snprintf(out + n, cap - n, "%s%d", k ? "," : "", R[slot].layout[b][1 + k]);
@@ -223,7 +111,7 @@ static void layout_str(int slot, char *out, size_t cap) {
 #define K_AFTER 3
 
 static int grow(int rank, int p, void *arg) {
-    static model_t m;
+    static t_el_model_t m;
     const int members = p - 1;
     int who[MAXP], k, apply = -1;
     ddp_store_t *st = NULL;
@@ -233,22 +121,23 @@ static int grow(int rank, int p, void *arg) {
     m.mode = *(const int *)arg;
     for (k = 0; k < p; k++) who[k] = k;
     if (rank < members) {
-        if (!(c = comm_on_store(rank, members, "grow-a", &st)) || !(m.r = mk(c, &m, T_SAME))) return 1;
+        if (!(c = t_el_comm_on_store(rank, members, "grow-a", &st)) || !(m.r = t_el_reducer(c, &m, T_EL_SAME)))
+            return 1;
         if (steps(&m, rank, who, members, 1, K_BEFORE, "before the grow") != 0) return 1;
-        ok(ddp_reducer_rebuilt(m.r) == (m.mode != M_FLAT), "[%s] the members' buckets %s rebuilt",
-           g_mode_names[m.mode], m.mode != M_FLAT ? "were" : "are never (flat mode)");
+        ok(ddp_reducer_rebuilt(m.r) == (m.mode != T_EL_FLAT), "[%s] the members' buckets %s rebuilt",
+           t_el_mode_names[m.mode], m.mode != T_EL_FLAT ? "were" : "are never (flat mode)");
     }
-    if (!(big = comm_on_store(rank, p, "grow-b", &st))) return 1;
+    if (!(big = t_el_comm_on_store(rank, p, "grow-b", &st))) return 1;
     if (rank < members) {
         ddp_comm_destroy(c);     /* as after ddp_comm_grow: the old one is retired */
     } else {
-        if (!(m.r = mk(big, &m, T_SAME))) return 1;
+        if (!(m.r = t_el_reducer(big, &m, T_EL_SAME))) return 1;
         replay(m.w, who, members, 1, K_BEFORE);
     }
     t_where("rebind onto %d ranks", p);
     e = ddp_reducer_rebind(m.r, big, &apply);
     if (!ok(e == DDP_SUCCESS && apply == 0, "[%s] %s rebinds onto %d ranks -> %s, apply_pending %d %s",
-            g_mode_names[m.mode], rank < members ? "a member" : "the joiner", p, ddp_strerror(e), apply,
+            t_el_mode_names[m.mode], rank < members ? "a member" : "the joiner", p, ddp_strerror(e), apply,
             ddp_reducer_last_error(m.r)))
         return 1;
     ok(ddp_reducer_committed_steps(m.r) == K_BEFORE, "committed steps after the grow: %lld (want %d)",
@@ -278,25 +167,26 @@ static void check_same(int p, int mode, const char *what) {
     }
     layout_str(0, a, sizeof a);
     layout_str(p - 1, b, sizeof b);
-    ok(done, "[%s] %s: every process finished", g_mode_names[mode], what);
-    ok(committed, "[%s] %s: the same committed count everywhere (%d)", g_mode_names[mode], what, R[0].committed);
+    ok(done, "[%s] %s: every process finished", t_el_mode_names[mode], what);
+    ok(committed, "[%s] %s: the same committed count everywhere (%d)", t_el_mode_names[mode], what, R[0].committed);
     ok(same, "[%s] %s: the same bucket layout on every rank (rank 0: %s rebuilt %d; the joiner: %s rebuilt %d)",
-       g_mode_names[mode], what, a, R[0].rebuilt, b, R[p - 1].rebuilt);
-    if (mode != M_FLAT)
+       t_el_mode_names[mode], what, a, R[0].rebuilt, b, R[p - 1].rebuilt);
+    if (mode != T_EL_FLAT)
         ok(strcmp(a, "{4,3} {2,1} {0}") != 0, "[%s] %s: and it is not the default layout {4,3} {2,1} {0}, so "
-           "a joiner keeping its own would pair other buckets", g_mode_names[mode], what);
+           "a joiner keeping its own would pair other buckets", t_el_mode_names[mode], what);
     for (r = 1, same = 1; r < p; r++) same &= R[r].whash == R[0].whash;
-    ok(same, "[%s] %s: the replicas' weights are bitwise identical", g_mode_names[mode], what);
+    ok(same, "[%s] %s: the replicas' weights are bitwise identical", t_el_mode_names[mode], what);
 }
 
 static void run_grow(int mode) {
     const int p = 4;
     int stop = -1;
-    pid_t store = t_store_process(&g_store_port, &stop);
-    if (!ok(store > 0 && g_store_port > 0, "the store (a process of its own)")) return;
+    pid_t store = t_store_process(&t_el_store_port, &stop);
+    if (!ok(store > 0 && t_el_store_port > 0, "the store (a process of its own)")) return;
     memset(R, 0, sizeof *R * MAXP);
-    diag("--- [%s] %s: 3 members, 3 steps, a joiner, 3 steps over 4", g_mode, g_mode_names[mode]);
-    ok(t_run_ranks(p, grow, &mode, 120) == 0, "[%s] %s grow: every process exited cleanly", g_mode, g_mode_names[mode]);
+    diag("--- [%s] %s: 3 members, 3 steps, a joiner, 3 steps over 4", t_el_transport, t_el_mode_names[mode]);
+    ok(t_run_ranks(p, grow, &mode, 120) == 0, "[%s] %s grow: every process exited cleanly", t_el_transport,
+       t_el_mode_names[mode]);
     close(stop);
     waitpid(store, NULL, 0);
     check_same(p, mode, "grow 3 -> 4");
@@ -309,7 +199,7 @@ static void run_grow(int mode) {
 #define RG_END 6
 
 static int regrow(int proc, int nproc, void *arg) {
-    static model_t m;
+    static t_el_model_t m;
     const int p = nproc - 1, joiner = nproc - 1;
     int all[MAXP] = {0, 1, 2, 3}, surv[MAXP] = {0, 2, 3}, grown[MAXP] = {0, 2, 3, 4};
     int step = 1, apply = -1, rank = proc;
@@ -319,19 +209,19 @@ static int regrow(int proc, int nproc, void *arg) {
     memset(&m, 0, sizeof m);
     m.mode = *(const int *)arg;
     if (proc != joiner) {
-        if (!(c = comm_on_store(proc, p, "regrow-a", &st)) || !(m.r = mk(c, &m, T_SAME))) return 1;
+        if (!(c = t_el_comm_on_store(proc, p, "regrow-a", &st)) || !(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
         if (steps(&m, proc, all, p, 1, RG_VICTIM_LAST, "before the loss") != 0) return 1;
         if (proc == RG_VICTIM) {
             t_where("dying after step %d", RG_VICTIM_LAST);
             kill(getpid(), SIGKILL);
         }
-        e = step_run(&m, proc, RG_VICTIM_LAST + 1);
-        if (!ok(e != DDP_SUCCESS, "[%s] step %d fails (rank %d died) -> %s", g_mode_names[m.mode],
+        e = t_el_step_run(&m, proc, RG_VICTIM_LAST + 1);
+        if (!ok(e != DDP_SUCCESS, "[%s] step %d fails (rank %d died) -> %s", t_el_mode_names[m.mode],
                 RG_VICTIM_LAST + 1, RG_VICTIM, ddp_strerror(e)))
             return 1;
         t_where("ddp_comm_shrink");
         e = ddp_comm_shrink(c, NULL, &nc);
-        if (!ok(e == DDP_SUCCESS && ddp_comm_size(nc) == p - 1, "[%s] shrink to %d -> %s", g_mode_names[m.mode],
+        if (!ok(e == DDP_SUCCESS && ddp_comm_size(nc) == p - 1, "[%s] shrink to %d -> %s", t_el_mode_names[m.mode],
                 p - 1, ddp_strerror(e)))
             return 1;
         ddp_comm_destroy(c);
@@ -339,16 +229,16 @@ static int regrow(int proc, int nproc, void *arg) {
         rank = ddp_comm_rank(c);
         e = ddp_reducer_rebind(m.r, c, &apply);
         if (!ok(e == DDP_SUCCESS && apply == 0 && ddp_reducer_committed_steps(m.r) == RG_VICTIM_LAST,
-                "[%s] rebind onto 3 -> %s, apply %d, committed %lld %s", g_mode_names[m.mode], ddp_strerror(e),
+                "[%s] rebind onto 3 -> %s, apply %d, committed %lld %s", t_el_mode_names[m.mode], ddp_strerror(e),
                 apply, (long long)ddp_reducer_committed_steps(m.r), ddp_reducer_last_error(m.r)))
             return 1;
         step = RG_VICTIM_LAST + 1;
         if (steps(&m, proc, surv, p - 1, step, RG_GROW_AT, "after the shrink") != 0) return 1;
     }
     /* the grow: survivors keep their ranks 0 .. 2, the joiner is rank 3 */
-    if (!(nc = comm_on_store(proc == joiner ? p - 1 : rank, p, "regrow-b", &st))) return 1;
+    if (!(nc = t_el_comm_on_store(proc == joiner ? p - 1 : rank, p, "regrow-b", &st))) return 1;
     if (proc == joiner) {
-        if (!(m.r = mk(nc, &m, T_SAME))) return 1;
+        if (!(m.r = t_el_reducer(nc, &m, T_EL_SAME))) return 1;
         replay(m.w, all, p, 1, RG_VICTIM_LAST);
         replay(m.w, surv, p - 1, RG_VICTIM_LAST + 1, RG_GROW_AT);
     } else {
@@ -357,7 +247,7 @@ static int regrow(int proc, int nproc, void *arg) {
     c = nc;
     e = ddp_reducer_rebind(m.r, c, &apply);
     if (!ok(e == DDP_SUCCESS && apply == 0 && ddp_reducer_committed_steps(m.r) == RG_GROW_AT,
-            "[%s] %s rebinds onto 4 -> %s, apply %d, committed %lld %s", g_mode_names[m.mode],
+            "[%s] %s rebinds onto 4 -> %s, apply %d, committed %lld %s", t_el_mode_names[m.mode],
             proc == joiner ? "the joiner" : "a survivor", ddp_strerror(e), apply,
             (long long)ddp_reducer_committed_steps(m.r), ddp_reducer_last_error(m.r)))
         return 1;
@@ -374,41 +264,33 @@ static int regrow(int proc, int nproc, void *arg) {
 
 static void run_regrow(int mode) {
     int stop = -1;
-    pid_t store = t_store_process(&g_store_port, &stop);
-    if (!ok(store > 0 && g_store_port > 0, "the store (a process of its own)")) return;
+    pid_t store = t_store_process(&t_el_store_port, &stop);
+    if (!ok(store > 0 && t_el_store_port > 0, "the store (a process of its own)")) return;
     memset(R, 0, sizeof *R * MAXP);
     diag("--- [%s] %s: 4 ranks, rank %d dies after step %d, 3 go on to step %d, a fifth process joins",
-         g_mode, g_mode_names[mode], RG_VICTIM, RG_VICTIM_LAST, RG_GROW_AT);
+         t_el_transport, t_el_mode_names[mode], RG_VICTIM, RG_VICTIM_LAST, RG_GROW_AT);
     t_run_ranks(5, regrow, &mode, 120);
     close(stop);
     waitpid(store, NULL, 0);
     ok(t_rank_signaled(RG_VICTIM, SIGKILL), "the victim died (SIGKILL)");
     ok(t_last_run.exited[0] && !t_last_run.code[0] && t_last_run.exited[2] && !t_last_run.code[2] &&
        t_last_run.exited[3] && !t_last_run.code[3] && t_last_run.exited[4] && !t_last_run.code[4],
-       "[%s] regrow: the survivors and the joiner exited cleanly", g_mode_names[mode]);
+       "[%s] regrow: the survivors and the joiner exited cleanly", t_el_mode_names[mode]);
     check_same(4, mode, "4 -> 3 -> 4");
 }
 
 /* ----------------------------------------------------------------- mismatch */
-typedef struct { int64_t step, exchanged, committed; } poke_t;
-
-static void poke(ddp_reducer_t *r, const poke_t *s) {
-    r->step = s->step;
-    r->exchanged = s->exchanged;
-    r->committed = s->committed;
-}
-
 /* m = 2 members and a joiner (rank 2) with the given tweak: every rank's rebind result. */
 static int mismatch_case(ddp_comm_t *big, int rank, int mode, int tweak, const char *what, int param) {
-    static model_t m;
+    static t_el_model_t m;
     ddp_result_t e;
     int apply = -1, p = ddp_comm_size(big);
     memset(&m, 0, sizeof m);
     m.mode = mode;
-    if (!(m.r = mk(big, &m, rank == p - 1 ? tweak : T_SAME))) return 1;
+    if (!(m.r = t_el_reducer(big, &m, rank == p - 1 ? tweak : T_EL_SAME))) return 1;
     if (rank < p - 1) {   /* a member, two steps committed */
-        poke_t st = {2, 2, 2};
-        poke(m.r, &st);
+        t_el_poke_t st = {2, 2, 2};
+        t_el_poke(m.r, &st);
     }
     e = ddp_reducer_rebind(m.r, big, &apply);
     ok(e == DDP_ERR_MISMATCH && apply == 0 && t_mentions_rank(ddp_reducer_last_error(m.r), p - 1) &&
@@ -420,26 +302,26 @@ static int mismatch_case(ddp_comm_t *big, int rank, int mode, int tweak, const c
 }
 
 static int mismatch(int rank, int p, void *arg) {
-    static model_t m;
+    static t_el_model_t m;
     ddp_comm_t *c;
     ddp_comm_desc_t d;
     ddp_result_t e;
     int apply = -1, who[3] = {0, 1, 2};
     (void)arg;
-    set_mode();
+    t_el_set_transport();
     t_desc(&d, 20000);
     d.log_level = 1;
     if (!(c = t_comm_init(rank, p, &d))) return 1;
-    mismatch_case(c, rank, M_COPY, T_COUNT, "a joiner's parameter 2 of another count", 2);
-    mismatch_case(c, rank, M_FLAT, T_COUNT, "flat mode: a joiner's parameter 2 of another count", 2);
-    mismatch_case(c, rank, M_COPY, T_FEWER, "a joiner with a parameter less", -1);
-    mismatch_case(c, rank, M_COPY, T_CAP, "a joiner with another bucket cap", -1);
+    mismatch_case(c, rank, T_EL_COPY, T_EL_COUNT, "a joiner's parameter 2 of another count", 2);
+    mismatch_case(c, rank, T_EL_FLAT, T_EL_COUNT, "flat mode: a joiner's parameter 2 of another count", 2);
+    mismatch_case(c, rank, T_EL_COPY, T_EL_FEWER, "a joiner with a parameter less", -1);
+    mismatch_case(c, rank, T_EL_COPY, T_EL_CAP, "a joiner with another bucket cap", -1);
     memset(&m, 0, sizeof m);
-    m.mode = M_COPY;
-    if (!(m.r = mk(c, &m, T_SAME))) return 1;
+    m.mode = T_EL_COPY;
+    if (!(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
     if (rank < 2) {
-        poke_t st[2] = {{4, 4, 4}, {2, 2, 2}};
-        poke(m.r, &st[rank]);
+        t_el_poke_t st[2] = {{4, 4, 4}, {2, 2, 2}};
+        t_el_poke(m.r, &st[rank]);
     }
     e = ddp_reducer_rebind(m.r, c, &apply);
     ok(e == DDP_ERR_MISMATCH && apply == 0 && t_mentions_rank(ddp_reducer_last_error(m.r), 1),
@@ -448,11 +330,11 @@ static int mismatch(int rank, int p, void *arg) {
     ddp_reducer_destroy(m.r);
     /* rank 1 missed the commit of step 3 (its exchange completed); rank 2 is fresh */
     memset(&m, 0, sizeof m);
-    m.mode = M_COPY;
-    if (!(m.r = mk(c, &m, T_SAME))) return 1;
+    m.mode = T_EL_COPY;
+    if (!(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
     if (rank < 2) {
-        poke_t st[2] = {{3, 3, 3}, {3, 3, 2}};
-        poke(m.r, &st[rank]);
+        t_el_poke_t st[2] = {{3, 3, 3}, {3, 3, 2}};
+        t_el_poke(m.r, &st[rank]);
     }
     e = ddp_reducer_rebind(m.r, c, &apply);
     ok(e == DDP_SUCCESS && apply == (rank == 1) && ddp_reducer_committed_steps(m.r) == 3,
@@ -463,25 +345,25 @@ static int mismatch(int rank, int p, void *arg) {
     ddp_reducer_destroy(m.r);
     {   /* survivors with different layouts (a rank died in the rebuild's broadcast, which reached
          * rank 1 only): everyone takes rank 0's, the gradients' values (bucket views) kept */
-        static const int32_t other[NP] = {0, 1, 2, 3, 4};
-        int i, b, bad = 0, n, params[NP];
+        static const int32_t other[T_EL_NP] = {0, 1, 2, 3, 4};
+        int i, b, bad = 0, n, params[T_EL_NP];
         size_t j;
-        poke_t st = {2, 2, 2};
+        t_el_poke_t st = {2, 2, 2};
         memset(&m, 0, sizeof m);
-        m.mode = M_VIEW;
-        if (!(m.r = mk(c, &m, T_SAME))) return 1;
-        poke(m.r, &st);
+        m.mode = T_EL_VIEW;
+        if (!(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
+        t_el_poke(m.r, &st);
         ddp_reducer_num_buckets(m.r);   /* closes the list: the default layout */
         if (rank == 1) {
             _ddp_reducer_relayout(m.r, other);
             m.r->rebuilt = 1;
         }
-        for (i = 0; i < NP; i++)
-            for (j = 0; j < g_sizes[i]; j++) grad_of(&m, i)[j] = g(rank, 77, i, j);
+        for (i = 0; i < T_EL_NP; i++)
+            for (j = 0; j < t_el_sizes[i]; j++) t_el_grad_of(&m, i)[j] = t_el_gradient(rank, 77, i, j);
         e = ddp_reducer_rebind(m.r, c, &apply);
-        for (i = 0; i < NP; i++)
-            for (j = 0; j < g_sizes[i]; j++) bad += grad_of(&m, i)[j] != g(rank, 77, i, j);
-        n = ddp_reducer_bucket_info(m.r, 0, params, NP, NULL, NULL);
+        for (i = 0; i < T_EL_NP; i++)
+            for (j = 0; j < t_el_sizes[i]; j++) bad += t_el_grad_of(&m, i)[j] != t_el_gradient(rank, 77, i, j);
+        n = ddp_reducer_bucket_info(m.r, 0, params, T_EL_NP, NULL, NULL);
         b = ddp_reducer_num_buckets(m.r);
         ok(e == DDP_SUCCESS && apply == 0 && b == 3 && n == 2 && params[0] == 4 && params[1] == 3 &&
            !ddp_reducer_rebuilt(m.r) && bad == 0, "survivors with different layouts: rank 0's everywhere (%d "
@@ -499,7 +381,7 @@ static int g_waiting;                    /* what the injected hook answers on th
 static int hook(ddp_comm_t *comm) { (void)comm; return g_waiting; }
 
 static int joiners(int rank, int p, void *arg) {
-    static model_t m;
+    static t_el_model_t m;
     /* per step, per rank: the count each rank sees; the MAX every rank must agree on */
     static const int seen[][3] = {{0, 0, 0}, {2, 0, 5}, {0, 1, 0}, {-1, -1, -1}, {INT32_MAX, 3, 0}};
     static const int want[] = {0, 5, 1, 0, (1 << 30) - 1};
@@ -508,13 +390,13 @@ static int joiners(int rank, int p, void *arg) {
     ddp_result_t e;
     int s, k, who[3] = {0, 1, 2};
     (void)arg;
-    set_mode();
+    t_el_set_transport();
     t_desc(&d, 20000);
     d.log_level = 1;
     if (!(c = t_comm_init(rank, p, &d))) return 1;
     memset(&m, 0, sizeof m);
-    m.mode = M_COPY;
-    if (!(m.r = mk(c, &m, T_SAME))) return 1;
+    m.mode = T_EL_COPY;
+    if (!(m.r = t_el_reducer(c, &m, T_EL_SAME))) return 1;
     ok(ddp_reducer_joiners_waiting(m.r) == 0 && ddp_reducer_joiners_waiting(NULL) == -1,
        "joiners_waiting: 0 before any finish, -1 for NULL");
     m.r->joiners_fn = hook;
@@ -526,12 +408,12 @@ static int joiners(int rank, int p, void *arg) {
     }
     /* rank 1 leaves a gradient unmarked (no find_unused): nobody commits; the count is 0 */
     g_waiting = 4;
-    for (k = 0; k < NP; k++) {
+    for (k = 0; k < T_EL_NP; k++) {
         int i = g_ready[k];
         size_t j;
-        double *gr = grad_of(&m, i);
+        double *gr = t_el_grad_of(&m, i);
         if (rank == 1 && i == 0) continue;
-        for (j = 0; j < g_sizes[i]; j++) gr[j] = g(rank, 99, i, j);
+        for (j = 0; j < t_el_sizes[i]; j++) gr[j] = t_el_gradient(rank, 99, i, j);
         ddp_reducer_grad_ready(m.r, i);
     }
     e = ddp_reducer_finish(m.r);
@@ -543,7 +425,7 @@ static int joiners(int rank, int p, void *arg) {
     if (steps(&m, rank, who, p, 50, 50, "joiners, after the failed step") != 0) return 1;
     ok(ddp_reducer_joiners_waiting(m.r) == 2, "and the next step agrees again: %d", ddp_reducer_joiners_waiting(m.r));
     ddp_reducer_set_no_sync(m.r, 1);
-    for (k = 0; k < NP; k++) ddp_reducer_grad_ready(m.r, g_ready[k]);
+    for (k = 0; k < T_EL_NP; k++) ddp_reducer_grad_ready(m.r, g_ready[k]);
     ok(ddp_reducer_finish(m.r) == DDP_SUCCESS && ddp_reducer_joiners_waiting(m.r) == 0,
        "a no_sync finish (not a step boundary): joiners_waiting 0, not the last round's 2");
     ddp_reducer_set_no_sync(m.r, 0);
@@ -568,17 +450,18 @@ int main(void) {
     static const char *const modes[] = {"tcp", "shm"};
     int m, k;
     t_init();
+    t_el_order = g_ready;
     R = (result_t *)t_shm_user(sizeof *R * MAXP);
     if (t_selected("grow")) {
         for (k = 0; k < 2; k++) {
-            g_mode = modes[k];
-            for (m = 0; m < M_NUM; m++) run_grow(m);
+            t_el_transport = modes[k];
+            for (m = T_EL_COPY; m <= T_EL_FLAT; m++) run_grow(m);   /* not fp16 */
         }
-        g_mode = "tcp";
+        t_el_transport = "tcp";
     }
     if (t_selected("regrow")) {
-        run_regrow(M_VIEW);
-        run_regrow(M_COPY);
+        run_regrow(T_EL_VIEW);
+        run_regrow(T_EL_COPY);
     }
     if (t_selected("mismatch")) {
         diag("--- rebind with a joiner whose reducer differs, and members that cannot be reconciled");
