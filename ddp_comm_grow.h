@@ -518,10 +518,13 @@ _DDP_PRIVATE ddp_result_t _ddp_grow_finish(_ddp_grow_t *g, ddp_comm_t **out, int
         if (r != DDP_SUCCESS)
             return ddp_comm_fail(c, r, "comm_grow %d: verdict: the store did not answer (%s)", g->gen,
                                  ddp_store_last_error(c->boot.store));
-        if (missing >= 0 && missing < g->m)
+        if (missing >= 0 && missing < g->m) {
+            c->shrink.suspect = missing;   /* the shrink that follows blames it */
+            c->shrink.has_suspect = 1;
             return ddp_comm_fail(c, DDP_ERR_REMOTE, "comm_grow %d: member rank %d did not build the "
                                  "grown communicator (lost, or not calling ddp_comm_grow): shrink",
                                  g->gen, missing);
+        }
         _DDP_LOG(c, DDP_LOG_WARN, "comm_grow %d: not every joiner built the communicator (new rank %d "
                  "%s): going on with the %d members; the joiners still alive wait for the next grow",
                  g->gen, missing, missing >= 0 ? "never said" : "failed", g->m);
@@ -569,10 +572,12 @@ DDP_API ddp_result_t ddp_comm_grow(ddp_comm_t *c, const ddp_grow_opts_t *opts, d
                              g.gen, ddp_store_last_error(c->boot.store));
     _ddp_grow_key(&g, key, sizeof key, "plan", -1);
     /* Rank 0 decides: the others wait for it as for any collective (the timeout). */
-    if ((r = _ddp_grow_await(c->boot.store, key, _ddp_deadline(c->eng.timeout_ms), &exists)) != DDP_SUCCESS || !exists)
+    if ((r = _ddp_grow_await(c->boot.store, key, _ddp_deadline(c->eng.timeout_ms), &exists)) != DDP_SUCCESS || !exists) {
+        if (r == DDP_SUCCESS) { c->shrink.suspect = 0; c->shrink.has_suspect = 1; }   /* a shrink blames it */
         return ddp_comm_fail(c, r != DDP_SUCCESS ? r : DDP_ERR_TIMEOUT, "comm_grow %d: rank 0 did not "
                              "decide within %d ms (lost, or not calling ddp_comm_grow)%s", g.gen,
                              c->eng.timeout_ms, r != DDP_SUCCESS ? ": the store did not answer" : "");
+    }
     if ((r = _ddp_grow_read_plan(c->boot.store, &g, key)) != DDP_SUCCESS)
         return ddp_comm_fail(c, r, "comm_grow %d: reading the plan", g.gen);
     if (g.n == g.m) {

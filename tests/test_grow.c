@@ -24,7 +24,11 @@
  *   ended     a joiner that comes after the members destroyed their communicator (the job is
  *             over): fails at once (DDP_ERR_ABORTED), not at its timeout
  *   again     grow, shrink, grow: 3 members + a joiner -> 4; member 1 killed -> shrink to 3;
- *             a second joiner -> 4 again (generation 3), every step exact */
+ *             a second joiner -> 4 again (generation 3), every step exact
+ *   decider   rank 0 dies inside a grow, right after it offered the joiner a seat: the other
+ *             members' grow fails naming it (at their timeout); they shrink (the failed grow
+ *             blamed rank 0, so at once) and grow again: the joiner, which took a seat in the
+ *             grow that never finished, comes in with a new ticket (generation 2) */
 #define _GNU_SOURCE
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
@@ -42,6 +46,7 @@ typedef struct {
     int nulls;                      /* grows that admitted nobody */
     int grows;                      /* grows that returned a communicator */
     int retired_bad;                /* a call on the old communicator did not fail as retired */
+    char grow_err[600];             /* a grow's failure (decider: rank 0 lost inside it) */
     char err[600];
 } report_t;
 
@@ -60,13 +65,14 @@ typedef struct {
     int bad;                        /* 1 wrong secret, 2 another job, 3 after the job ended */
     int again;                      /* grow, shrink, grow */
     int min_wait;                   /* grow only when this many wait (two: both at once) */
+    int decider_dies;               /* rank 0 dies inside the grow, after offering the seats */
 } scenario_t;
 
 static shared_t *S;
 static const char *g_transport = "tcp";
 static int g_store_port;
 static ddp_store_t *g_client;
-static int sc_min_wait;
+static int sc_min_wait, sc_shrink_on_fail;
 
 static float val(int rank, size_t i, int k) { return (float)((rank + 1) * (int)((i % 7) + 1) + k); }
 
@@ -93,13 +99,19 @@ static void joiner_desc(ddp_comm_desc_t *d, const char *secret) {
     d->store_prefix = "growtest";
     d->transport = g_transport;
     d->timeout_ms = 10000;
-    d->log_level = 1;
+    d->log_level = getenv("T_GROW_DEBUG") ? 0 : 1;
 }
 
 /* A joiner that dies right after taking its seat. */
 static void die_on_seat(void *user, ddp_log_level_t level, int rank, const char *msg) {
     (void)user; (void)level; (void)rank;
     if (strstr(msg, "comm_join: took a seat")) raise(SIGKILL);
+}
+
+/* Rank 0, deciding a grow, dies right after it offered the seats (the plan never comes). */
+static void die_on_offer(void *user, ddp_log_level_t level, int rank, const char *msg) {
+    (void)user; (void)level; (void)rank;
+    if (strstr(msg, "offering seats")) raise(SIGKILL);
 }
 
 /* The members' agreement at a step boundary: the most joiners any member saw waiting. */
@@ -120,7 +132,8 @@ static ddp_comm_t *grow_to(ddp_comm_t *c, int proc, int *k, int want) {
     memset(&go, 0, sizeof go);
     go.timeout_ms = 3000;
     go.accept_ms = 3000;
-    for (; ddp_comm_size(c) < want && *k < 100000; (*k)++) {
+    /* (decider: until the grow after the shrink, generation 2) */
+    for (; (ddp_comm_size(c) < want || (sc_shrink_on_fail && ddp_comm_generation(c) < 2)) && *k < 100000; (*k)++) {
         int w = 0;
         if (ddp_comm_rank(c) == 0) __atomic_store_n(&S->in_step, *k + 1, __ATOMIC_SEQ_CST);
         if ((r = step(c, a, *k)) != DDP_SUCCESS) break;
@@ -129,7 +142,18 @@ static ddp_comm_t *grow_to(ddp_comm_t *c, int proc, int *k, int want) {
         /* min_wait: the first grow waits until that many joiners wait (both seated at once) */
         if (w == 0 || (!S->r[proc].grows && !S->r[proc].nulls && w < sc_min_wait)) { usleep(1000); continue; }
         t_where("ddp_comm_grow at step %d", *k);
-        if ((r = ddp_comm_grow(c, &go, &g)) != DDP_SUCCESS) break;
+        if ((r = ddp_comm_grow(c, &go, &g)) != DDP_SUCCESS) {
+            ddp_comm_t *nc = NULL;
+            if (!sc_shrink_on_fail) break;
+            /* a member was lost during the grow: shrink, as after any failed call, and go on */
+            snprintf(S->r[proc].grow_err, sizeof S->r[proc].grow_err, "%s", ddp_comm_last_error(c));
+            t_where("ddp_comm_shrink after the failed grow");
+            if ((r = ddp_comm_shrink(c, NULL, &nc)) != DDP_SUCCESS) break;
+            ddp_comm_destroy(c);
+            c = nc;
+            *k = -1;
+            continue;
+        }
         if (!g) { S->r[proc].nulls++; continue; }   /* nobody admitted (a joiner died): go on */
         if (ddp_barrier(c) != DDP_ERR_ABORTED || !strstr(ddp_comm_last_error(c), "retired by ddp_comm_grow"))
             S->r[proc].retired_bad = 1;   /* the old communicator must refuse, saying why */
@@ -174,7 +198,7 @@ static int finish(ddp_comm_t *c, int proc) {
 static int life(ddp_comm_t *c, int proc, const scenario_t *sc, int stage) {
     int k = 0;   /* steps on the current communicator */
     if (stage == 0) {
-        int want = sc->again ? sc->members + 1 : sc->members + sc->joiners - (sc->dying_joiner >= 0);
+        int want = sc->again ? sc->members + 1 : sc->members + sc->joiners - (sc->dying_joiner >= 0) - sc->decider_dies;
         if (!(c = grow_to(c, proc, &k, want))) return 1;
         if (!sc->again) return finish(c, proc);
         __atomic_store_n(&S->first_admitted, 1, __ATOMIC_SEQ_CST);
@@ -210,6 +234,8 @@ static int member_main(int proc, const scenario_t *sc) {
     d.store_prefix = "growtest";
     d.transport = g_transport;
     d.log_level = 1;
+    if (getenv("T_GROW_DEBUG")) d.log_level = 0;
+    if (sc->decider_dies && proc == 0) { d.log_level = DDP_LOG_INFO + 1; d.log_fn = die_on_offer; }
     t_where("ddp_comm_init");
     if (ddp_comm_init(&c, sc->members, proc, &d) != DDP_SUCCESS) {
         snprintf(S->r[proc].err, sizeof S->r[proc].err, "init: %s", ddp_last_init_error());
@@ -279,6 +305,7 @@ static int proc_main(int proc, int p, void *arg) {
     int rc;
     setenv("DDP_JOIN_POLL_MS", "5", 1);
     sc_min_wait = sc->min_wait;
+    sc_shrink_on_fail = sc->decider_dies;
     rc = proc < sc->members ? member_main(proc, sc) : joiner_main(proc, sc);
     if (g_client) ddp_store_close(g_client);
     return rc;
@@ -312,16 +339,16 @@ static void run(const scenario_t *sc) {
     }
     for (i = 0; i < p; i++) {
         report_t *r = &S->r[i];
-        int want_size = sc->again ? sc->members + 1 : p - (sc->dying_joiner >= 0);
-        int want_gen = sc->again ? 3 : 1, joiner = i >= sc->members;
-        if (i == sc->dying_joiner || (sc->again && i == 1)) {
+        int want_size = sc->again ? sc->members + 1 : p - (sc->dying_joiner >= 0) - sc->decider_dies;
+        int want_gen = sc->again ? 3 : sc->decider_dies ? 2 : 1, joiner = i >= sc->members;
+        if (i == sc->dying_joiner || (sc->again && i == 1) || (sc->decider_dies && i == 0)) {
             ok(t_rank_signaled(i, SIGKILL), "[%s] %s: process %d was killed as planned", g_transport, sc->name, i);
             continue;
         }
         ok(r->done && r->rc == 0 && !r->retired_bad, "[%s] %s: process %d (%s) finished, every step exact, "
            "the old communicator refused calls as retired (%s)", g_transport, sc->name, i, joiner ? "joiner" : "member", r->err);
         ok(r->size == want_size && r->gen == want_gen && r->joined == (joiner && !(sc->again && i == sc->members)) &&
-           r->members == sc->members,
+           r->members == sc->members - sc->decider_dies,
            "[%s] %s: process %d -> rank %d of %d, %d members before the grow, joined %d, generation %d",
            g_transport, sc->name, i, r->rank, r->size, r->members, r->joined, r->gen);
     }
@@ -336,6 +363,10 @@ static void run(const scenario_t *sc) {
     if (!strcmp(sc->name, "dies"))
         ok(S->r[0].nulls >= 1 && S->r[4].rank == 3, "[%s] dies: %d grow(s) admitted nobody while the joiner died; "
            "the other joiner came in as rank %d", g_transport, S->r[0].nulls, S->r[4].rank);
+    if (sc->decider_dies)
+        ok(strstr(S->r[1].grow_err, "rank 0 did not decide") && S->r[3].rank == 2, "[%s] decider: rank 0 lost inside "
+           "the grow: the others' grow failed naming it (%s), they shrank and admitted the joiner (rank %d) at a later "
+           "grow", g_transport, S->r[1].grow_err, S->r[3].rank);
     if (!strcmp(sc->name, "again"))
         ok(S->r[0].rank == 0 && S->r[2].rank == 1 && S->r[3].rank == 2 && S->r[4].rank == 3, "[%s] again: after "
            "grow, shrink, grow: ranks %d %d %d %d", g_transport, S->r[0].rank, S->r[2].rank, S->r[3].rank, S->r[4].rank);
@@ -343,13 +374,14 @@ static void run(const scenario_t *sc) {
 
 int main(void) {
     static const scenario_t sc[] = {
-        {"basic", 3, 1, -1, 0, 0, 0},
-        {"two", 2, 2, -1, 0, 0, 2},
-        {"dies", 3, 2, 3, 0, 0, 2},
-        {"secret", 2, 1, -1, 1, 0, 0},
-        {"job", 2, 1, -1, 2, 0, 0},
-        {"ended", 2, 1, -1, 3, 0, 0},
-        {"again", 3, 2, -1, 0, 1, 0},
+        {"basic", 3, 1, -1, 0, 0, 0, 0},
+        {"two", 2, 2, -1, 0, 0, 2, 0},
+        {"dies", 3, 2, 3, 0, 0, 2, 0},
+        {"secret", 2, 1, -1, 1, 0, 0, 0},
+        {"job", 2, 1, -1, 2, 0, 0, 0},
+        {"ended", 2, 1, -1, 3, 0, 0, 0},
+        {"again", 3, 2, -1, 0, 1, 0, 0},
+        {"decider", 3, 1, -1, 0, 0, 0, 1},
     };
     static const char *const transports[] = {"tcp", "shm"};
     size_t i, m;
