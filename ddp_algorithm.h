@@ -106,6 +106,7 @@ _DDP_PRIVATE ddp_result_t _ddp_x_idle(_ddp_engine_t *e, int64_t last, const int 
             int64_t left = (int64_t)e->timeout_ms * 1000 - (now - last);
             if (left / 1000 + 1 < ms) ms = (int)(left / 1000) + 1;
         }
+        _ddp_eng_waits_on(e, peer);
         return e->block(e->host, peers, n < 8 ? n : 8, ms);
     }
 }

@@ -51,6 +51,7 @@
 #include "ddp_engine.h"
 #include "ddp_algorithms.h"
 #include "ddp_trace.h"
+#include "ddp_stats.h"
 #include "ddp_model.h"
 
 #ifndef DDP_COMM_CORE_H_INCLUDED
@@ -269,6 +270,8 @@ struct ddp_comm {
     _ddp_comm_grow_t grow;         /* joiners admitted, the watcher (ddp_comm_grow.h) */
     _ddp_trace_t trace;            /* flight recorder (always), timeline (DDP_TRACE) */
     int trace_open;
+    _ddp_stats_t stats;            /* counters per kind, last calls' timings (ddp_stats.h) */
+    _ddp_position_t pos;           /* where the operations' thread is, for the health thread */
     unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */
     int pid;                       /* the creating process, for the fork error */
     int forked;                    /* destroy in a fork child: tctx.forked points here */

@@ -145,6 +145,8 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     ddp_transport_ctx_t *x = &c->tctx;
     e->host = c;
     e->waiting_on = -1;
+    e->live_peer = &c->pos.peer;
+    c->pos.peer = -1;
     e->isend = _ddp_eng_isend; e->irecv = _ddp_eng_irecv; e->test = _ddp_eng_test;
     e->block = _ddp_eng_block; e->connect = _ddp_eng_connect;
     e->fail = _ddp_host_fail; e->last_error = _ddp_host_last_error; e->log = _ddp_host_log;
@@ -157,6 +159,7 @@ _DDP_PRIVATE void _ddp_init_contexts(ddp_comm_t *c) {
     x->forked = &c->forked;
     x->waiting_on = &e->waiting_on;
     x->calls = &e->seq;
+    x->live_peer = &c->pos.peer;
     x->auth_key = c->boot.data_key;
     x->auth_key_len = sizeof c->boot.data_key;
     x->host = c;
@@ -640,8 +643,12 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
     /* hooked requests are the reducer's buckets (its own thread row in the timeline) */
     const int tid = o->hooks.before || o->hooks.after ? 2 :
                     c->queue.progress_on && pthread_equal(pthread_self(), c->queue.lanes[0].thread) ? 1 : 0;
-    _ddp_trace_begin(&c->trace, c->eng.seq + 1, _ddp_kind_name(o->kind), o->count,
-                     _ddp_op_bytes(c, o, 1), (int)o->dtype, (int)o->op, o->root, tid);
+    const uint32_t seq = c->eng.seq + 1;
+    const size_t bytes = _ddp_op_bytes(c, o, 1);
+    int64_t t0;
+    _ddp_trace_begin(&c->trace, seq, _ddp_kind_name(o->kind), o->count, bytes, (int)o->dtype,
+                     (int)o->op, o->root, tid);
+    t0 = _ddp_stats_begin(&c->stats, &c->pos, o->kind, seq, (uint64_t)bytes, c->trace.cur->t0_us);
     /* A failure inside is said once, whole, when the communicator is poisoned (_ddp_finish):
      * not again at each layer that adds its context (transport, algorithm, call). */
     c->op_thread = pthread_self();
@@ -649,7 +656,11 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
     r = _ddp_run_op_raw(c, o);
     __atomic_store_n(&c->op_quiet, 0, __ATOMIC_RELEASE);
     _ddp_trace_end(&c->trace, r);
-    if (r == DDP_SUCCESS && (r = _ddp_fence_after_gap(c, r)) == DDP_SUCCESS) return r;
+    /* the gap check reads the clock at the end anyway: the position's "user code since" */
+    if (r == DDP_SUCCESS) r = _ddp_fence_after_gap(c, r);
+    _ddp_stats_end(&c->stats, &c->pos, o->kind, seq, bytes, r != DDP_SUCCESS, t0,
+                   r == DDP_SUCCESS ? c->shrink.last_end_us : _ddp_trace_clock_us(&c->trace));
+    if (r == DDP_SUCCESS) return r;
     if (r != DDP_ERR_REMOVED) r = _ddp_finish(c, r);
     _ddp_flight_dump(c);
     return r;

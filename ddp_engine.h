@@ -40,6 +40,8 @@ typedef struct _ddp_engine {
     size_t scratch_bytes;
     uint32_t seq;                  /* collectives issued: the low half of every tag */
     int waiting_on;                /* set by an algorithm that timed out: the peer it waited for */
+    int *live_peer;                /* a wait past its spin stores its peer here (relaxed), for the
+                                    * health thread's "waiting on" (NULL: nobody asks) */
     int64_t note_at_ms;            /* a wait without progress says so at this age (0: 10 s) */
     int64_t note_idle_ms;          /* the age the last check saw: shorter now means progress */
     void *host;                    /* the communicator, handed back to the calls below */
@@ -83,6 +85,11 @@ _DDP_PRIVATE ddp_result_t _ddp_eng_fail(const _ddp_engine_t *e, ddp_result_t r, 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return e->fail(e->host, r, msg);
+}
+
+/* A wait past its spin: the health thread may say whom this rank waits on. */
+static inline void _ddp_eng_waits_on(const _ddp_engine_t *e, int peer) {
+    if (e->live_peer) __atomic_store_n(e->live_peer, peer, __ATOMIC_RELAXED);
 }
 
 /* A wait without progress that lasts says what it waits for, at WARN (after 10 s, 30 s, 60 s,

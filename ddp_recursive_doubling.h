@@ -80,7 +80,10 @@ _DDP_PRIVATE ddp_result_t _ddp_p2p_wait(_ddp_engine_t *e, const int *peers, void
                 _ddp_eng_note_wait(e, now - last, what, "waiting for", reqs[0] ? peers[0] : peers[n - 1]);
             }
             if (now - last < e->spin_us) sched_yield();
-            else if ((r = e->block(e->host, peers, n, 100)) != DDP_SUCCESS) return r;
+            else {
+                _ddp_eng_waits_on(e, reqs[0] ? peers[0] : peers[n - 1]);
+                if ((r = e->block(e->host, peers, n, 100)) != DDP_SUCCESS) return r;
+            }
         }
     }
 }

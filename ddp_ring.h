@@ -347,6 +347,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ring_idle(const _ddp_ring_t *g, const _ddp_ring_r
         }
         peers[0] = g->next;
         peers[1] = g->prev;
+        _ddp_eng_waits_on(e, s->dr < s->total ? g->prev : g->next);
         r = e->block(e->host, peers, g->next == g->prev ? 1 : 2, ms);
         if (r != DDP_SUCCESS) return _ddp_ring_fail(g, r, s->dr < s->total ? s->dr : s->ds);
     }

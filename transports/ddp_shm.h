@@ -1181,6 +1181,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_wait_all(_ddp_shm_t *sp, const _ddp_transport
                                           _ddp_kind_name(sig->kind), step, chunk + 1,
                                           nchunks, k->h.peer, s.timeout_ms);
             }
+            _ddp_transport_waits_on(sp->ctx, k->h.peer);
             if (_ddp_transport_note_due(sp->ctx, &s)) _ddp_shm_note_wait(sp, &s, sig, step, chunk, nchunks, i);
         }
         if (_ddp_transport_spin_slow(&s)) continue;

@@ -99,7 +99,15 @@ typedef struct ddp_transport_ctx {
     /* The collectives this communicator issued, the running one included (the number a log
      * line gives a call: "all_reduce #12"); NULL where the host does not count them. */
     const uint32_t *calls;
+    /* A wait that lasts past its spin may store the peer it waits on here (a relaxed atomic
+     * store, at most once a millisecond), for the communicator's health thread; NULL: nobody
+     * asks. */
+    int *live_peer;
 } ddp_transport_ctx_t;
+
+static inline void _ddp_transport_waits_on(const ddp_transport_ctx_t *ctx, int peer) {
+    if (ctx->live_peer) __atomic_store_n(ctx->live_peer, peer, __ATOMIC_RELAXED);
+}
 
 typedef struct ddp_coll_provider {
     ddp_result_t (*all_reduce)(void *state, const void *sendbuf, void *recvbuf, size_t count,
