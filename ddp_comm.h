@@ -389,6 +389,7 @@ DDP_API ddp_result_t ddp_comm_split(ddp_comm_t *c, int color, int key, ddp_comm_
     memset(&child, 0, sizeof child);
     child.dev_inherited = &inherited;
     child.split_hosts = hosts;
+    child.no_health = 1;
     r = _ddp_comm_init(out, n, me, &d, &child);
     _ddp_free(&c->alloc, hosts);
     if (inherited && c->dev.provider->release_inherited) c->dev.provider->release_inherited(c->dev.state, inherited);

@@ -166,6 +166,7 @@ typedef struct {
     size_t lane_min_bytes;         /* DDP_LANE_MIN_BYTES: smaller requests all go to lane 0 */
     uint64_t big_ops;              /* requests >= lane_min_bytes so far: picks their lane */
     ddp_result_t abort_code;       /* why it was aborted, when not by ddp_comm_abort */
+    int abort_suspect;             /* 1 + the rank an internal abort blamed (0: none) */
     char abort_reason[640];
 } _ddp_comm_queue_t;
 
@@ -272,6 +273,8 @@ struct ddp_comm {
     int trace_open;
     _ddp_stats_t stats;            /* counters per kind, last calls' timings (ddp_stats.h) */
     _ddp_position_t pos;           /* where the operations' thread is, for the health thread */
+    void *health;                  /* the health thread (ddp_health.h), NULL: none */
+    void (*health_stop)(ddp_comm_t *c);   /* destroy ends it through this */
     unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */
     int pid;                       /* the creating process, for the fork error */
     int forked;                    /* destroy in a fork child: tctx.forked points here */
@@ -879,20 +882,33 @@ _DDP_PRIVATE size_t _ddp_op_bytes(const ddp_comm_t *c, const _ddp_op_t *o, int r
 /* Abort's poisoning happens once, by whichever thread gets there first. The reason is
  * ddp_comm_abort's, or another async lane's failure (_ddp_abort_internal). */
 _DDP_PRIVATE ddp_result_t _ddp_abort_poison(ddp_comm_t *c) {
-    int expect = 0;
+    int expect = 0, suspect;
     ddp_result_t code = DDP_ERR_ABORTED;
     char why[sizeof c->queue.abort_reason];
     pthread_mutex_lock(&c->queue.amu);
     _ddp_strlcpy(why, c->queue.abort_reason[0] ? c->queue.abort_reason : "ddp_comm_abort was called on this rank",
                  sizeof why);
     if (c->queue.abort_reason[0]) code = c->queue.abort_code;
+    suspect = c->queue.abort_suspect - 1;
     pthread_mutex_unlock(&c->queue.amu);
     if (__atomic_compare_exchange_n(&c->queue.abort_claimed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
         __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) == DDP_SUCCESS) {
         ddp_comm_fail(c, code, "%s", why);
+        if (suspect >= 0 && suspect < c->eng.nranks) { c->shrink.suspect = suspect; c->shrink.has_suspect = 1; }
         _ddp_comm_poison(c, code);
     }
     return code;
+}
+
+/* A call that saw the abort flag: 1 when the abort has a reason of its own (the health thread's,
+ * another lane's), which the call's error then carries instead of "ddp_comm_abort was called". */
+_DDP_PRIVATE int _ddp_abort_has_reason(ddp_comm_t *c) {
+    int has;
+    if (!__atomic_load_n(&c->queue.aborted, __ATOMIC_SEQ_CST)) return 0;
+    pthread_mutex_lock(&c->queue.amu);
+    has = c->queue.abort_reason[0] != 0;
+    pthread_mutex_unlock(&c->queue.amu);
+    return has;
 }
 
 /* Marks an operation running, unless an abort came first (Dekker with ddp_comm_abort). */

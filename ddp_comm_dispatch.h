@@ -661,7 +661,8 @@ _DDP_PRIVATE ddp_result_t _ddp_run_op(ddp_comm_t *c, const _ddp_op_t *o) {
     _ddp_stats_end(&c->stats, &c->pos, o->kind, seq, bytes, r != DDP_SUCCESS, t0,
                    r == DDP_SUCCESS ? c->shrink.last_end_us : _ddp_trace_clock_us(&c->trace));
     if (r == DDP_SUCCESS) return r;
-    if (r != DDP_ERR_REMOVED) r = _ddp_finish(c, r);
+    if (r == DDP_ERR_ABORTED && _ddp_abort_has_reason(c)) r = _ddp_abort_poison(c);
+    else if (r != DDP_ERR_REMOVED) r = _ddp_finish(c, r);
     _ddp_flight_dump(c);
     return r;
 }

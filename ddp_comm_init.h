@@ -4,7 +4,7 @@
  * cost model, device setup, async lanes; ddp_comm_init, ddp_comm_init_threads (threads as
  * ranks), ddp_comm_init_env and ddp_comm_destroy.
  *
- * Depends on ddp_rendezvous.h and ddp_comm_queue.h. Built by DDP_IMPLEMENTATION (or
+ * Depends on ddp_rendezvous.h and ddp_health.h (which brings ddp_comm_queue.h). Built by DDP_IMPLEMENTATION (or
  * DDP_COMM_INIT_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_COMM_INIT_IMPLEMENTATION)
@@ -14,19 +14,19 @@
 #ifndef DDP_RENDEZVOUS_IMPLEMENTATION
 #define DDP_RENDEZVOUS_IMPLEMENTATION
 #endif
-#ifndef DDP_COMM_QUEUE_IMPLEMENTATION
-#define DDP_COMM_QUEUE_IMPLEMENTATION
+#ifndef DDP_HEALTH_IMPLEMENTATION
+#define DDP_HEALTH_IMPLEMENTATION
 #endif
 #endif
 #include "ddp_rendezvous.h"
-#include "ddp_comm_queue.h"
+#include "ddp_health.h"
 
 /* ============================================================================================
  * IMPLEMENTATION
  * ========================================================================================== */
 #if defined(DDP_COMM_INIT_IMPLEMENTATION) && !defined(DDP_COMM_INIT_IMPL_INCLUDED)
 #define DDP_COMM_INIT_IMPL_INCLUDED
-#if !defined(DDP_RENDEZVOUS_IMPL_INCLUDED) || !defined(DDP_COMM_QUEUE_IMPL_INCLUDED)
+#if !defined(DDP_RENDEZVOUS_IMPL_INCLUDED) || !defined(DDP_HEALTH_IMPL_INCLUDED)
 #error "libddp: ddp_comm_init.h's implementation needs those of the headers below it (define DDP_IMPLEMENTATION)"
 #endif
 
@@ -82,6 +82,8 @@ typedef struct {
                                  * in the new ranks' order */
     int rendezvous_ms;          /* > 0: the rendezvous' bound, instead of the timeout (a grow:
                                  * a joiner lost meanwhile must not hold the members long) */
+    int no_health;              /* no health thread: a split, threads as ranks (their processes
+                                 * are watched through the communicator they came from) */
 } _ddp_parent_t;
 
 _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank, const ddp_comm_desc_t *d,
@@ -826,6 +828,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     _DDP_LOG(c, DDP_LOG_INFO, "destroying communicator%s", c->forked ? " (a fork child's copy)" : "");
     if (c->forked) c->queue.progress_on = 0;
     if (c->grow.watch_stop) c->grow.watch_stop(c);   /* the joiners' watcher, if it ran */
+    if (c->health_stop) c->health_stop(c);           /* the health thread */
     if (c->queue.progress_on) {
         /* Requests still queued run first (the peers run them too); then the threads end. */
         pthread_mutex_lock(&c->queue.amu);
@@ -993,6 +996,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_init(ddp_comm_t **out, int nranks, int rank,
              _ddp_cpu_count());
     _DDP_LOG(c, DDP_LOG_INFO, "init done: local rank %d of %d", c->boot.local_rank, c->boot.local_size);
     if (c->boot.own_store) _ddp_store_bound(c->boot.store, 0);   /* later requests: a timeout each */
+    if (!from->is_lane && !from->no_health) _ddp_health_start(c);
     *out = c;
     return DDP_SUCCESS;
 fail:
@@ -1025,6 +1029,7 @@ typedef struct {
 static void *_ddp_thread_init_main(void *arg) {
     _ddp_thread_init_t *t = (_ddp_thread_init_t *)arg;
     ddp_comm_desc_t d = *t->desc;
+    _ddp_parent_t from;
     ddp_store_desc_t sd;
     ddp_store_t *client = NULL;
     memset(&sd, 0, sizeof sd);
@@ -1042,7 +1047,9 @@ static void *_ddp_thread_init_main(void *arg) {
     d.transport = t->transport;
     d.master_addr = "127.0.0.1";
     d.master_port = t->port;
-    t->r = ddp_comm_init(t->out, t->n, t->rank, &d);
+    memset(&from, 0, sizeof from);
+    from.no_health = 1;   /* one process: nothing a heartbeat would tell */
+    t->r = _ddp_comm_init(t->out, t->n, t->rank, &d, &from);
     if (t->r != DDP_SUCCESS) {
         _ddp_strlcpy(t->err, ddp_last_init_error(), sizeof t->err);
         ddp_store_close(client);

@@ -306,6 +306,17 @@ _DDP_PRIVATE void _ddp_abort_internal(ddp_comm_t *c, ddp_result_t code, const ch
     pthread_mutex_unlock(&c->queue.amu);
 }
 
+/* An abort by the library itself (the health thread: a neighbour unreachable), blaming a rank:
+ * the call running fails with the reason, and a shrink that follows knows whom to leave out. */
+_DDP_PRIVATE void _ddp_abort_blaming(ddp_comm_t *c, ddp_result_t code, const char *reason, int suspect) {
+    int i;
+    pthread_mutex_lock(&c->queue.amu);
+    if (!c->queue.abort_suspect) c->queue.abort_suspect = suspect + 1;
+    pthread_mutex_unlock(&c->queue.amu);
+    _ddp_abort_internal(c, code, reason);
+    for (i = 1; i < c->queue.nlanes; i++) _ddp_abort_internal(c->queue.lanes[i].exec, code, reason);
+}
+
 DDP_API ddp_result_t ddp_comm_abort(ddp_comm_t *c) {
     int i;
     if (!c) return DDP_ERR_INVALID_ARGUMENT;
