@@ -120,8 +120,10 @@ _DDP_PRIVATE void _ddp_health_end_reset(_ddp_health_end_t *e, int peer) {
  * unless the peer stopped reading, which _DDP_HEALTH_MAX_OUTQ keeps us from reaching). */
 _DDP_PRIVATE int _ddp_health_send(_ddp_health_t *h, _ddp_health_end_t *e, const void *buf, size_t len) {
     ssize_t w = send(e->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    int en = errno;
     if (w == (ssize_t)len) { h->hb_sent += len; return 0; }
-    snprintf(e->why, sizeof e->why, "send: %s", w < 0 ? strerror(errno) : "short write");
+    snprintf(e->why, sizeof e->why, "send: %s", w < 0 ? strerror(en) : "short write");
+    errno = w < 0 ? en : EAGAIN;
     return -1;
 }
 
@@ -265,6 +267,12 @@ _DDP_PRIVATE int _ddp_health_pending_message(_ddp_health_t *h, _ddp_health_end_t
     return 1;
 }
 
+/* The errors that say the host is gone or cut off (nothing acknowledged for the link's user
+ * timeout, or the network says there is no way to it), as opposed to a process that ended. */
+_DDP_PRIVATE int _ddp_health_lost(int e) {
+    return e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH || e == EHOSTDOWN || e == ENETDOWN;
+}
+
 /* Reads what is there into e->in; 1 when a whole message is in, 0 not yet, -1 closed/failed. */
 _DDP_PRIVATE int _ddp_health_read(_ddp_health_end_t *e) {
     for (;;) {
@@ -277,7 +285,7 @@ _DDP_PRIVATE int _ddp_health_read(_ddp_health_end_t *e) {
         if (n == 0) { snprintf(e->why, sizeof e->why, "%s", e->bye ? "it closed the link (it ended)" : "it closed the link"); return -1; }
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
         snprintf(e->why, sizeof e->why, "%s", strerror(errno));
-        return errno == ETIMEDOUT ? -2 : -1;
+        return _ddp_health_lost(errno) ? -2 : -1;
     }
 }
 
@@ -290,12 +298,45 @@ _DDP_PRIVATE void _ddp_health_unreachable(_ddp_health_t *h, _ddp_health_end_t *e
     if (e->fd >= 0) { close(e->fd); e->fd = -1; }
     if (h->aborted) return;
     h->aborted = 1;
-    snprintf(why, sizeof why, "rank %d is unreachable: its host acknowledged nothing on the heartbeat "
-             "link for %d ms (DDP_HEARTBEAT_TIMEOUT_MS; last heartbeat %lld ms ago): the host is down "
-             "or cut off; this rank gives up on it now instead of at the collective timeout",
-             e->peer, h->hb_timeout_ms, (long long)quiet);
+    snprintf(why, sizeof why, "rank %d is unreachable: its heartbeat link failed (%s; nothing "
+             "acknowledged within DDP_HEARTBEAT_TIMEOUT_MS=%d ms, last heartbeat %lld ms ago): the host "
+             "is down or cut off; this rank gives up on it now instead of at the collective timeout",
+             e->peer, e->why[0] ? e->why : "no acknowledgement", h->hb_timeout_ms, (long long)quiet);
     _DDP_LOG(c, DDP_LOG_WARN, "health: %s", why);
     _ddp_abort_blaming(c, DDP_ERR_REMOTE, why, e->peer);
+    if (h->st) {   /* the ranks that do not beat with it learn it from the store */
+        char key[256], val[64];
+        int exists = 0;
+        _ddp_key(c, key, sizeof key, "health/down");
+        snprintf(val, sizeof val, "%d %d %d", e->peer, c->eng.rank, h->hb_timeout_ms);
+        if (ddp_store_check(h->st, key, &exists) == DDP_SUCCESS && !exists) ddp_store_set(h->st, key, val, strlen(val));
+    }
+}
+
+/* Every period: has another rank given one up as unreachable? Then this rank gives up too,
+ * now: it may be waiting on that rank without beating with it. */
+_DDP_PRIVATE void _ddp_health_check_down(_ddp_health_t *h) {
+    ddp_comm_t *c = h->c;
+    char key[256], val[64], why[600];
+    size_t len = 0;
+    int exists = 0, down = -1, by = -1, ms = 0;
+    if (h->aborted || !h->st || c->eng.nranks < 2) return;
+    _ddp_key(c, key, sizeof key, "health/down");
+    if (ddp_store_check(h->st, key, &exists) != DDP_SUCCESS || !exists ||
+        ddp_store_get(h->st, key, val, sizeof val - 1, &len) != DDP_SUCCESS)
+        return;
+    val[len] = 0;
+    if (sscanf(val, "%d %d %d", &down, &by, &ms) != 3 || down < 0 || down >= c->eng.nranks) return;
+    h->aborted = 1;
+    if (down == c->eng.rank)
+        snprintf(why, sizeof why, "rank %d's heartbeats gave this rank up as unreachable (nothing "
+                 "acknowledged for %d ms): this rank is cut off from it", by, ms);
+    else
+        snprintf(why, sizeof why, "rank %d is unreachable: rank %d's heartbeat link to it had nothing "
+                 "acknowledged for %d ms (DDP_HEARTBEAT_TIMEOUT_MS): its host is down or cut off; "
+                 "this rank gives up on it now instead of at the collective timeout", down, by, ms);
+    _DDP_LOG(c, DDP_LOG_WARN, "health: %s", why);
+    _ddp_abort_blaming(c, DDP_ERR_REMOTE, why, down == c->eng.rank ? by : down);
 }
 
 _DDP_PRIVATE void _ddp_health_end_event(_ddp_health_t *h, _ddp_health_end_t *e, short re) {
@@ -365,7 +406,7 @@ _DDP_PRIVATE void _ddp_health_beat(_ddp_health_t *h, _ddp_health_end_t *e) {
     memcpy(m, "DDPB", 4);
     _ddp_health_put32(m + 4, h->tick);
     if (_ddp_health_send(h, e, m, sizeof m) != 0) {
-        if (errno == ETIMEDOUT) _ddp_health_unreachable(h, e);
+        if (_ddp_health_lost(errno)) _ddp_health_unreachable(h, e);
         else if (errno != EAGAIN && errno != EWOULDBLOCK) {
             close(e->fd);
             e->fd = -1;
@@ -573,6 +614,7 @@ static void *_ddp_health_main(void *arg) {
             _ddp_health_beat(h, &h->right);
             _ddp_health_beat(h, &h->left);
             _ddp_health_status(h, now);
+            _ddp_health_check_down(h);
             _ddp_health_periodic(h, now);
             next += (int64_t)h->period_ms * 1000;
             if (next < now) next = now + (int64_t)h->period_ms * 1000;   /* fell behind: no burst */

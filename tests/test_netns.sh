@@ -19,7 +19,9 @@
 #      senders resent them (why this cannot fail by chance: at the loss section below);
 #   3. a late link: host 3's port comes up 5 s after its rank started; the rank must keep trying
 #      the master and join;
-#   4. a cut link: host 2's bridge port goes down while the ranks loop over all-reduces
+#   4. a silent host: the same cut with a collective timeout of 60 s; the health threads'
+#      heartbeats find it within DDP_HEARTBEAT_TIMEOUT_MS=3000 and name it unreachable;
+#   4b. a cut link: host 2's bridge port goes down while the ranks loop over all-reduces
 #      (DDP_TIMEOUT_MS=3000); every rank returns an error instead of hanging, and the connected
 #      hosts' messages name a rank of the cut host as the stuck one;
 #   5. the hierarchical and Rabenseifner all-reduces (issue 18): on 2 hosts x 2 ranks and on 3
@@ -71,7 +73,7 @@ command -v timeout > /dev/null || skip_all "no timeout command (coreutils)"
 netns_create "ddpt$$" 3 || skip_all "$netns_why"
 NSS=$NETNS_SW NS1=$(netns_ns 1) NS2=$(netns_ns 2) NS3=$(netns_ns 3)
 
-echo "1..$((12 + 2 * $(echo $ALGOS | wc -w)))"
+echo "1..$((14 + 2 * $(echo $ALGOS | wc -w)))"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now_ms() { date +%s%3N; }
 diag() { sed 's/^/#   /' "$@"; }
@@ -377,6 +379,52 @@ late_ok() {
 }
 check "late link: host 3 up 5 s after its rank started: it joins, 20 all-reduces exact" late_ok
 for ns in $NS1 $NS2 $NS3; do ip -n "$ns" neigh flush dev eth0 2>/dev/null; done
+
+# --- 19-20: a silent host, found by the heartbeats -------------------------------------------
+# The same cut with a collective timeout of 60 s and DDP_HEARTBEAT_TIMEOUT_MS=3000: the health
+# threads' links see nothing acknowledged for 3 s, so the neighbours of host 2's ranks (rank 1
+# for rank 2, rank 4 for rank 3) give them up as unreachable and every connected rank fails
+# within the heartbeat bound (3 s + a period + the failure's spread), not the 60 s timeout; so do
+# the cut host's ranks (their links to ranks 1 and 4 fail the same way).
+HB_MS=3000
+start hb 29503 150 DDP_TIMEOUT_MS=60000 DDP_HEARTBEAT_TIMEOUT_MS=$HB_MS -- cut
+warm_case() {
+    i=0
+    while [ $i -lt 900 ]; do
+        w=0
+        for r in $(seq 0 $((WORLD - 1))); do grep -q ' looping' "$tmp/$1.$r.out" 2>/dev/null && w=$((w + 1)); done
+        [ $w -eq $WORLD ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    why "only $w of $WORLD ranks got through 50 all-reduces within 90 s"
+    return 1
+}
+check "silent host: all 5 ranks looping (heartbeat bound ${HB_MS} ms, collective timeout 60 s)" warm_case hb
+sleep 1.5   # the heartbeat links are up one period after init; the loop warmed past that
+t_cut=$(now_ms)
+ip -n "$NSS" link set h2 down
+finish
+ip -n "$NSS" link set h2 up
+echo "# silent host: every rank ended $(($(now_ms) - t_cut)) ms after the cut"
+for r in $(seq 0 $((WORLD - 1))); do
+    echo "# rank $r (host $(netns_host_of $r)) exit $(rc_of $r):"
+    grep -E ' (ERROR|FAIL)' "$tmp/hb.$r.out" | cut -c1-400 | diag
+done
+# Each connected rank (0, 1, 4) returned an error within the bound + 12 s (a busy machine's
+# spread; the collective timeout is 60 s), naming rank 2 or 3 as unreachable.
+hb_named() {
+    for r in 0 1 4; do
+        rc=$(rc_of $r)
+        [ "$rc" = 2 ] || { why "rank $r exited $rc, want 2 (an error returned)"; continue; }
+        t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/hb.$r.out")
+        [ -n "$t" ] && [ $((t - t_cut)) -lt $((HB_MS + 12000)) ] ||
+            why "rank $r returned its error ${t:+$((t - t_cut)) ms }after the cut, want < $((HB_MS + 12000)) ms"
+        grep ' ERROR ' "$tmp/hb.$r.out" | grep -qE 'rank [23] is unreachable' ||
+            why "rank $r: the error does not name rank 2 or 3 as unreachable: $(grep ' ERROR ' "$tmp/hb.$r.out" | cut -c1-300)"
+    done
+    [ ! -s "$tmp/why" ]
+}
+check "silent host: ranks 0, 1, 4 fail within the heartbeat bound (+12 s), naming rank 2 or 3 as unreachable" hb_named
 
 # --- 19-22: a cut link (last: host 2 stays cut off) ------------------------------------------
 # Host 2's bridge port goes down, as a pulled cable: host 2 keeps its address and routes, and
