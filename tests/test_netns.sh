@@ -73,7 +73,7 @@ command -v timeout > /dev/null || skip_all "no timeout command (coreutils)"
 netns_create "ddpt$$" 3 || skip_all "$netns_why"
 NSS=$NETNS_SW NS1=$(netns_ns 1) NS2=$(netns_ns 2) NS3=$(netns_ns 3)
 
-echo "1..$((14 + 2 * $(echo $ALGOS | wc -w)))"
+echo "1..$((15 + 2 * $(echo $ALGOS | wc -w)))"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 now_ms() { date +%s%3N; }
 diag() { sed 's/^/#   /' "$@"; }
@@ -425,6 +425,17 @@ hb_named() {
     [ ! -s "$tmp/why" ]
 }
 check "silent host: ranks 0, 1, 4 fail within the heartbeat bound (+12 s), naming rank 2 or 3 as unreachable" hb_named
+hb_cut_side() {
+    for r in 2 3; do
+        rc=$(rc_of $r)
+        [ "$rc" = 2 ] || { why "rank $r exited $rc, want 2 (an error returned)"; continue; }
+        t=$(sed -n 's/^rank [0-9]*: ERROR at \([0-9]*\) ms.*/\1/p' "$tmp/hb.$r.out")
+        [ -n "$t" ] && [ $((t - t_cut)) -lt $((HB_MS + 12000)) ] ||
+            why "rank $r returned its error ${t:+$((t - t_cut)) ms }after the cut, want < $((HB_MS + 12000)) ms"
+    done
+    [ ! -s "$tmp/why" ]
+}
+check "silent host: ranks 2, 3 (the cut host) fail within the heartbeat bound (+12 s) too" hb_cut_side
 
 # --- 19-22: a cut link (last: host 2 stays cut off) ------------------------------------------
 # Host 2's bridge port goes down, as a pulled cable: host 2 keeps its address and routes, and
