@@ -11,7 +11,8 @@
  *     (DDP_TRACE's rule with the textfile collector's ending; it reads only "*.prom").
  *   - Whole files only: each refresh is written to "<path>.<pid>-<tid>.tmp" beside it and
  *     renamed over it, so a reader sees the previous file or the new one, never half of one.
- *   - Every series carries rank="<r>", so the files of all ranks merge into one scrape; every
+ *   - Every series carries rank="<r>" (and job_id="<the launcher's job>" when there is one), so
+ *     the files of all ranks, and of jobs sharing a directory, merge into one scrape; every
  *     family keeps the same label names in every file (the textfile collector refuses a family
  *     whose label names differ between series). Per call kind only the kinds that were called.
  *   - Bounded: the text goes through an 8 KiB buffer to write(2); nothing is allocated; the
@@ -80,6 +81,8 @@ typedef struct {
  * covers the calls since init). */
 typedef struct {
     int rank, size;
+    const char *job;                 /* the launcher's job identity (c->boot.job): the job_id label
+                                      * when not empty, so that jobs sharing a directory differ */
     const char *transport;           /* what carries the collectives ("tcp", "shm+tcp", ...) */
     const char *version;             /* libddp's ("0.2") */
     _ddp_kind_stats_t now[_DDP_NUM_KINDS];    /* the counters, indexed by ddp_call_kind_t */
@@ -167,7 +170,7 @@ typedef struct {
     size_t len;
     const char *name, *type, *help;  /* the family being written */
     int headed;                      /* its HELP and TYPE are out */
-    char rank[16];
+    char rank[200];                  /* the labels of every series: rank="r"[,job_id="j"] */
     char buf[8192];
 } _ddp_prom_t;
 
@@ -213,7 +216,7 @@ _DDP_PRIVATE void _ddp_prom_sample(_ddp_prom_t *w, const char *suffix, const cha
         _ddp_prom_put(w, line);
         w->headed = 1;
     }
-    snprintf(line, sizeof line, "%s%s{rank=\"%s\"%s%s} %s\n", w->name, suffix, w->rank,
+    snprintf(line, sizeof line, "%s%s{%s%s%s} %s\n", w->name, suffix, w->rank,
              labels && *labels ? "," : "", labels ? labels : "", value);
     _ddp_prom_put(w, line);
 }
@@ -378,10 +381,12 @@ _DDP_PRIVATE void _ddp_metrics_peers(_ddp_prom_t *w, const _ddp_metrics_in_t *in
 /* The whole exposition to fd; 0, or an errno. */
 _DDP_PRIVATE int _ddp_metrics_write_fd(int fd, const _ddp_metrics_in_t *in) {
     _ddp_prom_t w;
-    char lab[400], ver[96], tr[96], v[48];
+    char lab[400], ver[96], tr[96], job[160], v[48];
     memset(&w, 0, offsetof(_ddp_prom_t, buf));
     w.fd = fd;
-    snprintf(w.rank, sizeof w.rank, "%d", in->rank);
+    _ddp_prom_escape(job, sizeof job, in->job);
+    if (job[0]) snprintf(w.rank, sizeof w.rank, "rank=\"%d\",job_id=\"%s\"", in->rank, job);
+    else snprintf(w.rank, sizeof w.rank, "rank=\"%d\"", in->rank);
     _ddp_prom_family(&w, "ddp_info", "gauge", "Always 1: libddp's version, the transport and the world size as labels.");
     _ddp_prom_escape(ver, sizeof ver, in->version ? in->version : "");
     _ddp_prom_escape(tr, sizeof tr, in->transport ? in->transport : "");

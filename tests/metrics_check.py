@@ -4,14 +4,14 @@
 # python3-prometheus-client) and checks what that lax parser does not, as Prometheus and
 # node-exporter's textfile collector would refuse it:
 #   - every family has HELP and TYPE, every name starts with ddp_, a counter's ends in _total;
-#   - every sample has the rank label (and --rank's value), no series twice, one set of label
+#   - every sample has the rank label (and --rank's value; --job: the job_id label), no series twice, one set of label
 #     names per family;
 #   - a histogram's buckets per series: le ascending, ending at +Inf, counts never falling,
 #     the +Inf bucket equal to _count, a _sum;
 #   - each EXPECT "name{label=value,...}=number": a sample of that name with those labels (and
 #     maybe others) has that value (relative 1e-12; +Inf, NaN spelled so), or "name{...}=absent":
 #     none has.
-# Usage: python3 tests/metrics_check.py FILE [--rank R] [EXPECT...]. Exit 0 and "ok" when every
+# Usage: python3 tests/metrics_check.py FILE [--rank R] [--job J] [EXPECT...]. Exit 0 and "ok" when every
 # check holds, else 1 with one line per failure. Run by tests/test_metrics.c.
 import math
 import re
@@ -38,11 +38,13 @@ def parse_expect(e):
 
 
 def main(argv):
-    path, rank, expects = argv[1], None, []
+    path, rank, job, expects = argv[1], None, None, []
     rest = argv[2:]
     while rest:
         if rest[0] == '--rank':
             rank, rest = rest[1], rest[2:]
+        elif rest[0] == '--job':
+            job, rest = rest[1], rest[2:]
         else:
             expects.append(parse_expect(rest[0]))
             rest = rest[1:]
@@ -82,6 +84,8 @@ def main(argv):
                 errors.append("%s%s: no rank label" % (s.name, s.labels))
             elif rank is not None and s.labels['rank'] != rank:
                 errors.append("%s%s: rank is not %s" % (s.name, s.labels, rank))
+            if job is not None and s.labels.get('job_id') != job:
+                errors.append("%s%s: job_id is not %r" % (s.name, s.labels, job))
             names = tuple(sorted(k for k in s.labels if k != 'le'))
             if dims is None:
                 dims = names

@@ -341,17 +341,21 @@ static void test_escaping(void) {
     char path[400], *t;
     memset(&in, 0, sizeof in);
     in.rank = 1; in.size = 2; in.transport = "a\"b\\c\nd"; in.version = "0.2-\"x\"";
+    in.job = "torchrun \"7\"";
     in.peer[0].rank = 0; in.peer[0].state = "ok"; in.peer[0].ms = 1;
     in.peer[1].rank = 0; in.peer[1].state = "ok"; in.peer[1].ms = 2;
     snprintf(path, sizeof path, "%s/esc.prom", t_dir);
     write_ok(path, &in, "escaping");
     t = slurp(path);
-    ok(t && has_line(t, "ddp_info{rank=\"1\",version=\"0.2-\\\"x\\\"\",transport=\"a\\\"b\\\\c\\nd\",size=\"2\"} 1") &&
-       has_line(t, "ddp_peer_up{rank=\"1\",peer=\"0\",side=\"left\",state=\"ok\"} 1") &&
-       has_line(t, "ddp_peer_up{rank=\"1\",peer=\"0\",side=\"right\",state=\"ok\"} 1"),
-       "label values escaped (\\\", \\\\, \\n); a world of 2: one neighbour on both sides, two series");
+    ok(t && has_line(t, "ddp_info{rank=\"1\",job_id=\"torchrun \\\"7\\\"\",version=\"0.2-\\\"x\\\"\","
+                        "transport=\"a\\\"b\\\\c\\nd\",size=\"2\"} 1") &&
+       has_line(t, "ddp_peer_up{rank=\"1\",job_id=\"torchrun \\\"7\\\"\",peer=\"0\",side=\"left\",state=\"ok\"} 1") &&
+       has_line(t, "ddp_peer_up{rank=\"1\",job_id=\"torchrun \\\"7\\\"\",peer=\"0\",side=\"right\",state=\"ok\"} 1") &&
+       count_lines(t, "ddp_") == 8,
+       "label values escaped (\\\", \\\\, \\n); the job on every series; a world of 2: one neighbour on both "
+       "sides, two series");
     if (t) free(t);
-    parser_check(path, "--rank 1 'ddp_peer_up{side=left}=1' 'ddp_peer_up{side=right}=1'", 1,
+    parser_check(path, "--rank 1 --job 'torchrun \"7\"' 'ddp_peer_up{side=left}=1' 'ddp_peer_up{side=right}=1'", 1,
                  "escaping: parses (no series twice)");
 }
 
