@@ -393,15 +393,14 @@ static void test_parser_refuses(void) {
 /* A reader reading the file over and over while it is rewritten. */
 typedef struct {
     const char *path;
-    volatile int stop;
-    int reads, partial;
+    int stop, reads, partial;        /* stop and reads: atomics (the two threads share them) */
     char first_partial[160];
 } reader_t;
 
 static void *reader(void *arg) {
     reader_t *r = (reader_t *)arg;
     static const char last[] = "ddp_heartbeat_bytes_total{rank=\"0\",direction=\"received\"} 7\n";
-    while (!r->stop) {
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
         char *t = slurp(r->path);
         size_t n;
         if (!t) continue;   /* before the first file */
@@ -409,7 +408,7 @@ static void *reader(void *arg) {
         if (n < sizeof last - 1 || strcmp(t + n - (sizeof last - 1), last) || strncmp(t, "# HELP ddp_info", 15)) {
             if (!r->partial++) snprintf(r->first_partial, sizeof r->first_partial, "%zu bytes", n);
         }
-        r->reads++;
+        __atomic_fetch_add(&r->reads, 1, __ATOMIC_RELAXED);
         free(t);
     }
     return NULL;
@@ -436,12 +435,12 @@ static void test_whole_files(void) {
     r.path = path;
     if (pthread_create(&th, NULL, reader, &r)) { ok(0, "pthread_create"); return; }
     /* until the reader has read 300 times (bounded: 60 s, 100,000 writes) */
-    while ((r.reads < 300 || writes < 300) && writes < 100000 && t_now() - t0 < 60) {
+    while ((__atomic_load_n(&r.reads, __ATOMIC_RELAXED) < 300 || writes < 300) && writes < 100000 && t_now() - t0 < 60) {
         for (i = 0; i < 1024; i++) counts[i] = (uint32_t)(writes + i);
         if (_ddp_metrics_write_file(path, &in, err, sizeof err)) bad++;
         writes++;
     }
-    r.stop = 1;
+    __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
     if ((d = opendir(tmpd))) {
         while ((e = readdir(d))) if (e->d_name[0] != '.' && strcmp(e->d_name, "ddp.0.prom")) left++;
