@@ -19,7 +19,7 @@ HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp
            ddp_store_c10d.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_algorithm.h ddp_ring.h ddp_recursive_doubling.h ddp_agree.h ddp_rabenseifner.h \
            ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_algorithms.h \
-           ddp_trace.h ddp_stats.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
+           ddp_trace.h ddp_stats.h ddp_metrics.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
            ddp_comm_device.h ddp_comm_queue.h ddp_health.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_state.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
            transports/ddp_nccl_api.h transports/ddp_nccl.h
@@ -66,7 +66,7 @@ IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
-                test_reducer_elastic test_reducer_grow test_state_sync
+                test_reducer_elastic test_reducer_grow test_state_sync test_metrics
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
 impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
        $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
