@@ -46,7 +46,6 @@
 #ifndef DDP_STATS_IMPL_INCLUDED
 #error "libddp: ddp_straggler.h's implementation needs ddp_stats.h's (define DDP_IMPLEMENTATION)"
 #endif
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

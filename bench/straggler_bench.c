@@ -2,7 +2,7 @@
 /* bench/straggler_bench.c — does straggler attribution (ddp_straggler.h) name a rank that is
  * a few milliseconds late every step, and stay quiet when all ranks are equal?
  *
- *   build/straggler-bench [-n RANKS] [-r TRIALS] [-s STEPS] [-b BASE_MS] [-x EXTRA_MS] [-t tcp|shm]
+ *   build/straggler-bench [-p RANKS] [-r TRIALS] [-s STEPS] [-b BASE_MS] [-x EXTRA_MS] [-t tcp|shm]
  *
  * Defaults: 4 ranks, 20 trials, 200 steps, 10 ms base, 5 ms extra, the transport libddp picks.
  * A trial is a fresh job of forked ranks on this host. Each step a rank sleeps BASE_MS (its
@@ -23,6 +23,7 @@
 #include "transports/ddp_shm.h"
 #include "ddp_straggler.h"
 #include "bench/bench_fork.h"
+#include "bench/bench_cli.h"
 
 #include <sys/mman.h>
 
@@ -112,37 +113,42 @@ static int run_rank(void *arg, int n, int rank, int port) {
     return 0;
 }
 
-static int atoi_arg(const char *s, int lo, int hi, const char *what) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) {
-        fprintf(stderr, "straggler-bench: %s must be a whole number in %d..%d\n", what, lo, hi);
-        exit(2);
-    }
-    return (int)v;
-}
+static const char usage[] =
+    "usage: straggler-bench [options]\n"
+    "  Is a rank that is late every step named by the straggler WARN, and is nobody named when all\n"
+    "  ranks are equal? Forked ranks on this host, a fresh job per trial (bench/results/straggler.md).\n"
+    "  -p, --nranks N      ranks (default 4, 2..16)\n"
+    "  -r, --trials N      trials with a slow rank, and as many with all equal (default 20)\n"
+    "  -s, --steps N       steps per trial (default 200, at most the 256 calls a rank's record keeps)\n"
+    "  -b, --base-ms MS    each step's sleep on every rank (default 10)\n"
+    "  -x, --extra-ms MS   the slow rank's extra sleep per step (default 5)\n"
+    "  -t, --transport T   tcp, shm or auto (default auto)\n"
+    "  -h, --help          this text\n"
+    "      --version       the version\n";
 
 int main(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"nranks", required_argument, NULL, 'p'}, {"trials", required_argument, NULL, 'r'},
+        {"steps", required_argument, NULL, 's'}, {"base-ms", required_argument, NULL, 'b'},
+        {"extra-ms", required_argument, NULL, 'x'}, {"transport", required_argument, NULL, 't'},
+        BENCH_CLI_COMMON, {NULL, 0, NULL, 0}};
+    bench_cli_t cli;
     opts_t o;
-    int i, eq, named = 0, false_warns = 0, failed = 0;
+    int i, eq, opt, ok = 1, named = 0, false_warns = 0, failed = 0;
     memset(&o, 0, sizeof o);
     o.nranks = 4; o.trials = 20; o.steps = 200; o.base_ms = 10; o.extra_ms = 5; o.transport = NULL;
-    for (i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: straggler-bench [-n RANKS] [-r TRIALS] [-s STEPS] [-b BASE_MS] [-x EXTRA_MS] [-t tcp|shm]\n");
-            return 0;
+    bench_cli_init(&cli, "straggler-bench", usage, argc, argv);
+    while (ok && (opt = bench_cli_next(&cli, "+:p:r:s:b:x:t:h", longopts)) != -1) {
+        switch (opt) {
+        case 'p': ok = bench_cli_int(&cli, 2, MAX_RANKS, &o.nranks); break;
+        case 'r': ok = bench_cli_int(&cli, 1, 1000, &o.trials); break;
+        case 's': ok = bench_cli_int(&cli, 1, _DDP_TIMINGS, &o.steps); break;
+        case 'b': ok = bench_cli_int(&cli, 0, 10000, &o.base_ms); break;
+        case 'x': ok = bench_cli_int(&cli, 0, 10000, &o.extra_ms); break;
+        case 't': o.transport = strcmp(optarg, "auto") ? optarg : NULL; break;
         }
-        if (!v) { fprintf(stderr, "straggler-bench: %s needs a value (--help)\n", argv[i]); return 2; }
-        if (!strcmp(argv[i], "-n")) o.nranks = atoi_arg(v, 2, MAX_RANKS, "-n");
-        else if (!strcmp(argv[i], "-r")) o.trials = atoi_arg(v, 1, 1000, "-r");
-        else if (!strcmp(argv[i], "-s")) o.steps = atoi_arg(v, 1, _DDP_TIMINGS, "-s (at most the 256 calls a blob holds)");
-        else if (!strcmp(argv[i], "-b")) o.base_ms = atoi_arg(v, 0, 10000, "-b");
-        else if (!strcmp(argv[i], "-x")) o.extra_ms = atoi_arg(v, 0, 10000, "-x");
-        else if (!strcmp(argv[i], "-t")) o.transport = v;
-        else { fprintf(stderr, "straggler-bench: unknown option %s (--help)\n", argv[i]); return 2; }
-        i++;
     }
+    if (!ok || !bench_cli_end(&cli)) return cli.rc;
     o.res = (result_t *)mmap(NULL, sizeof(result_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (o.res == MAP_FAILED) { perror("mmap"); return 1; }
     printf("straggler-bench: %d ranks, %d trials x %d steps, %d ms per step, +%d ms on one rank; transport %s\n",
