@@ -25,12 +25,25 @@
  * of the median time between calls; logged at most once per window. The INFO report: every
  * report_calls analysed calls (default 1000).
  *
+ * Use. Every rank, each period with new calls:
+ *     _ddp_straggler_encode(&c->stats, buf, _DDP_STRAGGLER_BLOB_MAX, &len)  -> P/health/t/<rank>
+ * Rank 0, once: _ddp_straggler_opts_env(&o, err, cap) (-1: log err at WARN, defaults kept), then
+ * _ddp_straggler_init(&a, nranks, &o, alloc); each period, with blob[r], len[r] read from
+ * P/health/t/<r> (NULL: not there yet):
+ *     _ddp_straggler_ingest(&a, blob, len, err, cap)     (-1: log err; nothing analysed)
+ *     _ddp_straggler_line(&a, line, _DDP_STRAGGLER_LINE_MAX(nranks))        -> P/health/straggler
+ *     m = _ddp_straggler_report(&a, info, icap, warn, wcap)   (m & 1: log info at INFO; m & 2:
+ *                                                              log warn at WARN; 512 bytes do)
+ * and _ddp_straggler_free(&a) at the end. _ddp_straggler_figures gives the numbers (metrics);
+ * a.last_counts[r] how often rank r was last in the window.
+ *
  * Environment (read by _ddp_straggler_opts_env): DDP_STRAGGLER_WINDOW, DDP_STRAGGLER_SHARE,
  * DDP_STRAGGLER_REPORT_CALLS (docs/environment.md).
  * Threads: an analyser belongs to one thread (rank 0's health thread); encoding reads the
  * stats while the operations' thread writes them (ddp_stats.h says how that stays consistent).
- * Memory: the analyser allocates once, at init (window x 16 bytes + nranks x 12 bytes); the
- * rest works in the caller's buffers.
+ * Memory: the analyser allocates once, at init (16 bytes per window call, 12 per rank, and 4 x
+ * max(window, nranks) of scratch for the medians); ingest reads the blobs where they lie, and
+ * the texts go into the caller's buffers. Encoding uses 6 KiB of stack.
  * Depends on ddp_stats.h. Built by DDP_IMPLEMENTATION (or DDP_STRAGGLER_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_STRAGGLER_IMPLEMENTATION)
