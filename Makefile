@@ -19,7 +19,7 @@ HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp
            ddp_store_c10d.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_algorithm.h ddp_ring.h ddp_recursive_doubling.h ddp_agree.h ddp_rabenseifner.h \
            ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_algorithms.h \
-           ddp_trace.h ddp_stats.h ddp_metrics.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
+           ddp_trace.h ddp_stats.h ddp_straggler.h ddp_metrics.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
            ddp_comm_device.h ddp_comm_queue.h ddp_health.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_state.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
            transports/ddp_nccl_api.h transports/ddp_nccl.h
@@ -41,7 +41,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench $(B)/grow-bench \
+all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench $(B)/grow-bench $(B)/straggler-bench \
      $(B)/nccl-raw $(B)/ddp-state-transfer
 
 # ddprun serves the rendezvous store itself: it builds libddp's store (and what it rests on).
@@ -66,7 +66,7 @@ IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
-                test_reducer_elastic test_reducer_grow test_state_sync test_metrics
+                test_reducer_elastic test_reducer_grow test_state_sync test_straggler test_metrics
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
 impl = $(if $(filter $(2),$(IMPL_SELF)),,$(1)/libddp$(if $(filter $(2),$(IMPL_TCP)),-tcp,$(if \
        $(filter $(2),$(IMPL_THREADS)),-threads,$(if $(filter $(2),$(IMPL_NCCL)),-nccl))).o)
@@ -368,6 +368,11 @@ $(B)/rendezvous-stopped: bench/rendezvous_stopped.c $(HEADERS) | $(B)
 
 # grow-bench (bench/grow_bench.c): the per-step "anyone waiting?" check and a grow's time.
 $(B)/grow-bench: bench/grow_bench.c bench/bench_fork.h $(HEADERS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# straggler-bench (bench/straggler_bench.c): is a rank given 5 ms more per step named by the
+# straggler WARN, and how often is one named when all are equal (bench/results/straggler.md).
+$(B)/straggler-bench: bench/straggler_bench.c bench/bench_fork.h ddp_straggler.h $(HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 # guess-bench (bench/guess_bench.c): wrong job secrets per second from one thread against a store.

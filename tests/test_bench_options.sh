@@ -1,8 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT (see LICENSE)
 # tests/test_bench_options.sh — the command line of the small benchmark tools (bench/bench_cli.h:
-# ddp-overlap, ddp-async, ddp-scale, ddp-kill-detect, store-bench, guess-bench, ddp-state-transfer)
-# follows ddp-bench's conventions. Run from the repository root (prove tests/test_bench_options.sh);
+# ddp-overlap, ddp-async, ddp-scale, ddp-kill-detect, store-bench, guess-bench, ddp-state-transfer,
+# straggler-bench) follows ddp-bench's conventions. Run from the repository root (prove tests/test_bench_options.sh);
 # prints TAP. Per tool: --help prints the usage to stdout and exits 0; --version prints "<tool>
 # (libddp) X.Y" (ddp_base.h's version) and exits 0; an unknown option and a stray argument exit 2
 # with why and the usage on stderr, nothing on stdout; a bad value is refused the same way written
@@ -24,7 +24,8 @@ ddp-scale ddp_scale - -
 ddp-kill-detect kill_detect -p2 --nranks 2
 store-bench store_bench -n0 --clients 0
 guess-bench guess_bench -p0 --port 0
-ddp-state-transfer state_transfer -p1 --nranks 1'
+ddp-state-transfer state_transfer -p1 --nranks 1
+straggler-bench straggler_bench -p1 --nranks 1'
 
 echo "1..$(( $(printf '%s\n' "$TOOLS" | wc -l) * 5 ))"
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
