@@ -17,6 +17,7 @@
  *     that ticks: "cannot reach ... though it answers"
  *   - malformed lines (truncated, binary with NULs, 1 MiB, a word for a number, another rank's)
  *     and a missing one: "unreadable status" / "no status", no crash, exit 1
+ *   - worlds of 2 (one neighbour on both sides, said once) and 1
  *   - 1,024 ranks, all in a call, and again with one of them stuck: the condensed lines and the
  *     verdict, within 2 s (the issue's bound), default --wait-ms
  *   - the store does not answer (a port that listens and never accepts, as a stopped rank 0's
@@ -410,6 +411,31 @@ static void malformed(void) {
     check_json("malformed", "--json", "1------", v, 1);
 }
 
+/* Worlds of 2 (both neighbours are the same rank) and 1 (none). */
+static void small(void) {
+    run_t r;
+    char l[4096];
+    job_begin("two", 2, 3);
+    rank_set(0, 1, "pid=1000 host=node0 period_ms=500 state=call kind=all_reduce seq=3 for_ms=7100 peer=1 left=1 "
+                   "left_state=silent left_ms=7000 right=1 right_state=silent right_ms=7000");
+    rank_set(1, 0, "pid=1001 host=node0 period_ms=500 state=call kind=all_reduce seq=3 for_ms=5 peer=0 left=0 "
+                   "left_state=ok left_ms=100 right=0 right_state=ok right_ms=100");
+    job_go(2);
+    ask(&r, "");
+    check_verdict(&r, "world of 2, rank 1 stuck",
+                  "verdict: rank 1 is not answering (last heartbeat 7.0 s ago, seen by rank 0); rank 0 waits for it "
+                  "in all_reduce #3", 1);
+    ok(strstr(line_of(&r, "rank 1 ", l, sizeof l), "; heartbeat seen by rank 0 7.0 s ago (silent); NOT ANSWERING") != NULL,
+       "world of 2: rank 0's one link reported once: %s", l);
+    run_free(&r);
+    job_begin("one", 1, 3);
+    rank_set(0, 1, "pid=1000 host=node0 period_ms=500 state=user seq=3 for_ms=10");
+    job_go(1);
+    ask(&r, "");
+    check_verdict(&r, "world of 1", "verdict: all ranks in user code", 0);
+    run_free(&r);
+}
+
 /* 1,024 ranks: the answer within 2 s of asking, condensed. */
 static void world_1024(void) {
     run_t r;
@@ -521,6 +547,7 @@ int main(int argc, char **argv) {
     if (t_selected("failed")) failed();
     if (t_selected("unreachable")) unreachable();
     if (t_selected("malformed")) malformed();
+    if (t_selected("small")) small();
     if (t_selected("1024")) world_1024();
     if (t_selected("cannot")) cannot_ask();
     pthread_mutex_lock(&J.mu);

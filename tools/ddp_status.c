@@ -494,7 +494,8 @@ static void gather_views(job_t *j) {
             view_t *v;
             if (to < 0 || to >= j->size || to == k) continue;
             t = &j->r[to];
-            if (t->nviews == MAX_VIEWS) continue;
+            /* n == 2: both sides are one rank, one link: say it once */
+            if (t->nviews == MAX_VIEWS || (t->nviews && t->views[t->nviews - 1].from == k)) continue;
             v = &t->views[t->nviews++];
             v->from = k;
             strcpy(v->state, side ? r->right_state : r->left_state);
@@ -682,8 +683,7 @@ static void biggest_call(const job_t *j, set_t *out, const rank_t **which) {
     }
 }
 
-static void sb_waiters(sb_t *b, const job_t *j, const set_t *w, const rank_t *call, int nfor) {
-    (void)j;
+static void sb_waiters(sb_t *b, const set_t *w, const rank_t *call, int nfor) {
     if (!w->n || !call) return;
     sb_printf(b, "; ");
     sb_who(b, w->r, w->n);
@@ -747,100 +747,129 @@ static void sb_straggler(sb_t *b, const job_t *j) {
     }
 }
 
-/* Builds the verdict; returns the exit status. */
-static int verdict(sb_t *b, const job_t *j) {
-    int n = j->size, k, i, nsilent = 0, rc = EXIT_ANSWERING;
-    set_t failed, silent, missing, unreadable, unsure, waiters, others;
-    const rank_t *call = NULL;
-    size_t start;
-    int *mem = (int *)malloc(sizeof(int) * (size_t)n * 7);
-    if (!mem) { fputs("ddp-status: out of memory\n", stderr); exit(EXIT_CANNOT_ASK); }
-    failed.r = mem; silent.r = mem + n; missing.r = mem + 2 * n; unreadable.r = mem + 3 * n;
-    unsure.r = mem + 4 * n; waiters.r = mem + 5 * n; others.r = mem + 6 * n;
-    failed.n = silent.n = missing.n = unreadable.n = unsure.n = waiters.n = others.n = 0;
+/* The ranks sorted by what the verdict says of them. */
+typedef struct {
+    set_t failed, silent, missing, unreadable, unsure, waiters;
+    const rank_t *call;       /* the call the waiters are in */
+    int *mem;
+} sorted_t;
+
+static void sort_ranks(const job_t *j, sorted_t *s) {
+    int n = j->size, k;
+    s->mem = (int *)malloc(sizeof(int) * (size_t)n * 6);
+    if (!s->mem) { fputs("ddp-status: out of memory\n", stderr); exit(EXIT_CANNOT_ASK); }
+    s->failed.r = s->mem; s->silent.r = s->mem + n; s->missing.r = s->mem + 2 * n;
+    s->unreadable.r = s->mem + 3 * n; s->unsure.r = s->mem + 4 * n; s->waiters.r = s->mem + 5 * n;
+    s->failed.n = s->silent.n = s->missing.n = s->unreadable.n = s->unsure.n = s->waiters.n = 0;
     for (k = 0; k < n; k++) {
         const rank_t *r = &j->r[k];
-        if (r->have == 0) set_add(&missing, k);
-        else if (r->have < 0) set_add(&unreadable, k);
-        else if (r->answering == 0) set_add(&silent, k);
-        else if (r->answering < 0) set_add(&unsure, k);
-        else if (st_is(r, "failed")) set_add(&failed, k);
+        if (r->have == 0) set_add(&s->missing, k);
+        else if (r->have < 0) set_add(&s->unreadable, k);
+        else if (r->answering == 0) set_add(&s->silent, k);
+        else if (r->answering < 0) set_add(&s->unsure, k);
+        else if (st_is(r, "failed")) set_add(&s->failed, k);
     }
-    biggest_call(j, &waiters, &call);
-    sb_printf(b, "verdict: ");
-    start = b->len;
-    for (i = 0; i < silent.n; i++) {
-        if (i) sb_printf(b, "; ");
-        sb_silent_rank(b, &j->r[silent.r[i]], silent.r[i]);
-        nsilent++;
+    biggest_call(j, &s->waiters, &s->call);
+}
+
+/* "; " between clauses of the verdict (it starts at `start`). */
+static void sb_next(sb_t *b, size_t start) { if (b->len > start) sb_printf(b, "; "); }
+
+/* What is wrong: ranks not answering (and who waits for them), failed, cut off from a
+ * neighbour, without a readable status, not seen to tick. Nothing when all is well. */
+static void verdict_trouble(sb_t *b, const job_t *j, const sorted_t *s, size_t start) {
+    int k, i;
+    for (i = 0; i < s->silent.n; i++) {
+        sb_next(b, start);
+        sb_silent_rank(b, &j->r[s->silent.r[i]], s->silent.r[i]);
     }
-    if (nsilent) sb_waiters(b, j, &waiters, call, nsilent);
-    for (i = 0; i < failed.n; i++) {
-        const rank_t *r = &j->r[failed.r[i]];
-        sb_printf(b, "%srank %d failed: ", b->len > start ? "; " : "", failed.r[i]);
+    if (s->silent.n) sb_waiters(b, &s->waiters, s->call, s->silent.n);
+    for (i = 0; i < s->failed.n; i++) {
+        const rank_t *r = &j->r[s->failed.r[i]];
+        sb_next(b, start);
+        sb_printf(b, "rank %d failed: ", s->failed.r[i]);
         if (r->error) sb_clean(b, r->error, strlen(r->error));
         else sb_printf(b, "(no error text)");
     }
     /* an answering rank a neighbour cannot reach: the link between them is gone */
-    for (k = 0; k < n; k++) {
+    for (k = 0; k < j->size; k++) {
         const rank_t *r = &j->r[k];
         if (r->answering != 1) continue;
         for (i = 0; i < r->nviews; i++)
             if (!strcmp(r->views[i].state, "unreachable")) {
-                sb_printf(b, "%srank %d cannot reach rank %d (nothing acknowledged for ", b->len > start ? "; " : "",
-                          r->views[i].from, k);
+                sb_next(b, start);
+                sb_printf(b, "rank %d cannot reach rank %d (nothing acknowledged for ", r->views[i].from, k);
                 sb_ms(b, r->views[i].ms);
                 sb_printf(b, "), though rank %d answers", k);
-                if (rc == EXIT_ANSWERING) rc = EXIT_FOUND;
             }
     }
-    if (missing.n) { sb_printf(b, "%s", b->len > start ? "; " : ""); sb_who(b, missing.r, missing.n); sb_printf(b, ": no status"); }
-    if (unreadable.n) { sb_printf(b, "%s", b->len > start ? "; " : ""); sb_who(b, unreadable.r, unreadable.n); sb_printf(b, ": unreadable status"); }
-    if (unsure.n) {
-        sb_printf(b, "%s", b->len > start ? "; " : "");
-        sb_who(b, unsure.r, unsure.n);
+    if (s->missing.n) { sb_next(b, start); sb_who(b, s->missing.r, s->missing.n); sb_printf(b, ": no status"); }
+    if (s->unreadable.n) {
+        sb_next(b, start);
+        sb_who(b, s->unreadable.r, s->unreadable.n);
+        sb_printf(b, ": unreadable status");
+    }
+    if (s->unsure.n) {
+        sb_next(b, start);
+        sb_who(b, s->unsure.r, s->unsure.n);
         sb_printf(b, ": not seen to tick yet (ask again with a longer --wait-ms)");
     }
-    if (b->len > start || failed.n) rc = EXIT_FOUND;
-    if (b->len == start) {
-        /* every rank answers: where are they? */
-        int nuser = 0, nidle = 0;
+}
+
+/* Every rank answers: where they are, and whom the ranks in a call wait for. */
+static void verdict_answering(sb_t *b, const job_t *j, const sorted_t *s) {
+    int n = j->size, k, i, nuser = 0, nidle = 0, nothers = 0;
+    if (s->waiters.n && s->waiters.n < n) {
+        char *in = (char *)calloc((size_t)n, 1);
+        if (!in) { fputs("ddp-status: out of memory\n", stderr); exit(EXIT_CANNOT_ASK); }
+        for (i = 0; i < s->waiters.n; i++) in[s->waiters.r[i]] = 1;
         for (k = 0; k < n; k++) {
-            nuser += st_is(&j->r[k], "user");
-            nidle += st_is(&j->r[k], "idle");
+            if (in[k]) continue;
+            if (nothers++ >= 8) continue;
+            sb_printf(b, "%srank %d is ", nothers > 1 ? "; " : "", k);
+            sb_position(b, &j->r[k], P_TIMES);
+            sb_printf(b, " (answering)");
         }
-        if (waiters.n && waiters.n < n) {
-            /* some wait in a call for the others: say where those are */
-            for (k = 0; k < n; k++) {
-                int in = 0;
-                for (i = 0; i < waiters.n; i++) in |= waiters.r[i] == k;
-                if (!in) set_add(&others, k);
-            }
-            for (i = 0; i < others.n && i < 8; i++) {
-                const rank_t *r = &j->r[others.r[i]];
-                sb_printf(b, "%srank %d is ", i ? "; " : "", others.r[i]);
-                sb_position(b, r, P_TIMES);
-                sb_printf(b, " (answering)");
-            }
-            if (others.n > 8) { sb_printf(b, "; and "); sb_count(b, others.n - 8); sb_printf(b, " more"); }
-            sb_waiters(b, j, &waiters, call, others.n);
-        } else if (waiters.n == n) {
-            long long longest = 0;
-            for (k = 0; k < n; k++) if (j->r[k].for_ms > longest) longest = j->r[k].for_ms;
-            sb_printf(b, "all ranks in ");
-            sb_clean(b, call->kind, sizeof call->kind);
-            sb_printf(b, " #%lld (for up to ", call->seq);
-            sb_ms(b, longest);
-            sb_printf(b, "), all answering");
-        } else if (nuser + nidle == n) {
-            sb_printf(b, "all ranks %s", nidle == n ? "idle, no call yet" : nidle ? "in user code or idle" : "in user code");
-        } else {
-            sb_printf(b, "all ranks answering");
-        }
+        if (nothers > 8) { sb_printf(b, "; and "); sb_count(b, nothers - 8); sb_printf(b, " more"); }
+        sb_waiters(b, &s->waiters, s->call, nothers);
+        free(in);
+        return;
+    }
+    if (s->waiters.n == n) {
+        long long longest = 0;
+        for (k = 0; k < n; k++) if (j->r[k].for_ms > longest) longest = j->r[k].for_ms;
+        sb_printf(b, "all ranks in ");
+        sb_clean(b, s->call->kind, sizeof s->call->kind);
+        sb_printf(b, " #%lld (for up to ", s->call->seq);
+        sb_ms(b, longest);
+        sb_printf(b, "), all answering");
+        return;
+    }
+    for (k = 0; k < n; k++) {
+        nuser += st_is(&j->r[k], "user");
+        nidle += st_is(&j->r[k], "idle");
+    }
+    if (nuser + nidle == n)
+        sb_printf(b, "all ranks %s", nidle == n ? "idle, no call yet" : nidle ? "in user code or idle" : "in user code");
+    else sb_printf(b, "all ranks answering");
+}
+
+/* Builds the verdict line; returns the exit status. */
+static int verdict(sb_t *b, const job_t *j) {
+    sorted_t s;
+    size_t start;
+    int rc = EXIT_ANSWERING;
+    sort_ranks(j, &s);
+    sb_printf(b, "verdict: ");
+    start = b->len;
+    verdict_trouble(b, j, &s, start);
+    if (b->len > start || s.failed.n) rc = EXIT_FOUND;
+    else {
+        verdict_answering(b, j, &s);
         sb_straggler(b, j);
     }
     sb_printf(b, "\n");
-    free(mem);
+    free(s.mem);
     return rc;
 }
 
