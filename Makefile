@@ -4,7 +4,7 @@
 #   make elastic-demo   the same surviving a killed rank and growing back (ELASTIC_RUNS=N runs)
 #   make test    every test (plain, ASan+UBSan, TSan, side by side), header checks (C99/C11, C++11/17/20, gcc and clang)
 #   make bench   ddp-bench sweep (all_reduce, reduce_scatter, all_gather, broadcast; p = 2 and 4; every transport) -> bench/results/*.json, busbw.svg
-#   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-bench, ddp.pc; make uninstall removes them
+#   make install PREFIX=/usr/local [DESTDIR=]   headers, ddprun, ddp-status, ddp-bench, ddp.pc; make uninstall removes them
 CC      ?= cc
 CXX     ?= g++
 WARN    := -Wall -Wextra -Wpedantic -Wshadow -Werror
@@ -41,7 +41,7 @@ TEST_SH   := $(wildcard tests/test_*.sh)
 EXAMPLES  := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 
 .PHONY: all test test-plain test-san test-tsan test-fuzz-short headers demo bench clean
-all: $(B)/ddprun $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench $(B)/grow-bench $(B)/straggler-bench \
+all: $(B)/ddprun $(B)/ddp-status $(TESTS) $(EXAMPLES) $(B)/ddp-bench $(B)/svg_chart $(B)/ddp-overlap $(B)/ddp-async $(B)/ddp-scale $(B)/store-bench $(B)/guess-bench $(B)/grow-bench $(B)/straggler-bench \
      $(B)/nccl-raw $(B)/ddp-state-transfer
 
 # ddprun serves the rendezvous store itself: it builds libddp's store (and what it rests on).
@@ -49,6 +49,15 @@ DDPRUN_DEPS := ddp_base.h ddp_socket.h ddp_auth.h ddp_store.h ddp_store_core.h d
                ddp_store_client.h ddp_store_c10d.h
 $(B)/ddprun: tools/ddprun.c $(DDPRUN_DEPS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -pthread
+
+# ddp-status asks a running job how each rank is, through its store: it builds the store alone too.
+$(B)/ddp-status: tools/ddp_status.c $(DDPRUN_DEPS) | $(B)
+	$(CC) $(STD) $(CFLAGS) $(WARN) $< -o $@ -pthread
+$(B)/san/ddp-status: tools/ddp_status.c $(DDPRUN_DEPS) | $(B)/san
+	$(CC) $(STD) -O1 -g $(SAN) $(WARN) $< -o $@ -pthread
+# tests/test_ddp_status.c runs the ddp-status beside it (build/san's under the sanitizers).
+$(B)/test_ddp_status: $(B)/ddp-status
+$(B)/san/test_ddp_status: $(B)/san/ddp-status
 
 $(B) $(B)/san $(B)/tsan $(B)/hdr:
 	mkdir -p $@
@@ -465,7 +474,7 @@ fuzz: $(FUZZERS)
 # Install (issue 16). make install [PREFIX=/usr/local] [DESTDIR=staging dir, for packagers]:
 #   $(INCLUDEDIR)/ddp/      every public header (HEADERS, IB_HEADERS), transports/ kept, so the
 #                           headers' relative includes ("ddp_base.h", "../ddp_socket.h") resolve
-#   $(BINDIR)/              ddprun and ddp-bench, built by the rules above (usual flags)
+#   $(BINDIR)/              ddprun, ddp-status and ddp-bench, built by the rules above (usual flags)
 #   $(PKGCONFIGDIR)/ddp.pc  from ddp.pc.in: Cflags -I$${includedir}/ddp, Libs -pthread -lm -ldl,
 #                           Version from DDP_VERSION_MAJOR/MINOR(/PATCH); no warning flags
 # The .pc goes to share/pkgconfig: the library is headers only, so the file is the same on every
@@ -481,7 +490,7 @@ INCLUDEDIR   = $(PREFIX)/include
 PKGCONFIGDIR = $(PREFIX)/share/pkgconfig
 INSTALL      = install
 INSTALL_HEADERS = $(sort $(HEADERS) $(IB_HEADERS))
-INSTALL_TOOLS   = ddprun ddp-bench
+INSTALL_TOOLS   = ddprun ddp-status ddp-bench
 # include/ddp and its subdirectories (transports), as installed; the headers in each.
 INSTALL_HDR_SUBDIRS = $(patsubst %/,%,$(filter-out ./,$(sort $(dir $(INSTALL_HEADERS)))))
 INSTALL_HDR_DIRS    = $(DESTDIR)$(INCLUDEDIR)/ddp $(addprefix $(DESTDIR)$(INCLUDEDIR)/ddp/,$(INSTALL_HDR_SUBDIRS))

@@ -4,10 +4,11 @@
 # would: install into a scratch prefix (mktemp -d), build an example outside the tree with only
 # `cc $(pkg-config --cflags --libs ddp)` (it includes "ddp.h" and "transports/ddp_tcp.h"), run it
 # as a world of one and as 2 ranks over TCP under the installed ddprun, run the installed
-# ddp-bench, then uninstall and check the prefix is empty again. Also a DESTDIR staging install
-# (packagers) and a prefix that install has to create (uninstall removes what it created, and
-# nothing it did not). Prints TAP; run from anywhere (prove tests/test_install.sh). Without
-# pkg-config it installs nothing and skips. ~5 s once build/ddprun and build/ddp-bench are built.
+# ddp-bench and ddp-status --help, then uninstall and check the prefix is empty again. Also a
+# DESTDIR staging install (packagers) and a prefix that install has to create (uninstall
+# removes what it created, and nothing it did not). Prints TAP; run from anywhere (prove
+# tests/test_install.sh). Without pkg-config it installs nothing and skips. ~5 s once
+# build/ddprun, build/ddp-status and build/ddp-bench are built.
 set -u
 cd "$(dirname "$0")/.." || { echo "Bail out! no repository root"; exit 1; }
 root=$(pwd)
@@ -22,7 +23,7 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_JO
 # The install runs its own make: not the jobserver or flags of a `make test` around this script.
 unset MAKEFLAGS MFLAGS MAKELEVEL
 
-echo "1..13"
+echo "1..14"
 . "$root/tests/tap.sh"   # ok, notok, check, why
 T="timeout -k 2 60"
 mk() { make -s --no-print-directory -C "$root" "$@"; }
@@ -31,7 +32,7 @@ tree() { (cd "$1" && find . -mindepth 1 | LC_ALL=C sort); }
 
 # --- 1: install ------------------------------------------------------------------------------
 install_it() { mk install PREFIX="$prefix" > "$tmp/why" 2>&1; }
-check "make install PREFIX=\$tmp builds ddprun, ddp-bench and installs" install_it
+check "make install PREFIX=\$tmp builds ddprun, ddp-status, ddp-bench and installs" install_it
 inc=$prefix/include/ddp
 pcdir=$prefix/share/pkgconfig
 [ -f "$inc/ddp.h" ] && [ -f "$pcdir/ddp.pc" ] || { echo "Bail out! nothing installed"; tree "$prefix" | sed 's/^/# /'; exit 1; }
@@ -139,12 +140,18 @@ two() {
 check "the installed ddprun -n 2 runs it: 2 ranks, TCP on 127.0.0.1, results checked" two
 sed 's/^/#   /' "$tmp/two.out"
 
-# --- 8-9: the installed tools ------------------------------------------------------------------
+# --- 8-10: the installed tools ------------------------------------------------------------------
 help() {
     $T "$prefix/bin/ddprun" --help > "$tmp/help.out" 2>&1 || { why "exit $?"; return 1; }
     grep -q 'ddprun - start the ranks' "$tmp/help.out" || { why "$(head -5 "$tmp/help.out")"; return 1; }
 }
 check "the installed ddprun --help prints the manual" help
+
+status_help() {
+    $T "$prefix/bin/ddp-status" --help > "$tmp/status.out" 2>&1 || { why "exit $?"; return 1; }
+    grep -q '^usage: ddp-status' "$tmp/status.out" || { why "$(head -5 "$tmp/status.out")"; return 1; }
+}
+check "the installed ddp-status --help prints the manual" status_help
 
 bench() {
     $T "$prefix/bin/ddp-bench" -N 2 --transport tcp -s 8,64K -n 3 -w 1 -c 1 > "$tmp/bench.out" 2>&1 ||
@@ -152,7 +159,7 @@ bench() {
 }
 check "the installed ddp-bench -N 2 --transport tcp runs and checks an all-reduce" bench
 
-# --- 10-11: uninstall --------------------------------------------------------------------------
+# --- 11-12: uninstall --------------------------------------------------------------------------
 uninstall_it() { mk uninstall PREFIX="$prefix" > "$tmp/why" 2>&1; }
 check "make uninstall PREFIX=\$tmp" uninstall_it
 empty() {
@@ -161,7 +168,7 @@ empty() {
 }
 check "the prefix is empty again (files and the directories install created)" empty
 
-# --- 12: DESTDIR (packagers) ------------------------------------------------------------------
+# --- 13: DESTDIR (packagers) ------------------------------------------------------------------
 stage() {
     mk install DESTDIR="$tmp/stage" PREFIX=/opt/ddp-test > "$tmp/mk.out" 2>&1 || { why "install: $(cat "$tmp/mk.out")"; return 1; }
     [ ! -e /opt/ddp-test ] || why "installed outside DESTDIR: /opt/ddp-test exists"
@@ -179,7 +186,7 @@ stage() {
 }
 check "DESTDIR=stage PREFIX=/opt/ddp-test: all under the stage, .pc says /opt/ddp-test; uninstall" stage
 
-# --- 13: a prefix install creates, next to a directory it finds ----------------------------
+# --- 14: a prefix install creates, next to a directory it finds ----------------------------
 created() {
     mkdir -p "$tmp/mine/bin" && echo keep > "$tmp/mine/bin/other-tool"
     p=$tmp/mine/new/deeper
