@@ -23,20 +23,30 @@
  *   - Traffic: 2 links x 2 heartbeats/s x 16 bytes each way (64 B/s sent per rank, plus TCP's
  *     headers and acknowledgements), one status line (~300 bytes) per period to the store, the
  *     last calls' timings (<= 4 KiB) every few periods.
- * Depends on ddp_comm_queue.h (abort). Built by DDP_IMPLEMENTATION (or DDP_HEALTH_IMPLEMENTATION).
+ * Depends on ddp_comm_queue.h (abort), ddp_straggler.h and ddp_metrics.h. Built by DDP_IMPLEMENTATION (or DDP_HEALTH_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_HEALTH_IMPLEMENTATION)
 #define DDP_HEALTH_IMPLEMENTATION
 #endif
-#if defined(DDP_HEALTH_IMPLEMENTATION) && !defined(DDP_COMM_QUEUE_IMPLEMENTATION)
+#if defined(DDP_HEALTH_IMPLEMENTATION)
+#ifndef DDP_COMM_QUEUE_IMPLEMENTATION
 #define DDP_COMM_QUEUE_IMPLEMENTATION
 #endif
+#ifndef DDP_STRAGGLER_IMPLEMENTATION
+#define DDP_STRAGGLER_IMPLEMENTATION
+#endif
+#ifndef DDP_METRICS_IMPLEMENTATION
+#define DDP_METRICS_IMPLEMENTATION
+#endif
+#endif
 #include "ddp_comm_queue.h"
+#include "ddp_straggler.h"
+#include "ddp_metrics.h"
 
 #if defined(DDP_HEALTH_IMPLEMENTATION) && !defined(DDP_HEALTH_IMPL_INCLUDED)
 #define DDP_HEALTH_IMPL_INCLUDED
-#ifndef DDP_COMM_QUEUE_IMPL_INCLUDED
-#error "libddp: ddp_health.h's implementation needs ddp_comm_queue.h's (define DDP_IMPLEMENTATION)"
+#if !defined(DDP_COMM_QUEUE_IMPL_INCLUDED) || !defined(DDP_STRAGGLER_IMPL_INCLUDED) || !defined(DDP_METRICS_IMPL_INCLUDED)
+#error "libddp: ddp_health.h's implementation needs those of the headers below it (define DDP_IMPLEMENTATION)"
 #endif
 #include <errno.h>
 #include <netdb.h>
@@ -99,6 +109,20 @@ typedef struct {
     int aborted;                     /* it aborted the communicator (once) */
     uint64_t hb_sent, hb_recv;       /* heartbeat bytes, for the metrics */
     char host[64];
+    /* the last calls' timings: published every timing_every periods (more ranks, less often) */
+    int timing_every;
+    uint64_t timing_calls;           /* timed calls at the last publication */
+    unsigned char *blob;             /* _DDP_STRAGGLER_BLOB_MAX bytes; rank 0: one per rank */
+    /* rank 0: the straggler analysis */
+    _ddp_straggler_t *an;
+    const unsigned char **blob_at;
+    size_t *blob_len;
+    char *line;                      /* _DDP_STRAGGLER_LINE_MAX(n) */
+    /* DDP_METRICS */
+    char metrics_path[_DDP_METRICS_PATH];
+    int metrics_ms;
+    int64_t metrics_next_us;
+    _ddp_metrics_in_t *min;
 } _ddp_health_t;
 
 /* ---------------------------------------------------------------- wire */
@@ -506,8 +530,148 @@ _DDP_PRIVATE void _ddp_health_status(_ddp_health_t *h, int64_t now) {
 }
 
 /* ---------------------------------------------------------------- every period, after the status */
+_DDP_PRIVATE uint64_t _ddp_health_timed_calls(const ddp_comm_t *c) {
+    uint64_t n = 0;
+    int k;
+    for (k = 1; k < _DDP_NUM_KINDS; k++) n += __atomic_load_n(&c->stats.kind[k].timed, __ATOMIC_RELAXED);
+    return n;
+}
+
+/* This rank's last calls' timings, when it made new ones. */
+_DDP_PRIVATE void _ddp_health_publish_timings(_ddp_health_t *h) {
+    ddp_comm_t *c = h->c;
+    char key[256];
+    size_t len = 0;
+    const uint64_t calls = _ddp_health_timed_calls(c);
+    if (calls == h->timing_calls || _ddp_straggler_encode(&c->stats, h->blob, _DDP_STRAGGLER_BLOB_MAX, &len) != 0)
+        return;
+    _ddp_key(c, key, sizeof key, "health/t/%d", c->eng.rank);
+    if (ddp_store_set(h->st, key, h->blob, len) == DDP_SUCCESS) h->timing_calls = calls;
+}
+
+/* Rank 0: every rank's timings into the analysis; its line into the store, its report into the
+ * log. */
+_DDP_PRIVATE void _ddp_health_stragglers(_ddp_health_t *h) {
+    ddp_comm_t *c = h->c;
+    const int n = c->eng.nranks;
+    char key[256], err[512], info[512], warn[512];
+    int r, m;
+    for (r = 0; r < n; r++) {
+        unsigned char *b = h->blob + (size_t)r * _DDP_STRAGGLER_BLOB_MAX;
+        size_t len = 0;
+        int exists = 0;
+        h->blob_at[r] = NULL;
+        h->blob_len[r] = 0;
+        _ddp_key(c, key, sizeof key, "health/t/%d", r);
+        if (ddp_store_check(h->st, key, &exists) != DDP_SUCCESS || !exists ||
+            ddp_store_get(h->st, key, b, _DDP_STRAGGLER_BLOB_MAX, &len) != DDP_SUCCESS || len > _DDP_STRAGGLER_BLOB_MAX)
+            return;   /* not every rank has published yet: next time */
+        h->blob_at[r] = b;
+        h->blob_len[r] = len;
+    }
+    if (_ddp_straggler_ingest(h->an, h->blob_at, h->blob_len, err, sizeof err) < 0) {
+        _DDP_LOG(c, DDP_LOG_WARN, "straggler: %s", err);
+        return;
+    }
+    if (_ddp_straggler_line(h->an, h->line, _DDP_STRAGGLER_LINE_MAX(n)) > 0) {
+        _ddp_key(c, key, sizeof key, "health/straggler");
+        ddp_store_set(h->st, key, h->line, strlen(h->line));
+    }
+    m = _ddp_straggler_report(h->an, info, sizeof info, warn, sizeof warn);
+    if (m & 1) _DDP_LOG(c, DDP_LOG_INFO, "%s", info);
+    if (m & 2) _DDP_LOG(c, DDP_LOG_WARN, "%s", warn);
+}
+
+_DDP_PRIVATE void _ddp_health_metrics(_ddp_health_t *h, int64_t now) {
+    ddp_comm_t *c = h->c;
+    _ddp_metrics_in_t *in = h->min;
+    char path[_DDP_METRICS_PATH + 32], err[512], version[32];
+    _ddp_straggler_figures_t f;
+    int side;
+    if (now < h->metrics_next_us) return;
+    h->metrics_next_us = now + (int64_t)h->metrics_ms * 1000;
+    snprintf(version, sizeof version, "%d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR);
+    in->rank = c->eng.rank;
+    in->size = c->eng.nranks;
+    in->job = c->boot.job;
+    in->transport = c->trace.transport;
+    in->version = version;
+    _ddp_metrics_read(&c->stats, in->now);
+    memset(&in->straggler, 0, sizeof in->straggler);
+    if (h->an) {
+        _ddp_straggler_figures(h->an, &f);
+        in->straggler.valid = 1;
+        in->straggler.kind = f.kind;
+        in->straggler.window = (uint64_t)f.window;
+        in->straggler.analysed = f.analysed;
+        in->straggler.last_rank = f.last_rank;
+        in->straggler.last_count = f.last_count;
+        in->straggler.median_lag_us = f.median_lag_us;
+        in->straggler.median_interval_us = f.median_interval_us;
+        in->straggler.share = f.share;
+        in->straggler.warn = f.warn;
+        in->straggler.last_counts = h->an->last_counts;
+        in->straggler.n = c->eng.nranks;
+    }
+    for (side = 0; side < 2; side++) {
+        const _ddp_health_end_t *e = side ? &h->right : &h->left;
+        in->peer[side].rank = c->eng.nranks > 1 ? e->peer : -1;
+        in->peer[side].state = _ddp_health_end_state(h, e, now);
+        in->peer[side].ms = e->last_beat_us ? (now - e->last_beat_us) / 1000 : -1;
+    }
+    in->hb_sent_bytes = h->hb_sent;
+    in->hb_recv_bytes = h->hb_recv;
+    in->failed = __atomic_load_n(&c->error, __ATOMIC_SEQ_CST) != DDP_SUCCESS;
+    if (_ddp_metrics_path(h->metrics_path, c->eng.rank, path, sizeof path) != 0 ||
+        _ddp_metrics_write_file(path, in, err, sizeof err) != 0) {
+        _DDP_LOG(c, DDP_LOG_WARN, "metrics: %s; trying again in %d ms", err, h->metrics_ms);
+        return;
+    }
+    memcpy(in->prev, in->now, sizeof in->now);
+}
+
+/* After the status, each period: the timings (every timing_every periods; rank 0 reads them
+ * the period after), the metrics file when due. */
 _DDP_PRIVATE void _ddp_health_periodic(_ddp_health_t *h, int64_t now) {
-    (void)h; (void)now;
+    if (h->blob && h->tick % (unsigned)h->timing_every == 0) _ddp_health_publish_timings(h);
+    if (h->an && h->tick % (unsigned)h->timing_every == 1 % (unsigned)h->timing_every) _ddp_health_stragglers(h);
+    if (h->min) _ddp_health_metrics(h, now);
+}
+
+/* The straggler analysis (rank 0) and the metrics: what they need, allocated once. */
+_DDP_PRIVATE void _ddp_health_setup_reports(_ddp_health_t *h) {
+    ddp_comm_t *c = h->c;
+    const int n = c->eng.nranks;
+    char err[512];
+    int k;
+    h->timing_every = n / 32 > 1 ? n / 32 : 1;   /* rank 0 reads n blobs of <= 4 KiB per round */
+    if (n > 1) {
+        h->blob = (unsigned char *)_ddp_alloc(&c->alloc, (size_t)(c->eng.rank == 0 ? n : 1) * _DDP_STRAGGLER_BLOB_MAX);
+        if (h->blob && c->eng.rank == 0) {
+            _ddp_straggler_opts_t o;
+            if (_ddp_straggler_opts_env(&o, err, sizeof err) < 0) _DDP_LOG(c, DDP_LOG_WARN, "straggler: %s", err);
+            h->an = (_ddp_straggler_t *)_ddp_calloc(&c->alloc, sizeof *h->an);
+            h->blob_at = (const unsigned char **)_ddp_calloc(&c->alloc, sizeof *h->blob_at * (size_t)n);
+            h->blob_len = (size_t *)_ddp_calloc(&c->alloc, sizeof *h->blob_len * (size_t)n);
+            h->line = (char *)_ddp_alloc(&c->alloc, _DDP_STRAGGLER_LINE_MAX(n));
+            if (!h->an || !h->blob_at || !h->blob_len || !h->line ||
+                _ddp_straggler_init(h->an, n, &o, c->alloc.alloc ? &c->alloc : NULL) != 0) {
+                _DDP_LOG(c, DDP_LOG_WARN, "straggler: no memory for the analysis: no straggler report");
+                if (h->an) _ddp_free(&c->alloc, h->an);
+                h->an = NULL;
+            }
+        }
+    }
+    k = _ddp_metrics_env(h->metrics_path, sizeof h->metrics_path, &h->metrics_ms, err, sizeof err);
+    if (k < 0) _DDP_LOG(c, DDP_LOG_WARN, "metrics: %s: no metrics file", err);
+    if (k > 0 && !(h->min = (_ddp_metrics_in_t *)_ddp_calloc(&c->alloc, sizeof *h->min)))
+        _DDP_LOG(c, DDP_LOG_WARN, "metrics: no memory: no metrics file");
+    if (h->min) {
+        char path[_DDP_METRICS_PATH + 32];
+        if (_ddp_metrics_path(h->metrics_path, c->eng.rank, path, sizeof path) == 0)
+            _DDP_LOG(c, DDP_LOG_INFO, "metrics: this rank's in %s, rewritten every %d ms (DDP_METRICS, "
+                     "DDP_METRICS_PERIOD_MS)", path, h->metrics_ms);
+    }
 }
 
 /* ---------------------------------------------------------------- the thread */
@@ -647,6 +811,12 @@ _DDP_PRIVATE void _ddp_health_stop(ddp_comm_t *c) {
     for (i = 0; i < _DDP_HEALTH_PENDING; i++)
         if (h->pending[i].fd >= 0) close(h->pending[i].fd);
     if (h->listen_fd >= 0) close(h->listen_fd);
+    if (h->an) { _ddp_straggler_free(h->an); _ddp_free(&c->alloc, h->an); }
+    if (h->blob_at) _ddp_free(&c->alloc, (void *)h->blob_at);
+    if (h->blob_len) _ddp_free(&c->alloc, h->blob_len);
+    if (h->line) _ddp_free(&c->alloc, h->line);
+    if (h->blob) _ddp_free(&c->alloc, h->blob);
+    if (h->min) _ddp_free(&c->alloc, h->min);
     if (h->st) {
         if (c->forked) _ddp_store_forget(h->st);
         else ddp_store_close(h->st);
@@ -676,6 +846,7 @@ _DDP_PRIVATE void _ddp_health_start(ddp_comm_t *c) {
     h->start_us = _ddp_now_us();
     if (gethostname(h->host, sizeof h->host - 1) != 0) snprintf(h->host, sizeof h->host, "?");
     for (v = 0; h->host[v]; v++) if (h->host[v] == ' ' || h->host[v] == '=') h->host[v] = '_';
+    _ddp_health_setup_reports(h);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     c->health = h;

@@ -419,18 +419,18 @@ _DDP_PRIVATE int _ddp_metrics_write_file(const char *path, const _ddp_metrics_in
     }
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        snprintf(err, cap, "DDP_METRICS: cannot write %s (a temporary file beside it): %s", path, strerror(errno));
+        snprintf(err, cap, "DDP_METRICS: cannot write %.300s (a temporary file beside it): %s", path, strerror(errno));
         return -1;
     }
     e = _ddp_metrics_write_fd(fd, in);
     if (close(fd) < 0 && !e) e = errno;
     if (e) {
-        snprintf(err, cap, "DDP_METRICS: cannot write %s (a temporary file beside it): %s", path, strerror(e));
+        snprintf(err, cap, "DDP_METRICS: cannot write %.300s (a temporary file beside it): %s", path, strerror(e));
         unlink(tmp);
         return -1;
     }
     if (rename(tmp, path) < 0) {
-        snprintf(err, cap, "DDP_METRICS: cannot rename the new file onto %s: %s", path, strerror(errno));
+        snprintf(err, cap, "DDP_METRICS: cannot rename the new file onto %.300s: %s", path, strerror(errno));
         unlink(tmp);
         return -1;
     }
