@@ -188,7 +188,7 @@ TEST_BESIDE := headers test-fuzz-short test-rdma-vm
 # -j unless the caller gave one (a sub-make with its own -j would leave the caller's jobserver).
 TEST_J       = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(TEST_JOBS))
 TEST_BUILD  := $(TESTS) $(TESTS_SAN) $(TSAN_TESTS) $(B)/ddprun $(TEST_FAKE_NCCL) \
-               $(B)/ddp-bench $(B)/svg_chart $(B)/train_mlp $(B)/netns_rank
+               $(B)/ddp-bench $(B)/svg_chart $(B)/train_mlp $(B)/netns_rank $(B)/health_rank $(B)/ddp-status
 .PHONY: test-build
 test-build: $(TEST_BUILD)
 test:
