@@ -389,8 +389,9 @@ $(B)/guess-bench: bench/guess_bench.c bench/bench_cli.h $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
 .PHONY: scale
-scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench
+scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench $(B)/ddp-status $(B)/health_rank
 	bash bench/scale.sh $(SCALE_N)
+	bash bench/status_scale.sh 1024
 	$(B)/store-bench -n 4096 -p 16
 	$(B)/store-bench -n 4096 -p 16 -s scale-bench-secret
 
