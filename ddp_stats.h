@@ -13,7 +13,8 @@
  * timing entry is read consistently (its first word is cleared while it is rewritten).
  *
  * Cost. Counting is a few plain stores per call. Timing (two reads of the precise clock) is on
- * only while a health thread runs (stats.timed = 1).
+ * only while a health thread runs (stats.timed = 1), and then for at most one call per clock
+ * tick (_DDP_STATS_EVERY_US).
  * Depends on ddp_base.h. Built by DDP_IMPLEMENTATION (or DDP_STATS_IMPLEMENTATION).
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_STATS_IMPLEMENTATION)
@@ -29,6 +30,13 @@
 #ifndef DDP_BASE_IMPL_INCLUDED
 #error "libddp: ddp_stats.h's implementation needs ddp_base.h's (define DDP_IMPLEMENTATION)"
 #endif
+
+/* Timing a call costs two reads of the precise clock (~50 ns on the 2-core VMs: a quarter of a
+ * small shared-memory all-reduce). So at most one call is timed per this many microseconds of
+ * the recorder's clock, which without DDP_TRACE is the kernel's tick (~4 ms): a loop of small
+ * calls pays one branch per call; a training step (milliseconds of compute, then its calls) has
+ * its first call timed on every rank, the call a late rank delays. */
+#define _DDP_STATS_EVERY_US 1000
 
 /* Latency histogram: upper bounds in seconds, 1-3 steps from 10 us to 10 s, then +Inf. */
 #define _DDP_STATS_BUCKETS 14
@@ -56,6 +64,7 @@ typedef struct {
     _ddp_timing_t timing[_DDP_TIMINGS];
     int timed;                       /* time the calls (a health thread reads them) */
     int64_t last_start_us;           /* the previous timed call's start (0: none) */
+    int64_t last_try_us;             /* its start on the caller's clock (the recorder's) */
 } _ddp_stats_t;
 
 /* Where the caller's thread is, for the health thread: in a call (kind, number, bytes, since
@@ -83,7 +92,8 @@ _DDP_PRIVATE int _ddp_stats_bucket(int64_t ns) {
 _DDP_PRIVATE int64_t _ddp_stats_begin(_ddp_stats_t *s, _ddp_position_t *p, int kind, uint32_t seq,
                                       uint64_t bytes, int64_t coarse_us) {
     int64_t t0 = 0;
-    if (__atomic_load_n(&s->timed, __ATOMIC_RELAXED)) {
+    if (__atomic_load_n(&s->timed, __ATOMIC_RELAXED) && coarse_us - s->last_try_us >= _DDP_STATS_EVERY_US) {
+        s->last_try_us = coarse_us;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         t0 = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
