@@ -153,7 +153,7 @@ static void test_round_trip(void) {
         memset(&pos, 0, sizeof pos);
         s.timed = 1;
         for (seq = 1; seq <= 3; seq++) {
-            int64_t t0 = _ddp_stats_begin(&s, &pos, DDP_CALL_ALL_GATHER, seq, 64, 0);
+            int64_t t0 = _ddp_stats_begin(&s, &pos, DDP_CALL_ALL_GATHER, seq, 64, (int64_t)seq * 2000);   /* a call per 2 ms: each timed */
             _ddp_stats_end(&s, &pos, DDP_CALL_ALL_GATHER, seq, 64, 0, t0, 0);
         }
     }
