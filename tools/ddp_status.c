@@ -865,8 +865,11 @@ static int verdict(sb_t *b, const job_t *j) {
     verdict_trouble(b, j, &s, start);
     if (b->len > start || s.failed.n) rc = EXIT_FOUND;
     else {
+        long long warn = 0;
         verdict_answering(b, j, &s);
-        sb_straggler(b, j);
+        /* beside ranks waiting for a busy one, who was last so far is noise unless it warns */
+        if (j->strag[0]) kv_int(j->strag, "warn", &warn);
+        if (warn == 1 || !b->p || !strstr(b->p + start, "wait for it")) sb_straggler(b, j);
     }
     sb_printf(b, "\n");
     free(s.mem);
