@@ -49,6 +49,7 @@
 #error "libddp: ddp_health.h's implementation needs those of the headers below it (define DDP_IMPLEMENTATION)"
 #endif
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -101,6 +102,7 @@ typedef struct {
     int stop, started;
     int period_ms, hb_timeout_ms;
     int listen_fd;
+    int wake[2];                     /* a pipe: stop writes a byte, the poll returns at once */
     ddp_store_t *st;                 /* its own client of the store */
     _ddp_health_end_t right, left;   /* rank+1 (we connect), rank-1 (we accept) */
     _ddp_health_end_t pending[_DDP_HEALTH_PENDING];
@@ -728,10 +730,11 @@ _DDP_PRIVATE int _ddp_health_setup(_ddp_health_t *h) {
 }
 
 _DDP_PRIVATE void _ddp_health_poll(_ddp_health_t *h, int64_t until) {
-    struct pollfd pf[3 + _DDP_HEALTH_PENDING];
-    _ddp_health_end_t *who[3 + _DDP_HEALTH_PENDING];
+    struct pollfd pf[4 + _DDP_HEALTH_PENDING];
+    _ddp_health_end_t *who[4 + _DDP_HEALTH_PENDING];
     int n = 0, i, ms;
     const int64_t now = _ddp_now_us();
+    pf[n].fd = h->wake[0]; pf[n].events = POLLIN; who[n++] = NULL;   /* only ends the poll */
     if (h->listen_fd >= 0) { pf[n].fd = h->listen_fd; pf[n].events = POLLIN; who[n++] = NULL; }
     if (h->right.fd >= 0) {
         pf[n].fd = h->right.fd;
@@ -746,9 +749,8 @@ _DDP_PRIVATE void _ddp_health_poll(_ddp_health_t *h, int64_t until) {
         pf[n].fd = p->fd; pf[n].events = POLLIN; who[n++] = p;
     }
     ms = until > now ? (int)((until - now + 999) / 1000) : 0;
-    if (ms > 100) ms = 100;   /* stop is seen within 100 ms */
     if (poll(pf, (nfds_t)n, ms) <= 0) return;
-    for (i = 0; i < n; i++) {
+    for (i = 1; i < n; i++) {   /* pf[0]: the wake-up, which only ends the poll */
         if (!pf[i].revents) continue;
         if (!who[i]) _ddp_health_accept(h, now);
         else if (who[i] == &h->right || who[i] == &h->left) _ddp_health_end_event(h, who[i], pf[i].revents);
@@ -800,6 +802,7 @@ _DDP_PRIVATE void _ddp_health_stop(ddp_comm_t *c) {
         pthread_mutex_lock(&h->mu);
         h->stop = 1;
         pthread_mutex_unlock(&h->mu);
+        (void)!write(h->wake[1], "x", 1);
         pthread_join(h->thread, NULL);
         memset(m, 0, sizeof m);   /* goodbye: the neighbours see "closed", not a failure */
         memcpy(m, "DDPQ", 4);
@@ -811,6 +814,8 @@ _DDP_PRIVATE void _ddp_health_stop(ddp_comm_t *c) {
     for (i = 0; i < _DDP_HEALTH_PENDING; i++)
         if (h->pending[i].fd >= 0) close(h->pending[i].fd);
     if (h->listen_fd >= 0) close(h->listen_fd);
+    if (h->wake[0] >= 0) close(h->wake[0]);
+    if (h->wake[1] >= 0) close(h->wake[1]);
     if (h->an) { _ddp_straggler_free(h->an); _ddp_free(&c->alloc, h->an); }
     if (h->blob_at) _ddp_free(&c->alloc, (void *)h->blob_at);
     if (h->blob_len) _ddp_free(&c->alloc, h->blob_len);
@@ -838,6 +843,9 @@ _DDP_PRIVATE void _ddp_health_start(ddp_comm_t *c) {
     memset(h, 0, sizeof *h);
     h->c = c;
     h->listen_fd = -1;
+    if (pipe(h->wake) != 0) { _ddp_free(&c->alloc, h); return; }
+    fcntl(h->wake[0], F_SETFD, FD_CLOEXEC);
+    fcntl(h->wake[1], F_SETFD, FD_CLOEXEC);
     h->period_ms = _ddp_env_int("DDP_HEALTH_PERIOD_MS", 50, 60000, &v) == 1 ? (int)v : 500;
     h->hb_timeout_ms = _ddp_env_int("DDP_HEARTBEAT_TIMEOUT_MS", 1000, 3600000, &v) == 1 ? (int)v : 10000;
     _ddp_health_end_reset(&h->right, (c->eng.rank + 1) % c->eng.nranks);
