@@ -130,9 +130,10 @@ _DDP_PRIVATE void _ddp_stats_end(_ddp_stats_t *s, _ddp_position_t *p, int kind, 
         _DDP_RELAXED_ADD(&k->bucket[_ddp_stats_bucket(dur)], 1);
         dus = (uint64_t)(dur / 1000) > 0xffffffffu ? 0xffffffffu : (uint64_t)(dur / 1000);
         gus = gap < 0 ? 0 : (uint64_t)gap > 0xffffffffu ? 0xffffffffu : (uint64_t)gap;
+        /* a seqlock of one entry without fences (TSan does not model them): b's release
+         * orders a = 0 before it, a's release orders b before the new a */
         __atomic_store_n(&e->a, (uint64_t)0, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        __atomic_store_n(&e->b, dus << 32 | gus, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->b, dus << 32 | gus, __ATOMIC_RELEASE);
         __atomic_store_n(&e->a, (uint64_t)seq << 32 | (uint32_t)kind, __ATOMIC_RELEASE);
     }
     __atomic_store_n(&p->since_us, coarse_us, __ATOMIC_RELAXED);
@@ -144,8 +145,7 @@ _DDP_PRIVATE int _ddp_stats_timing(const _ddp_stats_t *s, int k, uint32_t *seq, 
                                    uint32_t *dur_us, uint32_t *gap_us) {
     uint64_t a1 = __atomic_load_n(&s->timing[k].a, __ATOMIC_ACQUIRE), b, a2;
     if (!a1) return 0;
-    b = __atomic_load_n(&s->timing[k].b, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    b = __atomic_load_n(&s->timing[k].b, __ATOMIC_ACQUIRE);   /* a rewrite's b: a2 sees its a = 0 or later */
     a2 = __atomic_load_n(&s->timing[k].a, __ATOMIC_RELAXED);
     if (a1 != a2) return 0;
     *seq = (uint32_t)(a1 >> 32);
