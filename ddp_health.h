@@ -135,11 +135,15 @@ _DDP_PRIVATE uint32_t _ddp_health_get32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-_DDP_PRIVATE void _ddp_health_end_reset(_ddp_health_end_t *e, int peer) {
-    if (e->fd >= 0) close(e->fd);
+_DDP_PRIVATE void _ddp_health_end_init(_ddp_health_end_t *e, int peer) {
     memset(e, 0, sizeof *e);
     e->fd = -1;
     e->peer = peer;
+}
+
+_DDP_PRIVATE void _ddp_health_end_reset(_ddp_health_end_t *e, int peer) {
+    if (e->fd >= 0) close(e->fd);
+    _ddp_health_end_init(e, peer);
 }
 
 /* Sends all of a small message or fails (a link's buffer never holds less than 16 bytes free
@@ -848,9 +852,9 @@ _DDP_PRIVATE void _ddp_health_start(ddp_comm_t *c) {
     fcntl(h->wake[1], F_SETFD, FD_CLOEXEC);
     h->period_ms = _ddp_env_int("DDP_HEALTH_PERIOD_MS", 50, 60000, &v) == 1 ? (int)v : 500;
     h->hb_timeout_ms = _ddp_env_int("DDP_HEARTBEAT_TIMEOUT_MS", 1000, 3600000, &v) == 1 ? (int)v : 10000;
-    _ddp_health_end_reset(&h->right, (c->eng.rank + 1) % c->eng.nranks);
-    _ddp_health_end_reset(&h->left, (c->eng.rank + c->eng.nranks - 1) % c->eng.nranks);
-    for (v = 0; v < _DDP_HEALTH_PENDING; v++) _ddp_health_end_reset(&h->pending[v], -1);
+    _ddp_health_end_init(&h->right, (c->eng.rank + 1) % c->eng.nranks);
+    _ddp_health_end_init(&h->left, (c->eng.rank + c->eng.nranks - 1) % c->eng.nranks);
+    for (v = 0; v < _DDP_HEALTH_PENDING; v++) _ddp_health_end_init(&h->pending[v], -1);
     h->start_us = _ddp_now_us();
     if (gethostname(h->host, sizeof h->host - 1) != 0) snprintf(h->host, sizeof h->host, "?");
     for (v = 0; h->host[v]; v++) if (h->host[v] == ' ' || h->host[v] == '=') h->host[v] = '_';
