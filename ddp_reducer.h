@@ -77,7 +77,9 @@ extern "C" {
  *     the bucket's flat buffer, in bucket order on every rank, and must leave the global
  *     AVERAGE there (the reducer does not divide), synchronously (leave *req zeroed) or through
  *     an async collective on comm whose request it stores in *req; comm_hook_done, if set, runs
- *     at finish after that request completed (PyTorch's future.then: e.g. decompress).
+ *     at finish after that request completed (PyTorch's future.then: e.g. decompress), in
+ *     bucket order, at the same point of the issue order on every rank, so it may issue
+ *     collectives on comm (the buckets' averages reach the gradients only then in copy mode).
  *     compression = DDP_COMPRESS_FP16/BF16 is the built-in fp16_compress_hook/bf16: float32 and
  *     float64 buckets are cast (after dividing by the world size), all-reduced, cast back.
  *   - Marking a parameter twice in an iteration, finish twice in a row, a bad index:
@@ -228,6 +230,12 @@ DDP_API int ddp_reducer_num_buckets(ddp_reducer_t *r);     /* -1 on bad argument
  * bytes and dtype; returns how many parameters it has, or -1. */
 DDP_API int ddp_reducer_bucket_info(ddp_reducer_t *r, int bucket, int *params, int cap,
                                     size_t *bytes, ddp_dtype_t *dtype);
+/* Parameter i: *count its elements (at once); *bucket the (first) bucket holding it and
+ * *offset_in_bucket where it starts there, in bytes, once the parameter list is closed (-1 and 0
+ * while it is open: this call does not close it). A comm hook that works on whole tensors
+ * (ddp_powersgd.h) finds them in its bucket with it. Any pointer may be NULL. */
+DDP_API ddp_result_t ddp_reducer_param_info(ddp_reducer_t *r, int param, int *bucket,
+                                            size_t *offset_in_bucket, size_t *count);
 DDP_API int ddp_reducer_rebuilt(const ddp_reducer_t *r);   /* 1 once the buckets were rebuilt */
 /* Flat mode: this rank's shards, in bucket order; -1 on bad arguments or without flat_grads.
  * *elems (may be NULL): their total, the elements of optimizer state the rank needs. */
@@ -870,8 +878,13 @@ _DDP_PRIVATE void _ddp_reducer_after(void *arg) {
     if (!r->d.gradient_as_bucket_view && !r->d.find_unused) _ddp_reducer_copy_back(r, bk->index);
 }
 
-/* Collects the oldest buckets whose reductions are done, without waiting. */
+/* Collects the oldest buckets whose reductions are done, without waiting. Not with a
+ * comm_hook_done: it may issue collectives (PowerSGD's second all-reduce), and whether a request
+ * has completed at a given grad_ready differs from rank to rank, so the ranks would issue them
+ * between different buckets; at finish (or when launch waits for the oldest bucket beyond the
+ * in-flight limit) every rank runs them at the same point of its issue order. */
 _DDP_PRIVATE void _ddp_reducer_poll(ddp_reducer_t *r) {
+    if (r->d.comm_hook_done) return;
     while (r->next_collect < r->next_launch) {
         int done = 0, b = r->next_collect;
         ddp_result_t e = ddp_test(&r->buckets[b].req, &done);
@@ -1551,6 +1564,25 @@ DDP_API int ddp_reducer_bucket_info(ddp_reducer_t *r, int b, int *params, int ca
     if (bytes) *bytes = r->buckets[b].bytes;
     if (dtype) *dtype = r->buckets[b].dtype;
     return r->buckets[b].n;
+}
+
+DDP_API ddp_result_t ddp_reducer_param_info(ddp_reducer_t *r, int i, int *bucket, size_t *offset,
+                                            size_t *count) {
+    const _ddp_rparam_t *p;
+    if (bucket) *bucket = -1;
+    if (offset) *offset = 0;
+    if (count) *count = 0;
+    if (!r) return DDP_ERR_INVALID_ARGUMENT;
+    if (i < 0 || i >= r->nparams)
+        return _ddp_reducer_fail(r, DDP_ERR_INVALID_ARGUMENT, "param_info: parameter %d is not one of "
+                                 "the %d registered", i, r->nparams);
+    p = &r->params[i];
+    if (count) *count = p->count;
+    if (!r->closed) return DDP_SUCCESS;
+    if (bucket) *bucket = p->bucket;
+    if (offset)   /* flat mode: where the slice starts in the buffer, less where the bucket does */
+        *offset = r->flat ? (p->off - r->buckets[p->bucket].lo) * r->flat_es : p->offset;
+    return DDP_SUCCESS;
 }
 
 DDP_API int ddp_reducer_rebuilt(const ddp_reducer_t *r) { return r ? r->rebuilt : 0; }
