@@ -36,6 +36,7 @@
  *                       their shared parts in ddp_algorithm.h                   (engine, kernels)
  *   ddp_comm.h          communicator, rendezvous, operation engine, collectives (all above)
  *   ddp_reducer.h       gradient bucket reducer, ddp_broadcast_params           (comm)
+ *   ddp_powersgd.h      PowerSGD gradient compression, a reducer comm hook      (reducer)
  *   ddp_state.h         live state from peers: ddp_state_sync, ddp_state_digest (comm)
  *   ddp_sampler.h       DistributedSampler (stands alone, with ddp_base.h)
  *   transports/ddp_{tcp,shm,threads,ibverbs}.h   one transport each        (transport interface)
@@ -78,4 +79,5 @@
  * included with DDP_IMPLEMENTATION defined, even after an earlier declarations-only include. */
 #include "ddp_comm.h"
 #include "ddp_reducer.h"
+#include "ddp_powersgd.h"
 #include "ddp_state.h"
