@@ -394,6 +394,418 @@ static int reference(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- plain
+ * Before start_iter the hook's average is the reducer's own, bit for bit (copy mode: the same
+ * all-reduce of the same bucket). p = 3, so that the sums are not exact. */
+static int plain(int rank, int p, void *arg) {
+    cfg_t c;
+    ddp_comm_t *comm;
+    net_t a, b;
+    int step, k, same = 1, bad = 0;
+    (void)arg;
+    memset(&c, 0, sizeof c);
+    c.f32 = 1;
+    c.rank_r = 1;
+    c.start = 3;
+    if (!(comm = init_comm(rank, p))) return 1;
+    if (net_make(&a, comm, &c, 1) != 0 || net_make(&b, comm, &c, 0) != 0) return 1;
+    for (step = 0; step < c.start; step++) {
+        if (net_step(&a, &c, rank, step, gen_random, NULL) != DDP_SUCCESS) bad++;
+        if (net_step(&b, &c, rank, step, gen_random, NULL) != DDP_SUCCESS) bad++;
+        for (k = 0; k < NP; k++)
+            if (memcmp(a.g[k], b.g[k], count_of(k) * 4)) same = 0;
+    }
+    ok(!bad && same, "[p=%d] the %d steps before start_iter equal a reducer without the hook bit for bit", p, c.start);
+    net_free(&a, &c);
+    net_free(&b, &c);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- low-rank gradients
+ * Matrices: sum over t < nsv of s[t] u_t v_t^T (u, v fixed random vectors), plus on ranks 0 and 1
+ * a deviation +dev D and -dev D (ranks from 2 on: none), so the average over 2 or 3 ranks is the
+ * low-rank part; vectors: fixed random values. The same every step. */
+typedef struct { int nsv; double s[3], dev; } lowrank_t;
+
+static double gen_lowrank(int rank, int step, int k, size_t i, void *arg) {
+    const lowrank_t *L = (const lowrank_t *)arg;
+    size_t row = i / cols_of[k], col = i % cols_of[k];
+    double x = 0;
+    int t;
+    (void)step;
+    if (!shaped[k]) return val(9, 0, (uint64_t)k, i);
+    for (t = 0; t < L->nsv; t++)
+        x += L->s[t] * val(100 + (uint64_t)t, (uint64_t)k, row, 1) * val(200 + (uint64_t)t, (uint64_t)k, col, 2);
+    if (rank < 2) x += (rank ? -1 : 1) * L->dev * val(300, (uint64_t)k, i, 3);
+    return x;
+}
+
+/* The average of the ranks' gradients (what plain averaging applies). */
+static double avg_lowrank(int p, int k, size_t i, lowrank_t *L) {
+    double s = 0;
+    int q;
+    for (q = 0; q < p; q++) s += gen_lowrank(q, 0, k, i, L);
+    return s / p;
+}
+
+/* ---------------------------------------------------------------- feedback
+ * A constant gradient of rank 3 compressed at rank 1: the applied updates' running sum after n
+ * compressed steps should be n times the average gradient. With error feedback what compression
+ * leaves out goes into the next step, so the difference is the error left, bounded: relative to
+ * n |G| it falls like 1/n. Without it every step leaves out the same part (about the second and
+ * third singular directions): the relative difference stays near that part's share. */
+typedef struct { int no_ef; double ratio[MAXP]; } fb_res_t;
+
+static int feedback(int rank, int p, void *arg) {
+    fb_res_t *res = (fb_res_t *)arg;
+    cfg_t c;
+    ddp_comm_t *comm;
+    net_t n;
+    lowrank_t L = {3, {3, 2, 1}, 0.5};
+    double *sum[NP], worst = 0;
+    int step, k, bad = 0;
+    size_t i;
+    memset(&c, 0, sizeof c);
+    c.rank_r = 1;
+    c.start = 2;
+    c.steps = 80;
+    c.no_ef = res->no_ef;
+    if (!(comm = init_comm(rank, p))) return 1;
+    if (net_make(&n, comm, &c, 1) != 0) return 1;
+    for (k = 0; k < NP; k++) sum[k] = (double *)calloc(count_of(k), sizeof(double));
+    for (step = 0; step < c.steps; step++) {
+        if (net_step(&n, &c, rank, step, gen_lowrank, &L) != DDP_SUCCESS) { bad++; break; }
+        if (step >= c.start)
+            for (k = 0; k < NP; k++)
+                for (i = 0; i < count_of(k); i++) sum[k][i] += get(&c, n.g[k], i);
+    }
+    for (k = 0; k < NP; k++) {
+        double d2 = 0, g2 = 0, m = c.steps - c.start;
+        if (!shaped[k] || rows_of[k] * cols_of[k] < 100) continue;   /* W1 and W3: compressed */
+        for (i = 0; i < count_of(k); i++) {
+            double g = avg_lowrank(p, k, i, &L);
+            d2 += (sum[k][i] - m * g) * (sum[k][i] - m * g);
+            g2 += m * g * m * g;
+        }
+        if (sqrt(d2 / g2) > worst) worst = sqrt(d2 / g2);
+        free(sum[k]);
+        sum[k] = NULL;
+    }
+    for (k = 0; k < NP; k++) free(sum[k]);
+    res->ratio[rank] = bad ? -1 : worst;
+    net_free(&n, &c);
+    ddp_comm_destroy(comm);
+    return bad;
+}
+
+/* ---------------------------------------------------------------- warm
+ * No error feedback, rank 1. A rank-1 average is recovered at the first compressed step (P spans
+ * its columns). A rank-2 one: with warm start each step is one more power iteration, so the
+ * approximation converges to the best rank-1 one, whose error (Frobenius) is the second singular
+ * value; with fresh Q's every step it keeps whatever the random start gives. */
+static double sigma2(int p, int k, lowrank_t *L) {   /* sqrt(|A|^2 - sigma1^2), by power iteration */
+    size_t rows = rows_of[k], cols = cols_of[k], i, j;
+    double *a = (double *)malloc(rows * cols * sizeof(double)), *v = (double *)malloc(cols * sizeof(double)),
+           *w = (double *)malloc(rows * sizeof(double)), f2 = 0, s1 = 0;
+    int it;
+    for (i = 0; i < rows * cols; i++) { a[i] = avg_lowrank(p, k, i, L); f2 += a[i] * a[i]; }
+    for (j = 0; j < cols; j++) v[j] = 1.0 + 0.1 * (double)j;
+    for (it = 0; it < 500; it++) {
+        double nv = 0;
+        for (i = 0; i < rows; i++) { w[i] = 0; for (j = 0; j < cols; j++) w[i] += a[i * cols + j] * v[j]; }
+        for (j = 0; j < cols; j++) { v[j] = 0; for (i = 0; i < rows; i++) v[j] += a[i * cols + j] * w[i]; nv += v[j] * v[j]; }
+        nv = sqrt(nv);
+        for (j = 0; j < cols; j++) v[j] /= nv;
+        s1 = sqrt(nv);   /* |A^T A v| = sigma1^2 at convergence */
+    }
+    free(a); free(v); free(w);
+    return sqrt(f2 - s1 * s1);
+}
+
+static double approx_error(const net_t *n, const cfg_t *c, int p, int k, lowrank_t *L) {
+    double d2 = 0;
+    size_t i;
+    for (i = 0; i < count_of(k); i++) {
+        double d = get(c, n->g[k], i) - avg_lowrank(p, k, i, L);
+        d2 += d * d;
+    }
+    return sqrt(d2);
+}
+
+static int warm(int rank, int p, void *arg) {
+    const int no_warm = *(const int *)arg;
+    cfg_t c;
+    ddp_comm_t *comm;
+    net_t n;
+    lowrank_t one = {1, {2, 0, 0}, 0.25}, two = {2, {3, 1, 0}, 0.25};
+    int step, bad = 0;
+    double e1 = 0, a1 = 0, dev3 = 0, last = 0;
+    size_t i;
+    memset(&c, 0, sizeof c);
+    c.f32 = 0;
+    c.rank_r = 1;
+    c.start = 2;
+    c.no_ef = 1;
+    c.no_warm = no_warm;
+    if (!(comm = init_comm(rank, p))) return 1;
+    /* rank 1: exact at the first compressed step */
+    if (net_make(&n, comm, &c, 1) != 0) return 1;
+    for (step = 0; step <= c.start; step++)
+        if (net_step(&n, &c, rank, step, gen_lowrank, &one) != DDP_SUCCESS) bad++;
+    for (i = 0; i < count_of(3); i++) {
+        double w = avg_lowrank(p, 3, i, &one);
+        if (fabs(get(&c, n.g[3], i) - w) > e1) e1 = fabs(get(&c, n.g[3], i) - w);
+        if (fabs(w) > a1) a1 = fabs(w);
+    }
+    net_free(&n, &c);
+    /* rank 2: the error after 30 compressed steps, and how far the last 5 are from sigma2 */
+    if (net_make(&n, comm, &c, 1) != 0) return 1;
+    {
+        double s2 = sigma2(p, 3, &two);
+        for (step = 0; step < c.start + 30; step++) {
+            if (net_step(&n, &c, rank, step, gen_lowrank, &two) != DDP_SUCCESS) bad++;
+            if (step >= c.start + 25) {
+                double e = approx_error(&n, &c, p, 3, &two);
+                if (fabs(e - s2) / s2 > dev3) dev3 = fabs(e - s2) / s2;
+                last = e;
+            }
+        }
+        if (!no_warm)
+            ok(!bad && e1 <= 1e-12 * a1 && dev3 <= 1e-6,
+               "[p=%d] warm start: a rank-1 gradient exact at the first compressed step (max error %.1e of %.2f); a "
+               "rank-2 one converges to its best rank-1 approximation: error %.6f, sigma2 %.6f (last 5 steps within "
+               "%.1e relative)", p, e1, a1, last, s2, dev3);
+        else
+            ok(!bad && e1 <= 1e-12 * a1 && dev3 > 1e-3,
+               "[p=%d] without warm start: the rank-1 gradient still exact (%.1e); the rank-2 one does not converge "
+               "(error %.6f, sigma2 %.6f, up to %.1e relative off in the last 5 steps)", p, e1, last, s2, dev3);
+    }
+    net_free(&n, &c);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rate
+ * min_compression_rate 6 at rank 1: W1 (12 x 9: 21 x 6 = 126 >= 108) goes uncompressed, W3
+ * (20 x 16: 36 x 6 = 216 < 320) compressed; 100: nothing is, the buckets are plain averages. */
+static int rate(int rank, int p, void *arg) {
+    cfg_t c;
+    ddp_comm_t *comm;
+    net_t n;
+    int step, bad = 0, v;
+    (void)arg;
+    if (!(comm = init_comm(rank, p))) return 1;
+    for (v = 0; v < 2; v++) {
+        ddp_powersgd_stats_t st;
+        double w1 = 0, w3 = 0, vec = 0;
+        size_t i;
+        int k;
+        memset(&c, 0, sizeof c);
+        c.rank_r = 1;
+        c.start = 2;
+        c.rate = v ? 100 : 6;
+        if (net_make(&n, comm, &c, 1) != 0) return 1;
+        for (step = 0; step < 4; step++)
+            if (net_step(&n, &c, rank, step, gen_random, NULL) != DDP_SUCCESS) bad++;
+        for (k = 0; k < NP; k++)
+            for (i = 0; i < count_of(k); i++) {
+                double s = 0, d;
+                int q;
+                for (q = 0; q < p; q++) s += gen_random(q, 3, k, i, NULL);
+                d = fabs(get(&c, n.g[k], i) - s / p);
+                if (k == 0 && d > w1) w1 = d;
+                if (k == 3 && d > w3) w3 = d;
+                if (k != 0 && k != 3 && d > vec) vec = d;
+            }
+        ddp_powersgd_stats(n.ps, &st);
+        if (!v)
+            ok(!bad && w1 <= 1e-15 && vec <= 1e-15 && w3 > 1e-2 && st.elements_sent == 2 * 472 + 2 * (20 + 20 + 16 + 132),
+               "[p=%d] min_compression_rate 6: W1 uncompressed (off the average by %.1e), the vectors and the small "
+               "W2 too (%.1e), W3 compressed (off by %.2f); %llu elements sent, of %llu", p, w1, vec, w3,
+               (unsigned long long)st.elements_sent, (unsigned long long)st.elements_uncompressed_equivalent);
+        else
+            ok(!bad && w1 <= 1e-15 && vec <= 1e-15 && w3 <= 1e-15 && st.elements_sent == 4 * 472 &&
+               st.elements_uncompressed_equivalent == 4 * 472,
+               "[p=%d] min_compression_rate 100: nothing compressed, plain averages (off by %.1e), %llu elements "
+               "sent in 4 steps", p, w1 > w3 ? w1 : w3, (unsigned long long)st.elements_sent);
+        net_free(&n, &c);
+    }
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- done
+ * Two buckets, {B} then {A}; a synchronous hook (its average done inside, the request left
+ * empty, so the bucket is complete at once) and a done that issues a collective of its own. Rank
+ * 0 marks A then B: both buckets launch in B's grad_ready; the others mark B, then A: bucket 0
+ * launches (and is complete) before bucket 1. If done ran whenever a poll found its bucket
+ * complete, rank 0 would issue hook, hook, done, done and the others hook, done, hook, done. */
+typedef struct { int hooks, dones, bad; } order_t;
+
+static ddp_result_t order_hook(void *st, ddp_comm_t *c, int b, void *buf, size_t n, ddp_dtype_t dt,
+                               ddp_request_t *req) {
+    (void)req;
+    (void)b;
+    ((order_t *)st)->hooks++;
+    return ddp_all_reduce(buf, buf, n, dt, DDP_AVG, c);
+}
+
+static ddp_result_t order_done(void *st, ddp_comm_t *c, int b, void *buf, size_t n, ddp_dtype_t dt) {
+    order_t *o = (order_t *)st;
+    int32_t mark = 1000 + b;
+    ddp_result_t e;
+    (void)buf; (void)n; (void)dt;
+    o->dones++;
+    e = ddp_all_reduce(&mark, &mark, 1, DDP_INT32, DDP_SUM, c);
+    if (e == DDP_SUCCESS && mark != (1000 + b) * ddp_comm_size(c)) o->bad++;
+    return e;
+}
+
+static int done_order(int rank, int p, void *arg) {
+    ddp_comm_t *comm;
+    ddp_reducer_t *r = NULL;
+    ddp_reducer_desc_t d;
+    order_t o;
+    float ga[100], gb[300];
+    int it, bad = 0;
+    size_t i;
+    (void)arg;
+    if (!(comm = init_comm(rank, p))) return 1;
+    memset(&d, 0, sizeof d);
+    memset(&o, 0, sizeof o);
+    d.first_bucket_bytes = 4;
+    d.bucket_cap_bytes = 4;
+    d.comm_hook = order_hook;
+    d.comm_hook_done = order_done;
+    d.comm_hook_state = &o;
+    d.find_unused = 1;   /* no rebuild: rank 0's order would become everyone's bucket order */
+    if (ddp_reducer_create(&r, comm, &d) != DDP_SUCCESS) return 1;
+    if (ddp_reducer_add_param(r, ga, 100, DDP_FLOAT32) != 0 || ddp_reducer_add_param(r, gb, 300, DDP_FLOAT32) != 1)
+        return 1;
+    for (it = 0; it < 3; it++) {
+        for (i = 0; i < 100; i++) ga[i] = (float)(rank + 1);
+        for (i = 0; i < 300; i++) gb[i] = (float)(2 * (rank + 1));
+        t_where("iteration %d", it);
+        if (rank == 0) bad += ddp_reducer_grad_ready(r, 0) != DDP_SUCCESS, bad += ddp_reducer_grad_ready(r, 1) != DDP_SUCCESS;
+        else bad += ddp_reducer_grad_ready(r, 1) != DDP_SUCCESS, bad += ddp_reducer_grad_ready(r, 0) != DDP_SUCCESS;
+        if (ddp_reducer_finish(r) != DDP_SUCCESS) { bad++; diag("finish: %s", ddp_reducer_last_error(r)); break; }
+        for (i = 0; i < 100; i++) if (ga[i] != (float)(p + 1) / 2) bad++;
+        for (i = 0; i < 300; i++) if (gb[i] != (float)(p + 1)) bad++;
+    }
+    ok(!bad && !o.bad && o.dones == 2 * it && o.hooks == 2 * it,
+       "[p=%d] comm_hook_done issuing a collective, ranks marking in different orders: %d iterations, %d hooks, %d "
+       "dones, every collective paired with its own (%d wrong, %d problems)", p, it, o.hooks, o.dones, o.bad, bad);
+    ddp_reducer_destroy(r);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- misuse */
+static int misuse(int rank, int p, void *arg) {
+    static float flat[64];
+    ddp_comm_t *comm;
+    ddp_powersgd_t *ps = NULL;
+    ddp_powersgd_desc_t pd;
+    ddp_reducer_desc_t rd;
+    ddp_reducer_t *r = NULL;
+    ddp_powersgd_stats_t st;
+    ddp_result_t e;
+    float g[40], h[7];
+    int k;
+    (void)arg;
+    if (!(comm = init_comm(rank, p))) return 1;
+    memset(&pd, 0, sizeof pd);
+    memset(&rd, 0, sizeof rd);
+    ok(ddp_powersgd_create(NULL, &pd, &rd) == DDP_ERR_INVALID_ARGUMENT &&
+       ddp_powersgd_create(&ps, &pd, NULL) == DDP_ERR_INVALID_ARGUMENT && !ps &&
+       ddp_powersgd_bind(NULL, NULL) == DDP_ERR_INVALID_ARGUMENT &&
+       ddp_powersgd_set_shape(NULL, 0, 1, 1) == DDP_ERR_INVALID_ARGUMENT &&
+       ddp_powersgd_stats(NULL, &st) == DDP_ERR_INVALID_ARGUMENT && *ddp_powersgd_last_error(NULL),
+       "NULL arguments refused; last_error(NULL) is a message");
+    pd.start_iter = 1;
+    ok(ddp_powersgd_create(&ps, &pd, &rd) == DDP_ERR_INVALID_ARGUMENT && !ps && !rd.comm_hook,
+       "start_iter 1 with error feedback and warm start refused (PyTorch: start_powerSGD_iter > 1)");
+    pd.no_error_feedback = 1;
+    ok(ddp_powersgd_create(&ps, &pd, &rd) == DDP_ERR_INVALID_ARGUMENT && !ps, "start_iter 1 with warm start refused");
+    pd.no_warm_start = 1;
+    ok(ddp_powersgd_create(&ps, &pd, &rd) == DDP_SUCCESS && ps && rd.comm_hook && rd.comm_hook_done &&
+       rd.comm_hook_state == (void *)ps, "start_iter 1 without both: accepted, the desc's hook fields filled");
+    ddp_powersgd_destroy(ps);
+    ps = NULL;
+    memset(&pd, 0, sizeof pd);
+    pd.matrix_approximation_rank = -1;
+    ok(ddp_powersgd_create(&ps, &pd, &rd) == DDP_ERR_INVALID_ARGUMENT && !ps, "a negative rank refused");
+    pd.matrix_approximation_rank = 0;
+    ok(ddp_powersgd_create(&ps, &pd, &rd) == DDP_ERR_INVALID_ARGUMENT && !ps,
+       "a desc whose comm_hook is already set refused");
+    memset(&rd, 0, sizeof rd);
+    rd.compression = DDP_COMPRESS_BF16;
+    ok(ddp_powersgd_create(&ps, &pd, &rd) == DDP_ERR_INVALID_ARGUMENT && !ps, "a desc with compression refused");
+
+    /* ZeRO-1: the reducer refuses a comm hook, saying so */
+    memset(&rd, 0, sizeof rd);
+    rd.flat_grads = flat;
+    rd.flat_bytes = sizeof flat;
+    rd.zero_stage = 1;
+    if (ddp_powersgd_create(&ps, &pd, &rd) != DDP_SUCCESS) return 1;
+    e = ddp_reducer_create(&r, comm, &rd);
+    ok(e == DDP_ERR_INVALID_ARGUMENT && !r && strstr(ddp_comm_last_error(comm), "comm_hook") &&
+       strstr(ddp_comm_last_error(comm), "zero_stage 1"), "ZeRO-1 with PowerSGD -> %s: %s", ddp_strerror(e),
+       ddp_comm_last_error(comm));
+    ddp_powersgd_destroy(ps);
+
+    /* bind, shapes */
+    memset(&rd, 0, sizeof rd);
+    pd.start_iter = 2;
+    if (ddp_powersgd_create(&ps, &pd, &rd) != DDP_SUCCESS || ddp_reducer_create(&r, comm, &rd) != DDP_SUCCESS) return 1;
+    e = ddp_powersgd_set_shape(ps, 0, 5, 8);
+    ok(e == DDP_ERR_INVALID_USAGE && strstr(ddp_powersgd_last_error(ps), "bind"), "set_shape before bind -> %s: %s",
+       ddp_strerror(e), ddp_powersgd_last_error(ps));
+    ok(ddp_powersgd_bind(ps, NULL) == DDP_ERR_INVALID_ARGUMENT, "bind(NULL reducer) refused");
+    ok(ddp_powersgd_bind(ps, r) == DDP_SUCCESS, "bind");
+    e = ddp_powersgd_bind(ps, r);
+    ok(e == DDP_ERR_INVALID_USAGE && strstr(ddp_powersgd_last_error(ps), "already"), "bind twice -> %s: %s",
+       ddp_strerror(e), ddp_powersgd_last_error(ps));
+    if (ddp_reducer_add_param(r, g, 40, DDP_FLOAT32) != 0 || ddp_reducer_add_param(r, h, 7, DDP_FLOAT32) != 1) return 1;
+    e = ddp_powersgd_set_shape(ps, 2, 1, 1);
+    ok(e == DDP_ERR_INVALID_ARGUMENT && t_mentions_int(ddp_powersgd_last_error(ps), 2),
+       "set_shape of an unregistered parameter -> %s: %s", ddp_strerror(e), ddp_powersgd_last_error(ps));
+    ok(ddp_powersgd_set_shape(ps, -1, 1, 1) == DDP_ERR_INVALID_ARGUMENT, "set_shape(-1) refused");
+    e = ddp_powersgd_set_shape(ps, 0, 6, 7);
+    ok(e == DDP_ERR_INVALID_ARGUMENT && t_mentions_int(ddp_powersgd_last_error(ps), 40),
+       "a shape whose product is not the count -> %s: %s", ddp_strerror(e), ddp_powersgd_last_error(ps));
+    ok(ddp_powersgd_set_shape(ps, 0, 0, 40) == DDP_ERR_INVALID_ARGUMENT &&
+       ddp_powersgd_set_shape(ps, 0, (size_t)1 << 40, ((size_t)1 << 40) + 40) == DDP_ERR_INVALID_ARGUMENT,
+       "a zero or overflowing shape refused");
+    ok(ddp_powersgd_set_shape(ps, 0, 5, 8) == DDP_SUCCESS, "set_shape(0, 5, 8)");
+    for (k = 0; k < 40; k++) g[k] = 1;
+    for (k = 0; k < 7; k++) h[k] = 1;
+    ok(ddp_reducer_grad_ready(r, 1) == DDP_SUCCESS && ddp_reducer_grad_ready(r, 0) == DDP_SUCCESS &&
+       ddp_reducer_finish(r) == DDP_SUCCESS, "a step");
+    e = ddp_powersgd_set_shape(ps, 0, 8, 5);
+    ok(e == DDP_ERR_INVALID_USAGE && strstr(ddp_powersgd_last_error(ps), "first step"),
+       "set_shape after the first step -> %s: %s", ddp_strerror(e), ddp_powersgd_last_error(ps));
+    ok(ddp_powersgd_stats(ps, &st) == DDP_SUCCESS && st.iterations == 1 && st.compressed_iterations == 0 &&
+       st.elements_sent == 47 && st.elements_uncompressed_equivalent == 47, "stats after one plain step");
+    ddp_reducer_destroy(r);
+    ddp_powersgd_destroy(ps);
+    ddp_powersgd_destroy(NULL);
+
+    /* not bound: the first step fails, saying why, on every rank, and nobody hangs */
+    memset(&rd, 0, sizeof rd);
+    if (ddp_powersgd_create(&ps, &pd, &rd) != DDP_SUCCESS || ddp_reducer_create(&r, comm, &rd) != DDP_SUCCESS) return 1;
+    if (ddp_reducer_add_param(r, g, 40, DDP_FLOAT32) != 0) return 1;
+    ddp_reducer_grad_ready(r, 0);
+    e = ddp_reducer_finish(r);
+    ok(e == DDP_ERR_INVALID_USAGE && strstr(ddp_reducer_last_error(r), "ddp_powersgd_bind"),
+       "a step without bind -> %s: %s", ddp_strerror(e), ddp_reducer_last_error(r));
+    ddp_reducer_destroy(r);
+    ddp_powersgd_destroy(ps);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
 int main(void) {
     int p;
     t_init();
@@ -412,6 +824,44 @@ int main(void) {
                      c.f32 ? "float32" : "float64", c.rank_r);
                 ok(t_run_ranks(p, reference, &c, 60) == 0, "reference p=%d: every rank exited cleanly", p);
             }
+    }
+    if (t_selected("plain")) {
+        diag("--- plain averages before start_iter");
+        ok(t_run_ranks(3, plain, NULL, 60) == 0, "plain: every rank exited cleanly");
+    }
+    if (t_selected("feedback")) {
+        for (p = 2; p <= 3; p++) {
+            fb_res_t *res = (fb_res_t *)t_shm_user(sizeof(fb_res_t) * 2), *off = res + 1;
+            off->no_ef = 1;
+            diag("--- error feedback, p = %d", p);
+            ok(t_run_ranks(p, feedback, res, 120) == 0 && t_run_ranks(p, feedback, off, 120) == 0,
+               "feedback p=%d: every rank exited cleanly", p);
+            ok(res->ratio[0] >= 0 && res->ratio[0] < 0.03 && off->ratio[0] > 0.2,
+               "[p=%d] 78 compressed steps of a constant rank-3 gradient at rank 1: the applied updates' sum is off "
+               "n G by %.4f of |n G| with error feedback (limit 0.03), %.4f without (must be > 0.2)", p,
+               res->ratio[0], off->ratio[0]);
+        }
+    }
+    if (t_selected("warm")) {
+        int nw;
+        for (nw = 0; nw < 2; nw++) {
+            diag("--- %s", nw ? "no warm start" : "warm start");
+            ok(t_run_ranks(2, warm, &nw, 60) == 0, "warm: every rank exited cleanly");
+        }
+    }
+    if (t_selected("rate")) {
+        diag("--- min_compression_rate");
+        ok(t_run_ranks(2, rate, NULL, 60) == 0, "rate: every rank exited cleanly");
+    }
+    if (t_selected("done")) {
+        for (p = 2; p <= 3; p++) {
+            diag("--- comm_hook_done at the same point on every rank, p = %d", p);
+            ok(t_run_ranks(p, done_order, NULL, 60) == 0, "done: every rank exited cleanly");
+        }
+    }
+    if (t_selected("misuse")) {
+        diag("--- misuse");
+        ok(t_run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
     }
     return t_done();
 }
