@@ -38,15 +38,15 @@ EOF
 }
 
 mutant "error feedback computed but never added" ddp_powersgd.h feedback \
-    'for (i = 0; i < n; i++) e[i] = x[i] += e[i];' 'for (i = 0; i < n; i++) e[i] = x[i];'
+    'double v = _ddp_psgd_get(x, f32, i) + _ddp_psgd_get(e, f32, i);' 'double v = _ddp_psgd_get(x, f32, i);'
 mutant "fresh Q's every step despite warm start" ddp_powersgd.h warm \
     'if (!b->q_valid || ps->d.no_warm_start) _ddp_psgd_random_q(ps, b);' '_ddp_psgd_random_q(ps, b);'
 mutant "P not orthogonalised" ddp_powersgd.h reference \
-    '_ddp_psgd_ortho_d(p, m->rows, m->rank, eps);' '(void)p;'
+    '_ddp_psgd_ortho_d(p, m->rows, m->rank, eps);' '(void)eps;'
 mutant "Q's sum not divided by the world size" ddp_powersgd.h reference \
-    'for (i = 0; i < m->cols * m->rank; i++) q[i] /= (double)world;' '(void)q;'
+    '_ddp_psgd_set(q, f32, i, _ddp_psgd_get(q, f32, i) / world);' '(void)world;'
 mutant "uncompressed tensors' sum not divided by the world size" ddp_powersgd.h reference \
-    'for (i = 0; i < s->count; i++) x[i] = y[i] / (double)world;' 'for (i = 0; i < s->count; i++) x[i] = y[i];'
+    '_ddp_psgd_get(b->send + sg->at * es, f32, i) / world);' '_ddp_psgd_get(b->send + sg->at * es, f32, i));'
 mutant "min_compression_rate ignored" ddp_powersgd.h rate \
     '(double)(rows + cols) * (double)r * ps->d.min_compression_rate <' '(double)(rows + cols) * (double)r * 2.0 <'
 mutant "comm_hook_done run from grad_ready's poll" ddp_reducer.h done \
