@@ -9,7 +9,10 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/powersgd-mutants.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 status=0
 n=0
-echo "1..7"
+echo "1..8"
+
+# The device scenario finds the fake NCCL beside the binary (make build/fake_nccl/libnccl.so.2).
+[ -d build/fake_nccl ] && ln -s "$PWD/build/fake_nccl" "$tmp/fake_nccl"
 
 # mutant NAME FILE SCENARIO OLD NEW: the test, built against FILE with every OLD replaced by NEW
 # (at least one), must print at least one "not ok" in SCENARIO (or not finish: the watchdog).
@@ -27,7 +30,7 @@ if old not in s:
 open(p, "w").write(s.replace(old, new))
 EOF
     then echo "not ok $n - $name: could not apply"; status=1; return; fi
-    if ! ${CC:-cc} -std=c99 -O1 -I"$tmp/h" -DT_IMPL_SHM=1 -c "$tmp/h/tests/libddp.c" -o "$tmp/lib.o" ||
+    if ! ${CC:-cc} -std=c99 -O1 -I"$tmp/h" -DT_IMPL_SHM=1 -DT_IMPL_NCCL=1 -c "$tmp/h/tests/libddp.c" -o "$tmp/lib.o" ||
        ! ${CC:-cc} -std=c99 -O1 -I"$tmp/h" tests/test_powersgd.c "$tmp/lib.o" -o "$tmp/t" -pthread -lm; then
         echo "not ok $n - $name: does not compile"; status=1; return
     fi
@@ -51,4 +54,6 @@ mutant "min_compression_rate ignored" ddp_powersgd.h rate \
     '(double)(rows + cols) * (double)r * ps->d.min_compression_rate <' '(double)(rows + cols) * (double)r * 2.0 <'
 mutant "comm_hook_done run from grad_ready's poll" ddp_reducer.h done \
     '    if (r->d.comm_hook_done) return;' ''
+mutant "device buckets not refused" ddp_powersgd.h device \
+    'if (ddp_comm_is_device(comm, buf))' 'if (0)'
 exit $status

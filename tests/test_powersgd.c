@@ -23,11 +23,15 @@
  *              (PowerSGD's second all-reduce is issued there).
  *   misuse     bad arguments, start_iter < 2 with error feedback or warm start, bind twice,
  *              shapes that do not fit, set_shape after the first step, ZeRO-1 refused.
+ *   device     the fake NCCL and CUDA runtime (tests/fake_nccl; skipped when not built): device
+ *              gradients refused at the first step (DDP_ERR_UNSUPPORTED, saying why) on every
+ *              rank, nobody hangs.
  */
 #define _GNU_SOURCE
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "tests/ddp_test.h"
+#include "tests/ddp_test_device.h"
 
 #include <math.h>
 
@@ -806,6 +810,41 @@ static int misuse(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- device (fake NCCL) */
+static int device(int rank, int p, void *arg) {
+    ddp_comm_t *comm;
+    ddp_powersgd_t *ps = NULL;
+    ddp_powersgd_desc_t pd;
+    ddp_reducer_desc_t rd;
+    ddp_reducer_t *r = NULL;
+    float *gd = NULL;
+    ddp_result_t e;
+    (void)arg;
+    if (!(comm = init_comm(rank, p))) return 1;
+    t_dev_load();
+    if (t_dev_cu.Malloc((void **)&gd, 64 * sizeof(float)) != 0) { ok(0, "device setup"); return 1; }
+    memset(&pd, 0, sizeof pd);
+    memset(&rd, 0, sizeof rd);
+    pd.start_iter = 2;
+    if (ddp_powersgd_create(&ps, &pd, &rd) != DDP_SUCCESS || ddp_reducer_create(&r, comm, &rd) != DDP_SUCCESS ||
+        ddp_reducer_add_param(r, gd, 64, DDP_FLOAT32) != 0 || ddp_powersgd_bind(ps, r) != DDP_SUCCESS ||
+        ddp_powersgd_set_shape(ps, 0, 8, 8) != DDP_SUCCESS) {
+        ok(0, "set up: %s", ddp_comm_last_error(comm));
+        return 1;
+    }
+    ddp_reducer_grad_ready(r, 0);
+    e = ddp_reducer_finish(r);
+    ok(e == DDP_ERR_UNSUPPORTED && strstr(ddp_reducer_last_error(r), "device") &&
+       strstr(ddp_powersgd_last_error(ps), "device"), "[p=%d] device gradients -> %s: %s", p, ddp_strerror(e),
+       ddp_reducer_last_error(r));
+    ddp_comm_device_synchronize(comm);
+    ddp_reducer_destroy(r);
+    ddp_powersgd_destroy(ps);
+    t_dev_cu.Free(gd);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
 int main(void) {
     int p;
     t_init();
@@ -862,6 +901,15 @@ int main(void) {
     if (t_selected("misuse")) {
         diag("--- misuse");
         ok(t_run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
+    }
+    if (t_selected("device")) {
+        if (!t_dev_use_fakes()) {
+            ok(1, "# SKIP device: the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)");
+        } else {
+            diag("--- device gradients (fake NCCL)");
+            ok(t_run_ranks(2, device, NULL, 90) == 0, "device: every rank exited cleanly");
+            unsetenv("DDP_NCCL");
+        }
     }
     return t_done();
 }
