@@ -38,8 +38,8 @@
  *     r * min_compression_rate, r = min(rank, rows, cols) (PyTorch's _should_compress). The
  *     others (vectors, small matrices) go uncompressed.
  *  4. Q (cols x r): warm start keeps last step's; the first time (every time without warm
- *     start) standard normal numbers from random_seed's stream, the same on every rank. Q is
- *     orthogonalised, then P = M Q.
+ *     start) standard normal numbers seeded by (random_seed, step, bucket), the same on every
+ *     rank. Q is orthogonalised, then P = M Q.
  *  5. ONE async SUM all-reduce of [the uncompressed tensors | every P], the request the reducer
  *     waits for (PyTorch issues two, one per part: one message carries the same sums).
  *  6. At finish (comm_hook_done): the uncompressed part / world into place; each P
@@ -66,8 +66,10 @@
  *     the error of an uncompressed tensor is kept at zero (PyTorch keeps local - average, which
  *     sums to zero over the ranks, so it never changes an average; it only adds rounding); a
  *     zero column in Gram-Schmidt with epsilon 0 becomes zeros (PyTorch means to, its code gets
- *     NaN); Q's random numbers come from our own generator (splitmix64, Box-Muller), not
- *     torch.randn, so runs are not bitwise comparable with PyTorch's, only in distribution.
+ *     NaN); Q's random numbers come from our own generator (splitmix64 of random_seed, the step
+ *     and the bucket; Box-Muller), not torch.randn, so runs match PyTorch's in distribution only.
+ *   - Elastic (ddp_reducer_rebind): at the first step on a new communicator the ranks agree on
+ *     the step count (one small all-reduce) and start the error feedback and warm start again.
  *   - Errors: ddp_result_t; ddp_powersgd_last_error says why (failures inside a step also reach
  *     ddp_reducer_finish's result and ddp_comm_last_error). One thread at a time, as the reducer.
  */
@@ -163,7 +165,7 @@ struct ddp_powersgd {
     int dev_checked, logged_start;
     int64_t iter;                        /* PyTorch's state.iter: steps seen by the hook */
     int iter_compressed;                 /* this step compressed a bucket */
-    uint64_t rng;                        /* PyTorch's state.rng: one seed per Q fill */
+    ddp_comm_t *comm;                    /* the communicator of the last step */
     size_t *rows, *cols;                 /* per parameter; 0: a vector */
     int nshapes;
     _ddp_psgd_bucket_t *b;
@@ -410,10 +412,12 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_layout(ddp_powersgd_t *ps, ddp_comm_t *comm,
     return _ddp_psgd_alloc(ps, b, k, qacc);
 }
 
-/* Fresh Q's: standard normal, from one seed drawn from the state's stream (PyTorch draws
- * torch.manual_seed(state.rng.randint(...)) per fill), so every rank draws the same. */
-_DDP_PRIVATE void _ddp_psgd_random_q(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b) {
-    uint64_t s = _ddp_psgd_next(&ps->rng);
+/* Fresh Q's: standard normal, the same on every rank. PyTorch seeds each fill with
+ * state.rng.randint(...), a stream seeded by random_seed; here the fill's seed is a function of
+ * (random_seed, step, bucket), so a rank that joins later (elastic) draws what the others draw. */
+_DDP_PRIVATE void _ddp_psgd_random_q(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b, int k) {
+    uint64_t x = ps->d.random_seed ^ (uint64_t)ps->iter * 0x9E3779B97F4A7C15ull ^
+                 ((uint64_t)k + 1) * 0xD1B54A32D192ED03ull, s = _ddp_psgd_next(&x);
     double spare = 0;
     int has = 0;
     size_t i;
@@ -504,15 +508,16 @@ _DDP_PRIVATE void _ddp_psgd_decompress(const _ddp_psgd_bucket_t *b, const _ddp_p
 /* The first round (PyTorch's powerSGD_hook up to its first all-reduce): error feedback, the
  * Q's (warm or fresh), P = M Q, the uncompressed tensors packed before the P's, one async SUM
  * all-reduce of the lot. */
-_DDP_PRIVATE ddp_result_t _ddp_psgd_first_round(ddp_powersgd_t *ps, ddp_comm_t *comm, _ddp_psgd_bucket_t *b,
+_DDP_PRIVATE ddp_result_t _ddp_psgd_first_round(ddp_powersgd_t *ps, ddp_comm_t *comm, int k,
                                                 unsigned char *buf, ddp_request_t *req) {
+    _ddp_psgd_bucket_t *b = &ps->b[k];
     const size_t es = ddp_dtype_size(b->dtype);
     int j;
     if (b->err && (b->pending || b->err_stale)) memset(b->err, 0, b->ne * es);   /* a step failed */
     b->err_stale = 0;
     if (b->err)
         for (j = 0; j < b->nmats; j++) _ddp_psgd_add_error(b, &b->mats[j], buf);
-    if (!b->q_valid || ps->d.no_warm_start) _ddp_psgd_random_q(ps, b);
+    if (!b->q_valid || ps->d.no_warm_start) _ddp_psgd_random_q(ps, b, k);
     b->q_valid = 1;
     for (j = 0; j < b->nmats; j++) _ddp_psgd_project(b, &b->mats[j], buf, ps->d.orthogonalization_epsilon);
     for (j = 0; j < b->nsegs; j++)
@@ -522,8 +527,27 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_first_round(ddp_powersgd_t *ps, ddp_comm_t *
     return ddp_all_reduce_async(b->send, b->send, b->nu + b->np, b->dtype, DDP_SUM, comm, req);
 }
 
+/* A new communicator (the first step, or ddp_reducer_rebind after a shrink or a grow): the
+ * ranks agree on the step count (a joiner's fresh state has none: the MAX is the members') in
+ * one small all-reduce, issued at bucket 0's launch, the same point everywhere; the per-bucket
+ * state is dropped on every rank alike (a joiner has none to offer), so error feedback and warm
+ * start begin again. */
+_DDP_PRIVATE ddp_result_t _ddp_psgd_new_comm(ddp_powersgd_t *ps, ddp_comm_t *comm) {
+    int64_t it = ps->iter;
+    ddp_result_t e;
+    if (ps->comm)
+        ddp_comm_log(comm, DDP_LOG_INFO, "powersgd: a new communicator (%d ranks): the error feedback "
+                     "and warm-start state starts again", ddp_comm_size(comm));
+    _ddp_psgd_free_buckets(ps);
+    if ((e = ddp_all_reduce(&it, &it, 1, DDP_INT64, DDP_MAX, comm)) != DDP_SUCCESS)
+        return _ddp_psgd_fail(ps, e, "agreeing on the step count: %s", ddp_comm_last_error(comm));
+    ps->iter = it;
+    ps->comm = comm;
+    return DDP_SUCCESS;
+}
+
 /* Before the first step of a bucket: bound, host memory, the per-bucket state in step with
- * the reducer's buckets. */
+ * the reducer's buckets and communicator. */
 _DDP_PRIVATE ddp_result_t _ddp_psgd_check(ddp_powersgd_t *ps, ddp_comm_t *comm, int k, const void *buf) {
     ddp_result_t e;
     if (!ps->red)
@@ -536,6 +560,7 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_check(ddp_powersgd_t *ps, ddp_comm_t *comm, 
                                   "matrix products need GPU kernels (not here); use host gradients");
         ps->dev_checked = 1;
     }
+    if (k == 0 && comm != ps->comm && (e = _ddp_psgd_new_comm(ps, comm)) != DDP_SUCCESS) return e;
     if ((e = _ddp_psgd_sync_buckets(ps, comm)) != DDP_SUCCESS) return e;
     if (k < 0 || k >= ps->nb) return _ddp_psgd_fail(ps, DDP_ERR_INVALID_USAGE, "bucket %d of %d", k, ps->nb);
     return DDP_SUCCESS;
@@ -565,7 +590,7 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_hook(void *state, ddp_comm_t *comm, int k, v
     ps->st.elements_sent += compress ? b->nu + b->np + b->nq : count;
     if (compress) {
         ps->iter_compressed = 1;
-        e = _ddp_psgd_first_round(ps, comm, b, (unsigned char *)buf, req);
+        e = _ddp_psgd_first_round(ps, comm, k, (unsigned char *)buf, req);
         b->pending = e == DDP_SUCCESS;
         if (e != DDP_SUCCESS) b->err_stale = 1;   /* the error memory holds M, not the error */
     } else {
@@ -636,7 +661,6 @@ DDP_API ddp_result_t ddp_powersgd_create(ddp_powersgd_t **out, const ddp_powersg
     if (!ps) return DDP_ERR_OUT_OF_MEMORY;
     memset(ps, 0, sizeof *ps);
     ps->d = d;
-    ps->rng = d.random_seed;
     rd->comm_hook = _ddp_psgd_hook;
     rd->comm_hook_done = _ddp_psgd_done;
     rd->comm_hook_state = ps;

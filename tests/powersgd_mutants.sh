@@ -9,7 +9,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/powersgd-mutants.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 status=0
 n=0
-echo "1..8"
+echo "1..9"
 
 # The device scenario finds the fake NCCL beside the binary (make build/fake_nccl/libnccl.so.2).
 [ -d build/fake_nccl ] && ln -s "$PWD/build/fake_nccl" "$tmp/fake_nccl"
@@ -56,4 +56,6 @@ mutant "comm_hook_done run from grad_ready's poll" ddp_reducer.h done \
     '    if (r->d.comm_hook_done) return;' ''
 mutant "device buckets not refused" ddp_powersgd.h device \
     'if (ddp_comm_is_device(comm, buf))' 'if (0)'
+mutant "no agreement on the step count on a new communicator" ddp_powersgd.h rejoin \
+    'if (k == 0 && comm != ps->comm &&' 'if (0 && k == 0 && comm != ps->comm &&'
 exit $status
