@@ -58,8 +58,9 @@
  *     number per compressed element, with error feedback), [uncompressed | P's] and the Q's.
  *     No allocation per step.
  *   - Costs: the second all-reduce (the Q's) waits at finish, after every bucket's first one,
- *     so less communication overlaps backward; the matrix products are plain C loops on the
- *     calling thread (2 rows cols r multiply-adds each way per matrix, plus one for P Q^T).
+ *     so less communication overlaps backward (and in copy mode the averages reach the
+ *     gradients at finish); the products M Q, M^T P and P Q^T (rows x cols x r multiply-adds
+ *     each) are plain C loops on the calling thread: a few ms for 1024 x 1024 at rank 4.
  *   - Copy and flat mode; not with ZeRO-1 (ddp_reducer_create refuses a comm hook there), not
  *     with device buffers (DDP_ERR_UNSUPPORTED at the first step: it needs kernels).
  *   - Differences from PyTorch: one all-reduce for the first round instead of two (same sums);
@@ -68,8 +69,9 @@
  *     zero column in Gram-Schmidt with epsilon 0 becomes zeros (PyTorch means to, its code gets
  *     NaN); Q's random numbers come from our own generator (splitmix64 of random_seed, the step
  *     and the bucket; Box-Muller), not torch.randn, so runs match PyTorch's in distribution only.
- *   - Elastic (ddp_reducer_rebind): at the first step on a new communicator the ranks agree on
- *     the step count (one small all-reduce) and start the error feedback and warm start again.
+ *   - At the first step, and the first on a new communicator (ddp_reducer_rebind, elastic), the
+ *     ranks agree on the step count (one 8-byte all-reduce: a joiner has none) and start the
+ *     error feedback and warm start again together.
  *   - Errors: ddp_result_t; ddp_powersgd_last_error says why (failures inside a step also reach
  *     ddp_reducer_finish's result and ddp_comm_last_error). One thread at a time, as the reducer.
  */
