@@ -6,8 +6,9 @@
  *
  *   build/test_deterministic     (DDP_TEST_QUICK=1: fewer world sizes and runs, no 16 MiB case,
  *                                 for the sanitizer build; DDP_TEST_FULL=1: the larger sweep,
- *                                 every algorithm at every p = 2..6 and the big sizes for every
- *                                 dtype; DDP_TEST_ONLY=substring: the runs whose name has it;
+ *                                 every algorithm at every p = 2..6 (3..6 without hosts), 1 MiB
+ *                                 + odd everywhere, 16 MiB + odd in every run of the library's
+ *                                 choice; DDP_TEST_ONLY=substring: the runs whose name has it;
  *                                 DDP_TEST_DET_OFF=1: the same checks with the mode forced off,
  *                                 which must fail: how to see that the checks see the order)
  *
@@ -727,16 +728,16 @@ int main(void) {
     /* The library's choice, every transport and world size. */
     for (p = 1; p <= MAXP; p++) {
         if (quick && p != 1 && p != 3 && p != 5) continue;
-        add("tcp", NULL, p, NULL, 0, DET_ENV, SET_FULL, p == 3 ? 1 : 0);
-        if (p >= 2) add("shm", NULL, p, NULL, 0, DET_ENV, SET_FULL, p == 4 ? (quick ? 1 : 2) : 0);
-        if (p >= 2) add("threads", NULL, p, NULL, 0, DET_ENV, SET_FULL, p == 5 ? 1 : 0);
-        if (p >= 2) add("hosts", hosts_layout(p), p, NULL, 0, DET_ENV, SET_FULL, p == 5 ? 1 : 0);
+        add("tcp", NULL, p, NULL, 0, DET_ENV, SET_FULL, full ? 2 : p == 3 ? 1 : 0);
+        if (p >= 2) add("shm", NULL, p, NULL, 0, DET_ENV, SET_FULL, full ? 2 : p == 4 ? (quick ? 1 : 2) : 0);
+        if (p >= 2) add("threads", NULL, p, NULL, 0, DET_ENV, SET_FULL, full ? 2 : p == 5 ? 1 : 0);
+        if (p >= 2) add("hosts", hosts_layout(p), p, NULL, 0, DET_ENV, SET_FULL, full ? 2 : p == 5 ? 1 : 0);
     }
     /* Every DDP_ALGO value. */
     for (a = 0; a < 3; a++)
         for (p = 3; p <= MAXP; p++) {
             if (!full && (quick ? p != 5 : (p != 3 && p != 5 && !(p == 4 && a) && !(p == 6 && a == 0)))) continue;
-            add("tcp", NULL, p, flat_algos[a], 0, DET_ENV, SET_ALGO, 0);
+            add("tcp", NULL, p, flat_algos[a], 0, DET_ENV, SET_ALGO, full ? 1 : 0);
         }
     for (a = 0; a < 5; a++)
         for (p = 2; p <= MAXP; p++) {
