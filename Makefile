@@ -18,7 +18,7 @@ B       := build
 HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp_store_server.h ddp_store_client.h \
            ddp_store_c10d.h ddp_store.h transports/ddp_transport.h ddp_engine.h \
            ddp_algorithm.h ddp_ring.h ddp_recursive_doubling.h ddp_agree.h ddp_rabenseifner.h \
-           ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_algorithms.h \
+           ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_deterministic.h ddp_algorithms.h \
            ddp_trace.h ddp_stats.h ddp_straggler.h ddp_metrics.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
            ddp_comm_device.h ddp_comm_queue.h ddp_health.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_state.h ddp.h ddp_sampler.h \
            transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \

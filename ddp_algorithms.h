@@ -15,6 +15,8 @@
  *                   large: a pipelined chain towards the root (ddp_chain.h).
  *   gather/scatter  small: a binomial tree (ddp_tree.h); large: linear (ddp_linear.h).
  *   all-to-all      pairwise exchange (ddp_pairwise.h).
+ *   DDP_DETERMINISTIC  all-reduce, reduce-scatter and reduce add in rank order, from 3 ranks
+ *                   on: every contribution to an element meets at its owner (ddp_deterministic.h).
  *   send/recv       direct: ddp_comm.h posts them (and groups) through the exchange helpers of
  *                   ddp_algorithm.h, which every family shares.
  * Small means: reduce up to _DDP_TREE_MAX_BYTES (16 KiB) when (1 + log2 p) buffers fit the
@@ -54,6 +56,9 @@
 #ifndef DDP_PAIRWISE_IMPLEMENTATION
 #define DDP_PAIRWISE_IMPLEMENTATION
 #endif
+#ifndef DDP_DETERMINISTIC_IMPLEMENTATION
+#define DDP_DETERMINISTIC_IMPLEMENTATION
+#endif
 #endif
 #include "ddp_ring.h"
 #include "ddp_recursive_doubling.h"
@@ -64,3 +69,4 @@
 #include "ddp_chain.h"
 #include "ddp_linear.h"
 #include "ddp_pairwise.h"
+#include "ddp_deterministic.h"

@@ -174,6 +174,7 @@ typedef struct {
  * engine) and which all-reduce algorithm, from the settings, the hosts and the cost model. */
 typedef struct {
     int algo;                      /* _DDP_ALGO_*: DDP_ALGO, else chosen by size */
+    int deterministic;             /* 1: reductions add in rank order (ddp_deterministic.h) */
     const ddp_coll_provider_t *coll; /* a transport that runs the collectives itself, or NULL */
     void *coll_state;
     size_t rd_max_bytes;           /* auto: recursive doubling up to this many bytes */

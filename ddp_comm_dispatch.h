@@ -196,6 +196,10 @@ _DDP_PRIVATE int _ddp_ar_choose(const ddp_comm_t *c, size_t bytes) {
     }
 }
 
+/* DDP_DETERMINISTIC over the engine: from 3 ranks on (at 2 every algorithm does the one,
+ * commutative, addition). Transports that run the collectives themselves add in rank order. */
+_DDP_PRIVATE int _ddp_det_applies(const ddp_comm_t *c) { return c->choice.deterministic && c->eng.nranks > 2; }
+
 /* The algorithm depends only on (bytes of the whole buffer, world size, hosts, settings): the
  * same on every rank. The call's buffers may hold elements [v_off, v_off + count) of a virtual
  * buffer of v_total (the reducer's flat buckets; v_total 0: the call is the whole): the choice
@@ -205,6 +209,12 @@ _DDP_PRIVATE ddp_result_t _ddp_all_reduce_algo(ddp_comm_t *c, const void *sendbu
                                                size_t v_total, size_t v_off) {
     const size_t total = v_total ? v_total : count, off = v_total ? v_off : 0;
     const int a = _ddp_ar_choose(c, total * ddp_dtype_size(dtype));
+    if (_ddp_det_applies(c)) {   /* each element on its own: the whole's geometry does not matter */
+        _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, deterministic (rank order)", c->eng.seq + 1,
+                 count, ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place");
+        c->trace.cur->algo = "deterministic (rank order)";
+        return _ddp_det_all_reduce(&c->eng, sendbuf, recvbuf, count, dtype, op);
+    }
     _DDP_LOG(c, DDP_LOG_TRACE, "all_reduce #%u: %zu x %s %s, %s, %s%s", c->eng.seq + 1, count,
              ddp_dtype_name(dtype), ddp_op_name(op), sendbuf == recvbuf ? "in place" : "out of place",
              _ddp_ar_long_names[a], v_total ? " (a part of a flat buffer: cut as the whole)" : "");
@@ -310,8 +320,13 @@ _DDP_PRIVATE ddp_result_t _ddp_algo_all_reduce(ddp_comm_t *c, const _ddp_op_t *o
     return _ddp_all_reduce_algo(c, o->send, o->recv, o->count, o->dtype, o->op, o->v_total, o->v_off);
 }
 _DDP_PRIVATE ddp_result_t _ddp_algo_reduce_scatter(ddp_comm_t *c, const _ddp_op_t *o) {
+    const int det = _ddp_det_applies(c);
     _DDP_LOG(c, DDP_LOG_TRACE, "reduce_scatter #%u: %zu x %s per rank, %s, %s", c->eng.seq + 1,
-             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), "ring");
+             o->count, ddp_dtype_name(o->dtype), ddp_op_name(o->op), det ? "deterministic (rank order)" : "ring");
+    if (det) {
+        c->trace.cur->algo = "deterministic (rank order)";
+        return _ddp_det_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
+    }
     return _ddp_ring_reduce_scatter(&c->eng, o->send, o->recv, o->count, o->dtype, o->op);
 }
 _DDP_PRIVATE ddp_result_t _ddp_algo_all_gather(ddp_comm_t *c, const _ddp_op_t *o) {
@@ -531,6 +546,13 @@ _DDP_PRIVATE ddp_result_t _ddp_algo_reduce(ddp_comm_t *c, const _ddp_op_t *k) {
     const size_t bytes = k->count * ddp_dtype_size(k->dtype);
     int tree, done;
     ddp_result_t r;
+    if (_ddp_det_applies(c)) {   /* the agreement's small path adds in recursive doubling's order */
+        if ((r = _ddp_agree(&c->eng, k->kind, k->dtype, k->op, k->count, k->root)) != DDP_SUCCESS) return r;
+        _DDP_LOG(c, DDP_LOG_TRACE, "reduce #%u: %zu x %s %s to root %d, deterministic (rank order)",
+                 c->eng.seq + 1, k->count, ddp_dtype_name(k->dtype), ddp_op_name(k->op), k->root);
+        c->trace.cur->algo = "deterministic (rank order)";
+        return _ddp_det_reduce(&c->eng, k->send, k->recv, k->count, k->dtype, k->op, k->root);
+    }
     /* small: the agreement carries the data */
     r = _ddp_agree_with_data(&c->eng, k->kind, k->send, k->recv, k->count, k->dtype, k->op, k->root, &done);
     if (done) {

@@ -101,6 +101,7 @@ _DDP_PRIVATE void _ddp_child_desc(const ddp_comm_t *c, const char *prefix, ddp_c
     d->store_prefix = prefix;
     d->transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;   /* as the parent's */
     d->segment_bytes = c->eng.segment_bytes;
+    d->deterministic = c->choice.deterministic ? 1 : -1;
     d->spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
     d->log_level = c->eng.log_level + 1;
     d->allocator = c->alloc.alloc ? &c->alloc : NULL;
@@ -192,6 +193,10 @@ _DDP_PRIVATE ddp_result_t _ddp_init_tuning(ddp_comm_t *c, const ddp_comm_desc_t 
     if (!c->choice.rd_max_bytes)
         c->choice.rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
                         : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
+    s = getenv("DDP_DETERMINISTIC");
+    if (!d->deterministic && s && *s && _ddp_parse_long(s, 0, 1, &v) != 0)
+        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_DETERMINISTIC='%s': expected 0 or 1", s);
+    c->choice.deterministic = d->deterministic ? d->deterministic > 0 : s && *s && v == 1;
     s = getenv("DDP_ASYNC_LANES");
     c->queue.want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
     c->queue.lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
@@ -794,6 +799,7 @@ _DDP_PRIVATE ddp_result_t _ddp_lanes_create(ddp_comm_t *c) {
         d.store_prefix = prefix;
         d.transport = c->peers.transport_name[0] ? c->peers.transport_name : NULL;
         d.segment_bytes = c->eng.segment_bytes;
+        d.deterministic = c->choice.deterministic ? 1 : -1;
         d.spin_us = c->eng.spin_us ? c->eng.spin_us : -1;
         d.log_level = (c->eng.log_level >= DDP_LOG_TRACE ? c->eng.log_level : DDP_LOG_WARN) + 1;
         d.allocator = c->alloc.alloc ? &c->alloc : NULL;

@@ -34,6 +34,8 @@ typedef struct ddp_comm_desc {
     const ddp_allocator_t *allocator; /* communicator + transport memory (the store: DDP_MALLOC) */
     ddp_log_fn_t log_fn;          /* NULL: stderr, or DDP_DEBUG_FILE; else every line, to this */
     void *log_user;               /* handed to log_fn */
+    int deterministic;            /* 0: DDP_DETERMINISTIC; 1: reductions add in rank order (the
+                                   * same bits whatever the algorithm); -1: off */
 } ddp_comm_desc_t;
 
 #define DDP_MAX_REQUESTS 64

@@ -1373,16 +1373,22 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendb
         _ddp_shm_signal(sp, &sig);
         if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
         if (n) {
-            /* Our own part comes straight from sendbuf, first: in place, recvbuf is our block
-             * of sendbuf (NCCL's layout), so it must be read before it is written. */
-            const unsigned char *in = src + ((size_t)me * rc + off) * es;
+            /* In rank order, as the all-reduce (the same bits as any rank-order reduction: ZeRO-1
+             * equals replicated training). Our own part comes straight from sendbuf; in place,
+             * recvbuf is our block of sendbuf (NCCL's layout), and from rank 2 on the sum
+             * would overwrite it before adding it: it waits in our unused staging block. */
+            const unsigned char *own = src + ((size_t)me * rc + off) * es;
             unsigned char *out = dst + off * es;
-            for (q = 0; q < p; q++) {
-                if (q == me) continue;
-                ddp_reduce_local(out, in, _ddp_shm_peer_stage(sp, q, sp->nchunk) + (size_t)me * n * es,
-                                 n, dtype, op);
-                in = out;
+            if (me >= 2 && own == out) {
+                memcpy(mine + (size_t)me * n * es, own, n * es);
+                own = mine + (size_t)me * n * es;
             }
+            ddp_reduce_local(out, me == 0 ? own : _ddp_shm_peer_stage(sp, 0, sp->nchunk) + (size_t)me * n * es,
+                             me == 1 ? own : _ddp_shm_peer_stage(sp, 1, sp->nchunk) + (size_t)me * n * es,
+                             n, dtype, op);
+            for (q = 2; q < p; q++)
+                ddp_reduce_local(out, out, q == me ? own : _ddp_shm_peer_stage(sp, q, sp->nchunk) + (size_t)me * n * es,
+                                 n, dtype, op);
             if (op == DDP_AVG) ddp_divide_local(out, n, dtype, p);
         }
         sp->nchunk++;
