@@ -39,6 +39,7 @@
 #define _DDP_TAG_RECURSIVE_DOUBLING 0x100
 #define _DDP_TAG_RABENSEIFNER 0x200
 #define _DDP_TAG_HIER 0x400
+#define _DDP_TAG_DETERMINISTIC 0x800   /* a rank without the mode fails with DDP_ERR_MISMATCH */
 
 /* A set of ranks an algorithm runs over: member i is rank ranks[i] (ranks NULL: rank i, the
  * whole communicator); me is this rank's member number. The hierarchical all-reduce runs the

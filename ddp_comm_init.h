@@ -443,6 +443,12 @@ _DDP_PRIVATE ddp_result_t _ddp_init_connect_neighbours(ddp_comm_t *c) {
         _DDP_LOG(c, DDP_LOG_INFO, "ring: send to rank %d via %s, receive from rank %d via %s; "
                  "%d peers connected in all", list[0], ddp_comm_transport_name(c, list[0]), list[1],
                  ddp_comm_transport_name(c, list[1]), j);
+        if (c->choice.deterministic)
+            _DDP_LOG(c, DDP_LOG_INFO, "deterministic (DDP_DETERMINISTIC): all_reduce, reduce_scatter and reduce add "
+                     "every element in rank order, %s; DDP_ALGO does not change their bits",
+                     c->choice.coll ? "as the transport's own collectives do"
+                     : nranks > 2 ? "each at its owner (a direct reduce-scatter, then the ring's all-gather)"
+                     : "which at 2 ranks is every algorithm's one addition");
         if (c->choice.coll)
             _DDP_LOG(c, DDP_LOG_INFO, "collectives: run by the %s transport itself (all %d ranks "
                      "reach each other through it); DDP_ALGO=ring or rd to use those instead",

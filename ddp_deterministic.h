@@ -201,7 +201,7 @@ _DDP_PRIVATE ddp_result_t _ddp_det_setup(_ddp_det_t *d, _ddp_engine_t *e, const 
     d->send = (const unsigned char *)send; d->recv = (unsigned char *)recv;
     d->count = count; d->rs_count = rs_count; d->dtype = dtype; d->op = op;
     d->es = ddp_dtype_size(dtype);
-    d->tag = _ddp_eng_tag(e, kind, dtype, op, rs_count ? rs_count : count, root < 0 ? 0 : root);
+    d->tag = _ddp_eng_tag(e, kind | _DDP_TAG_DETERMINISTIC, dtype, op, rs_count ? rs_count : count, root < 0 ? 0 : root);
     _ddp_x_setup(&d->x, e, what, "deterministic, rank order", d->tag);
     d->seg = e->scratch_bytes / (2 * (size_t)d->p) / d->es;
     if (d->seg > e->segment_bytes / d->es) d->seg = e->segment_bytes / d->es;

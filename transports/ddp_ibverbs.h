@@ -949,7 +949,7 @@ _DDP_PRIVATE ddp_result_t _ddp_ib_push(_ddp_ib_conn_t *k) {
             if (k->sq_room >= 1) _ddp_ib_post_ctl(k, _DDP_IB_NACK, q->seq, _DDP_IB_SLOTS, _DDP_IB_WR_CTL);
             return _DDP_IB_CONN_FAIL(k, DDP_ERR_MISMATCH, "ibverbs: rank %d expects collective #%u "
                 "(signature %08x) of %llu bytes, this rank sends #%u (signature %08x) of %zu bytes: "
-                "the ranks called different collectives, dtypes, ops, roots or counts", k->h.peer,
+                "the ranks called different collectives, dtypes, ops, roots or counts (or differ in DDP_DETERMINISTIC)", k->h.peer,
                 (unsigned)(cts->tag & 0xffffffffu), (unsigned)(cts->tag >> 32),
                 (unsigned long long)cts->len, (unsigned)(q->h.tag & 0xffffffffu),
                 (unsigned)(q->h.tag >> 32), q->h.len);

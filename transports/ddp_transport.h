@@ -465,7 +465,7 @@ _DDP_PRIVATE ddp_result_t _ddp_transport_conn_mismatch(_ddp_transport_conn_t *k,
                                                        uint64_t their_len, const _ddp_transport_req_t *q) {
     return _ddp_transport_conn_fail(k->ctx, &k->err, DDP_ERR_MISMATCH, "%s: rank %d sent collective "
         "#%u (signature %08x) of %llu bytes, this rank expected #%u (signature %08x) of %zu bytes: "
-        "the ranks called different collectives, dtypes, ops, roots or counts", k->name, k->peer,
+        "the ranks called different collectives, dtypes, ops, roots or counts (or differ in DDP_DETERMINISTIC)", k->name, k->peer,
         (unsigned)(their_tag & 0xffffffffu), (unsigned)(their_tag >> 32),
         (unsigned long long)their_len, (unsigned)(q->tag & 0xffffffffu), (unsigned)(q->tag >> 32),
         q->len);
