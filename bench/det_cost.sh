@@ -8,6 +8,9 @@
 # Knobs: DET_CONFIGS ("tcp:2 tcp:4 shm:2 shm:4"), DET_OPS ("all_reduce reduce_scatter"),
 # DET_SIZES (4K,16K,64K,256K,1M,4M,16M,64M), DET_TARGET_S (0.1: about that much timed work per
 # size), DET_ITERS (200: at most that many calls per size), DDP_BENCH (build/ddp-bench).
+# At p <= 2 the mode changes nothing (two ranks' sum is the same in either order), so the p = 2
+# rows show how far this machine's noise alone moves on/off.
+# Time columns: p50 per call up to 64 KiB, the mean above (medians over rounds), for latency.
 # In place, float, sum, -c 0 (no check: the mode's bits are test_deterministic's business).
 # It also says whether the mode was active: a short traced run must name the deterministic
 # algorithm ("no" on a libddp without the mode: then on/off only measures noise).
@@ -54,24 +57,28 @@ python3 - "$out" "$ops" $configs <<'PY'
 import json, sys, statistics, glob, os
 out, ops, configs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 def size(b): return f'{b >> 20} MiB' if b >= 1 << 20 else f'{b >> 10} KiB' if b >= 1024 else f'{b} B'
-print('| collective | transport, p | size | busbw off GB/s | busbw on GB/s | on/off | rounds |')
-print('|---|---|---:|---:|---:|---:|---:|')
+# time: p50 up to 64 KiB, the mean above (as ab.sh and docs/performance.md's tables)
+def t_us(row): return row['p50_us'] if row['bytes'] <= 65536 else row['time_us']
+print('| collective | transport, p | size | busbw off GB/s | busbw on GB/s | on/off | time off us | time on us | rounds |')
+print('|---|---|---:|---:|---:|---:|---:|---:|---:|')
 summary = []
 for op in ops:
     for cfg in configs:
         t, p = cfg.split(':')
-        per = {}
+        per, tim = {}, {}
         for mode in ('off', 'on'):
             for f in glob.glob(os.path.join(out, f'{mode}.{op}.{t}.{p}.*.json')):
                 for row in json.load(open(f))['results']:
                     per.setdefault((row['bytes'], mode), []).append(row['busbw_GBs'])
+                    tim.setdefault((row['bytes'], mode), []).append(t_us(row))
         big = []
         for b in sorted({k[0] for k in per}):
             if (b, 'off') not in per or (b, 'on') not in per: continue
             o, n = statistics.median(per[(b, 'off')]), statistics.median(per[(b, 'on')])
             ratio = n / o if o > 0 else float('nan')
             if b >= 1 << 20: big.append(ratio)
-            print(f'| {op} | {t}, {p} | {size(b)} | {o:.3f} | {n:.3f} | {ratio:.2f} | {len(per[(b, "off")])} |')
+            to, tn = statistics.median(tim[(b, 'off')]), statistics.median(tim[(b, 'on')])
+            print(f'| {op} | {t}, {p} | {size(b)} | {o:.3f} | {n:.3f} | {ratio:.2f} | {to:.1f} | {tn:.1f} | {len(per[(b, "off")])} |')
         if big: summary.append((op, t, p, min(big), statistics.median(big)))
 print()
 print('| collective | transport, p | on/off at >= 1 MiB: lowest | median |')
