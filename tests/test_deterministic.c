@@ -10,7 +10,9 @@
  *                                 + odd everywhere, 16 MiB + odd in every run of the library's
  *                                 choice; DDP_TEST_ONLY=substring: the runs whose name has it;
  *                                 DDP_TEST_DET_OFF=1: the same checks with the mode forced off,
- *                                 which must fail: how to see that the checks see the order)
+ *                                 which must fail: how to see that the checks see the order;
+ *                                 built with -DT_NO_DET_FIELD it compiles against a libddp
+ *                                 without desc.deterministic, to show it failing there)
  *
  * THE RESULT (the mode's definition): for every element i, with x_q rank q's input,
  *     acc = x_0;  for q = 1 .. p-1: ddp_reduce_local(acc, acc, x_q, 1, dtype, op)   (AVG: SUM)
@@ -31,7 +33,9 @@
  *     root 0 and to the last rank, in and out of place.
  *   - DDP_ALGO = ring, rd, rabenseifner on tcp p = 3, 4, 5, 6 and hier, hier_ring, hier_rd,
  *     hier_rabenseifner, auto on fake hosts 2+1, 2+2, 3+2 (and 3+3 for some): all-reduce of
- *     every float dtype x SUM/AVG, counts {1, 3, p+1, 1023, 4099, 65537}.
+ *     every float dtype x SUM/AVG, counts {1, 3, p+1, 1023, 4099, 65537}; also hier_ring on
+ *     thread ranks in two labelled hosts (DDP_TEST_HOSTS), ring and rabenseifner over shm as a
+ *     point-to-point transport (DDP_SHM_COLL=0).
  *   - DDP_SEGMENT_BYTES = 4096: ring p = 3, 5 (tcp), hier_ring 3+2; shm with 4 KiB chunks.
  *   - 1 MiB + odd (float32 (1<<18)+3 and float64 (1<<17)+3 elements) on tcp, shm, threads and
  *     fake hosts; 16 MiB + odd (float32 (1<<22)+1) on tcp ring p = 3, fake hosts hier 2+1, shm p = 4.
