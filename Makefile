@@ -71,7 +71,7 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # mid-transfer); the two sampler tests are also compiled alone (test_sampler_torch.sh,
 # sampler_reshard_mutants.py).
 IMPL_TCP     := test_failures test_kernels test_trace
-IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
+IMPL_THREADS := test_deterministic test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl test_powersgd
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
