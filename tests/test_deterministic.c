@@ -565,6 +565,28 @@ static int off_rank(int rank, int p, void *arg) {
     return r == DDP_SUCCESS ? 0 : 3;
 }
 
+/* Rank 0 with the mode, the others without: they run different algorithms, and the first
+ * message that meets the wrong one says so (a mismatch naming the setting), on every rank:
+ * nothing hangs, nothing succeeds. */
+static int mixed_rank(int rank, int p, void *arg) {
+    const run_t *R = (const run_t *)arg;
+    ddp_comm_desc_t d;
+    ddp_comm_t *comm;
+    float buf[5] = {1, 2, 3, 4, 5};
+    ddp_result_t r;
+    env_setup(R, rank);
+    desc_setup(R, &d);
+    T_SET_DESC_DET(&d, rank == 0 ? 1 : -1);
+    if (!(comm = t_comm_init(rank, p, &d))) return 2;
+    r = ddp_all_reduce(buf, buf, 5, DDP_FLOAT32, DDP_SUM, comm);
+    ok(r != DDP_SUCCESS, "mixed modes: rank %d's all_reduce fails (%s)", rank, ddp_strerror(r));
+    if (rank == 0)
+        ok(r == DDP_ERR_MISMATCH && strstr(ddp_comm_last_error(comm), "DDP_DETERMINISTIC") != NULL,
+           "mixed modes: rank 0 reports a mismatch that names DDP_DETERMINISTIC: %s", ddp_comm_last_error(comm));
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------- the reducer */
 #define NPAR 9
 static const size_t psz[NPAR] = {37, 700, 3, 2501, 129, 1, 5007, 100003, 3};
@@ -771,6 +793,12 @@ int main(void) {
         off.mode = "tcp"; off.p = 3; off.algo = "ring"; off.det = DET_OFF;
         S = (det_shm_t *)t_shm_user(sizeof(det_shm_t));
         ok(t_run_ranks(3, off_rank, &off, 120) == 0, "mode off: every rank exited cleanly");
+    }
+    if (t_selected("mixed") && !g_det_off) {
+        static run_t mx;
+        mx.mode = "tcp"; mx.p = 3; mx.det = DET_DESC;
+        S = (det_shm_t *)t_shm_user(sizeof(det_shm_t));
+        ok(t_run_ranks(3, mixed_rank, &mx, 120) == 0, "mixed modes: every rank exited cleanly");
     }
     if (t_selected("split")) {
         static run_t sp;
