@@ -11,12 +11,14 @@
 #            1 Gbit/s link each (bench/netns_bench.sh -H 2 and 4, one rank per host, -r 1gbit):
 #            wide.csv from train_wide's interface counters (eth0 of each host namespace, over
 #            the timed steps), mlp.csv from the tbf counters of every host's link over the whole
-#            demo run (setup included). Needs root. Each configuration runs REPS times.
+#            demo run (setup included). Needs root. Each configuration runs REPS times, the
+#            configurations interleaved; busy_cores says how loaded the machine was meanwhile.
 #   all      both (default)
 #
 #   bench/powersgd_bench.sh [-o DIR] [-n STEPS] [-t STEPS] [-R REPS] [-H "2 4"] [-r "0 1 2 4"] [PART]
 #     -o results directory [bench/results/powersgd]   -n train_wide steps for the curves [300]
-#     -t train_wide steps for the timed runs [120]      -R repetitions of each timed run [3]
+#     -t train_wide steps for the timed runs [120; the first start + 5 untimed]
+#     -R repetitions of each timed run [3]
 #     -H host counts (= world sizes) ["2 4"]            -r ranks to compare, 0 = uncompressed ["0 1 2 4"]
 #     -s PowerSGD start step [10] (both models)
 # Builds build/train_mlp, build/train_wide and build/ddprun through make (MLP=, WIDE= override
@@ -72,28 +74,40 @@ curves() {
 
 wire() {
     [ "$(id -u)" = 0 ] || { echo "powersgd_bench: wire needs root (network namespaces)" >&2; return 1; }
-    echo "model,hosts,rank,rep,step_ms_mean,step_ms_median,tx_bytes_per_step,rx_bytes_per_step,elems_sent_per_step,elems_full_per_step,final_loss" > "$out/wide.csv"
-    echo "model,hosts,rank,rep,steps,train_s,step_ms,wire_bytes_per_step_per_host" > "$out/mlp.csv"
+    echo "model,hosts,rank,rep,step_ms_mean,step_ms_median,finish_ms_mean,tx_bytes_per_step,rx_bytes_per_step,elems_sent_per_step,elems_full_per_step,final_loss,busy_cores" > "$out/wide.csv"
+    echo "model,hosts,rank,rep,steps,train_s,step_ms,wire_bytes_per_step_per_host,busy_cores" > "$out/mlp.csv"
     for h in $hosts; do
         for rep in $(seq 1 "$reps"); do
             for r in $ranks; do   # the configurations interleaved: a slow phase of the machine hits all
-                bench/netns_bench.sh -H "$h" -R 1 -r 1gbit -T 300 -q -- "$WIDE" -n "$tsteps" -r "$r" -s "$start" > "$tmp/w.out" 2>&1 ||
+                j0=$(busy_jiffies) s0=$(date +%s.%N)
+                bench/netns_bench.sh -H "$h" -R 1 -r 1gbit -T 300 -q -- "$WIDE" -n "$tsteps" -W $((start + 5)) -r "$r" -s "$start" > "$tmp/w.out" 2>&1 ||
                     { echo "powersgd_bench: netns train_wide H=$h rank=$r failed:" >&2; tail -5 "$tmp/w.out" >&2; return 1; }
-                echo "wide,$h,$r,$rep,$(field step_ms_mean "$tmp/w.out"),$(field step_ms_median "$tmp/w.out"),$(field tx_bytes_per_step "$tmp/w.out"),$(field rx_bytes_per_step "$tmp/w.out"),$(field elems_sent_per_step "$tmp/w.out"),$(field elems_full_per_step "$tmp/w.out"),$(field final_loss "$tmp/w.out")" >> "$out/wide.csv"
+                busy=$(busy_since "$j0" "$s0")
+                echo "wide,$h,$r,$rep,$(field step_ms_mean "$tmp/w.out"),$(field step_ms_median "$tmp/w.out"),$(field finish_ms_mean "$tmp/w.out"),$(field tx_bytes_per_step "$tmp/w.out"),$(field rx_bytes_per_step "$tmp/w.out"),$(field elems_sent_per_step "$tmp/w.out"),$(field elems_full_per_step "$tmp/w.out"),$(field final_loss "$tmp/w.out"),$busy" >> "$out/wide.csv"
                 # the demo: 8 epochs of ceil(ceil(8192 / h) / 32) steps; bytes from tbf (whole run)
+                j0=$(busy_jiffies) s0=$(date +%s.%N)
                 bench/netns_bench.sh -H "$h" -R 1 -r 1gbit -T 300 -- DDP_POWERSGD_RANK="$r" DDP_POWERSGD_START="$start" "$MLP" > "$tmp/m.out" 2>&1 ||
                     { echo "powersgd_bench: netns train_mlp H=$h rank=$r failed:" >&2; tail -5 "$tmp/m.out" >&2; return 1; }
                 nsteps=$(( 8 * ( ( (8192 + h - 1) / h + 31) / 32 ) ))
                 train_s=$(sed -n 's/^train_mlp: trained in \([0-9.]*\) s.*/\1/p' "$tmp/m.out")
                 bytes=$(awk -v h="$h" -v n="$nsteps" '/^# tbf: host [0-9]+ -> switch:/ { s += $7 } END { printf "%.0f", s / h / n }' "$tmp/m.out")
-                echo "mlp,$h,$r,$rep,$nsteps,$train_s,$(awk -v t="$train_s" -v n="$nsteps" 'BEGIN { printf "%.3f", 1e3 * t / n }'),$bytes" >> "$out/mlp.csv"
+                echo "mlp,$h,$r,$rep,$nsteps,$train_s,$(awk -v t="$train_s" -v n="$nsteps" 'BEGIN { printf "%.3f", 1e3 * t / n }'),$bytes,$(busy_since "$j0" "$s0")" >> "$out/mlp.csv"
             done
         done
     done
-    echo "# wide MLP on 1 Gbit/s links (median over $reps runs of each run's mean step time; bytes: each host's eth0, per step)"
-    summarise "$out/wide.csv" 5 7
+    echo "# wide MLP on 1 Gbit/s links (median over $reps runs of each run's median step time; bytes: each host's eth0, per step)"
+    summarise "$out/wide.csv" 6 8
     echo "# MLP demo on 1 Gbit/s links (median over $reps runs; bytes: tbf counters, whole run / steps, per host)"
     summarise "$out/mlp.csv" 7 8
+}
+
+# busy_jiffies: every CPU's busy time since boot (user nice system irq softirq), in jiffies;
+# busy_since J0 T0: the cores busy on average since then (this run's ranks and everything else
+# on the shared machine: a run with more than its own share was disturbed).
+busy_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat; }
+busy_since() {
+    awk -v j0="$1" -v t0="$2" -v j1="$(busy_jiffies)" -v t1="$(date +%s.%N)" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.2f", (j1 - j0) / hz / (t1 - t0) }'
 }
 
 # summarise CSV TIMECOL BYTESCOL: per (hosts, rank) the median, min and max of TIMECOL over the

@@ -15,9 +15,11 @@
  *
  * Rank 0 prints one line a run:
  *   train_wide: RESULT world=.. rank=.. start=.. steps=.. step_ms_mean=.. step_ms_median=..
- *     tx_bytes_per_step=.. rx_bytes_per_step=.. elems_sent_per_step=.. elems_full_per_step=..
+ *     finish_ms_mean=.. tx_bytes_per_step=.. rx_bytes_per_step=.. elems_sent_per_step=.. elems_full_per_step=..
  *     final_loss=.. eval_loss=.. eval_acc=.. identical=yes
- * step times (wall, rank 0) and bytes over the steps after the -W warm-up ones; the bytes are
+ * step times (wall, rank 0) and bytes over the steps after the -W warm-up ones (finish_ms: the
+ * part of a step spent in ddp_reducer_finish, i.e. communication not hidden behind backward,
+ * PowerSGD's finish-time work and its blocking Q all-reduce included); the bytes are
  * MEASURED: the interface counters /sys/class/net/IFACE/statistics/{tx,rx}_bytes (-I, default
  * eth0: the emulated host's link in bench/netns_bench.sh, one rank per host, where nothing else
  * uses it; -1 when the file is missing), averaged over all ranks; elems_* are PowerSGD's own
@@ -252,6 +254,7 @@ int main(int argc, char **argv) {
     ddp_powersgd_stats_t st0, st1;
     float *p, *g, *centres;
     double *loss, *step_s, io[4] = {-1, -1, -1, -1}, e_loss = 0, e_correct = 0, t0 = 0, corr = 0, fin = 0;
+    double wait_s = 0;   /* time in ddp_reducer_finish over the timed steps: exposed communication */
     uint64_t hash[2];
     int rank, world, t, s, k, last;
     size_t i;
@@ -307,7 +310,7 @@ int main(int argc, char **argv) {
     memset(&st0, 0, sizeof st0), memset(&st1, 0, sizeof st1);
 
     for (s = 0; s < o.steps; s++) {
-        double ts = now_s(), lsum;
+        double ts = now_s(), lsum, tw;
         if (s == o.warmup) {   /* the measured steps start here */
             io[0] = iface_bytes(o.iface, "tx"), io[1] = iface_bytes(o.iface, "rx");
             if (ps) ddp_powersgd_stats(ps, &st0);
@@ -316,8 +319,11 @@ int main(int argc, char **argv) {
         for (k = 0; k < o.batch; k++)
             ws.y[k] = sample(&o, centres, key3(3, (uint64_t)s, (uint64_t)rank * 1000003u + (uint64_t)k),
                              ws.x + (size_t)k * (size_t)o.in);
-        if (batch(&l, p, g, &ws, o.batch, red, &lsum, &corr) != 0 || ddp_reducer_finish(red) != DDP_SUCCESS)
+        if (batch(&l, p, g, &ws, o.batch, red, &lsum, &corr) != 0)
             return fail("gradient reduction", ddp_reducer_last_error(red));
+        tw = now_s();
+        if (ddp_reducer_finish(red) != DDP_SUCCESS) return fail("gradient reduction", ddp_reducer_last_error(red));
+        if (s >= o.warmup) wait_s += now_s() - tw;
         for (i = 0; i < l.n; i++) p[i] -= (float)o.lr * g[i];
         loss[s] = lsum / o.batch / world;
         step_s[s] = now_s() - ts;
@@ -369,9 +375,9 @@ int main(int argc, char **argv) {
             fclose(f);
         }
         printf("train_wide: RESULT world=%d rank=%d start=%d steps=%d step_ms_mean=%.2f step_ms_median=%.2f "
-               "tx_bytes_per_step=%.0f rx_bytes_per_step=%.0f elems_sent_per_step=%.0f "
+               "finish_ms_mean=%.2f tx_bytes_per_step=%.0f rx_bytes_per_step=%.0f elems_sent_per_step=%.0f "
                "elems_full_per_step=%.0f final_loss=%.4f eval_loss=%.4f eval_acc=%.4f identical=%s\n",
-               world, o.rank_r, o.start, o.steps, 1e3 * fin / nb, 1e3 * med, io[0], io[1], elem_sent,
+               world, o.rank_r, o.start, o.steps, 1e3 * fin / nb, 1e3 * med, 1e3 * wait_s / nb, io[0], io[1], elem_sent,
                elem_full, tail / last, e_loss / EVAL_SAMPLES, e_correct / EVAL_SAMPLES,
                hash[0] == hash[1] ? "yes" : "NO");
     }
