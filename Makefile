@@ -72,7 +72,7 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # sampler_reshard_mutants.py).
 IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_mismatch test_shrink test_threads test_wait_notes
-IMPL_NCCL    := test_flat_reducer test_nccl
+IMPL_NCCL    := test_flat_reducer test_nccl test_powersgd
 IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
                 test_reducer_elastic test_reducer_grow test_state_sync test_straggler test_metrics
@@ -222,6 +222,7 @@ $(B)/test_nccl $(B)/san/test_nccl $(B)/tsan/test_nccl: tests/test_collectives.c 
 $(B)/san/test_rdma: tests/test_collectives.c
 $(B)/test_nccl_rooted $(B)/san/test_nccl_rooted: tests/test_rooted_collectives.c $(FAKE_NCCL)
 $(B)/test_flat_reducer $(B)/san/test_flat_reducer $(B)/tsan/test_flat_reducer: $(FAKE_NCCL)
+$(B)/test_powersgd $(B)/san/test_powersgd: $(FAKE_NCCL)
 
 # ZeRO-1 against replicated AdamW (examples/zero1_demo.c, issue 17).
 .PHONY: zero1-demo

@@ -38,8 +38,8 @@
  *     r * min_compression_rate, r = min(rank, rows, cols) (PyTorch's _should_compress). The
  *     others (vectors, small matrices) go uncompressed.
  *  4. Q (cols x r): warm start keeps last step's; the first time (every time without warm
- *     start) standard normal numbers from random_seed's stream, the same on every rank. Q is
- *     orthogonalised, then P = M Q.
+ *     start) standard normal numbers seeded by (random_seed, step, bucket), the same on every
+ *     rank. Q is orthogonalised, then P = M Q.
  *  5. ONE async SUM all-reduce of [the uncompressed tensors | every P], the request the reducer
  *     waits for (PyTorch issues two, one per part: one message carries the same sums).
  *  6. At finish (comm_hook_done): the uncompressed part / world into place; each P
@@ -58,16 +58,20 @@
  *     number per compressed element, with error feedback), [uncompressed | P's] and the Q's.
  *     No allocation per step.
  *   - Costs: the second all-reduce (the Q's) waits at finish, after every bucket's first one,
- *     so less communication overlaps backward; the matrix products are plain C loops on the
- *     calling thread (2 rows cols r multiply-adds each way per matrix, plus one for P Q^T).
+ *     so less communication overlaps backward (and in copy mode the averages reach the
+ *     gradients at finish); the products M Q, M^T P and P Q^T (rows x cols x r multiply-adds
+ *     each) are plain C loops on the calling thread: a few ms for 1024 x 1024 at rank 4.
  *   - Copy and flat mode; not with ZeRO-1 (ddp_reducer_create refuses a comm hook there), not
  *     with device buffers (DDP_ERR_UNSUPPORTED at the first step: it needs kernels).
  *   - Differences from PyTorch: one all-reduce for the first round instead of two (same sums);
  *     the error of an uncompressed tensor is kept at zero (PyTorch keeps local - average, which
  *     sums to zero over the ranks, so it never changes an average; it only adds rounding); a
  *     zero column in Gram-Schmidt with epsilon 0 becomes zeros (PyTorch means to, its code gets
- *     NaN); Q's random numbers come from our own generator (splitmix64, Box-Muller), not
- *     torch.randn, so runs are not bitwise comparable with PyTorch's, only in distribution.
+ *     NaN); Q's random numbers come from our own generator (splitmix64 of random_seed, the step
+ *     and the bucket; Box-Muller), not torch.randn, so runs match PyTorch's in distribution only.
+ *   - At the first step, and the first on a new communicator (ddp_reducer_rebind, elastic), the
+ *     ranks agree on the step count (one 8-byte all-reduce: a joiner has none) and start the
+ *     error feedback and warm start again together.
  *   - Errors: ddp_result_t; ddp_powersgd_last_error says why (failures inside a step also reach
  *     ddp_reducer_finish's result and ddp_comm_last_error). One thread at a time, as the reducer.
  */
@@ -163,7 +167,7 @@ struct ddp_powersgd {
     int dev_checked, logged_start;
     int64_t iter;                        /* PyTorch's state.iter: steps seen by the hook */
     int iter_compressed;                 /* this step compressed a bucket */
-    uint64_t rng;                        /* PyTorch's state.rng: one seed per Q fill */
+    ddp_comm_t *comm;                    /* the communicator of the last step */
     size_t *rows, *cols;                 /* per parameter; 0: a vector */
     int nshapes;
     _ddp_psgd_bucket_t *b;
@@ -231,23 +235,24 @@ _DDP_PRIVATE double _ddp_psgd_normal(uint64_t *s, double *spare, int *has_spare)
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
-    /* P = M Q */                                                                                 \
+    /* P = M Q: each dot product in four partial sums (independent chains: the loop runs at    \
+     * the multiply-add's throughput, not its latency) */                                        \
     _DDP_PRIVATE void _ddp_psgd_mq_##S(const T *m, size_t rows, size_t cols, const T *q, size_t r, \
                                        T *p) {                                                    \
         size_t i, j, k;                                                                           \
-        double acc[16];                                                                           \
         for (i = 0; i < rows; i++) {                                                              \
             const T *mi = m + i * cols;                                                           \
-            size_t k0;                                                                            \
-            for (k0 = 0; k0 < r; k0 += 16) {                                                      \
-                size_t kn = r - k0 < 16 ? r - k0 : 16;                                            \
-                for (k = 0; k < kn; k++) acc[k] = 0;                                              \
-                for (j = 0; j < cols; j++) {                                                      \
-                    const T *qj = q + j * r + k0;                                                 \
-                    double x = (double)mi[j];                                                     \
-                    for (k = 0; k < kn; k++) acc[k] += x * (double)qj[k];                         \
+            for (k = 0; k < r; k++) {                                                             \
+                const T *qk = q + k;                                                              \
+                double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                            \
+                for (j = 0; j + 4 <= cols; j += 4) {                                              \
+                    s0 += (double)mi[j] * (double)qk[j * r];                                      \
+                    s1 += (double)mi[j + 1] * (double)qk[(j + 1) * r];                            \
+                    s2 += (double)mi[j + 2] * (double)qk[(j + 2) * r];                            \
+                    s3 += (double)mi[j + 3] * (double)qk[(j + 3) * r];                            \
                 }                                                                                 \
-                for (k = 0; k < kn; k++) p[i * r + k0 + k] = (T)acc[k];                           \
+                for (; j < cols; j++) s0 += (double)mi[j] * (double)qk[j * r];                   \
+                p[i * r + k] = (T)((s0 + s1) + (s2 + s3));                                        \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
@@ -323,14 +328,64 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_sync_buckets(ddp_powersgd_t *ps, ddp_comm_t 
     return DDP_SUCCESS;
 }
 
+/* One tensor of a bucket: a matrix worth compressing (PyTorch's _should_compress: (rows + cols)
+ * r * min_compression_rate < rows cols, r = min(rank, rows, cols)) or an uncompressed segment.
+ * Returns cols * r for a matrix (its Q's size), else 0. */
+_DDP_PRIVATE size_t _ddp_psgd_classify(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b, int id, size_t es) {
+    size_t off = 0, cnt = 0, rows = 0, cols = 0, r = (size_t)ps->d.matrix_approximation_rank;
+    int bk = -1;
+    ddp_reducer_param_info(ps->red, id, &bk, &off, &cnt);
+    off /= es;
+    if (id < ps->nshapes) { rows = ps->rows[id]; cols = ps->cols[id]; }
+    if (r > rows) r = rows;
+    if (r > cols) r = cols;
+    if (rows > 1 && cols > 1 &&
+        (double)(rows + cols) * (double)r * ps->d.min_compression_rate < (double)rows * (double)cols) {
+        _ddp_psgd_mat_t *m = &b->mats[b->nmats++];
+        m->off = off;
+        m->rows = rows;
+        m->cols = cols;
+        m->rank = r;
+        m->p_at = b->np;     /* among the P's; the segments come first (added later) */
+        m->q_at = b->nq;
+        m->e_at = b->ne;
+        b->np += rows * r;
+        b->nq += cols * r;
+        b->ne += rows * cols;
+        return cols * r;
+    } else {
+        _ddp_psgd_seg_t *sg = &b->segs[b->nsegs++];
+        sg->off = off;
+        sg->count = cnt;
+        sg->at = b->nu;
+        b->nu += cnt;
+        return 0;
+    }
+}
+
+/* A bucket with matrices: [uncompressed | P's], the Q's, Q = M^T P's sums, the error. */
+_DDP_PRIVATE ddp_result_t _ddp_psgd_alloc(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b, int k, size_t qacc) {
+    const size_t es = ddp_dtype_size(b->dtype);
+    b->send = (unsigned char *)DDP_MALLOC((b->nu + b->np) * es);
+    b->q = (unsigned char *)DDP_MALLOC(b->nq * es);
+    b->acc = (double *)DDP_MALLOC(qacc * sizeof(double));
+    b->err = ps->d.no_error_feedback ? NULL : (unsigned char *)DDP_MALLOC(b->ne * es);
+    if (!b->send || !b->q || !b->acc || (!ps->d.no_error_feedback && !b->err)) {
+        _ddp_psgd_free_bucket(b);
+        return _ddp_psgd_fail(ps, DDP_ERR_OUT_OF_MEMORY, "no memory for bucket %d's factors (%zu + %zu "
+                              "elements)", k, b->nu + b->np, b->nq);
+    }
+    if (b->err) memset(b->err, 0, b->ne * es);   /* error feedback starts at zero */
+    return DDP_SUCCESS;
+}
+
 /* Bucket k's tensors, sorted into uncompressed segments and compressed matrices (PyTorch's
  * Step I), and its memory. Once per bucket (per layout), at its first compressed step. */
 _DDP_PRIVATE ddp_result_t _ddp_psgd_layout(ddp_powersgd_t *ps, ddp_comm_t *comm, int k, size_t count,
                                            ddp_dtype_t dtype) {
     _ddp_psgd_bucket_t *b = &ps->b[k];
-    const size_t es = ddp_dtype_size(dtype);
     int n = ddp_reducer_bucket_info(ps->red, k, NULL, 0, NULL, NULL), *ids, j;
-    size_t qacc = 0;
+    size_t qacc = 0, sent;
     if (n < 1) return _ddp_psgd_fail(ps, DDP_ERR_INVALID_USAGE, "bucket %d: %s", k, ddp_reducer_last_error(ps->red));
     ids = (int *)DDP_MALLOC(sizeof *ids * (size_t)n);
     b->segs = (_ddp_psgd_seg_t *)DDP_MALLOC(sizeof *b->segs * (size_t)n);
@@ -344,64 +399,27 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_layout(ddp_powersgd_t *ps, ddp_comm_t *comm,
     b->dtype = dtype;
     b->count = count;
     for (j = 0; j < n; j++) {
-        size_t off = 0, cnt = 0, rows = 0, cols = 0, r = (size_t)ps->d.matrix_approximation_rank;
-        int bk = -1, id = ids[j];
-        ddp_reducer_param_info(ps->red, id, &bk, &off, &cnt);
-        off /= es;
-        if (id < ps->nshapes) { rows = ps->rows[id]; cols = ps->cols[id]; }
-        if (r > rows) r = rows;
-        if (r > cols) r = cols;
-        /* PyTorch's _should_compress: (rows + cols) r * min_compression_rate < rows cols */
-        if (rows > 1 && cols > 1 && (double)(rows + cols) * (double)r * ps->d.min_compression_rate <
-                                        (double)rows * (double)cols) {
-            _ddp_psgd_mat_t *m = &b->mats[b->nmats++];
-            m->off = off;
-            m->rows = rows;
-            m->cols = cols;
-            m->rank = r;
-            m->p_at = b->np;     /* among the P's; the segments come first (added below) */
-            m->q_at = b->nq;
-            m->e_at = b->ne;
-            b->np += rows * r;
-            b->nq += cols * r;
-            b->ne += rows * cols;
-            if (cols * r > qacc) qacc = cols * r;
-        } else {
-            _ddp_psgd_seg_t *s = &b->segs[b->nsegs++];
-            s->off = off;
-            s->count = cnt;
-            s->at = b->nu;
-            b->nu += cnt;
-        }
+        size_t qn = _ddp_psgd_classify(ps, b, ids[j], ddp_dtype_size(dtype));
+        if (qn > qacc) qacc = qn;
     }
     DDP_FREE(ids);
     b->ready = 1;
+    b->plain = !b->nmats;   /* nothing worth compressing: the plain average (the same sums) */
+    sent = b->nu + b->np + b->nq;
     ddp_comm_log(comm, DDP_LOG_INFO, "powersgd: bucket %d: %d of %d tensors compressed (rank %d), %zu "
                  "elements -> %zu per step (%.1fx)%s", k, b->nmats, n, ps->d.matrix_approximation_rank,
-                 count, b->nu + b->np + b->nq, (double)count / (double)(b->nu + b->np + b->nq),
-                 b->nmats ? "" : ": plain averages");
-    if (!b->nmats) {   /* nothing worth compressing: the plain average (the same sums) */
-        b->plain = 1;
-        return DDP_SUCCESS;
-    }
+                 count, sent, (double)count / (double)sent, b->plain ? ": plain averages" : "");
+    if (b->plain) return DDP_SUCCESS;
     for (j = 0; j < b->nmats; j++) b->mats[j].p_at += b->nu;
-    b->send = (unsigned char *)DDP_MALLOC((b->nu + b->np) * es);
-    b->q = (unsigned char *)DDP_MALLOC(b->nq * es);
-    b->acc = (double *)DDP_MALLOC(qacc * sizeof(double));
-    b->err = ps->d.no_error_feedback ? NULL : (unsigned char *)DDP_MALLOC(b->ne * es);
-    if (!b->send || !b->q || !b->acc || (!ps->d.no_error_feedback && !b->err)) {
-        _ddp_psgd_free_bucket(b);
-        return _ddp_psgd_fail(ps, DDP_ERR_OUT_OF_MEMORY, "no memory for bucket %d's factors (%zu + %zu "
-                              "elements)", k, b->nu + b->np, b->nq);
-    }
-    if (b->err) memset(b->err, 0, b->ne * es);
-    return DDP_SUCCESS;
+    return _ddp_psgd_alloc(ps, b, k, qacc);
 }
 
-/* Fresh Q's: standard normal, from one seed drawn from the state's stream (PyTorch draws
- * torch.manual_seed(state.rng.randint(...)) per fill), so every rank draws the same. */
-_DDP_PRIVATE void _ddp_psgd_random_q(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b) {
-    uint64_t s = _ddp_psgd_next(&ps->rng);
+/* Fresh Q's: standard normal, the same on every rank. PyTorch seeds each fill with
+ * state.rng.randint(...), a stream seeded by random_seed; here the fill's seed is a function of
+ * (random_seed, step, bucket), so a rank that joins later (elastic) draws what the others draw. */
+_DDP_PRIVATE void _ddp_psgd_random_q(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b, int k) {
+    uint64_t x = ps->d.random_seed ^ (uint64_t)ps->iter * 0x9E3779B97F4A7C15ull ^
+                 ((uint64_t)k + 1) * 0xD1B54A32D192ED03ull, s = _ddp_psgd_next(&x);
     double spare = 0;
     int has = 0;
     size_t i;
@@ -412,46 +430,98 @@ _DDP_PRIVATE void _ddp_psgd_random_q(ddp_powersgd_t *ps, _ddp_psgd_bucket_t *b) 
     }
 }
 
-/* The first round (PyTorch's powerSGD_hook up to the first all-reduce): error feedback, the
- * Q's (warm or fresh, orthogonalised), P = M Q, the uncompressed tensors packed before the P's,
- * one async SUM all-reduce of the lot. */
-_DDP_PRIVATE ddp_result_t _ddp_psgd_first_round(ddp_powersgd_t *ps, ddp_comm_t *comm, _ddp_psgd_bucket_t *b,
-                                                unsigned char *buf, ddp_request_t *req) {
-    const size_t es = ddp_dtype_size(b->dtype);
+/* Element i of a float32 or float64 array, through double: for +, -, / of two floats the
+ * double result rounded to float is the float operation's own (53 >= 2 * 24 + 2 bits). */
+static inline double _ddp_psgd_get(const unsigned char *a, int f32, size_t i) {
+    return f32 ? (double)((const float *)(const void *)a)[i] : ((const double *)(const void *)a)[i];
+}
+static inline void _ddp_psgd_set(unsigned char *a, int f32, size_t i, double v) {
+    if (f32) ((float *)(void *)a)[i] = (float)v;
+    else ((double *)(void *)a)[i] = v;
+}
+
+/* Error feedback: M += error; the error memory keeps M (PyTorch's input_tensor_cp). */
+_DDP_PRIVATE void _ddp_psgd_add_error(const _ddp_psgd_bucket_t *b, const _ddp_psgd_mat_t *m, unsigned char *buf) {
     const int f32 = b->dtype == DDP_FLOAT32;
-    const double eps = ps->d.orthogonalization_epsilon;
-    int j;
+    const size_t n = m->rows * m->cols, es = f32 ? 4 : 8;
+    unsigned char *x = buf + m->off * es, *e = b->err + m->e_at * es;
     size_t i;
+    for (i = 0; i < n; i++) {
+        double v = _ddp_psgd_get(x, f32, i) + _ddp_psgd_get(e, f32, i);
+        _ddp_psgd_set(x, f32, i, v);
+        _ddp_psgd_set(e, f32, i, _ddp_psgd_get(x, f32, i));
+    }
+}
+
+/* Q orthogonalised (PyTorch orthogonalises warm and fresh Q's alike), then P = M Q. */
+_DDP_PRIVATE void _ddp_psgd_project(const _ddp_psgd_bucket_t *b, const _ddp_psgd_mat_t *m,
+                                    const unsigned char *buf, double eps) {
+    if (b->dtype == DDP_FLOAT32) {
+        float *q = (float *)(void *)b->q + m->q_at;
+        _ddp_psgd_ortho_f(q, m->cols, m->rank, eps);
+        _ddp_psgd_mq_f((const float *)(const void *)buf + m->off, m->rows, m->cols, q, m->rank,
+                       (float *)(void *)b->send + m->p_at);
+    } else {
+        double *q = (double *)(void *)b->q + m->q_at;
+        _ddp_psgd_ortho_d(q, m->cols, m->rank, eps);
+        _ddp_psgd_mq_d((const double *)(const void *)buf + m->off, m->rows, m->cols, q, m->rank,
+                       (double *)(void *)b->send + m->p_at);
+    }
+}
+
+/* The summed P orthogonalised (not divided by the world size: orthogonalisation normalises it
+ * anyway, as PyTorch's compute_qs), then Q = M^T P. */
+_DDP_PRIVATE void _ddp_psgd_back_project(const _ddp_psgd_bucket_t *b, const _ddp_psgd_mat_t *m,
+                                         const unsigned char *buf, double eps) {
+    if (b->dtype == DDP_FLOAT32) {
+        float *p = (float *)(void *)b->send + m->p_at;
+        _ddp_psgd_ortho_f(p, m->rows, m->rank, eps);
+        _ddp_psgd_mtp_f((const float *)(const void *)buf + m->off, m->rows, m->cols, p, m->rank,
+                        (float *)(void *)b->q + m->q_at, b->acc);
+    } else {
+        double *p = (double *)(void *)b->send + m->p_at;
+        _ddp_psgd_ortho_d(p, m->rows, m->rank, eps);
+        _ddp_psgd_mtp_d((const double *)(const void *)buf + m->off, m->rows, m->cols, p, m->rank,
+                        (double *)(void *)b->q + m->q_at, b->acc);
+    }
+}
+
+/* The summed Q / world; M = P Q^T into the bucket; error = (M + old error) - P Q^T. */
+_DDP_PRIVATE void _ddp_psgd_decompress(const _ddp_psgd_bucket_t *b, const _ddp_psgd_mat_t *m,
+                                       unsigned char *buf, int world) {
+    const int f32 = b->dtype == DDP_FLOAT32;
+    const size_t es = f32 ? 4 : 8, n = m->rows * m->cols;
+    unsigned char *q = b->q + m->q_at * es, *x = buf + m->off * es;
+    size_t i;
+    for (i = 0; i < m->cols * m->rank; i++) _ddp_psgd_set(q, f32, i, _ddp_psgd_get(q, f32, i) / world);
+    if (f32)
+        _ddp_psgd_pqt_f((float *)(void *)x, m->rows, m->cols, (const float *)(const void *)b->send + m->p_at,
+                        (const float *)(const void *)q, m->rank);
+    else
+        _ddp_psgd_pqt_d((double *)(void *)x, m->rows, m->cols, (const double *)(const void *)b->send + m->p_at,
+                        (const double *)(const void *)q, m->rank);
+    if (b->err)
+        for (i = 0; i < n; i++) {
+            unsigned char *e = b->err + m->e_at * es;
+            _ddp_psgd_set(e, f32, i, _ddp_psgd_get(e, f32, i) - _ddp_psgd_get(x, f32, i));
+        }
+}
+
+/* The first round (PyTorch's powerSGD_hook up to its first all-reduce): error feedback, the
+ * Q's (warm or fresh), P = M Q, the uncompressed tensors packed before the P's, one async SUM
+ * all-reduce of the lot. */
+_DDP_PRIVATE ddp_result_t _ddp_psgd_first_round(ddp_powersgd_t *ps, ddp_comm_t *comm, int k,
+                                                unsigned char *buf, ddp_request_t *req) {
+    _ddp_psgd_bucket_t *b = &ps->b[k];
+    const size_t es = ddp_dtype_size(b->dtype);
+    int j;
     if (b->err && (b->pending || b->err_stale)) memset(b->err, 0, b->ne * es);   /* a step failed */
     b->err_stale = 0;
-    if (b->err)   /* M += error; the error memory keeps M (PyTorch's input_tensor_cp) */
-        for (j = 0; j < b->nmats; j++) {
-            const _ddp_psgd_mat_t *m = &b->mats[j];
-            size_t n = m->rows * m->cols;
-            if (f32) {
-                float *x = (float *)(void *)buf + m->off, *e = (float *)(void *)b->err + m->e_at;
-                for (i = 0; i < n; i++) e[i] = x[i] += e[i];
-            } else {
-                double *x = (double *)(void *)buf + m->off, *e = (double *)(void *)b->err + m->e_at;
-                for (i = 0; i < n; i++) e[i] = x[i] += e[i];
-            }
-        }
-    if (!b->q_valid || ps->d.no_warm_start) _ddp_psgd_random_q(ps, b);
+    if (b->err)
+        for (j = 0; j < b->nmats; j++) _ddp_psgd_add_error(b, &b->mats[j], buf);
+    if (!b->q_valid || ps->d.no_warm_start) _ddp_psgd_random_q(ps, b, k);
     b->q_valid = 1;
-    for (j = 0; j < b->nmats; j++) {
-        const _ddp_psgd_mat_t *m = &b->mats[j];
-        if (f32) {
-            float *q = (float *)(void *)b->q + m->q_at;
-            _ddp_psgd_ortho_f(q, m->cols, m->rank, eps);
-            _ddp_psgd_mq_f((const float *)(const void *)buf + m->off, m->rows, m->cols, q, m->rank,
-                           (float *)(void *)b->send + m->p_at);
-        } else {
-            double *q = (double *)(void *)b->q + m->q_at;
-            _ddp_psgd_ortho_d(q, m->cols, m->rank, eps);
-            _ddp_psgd_mq_d((const double *)(const void *)buf + m->off, m->rows, m->cols, q, m->rank,
-                           (double *)(void *)b->send + m->p_at);
-        }
-    }
+    for (j = 0; j < b->nmats; j++) _ddp_psgd_project(b, &b->mats[j], buf, ps->d.orthogonalization_epsilon);
     for (j = 0; j < b->nsegs; j++)
         memcpy(b->send + b->segs[j].at * es, buf + b->segs[j].off * es, b->segs[j].count * es);
     /* PyTorch all-reduces the uncompressed tensors and the P's in two calls, one after the
@@ -459,57 +529,77 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_first_round(ddp_powersgd_t *ps, ddp_comm_t *
     return ddp_all_reduce_async(b->send, b->send, b->nu + b->np, b->dtype, DDP_SUM, comm, req);
 }
 
+/* A new communicator (the first step, or ddp_reducer_rebind after a shrink or a grow): the
+ * ranks agree on the step count (a joiner's fresh state has none: the MAX is the members') in
+ * one small all-reduce, issued at bucket 0's launch, the same point everywhere; the per-bucket
+ * state is dropped on every rank alike (a joiner has none to offer), so error feedback and warm
+ * start begin again. */
+_DDP_PRIVATE ddp_result_t _ddp_psgd_new_comm(ddp_powersgd_t *ps, ddp_comm_t *comm) {
+    int64_t it = ps->iter;
+    ddp_result_t e;
+    if (ps->comm)
+        ddp_comm_log(comm, DDP_LOG_INFO, "powersgd: a new communicator (%d ranks): the error feedback "
+                     "and warm-start state starts again", ddp_comm_size(comm));
+    _ddp_psgd_free_buckets(ps);
+    if ((e = ddp_all_reduce(&it, &it, 1, DDP_INT64, DDP_MAX, comm)) != DDP_SUCCESS)
+        return _ddp_psgd_fail(ps, e, "agreeing on the step count: %s", ddp_comm_last_error(comm));
+    ps->iter = it;
+    ps->comm = comm;
+    return DDP_SUCCESS;
+}
+
+/* Before the first step of a bucket: bound, host memory, the per-bucket state in step with
+ * the reducer's buckets and communicator. */
+_DDP_PRIVATE ddp_result_t _ddp_psgd_check(ddp_powersgd_t *ps, ddp_comm_t *comm, int k, const void *buf) {
+    ddp_result_t e;
+    if (!ps->red)
+        return _ddp_psgd_fail(ps, DDP_ERR_INVALID_USAGE, "not bound: call ddp_powersgd_bind(ps, reducer) "
+                              "after ddp_reducer_create");
+    ps->started = 1;
+    if (!ps->dev_checked) {
+        if (ddp_comm_is_device(comm, buf))
+            return _ddp_psgd_fail(ps, DDP_ERR_UNSUPPORTED, "the buckets are device memory: PowerSGD's "
+                                  "matrix products need GPU kernels (not here); use host gradients");
+        ps->dev_checked = 1;
+    }
+    if (k == 0 && comm != ps->comm && (e = _ddp_psgd_new_comm(ps, comm)) != DDP_SUCCESS) return e;
+    if ((e = _ddp_psgd_sync_buckets(ps, comm)) != DDP_SUCCESS) return e;
+    if (k < 0 || k >= ps->nb) return _ddp_psgd_fail(ps, DDP_ERR_INVALID_USAGE, "bucket %d of %d", k, ps->nb);
+    return DDP_SUCCESS;
+}
+
 /* The comm hook: the bucket's first round, or its plain average. */
 _DDP_PRIVATE ddp_result_t _ddp_psgd_hook(void *state, ddp_comm_t *comm, int k, void *buf, size_t count,
                                          ddp_dtype_t dtype, ddp_request_t *req) {
     ddp_powersgd_t *ps = (ddp_powersgd_t *)state;
-    ddp_result_t e = DDP_SUCCESS;
-    int compress, last;
-    if (!ps->red) {
-        _ddp_psgd_fail(ps, DDP_ERR_INVALID_USAGE, "not bound: call ddp_powersgd_bind(ps, reducer) after "
-                       "ddp_reducer_create");
-        return _ddp_psgd_step_fail(ps, comm, DDP_ERR_INVALID_USAGE);
-    }
-    ps->started = 1;
-    if (!ps->dev_checked) {
-        if (ddp_comm_is_device(comm, buf)) {
-            _ddp_psgd_fail(ps, DDP_ERR_UNSUPPORTED, "the buckets are device memory: PowerSGD's matrix "
-                           "products need GPU kernels (not here); use host gradients");
-            return _ddp_psgd_step_fail(ps, comm, DDP_ERR_UNSUPPORTED);
-        }
-        ps->dev_checked = 1;
-    }
-    if ((e = _ddp_psgd_sync_buckets(ps, comm)) != DDP_SUCCESS) return _ddp_psgd_step_fail(ps, comm, e);
-    if (k < 0 || k >= ps->nb) {
-        _ddp_psgd_fail(ps, DDP_ERR_INVALID_USAGE, "bucket %d of %d", k, ps->nb);
-        return _ddp_psgd_step_fail(ps, comm, DDP_ERR_INVALID_USAGE);
-    }
-    last = k == ps->nb - 1;
+    _ddp_psgd_bucket_t *b;
+    ddp_result_t e;
+    int compress;
+    if ((e = _ddp_psgd_check(ps, comm, k, buf)) != DDP_SUCCESS) return _ddp_psgd_step_fail(ps, comm, e);
+    b = &ps->b[k];
     compress = ps->iter >= ps->d.start_iter && (dtype == DDP_FLOAT32 || dtype == DDP_FLOAT64);
-    if (compress && !ps->b[k].ready && (e = _ddp_psgd_layout(ps, comm, k, count, dtype)) != DDP_SUCCESS)
+    if (compress && !ps->logged_start) {
+        ps->logged_start = 1;
+        ddp_comm_log(comm, DDP_LOG_INFO, "powersgd: compressing from step %lld on (rank %d, min "
+                     "compression rate %g, error feedback %s, warm start %s)", (long long)ps->iter,
+                     ps->d.matrix_approximation_rank, ps->d.min_compression_rate,
+                     ps->d.no_error_feedback ? "off" : "on", ps->d.no_warm_start ? "off" : "on");
+    }
+    if (compress && !b->ready && (e = _ddp_psgd_layout(ps, comm, k, count, dtype)) != DDP_SUCCESS)
         return _ddp_psgd_step_fail(ps, comm, e);
-    if (compress && ps->b[k].plain) compress = 0;
+    compress = compress && !b->plain;
     ps->st.elements_uncompressed_equivalent += count;
+    ps->st.elements_sent += compress ? b->nu + b->np + b->nq : count;
     if (compress) {
-        _ddp_psgd_bucket_t *b = &ps->b[k];
         ps->iter_compressed = 1;
-        ps->st.elements_sent += b->nu + b->np + b->nq;
-        if (!ps->logged_start) {
-            ps->logged_start = 1;
-            ddp_comm_log(comm, DDP_LOG_INFO, "powersgd: compressing from step %lld on (rank %d, min "
-                         "compression rate %g, error feedback %s, warm start %s)", (long long)ps->iter,
-                         ps->d.matrix_approximation_rank, ps->d.min_compression_rate,
-                         ps->d.no_error_feedback ? "off" : "on", ps->d.no_warm_start ? "off" : "on");
-        }
-        e = _ddp_psgd_first_round(ps, comm, b, (unsigned char *)buf, req);
+        e = _ddp_psgd_first_round(ps, comm, k, (unsigned char *)buf, req);
         b->pending = e == DDP_SUCCESS;
         if (e != DDP_SUCCESS) b->err_stale = 1;   /* the error memory holds M, not the error */
     } else {
-        if (ps->b[k].ready) ps->b[k].pending = 0;
-        ps->st.elements_sent += count;
+        b->pending = 0;
         e = ddp_all_reduce_async(buf, buf, count, dtype, DDP_AVG, comm, req);
     }
-    if (last) {   /* PyTorch's maybe_increase_iter: the last bucket of a step counts it */
+    if (k == ps->nb - 1) {   /* PyTorch's maybe_increase_iter: the last bucket of a step counts it */
         ps->st.iterations++;
         if (ps->iter_compressed) ps->st.compressed_iterations++;
         ps->iter_compressed = 0;
@@ -518,14 +608,15 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_hook(void *state, ddp_comm_t *comm, int k, v
     return e;
 }
 
-/* At finish, after the first round completed (PyTorch's unpack / compute_qs / decompress). */
+/* At finish, after the first round completed (PyTorch's unpack_uncompressed_tensors_and_
+ * allreduce_ps, compute_qs and decompress). */
 _DDP_PRIVATE ddp_result_t _ddp_psgd_done(void *state, ddp_comm_t *comm, int k, void *bufv, size_t count,
                                          ddp_dtype_t dtype) {
     ddp_powersgd_t *ps = (ddp_powersgd_t *)state;
     _ddp_psgd_bucket_t *b;
     unsigned char *buf = (unsigned char *)bufv;
     const int world = ddp_comm_size(comm), f32 = dtype == DDP_FLOAT32;
-    const double eps = ps->d.orthogonalization_epsilon;
+    const size_t es = ddp_dtype_size(dtype);
     size_t i;
     ddp_result_t e;
     int j;
@@ -534,32 +625,11 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_done(void *state, ddp_comm_t *comm, int k, v
     b = &ps->b[k];
     b->pending = 0;
     for (j = 0; j < b->nsegs; j++) {   /* the uncompressed average, into place */
-        const _ddp_psgd_seg_t *s = &b->segs[j];
-        if (f32) {
-            float *x = (float *)(void *)buf + s->off;
-            const float *y = (const float *)(const void *)b->send + s->at;
-            for (i = 0; i < s->count; i++) x[i] = y[i] / (float)world;
-        } else {
-            double *x = (double *)(void *)buf + s->off;
-            const double *y = (const double *)(const void *)b->send + s->at;
-            for (i = 0; i < s->count; i++) x[i] = y[i] / (double)world;
-        }
+        const _ddp_psgd_seg_t *sg = &b->segs[j];
+        for (i = 0; i < sg->count; i++)
+            _ddp_psgd_set(buf + sg->off * es, f32, i, _ddp_psgd_get(b->send + sg->at * es, f32, i) / world);
     }
-    /* The P's are not divided by the world size: orthogonalisation normalises them anyway. */
-    for (j = 0; j < b->nmats; j++) {
-        const _ddp_psgd_mat_t *m = &b->mats[j];
-        if (f32) {
-            float *p = (float *)(void *)b->send + m->p_at;
-            _ddp_psgd_ortho_f(p, m->rows, m->rank, eps);
-            _ddp_psgd_mtp_f((const float *)(const void *)buf + m->off, m->rows, m->cols, p, m->rank,
-                            (float *)(void *)b->q + m->q_at, b->acc);
-        } else {
-            double *p = (double *)(void *)b->send + m->p_at;
-            _ddp_psgd_ortho_d(p, m->rows, m->rank, eps);
-            _ddp_psgd_mtp_d((const double *)(const void *)buf + m->off, m->rows, m->cols, p, m->rank,
-                            (double *)(void *)b->q + m->q_at, b->acc);
-        }
-    }
+    for (j = 0; j < b->nmats; j++) _ddp_psgd_back_project(b, &b->mats[j], buf, ps->d.orthogonalization_epsilon);
     /* Blocking: it queues behind the buckets still in flight, and every rank issues it at the
      * same point (the reducer runs comm_hook_done at finish, in bucket order). */
     if ((e = ddp_all_reduce(b->q, b->q, b->nq, dtype, DDP_SUM, comm)) != DDP_SUCCESS) {
@@ -567,27 +637,7 @@ _DDP_PRIVATE ddp_result_t _ddp_psgd_done(void *state, ddp_comm_t *comm, int k, v
         b->q_valid = 0;
         return e;   /* the communicator says what failed */
     }
-    for (j = 0; j < b->nmats; j++) {
-        const _ddp_psgd_mat_t *m = &b->mats[j];
-        size_t n = m->rows * m->cols;
-        if (f32) {
-            float *q = (float *)(void *)b->q + m->q_at, *x = (float *)(void *)buf + m->off;
-            for (i = 0; i < m->cols * m->rank; i++) q[i] /= (float)world;
-            _ddp_psgd_pqt_f(x, m->rows, m->cols, (const float *)(const void *)b->send + m->p_at, q, m->rank);
-            if (b->err) {   /* error = (M + old error) - P Q^T */
-                float *er = (float *)(void *)b->err + m->e_at;
-                for (i = 0; i < n; i++) er[i] -= x[i];
-            }
-        } else {
-            double *q = (double *)(void *)b->q + m->q_at, *x = (double *)(void *)buf + m->off;
-            for (i = 0; i < m->cols * m->rank; i++) q[i] /= (double)world;
-            _ddp_psgd_pqt_d(x, m->rows, m->cols, (const double *)(const void *)b->send + m->p_at, q, m->rank);
-            if (b->err) {
-                double *er = (double *)(void *)b->err + m->e_at;
-                for (i = 0; i < n; i++) er[i] -= x[i];
-            }
-        }
-    }
+    for (j = 0; j < b->nmats; j++) _ddp_psgd_decompress(b, &b->mats[j], buf, world);
     return DDP_SUCCESS;
 }
 
@@ -613,7 +663,6 @@ DDP_API ddp_result_t ddp_powersgd_create(ddp_powersgd_t **out, const ddp_powersg
     if (!ps) return DDP_ERR_OUT_OF_MEMORY;
     memset(ps, 0, sizeof *ps);
     ps->d = d;
-    ps->rng = d.random_seed;
     rd->comm_hook = _ddp_psgd_hook;
     rd->comm_hook_done = _ddp_psgd_done;
     rd->comm_hook_state = ps;

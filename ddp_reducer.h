@@ -80,6 +80,8 @@ extern "C" {
  *     at finish after that request completed (PyTorch's future.then: e.g. decompress), in
  *     bucket order, at the same point of the issue order on every rank, so it may issue
  *     collectives on comm (the buckets' averages reach the gradients only then in copy mode).
+ *     ddp_reducer_bucket_info and ddp_reducer_param_info say which parameters a bucket holds
+ *     and where each starts in it (ddp_powersgd.h works on whole tensors with them).
  *     compression = DDP_COMPRESS_FP16/BF16 is the built-in fp16_compress_hook/bf16: float32 and
  *     float64 buckets are cast (after dividing by the world size), all-reduced, cast back.
  *   - Marking a parameter twice in an iteration, finish twice in a row, a bad index:
@@ -1022,7 +1024,8 @@ DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
                              "(a rank's shard is a range of the flat buffers)");
     if (d.zero_stage && (d.comm_hook || d.compression != DDP_COMPRESS_NONE))
         return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: zero_stage 1 reduce-scatters "
-                             "each bucket: not with a comm_hook or compression (they replace an all-reduce)");
+                             "each bucket: not with a comm_hook (PowerSGD's included) or compression (they replace "
+                             "an all-reduce)");
     if (d.elastic && d.zero_stage)
         return ddp_comm_fail(comm, DDP_ERR_INVALID_ARGUMENT, "reducer_create: elastic with zero_stage 1: a "
                              "lost rank takes its shard of the optimizer state (and, in all_gather_params, of "

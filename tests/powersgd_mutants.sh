@@ -9,7 +9,10 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/powersgd-mutants.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 status=0
 n=0
-echo "1..7"
+echo "1..9"
+
+# The device scenario finds the fake NCCL beside the binary (make build/fake_nccl/libnccl.so.2).
+[ -d build/fake_nccl ] && ln -s "$PWD/build/fake_nccl" "$tmp/fake_nccl"
 
 # mutant NAME FILE SCENARIO OLD NEW: the test, built against FILE with every OLD replaced by NEW
 # (at least one), must print at least one "not ok" in SCENARIO (or not finish: the watchdog).
@@ -27,7 +30,7 @@ if old not in s:
 open(p, "w").write(s.replace(old, new))
 EOF
     then echo "not ok $n - $name: could not apply"; status=1; return; fi
-    if ! ${CC:-cc} -std=c99 -O1 -I"$tmp/h" -DT_IMPL_SHM=1 -c "$tmp/h/tests/libddp.c" -o "$tmp/lib.o" ||
+    if ! ${CC:-cc} -std=c99 -O1 -I"$tmp/h" -DT_IMPL_SHM=1 -DT_IMPL_NCCL=1 -c "$tmp/h/tests/libddp.c" -o "$tmp/lib.o" ||
        ! ${CC:-cc} -std=c99 -O1 -I"$tmp/h" tests/test_powersgd.c "$tmp/lib.o" -o "$tmp/t" -pthread -lm; then
         echo "not ok $n - $name: does not compile"; status=1; return
     fi
@@ -38,17 +41,21 @@ EOF
 }
 
 mutant "error feedback computed but never added" ddp_powersgd.h feedback \
-    'for (i = 0; i < n; i++) e[i] = x[i] += e[i];' 'for (i = 0; i < n; i++) e[i] = x[i];'
+    'double v = _ddp_psgd_get(x, f32, i) + _ddp_psgd_get(e, f32, i);' 'double v = _ddp_psgd_get(x, f32, i);'
 mutant "fresh Q's every step despite warm start" ddp_powersgd.h warm \
     'if (!b->q_valid || ps->d.no_warm_start) _ddp_psgd_random_q(ps, b);' '_ddp_psgd_random_q(ps, b);'
 mutant "P not orthogonalised" ddp_powersgd.h reference \
-    '_ddp_psgd_ortho_d(p, m->rows, m->rank, eps);' '(void)p;'
+    '_ddp_psgd_ortho_d(p, m->rows, m->rank, eps);' '(void)eps;'
 mutant "Q's sum not divided by the world size" ddp_powersgd.h reference \
-    'for (i = 0; i < m->cols * m->rank; i++) q[i] /= (double)world;' '(void)q;'
+    '_ddp_psgd_set(q, f32, i, _ddp_psgd_get(q, f32, i) / world);' '(void)world;'
 mutant "uncompressed tensors' sum not divided by the world size" ddp_powersgd.h reference \
-    'for (i = 0; i < s->count; i++) x[i] = y[i] / (double)world;' 'for (i = 0; i < s->count; i++) x[i] = y[i];'
+    '_ddp_psgd_get(b->send + sg->at * es, f32, i) / world);' '_ddp_psgd_get(b->send + sg->at * es, f32, i));'
 mutant "min_compression_rate ignored" ddp_powersgd.h rate \
     '(double)(rows + cols) * (double)r * ps->d.min_compression_rate <' '(double)(rows + cols) * (double)r * 2.0 <'
 mutant "comm_hook_done run from grad_ready's poll" ddp_reducer.h done \
     '    if (r->d.comm_hook_done) return;' ''
+mutant "device buckets not refused" ddp_powersgd.h device \
+    'if (ddp_comm_is_device(comm, buf))' 'if (0)'
+mutant "no agreement on the step count on a new communicator" ddp_powersgd.h rejoin \
+    'if (k == 0 && comm != ps->comm &&' 'if (0 && k == 0 && comm != ps->comm &&'
 exit $status

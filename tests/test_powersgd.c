@@ -23,11 +23,19 @@
  *              (PowerSGD's second all-reduce is issued there).
  *   misuse     bad arguments, start_iter < 2 with error feedback or warm start, bind twice,
  *              shapes that do not fit, set_shape after the first step, ZeRO-1 refused.
+ *   rejoin     elastic: after 4 steps (2 compressed) the ranks move to a new communicator with
+ *              ddp_reducer_rebind, rank 2 with a fresh reducer and PowerSGD state (a joiner's);
+ *              the ranks agree on the step count and start error feedback and warm start again
+ *              together: the next steps equal the reference (reset there) on every rank.
+ *   device     the fake NCCL and CUDA runtime (tests/fake_nccl; skipped when not built): device
+ *              gradients refused at the first step (DDP_ERR_UNSUPPORTED, saying why) on every
+ *              rank, nobody hangs.
  */
 #define _GNU_SOURCE
 #include "ddp.h"
 #include "transports/ddp_tcp.h"
 #include "tests/ddp_test.h"
+#include "tests/ddp_test_device.h"
 
 #include <math.h>
 
@@ -68,6 +76,7 @@ typedef struct {
     int f32, flat, rank_r, start, steps;
     int no_ef, no_warm;
     double rate;
+    int elastic;
 } cfg_t;
 
 typedef struct {                 /* the reducer under test, its gradients */
@@ -97,6 +106,7 @@ static int net_make(net_t *n, ddp_comm_t *comm, const cfg_t *c, int with_psgd) {
     memset(&rd, 0, sizeof rd);
     memset(&pd, 0, sizeof pd);
     rd.first_bucket_bytes = 64 * es;
+    rd.elastic = c->elastic;
     rd.bucket_cap_bytes = 256 * es;
     if (c->flat) {
         n->flat = calloc(TOTAL, es);
@@ -153,8 +163,8 @@ static double gen_random(int rank, int step, int k, size_t i, void *arg) {
 
 /* ---------------------------------------------------------------- the reference
  * Written from the algorithm's description (the paper and PyTorch's hook), not from the
- * header: every rank's error kept here, Q's from the generator the header documents
- * (splitmix64 seed stream from random_seed, one seed per bucket fill, Box-Muller cos then sin). */
+ * header: every rank's error kept here, Q's from the generator the header documents (a
+ * splitmix64 seed from random_seed, the step and the bucket; Box-Muller, cos then sin). */
 static uint64_t ref_splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -182,7 +192,6 @@ static void ref_orthonormalize(double *a, size_t n, size_t r) {
 typedef struct {
     const cfg_t *c;
     int p;
-    uint64_t rng;
     double *err[MAXP][NP];       /* every rank's error, per matrix */
     double *q[NP];               /* the Q's (warm start) */
     int qvalid[NP];
@@ -208,7 +217,6 @@ static void ref_init(ref_t *R, const cfg_t *c, int p) {
     memset(R, 0, sizeof *R);
     R->c = c;
     R->p = p;
-    R->rng = 42;
     for (k = 0; k < NP; k++) {
         for (q = 0; q < p; q++) R->err[q][k] = (double *)calloc(count_of(k), sizeof(double));
         R->q[k] = (double *)calloc(cols_of[k] * 16, sizeof(double));
@@ -246,7 +254,10 @@ static void ref_step(ref_t *R, ddp_reducer_t *red, int step, gen_fn gen, void *a
         if (!any) continue;
         for (j = 0; j < nin; j++)
             if (ref_compressed(R, ids[j]) && (!R->qvalid[ids[j]] || R->c->no_warm)) fill = 1;
-        if (fill) s = ref_splitmix(&R->rng);
+        if (fill) {   /* the fill's seed: from (random_seed, step, bucket) */
+            uint64_t x = 42 ^ (uint64_t)step * 0x9E3779B97F4A7C15ull ^ (uint64_t)(b + 1) * 0xD1B54A32D192ED03ull;
+            s = ref_splitmix(&x);
+        }
         for (j = 0; j < nin; j++) {
             double *m[MAXP], *P, *Q = R->q[ids[j]];
             size_t rows, cols, r;
@@ -390,6 +401,65 @@ static int reference(int rank, int p, void *arg) {
     }
     ref_free(&R);
     net_free(&n, c);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rejoin */
+static void ref_reset(ref_t *R) {
+    int q, k;
+    for (k = 0; k < NP; k++) {
+        for (q = 0; q < R->p; q++) memset(R->err[q][k], 0, count_of(k) * sizeof(double));
+        R->qvalid[k] = 0;
+    }
+}
+
+static int rejoin(int rank, int p, void *arg) {
+    cfg_t c;
+    ddp_comm_t *comm, *nc = NULL;
+    net_t n;
+    ref_t R;
+    int step, bad = 0, apply = -1;
+    double worst = 0;
+    (void)arg;
+    memset(&c, 0, sizeof c);
+    c.rank_r = 2;
+    c.start = 2;
+    c.elastic = 1;
+    if (!(comm = init_comm(rank, p))) return 1;
+    if (net_make(&n, comm, &c, 1) != 0) return 1;
+    ref_init(&R, &c, p);
+    for (step = 0; step < 7; step++) {
+        double maxerr, maxabs;
+        if (step == 4) {   /* a new communicator, the same ranks; rank 2 comes with fresh state */
+            if (ddp_comm_split(comm, 0, rank, &nc) != DDP_SUCCESS) { bad++; break; }
+            if (rank == 2) {
+                net_free(&n, &c);
+                if (net_make(&n, nc, &c, 1) != 0) { bad++; break; }
+            }
+            if (ddp_reducer_rebind(n.r, nc, &apply) != DDP_SUCCESS || apply != 0) {
+                bad++;
+                diag("rebind: %s (apply %d)", ddp_reducer_last_error(n.r), apply);
+                break;
+            }
+            ref_reset(&R);
+        }
+        t_where("step %d", step);
+        if (net_step(&n, &c, rank, step, gen_random, NULL) != DDP_SUCCESS) {
+            bad++;
+            diag("step %d: %s", step, ddp_reducer_last_error(n.r));
+            break;
+        }
+        ref_step(&R, n.r, step, gen_random, NULL);
+        compare(&n, &R, &maxerr, &maxabs);
+        if (maxerr / maxabs > worst) worst = maxerr / maxabs;
+    }
+    ok(!bad && worst <= 1e-11, "[p=%d] rank %d%s: 7 steps, a new communicator before step 4 (rebind): every step "
+       "equals the reference (error feedback and warm start begun again at step 4): max error %.1e relative",
+       p, rank, rank == 2 ? " (fresh state at step 4)" : "", worst);
+    ref_free(&R);
+    net_free(&n, &c);
+    if (nc) ddp_comm_destroy(nc);
     ddp_comm_destroy(comm);
     return 0;
 }
@@ -806,6 +876,41 @@ static int misuse(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- device (fake NCCL) */
+static int device(int rank, int p, void *arg) {
+    ddp_comm_t *comm;
+    ddp_powersgd_t *ps = NULL;
+    ddp_powersgd_desc_t pd;
+    ddp_reducer_desc_t rd;
+    ddp_reducer_t *r = NULL;
+    float *gd = NULL;
+    ddp_result_t e;
+    (void)arg;
+    if (!(comm = init_comm(rank, p))) return 1;
+    t_dev_load();
+    if (t_dev_cu.Malloc((void **)&gd, 64 * sizeof(float)) != 0) { ok(0, "device setup"); return 1; }
+    memset(&pd, 0, sizeof pd);
+    memset(&rd, 0, sizeof rd);
+    pd.start_iter = 2;
+    if (ddp_powersgd_create(&ps, &pd, &rd) != DDP_SUCCESS || ddp_reducer_create(&r, comm, &rd) != DDP_SUCCESS ||
+        ddp_reducer_add_param(r, gd, 64, DDP_FLOAT32) != 0 || ddp_powersgd_bind(ps, r) != DDP_SUCCESS ||
+        ddp_powersgd_set_shape(ps, 0, 8, 8) != DDP_SUCCESS) {
+        ok(0, "set up: %s", ddp_comm_last_error(comm));
+        return 1;
+    }
+    ddp_reducer_grad_ready(r, 0);
+    e = ddp_reducer_finish(r);
+    ok(e == DDP_ERR_UNSUPPORTED && strstr(ddp_reducer_last_error(r), "device") &&
+       strstr(ddp_powersgd_last_error(ps), "device"), "[p=%d] device gradients -> %s: %s", p, ddp_strerror(e),
+       ddp_reducer_last_error(r));
+    ddp_comm_device_synchronize(comm);
+    ddp_reducer_destroy(r);
+    ddp_powersgd_destroy(ps);
+    t_dev_cu.Free(gd);
+    ddp_comm_destroy(comm);
+    return 0;
+}
+
 int main(void) {
     int p;
     t_init();
@@ -862,6 +967,19 @@ int main(void) {
     if (t_selected("misuse")) {
         diag("--- misuse");
         ok(t_run_ranks(2, misuse, NULL, 60) == 0, "misuse: every rank exited cleanly");
+    }
+    if (t_selected("rejoin")) {
+        diag("--- elastic: a new communicator, one rank with fresh state");
+        ok(t_run_ranks(3, rejoin, NULL, 90) == 0, "rejoin: every rank exited cleanly");
+    }
+    if (t_selected("device")) {
+        if (!t_dev_use_fakes()) {
+            ok(1, "# SKIP device: the fake NCCL is not built (make build/fake_nccl/libnccl.so.2)");
+        } else {
+            diag("--- device gradients (fake NCCL)");
+            ok(t_run_ranks(2, device, NULL, 90) == 0, "device: every rank exited cleanly");
+            unsetenv("DDP_NCCL");
+        }
     }
     return t_done();
 }
