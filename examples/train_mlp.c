@@ -27,6 +27,15 @@
  * Run: make demo (4 ranks via build/ddprun), or build/ddprun -n N build/train_mlp for any N,
  * or under torchrun/mpirun/srun (ddp_comm_init_env reads their variables). No arguments.
  *
+ * PowerSGD: DDP_POWERSGD_RANK=r (r >= 1) compresses the gradients with ddp_powersgd.h (rank-r
+ * approximation of W1, W2 and W3 viewed as their [out][in] matrices, error feedback, warm start;
+ * the biases go uncompressed), from step DDP_POWERSGD_START (default 10; PyTorch's default, 1000,
+ * would leave most of this short run uncompressed). The run is then no longer equal to the
+ * uncompressed reference, so check 2 is skipped: the replicas must still be bitwise identical
+ * and the model must still learn (checks 1 and 3), and rank 0 prints how many gradient elements
+ * went into the all-reduces per step against the uncompressed count. bench/powersgd_bench.sh
+ * compares the loss curves with uncompressed training.
+ *
  * TEST HOOK: DDP_DEMO_SKIP_ALLREDUCE=1 gives the reducer a communication hook that does nothing,
  * so the gradients are not all-reduced and each rank trains on its own shard alone; the checks
  * must then print FAIL and exit non-zero (tests/test_demo.sh).
@@ -362,6 +371,20 @@ static void print_buckets(ddp_reducer_t *r, const char *when) {
     printf("\n");
 }
 
+/* DDP_POWERSGD_RANK / DDP_POWERSGD_START: a whole number >= lo, or def when unset; -1 if bad. */
+static int env_int(const char *name, int def, int lo) {
+    const char *v = getenv(name);
+    char *end;
+    long x;
+    if (!v || !*v) return def;
+    x = strtol(v, &end, 10);
+    if (*end || x < lo || x > 1000000) {
+        fprintf(stderr, "train_mlp: %s=%s: want a whole number >= %d\n", name, v, lo);
+        return -1;
+    }
+    return (int)x;
+}
+
 static int comm_fail(const char *what, ddp_comm_t *c) {
     fprintf(stderr, "train_mlp: %s failed: %s\n", what, c ? ddp_comm_last_error(c) : ddp_last_init_error());
     if (c) ddp_comm_destroy(c);
@@ -386,12 +409,17 @@ int main(int argc, char **argv) {
     const char *skip_env = getenv("DDP_DEMO_SKIP_ALLREDUCE");
     int skip_allreduce = skip_env && *skip_env && strcmp(skip_env, "0") != 0;
     int identical, pass;
+    int psgd_rank = env_int("DDP_POWERSGD_RANK", 0, 0), psgd_start = env_int("DDP_POWERSGD_START", 10, 2);
+    ddp_powersgd_t *psgd = NULL;
+    ddp_powersgd_stats_t pst;
 
     if (argc > 1) {
         fprintf(stderr, "usage: ddprun -n NPROC %s   (no arguments; see the comment at the top of "
                         "examples/train_mlp.c)\n", argv[0]);
         return 2;
     }
+    if (psgd_rank < 0 || psgd_start < 0) return 2;
+    if (skip_allreduce) psgd_rank = 0; /* the test hook replaces every communication hook */
     if (ddp_comm_init_env(&comm, NULL) != DDP_SUCCESS) return comm_fail("ddp_comm_init_env", NULL);
     rank = ddp_comm_rank(comm);
     world = ddp_comm_size(comm);
@@ -429,10 +457,30 @@ int main(int argc, char **argv) {
     rdesc.first_bucket_bytes = FIRST_BUCKET_BYTES;
     rdesc.bucket_cap_bytes = BUCKET_CAP_BYTES;
     if (skip_allreduce) rdesc.comm_hook = skip_hook;
+    if (psgd_rank > 0) { /* PowerSGD sets the reducer's comm hook: before ddp_reducer_create */
+        ddp_powersgd_desc_t pd;
+        memset(&pd, 0, sizeof pd);
+        pd.matrix_approximation_rank = psgd_rank;
+        pd.start_iter = psgd_start;
+        if (ddp_powersgd_create(&psgd, &pd, &rdesc) != DDP_SUCCESS) {
+            fprintf(stderr, "train_mlp: ddp_powersgd_create: %s\n",
+                    psgd ? ddp_powersgd_last_error(psgd) : "failed");
+            if (psgd) ddp_powersgd_destroy(psgd);
+            return comm_fail("powersgd_create", comm);
+        }
+    }
     if (ddp_reducer_create(&reducer, comm, &rdesc) != DDP_SUCCESS) return comm_fail("reducer_create", comm);
     for (t = 0; t < NTENSORS; t++)
         if (ddp_reducer_add_param(reducer, g + tensors[t].off, (size_t)tensors[t].len, DDP_FLOAT32) != t)
             return comm_fail("reducer_add_param", comm);
+    /* The weights are [out][in] matrices; the biases stay vectors (sent uncompressed). */
+    if (psgd && (ddp_powersgd_bind(psgd, reducer) != DDP_SUCCESS ||
+                 ddp_powersgd_set_shape(psgd, 0, H1, IN) != DDP_SUCCESS ||
+                 ddp_powersgd_set_shape(psgd, 2, H2, H1) != DDP_SUCCESS ||
+                 ddp_powersgd_set_shape(psgd, 4, OUT, H2) != DDP_SUCCESS)) {
+        fprintf(stderr, "train_mlp: PowerSGD: %s\n", ddp_powersgd_last_error(psgd));
+        return comm_fail("powersgd_bind", comm);
+    }
 
     if (rank == 0) {
         printf("train_mlp: MLP %d-%d-%d-%d (%d parameters), %d samples, %d ranks x batch %d = global "
@@ -441,6 +489,9 @@ int main(int argc, char **argv) {
         printf("train_mlp: each rank's shard: %llu samples an epoch (DistributedSampler: reshuffled "
                "every epoch, %d repeated as padding)\n",
                (unsigned long long)nsamp, (int)(nsamp * (uint64_t)world - SAMPLES));
+        if (psgd)
+            printf("train_mlp: PowerSGD rank %d from step %d (DDP_POWERSGD_RANK, DDP_POWERSGD_START): "
+                   "W1 W2 W3 compressed, error feedback, warm start\n", psgd_rank, psgd_start);
         if (skip_allreduce)
             printf("train_mlp: DDP_DEMO_SKIP_ALLREDUCE set: gradients are NOT all-reduced (test "
                    "hook); the check must FAIL\n");
@@ -488,15 +539,35 @@ int main(int argc, char **argv) {
     identical = hash[0] == hash[1];
     ddp_reducer_destroy(reducer);   /* before its communicator */
     ddp_comm_destroy(comm);
+    memset(&pst, 0, sizeof pst);
+    if (psgd && ddp_powersgd_stats(psgd, &pst) != DDP_SUCCESS) memset(&pst, 0, sizeof pst);
+    if (psgd) ddp_powersgd_destroy(psgd);   /* after its reducer */
     workspace_free(&ws);
 
     pass = 1; /* rank 0 alone replays the training and gives the verdict; the others are done */
     if (rank == 0) {
         printf("train_mlp: trained in %.2f s (%.0f samples/s over all ranks)\n", t_train,
                (double)EPOCHS * (double)nsamp * world / t_train);
+        if (pst.iterations > 0)
+            printf("train_mlp: PowerSGD: %llu of %llu steps compressed; gradient elements all-reduced "
+                   "per step, mean over the run: %.0f, uncompressed %.0f (%.1fx fewer)\n",
+                   (unsigned long long)pst.compressed_iterations, (unsigned long long)pst.iterations,
+                   (double)pst.elements_sent / (double)pst.iterations,
+                   (double)pst.elements_uncompressed_equivalent / (double)pst.iterations,
+                   pst.elements_sent ? (double)pst.elements_uncompressed_equivalent / (double)pst.elements_sent : 0.0);
         printf("replicas bitwise identical on all %d ranks: %s\n", world, identical ? "yes" : "NO");
 
-        /* 2. The single-process reference from the same initial weights. */
+        /* 2. The single-process reference from the same initial weights: uncompressed, so it
+         * is no reference for a PowerSGD run (checks 1 and 3 still apply). */
+        if (psgd) {
+            printf("single-process reference: skipped (PowerSGD approximates the gradients)\n");
+            printf("final accuracy %.1f%% (need >= %.0f%%): %s\n", 100 * acc, 100 * MIN_ACCURACY,
+                   acc >= MIN_ACCURACY ? "learned" : "did NOT learn");
+            pass = identical && acc >= MIN_ACCURACY;
+            printf("train_mlp: %s\n", pass ? "PASS" : "FAIL");
+            free(data), free(label), free(p), free(p0), free(g), free(idx);
+            return pass ? 0 : 1;
+        }
         t_ref = now_s();
         if (reference_run(p0, world, data, label) != 0) {
             free(data), free(label), free(p), free(p0), free(g), free(idx);
