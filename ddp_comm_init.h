@@ -194,9 +194,13 @@ _DDP_PRIVATE ddp_result_t _ddp_init_tuning(ddp_comm_t *c, const ddp_comm_desc_t 
         c->choice.rd_max_bytes = nranks == 2 ? _DDP_RD_MAX_BYTES_P2
                         : (nranks & (nranks - 1)) == 0 ? _DDP_RD_MAX_BYTES_POW2 : _DDP_RD_MAX_BYTES_FOLDED;
     s = getenv("DDP_DETERMINISTIC");
-    if (!d->deterministic && s && *s && _ddp_parse_long(s, 0, 1, &v) != 0)
-        return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_DETERMINISTIC='%s': expected 0 or 1", s);
-    c->choice.deterministic = d->deterministic ? d->deterministic > 0 : s && *s && v == 1;
+    c->choice.deterministic = d->deterministic > 0;
+    if (!d->deterministic && s && *s) {
+        long det = 0;
+        if (_ddp_parse_long(s, 0, 1, &det) != 0)
+            return ddp_comm_fail(c, DDP_ERR_INVALID_ARGUMENT, "init: DDP_DETERMINISTIC='%s': expected 0 or 1", s);
+        c->choice.deterministic = det == 1;
+    }
     s = getenv("DDP_ASYNC_LANES");
     c->queue.want_lanes = (s && _ddp_parse_long(s, 1, _DDP_MAX_LANES, &v) == 0) ? (int)v : _DDP_DEFAULT_LANES;
     c->queue.lane_min_bytes = _ddp_parse_size(getenv("DDP_LANE_MIN_BYTES"));
