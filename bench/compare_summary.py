@@ -16,7 +16,9 @@ from bench/mem_limit.c: memcpy and a+b; limit_tcp_pP_rR.json from tcp_stream --b
 directions at once), one more table per world size: the limits (medians over the rounds) and the
 share of its limit each libddp configuration reached: shm busbw / memcpy, tcp busbw / the loopback
 per direction, computed per round (a run over the limit measured beside it, the same size, the
-same p) and then the median over the rounds, so that the placement of the moment cancels out.
+same p) and then the median over the rounds, so that the placement of the moment cancels out. A
+limit run that other load disturbed is replaced by the median of the undisturbed ones (of any p:
+a limit does not depend on p) where there are any; '!' marks what rests on disturbed runs only.
 
 A run during which other processes used more than CLEAN_CORES (default 0.25) cores is
 "disturbed": the medians use only the undisturbed runs of each (configuration, p) when there are
@@ -162,25 +164,40 @@ def limit_cell(kind, b, p=None):
     return {"GBs": statistics.median(vals), "n": len(vals), "disturbed": not clean, "all": [v for v, _ in every]}
 
 
+def limit_shown(kind, b, p):
+    """The limit of world size p's table: the median of its own rounds when one of them was
+    undisturbed, else of every world size's (a limit does not depend on p)."""
+    c = limit_cell(kind, b, p)
+    if c is None or c["disturbed"]:
+        c_all = limit_cell(kind, b)
+        if c_all and (c is None or not c_all["disturbed"]):
+            return c_all
+    return c
+
+
 def share_cell(impl, p, b):
     """Median over the runs of impl at p (the undisturbed ones if any) of busbw / the limit
-    measured beside the same round at the same p and size."""
+    measured beside the same round at the same p and size; when that limit run was disturbed
+    (other load ate into it, so it would flatter the share), the median of the undisturbed limit
+    runs instead, if there are any."""
     kind = LIMIT_OF.get(impl)
-    every = []
+    every = []   # (share, run undisturbed?, limit undisturbed?)
     for name, d in runs.items():
         m = re.match(r"%s_p%d_r(\d+)$" % (impl, p), name)
         lim = limit_at(limit_runs.get((p, int(m.group(1))), {}), kind, b) if m else None
+        if m and (not lim or not lim[1]):
+            c = limit_cell(kind, b)
+            if c and not c["disturbed"]:
+                lim = (c["GBs"], True)
         if not lim or lim[0] <= 0:
             continue
-        lim = lim[0]
         ok = loads.get(name, {}).get("other_cores", 0.0) <= clean_cores
-        every += [(r["busbw_GBs"] / lim, ok) for r in sweep_rows(d) if r["bytes"] == b]
-    clean = [v for v, ok in every if ok]
+        every += [(r["busbw_GBs"] / lim[0], ok, lim[1]) for r in sweep_rows(d) if r["bytes"] == b]
     if not every:
         return None
-    vals = clean or [v for v, _ in every]
-    return {"limit": kind, "share": statistics.median(vals), "n": len(vals), "all": [v for v, _ in every],
-            "disturbed": not clean or (limit_cell(kind, b, p) or {}).get("disturbed", False)}
+    used = [x for x in every if x[1]] or every
+    return {"limit": kind, "share": statistics.median(v for v, _, _ in used), "n": len(used),
+            "all": [v for v, _, _ in every], "disturbed": not any(x[1] for x in every) or not all(x[2] for x in used)}
 
 
 limit_kinds = [k for k, _, _ in LIMITS if any(k in lr for lr in limit_runs.values())]
@@ -192,7 +209,7 @@ for p in nps:
     for b in sizes:
         row = shares.setdefault(p, {}).setdefault(b, {"limits": {}})
         for k in limit_kinds:
-            c = limit_cell(k, b, p)
+            c = limit_shown(k, b, p)
             if c:
                 row["limits"][k] = c
         for k in share_impls:
@@ -306,7 +323,8 @@ for p in nps:
         head1 += " %-*s |" % (W_BW + W_SH + 1, LABEL[k])
         head2 += " %*s %*s |" % (W_BW, "GB/s", W_SH, "/" + LIMIT_LABEL[LIMIT_OF[k]])
     lines += ["Share of the machine's limit, p = %d: busbw / the limit measured beside the same round "
-              "(median over rounds)" % p, head1, head2, "-" * len(head2)]
+              "(median over rounds; a disturbed limit run replaced by the undisturbed ones' median)" % p,
+              head1, head2, "-" * len(head2)]
     for b in sorted(t):
         row = "%8s |" % human(b).replace(" ", "")
         for k in limit_kinds:
@@ -534,8 +552,9 @@ result = {
     "tables": summary,
     "loopback": loop,
     "limits": {"seconds_per_kernel": env("LIMIT_S"), "sizes": env("LIMIT_SIZES"), "kinds": limits_out,
-               "share": "per round: busbw / the limit measured beside it (same p, same size); then the median "
-                        "over the rounds (the undisturbed runs when there are any)",
+               "share": "per round: busbw / the limit measured beside it (same p, same size; when that limit "
+                        "run was disturbed, the median of the undisturbed limit runs of any p, if any); then the "
+                        "median over the rounds (the undisturbed runs when there are any)",
                "per_round": [{"nranks": q, "round": r,
                               **{k: {"GBs": {str(b): v for b, v in sorted(lr[k]["GBs"].items())},
                                      "other_cores": lr[k]["other_cores"],
