@@ -371,8 +371,9 @@ for k, label, what in LIMITS:
     n_all = max(len(c["all"]) for _, c in cells)
     n_med = max(c["n"] for _, c in cells)
     extra.append("For scale, beside every round (median of %s): %s: %s"
-                 % ("%d runs" % n_all if n_med == n_all else "the %d undisturbed of %d runs" % (n_med, n_all)
-                    if not all(c["disturbed"] for _, c in cells) else "%d runs, all disturbed" % n_all, what,
+                 % ("%d runs, all disturbed" % n_all if all(c["disturbed"] for _, c in cells)
+                    else "%d runs" % n_all if n_med == n_all else "the %d undisturbed of %d runs" % (n_med, n_all),
+                    what,
                     ", ".join("%s %s%s" % (human(b), fbw(c["GBs"]), "!" if c["disturbed"] else "")
                               for b, c in cells)))
 mem = {}
