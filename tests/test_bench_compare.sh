@@ -13,6 +13,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench_compare_test.XXXXXX") || { echo "Bail out
 trap 'rm -rf "$tmp"' EXIT
 T="timeout -k 2 60"
 
+# shellcheck source=tests/tap.sh
 . "$(dirname "$0")/tap.sh"   # ok, notok, check, why
 command -v python3 > /dev/null || { echo "1..0 # SKIP python3 is missing (compare_summary.py is python)"; exit 0; }
 
@@ -69,6 +70,7 @@ table_ok() {
     row=$(share_row)
     [ -n "$row" ] || { why "no 'Share of the machine's limit' table with a 1MiB row"; return 1; }
     # size | memcpy a+b tcp2way | tcp GB/s share | shm GB/s share | shm reg GB/s share
+    # shellcheck disable=SC2046 # the row's fields
     set -- $(echo "$row" | tr -d '|!')
     [ "$2 $3 $4" = "15.00 8.000 2.250" ] || why "limits (memcpy a+b tcp2way) '$2 $3 $4', expected medians '15.00 8.000 2.250'"
     [ "$6" = 0.55 ] || why "libddp tcp share '$6', expected 0.55 (1.0/2.0 and 1.5/2.5)"
@@ -89,7 +91,7 @@ scale_ok() {
 check "the 'For scale' lines name memcpy, a+b and the loopback both ways" scale_ok
 
 json_ok() {
-    python3 - "$tmp/out/compare.json" > "$tmp/json.txt" 2>&1 << 'EOF'
+    if ! python3 - "$tmp/out/compare.json" > "$tmp/json.txt" 2>&1 << 'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rounds = d["limits"]["per_round"]
@@ -104,7 +106,10 @@ assert abs(sh["ddp_tcp/bidir"]["share"] - 0.55) < 1e-9, sh
 assert row["limits"]["memcpy"]["GBs"] == 15.0, row["limits"]
 assert "Share of the machine's limit" in d["markdown"], "markdown"
 EOF
-    [ $? -eq 0 ] || { why "$(tail -3 "$tmp/json.txt")"; return 1; }
+    then
+        why "$(tail -3 "$tmp/json.txt")"
+        return 1
+    fi
 }
 check "the JSON carries the limits per round and the shares per size" json_ok
 
@@ -133,6 +138,7 @@ disturbed_ok() {
     summarize "$tmp/raw_dist" "$tmp/out_dist" || { why "compare_summary.py failed"; return 1; }
     row=$(awk '/^Share of the machine/ { s = 1 } s && $1 == "1MiB" { print; exit }' "$tmp/out_dist/summary.txt")
     [ -n "$row" ] || { why "no share table with a 1MiB row"; return 1; }
+    # shellcheck disable=SC2046 # the row's fields
     set -- $(echo "$row" | tr -d '|')
     [ "$2" = 10.00 ] || why "memcpy '$2' with round 2 disturbed, expected round 1's 10.00"
     # shm: round 1 4 / 10; round 2's own limit (20) was disturbed: 18 / the undisturbed median 10
@@ -143,6 +149,7 @@ check "a disturbed limit run is left out of the limit's median and of the shares
 
 # --- the limit programs, tiny ---------------------------------------------------------------
 build_ok() {
+    # shellcheck disable=SC2086 # CC and CFLAGS_T are lists of words
     $CC $CFLAGS_T bench/mem_limit.c -o "$tmp/mem_limit" 2> "$tmp/why" &&
         $CC $CFLAGS_T bench/tcp_stream.c -o "$tmp/tcp_stream" -lm 2>> "$tmp/why"
 }
