@@ -190,11 +190,15 @@ static void bidir_sizes(int fd, unsigned char *sbuf, unsigned char *rbuf, const 
         double t = bidir_timed(fd, sbuf, rbuf, m, len), want;
         int tries;
         /* The probe runs colder (slow start, page faults) than what follows: a timed run that
-         * took under half the time asked for is rerun, longer, up to 3 times. */
+         * took under half the time asked for is rerun, longer, up to 3 times. Each run is at most
+         * 8 times the one before: a probe that ran from cache on an idle core must not make a
+         * run that takes seconds on a busy machine. */
         for (tries = 0; tries < 4; tries++) {
+            size_t cap = (8 * len + m - 1) / m;
             if (t < 1e-6) t = 1e-6;
             want = (double)len / t * secs / (double)m + 0.5;
-            k = want < 2 ? 2 : want > 1e9 ? (size_t)1e9 : (size_t)want;
+            k = want < 2 ? 2 : want > (double)cap ? cap : (size_t)want;
+            if (k < 2) k = 2;
             len = k * m;
             t = bidir_timed(fd, sbuf, rbuf, m, len);
             if (t >= secs / 2 || k == 2) break;
