@@ -431,9 +431,11 @@ simulate: $(B)/ddp-simulate
 bench: $(B)/ddp-bench $(B)/svg_chart
 	bash bench/sweep.sh
 
-# libddp vs Open MPI vs Gloo all-reduce, side by side in one run (~10 minutes on 2 cores; knobs in
-# bench/compare.sh); needs libopenmpi-dev openmpi-bin libgloo-dev (a missing peer is skipped):
-# bench/results/compare.json and compare.md.
+# libddp vs Open MPI vs Gloo all-reduce, side by side in one run, and libddp's share of this
+# machine's limits (memcpy, a+b, TCP loopback both ways) measured beside every round (~10 minutes
+# on 2 cores; knobs in bench/compare.sh, e.g. IMPLS="ddp_shm" SIZES=1M,16M,256M REPEATS=5 for the
+# shared-memory share alone); needs libopenmpi-dev openmpi-bin libgloo-dev (a missing peer is
+# skipped): bench/results/compare.json and compare.md.
 .PHONY: compare
 compare:
 	bash bench/compare.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT (see LICENSE)
-# bench/compare.sh — `make compare`: libddp's all-reduce next to Open MPI's and Gloo's, measured
-# side by side in one run (issue 3).
+# bench/compare.sh — `make compare`: libddp's all-reduce next to Open MPI's and Gloo's, and next to
+# this machine's own limits (memcpy, a+b, TCP loopback both ways), measured side by side in one run.
 #
 #   bench/compare.sh [out.json]        (default bench/results/compare.json; the markdown table
 #                                       goes next to it as compare.md)
@@ -14,15 +14,28 @@
 # each round so drifting background load hits all alike:
 #   ddp_tcp    libddp over its TCP transport (--transport tcp where the bench lists transports)
 #   ddp_shm    libddp over shared memory (--transport shm), when the bench has transports/ddp_shm.h in it
+#   ddp_shm_reg  the same with the bench's buffers from ddp_comm_mem_alloc (--registered 1: buffers
+#              the same-host ranks map), when the bench's --help lists --registered
+#   ddp_x      libddp with the flags in LIBDDP_X_ARGS (one extra configuration of your choice; only
+#              when IMPLS names it)
 #   mpi_tcp    Open MPI: --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo
 #   mpi_vader  Open MPI: --mca pml ob1 --mca btl self,vader (its shared-memory path)
 #   gloo_tcp   Gloo: gloo::allreduce (a ring) over Gloo's TCP transport on 127.0.0.1
+#   limits     (at every p of every round, in the rotation too) the machine's limits at the sizes
+#              >= 64 KiB, each about LIMIT_S seconds: bench/mem_limit.c (memcpy and c = a + b with
+#              libddp's float sum kernel, one thread) and, when a TCP configuration of libddp runs,
+#              bench/tcp_stream.c --bidir (both directions at once on one loopback connection)
 # all float sum, in place, the same sizes, iterations and method (bench/bench_common.h); every
 # Open MPI run with --mca mpi_yield_when_idle 1 (ranks outnumber cores here). Also one TCP
-# loopback stream (bench/tcp_stream.c, the limit a TCP ring can reach) and one 256 MiB peak-RSS
-# run per implementation at p = 2. bench/compare_summary.py then prints one table per world size
-# (busbw and latency of each, ratios libddp/peer) from the medians of the undisturbed runs, and
-# writes the JSON and the markdown. Raw outputs stay in build/compare_raw/.
+# loopback stream (bench/tcp_stream.c, by message size; when a TCP configuration runs) and one
+# 256 MiB peak-RSS run per implementation at p = 2. bench/compare_summary.py then prints one table
+# per world size (busbw and latency of each, ratios libddp/peer) from the medians of the
+# undisturbed runs, and one of the shares of the machine's limits (libddp shm busbw / memcpy,
+# libddp tcp busbw / loopback both ways, per round, then the median), and writes the JSON and the
+# markdown. Raw outputs stay in build/compare_raw/.
+#
+# The shared-memory share alone, p = 2 and 4, 1 MiB .. 256 MiB, 5 rounds (a few minutes):
+#   IMPLS="ddp_shm ddp_shm_reg" SIZES=1M,4M,16M,64M,256M NP="2 4" REPEATS=5 make compare
 #
 # Environment (defaults keep the whole run under ~10 minutes on 2 cores):
 #   SIZES=8,4K,64K,1M,16M,64M NP="2 4" REPEATS=2
@@ -33,7 +46,11 @@
 #   WAIT_IDLE=60         first wait up to this many seconds for other load to go (0: don't)
 #   WAIT_ROUND=15        and up to this many before each later round
 #   CLEAN_CORES=0.25     a run during which others used more CPU than this is "disturbed"
-#   IMPLS="ddp_tcp ddp_shm mpi_tcp mpi_vader gloo_tcp"   a subset to run
+#   IMPLS="ddp_tcp ddp_shm mpi_tcp mpi_vader gloo_tcp"   a subset to run (ddp_shm_reg is added
+#                        after ddp_shm when the bench has --registered); a peer not named is not built
+#   LIBDDP_X_ARGS="--transport shm -T 30"   ddp-bench's flags for ddp_x (besides -N and the sweep);
+#                        its limit is the loopback both ways when they name tcp, else memcpy
+#   LIMITS=1 LIMIT_S=0.2 the limits beside every round, seconds per kernel and size (0: skip)
 #   LOOPBACK=1 MEM=1     the loopback stream and the peak-RSS runs (0: skip)
 #   LIBDDP_REF=HEAD      measure the library headers of this commit (extracted into build/) instead
 #                        of the working tree, so the result names exactly what was measured
@@ -56,7 +73,7 @@ shq() {   # a shell word: as is when safe, else in single quotes
 }
 CMD_ENV=""
 for v in SIZES NP REPEATS MIN_CLEAN MAX_ROUNDS TIME_BUDGET ITERS WARMUP TARGET_S WAIT_IDLE \
-         WAIT_ROUND CLEAN_CORES IMPLS LOOPBACK MEM LIBDDP_REF CC CXX MPICC; do
+         WAIT_ROUND CLEAN_CORES IMPLS LIBDDP_X_ARGS LIMITS LIMIT_S LOOPBACK MEM LIBDDP_REF CC CXX MPICC; do
     [ -n "${!v+x}" ] && CMD_ENV="$CMD_ENV $v=$(shq "${!v}")"
 done
 for v in $(env | grep -oE '^(DDP|GLOO)_[A-Za-z0-9_]+' | grep -v '^DDP_JOB_SECRET$' || true); do
@@ -79,7 +96,11 @@ TARGET_S=${TARGET_S:-0.5}
 WAIT_IDLE=${WAIT_IDLE:-60}
 WAIT_ROUND=${WAIT_ROUND:-15}
 CLEAN_CORES=${CLEAN_CORES:-0.25}
+IMPLS_GIVEN=${IMPLS:+1}
 IMPLS=${IMPLS:-ddp_tcp ddp_shm mpi_tcp mpi_vader gloo_tcp}
+LIBDDP_X_ARGS=${LIBDDP_X_ARGS:-}
+LIMITS=${LIMITS:-1}
+LIMIT_S=${LIMIT_S:-0.2}
 LOOPBACK=${LOOPBACK:-1}
 MEM=${MEM:-1}
 CC=${CC:-cc}
@@ -155,8 +176,20 @@ if [ "$HAVE_SHM" = 0 ] && [ -f transports/ddp_shm.h ]; then
     echo "== transports/ddp_shm.h exists but $DDPB_SRC has no shm transport: libddp over shm is not measured"
 fi
 
+# --registered: ddp_comm_mem_alloc'd buffers (a bench from before it has no such flag)
+HAVE_REG=0
+"$DDPB" --help 2> /dev/null | grep -q -- '--registered' && HAVE_REG=1
+if [ -z "$IMPLS_GIVEN" ] && [ "$HAVE_REG" = 1 ] && [ "$HAVE_SHM" = 1 ]; then
+    IMPLS=${IMPLS/ddp_shm/ddp_shm ddp_shm_reg}
+fi
+# named IMPL: IMPLS names it
+named() { case " $IMPLS " in *" $1 "*) return 0 ;; esac; return 1; }
+WANT_PEER=0
+if named mpi_tcp || named mpi_vader || named gloo_tcp; then WANT_PEER=1; fi
 MPIB=""
-if ! command -v "$MPICC" > /dev/null || ! command -v mpirun > /dev/null; then
+if ! named mpi_tcp && ! named mpi_vader; then
+    :   # not asked for: not built
+elif ! command -v "$MPICC" > /dev/null || ! command -v mpirun > /dev/null; then
     MISSING="$MISSING mpi"
     echo "== Open MPI not found ($MPICC / mpirun): skipping it. $NEEDS"
 elif build_named mpi "$MPICC" $CFLAGS_USER bench/mpi_allreduce_bench.c -o "$BIN/mpi_allreduce_bench" -lm; then
@@ -167,7 +200,9 @@ else
 fi
 
 GLOOB=""
-if ! command -v "$CXX" > /dev/null; then
+if ! named gloo_tcp; then
+    :
+elif ! command -v "$CXX" > /dev/null; then
     MISSING="$MISSING gloo"
     echo "== no C++ compiler ($CXX) for the Gloo peer: skipping Gloo. $NEEDS g++"
 elif ! printf '#include <gloo/allreduce.h>\n' | "$CXX" -std=c++17 -x c++ -fsyntax-only - 2> /dev/null; then
@@ -179,7 +214,7 @@ else
     BUILD_FAILED="$BUILD_FAILED gloo"
     echo "== bench/gloo_bench.cc does not build (above): skipping Gloo"
 fi
-if [ -z "$MPIB" ] && [ -z "$GLOOB" ]; then
+if [ "$WANT_PEER" = 1 ] && [ -z "$MPIB" ] && [ -z "$GLOOB" ]; then
     echo "make compare: no peer to compare with (missing:${MISSING:- none}; did not build:${BUILD_FAILED:- none})." >&2
     echo "$NEEDS" >&2
     exit 1
@@ -191,6 +226,12 @@ for c in $IMPLS; do
     case $c in
     ddp_tcp) ok=1 ;;
     ddp_shm) ok=$HAVE_SHM ;;
+    ddp_shm_reg)
+        ok=$((HAVE_SHM * HAVE_REG))
+        [ "$ok" = 1 ] || echo "== ddp_shm_reg: $DDPB_SRC has no --registered (or no shm transport): not measured" ;;
+    ddp_x)
+        [ -n "$LIBDDP_X_ARGS" ] || { echo "make compare: IMPLS names ddp_x but LIBDDP_X_ARGS is empty" >&2; exit 2; }
+        ok=1 ;;
     mpi_tcp|mpi_vader) ok=$([ -n "$MPIB" ] && echo 1 || echo 0) ;;
     gloo_tcp) ok=$([ -n "$GLOOB" ] && echo 1 || echo 0) ;;
     *) echo "make compare: unknown configuration '$c' in IMPLS" >&2; exit 2 ;;
@@ -201,11 +242,46 @@ CONFIGS=${CONFIGS# }
 [ -n "$CONFIGS" ] || { echo "make compare: nothing to run (IMPLS=$IMPLS)" >&2; exit 1; }
 echo "== configurations: $CONFIGS (libddp bench: $DDPB_SRC)"
 
-if [ "$LOOPBACK" = 1 ] && [ -f bench/tcp_stream.c ]; then
-    build_named tcp_stream $CC $CFLAGS_USER bench/tcp_stream.c -o "$BIN/tcp_stream" -lm || LOOPBACK=0
-else
-    LOOPBACK=0
+# The limits: memcpy and a+b for every configuration; the TCP loopback (the stream by message
+# size, and both ways at once beside every round) where a TCP configuration of libddp runs.
+TCP_RUNS=0
+for c in $CONFIGS; do
+    case $c in
+    ddp_tcp) TCP_RUNS=1 ;;
+    ddp_x) case " $LIBDDP_X_ARGS " in *tcp*) TCP_RUNS=1 ;; esac ;;
+    esac
+done
+# to_bytes 64K: 65536 (0 when it is not a size)
+to_bytes() {
+    local v=$1 m=1
+    case $v in
+    *[kK]) m=1024 v=${v%?} ;;
+    *[mM]) m=1048576 v=${v%?} ;;
+    *[gG]) m=1073741824 v=${v%?} ;;
+    esac
+    case $v in '' | *[!0-9]*) echo 0 ;; *) echo $((v * m)) ;; esac
+}
+LIMIT_SIZES=""
+for s in ${SIZES//,/ }; do
+    [ "$(to_bytes "$s")" -ge 65536 ] && LIMIT_SIZES="$LIMIT_SIZES,$s"
+done
+LIMIT_SIZES=${LIMIT_SIZES#,}
+if [ "$LIMITS" = 1 ] && [ -z "$LIMIT_SIZES" ]; then
+    echo "== no size >= 64 KiB in SIZES: no limits measured"
+    LIMITS=0
 fi
+MEM_LIMIT=0 TCP_LIMIT=0
+if [ "$LIMITS" = 1 ]; then
+    build_named mem_limit $CC $CFLAGS_USER $INC bench/mem_limit.c -o "$BIN/mem_limit" -lm && MEM_LIMIT=1
+    [ "$TCP_RUNS" = 1 ] && TCP_LIMIT=1
+fi
+[ "$TCP_RUNS" = 1 ] || LOOPBACK=0
+if [ "$LOOPBACK" = 1 ] || [ "$TCP_LIMIT" = 1 ]; then
+    if [ ! -f bench/tcp_stream.c ] || ! build_named tcp_stream $CC $CFLAGS_USER bench/tcp_stream.c -o "$BIN/tcp_stream" -lm; then
+        LOOPBACK=0 TCP_LIMIT=0
+    fi
+fi
+[ "$MEM_LIMIT" = 1 ] || [ "$TCP_LIMIT" = 1 ] || LIMITS=0
 
 wait_idle "$WAIT_IDLE" || true
 BUSY_BEFORE=$(busy_cores)
@@ -228,7 +304,17 @@ run_config() {
     mpi_tcp) run "$name" mpirun $MPIRUN_TCP -np "$p" "./$MPIB" "$@" -L O2 -J "$RAW/$name.json" ;;
     mpi_vader) run "$name" mpirun $MPIRUN_VADER -np "$p" "./$MPIB" "$@" -L O2 -J "$RAW/$name.json" ;;
     gloo_tcp) run "$name" "./$GLOOB" -N "$p" ${GLOO_BENCH_ARGS:-} "$@" -L O2 -J "$RAW/$name.json" ;;
+    ddp_shm_reg) run "$name" "./$DDPB" -N "$p" --transport shm --registered 1 "$@" -L O2 -J "$RAW/$name.json" ;;
+    ddp_x) run "$name" "./$DDPB" -N "$p" $LIBDDP_X_ARGS "$@" -L O2 -J "$RAW/$name.json" ;;
     esac
+}
+# run_limits P R: the machine's limits beside round R at P ranks (raw files $RAW/limit_*_pP_rR.*)
+run_limits() {
+    [ "$MEM_LIMIT" = 1 ] &&
+        run "limit_mem_p$1_r$2" "./$BIN/mem_limit" -s "$LIMIT_SIZES" -t "$LIMIT_S" -J "$RAW/limit_mem_p$1_r$2.json"
+    [ "$TCP_LIMIT" = 1 ] &&
+        run "limit_tcp_p$1_r$2" "./$BIN/tcp_stream" --bidir -s "$LIMIT_SIZES" -T "$LIMIT_S" -J "$RAW/limit_tcp_p$1_r$2.json"
+    return 0
 }
 # clean_runs CONFIG P: how many runs of CONFIG at P so far were undisturbed
 clean_runs() {
@@ -242,13 +328,15 @@ clean_runs() {
     echo "$n"
 }
 read -r -a CFG <<< "$CONFIGS"
+[ "$LIMITS" = 1 ] && CFG+=(limits)
 r=1
 while :; do
     [ "$r" -gt 1 ] && { wait_idle "$WAIT_ROUND" || true; }
     for p in $NP; do
         for k in "${!CFG[@]}"; do
             c=${CFG[$(((k + r - 1) % ${#CFG[@]}))]}
-            run_config "$c" "$p" "${c}_p${p}_r$r" $COMMON
+            if [ "$c" = limits ]; then run_limits "$p" "$r"
+            else run_config "$c" "$p" "${c}_p${p}_r$r" $COMMON; fi
         done
     done
     [ "$r" -ge "$MAX_ROUNDS" ] && break
@@ -283,5 +371,6 @@ if [ -n "$FAILED" ]; then echo "== failed runs:$FAILED"; fi
 mkdir -p "$(dirname "$OUT")"
 export CLEAN_CORES ROUNDS FAILED RAW OUT NP REPEATS MIN_CLEAN MAX_ROUNDS SIZES ITERS WARMUP TARGET_S \
        CFLAGS_USER CXXFLAGS_GLOO MPIRUN_TCP MPIRUN_VADER BUSY_BEFORE BUSY_AFTER LOAD_BEFORE LOAD_AFTER \
-       T_START T_END DATE CC CXX MPICC CONFIGS MISSING BUILD_FAILED DDPB_SRC DDP_T_TCP COMMAND NEEDS
+       T_START T_END DATE CC CXX MPICC CONFIGS MISSING BUILD_FAILED DDPB_SRC DDP_T_TCP COMMAND NEEDS \
+       LIMIT_S LIMIT_SIZES LIBDDP_X_ARGS
 python3 bench/compare_summary.py

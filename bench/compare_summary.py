@@ -11,6 +11,15 @@ the JSON of ddp-bench / allreduce_bench, mpi_allreduce_bench and gloo_bench (ben
 schema, old or new: only all_reduce, in-place rows are used). Writes OUT (JSON, every raw result
 included) and the markdown table next to it (compare.md) for the README.
 
+Then, where compare.sh measured the machine's limits beside every round (limit_mem_pP_rR.json
+from bench/mem_limit.c: memcpy and a+b; limit_tcp_pP_rR.json from tcp_stream --bidir: both
+directions at once), one more table per world size: the limits (medians over the rounds) and the
+share of its limit each libddp configuration reached: shm busbw / memcpy, tcp busbw / the loopback
+per direction, computed per round (a run over the limit measured beside it, the same size, the
+same p) and then the median over the rounds, so that the placement of the moment cancels out. A
+limit run that other load disturbed is replaced by the median of the undisturbed ones (of any p:
+a limit does not depend on p) where there are any; '!' marks what rests on disturbed runs only.
+
 A run during which other processes used more than CLEAN_CORES (default 0.25) cores is
 "disturbed": the medians use only the undisturbed runs of each (configuration, p) when there are
 any, and mark the cell with '!' when there are none.
@@ -37,7 +46,9 @@ IMPLS = [  # key, label, what the bench's own description leaves out
     ("mpi_tcp", "Open MPI tcp", "pml ob1, btl self,tcp over lo"),
     ("gloo_tcp", "Gloo tcp", ""),
     ("ddp_shm", "libddp shm", ""),
+    ("ddp_shm_reg", "libddp shm reg", "ddp-bench --transport shm --registered 1: buffers from ddp_comm_mem_alloc"),
     ("mpi_vader", "Open MPI vader", "pml ob1, btl self,vader (shared memory)"),
+    ("ddp_x", "libddp x", "ddp-bench " + env("LIBDDP_X_ARGS", "")),
 ]
 LABEL = {k: l for k, l, _ in IMPLS}
 RATIOS = [  # (libddp, peer, short header)
@@ -109,6 +120,102 @@ for p in nps:
                 "n": len(rs), "disturbed": disturbed,
                 "wrong": max(r.get("wrong", 0) for r in rs),
                 "all_busbw": [r["busbw_GBs"] for r in rs], "all_lat_us": [latency(r) for r in rs]}
+
+
+# ---- the machine's limits, beside every round ----
+LIMITS = [  # key, label, what
+    ("memcpy", "memcpy", "memcpy, one thread (GB/s copied)"),
+    ("add", "a+b", "c = a + b over float with libddp's kernel (ddp_reduce_local), one thread (GB/s of c)"),
+    ("bidir", "tcp2way", "TCP loopback, both directions at once on one connection (GB/s per direction)"),
+]
+LIMIT_LABEL = {k: l for k, l, _ in LIMITS}
+x_args = " %s " % env("LIBDDP_X_ARGS", "")
+LIMIT_OF = {"ddp_shm": "memcpy", "ddp_shm_reg": "memcpy", "ddp_tcp": "bidir",  # config -> its limit
+            "ddp_x": "bidir" if "tcp" in x_args else "memcpy"}
+limit_runs = {}   # (p, round) -> "memcpy"/"add"/"bidir" -> {"GBs": {bytes: GB/s}, "other_cores": x}
+for name, d in runs.items():
+    m = re.match(r"limit_(mem|tcp)_p(\d+)_r(\d+)$", name)
+    if not m:
+        continue
+    lr = limit_runs.setdefault((int(m.group(2)), int(m.group(3))), {})
+    other = loads.get(name, {}).get("other_cores", 0.0)
+    if m.group(1) == "mem":
+        lr["memcpy"] = {"GBs": {r["bytes"]: r["memcpy_GBs"] for r in d.get("results", [])}, "other_cores": other}
+        lr["add"] = {"GBs": {r["bytes"]: r["add_GBs"] for r in d.get("results", [])}, "other_cores": other}
+    else:
+        lr["bidir"] = {"GBs": {r["bytes"]: r["GBs_per_direction"] for r in d.get("bidir", [])}, "other_cores": other}
+
+
+def limit_at(lr, kind, b):
+    """(GB/s, undisturbed?) of limit kind at b bytes in one round's limits, or None."""
+    k = lr.get(kind)
+    return (k["GBs"][b], k["other_cores"] <= clean_cores) if k and b in k["GBs"] else None
+
+
+def limit_cell(kind, b, p=None):
+    """The median of limit kind at b bytes over the undisturbed rounds (of world size p; None:
+    all), or over every round, marked disturbed, when none was undisturbed."""
+    every = [limit_at(lr, kind, b) for (q, _), lr in limit_runs.items() if p is None or q == p]
+    every = [x for x in every if x]
+    clean = [v for v, ok in every if ok]
+    if not every:
+        return None
+    vals = clean or [v for v, _ in every]
+    return {"GBs": statistics.median(vals), "n": len(vals), "disturbed": not clean, "all": [v for v, _ in every]}
+
+
+def limit_shown(kind, b, p):
+    """The limit of world size p's table: the median of its own rounds when one of them was
+    undisturbed, else of every world size's (a limit does not depend on p)."""
+    c = limit_cell(kind, b, p)
+    if c is None or c["disturbed"]:
+        c_all = limit_cell(kind, b)
+        if c_all and (c is None or not c_all["disturbed"]):
+            return c_all
+    return c
+
+
+def share_cell(impl, p, b):
+    """Median over the runs of impl at p (the undisturbed ones if any) of busbw / the limit
+    measured beside the same round at the same p and size; when that limit run was disturbed
+    (other load ate into it, so it would flatter the share), the median of the undisturbed limit
+    runs instead, if there are any."""
+    kind = LIMIT_OF.get(impl)
+    every = []   # (share, run undisturbed?, limit undisturbed?)
+    for name, d in runs.items():
+        m = re.match(r"%s_p%d_r(\d+)$" % (impl, p), name)
+        lim = limit_at(limit_runs.get((p, int(m.group(1))), {}), kind, b) if m else None
+        if m and (not lim or not lim[1]):
+            c = limit_cell(kind, b)
+            if c and not c["disturbed"]:
+                lim = (c["GBs"], True)
+        if not lim or lim[0] <= 0:
+            continue
+        ok = loads.get(name, {}).get("other_cores", 0.0) <= clean_cores
+        every += [(r["busbw_GBs"] / lim[0], ok, lim[1]) for r in sweep_rows(d) if r["bytes"] == b]
+    if not every:
+        return None
+    used = [x for x in every if x[1]] or every
+    return {"limit": kind, "share": statistics.median(v for v, _, _ in used), "n": len(used),
+            "all": [v for v, _, _ in every], "disturbed": not any(x[1] for x in every) or not all(x[2] for x in used)}
+
+
+limit_kinds = [k for k, _, _ in LIMITS if any(k in lr for lr in limit_runs.values())]
+share_impls = [k for k in present if LIMIT_OF.get(k) in limit_kinds]
+shares = {}   # p -> bytes -> {"limits": {kind: cell}, impl: share cell}
+for p in nps:
+    sizes = sorted({b for (q, _), lr in limit_runs.items() if q == p for k in limit_kinds
+                    for b in lr.get(k, {}).get("GBs", {})})
+    for b in sizes:
+        row = shares.setdefault(p, {}).setdefault(b, {"limits": {}})
+        for k in limit_kinds:
+            c = limit_shown(k, b, p)
+            if c:
+                row["limits"][k] = c
+        for k in share_impls:
+            c = share_cell(k, p, b)
+            if c:
+                row[k] = c
 
 
 def ratio_of(cells, a, b):
@@ -202,6 +309,41 @@ if "ddp_shm" not in present:
     legend.append("  libddp shm: not measured (no shared-memory transport in the libddp bench)")
 lines = legend + [""] + lines
 
+# ---- the shares of the machine's limits ----
+W_SH = 8
+for p in nps:
+    t = shares.get(p)
+    if not t:
+        continue
+    head1 = "%8s |" % ("p = %d" % p)
+    head2 = "%8s |" % "size"
+    head1 += " %-*s |" % ((W_BW + 1) * len(limit_kinds) - 1, "limits, GB/s")
+    head2 += "".join(" %*s" % (W_BW, LIMIT_LABEL[k]) for k in limit_kinds) + " |"
+    for k in share_impls:
+        head1 += " %-*s |" % (W_BW + W_SH + 1, LABEL[k])
+        head2 += " %*s %*s |" % (W_BW, "GB/s", W_SH, "/" + LIMIT_LABEL[LIMIT_OF[k]])
+    lines += ["Share of the machine's limit, p = %d: busbw / the limit measured beside the same round "
+              "(median over rounds; a disturbed limit run replaced by the undisturbed ones' median)" % p,
+              head1, head2, "-" * len(head2)]
+    for b in sorted(t):
+        row = "%8s |" % human(b).replace(" ", "")
+        for k in limit_kinds:
+            c = t[b]["limits"].get(k)
+            row += " %*s" % (W_BW, fbw(c["GBs"]) + ("!" if c["disturbed"] else "") if c else "-")
+        row += " |"
+        for k in share_impls:
+            bw = tables[p].get(b, {}).get(k)
+            c = t[b].get(k)
+            row += " %*s %*s%s|" % (W_BW, fbw(bw["busbw_GBs"]) if bw else "-", W_SH,
+                                    "%.2f" % c["share"] if c else "-", "!" if c and c["disturbed"] else " ")
+        lines.append(row)
+    lines.append("")
+if shares:
+    lines += ["limits, per round at each p, one thread: " + "; ".join(
+              "%s = %s" % (LIMIT_LABEL[k], w) for k, _, w in LIMITS if k in limit_kinds) +
+              ". Each share is busbw over its limit: " + ", ".join(
+              "%s / %s" % (LABEL[k], LIMIT_LABEL[LIMIT_OF[k]]) for k in share_impls) + ".", ""]
+
 # loopback, memory, load
 extra = []
 stream = runs.get("tcp_stream")
@@ -218,6 +360,22 @@ if stream:
         for bd in stream.get("bidir", []):
             extra.append("  both directions at once, %s messages: %.2f GB/s per direction"
                          % (human(bd["bytes"]), bd["GBs_per_direction"]))
+limits_out = {}
+for k, label, what in LIMITS:
+    if k not in limit_kinds:
+        continue
+    sizes = sorted({b for lr in limit_runs.values() for b in lr.get(k, {}).get("GBs", {})})
+    cells = [(b, limit_cell(k, b)) for b in sizes]
+    limits_out[k] = {"what": what, "median_GBs": {str(b): c["GBs"] for b, c in cells},
+                     "disturbed": {str(b): c["disturbed"] for b, c in cells}}
+    n_all = max(len(c["all"]) for _, c in cells)
+    n_med = max(c["n"] for _, c in cells)
+    extra.append("For scale, beside every round (median of %s): %s: %s"
+                 % ("%d runs, all disturbed" % n_all if all(c["disturbed"] for _, c in cells)
+                    else "%d runs" % n_all if n_med == n_all else "the %d undisturbed of %d runs" % (n_med, n_all),
+                    what,
+                    ", ".join("%s %s%s" % (human(b), fbw(c["GBs"]), "!" if c["disturbed"] else "")
+                              for b, c in cells)))
 mem = {}
 order = {k: i for i, (k, _, _) in enumerate(IMPLS)}
 for name in sorted(runs, key=lambda n: (order.get(n.split("_mem_")[0], 99), n)):
@@ -335,6 +493,29 @@ for p in nps:
             cells.append("%s, %s%s" % (fr(r["busbw"]), fr(r["latency"]), m) if r else "-")
         md.append("| " + " | ".join(cells) + " |")
     md.append("")
+for p in nps:
+    t = shares.get(p)
+    if not t:
+        continue
+    md.append("**Share of the machine's limit, p = %d** (busbw / the limit measured beside the same round, "
+              "median over rounds; limits in GB/s, medians)" % p)
+    md.append("")
+    hdr = ["size"] + [LIMIT_LABEL[k] for k in limit_kinds] + \
+          ["%s<br>GB/s, / %s" % (LABEL[k], LIMIT_LABEL[LIMIT_OF[k]]) for k in share_impls]
+    md.append("| " + " | ".join(hdr) + " |")
+    md.append("|---|" + "---:|" * (len(hdr) - 1))
+    for b in sorted(t):
+        cells = [human(b)]
+        for k in limit_kinds:
+            c = t[b]["limits"].get(k)
+            cells.append(fbw(c["GBs"]) + ("!" if c["disturbed"] else "") if c else "-")
+        for k in share_impls:
+            bw = tables[p].get(b, {}).get(k)
+            c = t[b].get(k)
+            cells.append("%s, **%s**%s" % (fbw(bw["busbw_GBs"]) if bw else "-", "%.2f" % c["share"],
+                                           "!" if c["disturbed"] else "") if c else "-")
+        md.append("| " + " | ".join(cells) + " |")
+    md.append("")
 for l in extra:
     if l.startswith(("For scale", "  both", "Peak RSS")):
         md.append(l.strip() + "  ")
@@ -344,8 +525,11 @@ summary = {}
 for p in nps:
     rows = []
     for b in sorted(tables[p]):
+        sh = shares.get(p, {}).get(b, {})
         rows.append({"bytes": b, **{k: tables[p][b][k] for k in present if k in tables[p][b]},
-                     "ratios": {"%s/%s" % (a, bb): ratio_of(tables[p][b], a, bb) for a, bb, _ in ratios}})
+                     "ratios": {"%s/%s" % (a, bb): ratio_of(tables[p][b], a, bb) for a, bb, _ in ratios},
+                     "limits": sh.get("limits", {}),
+                     "shares": {"%s/%s" % (k, LIMIT_OF[k]): sh[k] for k in share_impls if k in sh}})
     summary[str(p)] = rows
 result = {
     "what": "all_reduce: libddp (tcp%s) vs Open MPI (tcp, vader) vs Gloo (tcp), measured side by side in one "
@@ -368,6 +552,16 @@ result = {
     "env": {k: v for k, v in os.environ.items() if k.startswith(("DDP_", "GLOO_")) and k != "DDP_JOB_SECRET"},
     "tables": summary,
     "loopback": loop,
+    "limits": {"seconds_per_kernel": env("LIMIT_S"), "sizes": env("LIMIT_SIZES"), "kinds": limits_out,
+               "share": "per round: busbw / the limit measured beside it (same p, same size; when that limit "
+                        "run was disturbed, the median of the undisturbed limit runs of any p, if any); then the "
+                        "median over the rounds (the undisturbed runs when there are any)",
+               "per_round": [{"nranks": q, "round": r,
+                              **{k: {"GBs": {str(b): v for b, v in sorted(lr[k]["GBs"].items())},
+                                     "other_cores": lr[k]["other_cores"],
+                                     "disturbed": lr[k]["other_cores"] > clean_cores}
+                                 for k in limit_kinds if k in lr}}
+                             for (q, r), lr in sorted(limit_runs.items())]},
     "memory": mem,
     "load": {"per_run": loads, "busy_cores_before": env("BUSY_BEFORE"), "busy_cores_after": env("BUSY_AFTER"),
              "loadavg_before": env("LOAD_BEFORE"), "loadavg_after": env("LOAD_AFTER")},

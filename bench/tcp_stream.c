@@ -4,6 +4,7 @@
  *
  *   cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror bench/tcp_stream.c -o build/tcp_stream -lm
  *   ./build/tcp_stream [-b 64K] [-e 64M] [-f 4] [-t total_bytes] [-B sockbuf] [-J out.json]
+ *   ./build/tcp_stream --bidir [-s 64K,1M,16M,64M] [-T 0.2] [-B sockbuf] [-J out.json]
  *
  * 1. stream: one sender process, one receiver process, one TCP connection over 127.0.0.1
  *    (TCP_NODELAY, blocking send/recv of whole messages). For each message size the sender
@@ -17,6 +18,10 @@
  * 3. memcpy of 64 MiB (single thread; GB/s counts the bytes copied once: the memory traffic is
  *    twice that), memcpy of 512 KiB (cache-resident), and c = a + b over 64 MiB of floats (what
  *    a reduction step costs at memory speed).
+ * --bidir measures only 2., quickly, at the sizes of -s (or -b/-e/-f): per size, messages of that
+ * size through buffers of that size, both directions at once, for about -T seconds (default 0.2;
+ * a short untimed probe first sets how many bytes that is, at least 2 messages each way). It is
+ * the limit a TCP ring all-reduce meets (`make compare` runs it beside every round).
  * Socket buffers: Linux autotuning unless -B sets SO_SNDBUF/SO_RCVBUF (as DDP_SOCKET_BUFSIZE).
  */
 #define _GNU_SOURCE
@@ -53,6 +58,23 @@ static size_t parse_size(const char *s) {
     default: break;
     }
     return (*end || v < 1) ? 0 : (size_t)v;
+}
+
+/* "64K,1M": the sizes into out; how many, or -1 when the list is malformed. */
+static int parse_sizes(const char *s, size_t *out) {
+    int n = 0;
+    while (*s) {
+        char one[64];
+        size_t len = strcspn(s, ","), v;
+        if (!len || len >= sizeof one || n == MAX_SIZES) return -1;
+        memcpy(one, s, len);
+        one[len] = 0;
+        if (!(v = parse_size(one))) return -1;
+        out[n++] = v;
+        s += len;
+        if (*s) s++;
+    }
+    return n;
 }
 
 static void die(const char *what) {
@@ -131,6 +153,64 @@ static void bidir(int fd, unsigned char *sbuf, unsigned char *rbuf, size_t msg, 
     fcntl(fd, F_SETFL, fl);
 }
 
+/* One timed bidirectional transfer, len bytes each way in msg-sized messages: tells the receiver
+ * process (len, msg), runs, waits for its acknowledgement. Returns the seconds it took. */
+static double bidir_timed(int fd, unsigned char *sbuf, unsigned char *rbuf, size_t msg, size_t len) {
+    uint64_t hdr[2];
+    char ack;
+    double t;
+    hdr[0] = len;
+    hdr[1] = msg;
+    send_all(fd, hdr, sizeof hdr);
+    t = now_s();
+    bidir(fd, sbuf, rbuf, msg, len);
+    recv_all(fd, &ack, 1);
+    return now_s() - t;
+}
+
+/* The receiver process's side of --bidir: (len, msg) pairs until len 0. */
+static void bidir_serve(int fd, unsigned char *sbuf, unsigned char *rbuf) {
+    for (;;) {
+        uint64_t hdr[2];
+        char ack = 'k';
+        recv_all(fd, hdr, sizeof hdr);
+        if (!hdr[0]) return;
+        bidir(fd, sbuf, rbuf, (size_t)hdr[1], (size_t)hdr[0]);
+        send_all(fd, &ack, 1);
+    }
+}
+
+/* --bidir: per size, a probe of at least 4 MiB (not reported; it sets the length), then about
+ * secs seconds. Fills gbs (per direction), lens (bytes each way) and secs_out. */
+static void bidir_sizes(int fd, unsigned char *sbuf, unsigned char *rbuf, const size_t *sizes, int nsizes,
+                        double secs, double *gbs, size_t *lens, double *secs_out) {
+    int i;
+    for (i = 0; i < nsizes; i++) {
+        size_t m = sizes[i], len = m * ((((size_t)4 << 20) + m - 1) / m), k;
+        double t = bidir_timed(fd, sbuf, rbuf, m, len), want;
+        int tries;
+        /* The probe runs colder (slow start, page faults) than what follows: a timed run that
+         * took under half the time asked for is rerun, longer, up to 3 times. Each run is at most
+         * 8 times the one before: a probe that ran from cache on an idle core must not make a
+         * run that takes seconds on a busy machine. */
+        for (tries = 0; tries < 4; tries++) {
+            size_t cap = (8 * len + m - 1) / m;
+            if (t < 1e-6) t = 1e-6;
+            want = (double)len / t * secs / (double)m + 0.5;
+            k = want < 2 ? 2 : want > (double)cap ? cap : (size_t)want;
+            if (k < 2) k = 2;
+            len = k * m;
+            t = bidir_timed(fd, sbuf, rbuf, m, len);
+            if (t >= secs / 2 || k == 2) break;
+        }
+        lens[i] = len;
+        secs_out[i] = t;
+        gbs[i] = (double)len / t / 1e9;
+        printf("  %10zu %12zu %10.3f %10.3f\n", m, lens[i], secs_out[i], gbs[i]);
+        fflush(stdout);
+    }
+}
+
 static double copy_bw(void *dst, const void *src, size_t n, int reps) {
     double t;
     int i;
@@ -159,10 +239,10 @@ static double add_bw(float *c, const float *a, const float *b, size_t n, int rep
 
 int main(int argc, char **argv) {
     size_t minb = 64u << 10, maxb = 64u << 20, total = (size_t)2 << 30, sizes[MAX_SIZES];
-    double factor = 4, gbs[MAX_SIZES], bidir_gbs[2] = {0, 0}, t;
-    size_t bidir_msg[2];
+    double factor = 4, gbs[MAX_SIZES], bidir_gbs[2] = {0, 0}, t, bidir_secs = 0.2, times[MAX_SIZES];
+    size_t bidir_msg[2], lens[MAX_SIZES];
     const char *json = NULL;
-    int bufsize = 0, nsizes = 0, i, lfd, fd, one = 1;
+    int bufsize = 0, nsizes = 0, i, lfd, fd, one = 1, bidir_only = 0, listed = 0;
     struct sockaddr_in a;
     socklen_t al = sizeof a;
     unsigned char *buf, *rbuf;
@@ -170,11 +250,20 @@ int main(int argc, char **argv) {
     double s;
     for (i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--bidir")) { bidir_only = 1; continue; }
         if (!strcmp(argv[i], "-h") || !v) {
-            fprintf(stderr, "usage: %s [-b 64K] [-e 64M] [-f 4] [-t 2G] [-B sockbuf] [-J out.json]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-b 64K] [-e 64M] [-f 4] [-t 2G] [-B sockbuf] [-J out.json]\n"
+                            "       %s --bidir [-s 64K,1M,16M,64M | -b -e -f] [-T 0.2] [-B sockbuf] [-J out.json]\n",
+                    argv[0], argv[0]);
             return 2;
         }
-        if (!strcmp(argv[i], "-b")) minb = parse_size(v);
+        if (!strcmp(argv[i], "-s")) {
+            listed = parse_sizes(v, sizes);
+            if (listed <= 0) { fprintf(stderr, "%s: bad size list '%s' (e.g. 64K,1M,16M)\n", argv[0], v); return 2; }
+        } else if (!strcmp(argv[i], "-T")) {
+            bidir_secs = atof(v);
+            if (!(bidir_secs > 0)) { fprintf(stderr, "%s: -T wants seconds > 0, not '%s'\n", argv[0], v); return 2; }
+        } else if (!strcmp(argv[i], "-b")) minb = parse_size(v);
         else if (!strcmp(argv[i], "-e")) maxb = parse_size(v);
         else if (!strcmp(argv[i], "-f")) factor = atof(v);
         else if (!strcmp(argv[i], "-t")) total = parse_size(v);
@@ -184,7 +273,13 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!minb || !maxb || minb > maxb || factor <= 1 || !total) { fprintf(stderr, "bad arguments\n"); return 2; }
-    for (s = (double)minb; s <= (double)maxb && nsizes < MAX_SIZES; s *= factor) sizes[nsizes++] = (size_t)s;
+    if (listed && !bidir_only) { fprintf(stderr, "%s: -s goes with --bidir (the stream takes -b/-e/-f)\n", argv[0]); return 2; }
+    if (listed) {
+        nsizes = listed;
+        for (maxb = 0, i = 0; i < nsizes; i++) maxb = sizes[i] > maxb ? sizes[i] : maxb;
+    } else {
+        for (s = (double)minb; s <= (double)maxb && nsizes < MAX_SIZES; s *= factor) sizes[nsizes++] = (size_t)s;
+    }
 
     if (posix_memalign((void **)&buf, 4096, maxb) || posix_memalign((void **)&rbuf, 4096, maxb)) die("malloc");
     memset(buf, 1, maxb);
@@ -209,6 +304,11 @@ int main(int argc, char **argv) {
         if (fd < 0) die("socket");
         tune(fd, bufsize);
         if (connect(fd, (struct sockaddr *)&a, sizeof a)) die("connect");
+        if (bidir_only) {
+            bidir_serve(fd, buf, rbuf);
+            close(fd);
+            _exit(0);
+        }
         for (i = 0; i < nsizes; i++) {
             size_t k, n = msgs_for(sizes[i], total);
             for (k = 0; k < n; k++) recv_all(fd, rbuf, sizes[i]);
@@ -227,6 +327,31 @@ int main(int argc, char **argv) {
     if (fd < 0) die("accept");
     close(lfd);
     tune(fd, bufsize);
+    if (bidir_only) {
+        uint64_t stop[2] = {0, 0};
+        printf("# TCP loopback, one connection over 127.0.0.1, TCP_NODELAY, socket buffers %s: both directions "
+               "at once, one thread per side, about %.2f s per size\n", bufsize > 0 ? "fixed (-B)" : "autotuned",
+               bidir_secs);
+        printf("# %10s %12s %10s %10s\n", "msg_bytes", "bytes_each", "time(s)", "GB/s/dir");
+        bidir_sizes(fd, buf, rbuf, sizes, nsizes, bidir_secs, gbs, lens, times);
+        send_all(fd, stop, sizeof stop);
+        close(fd);
+        waitpid(pid, NULL, 0);
+        if (json) {
+            FILE *f = fopen(json, "w");
+            if (!f) die(json);
+            fprintf(f, "{\n  \"bench\": \"tcp_stream\",\n  \"mode\": \"bidir\",\n  \"sockbuf\": %d,\n"
+                       "  \"seconds_per_size\": %.3f,\n  \"bidir\": [\n", bufsize, bidir_secs);
+            for (i = 0; i < nsizes; i++)
+                fprintf(f, "    {\"bytes\": %zu, \"GBs_per_direction\": %.6f, \"bytes_per_direction\": %zu, "
+                           "\"time_s\": %.6f}%s\n", sizes[i], gbs[i], lens[i], times[i], i + 1 < nsizes ? "," : "");
+            fprintf(f, "  ]\n}\n");
+            fclose(f);
+        }
+        free(buf);
+        free(rbuf);
+        return 0;
+    }
     printf("# TCP loopback stream, one connection over 127.0.0.1, TCP_NODELAY, socket buffers %s\n",
            bufsize > 0 ? "fixed (-B)" : "autotuned");
     printf("# %10s %8s %10s %10s\n", "msg_bytes", "msgs", "time(s)", "GB/s");
