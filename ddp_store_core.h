@@ -189,7 +189,9 @@ struct ddp_store {
     _ddp_throttle_t *throttle;   /* _DDP_STORE_THROTTLE_SOURCES, allocated at start (a secret) */
     _ddp_store_conn_t *held_head, *held_tail;   /* connections the throttle holds back */
     int64_t held_next_us;     /* the earliest held_until_us (0: none held) */
-    _ddp_kv_t *buckets[_DDP_KV_BUCKETS];
+    _ddp_kv_t *buckets[_DDP_KV_BUCKETS];   /* the key table until it grows (kv_big) */
+    _ddp_kv_t **kv_big;       /* the grown table, kv_nbuckets chains (NULL: buckets) */
+    size_t kv_nbuckets, kv_count;
 };
 
 _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {

@@ -106,9 +106,44 @@ _DDP_PRIVATE void _ddp_store_warn_rate(ddp_store_t *s, _ddp_store_rate_t *rl, co
     rl->suppressed = 0;
 }
 
-/* ---------------------------------------------------------------- key-value table */
+/* ---------------------------------------------------------------- key-value table
+ * Chains: _DDP_KV_BUCKETS inline at first, doubled (rehashed) whenever the keys outnumber them
+ * twice over, so a lookup stays short at any job size (a fixed 1024 made every lookup walk
+ * keys/1024 entries, and a rendezvous of N ranks grow as N^2). A doubling that finds no memory
+ * keeps the table: slower, still correct. */
+_DDP_PRIVATE _ddp_kv_t **_ddp_kv_table(ddp_store_t *s, size_t *n) {
+    if (!s->kv_big) { *n = _DDP_KV_BUCKETS; return s->buckets; }
+    *n = s->kv_nbuckets;
+    return s->kv_big;
+}
+
+_DDP_PRIVATE void _ddp_kv_grow(ddp_store_t *s) {
+    size_t n, m, i;
+    _ddp_kv_t **old = _ddp_kv_table(s, &n), **t;
+    if (s->kv_count <= 2 * n || n > (size_t)-1 / 2 / sizeof *t) return;
+    m = 2 * n;
+    if (!(t = (_ddp_kv_t **)DDP_MALLOC(m * sizeof *t))) return;
+    memset(t, 0, m * sizeof *t);
+    for (i = 0; i < n; i++) {
+        _ddp_kv_t *e = old[i];
+        while (e) {
+            _ddp_kv_t *next = e->next;
+            size_t b = (size_t)(_ddp_fnv1a(e->key, e->klen, _DDP_FNV_INIT) % m);
+            e->next = t[b];
+            t[b] = e;
+            e = next;
+        }
+    }
+    if (s->kv_big) DDP_FREE(s->kv_big);
+    else memset(s->buckets, 0, sizeof s->buckets);
+    s->kv_big = t;
+    s->kv_nbuckets = m;
+}
+
 _DDP_PRIVATE _ddp_kv_t **_ddp_kv_slot(ddp_store_t *s, const char *key, uint32_t klen) {
-    _ddp_kv_t **pp = &s->buckets[_ddp_fnv1a(key, klen, _DDP_FNV_INIT) % _DDP_KV_BUCKETS];
+    size_t n;
+    _ddp_kv_t **table = _ddp_kv_table(s, &n);
+    _ddp_kv_t **pp = &table[_ddp_fnv1a(key, klen, _DDP_FNV_INIT) % n];
     while (*pp && !((*pp)->klen == klen && memcmp((*pp)->key, key, klen) == 0)) pp = &(*pp)->next;
     return pp;
 }
@@ -127,10 +162,15 @@ _DDP_PRIVATE int _ddp_kv_put(ddp_store_t *s, const char *key, uint32_t klen, con
         if (klen) memcpy(e->key, key, klen);
         e->klen = klen;
         e->next = NULL;
+        e->val = v;
+        e->vlen = vlen;
         *pp = e;
-    } else {
-        DDP_FREE(e->val);
+        s->kv_count++;
+        s->changed = 1;
+        _ddp_kv_grow(s);
+        return 0;
     }
+    DDP_FREE(e->val);
     e->val = v;
     e->vlen = vlen;
     s->changed = 1;
@@ -578,6 +618,7 @@ _DDP_PRIVATE int _ddp_store_on_delete(ddp_store_t *s, _ddp_store_conn_t *c, cons
     if (e) {
         *pp = e->next;
         DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e);
+        s->kv_count--;
     }
     return _ddp_conn_reply(c, DDP_SUCCESS, e != NULL, NULL, 0);
 }
@@ -1204,7 +1245,6 @@ _DDP_PRIVATE void _ddp_store_server_stop(ddp_store_t *s, int grace_ms) {
 /* After the thread is stopped (or never ran): every connection, descriptor and key goes. */
 _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
     size_t slot;
-    int i;
     for (slot = 0; slot < s->conns_hwm; slot++) if (s->conns[slot]) _ddp_store_drop(s, s->conns[slot]);
     _ddp_store_reap(s);
     DDP_FREE(s->conns);
@@ -1216,9 +1256,15 @@ _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
     if (s->diag_fd >= 0) close(s->diag_fd);     /* never watched */
     DDP_FREE(s->throttle);
     if (s->wake[1] >= 0) close(s->wake[1]);     /* the write end: never watched */
-    for (i = 0; i < _DDP_KV_BUCKETS; i++) {
-        _ddp_kv_t *e = s->buckets[i];
-        while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
+    {
+        size_t nb, b;
+        _ddp_kv_t **table = _ddp_kv_table(s, &nb);
+        for (b = 0; b < nb; b++) {
+            _ddp_kv_t *e = table[b];
+            while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
+        }
+        if (s->kv_big) DDP_FREE(s->kv_big);
+        s->kv_big = NULL;
     }
 }
 
