@@ -131,6 +131,7 @@ typedef struct _ddp_store_client {
 typedef struct _ddp_store_conn _ddp_store_conn_t;
 typedef struct _ddp_throttle _ddp_throttle_t;
 typedef struct _ddp_kv _ddp_kv_t;
+typedef struct _ddp_waiter _ddp_waiter_t;
 /* At most one log line a second per kind of trouble; the next line counts the others. */
 typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
 
@@ -192,6 +193,12 @@ struct ddp_store {
     _ddp_kv_t *buckets[_DDP_KV_BUCKETS];   /* the key table until it grows (kv_big) */
     _ddp_kv_t **kv_big;       /* the grown table, kv_nbuckets chains (NULL: buckets) */
     size_t kv_nbuckets, kv_count;
+    /* Parked GET/WAITs filed under each key they wait for, so that a write re-checks only the
+     * requests parked on the keys it wrote (ddp_store_server.h: the waiters' index). */
+    _ddp_waiter_t **waiters;  /* nwaiter_chains chains (NULL: nothing filed yet) */
+    size_t nwaiter_chains, nwaiter_nodes;
+    _ddp_store_conn_t *woken_head, *woken_tail;   /* parked requests a write may have answered */
+    int nunfiled;             /* parked but not filed (no memory): re-checked after every write */
 };
 
 _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {

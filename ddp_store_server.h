@@ -86,6 +86,20 @@ struct _ddp_store_conn {
     int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
     int64_t held_until_us;
     struct _ddp_store_conn *hprev, *hnext;   /* the server's held list */
+    /* A parked request's keys, each filed in the waiters' index (see there) */
+    _ddp_waiter_t *wk;        /* nwk of wk_cap in use */
+    size_t nwk, wk_cap;
+    int filed;                /* 1: its keys are filed; -1: parked unfiled (no memory); 0: not parked */
+    int woken;                /* on the server's woken list */
+    struct _ddp_store_conn *wprev, *wnext;   /* the woken list */
+};
+
+/* One key of a parked request, in the chain of the waiters' index its key hashes to. */
+struct _ddp_waiter {
+    struct _ddp_waiter *next, **pprev;
+    _ddp_store_conn_t *conn;
+    uint64_t hash;            /* of the key (_ddp_fnv1a): equal hashes are re-checked, so a
+                               * collision costs a look, never a wrong answer */
 };
 
 /* A WARN line, unless one of this kind went out less than a second ago (then it is counted). */
@@ -104,6 +118,132 @@ _DDP_PRIVATE void _ddp_store_warn_rate(ddp_store_t *s, _ddp_store_rate_t *rl, co
         _ddp_store_log(s, DDP_LOG_WARN, "%s", msg);
     rl->last_us = now;
     rl->suppressed = 0;
+}
+
+/* ---------------------------------------------------------------- the waiters' index
+ * A GET or WAIT whose keys do not exist yet is parked; each of its keys is filed here, in a
+ * chain chosen by the key's hash (the nodes live in the connection: c->wk). A write looks at
+ * the one chain of the key it wrote and puts the requests filed under that key on the woken
+ * list; after the round, only those are run again (a request on several keys is woken by any of
+ * them, and parked again if it still waits). Before, every write made the server run every
+ * parked request again: with N clients parked on one key while N others write, N^2 re-checks.
+ * The chains double when the filed keys outnumber them twice over, so a write's look stays
+ * short whatever the job's size (a key with many waiters makes one long chain, which a write
+ * of another key reaches with probability 1 / chains). Memory: the chains, and per parked
+ * connection its keys' nodes, allocated when it parks with more keys than ever before. Without
+ * memory a request is parked unfiled and re-checked after every write, as before. */
+_DDP_PRIVATE void _ddp_waiters_link(_ddp_waiter_t **chain, _ddp_waiter_t *w) {
+    w->next = *chain;
+    if (w->next) w->next->pprev = &w->next;
+    w->pprev = chain;
+    *chain = w;
+}
+
+/* Enough chains for `nodes` filed keys: 0, or -1 when out of memory (the table is kept). */
+_DDP_PRIVATE int _ddp_waiters_reserve(ddp_store_t *s, size_t nodes) {
+    size_t n = s->nwaiter_chains, m = n ? n : _DDP_KV_BUCKETS, i;
+    _ddp_waiter_t **t;
+    while (nodes > 2 * m && m <= (size_t)-1 / 4 / sizeof *t) m *= 2;
+    if (m == n) return 0;
+    if (!(t = (_ddp_waiter_t **)DDP_MALLOC(m * sizeof *t))) return n ? 0 : -1;   /* longer chains */
+    memset(t, 0, m * sizeof *t);
+    for (i = 0; i < n; i++) {
+        while (s->waiters[i]) {
+            _ddp_waiter_t *w = s->waiters[i];
+            s->waiters[i] = w->next;
+            _ddp_waiters_link(&t[w->hash % m], w);
+        }
+    }
+    DDP_FREE(s->waiters);
+    s->waiters = t;
+    s->nwaiter_chains = m;
+    return 0;
+}
+
+_DDP_PRIVATE void _ddp_woken_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (!c->woken) return;
+    if (c->wprev) c->wprev->wnext = c->wnext; else s->woken_head = c->wnext;
+    if (c->wnext) c->wnext->wprev = c->wprev; else s->woken_tail = c->wprev;
+    c->wprev = c->wnext = NULL;
+    c->woken = 0;
+}
+
+_DDP_PRIVATE void _ddp_woken_add(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (c->woken) return;
+    c->woken = 1;
+    c->wnext = NULL;
+    c->wprev = s->woken_tail;
+    if (s->woken_tail) s->woken_tail->wnext = c; else s->woken_head = c;
+    s->woken_tail = c;
+}
+
+/* A parked request's keys: GET has one; WAIT's are NUL-separated (as _ddp_store_wait_ready
+ * reads them). Counts them, and with `w` hashes them into w[0..]. */
+_DDP_PRIVATE size_t _ddp_waiter_keys(const _ddp_store_req_t *rq, const char *key, _ddp_waiter_t *w) {
+    uint32_t off = 0;
+    size_t k = 0;
+    if (rq->op != _DDP_ST_WAIT) {
+        if (w) w[0].hash = _ddp_fnv1a(key, rq->klen, _DDP_FNV_INIT);
+        return 1;
+    }
+    while (off < rq->klen) {
+        uint32_t n = 0;
+        while (off + n < rq->klen && key[off + n]) n++;
+        if (w) w[k].hash = _ddp_fnv1a(key + off, n, _DDP_FNV_INIT);
+        k++;
+        off += n + 1;
+    }
+    return k;
+}
+
+/* Files a request that was just parked under each of its keys (or parks it unfiled). */
+_DDP_PRIVATE void _ddp_waiter_file(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_req_t *rq,
+                                   const char *key) {
+    size_t k = _ddp_waiter_keys(rq, key, NULL), i;
+    if (c->filed) return;
+    if (k > c->wk_cap) {
+        _ddp_waiter_t *w = k <= (size_t)-1 / sizeof *w ? (_ddp_waiter_t *)DDP_MALLOC(k * sizeof *w) : NULL;
+        if (w) { DDP_FREE(c->wk); c->wk = w; c->wk_cap = k; }
+    }
+    if (k > c->wk_cap || _ddp_waiters_reserve(s, s->nwaiter_nodes + k) != 0) {
+        c->filed = -1;
+        s->nunfiled++;
+        return;
+    }
+    _ddp_waiter_keys(rq, key, c->wk);
+    for (i = 0; i < k; i++) {
+        c->wk[i].conn = c;
+        _ddp_waiters_link(&s->waiters[c->wk[i].hash % s->nwaiter_chains], &c->wk[i]);
+    }
+    c->nwk = k;
+    s->nwaiter_nodes += k;
+    c->filed = 1;
+}
+
+/* Takes a request's keys out of the index (it was answered, woken or dropped). */
+_DDP_PRIVATE void _ddp_waiter_unfile(ddp_store_t *s, _ddp_store_conn_t *c) {
+    size_t i;
+    if (c->filed < 0) s->nunfiled--;
+    if (c->filed > 0) {
+        for (i = 0; i < c->nwk; i++) {
+            _ddp_waiter_t *w = &c->wk[i];
+            *w->pprev = w->next;
+            if (w->next) w->next->pprev = w->pprev;
+        }
+        s->nwaiter_nodes -= c->nwk;
+    }
+    c->nwk = 0;
+    c->filed = 0;
+}
+
+/* A key was written: the requests filed under it are woken (run again after this round). */
+_DDP_PRIVATE void _ddp_waiters_wake(ddp_store_t *s, const char *key, uint32_t klen) {
+    uint64_t h;
+    _ddp_waiter_t *w;
+    if (!s->nwaiter_nodes) return;
+    h = _ddp_fnv1a(key, klen, _DDP_FNV_INIT);
+    for (w = s->waiters[h % s->nwaiter_chains]; w; w = w->next)
+        if (w->hash == h) _ddp_woken_add(s, w->conn);
 }
 
 /* ---------------------------------------------------------------- key-value table
@@ -168,12 +308,14 @@ _DDP_PRIVATE int _ddp_kv_put(ddp_store_t *s, const char *key, uint32_t klen, con
         s->kv_count++;
         s->changed = 1;
         _ddp_kv_grow(s);
+        _ddp_waiters_wake(s, key, klen);
         return 0;
     }
     DDP_FREE(e->val);
     e->val = v;
     e->vlen = vlen;
     s->changed = 1;
+    _ddp_waiters_wake(s, key, klen);
     return 0;
 }
 
@@ -433,6 +575,8 @@ _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
         pthread_mutex_unlock(&s->srv_mu);
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    _ddp_waiter_unfile(s, c);
+    _ddp_woken_unlink(s, c);
     s->conns[c->slot] = NULL;
     s->free_slots[s->nfree++] = c->slot;
     s->nconns--;
@@ -449,6 +593,7 @@ _DDP_PRIVATE void _ddp_store_reap(ddp_store_t *s) {
         s->dead = c->next;
         DDP_FREE(c->in);
         DDP_FREE(c->out);
+        DDP_FREE(c->wk);
         DDP_FREE(c);
     }
 }
@@ -687,9 +832,16 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (r == 3) return 0;                          /* the hello stays where it is */
     if (r == 1) {
         if (!c->waiting) { c->waiting = 1; s->nwaiting++; }
+        _ddp_waiter_file(s, c, &m.rq, m.key);
         return 0;
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    _ddp_waiter_unfile(s, c);
+    if (c->wk_cap > 1024) {                       /* an answered wait on many keys: its nodes go */
+        DDP_FREE(c->wk);
+        c->wk = NULL;
+        c->wk_cap = 0;
+    }
     c->head_len = c->body_len = c->body_need = 0;
     if (c->in_cap > ((size_t)1 << 20)) {          /* a big SET's buffer is not kept */
         DDP_FREE(c->in);
@@ -793,15 +945,26 @@ _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t
     _ddp_conn_settle(s, c);
 }
 
-/* A write happened: answer the parked GET/WAITs whose keys now exist. */
+/* Writes happened: run again the parked GET/WAITs they woke (answered now, or parked again),
+ * and, only when memory ran short, the ones parked unfiled. */
+_DDP_PRIVATE void _ddp_store_rerun_one(ddp_store_t *s, _ddp_store_conn_t *c) {
+    _ddp_waiter_unfile(s, c);
+    if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); return; }
+    _ddp_conn_settle(s, c);
+}
+
 _DDP_PRIVATE void _ddp_store_rerun_waiting(ddp_store_t *s) {
+    const int changed = s->changed;
     size_t i;
     s->changed = 0;
-    for (i = 0; s->nwaiting && i < s->conns_hwm; i++) {
+    while (s->woken_head) {                   /* handlers that park write nothing: none join */
+        _ddp_store_conn_t *c = s->woken_head;
+        _ddp_woken_unlink(s, c);
+        if (c->waiting) _ddp_store_rerun_one(s, c);
+    }
+    for (i = 0; changed && s->nunfiled && i < s->conns_hwm; i++) {
         _ddp_store_conn_t *c = s->conns[i];
-        if (!c || !c->waiting) continue;
-        if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }
-        _ddp_conn_settle(s, c);
+        if (c && c->waiting && c->filed < 0) _ddp_store_rerun_one(s, c);
     }
 }
 
@@ -999,7 +1162,7 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
                 if (c) _ddp_conn_event(s, c, ev[i].events);
             }
         }
-        if (s->changed) _ddp_store_rerun_waiting(s);
+        if (s->changed || s->woken_head) _ddp_store_rerun_waiting(s);
         now = _ddp_now_us();
         _ddp_store_release_held(s, now);
         _ddp_store_expire(s, now);
@@ -1266,6 +1429,9 @@ _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
         if (s->kv_big) DDP_FREE(s->kv_big);
         s->kv_big = NULL;
     }
+    DDP_FREE(s->waiters);
+    s->waiters = NULL;
+    s->nwaiter_chains = s->nwaiter_nodes = 0;
 }
 
 #endif /* DDP_STORE_SERVER_IMPLEMENTATION */
