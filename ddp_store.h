@@ -282,6 +282,8 @@ _DDP_PRIVATE void _ddp_store_forget(ddp_store_t *s) {
         if (*fds[i] >= 0) close(*fds[i]);
         *fds[i] = -1;
     }
+    for (i = 1; i < s->nlisten; i++) close(s->listen_fds[i]);   /* [0] is listen_fd */
+    s->nlisten = 0;
 }
 
 /* ---------------------------------------------------------------- the calls

@@ -105,20 +105,47 @@ _DDP_PRIVATE ddp_result_t _ddp_store_hs_error(ddp_store_t *s, int hs) {
     }
 }
 
+/* How long a fresh connection waits for the server's challenge, which a libddp server sends as
+ * it accepts: a quarter of the handshake bound (at least 1 s), doubling with each connection of
+ * this connect that got none, up to the bound. A connection the client sees as made may not
+ * exist on the server: when the listen queue is full, the kernel answers SYNs with SYN cookies
+ * and drops the final ACK of a connection it cannot queue; the client, which speaks second,
+ * would then wait for its challenge until the timeout, silently. It connects again instead. */
+_DDP_PRIVATE int64_t _ddp_store_chal_deadline(const ddp_store_t *s, int64_t deadline) {
+    int64_t ms = s->handshake_ms / 4, d;
+    int i;
+    if (ms < _DDP_STORE_HANDSHAKE_MIN_MS) ms = _DDP_STORE_HANDSHAKE_MIN_MS;
+    for (i = 0; i < s->chal_misses && ms < s->handshake_ms; i++) ms *= 2;
+    if (ms > s->handshake_ms) ms = s->handshake_ms;
+    d = _ddp_now_us() + ms * 1000;
+    return deadline && deadline < d ? deadline : d;
+}
+
 /* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
- * master out of descriptors, or flooded, drops some): then the caller connects again. */
+ * master out of descriptors, or flooded, drops some), or brought no challenge in time (see
+ * above): then the caller connects again. */
 _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t deadline, int *retry) {
     unsigned char chal[sizeof(_ddp_store_chal_t)], msg[_DDP_STORE_HELLO_BYTES];
     unsigned char ns[_DDP_AUTH_NONCE_BYTES], nc[_DDP_AUTH_NONCE_BYTES], val[_DDP_AUTH_PROOF_BYTES];
     _ddp_store_resp_t resp;
     size_t msglen = 0, vlen = 0;
     int rc, hs;
-    const int64_t t0 = _ddp_now_us();
+    const int64_t t0 = _ddp_now_us(), chal_deadline = _ddp_store_chal_deadline(s, deadline);
     *retry = 0;
     if ((rc = _ddp_auth_nonce(nc)) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: no random nonce for the handshake "
                               "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
-    rc = _ddp_recv_all(fd, chal, sizeof chal, deadline);
+    rc = _ddp_recv_all(fd, chal, sizeof chal, chal_deadline);
+    if (rc == -ETIMEDOUT && chal_deadline != deadline) {
+        s->chal_misses++;
+        *retry = 1;
+        snprintf(s->last_error, sizeof s->last_error, "connected to %.120s:%d, but no challenge came within "
+                 "%d ms (the server's listen queue overflowed and dropped a connection made by a SYN "
+                 "cookie: see ListenOverflows and SyncookiesSent in /proc/net/netstat on its host; or "
+                 "the server is stopped or overloaded); connecting again", s->host, s->port,
+                 (int)((_ddp_now_us() - t0) / 1000));
+        return DDP_ERR_TIMEOUT;
+    }
     if (rc == 0) {
         _ddp_store_chal_t ch;
         memcpy(&ch, chal, sizeof ch);

@@ -46,6 +46,12 @@ typedef struct ddp_store_desc {
     int log_rank;                 /* rank shown in log lines, + 1 (0 = unknown) */
     ddp_log_fn_t log_fn;          /* NULL: log lines go to stderr; else to this, with log_user */
     void *log_user;
+    /* A client's connections leave from this numeric local address (NULL or "": the kernel
+     * picks). Many clients of one host to one server share one address's ephemeral ports
+     * (net.ipv4.ip_local_port_range, ~28,000 by default, TIME_WAIT sockets of earlier
+     * connections included); spread over several (127.0.0.2, 127.0.0.3, ... all reach a
+     * loopback server) they do not run out, and the kernel's search for a free port stays short. */
+    const char *local_addr;
 } ddp_store_desc_t;
 #define DDP_STORE_MAX_KEY 1024
 #define DDP_STORE_MAX_VALUE (16u << 20)
@@ -136,6 +142,7 @@ typedef struct _ddp_waiter _ddp_waiter_t;
 typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
 
 #define _DDP_KV_BUCKETS 1024
+#define _DDP_STORE_LISTENERS 8              /* the server's listen queues (ddp_store_server.h) */
 struct ddp_store {
     /* client side */
     const _ddp_store_client_t *client;   /* its protocol (NULL: none yet, as the fuzzers' store) */
@@ -162,9 +169,13 @@ struct ddp_store {
      * instead of retrying until the timeout (nothing restarts one rank's store). */
     char hosted_by[64];
     int connected_once;
+    char local_addr[64];      /* desc.local_addr ("": none) */
+    int chal_misses;          /* this connect's connections that got no challenge in time */
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
-    int listen_fd;
+    int listen_fd;            /* the first of the listeners: listen_fds[0] */
+    int listen_fds[_DDP_STORE_LISTENERS];   /* sockets sharing one port (SO_REUSEPORT) */
+    int nlisten;
     int wake[2];
     int epfd;
     int spare_fd;             /* given up to refuse a connection when out of descriptors */
@@ -269,11 +280,58 @@ _DDP_PRIVATE void _ddp_store_copy_key(ddp_store_t *s, const ddp_store_t *like) {
  * a refused connect: DNS may come up after the job (a Kubernetes service's name). */
 #define _DDP_STORE_UNRESOLVABLE (-1000000)
 
+/* How long one try waits for the server to accept a connection (its SYN answered). */
+#define _DDP_STORE_DIAL_MS 2000
+
+/* Binds fd to the handle's local address (desc.local_addr) of fd's family, the port left to
+ * connect() (IP_BIND_ADDRESS_NO_PORT: a port bound early would be reserved for any peer).
+ * 0 or -errno. */
+_DDP_PRIVATE int _ddp_store_bind_local(const ddp_store_t *s, int fd, int family) {
+    struct addrinfo hints, *res = NULL;
+    int rc = 0, one = 1;
+    if (!s->local_addr[0]) return 0;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+    if (getaddrinfo(s->local_addr, "0", &hints, &res) != 0 || !res) return -EAFNOSUPPORT;
+#ifdef IP_BIND_ADDRESS_NO_PORT
+    setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+#else
+    (void)one;
+#endif
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) rc = -errno;
+    freeaddrinfo(res);
+    return rc;
+}
+
+/* Why a connect failed, in words that say what to look at. */
+_DDP_PRIVATE void _ddp_store_dial_why(const ddp_store_t *s, int err, int bind_failed, char *why, size_t whycap) {
+    if (bind_failed)
+        snprintf(why, whycap, "cannot connect to %.200s:%d from the local address %s (desc.local_addr): "
+                 "%s", s->host, s->port, s->local_addr, strerror(err));
+    else if (err == EADDRNOTAVAIL)
+        snprintf(why, whycap, "cannot connect to %.200s:%d: no free local port to connect from "
+                 "(EADDRNOTAVAIL: the ephemeral ports of net.ipv4.ip_local_port_range are used up, "
+                 "TIME_WAIT sockets of earlier connections included: ss -tan state time-wait | wc -l)",
+                 s->host, s->port);
+    else if (err == ETIMEDOUT)
+        snprintf(why, whycap, "cannot connect to %.200s:%d: no answer to the connection request within "
+                 "%d ms (SYNs dropped: the server's listen queue is full, see ListenOverflows in "
+                 "/proc/net/netstat on its host, or a firewall, or the host is down)", s->host, s->port,
+                 _DDP_STORE_DIAL_MS);
+    else if (err == ECONNREFUSED)
+        snprintf(why, whycap, "cannot connect to %.200s:%d: connection refused (nothing listens there "
+                 "yet)", s->host, s->port);
+    else
+        snprintf(why, whycap, "cannot connect to %.200s:%d: %s", s->host, s->port, strerror(err));
+}
+
 /* One try at every address host resolves to: a connected fd, or -errno (*why says what). */
 _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, size_t whycap) {
     struct addrinfo hints, *res = NULL, *ai;
     char portstr[16];
-    int last_err = ECONNREFUSED, rc;
+    int last_err = ECONNREFUSED, rc, bind_failed = 0;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -289,11 +347,18 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
         if (fd < 0) { last_err = errno; continue; }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         _ddp_set_nonblock(fd, 1);
+        if ((rc = _ddp_store_bind_local(s, fd, ai->ai_family)) != 0) {
+            last_err = -rc;
+            bind_failed = 1;
+            close(fd);
+            continue;
+        }
+        bind_failed = 0;
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) { freeaddrinfo(res); return fd; }
         if (errno == EINPROGRESS) {
             struct pollfd pfd;
             int ms = _ddp_ms_left(deadline);
-            if (ms < 0 || ms > 2000) ms = 2000;
+            if (ms < 0 || ms > _DDP_STORE_DIAL_MS) ms = _DDP_STORE_DIAL_MS;
             pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
             if (poll(&pfd, 1, ms) == 1) {
                 int err = 0;
@@ -310,7 +375,7 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
         close(fd);
     }
     freeaddrinfo(res);
-    snprintf(why, whycap, "cannot connect to %.200s:%d: %s", s->host, s->port, strerror(last_err));
+    _ddp_store_dial_why(s, last_err, bind_failed, why, whycap);
     return -last_err;
 }
 
@@ -333,8 +398,9 @@ _DDP_PRIVATE void _ddp_store_backoff(int *backoff_ms, int64_t deadline) {
 _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
     char why[512] = "";
     const int64_t t0 = _ddp_now_us(), deadline = _ddp_store_deadline(s, s->timeout_ms);
-    int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0;
+    int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0, no_port = 0;
     int64_t note_ms = _ddp_next_wait_note_ms(0);
+    s->chal_misses = 0;
     for (;;) {
         int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
         attempts++;
@@ -342,6 +408,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
         if (last_unresolved && !unresolved++)
             _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms), as DNS "
                            "may come up late", why, _ddp_ms_left(deadline));
+        if (fd == -EADDRNOTAVAIL && !no_port++)   /* this host's trouble: said at once */
+            _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms), as "
+                           "ports free up", why, _ddp_ms_left(deadline));
         if (fd >= 0) {
             ddp_result_t r = s->client->handshake(s, &fd, deadline, &retry);
             if (r == DDP_SUCCESS) {
@@ -389,6 +458,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     if (!s) return NULL;
     memset(s, 0, sizeof *s);
     s->fd = s->listen_fd = s->epfd = s->spare_fd = s->diag_fd = -1;
+    s->listen_fds[0] = -1;
     s->owner_pid = getpid();
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
@@ -406,6 +476,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     s->log.fn = d ? d->log_fn : NULL;
     s->log.user = d ? d->log_user : NULL;
     s->log.fd = 2;
+    _ddp_strlcpy(s->local_addr, d && d->local_addr ? d->local_addr : "", sizeof s->local_addr);
     return s;
 }
 

@@ -27,7 +27,14 @@
 #include <sys/resource.h>
 
 #define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
-#define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads or accepts per event */
+#define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads per event */
+/* Accepts per wake-up. A listen queue that fills drops SYNs (and final ACKs: then a connection
+ * the client sees made never reaches the server), and every drop costs a client a
+ * retransmission timeout (1 s, 3 s, 7 s...): taken 64 at a time between rounds of requests,
+ * 16,384 clients arriving at once overflowed it. Not the whole queue at once either: the hellos
+ * of those accepted must be read before too many wait (max_pending closes the oldest). */
+#define _DDP_STORE_ACCEPT_BATCH 512
+#define _DDP_STORE_ACCEPT_MIN 16
 /* Wrong proofs (see THE SERVER in ddp_store.h): each source gets a few free, then waits BASE ms, doubling
  * per further failure up to MAX, before its next proof is checked (and before its refusal is
  * sent); a source silent for FORGET starts afresh. At most QUEUE of a source's hellos wait for
@@ -391,7 +398,7 @@ _DDP_PRIVATE int _ddp_conn_flush(_ddp_store_conn_t *c) {
  * outlives its connection (dropped earlier in the same batch, or a slot since reused) then
  * names nothing instead of freed memory. Serial 0 is the server's own descriptors. */
 #define _DDP_STORE_TOKEN_WAKE 0u
-#define _DDP_STORE_TOKEN_LISTEN 1u
+#define _DDP_STORE_TOKEN_LISTEN 1u      /* the first listener; listener i is TOKEN_LISTEN + i */
 _DDP_PRIVATE uint64_t _ddp_store_token(const _ddp_store_conn_t *c) {
     return ((uint64_t)c->serial << 32) | (uint64_t)(uint32_t)c->slot;
 }
@@ -580,6 +587,10 @@ _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
     s->conns[c->slot] = NULL;
     s->free_slots[s->nfree++] = c->slot;
     s->nconns--;
+    /* The connection ends for the client too, even where a child forked after the accept holds
+     * a copy of the descriptor (close alone would leave the socket open there: the client would
+     * wait for an answer or an end that never comes, until its timeout). */
+    if (c->fd >= 0 && getpid() == s->owner_pid) shutdown(c->fd, SHUT_RDWR);
     _ddp_store_close_fd(s, c->fd);
     c->fd = -1;
     c->state = _DDP_CONN_DEAD;
@@ -969,18 +980,28 @@ _DDP_PRIVATE void _ddp_store_rerun_waiting(ddp_store_t *s) {
 }
 
 _DDP_PRIVATE void _ddp_store_pause_accept(ddp_store_t *s, int ms) {
+    int i;
     if (s->accept_resume_us || s->epfd < 0) return;
-    epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->listen_fd, NULL);
+    for (i = 0; i < s->nlisten; i++) epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->listen_fds[i], NULL);
     s->accept_resume_us = _ddp_now_us() + (int64_t)ms * 1000;
 }
 
-_DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
+/* Every listener joins the epoll set (again): 0, or -1 when one could not. */
+_DDP_PRIVATE int _ddp_store_watch_listeners(ddp_store_t *s) {
     struct epoll_event ev;
+    int i, rc = 0;
+    for (i = 0; i < s->nlisten; i++) {
+        memset(&ev, 0, sizeof ev);
+        ev.events = EPOLLIN;
+        ev.data.u64 = _DDP_STORE_TOKEN_LISTEN + (uint64_t)i;
+        if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fds[i], &ev) != 0 && errno != EEXIST) rc = -1;
+    }
+    return rc;
+}
+
+_DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
     if (!s->accept_resume_us || now < s->accept_resume_us) return;
-    memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN;
-    ev.data.u64 = _DDP_STORE_TOKEN_LISTEN;
-    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) == 0) s->accept_resume_us = 0;
+    if (_ddp_store_watch_listeners(s) == 0) s->accept_resume_us = 0;
     else s->accept_resume_us = now + 100000;
 }
 
@@ -988,7 +1009,7 @@ _DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
  * accept again. The oldest unauthenticated connection goes first (a rank authenticates in
  * milliseconds, so that is a stranger or a stalled peer; a rank that is cut off retries); with
  * none, the spare descriptor lets us accept and close the newcomer, so the listen queue drains. */
-_DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
+_DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int lfd, int err) {
     struct rlimit rl;
     unsigned long long lim = 0;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) lim = (unsigned long long)rl.rlim_cur;
@@ -1002,7 +1023,7 @@ _DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
     if (s->spare_fd >= 0) {
         int fd;
         close(s->spare_fd);
-        fd = _ddp_accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        fd = _ddp_accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) close(fd);
         s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         _ddp_store_warn_rate(s, &s->rate_fds, "store: cannot accept (%s; RLIMIT_NOFILE %llu, %zu "
@@ -1050,20 +1071,27 @@ _DDP_PRIVATE int _ddp_store_foreign_user(ddp_store_t *s, int fd, const struct so
     return 0;
 }
 
-_DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
-    int i;
-    for (i = 0; i < _DDP_STORE_BATCH; i++) {
+_DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s, int lfd) {
+    /* No more than the unauthenticated may still grow by: the hellos of those accepted are read
+     * first, and the rest wait in the listen queues. Accepting on regardless made a burst of
+     * 16,384 clients close thousands of the oldest (whose hellos were on the way) to make room,
+     * and each came back. At least a few, so that strangers filling the quota do not stop accepts
+     * (the oldest of them go, as below). */
+    int i, room = s->max_pending - s->npending;
+    if (room < _DDP_STORE_ACCEPT_MIN) room = _DDP_STORE_ACCEPT_MIN;
+    if (room > _DDP_STORE_ACCEPT_BATCH) room = _DDP_STORE_ACCEPT_BATCH;
+    for (i = 0; i < room; i++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         char addr[64];
         _ddp_store_conn_t *c;
-        int one = 1, fd = _ddp_accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int one = 1, fd = _ddp_accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
             if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == EPERM) continue;
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
-                if (_ddp_store_out_of_fds(s, e)) continue;
+                if (_ddp_store_out_of_fds(s, lfd, e)) continue;
                 return;
             }
             _ddp_store_warn_rate(s, &s->rate_fds, "store: accept: %s; pausing accepts for 100 ms", strerror(e));
@@ -1154,8 +1182,8 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
             if (token == _DDP_STORE_TOKEN_WAKE) {
                 char b[64];
                 while (read(s->wake[0], b, sizeof b) > 0) {}
-            } else if (token == _DDP_STORE_TOKEN_LISTEN) {
-                if (!s->accept_resume_us) _ddp_store_accept(s);
+            } else if (token >= _DDP_STORE_TOKEN_LISTEN && token < _DDP_STORE_TOKEN_LISTEN + (uint64_t)s->nlisten) {
+                if (!s->accept_resume_us) _ddp_store_accept(s, s->listen_fds[token - _DDP_STORE_TOKEN_LISTEN]);
             } else {
                 /* NULL: its connection was dropped earlier in this batch */
                 _ddp_store_conn_t *c = _ddp_store_conn_of(s, token);
@@ -1223,13 +1251,22 @@ _DDP_PRIVATE int _ddp_store_bind_choice(const char *host, struct sockaddr_storag
     return 0;
 }
 
-/* Binds and listens: -errno or the fd. */
-_DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v6only) {
+/* Binds and (listen) listens: -errno or the fd. reuseport: one of the listeners that share the port. */
+_DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v6only, int reuseport, int listen_too) {
     int one = 1, fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), e;
     if (fd < 0) return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+#ifdef SO_REUSEPORT
+    if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+        e = errno;
+        close(fd);
+        return -e;
+    }
+#else
+    if (reuseport) { close(fd); return -ENOPROTOOPT; }
+#endif
     if (sa->sa_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
-    if (bind(fd, sa, len) != 0 || listen(fd, _DDP_STORE_BACKLOG) != 0) {
+    if (bind(fd, sa, len) != 0 || (listen_too && listen(fd, _DDP_STORE_BACKLOG) != 0)) {
         e = errno;
         close(fd);
         return -e;
@@ -1237,15 +1274,46 @@ _DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v
     return fd;
 }
 
+/* The listeners: fd was bound alone (not listening); it is replaced by _DDP_STORE_LISTENERS sockets
+ * on its address and port, sharing it (SO_REUSEPORT: the kernel spreads incoming connections
+ * over them by their addresses), each with its own listen queue of somaxconn. One queue of
+ * somaxconn (4,096 by default) overflowed when 16,384 clients connected at once: the kernel
+ * dropped SYNs and final ACKs ("Possible SYN flooding", ListenOverflows), and each drop cost a
+ * client a retransmission timeout. fd first binds alone, so a port in use (by anyone, another
+ * libddp store included) is still an error; only then is it handed over. Where that fails,
+ * fd serves alone. Only this user's processes may join a SO_REUSEPORT group (the kernel checks). */
+_DDP_PRIVATE void _ddp_store_listeners(ddp_store_t *s, int fd, int v6only) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int i, first;
+    s->listen_fds[0] = fd;
+    s->nlisten = 1;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+    close(fd);                                /* bound, never listening: the port is free again */
+    first = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 1, 1);
+    if (first < 0) {                          /* taken in between, or no SO_REUSEPORT: alone again */
+        s->listen_fds[0] = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 0, 1);
+        if (s->listen_fds[0] < 0) s->nlisten = 0;
+        return;
+    }
+    s->listen_fds[0] = first;
+    for (i = 1; i < _DDP_STORE_LISTENERS; i++) {
+        int more = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 1, 1);
+        if (more < 0) break;
+        s->listen_fds[s->nlisten++] = more;
+    }
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     char where[96];
-    int choice = _ddp_store_bind_choice(host, &ss, &sl), fd;
+    int choice = _ddp_store_bind_choice(host, &ss, &sl), fd, v6only = 0, i;
     if (choice) {
         if (ss.ss_family == AF_INET) ((struct sockaddr_in *)(void *)&ss)->sin_port = htons((uint16_t)s->port);
         else ((struct sockaddr_in6 *)(void *)&ss)->sin6_port = htons((uint16_t)s->port);
-        fd = _ddp_store_bind((struct sockaddr *)&ss, sl, 1);
+        fd = _ddp_store_bind((struct sockaddr *)&ss, sl, 1, 0, 0);
+        v6only = 1;
     } else {
         /* Every interface: IPv6 and IPv4 on one socket where the host has IPv6, else IPv4. */
         struct sockaddr_in6 a6;
@@ -1254,13 +1322,13 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
         a6.sin6_family = AF_INET6;
         a6.sin6_addr = in6addr_any;
         a6.sin6_port = htons((uint16_t)s->port);
-        fd = _ddp_store_bind((struct sockaddr *)&a6, sizeof a6, 0);
+        fd = _ddp_store_bind((struct sockaddr *)&a6, sizeof a6, 0, 0, 0);
         if (fd < 0 && fd != -EADDRINUSE) {
             memset(&a4, 0, sizeof a4);
             a4.sin_family = AF_INET;
             a4.sin_addr.s_addr = htonl(INADDR_ANY);
             a4.sin_port = htons((uint16_t)s->port);
-            fd = _ddp_store_bind((struct sockaddr *)&a4, sizeof a4, 0);
+            fd = _ddp_store_bind((struct sockaddr *)&a4, sizeof a4, 0, 0, 0);
         }
     }
     if (fd == -EADDRINUSE)
@@ -1268,6 +1336,11 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
                               "this host (another job, or a previous run still exiting?): pick another "
                               "MASTER_PORT", s->port);
     if (fd < 0) return _ddp_store_err(s, DDP_ERR_SYSTEM, "listen on port %d: %s", s->port, strerror(-fd));
+    _ddp_store_listeners(s, fd, v6only);
+    if (!s->nlisten) return _ddp_store_err(s, DDP_ERR_SYSTEM, "listen on port %d: lost the port while "
+                                           "adding listeners to it", s->port);
+    fd = s->listen_fds[0];
+    for (i = 0; i < s->nlisten; i++) _ddp_set_nonblock(s->listen_fds[i], 1);
     sl = sizeof ss;
     getsockname(fd, (struct sockaddr *)&ss, &sl);
     s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)(void *)&ss)->sin6_port
@@ -1369,8 +1442,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
     ev.data.u64 = _DDP_STORE_TOKEN_WAKE;
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->wake[0], &ev) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
-    ev.data.u64 = _DDP_STORE_TOKEN_LISTEN;
-    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0)
+    if (_ddp_store_watch_listeners(s) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
     if (pthread_create(&s->thread, NULL, _ddp_store_thread, s) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server thread: %s", strerror(errno));
@@ -1408,11 +1480,14 @@ _DDP_PRIVATE void _ddp_store_server_stop(ddp_store_t *s, int grace_ms) {
 /* After the thread is stopped (or never ran): every connection, descriptor and key goes. */
 _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
     size_t slot;
+    int i;
     for (slot = 0; slot < s->conns_hwm; slot++) if (s->conns[slot]) _ddp_store_drop(s, s->conns[slot]);
     _ddp_store_reap(s);
     DDP_FREE(s->conns);
     DDP_FREE(s->free_slots);
-    _ddp_store_close_fd(s, s->listen_fd);
+    for (i = 0; i < s->nlisten; i++) _ddp_store_close_fd(s, s->listen_fds[i]);
+    s->nlisten = 0;
+    s->listen_fd = -1;
     _ddp_store_close_fd(s, s->wake[0]);
     if (s->epfd >= 0) close(s->epfd);
     if (s->spare_fd >= 0) close(s->spare_fd);   /* never watched */
