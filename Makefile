@@ -73,7 +73,7 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_deterministic test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl test_powersgd
-IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
+IMPL_SELF    := test_auth test_c10d_store test_store_scale test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
                 test_reducer_elastic test_reducer_grow test_state_sync test_straggler test_metrics
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).

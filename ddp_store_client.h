@@ -121,6 +121,39 @@ _DDP_PRIVATE int64_t _ddp_store_chal_deadline(const ddp_store_t *s, int64_t dead
     return deadline && deadline < d ? deadline : d;
 }
 
+/* Receives the challenge before chal_deadline, saying so when a note of the connect falls due
+ * meanwhile (the connection is kept: it may be next in a long queue). 0 or -errno. */
+_DDP_PRIVATE int _ddp_store_recv_challenge(ddp_store_t *s, int fd, void *buf, size_t len, int64_t chal_deadline) {
+    const int64_t t0 = _ddp_now_us();
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
+        if (n > 0) { got += (size_t)n; continue; }
+        if (n == 0) return -ECONNRESET;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            struct pollfd pfd;
+            const int64_t note_us = s->connect_t0_us + s->connect_note_ms * 1000;
+            int ms = _ddp_ms_left(chal_deadline);
+            if (ms == 0) return -ETIMEDOUT;
+            if (s->connect_t0_us && note_us > _ddp_now_us() && (note_us - _ddp_now_us()) / 1000 + 1 < ms)
+                ms = (int)((note_us - _ddp_now_us()) / 1000 + 1);
+            pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+            if (s->connect_t0_us) {
+                char why[320];
+                snprintf(why, sizeof why, "connected to %.120s:%d, but no challenge has come in %d ms (a "
+                         "connection the server's full listen queue dropped, or a stopped or overloaded "
+                         "server); still waiting on it", s->host, s->port, (int)((_ddp_now_us() - t0) / 1000));
+                _ddp_store_connect_note(s, why);
+            }
+            continue;
+        }
+        return -errno;
+    }
+    return 0;
+}
+
 /* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
  * master out of descriptors, or flooded, drops some), or brought no challenge in time (see
  * above): then the caller connects again. */
@@ -135,7 +168,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
     if ((rc = _ddp_auth_nonce(nc)) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: no random nonce for the handshake "
                               "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
-    rc = _ddp_recv_all(fd, chal, sizeof chal, chal_deadline);
+    rc = _ddp_store_recv_challenge(s, fd, chal, sizeof chal, chal_deadline);
     if (rc == -ETIMEDOUT && chal_deadline != deadline) {
         s->chal_misses++;
         *retry = 1;

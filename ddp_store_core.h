@@ -171,6 +171,7 @@ struct ddp_store {
     int connected_once;
     char local_addr[64];      /* desc.local_addr ("": none) */
     int chal_misses;          /* this connect's connections that got no challenge in time */
+    int64_t connect_t0_us, connect_note_ms;   /* this connect's start, and its next WARN note */
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
     int listen_fd;            /* the first of the listeners: listen_fds[0] */
@@ -210,6 +211,7 @@ struct ddp_store {
     size_t nwaiter_chains, nwaiter_nodes;
     _ddp_store_conn_t *woken_head, *woken_tail;   /* parked requests a write may have answered */
     int nunfiled;             /* parked but not filed (no memory): re-checked after every write */
+    uint64_t nrerun;          /* parked requests run again after writes (tests read it) */
 };
 
 _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {
@@ -379,7 +381,8 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
     return -last_err;
 }
 
-/* Sleeps one backoff step (drawn from [b/2, 3b/2], never past the deadline) and doubles it. */
+/* Sleeps one backoff step (drawn from [b/2, 3b/2], never past the deadline: the connect's next
+ * note when that comes first, so that the note is said on time) and doubles it. */
 _DDP_PRIVATE void _ddp_store_backoff(int *backoff_ms, int64_t deadline) {
     int ms = (int)(_ddp_jitter_us((int64_t)*backoff_ms * 1000) / 1000), left = _ddp_ms_left(deadline);
     struct timespec ts;
@@ -388,6 +391,17 @@ _DDP_PRIVATE void _ddp_store_backoff(int *backoff_ms, int64_t deadline) {
     ts.tv_nsec = (long)(ms % 1000) * 1000000L;
     nanosleep(&ts, NULL);
     *backoff_ms = *backoff_ms * 2 > _DDP_STORE_BACKOFF_MAX_MS ? _DDP_STORE_BACKOFF_MAX_MS : *backoff_ms * 2;
+}
+
+/* The note of a connect that lasts (the waits that speak: 10 s, 30 s, 60 s, then every 5 min),
+ * when one is due: what it waits for. Also said while a connection waits for its challenge. */
+_DDP_PRIVATE void _ddp_store_connect_note(ddp_store_t *s, const char *why) {
+    const int64_t waited_ms = (_ddp_now_us() - s->connect_t0_us) / 1000;
+    if (waited_ms < s->connect_note_ms) return;
+    _ddp_store_log(s, DDP_LOG_WARN, "store: connecting to %s:%d for %lld s: %s (is MASTER_ADDR/MASTER_PORT "
+                   "the same on every rank, and rank 0 running?)", s->host, s->port,
+                   (long long)(waited_ms / 1000), why);
+    s->connect_note_ms = _ddp_next_wait_note_ms(waited_ms);
 }
 
 /* Connects and authenticates, retrying until the store's timeout with exponential backoff and
@@ -399,8 +413,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
     char why[512] = "";
     const int64_t t0 = _ddp_now_us(), deadline = _ddp_store_deadline(s, s->timeout_ms);
     int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0, no_port = 0;
-    int64_t note_ms = _ddp_next_wait_note_ms(0);
     s->chal_misses = 0;
+    s->connect_t0_us = t0;
+    s->connect_note_ms = _ddp_next_wait_note_ms(0);
     for (;;) {
         int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
         attempts++;
@@ -409,8 +424,8 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms), as DNS "
                            "may come up late", why, _ddp_ms_left(deadline));
         if (fd == -EADDRNOTAVAIL && !no_port++)   /* this host's trouble: said at once */
-            _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms), as "
-                           "ports free up", why, _ddp_ms_left(deadline));
+            _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms)", why,
+                           _ddp_ms_left(deadline));
         if (fd >= 0) {
             ddp_result_t r = s->client->handshake(s, &fd, deadline, &retry);
             if (r == DDP_SUCCESS) {
@@ -440,14 +455,11 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s %s:%d unreachable after %d ms (%d attempts): "
                                   "%s", s->client->name, s->host, s->port,
                                   (int)((_ddp_now_us() - t0) / 1000), attempts, why);
-        if ((_ddp_now_us() - t0) / 1000 >= note_ms) {   /* a wait that lasts says what it waits for */
-            const int64_t waited_ms = (_ddp_now_us() - t0) / 1000;
-            _ddp_store_log(s, DDP_LOG_WARN, "store: connecting to %s:%d for %lld s: %s (is "
-                           "MASTER_ADDR/MASTER_PORT the same on every rank, and rank 0 running?)",
-                           s->host, s->port, (long long)(waited_ms / 1000), why);
-            note_ms = _ddp_next_wait_note_ms(waited_ms);
+        _ddp_store_connect_note(s, why);       /* a wait that lasts says what it waits for */
+        {
+            const int64_t note_us = t0 + s->connect_note_ms * 1000;
+            _ddp_store_backoff(&backoff_ms, deadline && deadline < note_us ? deadline : note_us);
         }
-        _ddp_store_backoff(&backoff_ms, deadline);
     }
 }
 

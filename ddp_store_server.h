@@ -959,6 +959,7 @@ _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t
 /* Writes happened: run again the parked GET/WAITs they woke (answered now, or parked again),
  * and, only when memory ran short, the ones parked unfiled. */
 _DDP_PRIVATE void _ddp_store_rerun_one(ddp_store_t *s, _ddp_store_conn_t *c) {
+    s->nrerun++;
     _ddp_waiter_unfile(s, c);
     if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); return; }
     _ddp_conn_settle(s, c);
