@@ -15,6 +15,10 @@
  *   leaving      waiters that leave while parked (dropped before the write, and after the write
  *                woke them but before they ran again): the others are answered, nothing is left
  *                filed (ASan checks the memory: build/san/test_store_scale).
+ *   fork-drop    a connection the server drops (it sent bytes that are not the protocol) ends for
+ *                the client although a child forked after the accept holds a copy of the server's
+ *                socket: the client sees the end (the hangs of 16,384-client runs: the bench's client
+ *                processes, forked while the server accepted, held such copies).
  *   growth       50,000 keys: the key table grows past its first 1,024 chains, every key reads
  *                back its own value, then again after half of them are deleted; 5,000 requests
  *                parked on distinct keys grow the waiters' index, and each key's write answers
@@ -38,6 +42,7 @@
 #include "tests/ddp_test.h"
 
 #include <pthread.h>
+#include <sys/wait.h>
 
 /* ----------------------------------------------------------------- the server without sockets */
 static ddp_store_t *quiet_store(void) {
@@ -261,6 +266,47 @@ static void scenario_growth(void) {
     ddp_store_close(s);
 }
 
+static int fill(int port, int blocking);
+
+static void scenario_fork_drop(void) {
+    ddp_store_t *srv = NULL;
+    ddp_store_desc_t d;
+    unsigned char chal[sizeof(_ddp_store_chal_t)], junk[sizeof(_ddp_store_req_t)];
+    struct pollfd pfd;
+    int fd, p[2], got_end = 0;
+    pid_t child;
+    char b;
+    memset(&d, 0, sizeof d);
+    d.timeout_ms = 5000;
+    d.secret = "";
+    d.log_level = 1;
+    if (!ok(ddp_store_open(&srv, "127.0.0.1", 0, 1, &d) == DDP_SUCCESS, "fork-drop: a server")) return;
+    fd = fill(ddp_store_port(srv), 1);
+    ok(fd >= 0 && _ddp_recv_all(fd, chal, sizeof chal, _ddp_deadline(5000)) == 0,
+       "fork-drop: connected, the challenge came (the server accepted it)");
+    if (pipe(p) != 0) t_bail("pipe");
+    child = fork();
+    if (child == 0) {                         /* holds copies of every descriptor, the server's socket too */
+        close(p[1]);
+        while (read(p[0], &b, 1) < 0 && errno == EINTR) {}
+        _exit(0);
+    }
+    close(p[0]);
+    memset(junk, 0x5a, sizeof junk);
+    ok(send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk, "fork-drop: bytes that are not the protocol sent");
+    pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+    if (poll(&pfd, 1, 10000) == 1) {
+        ssize_t n = recv(fd, chal, sizeof chal, MSG_DONTWAIT);
+        got_end = n == 0 || (n < 0 && errno == ECONNRESET);
+    }
+    ok(got_end, "fork-drop: the client saw its connection end (bound 10 s), though a forked child holds the "
+       "server's copy");
+    close(p[1]);
+    waitpid(child, NULL, 0);
+    close(fd);
+    ddp_store_close(srv);
+}
+
 /* ----------------------------------------------------------------- clients that cannot connect */
 typedef struct {
     const char *name, *local_addr, *want_err, *want_warn;
@@ -394,6 +440,7 @@ int main(void) {
     if (t_selected("waiters")) scenario_waiters();
     if (t_selected("many-waiters")) scenario_many();
     if (t_selected("leaving")) scenario_leaving();
+    if (t_selected("fork-drop")) scenario_fork_drop();
     if (t_selected("growth")) scenario_growth();
     if (t_selected("dial")) scenario_dial();
     return t_done();
