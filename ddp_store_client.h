@@ -106,15 +106,16 @@ _DDP_PRIVATE ddp_result_t _ddp_store_hs_error(ddp_store_t *s, int hs) {
 }
 
 /* How long a fresh connection waits for the server's challenge, which a libddp server sends as
- * it accepts: a quarter of the handshake bound (at least 1 s), doubling with each connection of
- * this connect that got none, up to the bound. A connection the client sees as made may not
+ * it accepts: half the handshake bound (at least 2 s: a loaded server may take a while to reach
+ * its listen queue's tail), doubling with each connection of this connect that got none, up to
+ * the bound. A connection the client sees as made may not
  * exist on the server: when the listen queue is full, the kernel answers SYNs with SYN cookies
  * and drops the final ACK of a connection it cannot queue; the client, which speaks second,
  * would then wait for its challenge until the timeout, silently. It connects again instead. */
 _DDP_PRIVATE int64_t _ddp_store_chal_deadline(const ddp_store_t *s, int64_t deadline) {
-    int64_t ms = s->handshake_ms / 4, d;
+    int64_t ms = s->handshake_ms / 2, d;
     int i;
-    if (ms < _DDP_STORE_HANDSHAKE_MIN_MS) ms = _DDP_STORE_HANDSHAKE_MIN_MS;
+    if (ms < 2 * _DDP_STORE_HANDSHAKE_MIN_MS) ms = 2 * _DDP_STORE_HANDSHAKE_MIN_MS;
     for (i = 0; i < s->chal_misses && ms < s->handshake_ms; i++) ms *= 2;
     if (ms > s->handshake_ms) ms = s->handshake_ms;
     d = _ddp_now_us() + ms * 1000;
