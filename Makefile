@@ -389,6 +389,11 @@ $(B)/straggler-bench: bench/straggler_bench.c bench/bench_fork.h ddp_straggler.h
 $(B)/guess-bench: bench/guess_bench.c bench/bench_cli.h $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
 
+# store-soak: 16,384 store clients, 20 runs in a row; counts hangs (0 expected) and failures.
+.PHONY: store-soak
+store-soak: $(B)/store-bench
+	bash bench/store_soak.sh 20 16384 32
+
 .PHONY: scale
 scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench $(B)/ddp-status $(B)/health_rank
 	bash bench/scale.sh $(SCALE_N)
