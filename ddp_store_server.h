@@ -1353,6 +1353,14 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
                    choice == 1 ? "loopback only: " : choice == 2 ? "" : "every interface",
                    choice ? host : "", choice == 1 ? " is this host's loopback, so no other host can "
                    "connect" : choice == 2 ? " is an address of this host" : "");
+    {   /* what the listen queues hold: a burst of connects beyond it costs retransmissions */
+        FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+        int somax = 0;
+        if (f) { if (fscanf(f, "%d", &somax) != 1) somax = 0; fclose(f); }
+        if (somax > _DDP_STORE_BACKLOG || somax <= 0) somax = _DDP_STORE_BACKLOG;
+        _ddp_store_log(s, DDP_LOG_INFO, "store: %d listen queue%s of %d connections (net.core.somaxconn "
+                       "caps each)", s->nlisten, s->nlisten == 1 ? "" : "s", somax);
+    }
     return DDP_SUCCESS;
 }
 
