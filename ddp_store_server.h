@@ -1289,7 +1289,10 @@ _DDP_PRIVATE void _ddp_store_listeners(ddp_store_t *s, int fd, int v6only) {
     int i, first;
     s->listen_fds[0] = fd;
     s->nlisten = 1;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {   /* serves alone */
+        if (listen(fd, _DDP_STORE_BACKLOG) != 0) { close(fd); s->nlisten = 0; }
+        return;
+    }
     close(fd);                                /* bound, never listening: the port is free again */
     first = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 1, 1);
     if (first < 0) {                          /* taken in between, or no SO_REUSEPORT: alone again */
