@@ -73,7 +73,7 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_deterministic test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl test_powersgd
-IMPL_SELF    := test_auth test_c10d_store test_model test_sampler test_sampler_reshard test_shm_peer test_store \
+IMPL_SELF    := test_auth test_c10d_store test_store_scale test_model test_sampler test_sampler_reshard test_shm_peer test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
                 test_reducer_elastic test_reducer_grow test_state_sync test_straggler test_metrics
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).
@@ -388,6 +388,11 @@ $(B)/straggler-bench: bench/straggler_bench.c bench/bench_fork.h ddp_straggler.h
 # guess-bench (bench/guess_bench.c): wrong job secrets per second from one thread against a store.
 $(B)/guess-bench: bench/guess_bench.c bench/bench_cli.h $(STORE_HEADERS) | $(B)
 	$(CC) $(STD) $(CFLAGS) $(WARN) $(INC) $< -o $@ $(LDLIBS)
+
+# store-soak: 16,384 store clients, 20 runs in a row; counts hangs (0 expected) and failures.
+.PHONY: store-soak
+store-soak: $(B)/store-bench
+	bash bench/store_soak.sh 20 16384 32
 
 .PHONY: scale
 scale: $(B)/ddp-scale $(B)/ddprun $(B)/store-bench $(B)/ddp-status $(B)/health_rank

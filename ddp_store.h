@@ -15,7 +15,11 @@
  * RULES: every call blocks at most the store's timeout (desc.timeout_ms, else DDP_TIMEOUT_MS);
  * get and wait block until their keys exist. A store handle is safe to share between threads.
  * A client retries connecting (exponential backoff with jitter) until its timeout: ranks start
- * in any order, and a master flooded by thousands of connects may reset some.
+ * in any order, and a master flooded by thousands of connects may reset some. A connection that
+ * brings no challenge within half the handshake bound is made again (a full listen queue drops
+ * some connections the client sees as made). A connect that lasts says why at WARN after 10 s,
+ * 30 s, 60 s (refused, no free local port, SYNs unanswered, no challenge); no free local port
+ * (EADDRNOTAVAIL) is said at once. desc.local_addr picks the address connections leave from.
  *
  * JOB SECRET: with one (desc.secret, else DDP_JOB_SECRET) every connection opens with a mutual
  * challenge-response (ddp_auth.h, label "store"): the secret itself never crosses the wire. A
@@ -38,7 +42,11 @@
  * Failed handshakes are logged at most once a second, with a count of those not shown. The
  * server raises its soft RLIMIT_NOFILE to the hard limit; when it runs out of descriptors all
  * the same it closes the oldest unauthenticated connection (else refuses the newcomer) and goes
- * on serving. Linux only (epoll).
+ * on serving. It listens with 8 sockets sharing the port (SO_REUSEPORT, after binding it alone
+ * once, so a port in use is an error): 8 listen queues for a burst of connects. A connection it
+ * drops is shut down, so it ends for the client even where a forked child holds a copy of the
+ * server's socket. Its work per request does not grow with the clients: the key table grows
+ * with the keys, and a write runs again only the GET/WAITs parked on its keys. Linux only (epoll).
  *
  * PYTORCH'S STORE: ddp_store_connect_c10d(host, port, timeout_ms, &s) gives the same handle type
  * as a client of a c10d TCPStore: torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True), or
@@ -96,8 +104,8 @@
 extern "C" {
 #endif
 
-/* ddp_store_t, ddp_store_desc_t (timeout, secret, log level and rank), DDP_STORE_MAX_KEY and
- * DDP_STORE_MAX_VALUE are declared in ddp_store_core.h.
+/* ddp_store_t, ddp_store_desc_t (timeout, secret, log level and rank, local address),
+ * DDP_STORE_MAX_KEY and DDP_STORE_MAX_VALUE are declared in ddp_store_core.h.
  * host: where clients connect (the server listens there when it can, see above; a server's
  * NULL host listens everywhere and connects its own handle to 127.0.0.1). */
 DDP_API ddp_result_t ddp_store_open(ddp_store_t **store, const char *host, int port, int is_server,
@@ -282,6 +290,8 @@ _DDP_PRIVATE void _ddp_store_forget(ddp_store_t *s) {
         if (*fds[i] >= 0) close(*fds[i]);
         *fds[i] = -1;
     }
+    for (i = 1; i < s->nlisten; i++) close(s->listen_fds[i]);   /* [0] is listen_fd */
+    s->nlisten = 0;
 }
 
 /* ---------------------------------------------------------------- the calls

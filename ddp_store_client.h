@@ -105,20 +105,81 @@ _DDP_PRIVATE ddp_result_t _ddp_store_hs_error(ddp_store_t *s, int hs) {
     }
 }
 
+/* How long a fresh connection waits for the server's challenge, which a libddp server sends as
+ * it accepts: half the handshake bound (at least 2 s: a loaded server may take a while to reach
+ * its listen queue's tail), doubling with each connection of this connect that got none, up to
+ * the bound. A connection the client sees as made may not
+ * exist on the server: when the listen queue is full, the kernel answers SYNs with SYN cookies
+ * and drops the final ACK of a connection it cannot queue; the client, which speaks second,
+ * would then wait for its challenge until the timeout, silently. It connects again instead. */
+_DDP_PRIVATE int64_t _ddp_store_chal_deadline(const ddp_store_t *s, int64_t deadline) {
+    int64_t ms = s->handshake_ms / 2, d;
+    int i;
+    if (ms < 2 * _DDP_STORE_HANDSHAKE_MIN_MS) ms = 2 * _DDP_STORE_HANDSHAKE_MIN_MS;
+    for (i = 0; i < s->chal_misses && ms < s->handshake_ms; i++) ms *= 2;
+    if (ms > s->handshake_ms) ms = s->handshake_ms;
+    d = _ddp_now_us() + ms * 1000;
+    return deadline && deadline < d ? deadline : d;
+}
+
+/* Receives the challenge before chal_deadline, saying so when a note of the connect falls due
+ * meanwhile (the connection is kept: it may be next in a long queue). 0 or -errno. */
+_DDP_PRIVATE int _ddp_store_recv_challenge(ddp_store_t *s, int fd, void *buf, size_t len, int64_t chal_deadline) {
+    const int64_t t0 = _ddp_now_us();
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
+        if (n > 0) { got += (size_t)n; continue; }
+        if (n == 0) return -ECONNRESET;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            struct pollfd pfd;
+            const int64_t note_us = s->connect_t0_us + s->connect_note_ms * 1000;
+            int ms = _ddp_ms_left(chal_deadline);
+            if (ms == 0) return -ETIMEDOUT;
+            if (s->connect_t0_us && note_us > _ddp_now_us() && (note_us - _ddp_now_us()) / 1000 + 1 < ms)
+                ms = (int)((note_us - _ddp_now_us()) / 1000 + 1);
+            pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+            if (s->connect_t0_us) {
+                char why[320];
+                snprintf(why, sizeof why, "connected to %.120s:%d, but no challenge has come in %d ms (a "
+                         "connection the server's full listen queue dropped, or a stopped or overloaded "
+                         "server); still waiting on it", s->host, s->port, (int)((_ddp_now_us() - t0) / 1000));
+                _ddp_store_connect_note(s, why);
+            }
+            continue;
+        }
+        return -errno;
+    }
+    return 0;
+}
+
 /* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
- * master out of descriptors, or flooded, drops some): then the caller connects again. */
+ * master out of descriptors, or flooded, drops some), or brought no challenge in time (see
+ * above): then the caller connects again. */
 _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t deadline, int *retry) {
     unsigned char chal[sizeof(_ddp_store_chal_t)], msg[_DDP_STORE_HELLO_BYTES];
     unsigned char ns[_DDP_AUTH_NONCE_BYTES], nc[_DDP_AUTH_NONCE_BYTES], val[_DDP_AUTH_PROOF_BYTES];
     _ddp_store_resp_t resp;
     size_t msglen = 0, vlen = 0;
     int rc, hs;
-    const int64_t t0 = _ddp_now_us();
+    const int64_t t0 = _ddp_now_us(), chal_deadline = _ddp_store_chal_deadline(s, deadline);
     *retry = 0;
     if ((rc = _ddp_auth_nonce(nc)) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "rendezvous: no random nonce for the handshake "
                               "(getrandom and /dev/urandom failed: %s)", strerror(-rc));
-    rc = _ddp_recv_all(fd, chal, sizeof chal, deadline);
+    rc = _ddp_store_recv_challenge(s, fd, chal, sizeof chal, chal_deadline);
+    if (rc == -ETIMEDOUT && chal_deadline != deadline) {
+        s->chal_misses++;
+        *retry = 1;
+        snprintf(s->last_error, sizeof s->last_error, "connected to %.120s:%d, but no challenge came within "
+                 "%d ms (the server's listen queue overflowed and dropped a connection made by a SYN "
+                 "cookie: see ListenOverflows and SyncookiesSent in /proc/net/netstat on its host; or "
+                 "the server is stopped or overloaded); connecting again", s->host, s->port,
+                 (int)((_ddp_now_us() - t0) / 1000));
+        return DDP_ERR_TIMEOUT;
+    }
     if (rc == 0) {
         _ddp_store_chal_t ch;
         memcpy(&ch, chal, sizeof ch);

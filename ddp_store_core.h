@@ -46,6 +46,12 @@ typedef struct ddp_store_desc {
     int log_rank;                 /* rank shown in log lines, + 1 (0 = unknown) */
     ddp_log_fn_t log_fn;          /* NULL: log lines go to stderr; else to this, with log_user */
     void *log_user;
+    /* A client's connections leave from this numeric local address (NULL or "": the kernel
+     * picks). Many clients of one host to one server share one address's ephemeral ports
+     * (net.ipv4.ip_local_port_range, ~28,000 by default, TIME_WAIT sockets of earlier
+     * connections included); spread over several (127.0.0.2, 127.0.0.3, ... all reach a
+     * loopback server) they do not run out, and the kernel's search for a free port stays short. */
+    const char *local_addr;
 } ddp_store_desc_t;
 #define DDP_STORE_MAX_KEY 1024
 #define DDP_STORE_MAX_VALUE (16u << 20)
@@ -131,10 +137,12 @@ typedef struct _ddp_store_client {
 typedef struct _ddp_store_conn _ddp_store_conn_t;
 typedef struct _ddp_throttle _ddp_throttle_t;
 typedef struct _ddp_kv _ddp_kv_t;
+typedef struct _ddp_waiter _ddp_waiter_t;
 /* At most one log line a second per kind of trouble; the next line counts the others. */
 typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
 
 #define _DDP_KV_BUCKETS 1024
+#define _DDP_STORE_LISTENERS 8              /* the server's listen queues (ddp_store_server.h) */
 struct ddp_store {
     /* client side */
     const _ddp_store_client_t *client;   /* its protocol (NULL: none yet, as the fuzzers' store) */
@@ -161,9 +169,14 @@ struct ddp_store {
      * instead of retrying until the timeout (nothing restarts one rank's store). */
     char hosted_by[64];
     int connected_once;
+    char local_addr[64];      /* desc.local_addr ("": none) */
+    int chal_misses;          /* this connect's connections that got no challenge in time */
+    int64_t connect_t0_us, connect_note_ms;   /* this connect's start, and its next WARN note */
     /* server side (the store was opened with is_server); the server thread owns all of it but
      * stop (atomic) and nclients (srv_mu) */
-    int listen_fd;
+    int listen_fd;            /* the first of the listeners: listen_fds[0] */
+    int listen_fds[_DDP_STORE_LISTENERS];   /* sockets sharing one port (SO_REUSEPORT) */
+    int nlisten;
     int wake[2];
     int epfd;
     int spare_fd;             /* given up to refuse a connection when out of descriptors */
@@ -189,7 +202,16 @@ struct ddp_store {
     _ddp_throttle_t *throttle;   /* _DDP_STORE_THROTTLE_SOURCES, allocated at start (a secret) */
     _ddp_store_conn_t *held_head, *held_tail;   /* connections the throttle holds back */
     int64_t held_next_us;     /* the earliest held_until_us (0: none held) */
-    _ddp_kv_t *buckets[_DDP_KV_BUCKETS];
+    _ddp_kv_t *buckets[_DDP_KV_BUCKETS];   /* the key table until it grows (kv_big) */
+    _ddp_kv_t **kv_big;       /* the grown table, kv_nbuckets chains (NULL: buckets) */
+    size_t kv_nbuckets, kv_count;
+    /* Parked GET/WAITs filed under each key they wait for, so that a write re-checks only the
+     * requests parked on the keys it wrote (ddp_store_server.h: the waiters' index). */
+    _ddp_waiter_t **waiters;  /* nwaiter_chains chains (NULL: nothing filed yet) */
+    size_t nwaiter_chains, nwaiter_nodes;
+    _ddp_store_conn_t *woken_head, *woken_tail;   /* parked requests a write may have answered */
+    int nunfiled;             /* parked but not filed (no memory): re-checked after every write */
+    uint64_t nrerun;          /* parked requests run again after writes (tests read it) */
 };
 
 _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {
@@ -260,11 +282,58 @@ _DDP_PRIVATE void _ddp_store_copy_key(ddp_store_t *s, const ddp_store_t *like) {
  * a refused connect: DNS may come up after the job (a Kubernetes service's name). */
 #define _DDP_STORE_UNRESOLVABLE (-1000000)
 
+/* How long one try waits for the server to accept a connection (its SYN answered). */
+#define _DDP_STORE_DIAL_MS 2000
+
+/* Binds fd to the handle's local address (desc.local_addr) of fd's family, the port left to
+ * connect() (IP_BIND_ADDRESS_NO_PORT: a port bound early would be reserved for any peer).
+ * 0 or -errno. */
+_DDP_PRIVATE int _ddp_store_bind_local(const ddp_store_t *s, int fd, int family) {
+    struct addrinfo hints, *res = NULL;
+    int rc = 0, one = 1;
+    if (!s->local_addr[0]) return 0;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+    if (getaddrinfo(s->local_addr, "0", &hints, &res) != 0 || !res) return -EAFNOSUPPORT;
+#ifdef IP_BIND_ADDRESS_NO_PORT
+    setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+#else
+    (void)one;
+#endif
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) rc = -errno;
+    freeaddrinfo(res);
+    return rc;
+}
+
+/* Why a connect failed, in words that say what to look at. */
+_DDP_PRIVATE void _ddp_store_dial_why(const ddp_store_t *s, int err, int bind_failed, char *why, size_t whycap) {
+    if (bind_failed)
+        snprintf(why, whycap, "cannot connect to %.200s:%d from the local address %s (desc.local_addr): "
+                 "%s", s->host, s->port, s->local_addr, strerror(err));
+    else if (err == EADDRNOTAVAIL)
+        snprintf(why, whycap, "cannot connect to %.200s:%d: no free local port to connect from "
+                 "(EADDRNOTAVAIL: the ephemeral ports of net.ipv4.ip_local_port_range are used up, "
+                 "TIME_WAIT sockets of earlier connections included: ss -tan state time-wait | wc -l)",
+                 s->host, s->port);
+    else if (err == ETIMEDOUT)
+        snprintf(why, whycap, "cannot connect to %.200s:%d: no answer to the connection request within "
+                 "%d ms (SYNs dropped: the server's listen queue is full, see ListenOverflows in "
+                 "/proc/net/netstat on its host, or a firewall, or the host is down)", s->host, s->port,
+                 _DDP_STORE_DIAL_MS);
+    else if (err == ECONNREFUSED)
+        snprintf(why, whycap, "cannot connect to %.200s:%d: connection refused (nothing listens there "
+                 "yet)", s->host, s->port);
+    else
+        snprintf(why, whycap, "cannot connect to %.200s:%d: %s", s->host, s->port, strerror(err));
+}
+
 /* One try at every address host resolves to: a connected fd, or -errno (*why says what). */
 _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, size_t whycap) {
     struct addrinfo hints, *res = NULL, *ai;
     char portstr[16];
-    int last_err = ECONNREFUSED, rc;
+    int last_err = ECONNREFUSED, rc, bind_failed = 0;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -280,11 +349,18 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
         if (fd < 0) { last_err = errno; continue; }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         _ddp_set_nonblock(fd, 1);
+        if ((rc = _ddp_store_bind_local(s, fd, ai->ai_family)) != 0) {
+            last_err = -rc;
+            bind_failed = 1;
+            close(fd);
+            continue;
+        }
+        bind_failed = 0;
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) { freeaddrinfo(res); return fd; }
         if (errno == EINPROGRESS) {
             struct pollfd pfd;
             int ms = _ddp_ms_left(deadline);
-            if (ms < 0 || ms > 2000) ms = 2000;
+            if (ms < 0 || ms > _DDP_STORE_DIAL_MS) ms = _DDP_STORE_DIAL_MS;
             pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
             if (poll(&pfd, 1, ms) == 1) {
                 int err = 0;
@@ -301,11 +377,12 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
         close(fd);
     }
     freeaddrinfo(res);
-    snprintf(why, whycap, "cannot connect to %.200s:%d: %s", s->host, s->port, strerror(last_err));
+    _ddp_store_dial_why(s, last_err, bind_failed, why, whycap);
     return -last_err;
 }
 
-/* Sleeps one backoff step (drawn from [b/2, 3b/2], never past the deadline) and doubles it. */
+/* Sleeps one backoff step (drawn from [b/2, 3b/2], never past the deadline: the connect's next
+ * note when that comes first, so that the note is said on time) and doubles it. */
 _DDP_PRIVATE void _ddp_store_backoff(int *backoff_ms, int64_t deadline) {
     int ms = (int)(_ddp_jitter_us((int64_t)*backoff_ms * 1000) / 1000), left = _ddp_ms_left(deadline);
     struct timespec ts;
@@ -316,6 +393,17 @@ _DDP_PRIVATE void _ddp_store_backoff(int *backoff_ms, int64_t deadline) {
     *backoff_ms = *backoff_ms * 2 > _DDP_STORE_BACKOFF_MAX_MS ? _DDP_STORE_BACKOFF_MAX_MS : *backoff_ms * 2;
 }
 
+/* The note of a connect that lasts (the waits that speak: 10 s, 30 s, 60 s, then every 5 min),
+ * when one is due: what it waits for. Also said while a connection waits for its challenge. */
+_DDP_PRIVATE void _ddp_store_connect_note(ddp_store_t *s, const char *why) {
+    const int64_t waited_ms = (_ddp_now_us() - s->connect_t0_us) / 1000;
+    if (waited_ms < s->connect_note_ms) return;
+    _ddp_store_log(s, DDP_LOG_WARN, "store: connecting to %s:%d for %lld s: %s (is MASTER_ADDR/MASTER_PORT "
+                   "the same on every rank, and rank 0 running?)", s->host, s->port,
+                   (long long)(waited_ms / 1000), why);
+    s->connect_note_ms = _ddp_next_wait_note_ms(waited_ms);
+}
+
 /* Connects and authenticates, retrying until the store's timeout with exponential backoff and
  * jitter (10 ms doubling to 2 s, each wait drawn from [b/2, 3b/2]): ranks that all start at
  * once then do not retry in lockstep, the failure PyTorch's TCPStore saw as "connection reset
@@ -324,8 +412,10 @@ _DDP_PRIVATE void _ddp_store_backoff(int *backoff_ms, int64_t deadline) {
 _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
     char why[512] = "";
     const int64_t t0 = _ddp_now_us(), deadline = _ddp_store_deadline(s, s->timeout_ms);
-    int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0;
-    int64_t note_ms = _ddp_next_wait_note_ms(0);
+    int backoff_ms = 10, attempts = 0, unresolved = 0, last_unresolved = 0, no_port = 0;
+    s->chal_misses = 0;
+    s->connect_t0_us = t0;
+    s->connect_note_ms = _ddp_next_wait_note_ms(0);
     for (;;) {
         int retry = 1, fd = _ddp_store_dial(s, deadline, why, sizeof why);
         attempts++;
@@ -333,6 +423,9 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
         if (last_unresolved && !unresolved++)
             _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms), as DNS "
                            "may come up late", why, _ddp_ms_left(deadline));
+        if (fd == -EADDRNOTAVAIL && !no_port++)   /* this host's trouble: said at once */
+            _ddp_store_log(s, DDP_LOG_WARN, "store: %s; retrying until the timeout (%d ms)", why,
+                           _ddp_ms_left(deadline));
         if (fd >= 0) {
             ddp_result_t r = s->client->handshake(s, &fd, deadline, &retry);
             if (r == DDP_SUCCESS) {
@@ -362,14 +455,11 @@ _DDP_PRIVATE ddp_result_t _ddp_store_connect(ddp_store_t *s) {
             return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s %s:%d unreachable after %d ms (%d attempts): "
                                   "%s", s->client->name, s->host, s->port,
                                   (int)((_ddp_now_us() - t0) / 1000), attempts, why);
-        if ((_ddp_now_us() - t0) / 1000 >= note_ms) {   /* a wait that lasts says what it waits for */
-            const int64_t waited_ms = (_ddp_now_us() - t0) / 1000;
-            _ddp_store_log(s, DDP_LOG_WARN, "store: connecting to %s:%d for %lld s: %s (is "
-                           "MASTER_ADDR/MASTER_PORT the same on every rank, and rank 0 running?)",
-                           s->host, s->port, (long long)(waited_ms / 1000), why);
-            note_ms = _ddp_next_wait_note_ms(waited_ms);
+        _ddp_store_connect_note(s, why);       /* a wait that lasts says what it waits for */
+        {
+            const int64_t note_us = t0 + s->connect_note_ms * 1000;
+            _ddp_store_backoff(&backoff_ms, deadline && deadline < note_us ? deadline : note_us);
         }
-        _ddp_store_backoff(&backoff_ms, deadline);
     }
 }
 
@@ -380,6 +470,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     if (!s) return NULL;
     memset(s, 0, sizeof *s);
     s->fd = s->listen_fd = s->epfd = s->spare_fd = s->diag_fd = -1;
+    s->listen_fds[0] = -1;
     s->owner_pid = getpid();
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
@@ -397,6 +488,7 @@ _DDP_PRIVATE ddp_store_t *_ddp_store_new(const char *host, int port, const ddp_s
     s->log.fn = d ? d->log_fn : NULL;
     s->log.user = d ? d->log_user : NULL;
     s->log.fd = 2;
+    _ddp_strlcpy(s->local_addr, d && d->local_addr ? d->local_addr : "", sizeof s->local_addr);
     return s;
 }
 

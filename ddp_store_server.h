@@ -27,7 +27,14 @@
 #include <sys/resource.h>
 
 #define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
-#define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads or accepts per event */
+#define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads per event */
+/* Accepts per wake-up. A listen queue that fills drops SYNs (and final ACKs: then a connection
+ * the client sees made never reaches the server), and every drop costs a client a
+ * retransmission timeout (1 s, 3 s, 7 s...): taken 64 at a time between rounds of requests,
+ * 16,384 clients arriving at once overflowed it. Not the whole queue at once either: the hellos
+ * of those accepted must be read before too many wait (max_pending closes the oldest). */
+#define _DDP_STORE_ACCEPT_BATCH 512
+#define _DDP_STORE_ACCEPT_MIN 16
 /* Wrong proofs (see THE SERVER in ddp_store.h): each source gets a few free, then waits BASE ms, doubling
  * per further failure up to MAX, before its next proof is checked (and before its refusal is
  * sent); a source silent for FORGET starts afresh. At most QUEUE of a source's hellos wait for
@@ -86,6 +93,20 @@ struct _ddp_store_conn {
     int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
     int64_t held_until_us;
     struct _ddp_store_conn *hprev, *hnext;   /* the server's held list */
+    /* A parked request's keys, each filed in the waiters' index (see there) */
+    _ddp_waiter_t *wk;        /* nwk of wk_cap in use */
+    size_t nwk, wk_cap;
+    int filed;                /* 1: its keys are filed; -1: parked unfiled (no memory); 0: not parked */
+    int woken;                /* on the server's woken list */
+    struct _ddp_store_conn *wprev, *wnext;   /* the woken list */
+};
+
+/* One key of a parked request, in the chain of the waiters' index its key hashes to. */
+struct _ddp_waiter {
+    struct _ddp_waiter *next, **pprev;
+    _ddp_store_conn_t *conn;
+    uint64_t hash;            /* of the key (_ddp_fnv1a): equal hashes are re-checked, so a
+                               * collision costs a look, never a wrong answer */
 };
 
 /* A WARN line, unless one of this kind went out less than a second ago (then it is counted). */
@@ -106,9 +127,170 @@ _DDP_PRIVATE void _ddp_store_warn_rate(ddp_store_t *s, _ddp_store_rate_t *rl, co
     rl->suppressed = 0;
 }
 
-/* ---------------------------------------------------------------- key-value table */
+/* ---------------------------------------------------------------- the waiters' index
+ * A GET or WAIT whose keys do not exist yet is parked; each of its keys is filed here, in a
+ * chain chosen by the key's hash (the nodes live in the connection: c->wk). A write looks at
+ * the one chain of the key it wrote and puts the requests filed under that key on the woken
+ * list; after the round, only those are run again (a request on several keys is woken by any of
+ * them, and parked again if it still waits). Before, every write made the server run every
+ * parked request again: with N clients parked on one key while N others write, N^2 re-checks.
+ * The chains double when the filed keys outnumber them twice over, so a write's look stays
+ * short whatever the job's size (a key with many waiters makes one long chain, which a write
+ * of another key reaches with probability 1 / chains). Memory: the chains, and per parked
+ * connection its keys' nodes, allocated when it parks with more keys than ever before. Without
+ * memory a request is parked unfiled and re-checked after every write, as before. */
+_DDP_PRIVATE void _ddp_waiters_link(_ddp_waiter_t **chain, _ddp_waiter_t *w) {
+    w->next = *chain;
+    if (w->next) w->next->pprev = &w->next;
+    w->pprev = chain;
+    *chain = w;
+}
+
+/* Enough chains for `nodes` filed keys: 0, or -1 when out of memory (the table is kept). */
+_DDP_PRIVATE int _ddp_waiters_reserve(ddp_store_t *s, size_t nodes) {
+    size_t n = s->nwaiter_chains, m = n ? n : _DDP_KV_BUCKETS, i;
+    _ddp_waiter_t **t;
+    while (nodes > 2 * m && m <= (size_t)-1 / 4 / sizeof *t) m *= 2;
+    if (m == n) return 0;
+    if (!(t = (_ddp_waiter_t **)DDP_MALLOC(m * sizeof *t))) return n ? 0 : -1;   /* longer chains */
+    memset(t, 0, m * sizeof *t);
+    for (i = 0; i < n; i++) {
+        while (s->waiters[i]) {
+            _ddp_waiter_t *w = s->waiters[i];
+            s->waiters[i] = w->next;
+            _ddp_waiters_link(&t[w->hash % m], w);
+        }
+    }
+    DDP_FREE(s->waiters);
+    s->waiters = t;
+    s->nwaiter_chains = m;
+    return 0;
+}
+
+_DDP_PRIVATE void _ddp_woken_unlink(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (!c->woken) return;
+    if (c->wprev) c->wprev->wnext = c->wnext; else s->woken_head = c->wnext;
+    if (c->wnext) c->wnext->wprev = c->wprev; else s->woken_tail = c->wprev;
+    c->wprev = c->wnext = NULL;
+    c->woken = 0;
+}
+
+_DDP_PRIVATE void _ddp_woken_add(ddp_store_t *s, _ddp_store_conn_t *c) {
+    if (c->woken) return;
+    c->woken = 1;
+    c->wnext = NULL;
+    c->wprev = s->woken_tail;
+    if (s->woken_tail) s->woken_tail->wnext = c; else s->woken_head = c;
+    s->woken_tail = c;
+}
+
+/* A parked request's keys: GET has one; WAIT's are NUL-separated (as _ddp_store_wait_ready
+ * reads them). Counts them, and with `w` hashes them into w[0..]. */
+_DDP_PRIVATE size_t _ddp_waiter_keys(const _ddp_store_req_t *rq, const char *key, _ddp_waiter_t *w) {
+    uint32_t off = 0;
+    size_t k = 0;
+    if (rq->op != _DDP_ST_WAIT) {
+        if (w) w[0].hash = _ddp_fnv1a(key, rq->klen, _DDP_FNV_INIT);
+        return 1;
+    }
+    while (off < rq->klen) {
+        uint32_t n = 0;
+        while (off + n < rq->klen && key[off + n]) n++;
+        if (w) w[k].hash = _ddp_fnv1a(key + off, n, _DDP_FNV_INIT);
+        k++;
+        off += n + 1;
+    }
+    return k;
+}
+
+/* Files a request that was just parked under each of its keys (or parks it unfiled). */
+_DDP_PRIVATE void _ddp_waiter_file(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_req_t *rq,
+                                   const char *key) {
+    size_t k = _ddp_waiter_keys(rq, key, NULL), i;
+    if (c->filed) return;
+    if (k > c->wk_cap) {
+        _ddp_waiter_t *w = k <= (size_t)-1 / sizeof *w ? (_ddp_waiter_t *)DDP_MALLOC(k * sizeof *w) : NULL;
+        if (w) { DDP_FREE(c->wk); c->wk = w; c->wk_cap = k; }
+    }
+    if (k > c->wk_cap || _ddp_waiters_reserve(s, s->nwaiter_nodes + k) != 0) {
+        c->filed = -1;
+        s->nunfiled++;
+        return;
+    }
+    _ddp_waiter_keys(rq, key, c->wk);
+    for (i = 0; i < k; i++) {
+        c->wk[i].conn = c;
+        _ddp_waiters_link(&s->waiters[c->wk[i].hash % s->nwaiter_chains], &c->wk[i]);
+    }
+    c->nwk = k;
+    s->nwaiter_nodes += k;
+    c->filed = 1;
+}
+
+/* Takes a request's keys out of the index (it was answered, woken or dropped). */
+_DDP_PRIVATE void _ddp_waiter_unfile(ddp_store_t *s, _ddp_store_conn_t *c) {
+    size_t i;
+    if (c->filed < 0) s->nunfiled--;
+    if (c->filed > 0) {
+        for (i = 0; i < c->nwk; i++) {
+            _ddp_waiter_t *w = &c->wk[i];
+            *w->pprev = w->next;
+            if (w->next) w->next->pprev = w->pprev;
+        }
+        s->nwaiter_nodes -= c->nwk;
+    }
+    c->nwk = 0;
+    c->filed = 0;
+}
+
+/* A key was written: the requests filed under it are woken (run again after this round). */
+_DDP_PRIVATE void _ddp_waiters_wake(ddp_store_t *s, const char *key, uint32_t klen) {
+    uint64_t h;
+    _ddp_waiter_t *w;
+    if (!s->nwaiter_nodes) return;
+    h = _ddp_fnv1a(key, klen, _DDP_FNV_INIT);
+    for (w = s->waiters[h % s->nwaiter_chains]; w; w = w->next)
+        if (w->hash == h) _ddp_woken_add(s, w->conn);
+}
+
+/* ---------------------------------------------------------------- key-value table
+ * Chains: _DDP_KV_BUCKETS inline at first, doubled (rehashed) whenever the keys outnumber them
+ * twice over, so a lookup stays short at any job size (a fixed 1024 made every lookup walk
+ * keys/1024 entries, and a rendezvous of N ranks grow as N^2). A doubling that finds no memory
+ * keeps the table: slower, still correct. */
+_DDP_PRIVATE _ddp_kv_t **_ddp_kv_table(ddp_store_t *s, size_t *n) {
+    if (!s->kv_big) { *n = _DDP_KV_BUCKETS; return s->buckets; }
+    *n = s->kv_nbuckets;
+    return s->kv_big;
+}
+
+_DDP_PRIVATE void _ddp_kv_grow(ddp_store_t *s) {
+    size_t n, m, i;
+    _ddp_kv_t **old = _ddp_kv_table(s, &n), **t;
+    if (s->kv_count <= 2 * n || n > (size_t)-1 / 2 / sizeof *t) return;
+    m = 2 * n;
+    if (!(t = (_ddp_kv_t **)DDP_MALLOC(m * sizeof *t))) return;
+    memset(t, 0, m * sizeof *t);
+    for (i = 0; i < n; i++) {
+        _ddp_kv_t *e = old[i];
+        while (e) {
+            _ddp_kv_t *next = e->next;
+            size_t b = (size_t)(_ddp_fnv1a(e->key, e->klen, _DDP_FNV_INIT) % m);
+            e->next = t[b];
+            t[b] = e;
+            e = next;
+        }
+    }
+    if (s->kv_big) DDP_FREE(s->kv_big);
+    else memset(s->buckets, 0, sizeof s->buckets);
+    s->kv_big = t;
+    s->kv_nbuckets = m;
+}
+
 _DDP_PRIVATE _ddp_kv_t **_ddp_kv_slot(ddp_store_t *s, const char *key, uint32_t klen) {
-    _ddp_kv_t **pp = &s->buckets[_ddp_fnv1a(key, klen, _DDP_FNV_INIT) % _DDP_KV_BUCKETS];
+    size_t n;
+    _ddp_kv_t **table = _ddp_kv_table(s, &n);
+    _ddp_kv_t **pp = &table[_ddp_fnv1a(key, klen, _DDP_FNV_INIT) % n];
     while (*pp && !((*pp)->klen == klen && memcmp((*pp)->key, key, klen) == 0)) pp = &(*pp)->next;
     return pp;
 }
@@ -127,13 +309,20 @@ _DDP_PRIVATE int _ddp_kv_put(ddp_store_t *s, const char *key, uint32_t klen, con
         if (klen) memcpy(e->key, key, klen);
         e->klen = klen;
         e->next = NULL;
+        e->val = v;
+        e->vlen = vlen;
         *pp = e;
-    } else {
-        DDP_FREE(e->val);
+        s->kv_count++;
+        s->changed = 1;
+        _ddp_kv_grow(s);
+        _ddp_waiters_wake(s, key, klen);
+        return 0;
     }
+    DDP_FREE(e->val);
     e->val = v;
     e->vlen = vlen;
     s->changed = 1;
+    _ddp_waiters_wake(s, key, klen);
     return 0;
 }
 
@@ -209,7 +398,7 @@ _DDP_PRIVATE int _ddp_conn_flush(_ddp_store_conn_t *c) {
  * outlives its connection (dropped earlier in the same batch, or a slot since reused) then
  * names nothing instead of freed memory. Serial 0 is the server's own descriptors. */
 #define _DDP_STORE_TOKEN_WAKE 0u
-#define _DDP_STORE_TOKEN_LISTEN 1u
+#define _DDP_STORE_TOKEN_LISTEN 1u      /* the first listener; listener i is TOKEN_LISTEN + i */
 _DDP_PRIVATE uint64_t _ddp_store_token(const _ddp_store_conn_t *c) {
     return ((uint64_t)c->serial << 32) | (uint64_t)(uint32_t)c->slot;
 }
@@ -393,9 +582,15 @@ _DDP_PRIVATE void _ddp_store_drop(ddp_store_t *s, _ddp_store_conn_t *c) {
         pthread_mutex_unlock(&s->srv_mu);
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    _ddp_waiter_unfile(s, c);
+    _ddp_woken_unlink(s, c);
     s->conns[c->slot] = NULL;
     s->free_slots[s->nfree++] = c->slot;
     s->nconns--;
+    /* The connection ends for the client too, even where a child forked after the accept holds
+     * a copy of the descriptor (close alone would leave the socket open there: the client would
+     * wait for an answer or an end that never comes, until its timeout). */
+    if (c->fd >= 0 && getpid() == s->owner_pid) shutdown(c->fd, SHUT_RDWR);
     _ddp_store_close_fd(s, c->fd);
     c->fd = -1;
     c->state = _DDP_CONN_DEAD;
@@ -409,6 +604,7 @@ _DDP_PRIVATE void _ddp_store_reap(ddp_store_t *s) {
         s->dead = c->next;
         DDP_FREE(c->in);
         DDP_FREE(c->out);
+        DDP_FREE(c->wk);
         DDP_FREE(c);
     }
 }
@@ -578,6 +774,7 @@ _DDP_PRIVATE int _ddp_store_on_delete(ddp_store_t *s, _ddp_store_conn_t *c, cons
     if (e) {
         *pp = e->next;
         DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e);
+        s->kv_count--;
     }
     return _ddp_conn_reply(c, DDP_SUCCESS, e != NULL, NULL, 0);
 }
@@ -646,9 +843,16 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (r == 3) return 0;                          /* the hello stays where it is */
     if (r == 1) {
         if (!c->waiting) { c->waiting = 1; s->nwaiting++; }
+        _ddp_waiter_file(s, c, &m.rq, m.key);
         return 0;
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    _ddp_waiter_unfile(s, c);
+    if (c->wk_cap > 1024) {                       /* an answered wait on many keys: its nodes go */
+        DDP_FREE(c->wk);
+        c->wk = NULL;
+        c->wk_cap = 0;
+    }
     c->head_len = c->body_len = c->body_need = 0;
     if (c->in_cap > ((size_t)1 << 20)) {          /* a big SET's buffer is not kept */
         DDP_FREE(c->in);
@@ -752,31 +956,53 @@ _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t
     _ddp_conn_settle(s, c);
 }
 
-/* A write happened: answer the parked GET/WAITs whose keys now exist. */
+/* Writes happened: run again the parked GET/WAITs they woke (answered now, or parked again),
+ * and, only when memory ran short, the ones parked unfiled. */
+_DDP_PRIVATE void _ddp_store_rerun_one(ddp_store_t *s, _ddp_store_conn_t *c) {
+    s->nrerun++;
+    _ddp_waiter_unfile(s, c);
+    if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); return; }
+    _ddp_conn_settle(s, c);
+}
+
 _DDP_PRIVATE void _ddp_store_rerun_waiting(ddp_store_t *s) {
+    const int changed = s->changed;
     size_t i;
     s->changed = 0;
-    for (i = 0; s->nwaiting && i < s->conns_hwm; i++) {
+    while (s->woken_head) {                   /* handlers that park write nothing: none join */
+        _ddp_store_conn_t *c = s->woken_head;
+        _ddp_woken_unlink(s, c);
+        if (c->waiting) _ddp_store_rerun_one(s, c);
+    }
+    for (i = 0; changed && s->nunfiled && i < s->conns_hwm; i++) {
         _ddp_store_conn_t *c = s->conns[i];
-        if (!c || !c->waiting) continue;
-        if (_ddp_store_execute(s, c) != 0) { _ddp_store_drop(s, c); continue; }
-        _ddp_conn_settle(s, c);
+        if (c && c->waiting && c->filed < 0) _ddp_store_rerun_one(s, c);
     }
 }
 
 _DDP_PRIVATE void _ddp_store_pause_accept(ddp_store_t *s, int ms) {
+    int i;
     if (s->accept_resume_us || s->epfd < 0) return;
-    epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->listen_fd, NULL);
+    for (i = 0; i < s->nlisten; i++) epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->listen_fds[i], NULL);
     s->accept_resume_us = _ddp_now_us() + (int64_t)ms * 1000;
 }
 
-_DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
+/* Every listener joins the epoll set (again): 0, or -1 when one could not. */
+_DDP_PRIVATE int _ddp_store_watch_listeners(ddp_store_t *s) {
     struct epoll_event ev;
+    int i, rc = 0;
+    for (i = 0; i < s->nlisten; i++) {
+        memset(&ev, 0, sizeof ev);
+        ev.events = EPOLLIN;
+        ev.data.u64 = _DDP_STORE_TOKEN_LISTEN + (uint64_t)i;
+        if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fds[i], &ev) != 0 && errno != EEXIST) rc = -1;
+    }
+    return rc;
+}
+
+_DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
     if (!s->accept_resume_us || now < s->accept_resume_us) return;
-    memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN;
-    ev.data.u64 = _DDP_STORE_TOKEN_LISTEN;
-    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) == 0) s->accept_resume_us = 0;
+    if (_ddp_store_watch_listeners(s) == 0) s->accept_resume_us = 0;
     else s->accept_resume_us = now + 100000;
 }
 
@@ -784,7 +1010,7 @@ _DDP_PRIVATE void _ddp_store_resume_accept(ddp_store_t *s, int64_t now) {
  * accept again. The oldest unauthenticated connection goes first (a rank authenticates in
  * milliseconds, so that is a stranger or a stalled peer; a rank that is cut off retries); with
  * none, the spare descriptor lets us accept and close the newcomer, so the listen queue drains. */
-_DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
+_DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int lfd, int err) {
     struct rlimit rl;
     unsigned long long lim = 0;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) lim = (unsigned long long)rl.rlim_cur;
@@ -798,7 +1024,7 @@ _DDP_PRIVATE int _ddp_store_out_of_fds(ddp_store_t *s, int err) {
     if (s->spare_fd >= 0) {
         int fd;
         close(s->spare_fd);
-        fd = _ddp_accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        fd = _ddp_accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) close(fd);
         s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         _ddp_store_warn_rate(s, &s->rate_fds, "store: cannot accept (%s; RLIMIT_NOFILE %llu, %zu "
@@ -846,20 +1072,27 @@ _DDP_PRIVATE int _ddp_store_foreign_user(ddp_store_t *s, int fd, const struct so
     return 0;
 }
 
-_DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s) {
-    int i;
-    for (i = 0; i < _DDP_STORE_BATCH; i++) {
+_DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s, int lfd) {
+    /* No more than the unauthenticated may still grow by: the hellos of those accepted are read
+     * first, and the rest wait in the listen queues. Accepting on regardless made a burst of
+     * 16,384 clients close thousands of the oldest (whose hellos were on the way) to make room,
+     * and each came back. At least a few, so that strangers filling the quota do not stop accepts
+     * (the oldest of them go, as below). */
+    int i, room = s->max_pending - s->npending;
+    if (room < _DDP_STORE_ACCEPT_MIN) room = _DDP_STORE_ACCEPT_MIN;
+    if (room > _DDP_STORE_ACCEPT_BATCH) room = _DDP_STORE_ACCEPT_BATCH;
+    for (i = 0; i < room; i++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         char addr[64];
         _ddp_store_conn_t *c;
-        int one = 1, fd = _ddp_accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int one = 1, fd = _ddp_accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
             if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == EPERM) continue;
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
-                if (_ddp_store_out_of_fds(s, e)) continue;
+                if (_ddp_store_out_of_fds(s, lfd, e)) continue;
                 return;
             }
             _ddp_store_warn_rate(s, &s->rate_fds, "store: accept: %s; pausing accepts for 100 ms", strerror(e));
@@ -950,15 +1183,15 @@ _DDP_PRIVATE void *_ddp_store_thread(void *arg) {
             if (token == _DDP_STORE_TOKEN_WAKE) {
                 char b[64];
                 while (read(s->wake[0], b, sizeof b) > 0) {}
-            } else if (token == _DDP_STORE_TOKEN_LISTEN) {
-                if (!s->accept_resume_us) _ddp_store_accept(s);
+            } else if (token >= _DDP_STORE_TOKEN_LISTEN && token < _DDP_STORE_TOKEN_LISTEN + (uint64_t)s->nlisten) {
+                if (!s->accept_resume_us) _ddp_store_accept(s, s->listen_fds[token - _DDP_STORE_TOKEN_LISTEN]);
             } else {
                 /* NULL: its connection was dropped earlier in this batch */
                 _ddp_store_conn_t *c = _ddp_store_conn_of(s, token);
                 if (c) _ddp_conn_event(s, c, ev[i].events);
             }
         }
-        if (s->changed) _ddp_store_rerun_waiting(s);
+        if (s->changed || s->woken_head) _ddp_store_rerun_waiting(s);
         now = _ddp_now_us();
         _ddp_store_release_held(s, now);
         _ddp_store_expire(s, now);
@@ -1019,13 +1252,22 @@ _DDP_PRIVATE int _ddp_store_bind_choice(const char *host, struct sockaddr_storag
     return 0;
 }
 
-/* Binds and listens: -errno or the fd. */
-_DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v6only) {
+/* Binds and (listen) listens: -errno or the fd. reuseport: one of the listeners that share the port. */
+_DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v6only, int reuseport, int listen_too) {
     int one = 1, fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), e;
     if (fd < 0) return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+#ifdef SO_REUSEPORT
+    if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+        e = errno;
+        close(fd);
+        return -e;
+    }
+#else
+    if (reuseport) { close(fd); return -ENOPROTOOPT; }
+#endif
     if (sa->sa_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
-    if (bind(fd, sa, len) != 0 || listen(fd, _DDP_STORE_BACKLOG) != 0) {
+    if (bind(fd, sa, len) != 0 || (listen_too && listen(fd, _DDP_STORE_BACKLOG) != 0)) {
         e = errno;
         close(fd);
         return -e;
@@ -1033,15 +1275,49 @@ _DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v
     return fd;
 }
 
+/* The listeners: fd was bound alone (not listening); it is replaced by _DDP_STORE_LISTENERS sockets
+ * on its address and port, sharing it (SO_REUSEPORT: the kernel spreads incoming connections
+ * over them by their addresses), each with its own listen queue of somaxconn. One queue of
+ * somaxconn (4,096 by default) overflowed when 16,384 clients connected at once: the kernel
+ * dropped SYNs and final ACKs ("Possible SYN flooding", ListenOverflows), and each drop cost a
+ * client a retransmission timeout. fd first binds alone, so a port in use (by anyone, another
+ * libddp store included) is still an error; only then is it handed over. Where that fails,
+ * fd serves alone. Only this user's processes may join a SO_REUSEPORT group (the kernel checks). */
+_DDP_PRIVATE void _ddp_store_listeners(ddp_store_t *s, int fd, int v6only) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int i, first;
+    s->listen_fds[0] = fd;
+    s->nlisten = 1;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {   /* serves alone */
+        if (listen(fd, _DDP_STORE_BACKLOG) != 0) { close(fd); s->nlisten = 0; }
+        return;
+    }
+    close(fd);                                /* bound, never listening: the port is free again */
+    first = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 1, 1);
+    if (first < 0) {                          /* taken in between, or no SO_REUSEPORT: alone again */
+        s->listen_fds[0] = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 0, 1);
+        if (s->listen_fds[0] < 0) s->nlisten = 0;
+        return;
+    }
+    s->listen_fds[0] = first;
+    for (i = 1; i < _DDP_STORE_LISTENERS; i++) {
+        int more = _ddp_store_bind((struct sockaddr *)&ss, sl, v6only, 1, 1);
+        if (more < 0) break;
+        s->listen_fds[s->nlisten++] = more;
+    }
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     char where[96];
-    int choice = _ddp_store_bind_choice(host, &ss, &sl), fd;
+    int choice = _ddp_store_bind_choice(host, &ss, &sl), fd, v6only = 0, i;
     if (choice) {
         if (ss.ss_family == AF_INET) ((struct sockaddr_in *)(void *)&ss)->sin_port = htons((uint16_t)s->port);
         else ((struct sockaddr_in6 *)(void *)&ss)->sin6_port = htons((uint16_t)s->port);
-        fd = _ddp_store_bind((struct sockaddr *)&ss, sl, 1);
+        fd = _ddp_store_bind((struct sockaddr *)&ss, sl, 1, 0, 0);
+        v6only = 1;
     } else {
         /* Every interface: IPv6 and IPv4 on one socket where the host has IPv6, else IPv4. */
         struct sockaddr_in6 a6;
@@ -1050,13 +1326,13 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
         a6.sin6_family = AF_INET6;
         a6.sin6_addr = in6addr_any;
         a6.sin6_port = htons((uint16_t)s->port);
-        fd = _ddp_store_bind((struct sockaddr *)&a6, sizeof a6, 0);
+        fd = _ddp_store_bind((struct sockaddr *)&a6, sizeof a6, 0, 0, 0);
         if (fd < 0 && fd != -EADDRINUSE) {
             memset(&a4, 0, sizeof a4);
             a4.sin_family = AF_INET;
             a4.sin_addr.s_addr = htonl(INADDR_ANY);
             a4.sin_port = htons((uint16_t)s->port);
-            fd = _ddp_store_bind((struct sockaddr *)&a4, sizeof a4, 0);
+            fd = _ddp_store_bind((struct sockaddr *)&a4, sizeof a4, 0, 0, 0);
         }
     }
     if (fd == -EADDRINUSE)
@@ -1064,6 +1340,11 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
                               "this host (another job, or a previous run still exiting?): pick another "
                               "MASTER_PORT", s->port);
     if (fd < 0) return _ddp_store_err(s, DDP_ERR_SYSTEM, "listen on port %d: %s", s->port, strerror(-fd));
+    _ddp_store_listeners(s, fd, v6only);
+    if (!s->nlisten) return _ddp_store_err(s, DDP_ERR_SYSTEM, "listen on port %d: lost the port while "
+                                           "adding listeners to it", s->port);
+    fd = s->listen_fds[0];
+    for (i = 0; i < s->nlisten; i++) _ddp_set_nonblock(s->listen_fds[i], 1);
     sl = sizeof ss;
     getsockname(fd, (struct sockaddr *)&ss, &sl);
     s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)(void *)&ss)->sin6_port
@@ -1075,6 +1356,14 @@ _DDP_PRIVATE ddp_result_t _ddp_store_listen(ddp_store_t *s, const char *host) {
                    choice == 1 ? "loopback only: " : choice == 2 ? "" : "every interface",
                    choice ? host : "", choice == 1 ? " is this host's loopback, so no other host can "
                    "connect" : choice == 2 ? " is an address of this host" : "");
+    {   /* what the listen queues hold: a burst of connects beyond it costs retransmissions */
+        FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+        int somax = 0;
+        if (f) { if (fscanf(f, "%d", &somax) != 1) somax = 0; fclose(f); }
+        if (somax > _DDP_STORE_BACKLOG || somax <= 0) somax = _DDP_STORE_BACKLOG;
+        _ddp_store_log(s, DDP_LOG_INFO, "store: %d listen queue%s of %d connections (net.core.somaxconn "
+                       "caps each)", s->nlisten, s->nlisten == 1 ? "" : "s", somax);
+    }
     return DDP_SUCCESS;
 }
 
@@ -1165,8 +1454,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
     ev.data.u64 = _DDP_STORE_TOKEN_WAKE;
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->wake[0], &ev) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
-    ev.data.u64 = _DDP_STORE_TOKEN_LISTEN;
-    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0)
+    if (_ddp_store_watch_listeners(s) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server: epoll_ctl: %s", strerror(errno));
     if (pthread_create(&s->thread, NULL, _ddp_store_thread, s) != 0)
         return _ddp_store_err(s, DDP_ERR_SYSTEM, "store server thread: %s", strerror(errno));
@@ -1209,17 +1497,28 @@ _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
     _ddp_store_reap(s);
     DDP_FREE(s->conns);
     DDP_FREE(s->free_slots);
-    _ddp_store_close_fd(s, s->listen_fd);
+    for (i = 0; i < s->nlisten; i++) _ddp_store_close_fd(s, s->listen_fds[i]);
+    s->nlisten = 0;
+    s->listen_fd = -1;
     _ddp_store_close_fd(s, s->wake[0]);
     if (s->epfd >= 0) close(s->epfd);
     if (s->spare_fd >= 0) close(s->spare_fd);   /* never watched */
     if (s->diag_fd >= 0) close(s->diag_fd);     /* never watched */
     DDP_FREE(s->throttle);
     if (s->wake[1] >= 0) close(s->wake[1]);     /* the write end: never watched */
-    for (i = 0; i < _DDP_KV_BUCKETS; i++) {
-        _ddp_kv_t *e = s->buckets[i];
-        while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
+    {
+        size_t nb, b;
+        _ddp_kv_t **table = _ddp_kv_table(s, &nb);
+        for (b = 0; b < nb; b++) {
+            _ddp_kv_t *e = table[b];
+            while (e) { _ddp_kv_t *n = e->next; DDP_FREE(e->key); DDP_FREE(e->val); DDP_FREE(e); e = n; }
+        }
+        if (s->kv_big) DDP_FREE(s->kv_big);
+        s->kv_big = NULL;
     }
+    DDP_FREE(s->waiters);
+    s->waiters = NULL;
+    s->nwaiter_chains = s->nwaiter_nodes = 0;
 }
 
 #endif /* DDP_STORE_SERVER_IMPLEMENTATION */
