@@ -1146,15 +1146,16 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_accept(void *state, int peer, void **conn) {
  * connect when they first talk. */
 _DDP_PRIVATE void _ddp_shm_watch_start(_ddp_shm_t *sp);
 
-/* Every rank of the host as the collectives see it (after the join). */
-_DDP_PRIVATE void _ddp_shm_members_fill(_ddp_shm_t *sp) {
+/* Every rank of the host as the collectives see it; pids: also the pids the leader recorded
+ * (once it said the join is complete). */
+_DDP_PRIVATE void _ddp_shm_members_fill(_ddp_shm_t *sp, int pids) {
     int l;
     for (l = 0; l < sp->nlocal; l++) {
         _ddp_shm_member_t *m = &sp->member[l];
         m->base = sp->host + _DDP_SHM_HDR_BYTES + sp->slot_stride * (size_t)l;
         m->hdr = (_ddp_shm_hdr_t *)(void *)m->base;
         m->rank = sp->rank_of[l];
-        if (m->fd < 0 && l != sp->my_local) m->pid = __atomic_load_n(&m->hdr->pid, __ATOMIC_ACQUIRE);
+        if (pids && m->fd < 0 && l != sp->my_local) m->pid = m->hdr->pid;
     }
 }
 
@@ -1217,7 +1218,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_lead(_ddp_shm_t *sp) {
     if (r != DDP_SUCCESS) return r;
     rg = (_ddp_shm_region_t *)(void *)sp->host;
     rg->slots = sp->nlocal;
-    _ddp_shm_members_fill(sp);
+    _ddp_shm_members_fill(sp, 0);
     _ddp_shm_hdr_fill(sp, sp->member[0].hdr, sp->rank, (int)getpid(), sp->host_bytes);
     sp->member[0].pid = (int)getpid();
     sp->mine = sp->member[0].base;
@@ -1317,7 +1318,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
         pfd.revents = 0;
         if (wait_us > 0) poll(&pfd, 1, (int)(wait_us > 100000 ? 100 : (wait_us + 999) / 1000));
     }
-    _ddp_shm_members_fill(sp);
+    _ddp_shm_members_fill(sp, 0);
     rg = (_ddp_shm_region_t *)(void *)sp->host;
     for (;;) {
         struct pollfd pfd;
@@ -1351,7 +1352,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
                                       "did not say within %d ms that every rank joined", L, c->timeout_ms);
         }
     }
-    _ddp_shm_members_fill(sp);   /* the pids the leader recorded */
+    _ddp_shm_members_fill(sp, 1);   /* the pids the leader recorded before it said so */
     return DDP_SUCCESS;
 }
 
