@@ -13,29 +13,38 @@
  * Needs Linux (memfd_create, futex, SCM_RIGHTS); nothing beyond libc + pthreads. It sees its
  * communicator only through the ddp_transport_ctx_t given to init (transports/ddp_transport.h).
  *
- * MEMORY. Each rank owns one anonymous memfd, never a name in /dev/shm, so a crash leaves
- * nothing behind: the kernel frees it when the last mapping and descriptor go. Same-host ranks
- * pass their memfds to each other over Unix sockets in the abstract namespace (no files either);
- * the socket stays open as a liveness wire: a peer that dies closes it, and a waiting rank sees
- * the hang-up. A region holds: a header (progress counter, wake-up word), one single-producer
- * queue per same-host peer (point-to-point messages, DDP_SHM_CELLS x DDP_SHM_CELL_BYTES), and two
- * staging buffers of DDP_SHM_CHUNK bytes for the collectives. Its size does not depend on
- * message sizes.
+ * MEMORY. Anonymous memfds only, never a name in /dev/shm, so a crash leaves nothing behind: the
+ * kernel frees one when its last mapping and descriptor go. When every rank of the communicator
+ * is on this host (the collectives' case), the host's lowest rank (the leader) makes ONE host
+ * region: a header page, then a slot per rank (its header: progress counter, signatures,
+ * wake-up word, its socket name; and the two staging buffers of DDP_SHM_CHUNK bytes the
+ * collectives use). Every other rank joins it with one handshake with the leader and maps it:
+ * O(n) handshakes and O(n) memory per host. Point-to-point queues (DDP_SHM_CELLS x
+ * DDP_SHM_CELL_BYTES each way) live in a region per pair, made by the lower rank when the pair
+ * first connects: init connects the ring's and recursive doubling's partners, others connect on
+ * first use, so their memory grows with the pairs that talk, not with n^2. Ranks on several
+ * hosts (or DDP_SHM_COLL=0) join no region: each rank then gives its peers a header page of its
+ * own with the pair's region. No region's size depends on message sizes.
  *
- * HANDSHAKE (version 3; the messages: transports/ddp_shm_handshake.h). Over the Unix socket, four
- * fixed-size messages (one layout, a `kind` field): HELLO {comm id, from, to, nonce_c} ->
- * CHALLENGE {nonce_s, proof_s} -> ANSWER {proof_c, region size} + memfd -> WELCOME {region size} +
- * memfd, with the proofs of ddp_auth.h over the communicator's key (label "shm <comm id hex>
- * <from>-><to>"). A memfd goes only to a side that has proven the key: a same-user process that
- * knows the communicator id but not the key is closed after its ANSWER and never sees a region.
- * Another user's process is refused at accept (SO_PEERCRED). Even a rank that proved the key is
- * not trusted with anything that could crash the others: its pid comes from SO_PEERCRED, never
- * from a message; no address is sent (a rank of the same process is found by the memfd's inode);
- * and a region is mapped only if its memfd is sealed against shrinking and growing (and against
- * removing the seals) and has the agreed size (fstat), so no peer can make another rank's access
- * fault. The table of handshakes in progress holds world size + 64 entries; when full, the oldest
- * connection that has not sent its HELLO is evicted for a newcomer (else the oldest), as in the
- * TCP transport; a full listen backlog makes a connect back off and retry.
+ * HANDSHAKE (version 4; the messages: transports/ddp_shm_handshake.h). Over a Unix socket in the
+ * abstract namespace, four fixed-size messages (one layout, a `kind` field, a `purpose`: JOIN
+ * or PAIR): HELLO {comm id, from, to, nonce_c} -> CHALLENGE {nonce_s, proof_s} -> ANSWER
+ * {proof_c} -> WELCOME, with the proofs of ddp_auth.h over the communicator's key (label
+ * "shm-host" or "shm", "<comm id hex> <from>-><to>"). A JOIN's WELCOME carries the host region;
+ * a PAIR's ANSWER the pair's region (and outside a host region each side's header page rides
+ * with the ANSWER and the WELCOME). A memfd goes only to a side that has proven the key: a
+ * same-user process that knows the communicator id but not the key is closed after its ANSWER
+ * and never sees a region; the leader takes JOINs only from ranks of this host not yet in, and
+ * only during the join. Another user's process is refused at accept (SO_PEERCRED). Even a rank
+ * that proved the key is not trusted with anything that could crash the others: pids come from
+ * SO_PEERCRED, never from a message (the leader records each member's in its slot); no address
+ * is sent (a rank of the same process is found by the memfd's inode); and a region is mapped
+ * only if its memfd is sealed against shrinking and growing (and against removing the seals),
+ * has the agreed size (fstat) and says it is this communicator's region of the expected kind,
+ * so no peer can make another rank's access fault. The table of handshakes in progress holds
+ * world size + 64 entries; when full, the oldest connection that has not sent its HELLO is
+ * evicted for a newcomer (else the oldest), as in the TCP transport; a full listen backlog makes
+ * a connect back off and retry.
  *
  * COLLECTIVES. When every rank of a communicator is on this host, the transport runs the
  * collectives itself (ddp_coll_provider_t) instead of the ring:
@@ -56,13 +65,17 @@
  *
  * WAITING. Spin (a pause loop, then sched_yield when there are more ranks than CPUs), then
  * sleep on a futex in the waiter's own header; a rank that publishes progress wakes peers
- * that said they sleep. A dead peer cannot ring: a watcher thread per rank (started by the
- * first sleep) waits in poll() on the peers' sockets and pidfds and rings the sleeper when one
- * goes, so a killed peer is DDP_ERR_REMOTE naming it within about a millisecond, as over TCP.
- * Sleeps are still cut into 50 ms slices that check the peers (the fallback when the watcher
- * cannot run); ddp_comm_abort wakes a sleeping rank at once (the abort entry rings its
- * doorbell). A wait that lasts says at WARN which ranks it waits for, after 10 s, 30 s, 60 s,
- * then every 5 minutes, as the engine's algorithms do.
+ * that said they sleep. A dead peer cannot ring: the leader keeps a socket and a pidfd of every
+ * member, and its watcher thread (asleep in poll() from the join on) marks a member's slot gone
+ * and rings every rank of the host when one goes; each member's watcher (started by its first
+ * sleep) watches the leader and its pairs. So a killed rank is DDP_ERR_REMOTE naming it within
+ * about a millisecond, as over TCP, with O(n) descriptors for the whole host. Sleeps are still
+ * cut into 50 ms slices that check the peers (the fallback when a watcher cannot run: the
+ * leader's socket, kill(pid, 0) between members); ddp_comm_abort wakes a sleeping rank at once
+ * (the abort entry rings its doorbell). A rank that dies before joining is named by the leader
+ * (its published pid is probed when the join stalls) and through it by every member; a leader
+ * that dies is named by the members. A wait that lasts says at WARN which ranks it waits for,
+ * after 10 s, 30 s, 60 s, then every 5 minutes, as the engine's algorithms do.
  *
  * ENVIRONMENT
  *   DDP_SHM_COLL=0          point-to-point only (the communicator's ring/recursive doubling run
@@ -162,9 +175,17 @@ typedef struct {
     uint32_t closed;                  /* line 3: the owner closed its connections */
     uint32_t gone;                    /* the host's leader saw the owner's process end */
     unsigned char pad3[64 - 8];
-    char addr[56];                    /* line 4: the owner's socket name (host region), so the */
-    uint32_t addr_set, pad4;          /* pairs connect without asking the store; 1 once written */
 } _ddp_shm_hdr_t;
+
+/* In a slot's header page, well after the header: the owner's socket name, so the pairs of the
+ * host connect without asking the store (set: 1 once written). */
+#define _DDP_SHM_ADDR_OFF 1024
+typedef struct { char name[56]; uint32_t set, pad; } _ddp_shm_slot_addr_t;
+typedef char _ddp_shm_slot_addr_fits[sizeof(_ddp_shm_hdr_t) <= _DDP_SHM_ADDR_OFF &&
+                                     _DDP_SHM_ADDR_OFF + sizeof(_ddp_shm_slot_addr_t) <= _DDP_SHM_HDR_BYTES ? 1 : -1];
+static inline _ddp_shm_slot_addr_t *_ddp_shm_slot_addr(_ddp_shm_hdr_t *h) {
+    return (_ddp_shm_slot_addr_t *)(void *)((unsigned char *)h + _DDP_SHM_ADDR_OFF);
+}
 
 typedef struct { uint64_t head; unsigned char pad[56]; uint64_t tail; unsigned char pad2[56]; } _ddp_shm_qctl_t;
 typedef struct { uint64_t tag, total, off; uint32_t len, pad; unsigned char pad2[32]; } _ddp_shm_cell_t;
@@ -793,8 +814,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_dial_answer(_ddp_shm_t *sp, _ddp_shm_dial_t *
 /* This rank's socket name in its slot: the pairs of the host connect without asking the store
  * (a rank that wrote a wrong one only fails its own handshakes: both sides prove the key). */
 _DDP_PRIVATE void _ddp_shm_say_addr(_ddp_shm_t *sp) {
-    memcpy(sp->me->addr, sp->addr.name, sizeof sp->me->addr);
-    __atomic_store_n(&sp->me->addr_set, 1u, __ATOMIC_RELEASE);
+    _ddp_shm_slot_addr_t *a = _ddp_shm_slot_addr(sp->me);
+    memcpy(a->name, sp->addr.name, sizeof a->name);
+    __atomic_store_n(&a->set, 1u, __ATOMIC_RELEASE);
 }
 
 /* The member's half of a join: the leader's WELCOME brought the host region. */
@@ -879,8 +901,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_dial_step(_ddp_shm_t *sp, _ddp_shm_dial_t *d,
     }
     if (!d->have_addr && sp->joined && d->purpose == _DDP_SHM_PAIR && sp->local_of[peer] >= 0) {
         const _ddp_shm_member_t *m = &sp->member[sp->local_of[peer]];
-        if (__atomic_load_n(&m->hdr->addr_set, __ATOMIC_ACQUIRE)) {   /* from its slot */
-            memcpy(d->addr.name, m->hdr->addr, sizeof d->addr.name);
+        _ddp_shm_slot_addr_t *a = _ddp_shm_slot_addr(m->hdr);
+        if (__atomic_load_n(&a->set, __ATOMIC_ACQUIRE)) {   /* from its slot */
+            memcpy(d->addr.name, a->name, sizeof d->addr.name);
             d->addr.pid = m->pid;
             d->addr.name[sizeof d->addr.name - 1] = 0;
             d->deadline = _ddp_deadline(c->timeout_ms);
@@ -1864,13 +1887,13 @@ static inline const unsigned char *_ddp_shm_peer_stage(_ddp_shm_t *sp, int q, ui
                          : _ddp_shm_stage(sp, sp->member[sp->local_of[q]].base, which);
 }
 
-/* Rank q's header in the host region (q on this host; this rank included), and its process:
+/* Rank q's header in the host region (this rank's included; once joined), and its process:
  * SO_PEERCRED's where this rank holds a socket to it (the leader: every rank; a member: the
- * leader), else as the leader recorded it (from SO_PEERCRED) in q's slot. */
-static inline _ddp_shm_hdr_t *_ddp_shm_peer_hdr(_ddp_shm_t *sp, int q) {
-    return sp->member[sp->local_of[q]].hdr;
+ * leader), else as the leader recorded it, from SO_PEERCRED, in q's slot. */
+static inline _ddp_shm_hdr_t *_ddp_shm_hdr_of(_ddp_shm_t *sp, int q) {
+    return q == sp->rank ? sp->me : sp->member[sp->local_of[q]].hdr;
 }
-static inline int _ddp_shm_peer_pid(_ddp_shm_t *sp, int q) {
+static inline int _ddp_shm_pid_of(_ddp_shm_t *sp, int q) {
     return q == sp->rank ? (int)getpid() : sp->member[sp->local_of[q]].pid;
 }
 
