@@ -128,7 +128,6 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #error "transports/ddp_shm.h's implementation needs ddp_transport.h's, ddp_kernels.h's and ddp_shm_handshake.h's (define DDP_IMPLEMENTATION)"
 #endif
 
-#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -345,6 +344,12 @@ _DDP_PRIVATE int _ddp_shm_pidfd_open(int pid) {
                                                                (pid_t)pid, 0u);
 }
 
+/* 1 when process pid (another than ours) is no more: kill(pid, 0) says ESRCH (through syscall(),
+ * which needs no <signal.h> POSIX declarations). */
+_DDP_PRIVATE int _ddp_shm_pid_gone(int pid) {
+    return pid > 0 && pid != (int)getpid() && syscall(SYS_kill, (long)pid, 0L) != 0 && errno == ESRCH;
+}
+
 /* 1 when the peer closed its end (it exited, crashed, or failed and closed its connections). */
 _DDP_PRIVATE int _ddp_shm_peer_gone(_ddp_shm_conn_t *k) {
     if (__atomic_load_n(&k->hdr->closed, __ATOMIC_ACQUIRE)) return 1;
@@ -361,7 +366,7 @@ _DDP_PRIVATE int _ddp_shm_member_gone(_ddp_shm_member_t *m) {
     if (__atomic_load_n(&m->hdr->gone, __ATOMIC_ACQUIRE)) return 1;
     if (__atomic_load_n(&m->dead, __ATOMIC_ACQUIRE)) return 1;
     if (m->fd >= 0) return _ddp_shm_hung_up(m->fd) || _ddp_shm_pidfd_ended(m->pidfd);
-    return m->pid > 0 && m->pid != (int)getpid() && kill((pid_t)m->pid, 0) != 0 && errno == ESRCH;
+    return _ddp_shm_pid_gone(m->pid);
 }
 
 /* Drops one user of a mapping. A region shared by ranks of one process (shared: threads as
@@ -1209,8 +1214,7 @@ _DDP_PRIVATE int _ddp_shm_join_dead(_ddp_shm_t *sp, int *pid_out) {
             if (c->lookup(c->host, "shm", r, &a, sizeof a, &len) == DDP_SUCCESS && len == sizeof a)
                 sp->pub_pid[l] = a.pid > 0 ? (int)a.pid : -1;
         }
-        if (sp->pub_pid[l] > 0 && sp->pub_pid[l] != (int)getpid() && kill((pid_t)sp->pub_pid[l], 0) != 0 &&
-            errno == ESRCH) {
+        if (_ddp_shm_pid_gone(sp->pub_pid[l])) {
             *pid_out = sp->pub_pid[l];
             return r;
         }
@@ -1320,8 +1324,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
         if ((r = _ddp_shm_dial_step(sp, d, L, &unused)) != DDP_SUCCESS) return r;
         if (sp->host) break;
         /* Refused or cut off: is the leader still there (its published pid)? */
-        if (d->stage == 0 && d->have_addr && d->addr.pid > 0 && d->addr.pid != (int32_t)getpid() &&
-            kill((pid_t)d->addr.pid, 0) != 0 && errno == ESRCH) {
+        if (d->stage == 0 && d->have_addr && _ddp_shm_pid_gone((int)d->addr.pid)) {
             _ddp_transport_blame(c, L);
             return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d (pid %d), this host's leader, is gone: "
                                       "it exited or crashed before this rank could join its shared-memory region "
