@@ -1230,6 +1230,16 @@ _DDP_PRIVATE int _ddp_shm_join_missing(const _ddp_shm_t *sp) {
     return -1;
 }
 
+/* A rank that failed its init elsewhere posted why on the communicator's failure board: a join
+ * that waits for it stops now, saying so, rather than at the timeout. DDP_SUCCESS: none yet. */
+_DDP_PRIVATE ddp_result_t _ddp_shm_join_board(_ddp_shm_t *sp) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    char msg[400];
+    if (!c->posted || !c->posted(c->host, "abort", msg, sizeof msg)) return DDP_SUCCESS;
+    return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: init (phase join): stopped waiting for the ranks of "
+                              "this host: another rank failed: %s", msg);
+}
+
 /* The leader: make the region, admit every rank of the host (bounded by the timeout), then
  * tell them all it is complete. */
 _DDP_PRIVATE ddp_result_t _ddp_shm_lead(_ddp_shm_t *sp) {
@@ -1278,6 +1288,10 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_lead(_ddp_shm_t *sp) {
         }
         if (_ddp_now_us() - progress_at >= (int64_t)_DDP_SHM_JOIN_PROBE_MS * 1000 && _ddp_now_us() >= probe_at) {
             probe_at = _ddp_now_us() + (int64_t)_DDP_SHM_JOIN_PROBE_MS * 1000;
+            if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) {
+                r = _ddp_shm_join_abandon(sp, _ddp_shm_join_missing(sp), r);
+                break;
+            }
             if ((dead = _ddp_shm_join_dead(sp, &dead_pid)) >= 0) {
                 _ddp_transport_blame(c, dead);
                 r = _ddp_shm_join_abandon(sp, dead, ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d (pid %d) "
@@ -1317,6 +1331,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
     _ddp_shm_region_t *rg;
     ddp_result_t r;
     void *unused = NULL;
+    int64_t board_at = _ddp_now_us() + 2000000;   /* then every 2 s: a store request each */
     d->purpose = _DDP_SHM_JOIN;
     while (!sp->host) {
         struct pollfd pfd;
@@ -1332,6 +1347,10 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
         }
         if (ddp_transport_aborted(c))
             return ddp_transport_fail(c, DDP_ERR_ABORTED, "shm: init (phase join): ddp_comm_abort was called on this rank");
+        if (_ddp_now_us() >= board_at) {
+            board_at = _ddp_now_us() + 2000000;
+            if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
+        }
         if (_ddp_ms_left(deadline) == 0) {
             if (c->waiting_on) *c->waiting_on = L;
             return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, "
@@ -1372,6 +1391,10 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
         }
         if (ddp_transport_aborted(c))
             return ddp_transport_fail(c, DDP_ERR_ABORTED, "shm: init (phase join): ddp_comm_abort was called on this rank");
+        if (_ddp_now_us() >= board_at) {
+            board_at = _ddp_now_us() + 2000000;
+            if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
+        }
         if (_ddp_ms_left(deadline) == 0) {
             if (c->waiting_on) *c->waiting_on = L;
             return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, "
