@@ -66,14 +66,15 @@ $(B) $(B)/san $(B)/tsan $(B)/hdr:
 # into each program below that uses only the public API; IMPL_* say which set a program includes
 # (including a transport registers it, so the set is part of the program's behaviour). IMPL_SELF
 # compile the implementation themselves: they call private _ddp_ functions (static), or, for
-# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends (and
+# test_shm_peer, rename sendmsg before the implementation to tamper with what it sends, and
+# test_shm_host connect and syscall, to die or wait at a step of the shm join (and
 # test_state_sync defines ddp_state.h's test hooks: a share corrupted in transit, a rank killed
 # mid-transfer); the two sampler tests are also compiled alone (test_sampler_torch.sh,
 # sampler_reshard_mutants.py).
 IMPL_TCP     := test_failures test_kernels test_trace
 IMPL_THREADS := test_deterministic test_mismatch test_shrink test_threads test_wait_notes
 IMPL_NCCL    := test_flat_reducer test_nccl test_powersgd
-IMPL_SELF    := test_auth test_c10d_store test_store_scale test_model test_sampler test_sampler_reshard test_shm_peer test_store \
+IMPL_SELF    := test_auth test_c10d_store test_store_scale test_model test_sampler test_sampler_reshard test_shm_peer test_shm_host test_store \
                 test_store_guard test_strangers test_rdma test_rooted_collectives test_nccl_rooted \
                 test_reducer_elastic test_reducer_grow test_state_sync test_straggler test_metrics
 # $(call impl,DIR,PROGRAM): the object PROGRAM links (nothing for IMPL_SELF).

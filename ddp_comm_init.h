@@ -398,26 +398,26 @@ _DDP_PRIVATE ddp_result_t _ddp_init_pick_transports(ddp_comm_t *c) {
 }
 
 /* Step 5: one transport reaches everyone and can run the collectives itself (shared memory on
- * one host): it needs every peer connected, then may take the collectives over. */
+ * one host). A transport with its own setup (join) makes what its collectives need by itself,
+ * in time linear in the ranks; any other needs every peer connected first. */
 _DDP_PRIVATE ddp_result_t _ddp_init_coll_provider(ddp_comm_t *c) {
     const int nranks = c->eng.nranks, rank = c->eng.rank;
+    const ddp_coll_provider_t *coll;
+    void *state;
     ddp_result_t r;
-    int k;
-        /* One transport reaches everyone and can run the collectives itself (shared memory on
-     * one host): it needs every peer connected. */
-    {
-        int same = c->peers.by_rank[rank == 0 ? 1 : 0].tinst;
-        for (k = 0; k < nranks; k++) if (k != rank && c->peers.by_rank[k].tinst != same) same = -1;
-        /* (Several hosts in the layout: DDP_TEST_HOSTS over one transport; the model decides.) */
-        if (same >= 0 && c->choice.algo == _DDP_ALGO_AUTO && c->choice.layout.nhosts == 1 && c->peers.tinst[same].t->coll &&
-            c->peers.tinst[same].t->coll->enable) {
-            r = _ddp_connect_peers(c, NULL, nranks);
-            if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
-            if (c->peers.tinst[same].t->coll->enable(c->peers.tinst[same].state) == DDP_SUCCESS) {
-                c->choice.coll = c->peers.tinst[same].t->coll;
-                c->choice.coll_state = c->peers.tinst[same].state;
-            }
-        }
+    int k, same = c->peers.by_rank[rank == 0 ? 1 : 0].tinst;
+    for (k = 0; k < nranks; k++) if (k != rank && c->peers.by_rank[k].tinst != same) same = -1;
+    /* (Several hosts in the layout: DDP_TEST_HOSTS over one transport; the model decides.) */
+    if (same < 0 || c->choice.algo != _DDP_ALGO_AUTO || c->choice.layout.nhosts != 1 ||
+        !(coll = c->peers.tinst[same].t->coll) || !coll->enable)
+        return DDP_SUCCESS;
+    state = c->peers.tinst[same].state;
+    r = coll->join ? coll->join(state) : _ddp_connect_peers(c, NULL, nranks);
+    if (r == DDP_ERR_UNSUPPORTED && coll->join) return DDP_SUCCESS;
+    if (r != DDP_SUCCESS) { _ddp_publish_failure(c); return r; }
+    if (coll->enable(state) == DDP_SUCCESS) {
+        c->choice.coll = coll;
+        c->choice.coll_state = state;
     }
     return DDP_SUCCESS;
 }

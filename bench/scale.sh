@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT (see LICENSE)
 # Init + first all-reduce of N ranks on this host (make scale): the curve in docs/performance.md.
 #   bench/scale.sh [N ...]          (default 64 128 256 512 1024; SCALE_TRANSPORTS="tcp auto";
-#                                    auto stops at SCALE_SHM_MAX=256 ranks)
+#                                    auto stops at SCALE_SHM_MAX=1024 ranks; SCALE_BIN, default
+#                                    build/ddp-scale: another build of it, for before/after runs)
 # Each row: the wall time of the whole build/ddprun run (start, rendezvous, connect, one float
 # all-reduce, one 1 MiB all-reduce, destroy, exit) and rank 0's report of the slowest rank.
 set -uo pipefail
@@ -13,10 +14,11 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 printf '| ranks | transport | wall s | slowest init s | slowest first all_reduce s | result |\n|---:|---|---:|---:|---:|---|\n'
 for t in $transports; do
   for n in $sizes; do
-    # Shared memory connects every pair: beyond 256 ranks that is minutes (SCALE_SHM_MAX to go on).
-    if [ "$t" != tcp ] && [ "$n" -gt "${SCALE_SHM_MAX:-256}" ]; then continue; fi
+    # Shared memory joins one region per host (a handshake per rank) and connects the pairs that
+    # talk; builds before it connected every pair: SCALE_SHM_MAX=256 keeps those to minutes.
+    if [ "$t" != tcp ] && [ "$n" -gt "${SCALE_SHM_MAX:-1024}" ]; then continue; fi
     t0=$(date +%s.%N)
-    out=$(DDP_TRANSPORT=$t DDP_TIMEOUT_MS=${SCALE_TIMEOUT_MS:-300000} timeout 900 build/ddprun -n "$n" --no-prefix build/ddp-scale 2>&1)
+    out=$(DDP_TRANSPORT=$t DDP_TIMEOUT_MS=${SCALE_TIMEOUT_MS:-300000} timeout 900 build/ddprun -n "$n" --no-prefix "${SCALE_BIN:-build/ddp-scale}" 2>&1)
     rc=$?
     t1=$(date +%s.%N)
     line=$(printf '%s\n' "$out" | grep '^ddp-scale:' | tail -1)

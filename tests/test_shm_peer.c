@@ -4,19 +4,21 @@
  *
  *   build/test_shm_peer       (DDP_TEST_ONLY=<scenario name> runs one)
  *
- * Rank 2 of 3 is a real rank whose handshake messages pass through a tampering sendmsg (this
+ * Rank 0 of 3 is a real rank whose handshake messages pass through a tampering sendmsg (this
  * file defines sendmsg before it compiles libddp): it knows the communicator's key, so what it
- * sends is taken as a rank's word. Ranks 0 and 1 are the victims (rank 2 sends each of them
- * its WELCOME and its memfd).
- *   lie        the WELCOME carries the victim's own pid and address 0x1000 where earlier
- *              versions put the sender's pid and region address: the victims never read those
- *              bytes (identity from SO_PEERCRED, addresses never on the wire); all-reduces exact.
+ * sends is taken as a rank's word. Ranks 1 and 2 are the victims: rank 0, the host's lowest
+ * rank, sends each of them the host region with its WELCOME to their join, and, as the lower
+ * rank of each pair, the pair's region with its ANSWER.
+ *   lie        the WELCOME and ANSWER carry the victim's own pid and address 0x1000 where
+ *              earlier versions put the sender's pid and region address: the victims never read
+ *              those bytes (identity from SO_PEERCRED, addresses never on the wire); all-reduces
+ *              exact.
  *   unsealed   a copy of the region in a memfd without seals: refused at the handshake, saying
  *              why; no crash.
  *   small      a sealed memfd of 4096 bytes instead of the region's size: refused (no SIGBUS
  *              on the first access beyond it).
- *   truncate   after init, rank 2 tries to shrink its own region to 0 bytes: the seals refuse
- *              (EPERM), and the victims' all-reduces stay exact (no SIGBUS). */
+ *   truncate   after init, rank 0 tries to shrink the host region it made to 0 bytes: the
+ *              seals refuse (EPERM), and the victims' all-reduces stay exact (no SIGBUS). */
 #define _GNU_SOURCE
 #include <sys/socket.h>
 #include <sys/mman.h>
@@ -27,7 +29,7 @@
 
 enum { TAMPER_NONE, TAMPER_LIE, TAMPER_UNSEALED, TAMPER_SMALL, TAMPER_TRUNCATE };
 static int tamper_mode;
-static int tamper_memfd = -1;   /* this rank's own memfd, as seen going out */
+static int tamper_memfd = -1;   /* the first memfd this rank sent (the host region, kept open) */
 static ssize_t tamper_sendmsg(int fd, const struct msghdr *m, int flags);
 #define sendmsg tamper_sendmsg
 #define DDP_IMPLEMENTATION
@@ -38,7 +40,7 @@ static ssize_t tamper_sendmsg(int fd, const struct msghdr *m, int flags);
 #undef sendmsg
 
 #define P 3
-#define FAKE 2
+#define FAKE 0
 
 static int copy_memfd(int src, size_t bytes, size_t copy, int seal) {
     int fd = (int)syscall(SYS_memfd_create, "fake", seal ? 3u : 1u);
@@ -71,7 +73,7 @@ static ssize_t tamper_sendmsg(int fd, const struct msghdr *m, int flags) {
     cm = CMSG_FIRSTHDR(m);
     if (h.magic != _DDP_SHM_MAGIC || !cm || cm->cmsg_type != SCM_RIGHTS) return sendmsg(fd, m, flags);
     memcpy(&memfd, CMSG_DATA(cm), sizeof memfd);
-    tamper_memfd = memfd;
+    if (tamper_memfd < 0) tamper_memfd = memfd;
     if (tamper_mode == TAMPER_LIE) {
         struct { int32_t pid; uint32_t uid, gid; } cred;
         socklen_t cl = sizeof cred;

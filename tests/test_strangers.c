@@ -32,8 +32,8 @@
  *   shm-stranger same-user process with the right communicator id connects to rank 1's shm
  *                socket, gets a challenge, answers with a wrong proof: closed, and never given
  *                a memfd; the job's all-reduce is exactly right.
- *   shm-many     128 ranks (and 256 unless DDP_TEST_QUICK) on this host over shm connect
- *                all-to-all (the collective provider needs every pair) and all-reduce.
+ *   shm-many     128 ranks (and 256 unless DDP_TEST_QUICK) on this host over shm join the
+ *                host's region (one handshake each with its lowest rank) and all-reduce.
  */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
@@ -600,7 +600,7 @@ static void shm_many(int n, int timeout_s) {
             float x = (float)(r + 1);
             int st = 2;
             prctl(PR_SET_PDEATHSIG, SIGKILL);
-            /* Small regions: n ranks map n regions each. */
+            /* Small regions: n ranks map one region of n slots each. */
             setenv("DDP_SHM_CELLS", "2", 1);
             setenv("DDP_SHM_CELL_BYTES", "4096", 1);
             setenv("DDP_SHM_CHUNK", "65536", 1);
@@ -637,7 +637,7 @@ static void shm_many(int n, int timeout_s) {
         if (S->many_status[r] == 1) good++;
         if (S->many_value[r] == (float)(n * (n + 1) / 2)) value_ok++;
     }
-    ok(good == n && value_ok == n, "shm-many: %d ranks on this host connect all-to-all over shm and "
+    ok(good == n && value_ok == n, "shm-many: %d ranks on this host join one shm region and "
        "all-reduce: %d succeeded, %d exact (%.1f s)", n, good, value_ok, t_now() - t0);
     free(pids);
 }

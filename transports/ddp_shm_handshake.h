@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT (see LICENSE) */
 /* transports/ddp_shm_handshake.h — the shared-memory transport's handshake messages: one
- * fixed layout for HELLO, CHALLENGE, ANSWER and WELCOME, sent over a Unix socket with the
- * sender's sealed memfd attached (SCM_RIGHTS) to the last two, and the kernel's word on who is
- * at the other end (SO_PEERCRED). Private: transports/ddp_shm.h, which users include, runs the
+ * fixed layout for HELLO, CHALLENGE, ANSWER and WELCOME, sent over a Unix socket with sealed
+ * memfds attached (SCM_RIGHTS) to the last two, and the kernel's word on who is at the other
+ * end (SO_PEERCRED). Two purposes: a rank JOINs its host's region (the leader's WELCOME brings
+ * it), or a PAIR of ranks connects (the connector's ANSWER brings the pair's queues). Private: transports/ddp_shm.h, which users include, runs the
  * handshake itself (its top comment says what each message carries and why).
  * Depends on ddp_auth.h (the nonce and proof sizes). Built by DDP_IMPLEMENTATION (or
  * DDP_SHM_HANDSHAKE_IMPLEMENTATION).
@@ -34,16 +35,18 @@
 #define _DDP_SHM_SEALS (F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW)
 
 #define _DDP_SHM_MAGIC 0x44445348u      /* "DDSH": region header and handshake */
-#define _DDP_SHM_VERSION 3u             /* 2: mutual challenge-response before any memfd;
-                                         * 3: sealed memfds, no pid or address on the wire */
+#define _DDP_SHM_VERSION 4u             /* 2: mutual challenge-response before any memfd;
+                                         * 3: sealed memfds, no pid or address on the wire;
+                                         * 4: one region per host (JOIN), a region per pair */
 
 /* Every handshake message has this one layout (kind says which); `from` is the sender. */
 enum { _DDP_SHM_HELLO = 1, _DDP_SHM_CHALLENGE, _DDP_SHM_ANSWER, _DDP_SHM_WELCOME };
+enum { _DDP_SHM_PAIR = 0, _DDP_SHM_JOIN = 1 };         /* purpose: what the HELLO asks for */
 typedef struct {
     uint32_t magic, version;
     uint64_t comm_id;
     int32_t from, to, unused0, kind;                   /* unused0, unused1: sent as 0, never read */
-    int32_t status, pad;
+    int32_t status, purpose;
     uint64_t region_bytes, unused1;                    /* ANSWER and WELCOME (with the memfd) */
     unsigned char nonce[_DDP_AUTH_NONCE_BYTES];        /* HELLO: the connector's; CHALLENGE: ours */
     unsigned char proof[_DDP_AUTH_PROOF_BYTES];        /* CHALLENGE: proof_s; ANSWER: proof_c */
@@ -62,12 +65,12 @@ _DDP_PRIVATE int _ddp_shm_peer_cred(int fd, int *pid) {
 }
 _DDP_PRIVATE int _ddp_shm_same_user(int fd) { return _ddp_shm_peer_cred(fd, NULL); }
 
-/* Sends a handshake message, with memfd (SCM_RIGHTS) unless it is -1. Returns 0 or an errno.
- * Only ANSWER and WELCOME carry the memfd: both come after the other side's proof. */
-_DDP_PRIVATE int _ddp_shm_send_hello(int fd, const _ddp_shm_hello_t *h, int memfd) {
+/* Sends a handshake message with nfds (0..2) descriptors (SCM_RIGHTS). Returns 0 or an errno.
+ * Only ANSWER and WELCOME carry memfds: both come after the other side's proof. */
+_DDP_PRIVATE int _ddp_shm_send_fds(int fd, const _ddp_shm_hello_t *h, const int *fds, int nfds) {
     struct msghdr m;
     struct iovec iov;
-    union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    union { struct cmsghdr align; char buf[CMSG_SPACE(2 * sizeof(int))]; } u;
     struct cmsghdr *cm;
     memset(&m, 0, sizeof m);
     memset(&u, 0, sizeof u);
@@ -75,29 +78,35 @@ _DDP_PRIVATE int _ddp_shm_send_hello(int fd, const _ddp_shm_hello_t *h, int memf
     iov.iov_len = sizeof *h;
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
-    if (memfd >= 0) {
+    if (nfds > 0) {
         m.msg_control = u.buf;
-        m.msg_controllen = sizeof u.buf;
+        m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
         cm = CMSG_FIRSTHDR(&m);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
     }
     errno = 0;
     if (sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *h) return errno ? errno : EIO;
     return 0;
 }
 
-/* Receives a handshake message and its memfd, if any. 1 = got it, 0 = not yet (EAGAIN),
- * -1 = malformed, -2 = the other side closed. */
-_DDP_PRIVATE int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
+/* A handshake message with memfd (SCM_RIGHTS) unless it is -1. */
+_DDP_PRIVATE int _ddp_shm_send_hello(int fd, const _ddp_shm_hello_t *h, int memfd) {
+    return _ddp_shm_send_fds(fd, h, &memfd, memfd >= 0 ? 1 : 0);
+}
+
+/* Receives a handshake message and up to two descriptors (fds[i] = -1 where none came; more are
+ * closed). 1 = got it, 0 = not yet (EAGAIN), -1 = malformed, -2 = the other side closed. */
+_DDP_PRIVATE int _ddp_shm_recv_fds(int fd, _ddp_shm_hello_t *h, int fds_out[2]) {
     struct msghdr m;
     struct iovec iov;
     union { struct cmsghdr align; char buf[CMSG_SPACE(sizeof(int) * 4)]; } u;
     struct cmsghdr *cm;
     ssize_t got;
-    *memfd = -1;
+    int j0;
+    fds_out[0] = fds_out[1] = -1;
     memset(&m, 0, sizeof m);
     iov.iov_base = h;
     iov.iov_len = sizeof *h;
@@ -114,7 +123,8 @@ _DDP_PRIVATE int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
             int fds[4];
             memcpy(fds, CMSG_DATA(cm), nfd * sizeof(int) > sizeof fds ? sizeof fds : nfd * sizeof(int));
             for (j = 0; j < nfd && j < 4; j++) {
-                if (*memfd < 0) *memfd = fds[j];
+                for (j0 = 0; j0 < 2 && fds_out[j0] >= 0; j0++) {}
+                if (j0 < 2) fds_out[j0] = fds[j];
                 else close(fds[j]);        /* a stranger sending extra descriptors */
             }
         }
@@ -122,11 +132,19 @@ _DDP_PRIVATE int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
     if (got == 0) return -2;
     /* Messages are small and sent with one sendmsg: a short read is a stranger, not a split. */
     if (got != (ssize_t)sizeof *h || h->magic != _DDP_SHM_MAGIC || h->version != _DDP_SHM_VERSION) {
-        if (*memfd >= 0) close(*memfd);
-        *memfd = -1;
+        for (j0 = 0; j0 < 2; j0++) if (fds_out[j0] >= 0) close(fds_out[j0]);
+        fds_out[0] = fds_out[1] = -1;
         return -1;
     }
     return 1;
+}
+
+/* One descriptor at most (any more are closed). */
+_DDP_PRIVATE int _ddp_shm_recv_hello(int fd, _ddp_shm_hello_t *h, int *memfd) {
+    int fds[2], r = _ddp_shm_recv_fds(fd, h, fds);
+    if (fds[1] >= 0) close(fds[1]);
+    *memfd = fds[0];
+    return r;
 }
 
 #endif /* DDP_SHM_HANDSHAKE_IMPLEMENTATION */

@@ -119,9 +119,16 @@ typedef struct ddp_coll_provider {
     ddp_result_t (*broadcast)(void *state, const void *sendbuf, void *recvbuf, size_t count,
                               ddp_dtype_t dtype, int root);
     ddp_result_t (*barrier)(void *state);
-    /* Called once every peer is connected through this transport (and only then): DDP_SUCCESS
-     * to take over the collectives, anything else to leave them to the ring. */
+    /* Called once every peer is connected through this transport (and only then), or once join
+     * (below) succeeded: DDP_SUCCESS to take over the collectives, anything else to leave them
+     * to the ring. */
     ddp_result_t (*enable)(void *state);
+    /* May be NULL. Called on every rank at the same point of init instead of connecting every
+     * peer first, bounded by ctx->timeout_ms: the transport makes what its collectives need by
+     * itself (shared memory: one region per host, one handshake per rank with the host's
+     * lowest rank). DDP_SUCCESS: enable follows; DDP_ERR_UNSUPPORTED: the ring runs the
+     * collectives, over connections made when used; anything else fails init. */
+    ddp_result_t (*join)(void *state);
 } ddp_coll_provider_t;
 
 /* ---- device (GPU) collectives
