@@ -122,6 +122,18 @@ typedef struct ddp_coll_provider {
     /* Called once every peer is connected through this transport (and only then): DDP_SUCCESS
      * to take over the collectives, anything else to leave them to the ring. */
     ddp_result_t (*enable)(void *state);
+    /* Registered memory (optional, all four or none; NULL: every buffer is staged). Collective:
+     * every rank calls them in the same order with the same bytes (ddp_window.h runs the
+     * agreements between the steps). win_create makes this rank's part (memory its peers can
+     * map) and publishes it; win_map, once every rank created, maps the peers' parts (a failure
+     * is not fatal: DDP_ERR_UNSUPPORTED and the reason in why); win_use, after every rank said
+     * whether it mapped, makes the collectives read the window directly (every = 1) or never
+     * (0: the memory still works, staged); win_destroy releases this rank's part (after every
+     * rank's last collective on it returned). */
+    ddp_result_t (*win_create)(void *state, size_t bytes, void **ptr, void **win);
+    ddp_result_t (*win_map)(void *state, void *win, char *why, size_t cap);
+    void (*win_use)(void *state, void *win, int every);
+    void (*win_destroy)(void *state, void *win);
 } ddp_coll_provider_t;
 
 /* ---- device (GPU) collectives
