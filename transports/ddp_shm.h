@@ -49,6 +49,12 @@
  *   reduce-scatter      per chunk: publish the blocks the others own; reduce your own block.
  *   all-gather          per chunk: publish your block; copy everyone's.
  *   broadcast           per chunk: the root publishes; everyone copies.
+ * Registered buffers (ddp_comm_mem_alloc; transports/ddp_shm_window.h) are read where they are:
+ * each call publishes where its buffers lie with its first step; when every rank's are
+ * registered, all-reduce reduces slice r straight from every rank's input into rank r's output
+ * and copies the other slices from their owners' outputs (one step per chunk, no staging); a
+ * registered input is never copied in (the others read it in place), and a call that read a
+ * peer's buffer ends with one more step, so nobody returns while its buffer is still read.
  * Staging buffers alternate by chunk, and every rank waits for every other at each step, so a
  * buffer is rewritten only after all readers of its previous contents have moved on. The
  * working set stays in cache: main-memory traffic is about one read of the input and one write
@@ -78,6 +84,8 @@
  *                           50 or 500 us 4.6-4.8 us.
  *   DDP_SHM_STREAM_MIN      all-reduce outputs of at least this size use streaming stores
  *                           (default 8M).
+ *   DDP_SHM_ZC_CHUNK        zero-copy all-reduce chunk (default 4 x DDP_SHM_CHUNK).
+ *   DDP_SHM_WINDOW=0        this rank maps no peer's registered memory: nobody reads it in place.
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPLEMENTATION)
 #define DDP_SHM_IMPLEMENTATION
