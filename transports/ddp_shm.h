@@ -1287,6 +1287,9 @@ static inline const unsigned char *_ddp_shm_peer_stage(_ddp_shm_t *sp, int q, ui
 }
 
 /* ---- registered buffers (transports/ddp_shm_window.h): what the collectives need of a rank */
+/* The window slot lives in the header page, after the header's lines. */
+typedef char _ddp_shm_win_slot_fits[sizeof(_ddp_shm_hdr_t) <= _DDP_SHM_WIN_SLOT_OFF &&
+                                    _DDP_SHM_WIN_SLOT_OFF + sizeof(_ddp_shm_win_slot_t) <= _DDP_SHM_HDR_BYTES ? 1 : -1];
 static inline _ddp_shm_hdr_t *_ddp_shm_hdr_of(_ddp_shm_t *sp, int q) {
     return q == sp->rank ? sp->me : sp->conns[q]->hdr;
 }
