@@ -42,7 +42,8 @@ static reg_shared_t *S;
 
 static void clear_env(void) {
     static const char *const vars[] = {"DDP_TRANSPORT", "DDP_HOST_ID", "DDP_SHM_COLL", "DDP_SHM_CHUNK",
-                                       "DDP_SHM_SMALL_MAX", "DDP_SHM_WINDOW", "DDP_SHM_ZC_CHUNK", "DDP_ALGO"};
+                                       "DDP_SHM_SMALL_MAX", "DDP_SHM_WINDOW", "DDP_SHM_ZC_CHUNK", "DDP_SHM_ZC_MIN",
+                                       "DDP_ALGO"};
     size_t i;
     for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
@@ -329,9 +330,17 @@ int main(void) {
         /* Small chunks: a big buffer takes many (and the zero-copy chunk several of them). */
         setenv("DDP_SHM_CHUNK", "8192", 1);
         setenv("DDP_SHM_SMALL_MAX", "64", 1);
+        setenv("DDP_SHM_ZC_MIN", "128", 1);   /* the zero-copy all-reduce from small sizes on */
         for (p = 1; p <= MAX_P; p++) {
             bad = t_run_ranks(p, matrix, NULL, 600);
             ok(!bad, "matrix p=%d: every rank exited cleanly%s%s", p, bad ? ": " : "", bad ? t_last_why : "");
+        }
+        /* Below DDP_SHM_ZC_MIN: registered inputs read in place, outputs through staging. */
+        unsetenv("DDP_SHM_ZC_MIN");
+        for (p = 2; p <= 5; p += 3) {
+            bad = t_run_ranks(p, matrix, NULL, 600);
+            ok(!bad, "matrix p=%d below DDP_SHM_ZC_MIN: every rank exited cleanly%s%s", p, bad ? ": " : "",
+               bad ? t_last_why : "");
         }
         clear_env();
     }

@@ -85,6 +85,8 @@
  *   DDP_SHM_STREAM_MIN      all-reduce outputs of at least this size use streaming stores
  *                           (default 8M).
  *   DDP_SHM_ZC_CHUNK        zero-copy all-reduce chunk (default 4 x DDP_SHM_CHUNK).
+ *   DDP_SHM_ZC_MIN          zero-copy all-reduce from this size (default 8M); below, registered
+ *                           inputs are read in place but the output goes through staging.
  *   DDP_SHM_WINDOW=0        this rank maps no peer's registered memory: nobody reads it in place.
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPLEMENTATION)
@@ -200,7 +202,7 @@ typedef struct _ddp_shm {
     int memfd, listen_fd;
     unsigned char *mine;
     size_t region_bytes, chunk, cell_bytes, small_max, stream_min;
-    size_t zc_chunk;                  /* zero-copy all-reduce chunk (DDP_SHM_ZC_CHUNK) */
+    size_t zc_chunk, zc_min;          /* zero-copy all-reduce chunk, and from which size */
     int copyin_mode;                  /* -1: measure; 0 ordinary, 1 streaming stores */
     struct _ddp_shm_mapped *mapped;   /* this region in the process's list (threads as ranks) */
     unsigned copyin_tries;
@@ -1435,7 +1437,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
             t1 = way >= 0 ? _ddp_now_ns() : 0;
             _ddp_shm_signal(sp, &sig);
             if ((r = _ddp_shm_wait_all(sp, &sig, "copy-in", ci, nchunks)) != DDP_SUCCESS) return r;
-            if (ci == 0 && (direct = _ddp_shm_win_resolve(sp, bytes, bytes)) & 2)
+            if (ci == 0 && (direct = _ddp_shm_win_resolve(sp, bytes, bytes)) & 2 && bytes >= sp->zc_min)
                 return _ddp_shm_all_reduce_direct(sp, dst, count, dtype, op, &sig);
             t0 -= _ddp_now_ns() - t1;                /* the wait does not count */
             if (hi > lo) {
@@ -1655,6 +1657,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_enable(void *state) {
     }
     sp->coll_enabled = 1;
     sp->zc_chunk = _ddp_shm_env_size("DDP_SHM_ZC_CHUNK", 4 * sp->chunk, 4096, (size_t)1 << 40) & ~(size_t)63;
+    sp->zc_min = _ddp_shm_env_size("DDP_SHM_ZC_MIN", 8u << 20, 1, (size_t)1 << 62);
     _DDP_TLOG(sp->ctx, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
               "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
               "%zu-byte staging chunks (2 steps per chunk); DDP_SHM_COLL=0 for the ring",
