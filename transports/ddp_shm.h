@@ -1423,6 +1423,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
         const size_t per = sp->chunk / es, nchunks = (count + per - 1) / per;
         const int stream = bytes >= sp->stream_min;
         const int reg = _ddp_shm_win_publish(sp, sendbuf, bytes, recvbuf, bytes);
+        /* In place with our input read by the others, slice q of our output overwrites lines
+         * rank q just read (and caches): streaming stores skip an invalidation per line. */
+        const int overwrite_read = reg && sendbuf == recvbuf;
         int direct = 0;
         size_t ci;
         for (ci = 0; ci < nchunks; ci++) {
@@ -1461,11 +1464,11 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
                 size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
                 if (q == me || qh == ql) continue;
                 _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
-                                  (qh - ql) * es, stream);
+                                  (qh - ql) * es, stream || overwrite_read);
             }
             sp->nchunk++;
         }
-        if (stream) _ddp_shm_stream_fence();
+        if (stream || overwrite_read) _ddp_shm_stream_fence();
         /* Windows were read only before each chunk's second step: after the last one, nobody
          * reads ours any more. */
     }
