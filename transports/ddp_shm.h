@@ -1339,10 +1339,10 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_win_done(_ddp_shm_t *sp, const _ddp_transport
  * chunk: rank r reduces slice r straight from every rank's input, in rank order (the bits of
  * the staged path), into its own output; one step; every rank copies the other slices from
  * their owners' outputs. One step per chunk instead of two, no copy-in, no copy-out of our
- * own slice. The other slices go out with streaming stores at every size: in place, the lines
- * they overwrite were just read by their owner and sit in its cache, and an ordinary store
- * would pay an invalidation for each (256 KiB..4 MiB, p = 2, interleaved on this VM: 10-14 and
- * 20-22 GB/s against 8-12 and 17 GB/s). A rank's input slice s is rewritten (in place) only by rank s's copy of chunk c,
+ * own slice. In place, the lines the other slices overwrite were just read by their owners and
+ * sit in their caches: ordinary stores pay an invalidation for each where the cores share no
+ * cache, streaming stores lose where they do (this VM: either, run to run), so the copy uses the
+ * way measured cheaper (wins.way_cost). A rank's input slice s is rewritten (in place) only by rank s's copy of chunk c,
  * after the step that follows everyone's reduction of c; rank r writes its slice r of chunk
  * c+1 while peers copy chunk c. */
 _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned char *dst, size_t count,
@@ -1356,10 +1356,12 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
     unsigned char *const *out = sp->wins.dst;
     ddp_result_t r;
     size_t ci;
-    int q;
+    int q, streamed = 0;
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = count - off < per ? count - off : per;
         const size_t lo = n * (size_t)me / (size_t)p, hi = n * (size_t)(me + 1) / (size_t)p;
+        const int way = _ddp_shm_win_way(&sp->wins);
+        int64_t t0;
         if (hi > lo) {
             const size_t at = (off + lo) * es;
             unsigned char *acc = dst + at;
@@ -1375,13 +1377,16 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
         }
         _ddp_shm_signal(sp, sig);
         if ((r = _ddp_shm_wait_all(sp, sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
+        t0 = _ddp_now_ns();
         for (q = 0; q < p; q++) {
             const size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
             if (q == me || qh == ql) continue;
-            _ddp_shm_copy_out(dst + (off + ql) * es, out[q] + (off + ql) * es, (qh - ql) * es, 1);
+            _ddp_shm_copy_out(dst + (off + ql) * es, out[q] + (off + ql) * es, (qh - ql) * es, way);
         }
+        _ddp_shm_win_way_learn(&sp->wins, way, _ddp_now_ns() - t0, (n - (hi - lo)) * es);
+        streamed |= way;
     }
-    _ddp_shm_stream_fence();
+    if (streamed) _ddp_shm_stream_fence();
     return _ddp_shm_win_done(sp, sig);
 }
 
@@ -1424,9 +1429,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
         const int stream = bytes >= sp->stream_min;
         const int reg = _ddp_shm_win_publish(sp, sendbuf, bytes, recvbuf, bytes);
         /* In place with our input read by the others, slice q of our output overwrites lines
-         * rank q just read (and caches): streaming stores skip an invalidation per line. */
+         * rank q just read (and caches): ordinary or streaming stores, as measured cheaper. */
         const int overwrite_read = reg && sendbuf == recvbuf;
-        int direct = 0;
+        int direct = 0, streamed = 0;
         size_t ci;
         for (ci = 0; ci < nchunks; ci++) {
             const size_t off = ci * per, n = count - off < per ? count - off : per;
@@ -1460,15 +1465,21 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
             _ddp_shm_signal(sp, &sig);
             if (hi > lo) _ddp_shm_copy_out(dst + (off + lo) * es, mine + lo * es, (hi - lo) * es, stream);
             if ((r = _ddp_shm_wait_all(sp, &sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
-            for (q = 0; q < p; q++) {
-                size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
-                if (q == me || qh == ql) continue;
-                _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
-                                  (qh - ql) * es, stream || overwrite_read);
+            {
+                const int out_way = stream ? 1 : overwrite_read ? _ddp_shm_win_way(&sp->wins) : 0;
+                const int64_t c0 = overwrite_read && !stream ? _ddp_now_ns() : 0;
+                for (q = 0; q < p; q++) {
+                    size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
+                    if (q == me || qh == ql) continue;
+                    _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
+                                      (qh - ql) * es, out_way);
+                }
+                if (c0) _ddp_shm_win_way_learn(&sp->wins, out_way, _ddp_now_ns() - c0, (n - (hi - lo)) * es);
+                streamed |= out_way;
             }
             sp->nchunk++;
         }
-        if (stream || overwrite_read) _ddp_shm_stream_fence();
+        if (streamed) _ddp_shm_stream_fence();
         /* Windows were read only before each chunk's second step: after the last one, nobody
          * reads ours any more. */
     }

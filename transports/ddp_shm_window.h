@@ -80,7 +80,27 @@ typedef struct {
     int nusable;
     const unsigned char **src;       /* nranks: where a call reads each rank's input, or NULL */
     unsigned char **dst;             /* nranks: each rank's output window, or NULL */
+    /* Copying into lines a peer just read: ordinary or streaming stores? The cheaper depends on
+     * whether the two cores share a cache, which this VM changes from run to run: ns per byte of
+     * each way (exponential average), the cheaper used, the other tried every 16th time. */
+    double way_cost[2];
+    unsigned way_tries;
 } _ddp_shm_wins_t;
+
+static inline int _ddp_shm_win_way(_ddp_shm_wins_t *ws) {
+    int best;
+    if (ws->way_cost[1] == 0) return 1;
+    if (ws->way_cost[0] == 0) return 0;
+    best = ws->way_cost[1] < ws->way_cost[0];
+    return (++ws->way_tries & 15) == 0 ? !best : best;
+}
+
+static inline void _ddp_shm_win_way_learn(_ddp_shm_wins_t *ws, int way, int64_t ns, size_t bytes) {
+    double c, *e = &ws->way_cost[way];
+    if (ns <= 0 || !bytes) return;
+    c = (double)ns / (double)bytes;
+    *e = *e == 0 ? c : 0.75 * *e + 0.25 * c;
+}
 
 _DDP_PRIVATE _ddp_shm_win_slot_t *_ddp_shm_win_slot(void *hdr) {
     return (_ddp_shm_win_slot_t *)(void *)((unsigned char *)hdr + _DDP_SHM_WIN_SLOT_OFF);
