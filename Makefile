@@ -20,13 +20,13 @@ HEADERS := ddp_base.h ddp_kernels.h ddp_socket.h ddp_auth.h ddp_store_core.h ddp
            ddp_algorithm.h ddp_ring.h ddp_recursive_doubling.h ddp_agree.h ddp_rabenseifner.h \
            ddp_hierarchical.h ddp_tree.h ddp_chain.h ddp_linear.h ddp_pairwise.h ddp_deterministic.h ddp_algorithms.h \
            ddp_trace.h ddp_stats.h ddp_straggler.h ddp_metrics.h ddp_model.h ddp_comm_types.h ddp_comm_core.h ddp_rendezvous.h ddp_comm_dispatch.h \
-           ddp_comm_device.h ddp_comm_queue.h ddp_health.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_powersgd.h ddp_state.h ddp.h ddp_sampler.h \
-           transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
+           ddp_comm_device.h ddp_comm_queue.h ddp_health.h ddp_comm_init.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_window.h ddp_reducer.h ddp_powersgd.h ddp_state.h ddp.h ddp_sampler.h \
+           transports/ddp_tcp.h transports/ddp_shm_handshake.h transports/ddp_shm_window.h transports/ddp_shm.h transports/ddp_threads.h \
            transports/ddp_nccl_api.h transports/ddp_nccl.h
 # What users and transport authors include; the rest of HEADERS is private (each says so in its
 # first line) and is checked alone in fewer compiler pairs (tests/check_headers.sh says why).
 PUBLIC_HEADERS := ddp_base.h ddp_kernels.h ddp_store.h transports/ddp_transport.h ddp_engine.h ddp_trace.h \
-                  ddp_model.h ddp_comm_types.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_reducer.h ddp_powersgd.h ddp_state.h ddp.h ddp_sampler.h transports/ddp_tcp.h \
+                  ddp_model.h ddp_comm_types.h ddp_comm_shrink.h ddp_comm_grow.h ddp_comm.h ddp_window.h ddp_reducer.h ddp_powersgd.h ddp_state.h ddp.h ddp_sampler.h transports/ddp_tcp.h \
                   transports/ddp_shm_handshake.h transports/ddp_shm.h transports/ddp_threads.h \
                   transports/ddp_nccl_api.h transports/ddp_nccl.h
 # The store alone (tools built on it without the communicator).

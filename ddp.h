@@ -35,6 +35,7 @@
  *   ddp_algorithms.h    the algorithms, one family per header (ddp_ring.h, ddp_tree.h, ...),
  *                       their shared parts in ddp_algorithm.h                   (engine, kernels)
  *   ddp_comm.h          communicator, rendezvous, operation engine, collectives (all above)
+ *   ddp_window.h        registered memory: ddp_comm_mem_alloc / _free           (comm)
  *   ddp_reducer.h       gradient bucket reducer, ddp_broadcast_params           (comm)
  *   ddp_powersgd.h      PowerSGD gradient compression, a reducer comm hook      (reducer)
  *   ddp_state.h         live state from peers: ddp_state_sync, ddp_state_digest (comm)
@@ -78,6 +79,7 @@
 /* Outside any guard: each header guards its declarations and builds its implementation when
  * included with DDP_IMPLEMENTATION defined, even after an earlier declarations-only include. */
 #include "ddp_comm.h"
+#include "ddp_window.h"
 #include "ddp_reducer.h"
 #include "ddp_powersgd.h"
 #include "ddp_state.h"

@@ -276,6 +276,8 @@ struct ddp_comm {
     _ddp_position_t pos;           /* where the operations' thread is, for the health thread */
     void *health;                  /* the health thread (ddp_health.h), NULL: none */
     void (*health_stop)(ddp_comm_t *c);   /* destroy ends it through this */
+    void *windows;                 /* registered memory (ddp_window.h), NULL: none yet */
+    void (*windows_free)(ddp_comm_t *c);  /* destroy releases it through this */
     unsigned fork_gen;             /* _ddp_fork_gen when created: another value = a fork child */
     int pid;                       /* the creating process, for the fork error */
     int forked;                    /* destroy in a fork child: tctx.forked points here */

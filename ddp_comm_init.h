@@ -856,6 +856,7 @@ DDP_API ddp_result_t ddp_comm_destroy(ddp_comm_t *c) {
     }
     for (i = 1; i < c->queue.nlanes; i++) ddp_comm_destroy(c->queue.lanes[i].exec);
     c->queue.nlanes = 0;
+    if (c->windows_free) c->windows_free(c);         /* registered memory not freed */
     if (!_ddp_live_check(c, 1)) return DDP_ERR_INVALID_USAGE;   /* destroyed by another thread */
     _ddp_say_goodbye(c);
     _ddp_close_peers(c);   /* transports see tctx.forked */

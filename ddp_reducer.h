@@ -38,8 +38,11 @@
 #ifndef DDP_COMM_IMPLEMENTATION
 #define DDP_COMM_IMPLEMENTATION
 #endif
+#ifndef DDP_WINDOW_IMPLEMENTATION
+#define DDP_WINDOW_IMPLEMENTATION
 #endif
-#include "ddp_comm.h"
+#endif
+#include "ddp_window.h"
 
 #ifndef DDP_REDUCER_H_INCLUDED
 #define DDP_REDUCER_H_INCLUDED
@@ -211,6 +214,11 @@ typedef struct ddp_reducer_desc {  /* zero = defaults */
     size_t flat_bytes;             /* its size (its dtype is the slices') */
     int zero_stage;                /* 1: ZeRO-1, reduce-scatter per bucket (flat mode only) */
     int elastic;                   /* 1: commit round in finish; ddp_reducer_rebind after a shrink */
+    /* 1: the buckets (copy mode) in registered memory (ddp_comm_mem_alloc), which shared-memory
+     * all-reduces read in place; -1: ordinary memory; 0: DDP_REDUCER_REGISTERED (default 0).
+     * Not with elastic or device buckets. Flat mode: allocate flat_grads itself with
+     * ddp_comm_mem_alloc for the same gain. */
+    int registered;
 } ddp_reducer_desc_t;
 #define DDP_REDUCER_DEFAULT_BUCKET_CAP_BYTES ((size_t)25 << 20)
 #define DDP_REDUCER_DEFAULT_FIRST_BUCKET_BYTES ((size_t)1 << 20)
@@ -345,6 +353,8 @@ struct ddp_reducer {
     int nready;
     unsigned char *used;           /* find_unused: marked on this rank, then on any (MAX) */
     unsigned char *arena, *half_arena;
+    int registered;                /* the arena from ddp_comm_mem_alloc (desc.registered) */
+    void *reg_arena;               /* the registered allocation in use, or NULL */
     int next_launch, next_collect; /* buckets [next_collect, next_launch) are in flight */
     int in_iteration, finished, no_sync, rebuilt;
     ddp_result_t iter_err;         /* first communication failure of this iteration */
@@ -461,7 +471,10 @@ _DDP_PRIVATE int _ddp_reducer_compressed(const ddp_reducer_t *r, const _ddp_rbuc
 _DDP_PRIVATE void _ddp_reducer_free_arena(ddp_reducer_t *r, void *arena) {
     if (!arena) return;
     if (r->dev) ddp_comm_device_free(r->comm, arena);   /* after the device work using it */
-    else ddp_comm_free(r->comm, arena);
+    else if (arena == r->reg_arena) {
+        ddp_comm_mem_free(r->comm, arena);   /* collective, as its allocation: every rank frees it here */
+        r->reg_arena = NULL;
+    } else ddp_comm_free(r->comm, arena);
 }
 
 /* One gradient's bytes from src to dst: memcpy, or a copy on the communicator's stream. */
@@ -498,7 +511,11 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_alloc(ddp_reducer_t *r) {
         r->arena = (unsigned char *)a;
         r->half_arena = NULL;
     } else {
-        r->arena = (unsigned char *)ddp_comm_calloc(r->comm, total + _DDP_REDUCER_ALIGN);
+        void *a = NULL;
+        /* Registered: zero-filled and page-aligned; a failure leaves ordinary memory. */
+        if (r->registered && !r->dev && ddp_comm_mem_alloc(r->comm, total + _DDP_REDUCER_ALIGN, &a) == DDP_SUCCESS)
+            r->reg_arena = a;
+        r->arena = a ? (unsigned char *)a : (unsigned char *)ddp_comm_calloc(r->comm, total + _DDP_REDUCER_ALIGN);
         r->half_arena = halves ? (unsigned char *)ddp_comm_calloc(r->comm, halves * 2 + _DDP_REDUCER_ALIGN) : NULL;
     }
     if (!r->arena || (halves && !r->half_arena)) {
@@ -1039,6 +1056,12 @@ DDP_API ddp_result_t ddp_reducer_create(ddp_reducer_t **out, ddp_comm_t *comm,
     r->rank = ddp_comm_rank(comm);
     r->flat = (unsigned char *)d.flat_grads;
     r->zero = d.zero_stage == 1;
+    {
+        const char *env = getenv("DDP_REDUCER_REGISTERED");
+        r->registered = d.registered ? d.registered > 0 : env && !strcmp(env, "1");
+        /* elastic: the arena would belong to a communicator a rebind leaves behind */
+        if (d.elastic || d.flat_grads) r->registered = 0;
+    }
     r->joiners_fn = ddp_comm_joiners_waiting;   /* (tests point it elsewhere to inject counts) */
     *out = r;
     return DDP_SUCCESS;
@@ -1118,19 +1141,22 @@ _DDP_PRIVATE ddp_result_t _ddp_reducer_relayout(ddp_reducer_t *r, const int32_t 
     int n = r->nparams, k;
     ddp_result_t e;
     unsigned char **old = NULL, *old_arena = r->arena, *old_half = r->half_arena;
+    void *old_reg = r->reg_arena;
     if (r->d.gradient_as_bucket_view) {   /* the views move: keep their values (the result) */
         old = (unsigned char **)ddp_comm_calloc(r->comm, sizeof *old * (size_t)n);
         if (!old) return _ddp_reducer_fail(r, DDP_ERR_OUT_OF_MEMORY, "laying out the buckets again");
         for (k = 0; k < n; k++) old[k] = r->buckets[r->params[k].bucket].buf + r->params[k].offset;
     }
     _ddp_reducer_assign(r, order);
-    if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) { ddp_comm_free(r->comm, old); return e; }
+    r->reg_arena = NULL;
+    if ((e = _ddp_reducer_alloc(r)) != DDP_SUCCESS) { r->reg_arena = old_reg; ddp_comm_free(r->comm, old); return e; }
     if (old)
         for (k = 0; k < n; k++)
             _ddp_reducer_move(r, r->buckets[r->params[k].bucket].buf + r->params[k].offset, old[k],
                               r->params[k].bytes);
     ddp_comm_free(r->comm, old);
-    _ddp_reducer_free_arena(r, old_arena);
+    if (old_reg) ddp_comm_mem_free(r->comm, old_reg);   /* collective: every rank relays out here */
+    else _ddp_reducer_free_arena(r, old_arena);
     ddp_comm_free(r->comm, old_half);
     _ddp_reducer_reset(r);
     return DDP_SUCCESS;

@@ -156,6 +156,10 @@ typedef struct bench_backend {
      * copies to the twins and back. The timed calls move no extra data. */
     void (*buffers)(void *ctx, unsigned char *sendbuf, unsigned char *recvbuf, size_t cap);
     int checking;
+    /* The sweep's two buffers from the backend (libddp's --registered 1: ddp_comm_mem_alloc;
+     * collective: every rank calls them alike) instead of posix_memalign; NULL: posix_memalign. */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*release)(void *ctx, void *ptr);
 } bench_backend_t;
 
 static double bench_now_s(void) {
@@ -1146,8 +1150,14 @@ static int bench_main_sweep(const bench_opts_t *o, bench_backend_t *b) {
         if (me == 0) fprintf(stderr, "%s: root %d >= nranks %d\n", b->name, o->root, b->nranks);
         return 1;
     }
-    if (posix_memalign((void **)&sendbuf, 4096, cap) != 0 ||
-        posix_memalign((void **)&recvbuf, 4096, cap) != 0 ||
+    if (b->alloc) {
+        sendbuf = (unsigned char *)b->alloc(b->ctx, cap);
+        recvbuf = (unsigned char *)b->alloc(b->ctx, cap);
+    } else if (posix_memalign((void **)&sendbuf, 4096, cap) != 0 ||
+               posix_memalign((void **)&recvbuf, 4096, cap) != 0) {
+        sendbuf = recvbuf = NULL;
+    }
+    if (!sendbuf || !recvbuf ||
         !(lat = (double *)malloc((size_t)o->iters * sizeof *lat)) ||
         !(lat_sorted = (double *)malloc((size_t)o->iters * sizeof *lat)) ||
         !(rows = (bench_row_t (*)[2])calloc((size_t)o->nsizes, sizeof *rows))) {
@@ -1199,8 +1209,13 @@ out:
     free(rows);
     free(lat);
     free(lat_sorted);
-    free(sendbuf);
-    free(recvbuf);
+    if (b->alloc) {
+        if (recvbuf) b->release(b->ctx, recvbuf);
+        if (sendbuf) b->release(b->ctx, sendbuf);
+    } else {
+        free(sendbuf);
+        free(recvbuf);
+    }
     return rc;
 }
 

@@ -181,6 +181,37 @@ static void ddpb_transports_used(const ddp_comm_t *c, char *out, size_t cap) {
     if (!out[0]) snprintf(out, cap, "%s", p == 1 ? "self" : "none");
 }
 
+/* --registered 1: the sweep's buffers from ddp_comm_mem_alloc (ddp_window.h), which shared-memory
+ * collectives read in place; elsewhere ordinary memory. Parsed here (libddp's own option). */
+static int ddpb_registered;
+static void *ddpb_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    return ddp_comm_mem_alloc((ddp_comm_t *)ctx, bytes, &p) == DDP_SUCCESS ? p : NULL;
+}
+static void ddpb_release(void *ctx, void *ptr) { ddp_comm_mem_free((ddp_comm_t *)ctx, ptr); }
+
+/* Takes --registered N / --registered=N out of argv (the common parser does not know it); 1 and a
+ * message for a bad value. */
+static int ddpb_take_registered(int *argc, char **argv) {
+    int i, j;
+    for (i = 1; i < *argc; i++) {
+        const char *v = NULL;
+        int used = 0;
+        if (!strcmp(argv[i], "--registered") && i + 1 < *argc) { v = argv[i + 1]; used = 2; }
+        else if (!strncmp(argv[i], "--registered=", 13)) { v = argv[i] + 13; used = 1; }
+        if (!used) continue;
+        if (strcmp(v, "0") && strcmp(v, "1")) {
+            fprintf(stderr, "ddp-bench: --registered takes 0 or 1, not '%s'\n", v);
+            return 1;
+        }
+        ddpb_registered = v[0] == '1';
+        for (j = i; j + used <= *argc; j++) argv[j] = argv[j + used];
+        *argc -= used;
+        i--;
+    }
+    return 0;
+}
+
 static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     ddp_comm_t *c = NULL;
     ddp_comm_desc_t desc;
@@ -207,6 +238,10 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     b.barrier = ddpb_barrier;
     b.reduce_doubles = ddpb_reduce_doubles;
     b.bcast_int = ddpb_bcast_int;
+    if (ddpb_registered) {
+        b.alloc = ddpb_alloc;
+        b.release = ddpb_release;
+    }
     ddpb_transports_used(c, used, sizeof used);
 #ifdef DDPB_HAVE_NCCL
     if (o->transport && !strcmp(o->transport, "nccl")) {
@@ -219,8 +254,8 @@ static int run_rank(const bench_opts_t *o, int nranks, int rank, int port) {
     }
 #endif
     b.transport = used;
-    snprintf(descr, sizeof descr, "libddp %d.%d, transport %s, %s", DDP_VERSION_MAJOR,
-             DDP_VERSION_MINOR, used,
+    snprintf(descr, sizeof descr, "libddp %d.%d, transport %s%s, %s", DDP_VERSION_MAJOR,
+             DDP_VERSION_MINOR, used, ddpb_registered ? ", registered buffers" : "",
              port ? "ranks forked by the bench (-N)" : "one rank per process (launcher environment)");
     b.description = descr;
     rc = o->mem_mode ? bench_main_mem(o, &b) : bench_main_sweep(o, &b);
@@ -242,7 +277,15 @@ int main(int argc, char **argv) {
     size_t k;
     char version[64];
     snprintf(version, sizeof version, "ddp-bench (libddp) %d.%d", DDP_VERSION_MAJOR, DDP_VERSION_MINOR);
-    if ((rc = bench_parse_args(argc, argv, &o, 1, version)) >= 0) return rc;
+    if (ddpb_take_registered(&argc, argv)) return 2;
+    if ((rc = bench_parse_args(argc, argv, &o, 1, version)) >= 0) {
+        for (k = 1; k < (size_t)argc; k++)
+            if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h"))
+                printf("libddp's own:\n"
+                       "      --registered 0|1    1: the buffers come from ddp_comm_mem_alloc (registered:\n"
+                       "                          shared-memory collectives read them in place); default 0\n");
+        return rc;
+    }
     if (!o.transport_given) {   /* what the library itself would take: DDP_TRANSPORT */
         const char *env = getenv("DDP_TRANSPORT");
         if (env && *env && strcmp(env, "auto")) o.transport = env;

@@ -58,6 +58,12 @@
  *   reduce-scatter      per chunk: publish the blocks the others own; reduce your own block.
  *   all-gather          per chunk: publish your block; copy everyone's.
  *   broadcast           per chunk: the root publishes; everyone copies.
+ * Registered buffers (ddp_comm_mem_alloc; transports/ddp_shm_window.h) are read where they are:
+ * each call publishes where its buffers lie with its first step; when every rank's are
+ * registered, all-reduce reduces slice r straight from every rank's input into rank r's output
+ * and copies the other slices from their owners' outputs (one step per chunk, no staging); a
+ * registered input is never copied in (the others read it in place), and a call that read a
+ * peer's buffer ends with one more step, so nobody returns while its buffer is still read.
  * Staging buffers alternate by chunk, and every rank waits for every other at each step, so a
  * buffer is rewritten only after all readers of its previous contents have moved on. The
  * working set stays in cache: main-memory traffic is about one read of the input and one write
@@ -91,6 +97,10 @@
  *                           50 or 500 us 4.6-4.8 us.
  *   DDP_SHM_STREAM_MIN      all-reduce outputs of at least this size use streaming stores
  *                           (default 8M).
+ *   DDP_SHM_ZC_CHUNK        zero-copy all-reduce chunk (default 4 x DDP_SHM_CHUNK).
+ *   DDP_SHM_ZC_MIN          zero-copy all-reduce from this size (default 8M); below, registered
+ *                           inputs are read in place but the output goes through staging.
+ *   DDP_SHM_WINDOW=0        this rank maps no peer's registered memory: nobody reads it in place.
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPLEMENTATION)
 #define DDP_SHM_IMPLEMENTATION
@@ -105,10 +115,14 @@
 #ifndef DDP_SHM_HANDSHAKE_IMPLEMENTATION
 #define DDP_SHM_HANDSHAKE_IMPLEMENTATION
 #endif
+#ifndef DDP_SHM_WINDOW_IMPLEMENTATION
+#define DDP_SHM_WINDOW_IMPLEMENTATION
+#endif
 #endif
 #include "ddp_transport.h"
 #include "../ddp_kernels.h"
 #include "ddp_shm_handshake.h"
+#include "ddp_shm_window.h"
 
 #ifndef DDP_SHM_H_INCLUDED
 #define DDP_SHM_H_INCLUDED
@@ -124,8 +138,8 @@ DDP_API const ddp_transport_t *ddp_transport_shm(void);
 #if defined(DDP_SHM_IMPLEMENTATION) && !defined(DDP_SHM_IMPL_INCLUDED)
 #define DDP_SHM_IMPL_INCLUDED
 #if !defined(DDP_TRANSPORT_IMPL_INCLUDED) || !defined(DDP_KERNELS_IMPL_INCLUDED) || \
-    !defined(DDP_SHM_HANDSHAKE_IMPL_INCLUDED)
-#error "transports/ddp_shm.h's implementation needs ddp_transport.h's, ddp_kernels.h's and ddp_shm_handshake.h's (define DDP_IMPLEMENTATION)"
+    !defined(DDP_SHM_HANDSHAKE_IMPL_INCLUDED) || !defined(DDP_SHM_WINDOW_IMPL_INCLUDED)
+#error "transports/ddp_shm.h's implementation needs ddp_transport.h's, ddp_kernels.h's, ddp_shm_handshake.h's and ddp_shm_window.h's (define DDP_IMPLEMENTATION)"
 #endif
 
 #include <sys/eventfd.h>
@@ -257,6 +271,7 @@ typedef struct _ddp_shm {
     int leader;                       /* this host's lowest rank: makes the host region */
     int listen_fd;
     size_t chunk, cell_bytes, small_max, stream_min;
+    size_t zc_chunk, zc_min;          /* zero-copy all-reduce chunk, and from which size */
     int copyin_mode;                  /* -1: measure; 0 ordinary, 1 streaming stores */
     unsigned copyin_tries;
     double copyin_cost[2];            /* ns per byte of copy-in + reduce, by way */
@@ -292,6 +307,7 @@ typedef struct _ddp_shm {
     uint64_t nchunk;                  /* staging buffer uses (alternate buffers) */
     int coll_enabled;
     _ddp_shm_member_t **ring;         /* the other ranks of the host, in rank order */
+    _ddp_shm_wins_t wins;             /* registered buffers (transports/ddp_shm_window.h) */
     /* The watcher: a thread asleep in poll() on the peers' sockets and pidfds that rings this
      * rank's doorbell when a peer goes; the leader's also tells every rank of the host. */
     pthread_t watch_thread;
@@ -1724,6 +1740,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_finalize(void *state) {
     ddp_transport_free(sp->ctx, sp->pending);
     for (i = 0; sp->ready && i < sp->nranks; i++) if (sp->ready[i]) _ddp_shm_close(sp->ready[i]);
     for (i = 0; sp->conns && i < sp->nranks; i++) if (sp->conns[i]) _ddp_shm_close(sp->conns[i]);
+    _ddp_shm_wins_release(sp->ctx, &sp->wins);
     for (i = 0; sp->dial && i < sp->nranks; i++) _ddp_shm_dial_drop(sp, &sp->dial[i]);
     _ddp_shm_dial_drop(sp, &sp->join_dial);
     _ddp_shm_say_closed(sp);
@@ -1923,6 +1940,102 @@ static inline int _ddp_shm_pid_of(_ddp_shm_t *sp, int q) {
     return q == sp->rank ? (int)getpid() : sp->member[sp->local_of[q]].pid;
 }
 
+/* ---- registered buffers (transports/ddp_shm_window.h): what the collectives need of a rank */
+/* The window slot lives in the header page, after the header's lines. */
+typedef char _ddp_shm_win_slot_fits[sizeof(_ddp_shm_hdr_t) <= _DDP_SHM_WIN_SLOT_OFF &&
+                                    _DDP_SHM_WIN_SLOT_OFF + sizeof(_ddp_shm_win_slot_t) <= _DDP_SHM_HDR_BYTES ? 1 : -1];
+
+/* Publishes where this call's buffers lie, for the step about to be signalled (the call's
+ * first); 1 when this rank's input is in a window: it is read there, never copied in. */
+static inline int _ddp_shm_win_publish(_ddp_shm_t *sp, const void *send, size_t slen, const void *recv,
+                                       size_t rlen) {
+    _ddp_shm_win_call_t *e;
+    if (!sp->wins.nusable) return 0;
+    e = &_ddp_shm_win_slot(sp->me)->call[(sp->phase + 1) & 1];
+    _ddp_shm_win_find(&sp->wins, sp->rank, send, slen, &e->send_serial, &e->send_off);
+    _ddp_shm_win_find(&sp->wins, sp->rank, recv, rlen, &e->recv_serial, &e->recv_off);
+    return e->send_serial != 0;
+}
+
+/* After the call's first step (sp->phase): where each rank's input (wins.src) and output
+ * (wins.dst) lie as mapped here, NULL where staged. Every rank reads the same entries, so all
+ * decide alike. Bit 0: some rank's input is read in its window (it must not return before
+ * its readers are done: one more step); bit 1: every rank's input and output are in windows. */
+_DDP_PRIVATE int _ddp_shm_win_resolve(_ddp_shm_t *sp, size_t slen, size_t rlen) {
+    int q, any = 0, all = 1;
+    if (!sp->wins.nusable) return 0;
+    for (q = 0; q < sp->nranks; q++) {
+        _ddp_shm_win_call_t e = _ddp_shm_win_slot(_ddp_shm_hdr_of(sp, q))->call[sp->phase & 1];
+        sp->wins.src[q] = _ddp_shm_win_at(&sp->wins, q, e.send_serial, e.send_off, slen);
+        sp->wins.dst[q] = _ddp_shm_win_at(&sp->wins, q, e.recv_serial, e.recv_off, rlen);
+        any |= sp->wins.src[q] != NULL;
+        all &= sp->wins.src[q] != NULL && sp->wins.dst[q] != NULL;
+    }
+    return any | (all << 1);
+}
+
+/* The last step of a call that read some rank's window: nobody returns (and lets its user
+ * write the buffer) while a peer may still read it. */
+_DDP_PRIVATE ddp_result_t _ddp_shm_win_done(_ddp_shm_t *sp, const _ddp_transport_sig_t *sig) {
+    _ddp_shm_signal(sp, sig);
+    return _ddp_shm_wait_all(sp, sig, "done", 0, 1);
+}
+
+/* Zero-copy all-reduce, every rank's buffers in windows (after the call's first step). Per
+ * chunk: rank r reduces slice r straight from every rank's input, in rank order (the bits of
+ * the staged path), into its own output; one step; every rank copies the other slices from
+ * their owners' outputs. One step per chunk instead of two, no copy-in, no copy-out of our
+ * own slice. In place, the lines the other slices overwrite were just read by their owners and
+ * sit in their caches: ordinary stores pay an invalidation for each where the cores share no
+ * cache, streaming stores lose where they do (this VM: either, run to run), so the copy uses the
+ * way measured cheaper (wins.way_cost). A rank's input slice s is rewritten (in place) only by rank s's copy of chunk c,
+ * after the step that follows everyone's reduction of c; rank r writes its slice r of chunk
+ * c+1 while peers copy chunk c. */
+_DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned char *dst, size_t count,
+                                                     ddp_dtype_t dtype, ddp_op_t op,
+                                                     const _ddp_transport_sig_t *sig) {
+    const size_t es = ddp_dtype_size(dtype);
+    const int p = sp->nranks, me = sp->rank;
+    const size_t zc = sp->zc_chunk < sp->chunk * (size_t)p ? sp->zc_chunk : sp->chunk * (size_t)p;
+    const size_t per = zc / es, nchunks = (count + per - 1) / per;
+    const unsigned char *const *src = sp->wins.src;
+    unsigned char *const *out = sp->wins.dst;
+    ddp_result_t r;
+    size_t ci;
+    int q, streamed = 0;
+    for (ci = 0; ci < nchunks; ci++) {
+        const size_t off = ci * per, n = count - off < per ? count - off : per;
+        const size_t lo = n * (size_t)me / (size_t)p, hi = n * (size_t)(me + 1) / (size_t)p;
+        const int way = _ddp_shm_win_way(&sp->wins);
+        int64_t t0;
+        if (hi > lo) {
+            const size_t at = (off + lo) * es;
+            unsigned char *acc = dst + at;
+            const unsigned char *own = src[me] + at;
+            if (me >= 2 && own == acc) {   /* in place: the sum would overwrite it before adding it */
+                unsigned char *keep = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+                memcpy(keep, own, (hi - lo) * es);
+                own = keep;
+            }
+            ddp_reduce_local(acc, me == 0 ? own : src[0] + at, me == 1 ? own : src[1] + at, hi - lo, dtype, op);
+            for (q = 2; q < p; q++) ddp_reduce_local(acc, acc, q == me ? own : src[q] + at, hi - lo, dtype, op);
+            if (op == DDP_AVG) ddp_divide_local(acc, hi - lo, dtype, p);
+        }
+        _ddp_shm_signal(sp, sig);
+        if ((r = _ddp_shm_wait_all(sp, sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
+        t0 = _ddp_now_ns();
+        for (q = 0; q < p; q++) {
+            const size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
+            if (q == me || qh == ql) continue;
+            _ddp_shm_copy_out(dst + (off + ql) * es, out[q] + (off + ql) * es, (qh - ql) * es, way);
+        }
+        _ddp_shm_win_way_learn(&sp->wins, way, _ddp_now_ns() - t0, (n - (hi - lo)) * es);
+        streamed |= way;
+    }
+    if (streamed) _ddp_shm_stream_fence();
+    return _ddp_shm_win_done(sp, sig);
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *recvbuf,
                                               size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
@@ -1955,22 +2068,35 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
          * slice is never copied in: we reduce it straight from sendbuf (read before recvbuf is
          * written, so in place works). Outputs of big messages go out with streaming stores:
          * they will not be read back soon, and skipping the read-for-ownership saves a third
-         * of the memory traffic of the copy-out. */
+         * of the memory traffic of the copy-out. A rank whose sendbuf is in a window copies
+         * nothing in: the others read its slices there (they are rewritten, in place, only
+         * after the step that follows everyone's reduction of the chunk). */
         const size_t per = sp->chunk / es, nchunks = (count + per - 1) / per;
         const int stream = bytes >= sp->stream_min;
+        /* In place below DDP_SHM_ZC_MIN the input is published as ordinary memory (staged):
+         * its slices would be overwritten right after their owners read them, which measured
+         * slower than staging them (0.72-0.91 of it at 256 KiB..4 MiB). */
+        const int reg = sendbuf == recvbuf && bytes < sp->zc_min ? _ddp_shm_win_publish(sp, NULL, 0, NULL, 0)
+                                                                 : _ddp_shm_win_publish(sp, sendbuf, bytes, recvbuf, bytes);
+        /* In place with our input read by the others, slice q of our output overwrites lines
+         * rank q just read (and caches): ordinary or streaming stores, as measured cheaper. */
+        const int overwrite_read = reg && sendbuf == recvbuf;
+        int direct = 0, streamed = 0;
         size_t ci;
         for (ci = 0; ci < nchunks; ci++) {
             const size_t off = ci * per, n = count - off < per ? count - off : per;
             const size_t lo = n * (size_t)me / (size_t)p, hi = n * (size_t)(me + 1) / (size_t)p;
             unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
-            const int way = n * es >= (64u << 10) ? _ddp_shm_copyin_pick(sp) : -1;
+            const int way = !reg && n * es >= (64u << 10) ? _ddp_shm_copyin_pick(sp) : -1;
             int64_t t0 = way >= 0 ? _ddp_now_ns() : 0, t1;
-            if (lo) _ddp_shm_copy_out(mine, src + off * es, lo * es, way == 1);
-            if (hi < n) _ddp_shm_copy_out(mine + hi * es, src + (off + hi) * es, (n - hi) * es, way == 1);
+            if (!reg && lo) _ddp_shm_copy_out(mine, src + off * es, lo * es, way == 1);
+            if (!reg && hi < n) _ddp_shm_copy_out(mine + hi * es, src + (off + hi) * es, (n - hi) * es, way == 1);
             if (way == 1) _ddp_shm_stream_fence();   /* before the signal: peers read it next */
             t1 = way >= 0 ? _ddp_now_ns() : 0;
             _ddp_shm_signal(sp, &sig);
             if ((r = _ddp_shm_wait_all(sp, &sig, "copy-in", ci, nchunks)) != DDP_SUCCESS) return r;
+            if (ci == 0 && (direct = _ddp_shm_win_resolve(sp, bytes, bytes)) & 2 && bytes >= sp->zc_min)
+                return _ddp_shm_all_reduce_direct(sp, dst, count, dtype, op, &sig);
             t0 -= _ddp_now_ns() - t1;                /* the wait does not count */
             if (hi > lo) {
                 /* In rank order (our own slice straight from sendbuf), as the small path: every
@@ -1978,27 +2104,34 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
                  * bucket of a flat buffer gets the bits of an all-reduce of the whole. */
                 unsigned char *acc = mine + lo * es;
                 const unsigned char *own = src + (off + lo) * es;
-                ddp_reduce_local(acc, me == 0 ? own : _ddp_shm_peer_stage(sp, 0, sp->nchunk) + lo * es,
-                                 me == 1 ? own : _ddp_shm_peer_stage(sp, 1, sp->nchunk) + lo * es,
-                                 hi - lo, dtype, op);
-                for (q = 2; q < p; q++)
-                    ddp_reduce_local(acc, acc, q == me ? own : _ddp_shm_peer_stage(sp, q, sp->nchunk) + lo * es,
-                                     hi - lo, dtype, op);
+#define _DDP_SHM_AR_IN(q) ((q) == me ? own : direct && sp->wins.src[q] ? sp->wins.src[q] + (off + lo) * es \
+                                             : _ddp_shm_peer_stage(sp, (q), sp->nchunk) + lo * es)
+                ddp_reduce_local(acc, _DDP_SHM_AR_IN(0), _DDP_SHM_AR_IN(1), hi - lo, dtype, op);
+                for (q = 2; q < p; q++) ddp_reduce_local(acc, acc, _DDP_SHM_AR_IN(q), hi - lo, dtype, op);
+#undef _DDP_SHM_AR_IN
                 if (op == DDP_AVG) ddp_divide_local(acc, hi - lo, dtype, p);
             }
             if (way >= 0) _ddp_shm_copyin_learn(sp, way, _ddp_now_ns() - t0, n * es);
             _ddp_shm_signal(sp, &sig);
             if (hi > lo) _ddp_shm_copy_out(dst + (off + lo) * es, mine + lo * es, (hi - lo) * es, stream);
             if ((r = _ddp_shm_wait_all(sp, &sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
-            for (q = 0; q < p; q++) {
-                size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
-                if (q == me || qh == ql) continue;
-                _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
-                                  (qh - ql) * es, stream);
+            {
+                const int out_way = stream ? 1 : overwrite_read ? _ddp_shm_win_way(&sp->wins) : 0;
+                const int64_t c0 = overwrite_read && !stream ? _ddp_now_ns() : 0;
+                for (q = 0; q < p; q++) {
+                    size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
+                    if (q == me || qh == ql) continue;
+                    _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
+                                      (qh - ql) * es, out_way);
+                }
+                if (c0) _ddp_shm_win_way_learn(&sp->wins, out_way, _ddp_now_ns() - c0, (n - (hi - lo)) * es);
+                streamed |= out_way;
             }
             sp->nchunk++;
         }
-        if (stream) _ddp_shm_stream_fence();
+        if (streamed) _ddp_shm_stream_fence();
+        /* Windows were read only before each chunk's second step: after the last one, nobody
+         * reads ours any more. */
     }
     return DDP_SUCCESS;
 }
@@ -2014,16 +2147,19 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendb
     _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
-    int q;
+    int q, reg, direct = 0;
     _ddp_transport_sig_set(&sig, DDP_CALL_REDUCE_SCATTER, dtype, op, rc, 0);
+    /* A rank whose sendbuf is in a window copies nothing in: the others read their blocks there. */
+    reg = _ddp_shm_win_publish(sp, sendbuf, rc * (size_t)p * es, recvbuf, rc * es);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = rc - off < per ? rc - off : per;
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
         /* Staging holds [block q][n]: publish the parts the others own. */
-        for (q = 0; q < p; q++)
+        for (q = 0; q < p && !reg; q++)
             if (q != me && n) memcpy(mine + (size_t)q * n * es, src + ((size_t)q * rc + off) * es, n * es);
         _ddp_shm_signal(sp, &sig);
         if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
+        if (ci == 0) direct = _ddp_shm_win_resolve(sp, rc * (size_t)p * es, rc * es);
         if (n) {
             /* In rank order, as the all-reduce (the same bits as any rank-order reduction: ZeRO-1
              * equals replicated training). Our own part comes straight from sendbuf; in place,
@@ -2035,17 +2171,16 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_reduce_scatter(void *state, const void *sendb
                 memcpy(mine + (size_t)me * n * es, own, n * es);
                 own = mine + (size_t)me * n * es;
             }
-            ddp_reduce_local(out, me == 0 ? own : _ddp_shm_peer_stage(sp, 0, sp->nchunk) + (size_t)me * n * es,
-                             me == 1 ? own : _ddp_shm_peer_stage(sp, 1, sp->nchunk) + (size_t)me * n * es,
-                             n, dtype, op);
-            for (q = 2; q < p; q++)
-                ddp_reduce_local(out, out, q == me ? own : _ddp_shm_peer_stage(sp, q, sp->nchunk) + (size_t)me * n * es,
-                                 n, dtype, op);
+#define _DDP_SHM_RS_IN(q) ((q) == me ? own : direct && sp->wins.src[q] ? sp->wins.src[q] + ((size_t)me * rc + off) * es \
+                                     : _ddp_shm_peer_stage(sp, (q), sp->nchunk) + (size_t)me * n * es)
+            ddp_reduce_local(out, _DDP_SHM_RS_IN(0), _DDP_SHM_RS_IN(1), n, dtype, op);
+            for (q = 2; q < p; q++) ddp_reduce_local(out, out, _DDP_SHM_RS_IN(q), n, dtype, op);
+#undef _DDP_SHM_RS_IN
             if (op == DDP_AVG) ddp_divide_local(out, n, dtype, p);
         }
         sp->nchunk++;
     }
-    return DDP_SUCCESS;
+    return direct ? _ddp_shm_win_done(sp, &sig) : DDP_SUCCESS;
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, void *recvbuf,
@@ -2059,22 +2194,27 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_gather(void *state, const void *sendbuf, 
     _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
-    int q;
+    int q, reg, direct = 0;
     _ddp_transport_sig_set(&sig, DDP_CALL_ALL_GATHER, dtype, DDP_SUM, sc, 0);
+    /* A rank whose sendbuf is in a window copies nothing in: the others copy from there. */
+    reg = _ddp_shm_win_publish(sp, sendbuf, sc * es, recvbuf, sc * (size_t)p * es);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = sc - off < per ? sc - off : per;
         unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
-        if (n) memcpy(mine, src + off * es, n * es);
+        if (n && !reg) memcpy(mine, src + off * es, n * es);
         _ddp_shm_signal(sp, &sig);
         if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
+        if (ci == 0) direct = _ddp_shm_win_resolve(sp, sc * es, sc * (size_t)p * es);
         for (q = 0; q < p && n; q++) {
             unsigned char *out = dst + ((size_t)q * sc + off) * es;
-            const unsigned char *from = q == me ? src + off * es : _ddp_shm_peer_stage(sp, q, sp->nchunk);
+            const unsigned char *from = q == me ? src + off * es
+                                        : direct && sp->wins.src[q] ? sp->wins.src[q] + off * es
+                                        : _ddp_shm_peer_stage(sp, q, sp->nchunk);
             if (out != from) memmove(out, from, n * es);   /* in place: NCCL's recvbuf + rank*sc */
         }
         sp->nchunk++;
     }
-    return DDP_SUCCESS;
+    return direct ? _ddp_shm_win_done(sp, &sig) : DDP_SUCCESS;
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, void *recvbuf,
@@ -2082,24 +2222,78 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_broadcast(void *state, const void *sendbuf, v
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
     const size_t es = ddp_dtype_size(dtype);
     const size_t per = sp->chunk / es, nchunks = count ? (count + per - 1) / per : 1;
+    const int isroot = sp->rank == root;
     _ddp_transport_sig_t sig;
     ddp_result_t r;
     size_t ci;
+    int reg, direct = 0;
     _ddp_transport_sig_set(&sig, DDP_CALL_BROADCAST, dtype, DDP_SUM, count, root);
+    /* A root whose sendbuf is in a window copies nothing in: the others copy from there. */
+    reg = _ddp_shm_win_publish(sp, isroot ? sendbuf : NULL, isroot ? count * es : 0, recvbuf, count * es);
     for (ci = 0; ci < nchunks; ci++) {
         const size_t off = ci * per, n = count - off < per ? count - off : per;
-        if (sp->rank == root && n) {
-            memcpy(_ddp_shm_stage(sp, sp->mine, sp->nchunk), (const unsigned char *)sendbuf + off * es, n * es);
+        if (isroot && n) {
+            if (!reg) memcpy(_ddp_shm_stage(sp, sp->mine, sp->nchunk), (const unsigned char *)sendbuf + off * es, n * es);
             if (recvbuf != sendbuf)
                 memcpy((unsigned char *)recvbuf + off * es, (const unsigned char *)sendbuf + off * es, n * es);
         }
         _ddp_shm_signal(sp, &sig);
         if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", ci, nchunks)) != DDP_SUCCESS) return r;
-        if (sp->rank != root && n)
-            memcpy((unsigned char *)recvbuf + off * es, _ddp_shm_peer_stage(sp, root, sp->nchunk), n * es);
+        if (ci == 0) direct = _ddp_shm_win_resolve(sp, count * es, count * es);
+        if (!isroot && n)
+            memcpy((unsigned char *)recvbuf + off * es,
+                   direct && sp->wins.src[root] ? sp->wins.src[root] + off * es
+                                                : _ddp_shm_peer_stage(sp, root, sp->nchunk), n * es);
         sp->nchunk++;
     }
+    return direct ? _ddp_shm_win_done(sp, &sig) : DDP_SUCCESS;
+}
+
+/* ---- registered buffers: the provider's calls (ddp_window.h runs the agreements between) */
+_DDP_PRIVATE ddp_result_t _ddp_shm_win_create_cb(void *state, size_t bytes, void **ptr, void **win) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    _ddp_shm_win_t *w;
+    ddp_result_t r;
+    *ptr = *win = NULL;
+    if (!sp->coll_enabled) return DDP_ERR_UNSUPPORTED;
+    if ((r = _ddp_shm_win_create(sp->ctx, &sp->wins, _ddp_shm_win_slot(sp->me), bytes, &w)) != DDP_SUCCESS)
+        return r;
+    *ptr = w->base[sp->rank];
+    *win = w;
     return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE ddp_result_t _ddp_shm_win_map_cb(void *state, void *win, char *why, size_t cap) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    _ddp_shm_win_t *w = (_ddp_shm_win_t *)win;
+    const char *s = getenv("DDP_SHM_WINDOW");
+    int q;
+    if (s && !strcmp(s, "0")) {
+        snprintf(why, cap, "DDP_SHM_WINDOW=0 on rank %d", sp->rank);
+        return DDP_ERR_UNSUPPORTED;
+    }
+    for (q = 0; q < sp->nranks; q++) {
+        if (q == sp->rank) continue;
+        if (!_ddp_shm_win_map_peer(sp->ctx, w, q, _ddp_shm_pid_of(sp, q),
+                                   _ddp_shm_win_slot(_ddp_shm_hdr_of(sp, q)), why, cap)) {
+            _ddp_shm_win_unmap_peers(sp->ctx, w);
+            return DDP_ERR_UNSUPPORTED;
+        }
+    }
+    return DDP_SUCCESS;
+}
+
+_DDP_PRIVATE void _ddp_shm_win_use_cb(void *state, void *win, int every) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    _ddp_shm_win_t *w = (_ddp_shm_win_t *)win;
+    if (!every) { _ddp_shm_win_unmap_peers(sp->ctx, w); return; }
+    w->usable = 1;
+    sp->wins.nusable++;
+}
+
+_DDP_PRIVATE void _ddp_shm_win_destroy_cb(void *state, void *win) {
+    _ddp_shm_t *sp = (_ddp_shm_t *)state;
+    _ddp_shm_win_destroy(sp->ctx, &sp->wins, (_ddp_shm_win_t *)win);
 }
 
 _DDP_PRIVATE ddp_result_t _ddp_shm_barrier(void *state) {
@@ -2119,6 +2313,8 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_enable(void *state) {
     for (i = 0; i < sp->nranks; i++)
         if (i != sp->rank) sp->ring[n++] = &sp->member[sp->local_of[i]];
     sp->coll_enabled = 1;
+    sp->zc_chunk = _ddp_shm_env_size("DDP_SHM_ZC_CHUNK", 4 * sp->chunk, 4096, (size_t)1 << 40) & ~(size_t)63;
+    sp->zc_min = _ddp_shm_env_size("DDP_SHM_ZC_MIN", 8u << 20, 1, (size_t)1 << 62);
     _DDP_TLOG(sp->ctx, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
               "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
               "%zu-byte staging chunks (2 steps per chunk); DDP_SHM_COLL=0 for the ring",
@@ -2129,6 +2325,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_enable(void *state) {
 static const ddp_coll_provider_t _ddp_shm_coll = {
     _ddp_shm_all_reduce, _ddp_shm_reduce_scatter, _ddp_shm_all_gather, _ddp_shm_broadcast,
     _ddp_shm_barrier, _ddp_shm_enable, _ddp_shm_join,
+    _ddp_shm_win_create_cb, _ddp_shm_win_map_cb, _ddp_shm_win_use_cb, _ddp_shm_win_destroy_cb,
 };
 
 static const ddp_transport_t _ddp_shm_transport = {

@@ -1100,7 +1100,7 @@ _DDP_PRIVATE ddp_result_t _ddp_thr_enable(void *state) {
 
 static const ddp_coll_provider_t _ddp_thr_coll = {
     _ddp_thr_all_reduce, _ddp_thr_reduce_scatter, _ddp_thr_all_gather, _ddp_thr_broadcast,
-    _ddp_thr_barrier, _ddp_thr_enable, NULL,
+    _ddp_thr_barrier, _ddp_thr_enable, NULL, NULL, NULL, NULL, NULL,
 };
 
 static const ddp_transport_t _ddp_threads_transport = {

@@ -129,6 +129,18 @@ typedef struct ddp_coll_provider {
      * lowest rank). DDP_SUCCESS: enable follows; DDP_ERR_UNSUPPORTED: the ring runs the
      * collectives, over connections made when used; anything else fails init. */
     ddp_result_t (*join)(void *state);
+    /* Registered memory (optional, all four or none; NULL: every buffer is staged). Collective:
+     * every rank calls them in the same order with the same bytes (ddp_window.h runs the
+     * agreements between the steps). win_create makes this rank's part (memory its peers can
+     * map) and publishes it; win_map, once every rank created, maps the peers' parts (a failure
+     * is not fatal: DDP_ERR_UNSUPPORTED and the reason in why); win_use, after every rank said
+     * whether it mapped, makes the collectives read the window directly (every = 1) or never
+     * (0: the memory still works, staged); win_destroy releases this rank's part (after every
+     * rank's last collective on it returned). */
+    ddp_result_t (*win_create)(void *state, size_t bytes, void **ptr, void **win);
+    ddp_result_t (*win_map)(void *state, void *win, char *why, size_t cap);
+    void (*win_use)(void *state, void *win, int every);
+    void (*win_destroy)(void *state, void *win);
 } ddp_coll_provider_t;
 
 /* ---- device (GPU) collectives
