@@ -16,8 +16,8 @@
  *   - The memory is zero-filled, page-aligned and usable with every call, whatever transport
  *     runs the collectives. Where shared memory runs them (every rank on this host), it is a
  *     sealed memfd mapped by every rank, and a collective whose buffers lie in such memory on
- *     every rank reads them there: all-reduce (above DDP_SHM_SMALL_MAX bytes), reduce-scatter,
- *     all-gather and broadcast. Buffers in ordinary memory work as ever, also mixed with
+ *     every rank reads them there: all-reduce (from DDP_SHM_ZC_MIN, 8 MiB; below, inputs out
+ *     of place), reduce-scatter, all-gather and broadcast. Buffers in ordinary memory work as ever, also mixed with
  *     registered ones across ranks. Elsewhere (several hosts, threads, DDP_SHM_COLL=0, TCP) it
  *     is ordinary memory. An INFO line says which it got, and why.
  *   - ddp_comm_mem_free refuses (DDP_ERR_INVALID_USAGE, frees nothing) while an async request

@@ -60,7 +60,7 @@
  *   broadcast           per chunk: the root publishes; everyone copies.
  * Registered buffers (ddp_comm_mem_alloc; transports/ddp_shm_window.h) are read where they are:
  * each call publishes where its buffers lie with its first step; when every rank's are
- * registered, all-reduce reduces slice r straight from every rank's input into rank r's output
+ * registered (from DDP_SHM_ZC_MIN bytes), all-reduce reduces slice r straight from every rank's input into rank r's output
  * and copies the other slices from their owners' outputs (one step per chunk, no staging); a
  * registered input is never copied in (the others read it in place), and a call that read a
  * peer's buffer ends with one more step, so nobody returns while its buffer is still read.
