@@ -78,6 +78,8 @@ typedef struct {
     int pairs[T_MAX_RANKS];            /* "connected to rank" lines */
     int flag;
     double t_kill;
+    int noted[T_MAX_RANKS];            /* the first "no progress for" note of each rank */
+    char note[T_MAX_RANKS][400];
 } host_shared_t;
 static host_shared_t *S;
 static int store_port;                 /* > 0: the ranks use the store a process of its own serves */
@@ -91,6 +93,11 @@ static void count_lines(void *user, ddp_log_level_t level, int rank, const char 
     if ((s = strstr(msg, "host region: ")) != NULL) S->joined_line[rank] = atoi(s + 13);
     if (strstr(msg, "joined the host region of rank 0")) S->member_line[rank]++;
     if (strstr(msg, "connected to rank")) S->pairs[rank]++;
+    if (level == DDP_LOG_WARN && strstr(msg, "no progress for") && !S->noted[rank]) {
+        snprintf(S->note[rank], sizeof S->note[rank], "%s", msg);
+        __atomic_store_n(&S->noted[rank], 1, __ATOMIC_RELEASE);
+        if (rank == 0) __atomic_store_n(&S->flag, 1, __ATOMIC_SEQ_CST);   /* slow-join: rank 2 goes on */
+    }
 }
 
 static ddp_result_t init(int rank, int p, int timeout_ms, ddp_comm_t **c) {
@@ -174,6 +181,32 @@ static void run_join(int p) {
        members);
     ok(pairs == want, "join: %d pair connections logged, the ring's and recursive doubling's (%d), not every "
        "pair's (%d)", pairs, want, p * (p - 1));
+}
+
+/* ----------------------------------------------------------------- a join that lasts speaks */
+static int slow_join_rank(int rank, int p, void *arg) {
+    ddp_comm_t *c;
+    ddp_result_t r;
+    (void)arg;
+    if (rank == 2) {            /* holds its JOIN back until the leader said it waits for it */
+        hook = HOOK_WAIT_AT_JOIN;
+        hook_flag = &S->flag;
+    }
+    r = init(rank, p, 90000, &c);
+    if (!ok(r == DDP_SUCCESS, "slow-join: rank %d initialises (%s %s)", rank, ddp_strerror(r),
+            r ? ddp_last_init_error() : ""))
+        return 1;
+    all_reduce_exact(c, rank, p, 1000, "slow-join");
+    ddp_comm_destroy(c);
+    return 0;
+}
+
+static void run_slow_join(void) {
+    S = (host_shared_t *)t_shm_user(sizeof *S);
+    diag("--- slow-join: rank 2 of 3 comes to the join only once the leader said it waits for it (>= 10 s)");
+    ok(t_run_ranks(3, slow_join_rank, NULL, 180) == 0, "slow-join: every rank exited 0");
+    ok(S->noted[0] && strstr(S->note[0], "phase join") && strstr(S->note[0], "waiting for rank 2 to join"),
+       "slow-join: the leader's wait said what it waits for: '%s'", S->noted[0] ? S->note[0] : "(nothing)");
 }
 
 /* ----------------------------------------------------------------- died in the join */
@@ -363,6 +396,7 @@ int main(void) {
     unsetenv("DDP_ALGO");
     if (t_selected("join"))
         for (i = 0; i < sizeof join_sizes / sizeof join_sizes[0]; i++) run_join(join_sizes[i]);
+    if (t_selected("slow-join")) run_slow_join();
     if (t_selected("died-in-join")) run_died(4, 2);
     if (t_selected("leader-in-join")) run_died(4, 0);
     if (t_selected("killed")) {

@@ -80,8 +80,9 @@
  * leader's socket, kill(pid, 0) between members); ddp_comm_abort wakes a sleeping rank at once
  * (the abort entry rings its doorbell). A rank that dies before joining is named by the leader
  * (its published pid is probed when the join stalls) and through it by every member; a leader
- * that dies is named by the members. A wait that lasts says at WARN which ranks it waits for,
- * after 10 s, 30 s, 60 s, then every 5 minutes, as the engine's algorithms do.
+ * that dies is named by the members. A wait that lasts, in a collective or in the join, says at
+ * WARN which ranks it waits for, after 10 s, 30 s, 60 s, then every 5 minutes, as the engine's
+ * algorithms do.
  *
  * ENVIRONMENT
  *   DDP_SHM_COLL=0          point-to-point only (the communicator's ring/recursive doubling run
@@ -1258,12 +1259,22 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_join_board(_ddp_shm_t *sp) {
 
 /* The leader: make the region, admit every rank of the host (bounded by the timeout), then
  * tell them all it is complete. */
+/* A join that lasts says what it waits for, at WARN, after 10 s, 30 s, 60 s, then every 5
+ * minutes without progress (as the collectives' waits do): `who` is what is missing. */
+_DDP_PRIVATE void _ddp_shm_join_note(_ddp_shm_t *sp, int64_t since_us, int64_t *note_at_ms, const char *who) {
+    const int64_t ms = (_ddp_now_us() - since_us) / 1000;
+    if (ms < *note_at_ms) return;
+    *note_at_ms = _ddp_next_wait_note_ms(ms);
+    ddp_transport_log(sp->ctx, DDP_LOG_WARN, "shm: init (phase join): no progress for %lld s, waiting for %s "
+                      "(timeout %d ms)", (long long)(ms / 1000), who, sp->ctx->timeout_ms);
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_shm_lead(_ddp_shm_t *sp) {
     const ddp_transport_ctx_t *c = sp->ctx;
     const int64_t deadline = _ddp_deadline(c->timeout_ms);
     _ddp_shm_region_t *rg;
     struct pollfd *pf;
-    int64_t progress_at = _ddp_now_us(), probe_at = 0;
+    int64_t progress_at = _ddp_now_us(), probe_at = 0, note_at_ms = _ddp_next_wait_note_ms(0);
     ddp_result_t r;
     int l, before;
     r = _ddp_shm_region_new(sp, _DDP_SHM_REGION_HOST, sp->host_bytes, "host region", &sp->host_fd, &sp->host,
@@ -1295,8 +1306,17 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_lead(_ddp_shm_t *sp) {
             for (i = 1; i < m; i++) if (pf[i].revents) sp->pending[i - 1].ready = 1;
         before = sp->njoined;
         if ((r = _ddp_shm_pump(sp, 1)) != DDP_SUCCESS) break;
-        if (sp->njoined != before) progress_at = _ddp_now_us();
+        if (sp->njoined != before) {
+            progress_at = _ddp_now_us();
+            note_at_ms = _ddp_next_wait_note_ms(0);
+        }
         if (sp->njoined == sp->nlocal) break;
+        if ((_ddp_now_us() - progress_at) / 1000 >= note_at_ms) {
+            char who[96];
+            snprintf(who, sizeof who, "rank %d to join this host's shared-memory region (%d of %d ranks joined)",
+                     _ddp_shm_join_missing(sp), sp->njoined, sp->nlocal);
+            _ddp_shm_join_note(sp, progress_at, &note_at_ms, who);
+        }
         if (ddp_transport_aborted(c)) {
             r = _ddp_shm_join_abandon(sp, _ddp_shm_join_missing(sp), ddp_transport_fail(c, DDP_ERR_ABORTED,
                                       "shm: init (phase join): ddp_comm_abort was called on this rank"));
@@ -1348,6 +1368,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
     ddp_result_t r;
     void *unused = NULL;
     int64_t board_at = _ddp_now_us() + 2000000;   /* then every 2 s: a store request each */
+    int64_t since = _ddp_now_us(), note_at_ms = _ddp_next_wait_note_ms(0);
+    char waits_for[96];
+    snprintf(waits_for, sizeof waits_for, "rank %d, this host's leader, to let this rank join its region", L);
     d->purpose = _DDP_SHM_JOIN;
     while (!sp->host) {
         struct pollfd pfd;
@@ -1367,6 +1390,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
             board_at = _ddp_now_us() + 2000000;
             if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
         }
+        _ddp_shm_join_note(sp, since, &note_at_ms, waits_for);
         if (_ddp_ms_left(deadline) == 0) {
             if (c->waiting_on) *c->waiting_on = L;
             return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, "
@@ -1381,6 +1405,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
     }
     _ddp_shm_members_fill(sp, 0);
     rg = (_ddp_shm_region_t *)(void *)sp->host;
+    since = _ddp_now_us();
+    note_at_ms = _ddp_next_wait_note_ms(0);
+    snprintf(waits_for, sizeof waits_for, "rank %d, this host's leader, to say that every rank of the host joined", L);
     for (;;) {
         struct pollfd pfd;
         char b = 0;
@@ -1411,6 +1438,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
             board_at = _ddp_now_us() + 2000000;
             if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
         }
+        _ddp_shm_join_note(sp, since, &note_at_ms, waits_for);
         if (_ddp_ms_left(deadline) == 0) {
             if (c->waiting_on) *c->waiting_on = L;
             return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, "
