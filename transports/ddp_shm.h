@@ -914,7 +914,10 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_dial_welcome(_ddp_shm_t *sp, _ddp_shm_dial_t 
 _DDP_PRIVATE ddp_result_t _ddp_shm_dial_step(_ddp_shm_t *sp, _ddp_shm_dial_t *d, int peer, void **conn) {
     const ddp_transport_ctx_t *c = sp->ctx;
     ddp_result_t r;
-    if (sp->joined && d->purpose == _DDP_SHM_PAIR && sp->local_of[peer] >= 0 &&
+    /* Gone before our hello: it can never answer. Once the handshake is under way its socket
+     * says (a peer that sent its WELCOME and then left still completes the connection, and the
+     * next call, not init, learns why it left). */
+    if (d->stage == 0 && sp->joined && d->purpose == _DDP_SHM_PAIR && sp->local_of[peer] >= 0 &&
         _ddp_shm_member_gone(&sp->member[sp->local_of[peer]])) {
         _ddp_transport_blame(c, peer);
         return ddp_transport_fail(c, DDP_ERR_REMOTE, "shm: rank %d (pid %d) is gone: it left this host's "
