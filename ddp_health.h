@@ -841,6 +841,7 @@ _DDP_PRIVATE void _ddp_health_stop(ddp_comm_t *c) {
 _DDP_PRIVATE void _ddp_health_start(ddp_comm_t *c) {
     _ddp_health_t *h;
     long v;
+    int left_peer, right_peer;
     int on = _ddp_env_int("DDP_HEALTH", 0, 1, &v) == 1 ? (int)v : 1;
     if (c->health || !on || !c->boot.store || c->boot.foreign) return;
     if (!(h = (_ddp_health_t *)_ddp_alloc(&c->alloc, sizeof *h))) return;
@@ -864,6 +865,9 @@ _DDP_PRIVATE void _ddp_health_start(ddp_comm_t *c) {
     c->health = h;
     c->health_stop = _ddp_health_stop;
     __atomic_store_n(&c->stats.timed, 1, __ATOMIC_RELAXED);
+    /* What the log below names, read before the thread runs: it may reset an end at once. */
+    left_peer = h->left.peer;
+    right_peer = h->right.peer;
     if (pthread_create(&h->thread, NULL, _ddp_health_main, h) != 0) {
         _DDP_LOG(c, DDP_LOG_WARN, "health: cannot start the health thread (%s): no heartbeats, no "
                  "status for ddp-status", strerror(errno));
@@ -874,7 +878,7 @@ _DDP_PRIVATE void _ddp_health_start(ddp_comm_t *c) {
     _DDP_LOG(c, DDP_LOG_INFO, "health: a thread beats with ranks %d and %d every %d ms "
              "(DDP_HEALTH_PERIOD_MS), gives a neighbour up as unreachable after %d ms without an "
              "acknowledgement (DDP_HEARTBEAT_TIMEOUT_MS), and writes this rank's status for "
-             "ddp-status under %s/health/ (DDP_HEALTH=0: off)", h->left.peer, h->right.peer,
+             "ddp-status under %s/health/ (DDP_HEALTH=0: off)", left_peer, right_peer,
              h->period_ms, h->hb_timeout_ms, c->boot.prefix);
 }
 
