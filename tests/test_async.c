@@ -232,7 +232,13 @@ static int dead(int rank, int p, void *arg) {
     if (!(c = init_comm(rank, p, 20000, rank != 0))) return 1;
     if (rank == p - 1) { pthread_t th; pthread_create(&th, NULL, killer, NULL); }
     for (k = 0; k < 400; k++) {         /* keep the queue full until the victim dies */
-        if (ddp_all_reduce_async(buf, buf, n, DDP_FLOAT32, DDP_MAX, c, &req[k % 8]) != DDP_SUCCESS) break;
+        /* The failure may surface at the next enqueue instead of a wait (a lane that failed has
+         * poisoned the communicator by then): either call reports it; the next check asks that
+         * it names the victim. */
+        if (ddp_all_reduce_async(buf, buf, n, DDP_FLOAT32, DDP_MAX, c, &req[k % 8]) != DDP_SUCCESS) {
+            failed = 1;
+            break;
+        }
         if (k >= 7 && ddp_wait(&req[(k + 1) % 8]) != DDP_SUCCESS) { failed = 1; break; }
     }
     t_err = t_now();
