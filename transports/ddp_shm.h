@@ -1360,6 +1360,27 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_lead(_ddp_shm_t *sp) {
     return DDP_SUCCESS;
 }
 
+/* What a member's two waits check each turn: an abort, the store's failure board (every 2 s), the
+ * note of a wait that lasts, and the deadline (`late`: what the leader did not do in time). */
+_DDP_PRIVATE ddp_result_t _ddp_shm_follow_tick(_ddp_shm_t *sp, int64_t deadline, int64_t since, int64_t *note_at_ms,
+                                               int64_t *board_at, const char *waits_for, const char *late) {
+    const ddp_transport_ctx_t *c = sp->ctx;
+    ddp_result_t r;
+    if (ddp_transport_aborted(c))
+        return ddp_transport_fail(c, DDP_ERR_ABORTED, "shm: init (phase join): ddp_comm_abort was called on this rank");
+    if (_ddp_now_us() >= *board_at) {
+        *board_at = _ddp_now_us() + 2000000;
+        if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
+    }
+    _ddp_shm_join_note(sp, since, note_at_ms, waits_for);
+    if (_ddp_ms_left(deadline) == 0) {
+        if (c->waiting_on) *c->waiting_on = sp->leader;
+        return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, did not "
+                                  "%s within %d ms", sp->leader, late, c->timeout_ms);
+    }
+    return DDP_SUCCESS;
+}
+
 /* A member: one handshake with the leader (its proof and ours, then the host region), then
  * the leader's word that every rank of the host is in. */
 _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
@@ -1387,19 +1408,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
                                       "it exited or crashed before this rank could join its shared-memory region "
                                       "(phase join)", L, (int)d->addr.pid);
         }
-        if (ddp_transport_aborted(c))
-            return ddp_transport_fail(c, DDP_ERR_ABORTED, "shm: init (phase join): ddp_comm_abort was called on this rank");
-        if (_ddp_now_us() >= board_at) {
-            board_at = _ddp_now_us() + 2000000;
-            if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
-        }
-        _ddp_shm_join_note(sp, since, &note_at_ms, waits_for);
-        if (_ddp_ms_left(deadline) == 0) {
-            if (c->waiting_on) *c->waiting_on = L;
-            return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, "
-                                      "did not let this rank join its shared-memory region within %d ms", L,
-                                      c->timeout_ms);
-        }
+        if ((r = _ddp_shm_follow_tick(sp, deadline, since, &note_at_ms, &board_at, waits_for,
+                                      "let this rank join its shared-memory region")) != DDP_SUCCESS)
+            return r;
         wait_us = d->stage == 0 && d->retry_at ? d->retry_at - _ddp_now_us() : 100000;
         pfd.fd = d->stage == 0 ? -1 : d->fd;
         pfd.events = POLLIN;
@@ -1435,18 +1446,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_follow(_ddp_shm_t *sp) {
                                           "it exited, crashed or failed during init (phase join)", L, sp->member[0].pid);
             }
         }
-        if (ddp_transport_aborted(c))
-            return ddp_transport_fail(c, DDP_ERR_ABORTED, "shm: init (phase join): ddp_comm_abort was called on this rank");
-        if (_ddp_now_us() >= board_at) {
-            board_at = _ddp_now_us() + 2000000;
-            if ((r = _ddp_shm_join_board(sp)) != DDP_SUCCESS) return r;
-        }
-        _ddp_shm_join_note(sp, since, &note_at_ms, waits_for);
-        if (_ddp_ms_left(deadline) == 0) {
-            if (c->waiting_on) *c->waiting_on = L;
-            return ddp_transport_fail(c, DDP_ERR_TIMEOUT, "shm: init (phase join): rank %d, this host's leader, "
-                                      "did not say within %d ms that every rank joined", L, c->timeout_ms);
-        }
+        if ((r = _ddp_shm_follow_tick(sp, deadline, since, &note_at_ms, &board_at, waits_for,
+                                      "say that every rank joined")) != DDP_SUCCESS)
+            return r;
     }
     _ddp_shm_members_fill(sp, 1);   /* the pids the leader recorded before it said so */
     return DDP_SUCCESS;
