@@ -117,6 +117,7 @@ typedef struct {
     int nranks;               /* -N (fork mode of the libddp bench) */
     int check;                /* -c: check rounds per size and placement (0 = none) */
     int inplace;              /* --inplace: 0 out of place, 1 in place, -1 (default) both */
+    int touch;                /* --touch: rewrite the input before each timed call (untimed) */
     int mem_mode;             /* --mem */
     int list_transports;      /* --list-transports */
     int corrupt;              /* DDP_BENCH_CORRUPT: the test hook */
@@ -237,6 +238,10 @@ static void bench_usage(FILE *f, const char *prog, int libddp) {
         "  -w, --warmup_iters N    untimed calls per size and placement (default 5)\n"
         "  -m, --agg_iters N       calls per timed iteration, back to back (default 1); time is\n"
         "                          per call\n"
+        "      --touch 0|1         1: before each timed iteration every rank rewrites its input\n"
+        "                          (zeros), then a barrier, both untimed: the input starts in the\n"
+        "                          caller's cache, as gradients a training step just wrote do,\n"
+        "                          not where the previous call left it (default 0)\n"
         "  -c, --check N           check every element N times per size and placement (default 1;\n"
         "                          0 = off)\n"
         "  -a, --average 0|1|2|3   time reported: rank 0's (0), mean over ranks (1, default), min\n"
@@ -312,7 +317,7 @@ static long bench_parse_int(const char *v, long lo, long hi, int *ok) {
 
 /* Long options without a letter. */
 enum { BENCH_OPT_COLL = 256, BENCH_OPT_TRANSPORT, BENCH_OPT_INPLACE, BENCH_OPT_MEM,
-       BENCH_OPT_TARGET, BENCH_OPT_LIST, BENCH_OPT_VERSION };
+       BENCH_OPT_TARGET, BENCH_OPT_LIST, BENCH_OPT_VERSION, BENCH_OPT_TOUCH };
 
 /* Parses argv. Returns -1 to go on; otherwise the exit status: 0 after --help or --version
  * (printed to stdout), 2 after a bad option (why, then the usage, on stderr). version is the
@@ -339,6 +344,7 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp,
         {"collective", required_argument, NULL, BENCH_OPT_COLL},
         {"transport", required_argument, NULL, BENCH_OPT_TRANSPORT},
         {"inplace", required_argument, NULL, BENCH_OPT_INPLACE},
+        {"touch", required_argument, NULL, BENCH_OPT_TOUCH},
         {"mem", no_argument, NULL, BENCH_OPT_MEM},
         {"target-seconds", required_argument, NULL, BENCH_OPT_TARGET},
         {"target_seconds", required_argument, NULL, BENCH_OPT_TARGET},
@@ -388,6 +394,7 @@ static int bench_parse_args(int argc, char **argv, bench_opts_t *o, int libddp,
         case 'p': bench_parse_int(v, 0, 1, &ok); break;   /* every rank initialises itself */
         case BENCH_OPT_TARGET: o->target_s = atof(v); if (o->target_s < 0) goto badv; break;
         case BENCH_OPT_INPLACE: o->inplace = (int)bench_parse_int(v, 0, 1, &ok); break;
+        case BENCH_OPT_TOUCH: o->touch = (int)bench_parse_int(v, 0, 1, &ok); break;
         case BENCH_OPT_MEM: o->mem_mode = 1; break;
         case BENCH_OPT_LIST: o->list_transports = 1; break;
         case BENCH_OPT_TRANSPORT: o->transport = strcmp(v, "auto") ? v : NULL; o->transport_given = 1; break;
@@ -1084,6 +1091,11 @@ static int bench_one(const bench_opts_t *o, bench_backend_t *b, size_t req_bytes
     t0 = bench_now_s();
     for (it = 0; it < iters; it++) {
         double t1;
+        if (o->touch && g.in_elems) {
+            memset(sp, 0, g.in_elems * es);
+            if (b->barrier(b->ctx)) { snprintf(err, errcap, "barrier failed"); return 1; }
+            t0 = bench_now_s();
+        }
         for (a = 0; a < o->agg_iters; a++)
             if (bench_call(b, o, sp, rp, g.count, err, errcap)) return 1;
         t1 = bench_now_s();

@@ -3,11 +3,20 @@
 # Shared-memory all-reduce against this machine's memcpy: staged buffers (the user's buffer copied
 # through the transport's region) and registered ones (ddp_comm_mem_alloc: peers' buffers read in
 # place), in the same run, interleaved, with a single-thread memcpy of each size between them.
-#   bench/shm_zero_copy.sh            (ZC_ROUNDS=5 ZC_RANKS="2 4" ZC_MIN=256K ZC_MAX=256M ZC_ITERS=10)
-# Each round runs, for each p, ddp-bench in place, float sum, staged then registered (the order
-# flips every round), and memcpy; the table gives each cell's median over the rounds: busbw
-# (GB/s, nccl-tests' definition), memcpy GB/s, and the ratios busbw / memcpy and registered /
-# staged. ZC_JSON_DIR keeps the raw JSON (default: a temporary directory, removed).
+#   bench/shm_zero_copy.sh    (ZC_ROUNDS=5 ZC_RANKS="2 4" ZC_MIN=256K ZC_MAX=256M ZC_ITERS=10
+#                              ZC_INPLACE=1 ZC_TOUCH=0 ZC_B_ENV=)
+# Each round runs, for each p, ddp-bench, float sum, staged then registered (the order flips
+# every round), and memcpy; once a round, bench/mem_limit.c -x 1 gives the cross-core copy rate
+# (bytes one core wrote, copied out by another: below ~16 MiB a one-thread memcpy runs from its
+# own core's cache, which no exchange between cores reaches, so x-core is the fair yardstick
+# there). ZC_INPLACE=1: in place; 0: out of place, send and receive buffers both plain memory
+# (staged) or both from ddp_comm_mem_alloc (registered). ZC_TOUCH=1: ddp-bench --touch 1 (each
+# rank rewrites its input before every timed call, untimed, as a training step writes its
+# gradients; 0: back-to-back calls, whose buffers stay where the last call left them). ZC_B_ENV="VAR=value ...": a third
+# column, registered with those variables set (e.g. an earlier default against the current one).
+# The table gives each cell's median over the rounds: busbw (GB/s, nccl-tests' definition),
+# memcpy and x-core GB/s, and ratios. ZC_JSON_DIR keeps the raw JSON (default: a temporary
+# directory, removed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ZC_ROUNDS:-5}
@@ -15,7 +24,12 @@ ranks=${ZC_RANKS:-2 4}
 lo=${ZC_MIN:-256K}
 hi=${ZC_MAX:-256M}
 iters=${ZC_ITERS:-10}
+inplace=${ZC_INPLACE:-1}
+touch=${ZC_TOUCH:-0}
+benv=${ZC_B_ENV:-}
 make -s build/ddp-bench >/dev/null || exit 1
+mkdir -p build
+cc -std=c99 -O2 -I. bench/mem_limit.c -o build/mem_limit -pthread || exit 1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/zc.XXXXXX")
 out=${ZC_JSON_DIR:-$tmp}
 mkdir -p "$out"
@@ -55,34 +69,59 @@ bytes() { python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<3
 lob=$(bytes "$lo")
 hib=$(bytes "$hi")
 
-echo "# $(date -u +%FT%TZ) $(nproc) CPUs; $rounds rounds; p = $ranks; $lo .. $hi; $iters iterations per size"
+sizes=$(python3 -c "import sys; lo, hi = int(sys.argv[1]), int(sys.argv[2]); v = []
+while lo <= hi: v.append(str(lo)); lo *= 2
+print(','.join(v))" "$lob" "$hib")
+
+echo "# $(date -u +%FT%TZ) $(nproc) CPUs; $rounds rounds; p = $ranks; $lo .. $hi; $iters iterations per size;" \
+     "$([ "$inplace" = 1 ] && echo in place || echo out of place); touch $touch${benv:+; column B: registered with $benv}"
+variants="0 1"
+[ -n "$benv" ] && variants="0 1 2"
 for r in $(seq 1 "$rounds"); do
-  if [ $((r % 2)) = 1 ]; then order="0 1"; else order="1 0"; fi
+  order=$variants
+  [ $((r % 2)) = 0 ] && order=$(echo "$variants" | tr ' ' '\n' | tac | tr '\n' ' ')
   for p in $ranks; do
-    for reg in $order; do
-      build/ddp-bench -N "$p" --transport shm -o all_reduce -b "$lo" -e "$hi" -f 2 -n "$iters" -w 3 \
-        --inplace 1 -c 1 --registered "$reg" -J "$out/r$r.p$p.reg$reg.json" >/dev/null 2>"$tmp/err" ||
-        { echo "round $r p=$p registered=$reg failed:"; tail -3 "$tmp/err"; }
+    for v in $order; do
+      reg=1; envs=""
+      [ "$v" = 0 ] && reg=0
+      [ "$v" = 2 ] && envs=$benv
+      # shellcheck disable=SC2086
+      env $envs build/ddp-bench -N "$p" --transport shm -o all_reduce -b "$lo" -e "$hi" -f 2 -n "$iters" -w 3 \
+        --inplace "$inplace" --touch "$touch" -c 1 --registered "$reg" -J "$out/r$r.p$p.v$v.json" >/dev/null 2>"$tmp/err" ||
+        { echo "round $r p=$p variant $v failed:"; tail -3 "$tmp/err"; }
     done
     "$tmp/memcpy_bw" "$lob" "$hib" >"$out/r$r.p$p.memcpy"
   done
+  build/mem_limit -s "$sizes" -t 0.05 -x 1 >"$out/r$r.xcore" 2>"$tmp/err" || { echo "mem_limit failed:"; tail -3 "$tmp/err"; }
 done
 
-python3 - "$out" "$rounds" "$ranks" <<'EOF'
+python3 - "$out" "$rounds" "$ranks" "$benv" <<'EOF'
 import json, os, statistics, sys
-out, rounds, ranks = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3].split()]
+out, rounds, ranks, benv = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3].split()], sys.argv[4]
 def med(v): return statistics.median(v) if v else float('nan')
-print("| p | bytes | memcpy GB/s | staged busbw | registered busbw | staged / memcpy | registered / memcpy | registered / staged |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+def div(a, b): return a / b if b == b and b else float('nan')
+head = "| p | bytes | memcpy GB/s | x-core GB/s | staged busbw | registered busbw |"
+if benv: head += " B busbw |"
+head += " staged / x-core | registered / x-core | staged / memcpy | registered / memcpy | registered / staged |"
+if benv: head += " B / staged | registered / B |"
+print(head)
+print("|" + "---:|" * (head.count("|") - 1))
+xc = {}
+for r in range(1, rounds + 1):
+    f = os.path.join(out, "r%d.xcore" % r)
+    if os.path.exists(f):
+        for line in open(f):
+            w = line.split()
+            if w and not w[0].startswith("#"): xc.setdefault(int(w[0]), []).append(float(w[3]))
 for p in ranks:
     cells = {}
     for r in range(1, rounds + 1):
-        for reg in (0, 1):
-            f = os.path.join(out, "r%d.p%d.reg%d.json" % (r, p, reg))
+        for v in (0, 1, 2):
+            f = os.path.join(out, "r%d.p%d.v%d.json" % (r, p, v))
             if not os.path.exists(f): continue
             for row in json.load(open(f))["results"]:
-                if row.get("wrong"): print("WRONG RESULTS: round %d p=%d registered=%d bytes %d" % (r, p, reg, row["bytes"]))
-                cells.setdefault(row["bytes"], {}).setdefault(reg, []).append(row["busbw_GBs"])
+                if row.get("wrong"): print("WRONG RESULTS: round %d p=%d variant %d bytes %d" % (r, p, v, row["bytes"]))
+                cells.setdefault(row["bytes"], {}).setdefault(v, []).append(row["busbw_GBs"])
         f = os.path.join(out, "r%d.p%d.memcpy" % (r, p))
         if os.path.exists(f):
             for line in open(f):
@@ -90,6 +129,11 @@ for p in ranks:
                 cells.setdefault(int(n), {}).setdefault("memcpy", []).append(float(g))
     for n in sorted(cells):
         c = cells[n]
-        m, s, g = med(c.get("memcpy", [])), med(c.get(0, [])), med(c.get(1, []))
-        print("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (p, n, m, s, g, s / m, g / m, g / s))
+        m, x, s, g, b = (med(c.get("memcpy", [])), med(xc.get(n, [])), med(c.get(0, [])),
+                         med(c.get(1, [])), med(c.get(2, [])))
+        line = "| %d | %d | %.2f | %.2f | %.2f | %.2f |" % (p, n, m, x, s, g)
+        if benv: line += " %.2f |" % b
+        line += " %.2f | %.2f | %.2f | %.2f | %.2f |" % (div(s, x), div(g, x), div(s, m), div(g, m), div(g, s))
+        if benv: line += " %.2f | %.2f |" % (div(b, s), div(g, b))
+        print(line)
 EOF
