@@ -10,7 +10,8 @@
  *               0, 1, odd, p-1, p, p+1 and a big odd one, with the buffers of every rank in
  *               windows (in place and out of place), mixed across ranks (even ranks in windows,
  *               odd ones in ordinary memory; one rank's input in ordinary memory), and only the
- *               input in a window. Each result is compared, bit for bit, with the rank-order
+ *               input in a window; with the zero-copy all-reduce pushing in tiny pieces, pulling
+ *               (DDP_SHM_ZC_PUSH=0), below DDP_SHM_ZC_MIN and at the default thresholds. Each result is compared, bit for bit, with the rank-order
  *               fold of ddp_reduce_local over every rank's input (what the staged path gives;
  *               floating inputs are uniform random, so a different order shows in the bits).
  *   refused     a rank that cannot map the others' windows (DDP_SHM_WINDOW=0 there): the
@@ -43,7 +44,7 @@ static reg_shared_t *S;
 static void clear_env(void) {
     static const char *const vars[] = {"DDP_TRANSPORT", "DDP_HOST_ID", "DDP_SHM_COLL", "DDP_SHM_CHUNK",
                                        "DDP_SHM_SMALL_MAX", "DDP_SHM_WINDOW", "DDP_SHM_ZC_CHUNK", "DDP_SHM_ZC_MIN",
-                                       "DDP_ALGO"};
+                                       "DDP_SHM_ZC_PIECE", "DDP_SHM_ZC_PUSH", "DDP_ALGO"};
     size_t i;
     for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
@@ -335,13 +336,36 @@ int main(void) {
             bad = t_run_ranks(p, matrix, NULL, 600);
             ok(!bad, "matrix p=%d: every rank exited cleanly%s%s", p, bad ? ": " : "", bad ? t_last_why : "");
         }
+        /* Pushing in pieces of 320 bytes: odd counts end pieces mid-slice, slices span many. */
+        setenv("DDP_SHM_ZC_PIECE", "320", 1);
+        for (p = 2; p <= 3; p++) {
+            bad = t_run_ranks(p, matrix, NULL, 600);
+            ok(!bad, "matrix p=%d, zero-copy pieces of 320 bytes: every rank exited cleanly%s%s", p,
+               bad ? ": " : "", bad ? t_last_why : "");
+        }
+        unsetenv("DDP_SHM_ZC_PIECE");
+        /* The pulling zero-copy all-reduce (DDP_SHM_ZC_PUSH=0). */
+        setenv("DDP_SHM_ZC_PUSH", "0", 1);
+        for (p = 2; p <= 5; p += 3) {
+            bad = t_run_ranks(p, matrix, NULL, 600);
+            ok(!bad, "matrix p=%d, DDP_SHM_ZC_PUSH=0: every rank exited cleanly%s%s", p, bad ? ": " : "",
+               bad ? t_last_why : "");
+        }
+        unsetenv("DDP_SHM_ZC_PUSH");
         /* Below DDP_SHM_ZC_MIN: registered inputs read in place, outputs through staging. */
-        unsetenv("DDP_SHM_ZC_MIN");
+        setenv("DDP_SHM_ZC_MIN", "1G", 1);
         for (p = 2; p <= 5; p += 3) {
             bad = t_run_ranks(p, matrix, NULL, 600);
             ok(!bad, "matrix p=%d below DDP_SHM_ZC_MIN: every rank exited cleanly%s%s", p, bad ? ": " : "",
                bad ? t_last_why : "");
         }
+        /* The defaults (zero-copy above DDP_SHM_SMALL_MAX: 8 KiB at p = 3) at p = 3: the matrix's
+         * sizes fall on both sides of it. */
+        clear_env();
+        setenv("DDP_SHM_CHUNK", "8192", 1);
+        bad = t_run_ranks(3, matrix, NULL, 600);
+        ok(!bad, "matrix p=3, default thresholds: every rank exited cleanly%s%s", bad ? ": " : "",
+           bad ? t_last_why : "");
         clear_env();
     }
     if (t_selected("refused")) {

@@ -60,8 +60,8 @@
  *   broadcast           per chunk: the root publishes; everyone copies.
  * Registered buffers (ddp_comm_mem_alloc; transports/ddp_shm_window.h) are read where they are:
  * each call publishes where its buffers lie with its first step; when every rank's are
- * registered (from DDP_SHM_ZC_MIN bytes), all-reduce reduces slice r straight from every rank's input into rank r's output
- * and copies the other slices from their owners' outputs (one step per chunk, no staging); a
+ * registered (above DDP_SHM_SMALL_MAX), rank r reduces slice r straight from every rank's input
+ * and writes it into every rank's output (no staging, no step between: two steps per call); a
  * registered input is never copied in (the others read it in place), and a call that read a
  * peer's buffer ends with one more step, so nobody returns while its buffer is still read.
  * Staging buffers alternate by chunk, and every rank waits for every other at each step, so a
@@ -98,9 +98,15 @@
  *                           50 or 500 us 4.6-4.8 us.
  *   DDP_SHM_STREAM_MIN      all-reduce outputs of at least this size use streaming stores
  *                           (default 8M).
- *   DDP_SHM_ZC_CHUNK        zero-copy all-reduce chunk (default 4 x DDP_SHM_CHUNK).
- *   DDP_SHM_ZC_MIN          zero-copy all-reduce from this size (default 8M); below, registered
- *                           inputs are read in place but the output goes through staging.
+ *   DDP_SHM_ZC_MIN          zero-copy all-reduce from this size (default: every size above
+ *                           DDP_SHM_SMALL_MAX); below, registered inputs are read in place
+ *                           (out of place) and the output goes through staging.
+ *   DDP_SHM_ZC_PIECE        zero-copy all-reduce: bytes reduced, then pushed to every output, at
+ *                           a time (default 64K, at most DDP_SHM_CHUNK).
+ *   DDP_SHM_ZC_PUSH=0       zero-copy all-reduce by pulling (each rank reduces its slice into
+ *                           its own output, one step, every rank copies the others' slices out
+ *                           of their outputs; DDP_SHM_ZC_CHUNK bytes per step, default 4 x
+ *                           DDP_SHM_CHUNK), for comparison: pushing measured faster.
  *   DDP_SHM_WINDOW=0        this rank maps no peer's registered memory: nobody reads it in place.
  */
 #if defined(DDP_IMPLEMENTATION) && !defined(DDP_SHM_IMPLEMENTATION)
@@ -273,6 +279,8 @@ typedef struct _ddp_shm {
     int listen_fd;
     size_t chunk, cell_bytes, small_max, stream_min;
     size_t zc_chunk, zc_min;          /* zero-copy all-reduce chunk, and from which size */
+    size_t zc_piece;                  /* pushing zero-copy all-reduce: bytes reduced, then pushed */
+    int zc_push;                      /* zero-copy all-reduce: 1 push (default), 0 pull */
     int copyin_mode;                  /* -1: measure; 0 ordinary, 1 streaming stores */
     unsigned copyin_tries;
     double copyin_cost[2];            /* ns per byte of copy-in + reduce, by way */
@@ -2069,6 +2077,89 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
     return _ddp_shm_win_done(sp, sig);
 }
 
+/* Zero-copy all-reduce by pushing, every rank's buffers in windows (after the call's first
+ * step, which says every rank is in the call: inputs final, outputs free). Rank r alone reads
+ * slice r of every rank's input and alone writes slice r of every rank's output: it reduces the
+ * slice, in rank order (the bits of the staged path), a piece at a time into its own output
+ * (the piece stays in its cache), then copies the piece into every other rank's output. No
+ * line is read by one rank and then written by another within the call, and no step is needed
+ * between pieces: two steps per call (the first and _ddp_shm_win_done), whatever the size. In
+ * place, from rank 2 on the sum would overwrite our input before adding it: it waits in our
+ * staging buffer. Stores into the peers' outputs stream from DDP_SHM_STREAM_MIN (they will be
+ * read by their owners, not by us). */
+_DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_push(_ddp_shm_t *sp, unsigned char *dst, size_t count,
+                                                   ddp_dtype_t dtype, ddp_op_t op, int stream,
+                                                   const _ddp_transport_sig_t *sig) {
+    const size_t es = ddp_dtype_size(dtype);
+    const int p = sp->nranks, me = sp->rank;
+    const size_t lo = count * (size_t)me / (size_t)p, hi = count * (size_t)(me + 1) / (size_t)p;
+    const size_t piece = (sp->zc_piece < sp->chunk ? sp->zc_piece : sp->chunk) / es;
+    const unsigned char *const *src = sp->wins.src;
+    unsigned char *const *out = sp->wins.dst;
+    size_t a;
+    int q;
+    for (a = lo; a < hi; a += piece) {
+        const size_t n = hi - a < piece ? hi - a : piece, at = a * es;
+        unsigned char *acc = dst + at;
+        const unsigned char *own = src[me] + at;
+        if (me >= 2 && own == acc) {
+            unsigned char *keep = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+            memcpy(keep, own, n * es);
+            own = keep;
+        }
+        ddp_reduce_local(acc, me == 0 ? own : src[0] + at, me == 1 ? own : src[1] + at, n, dtype, op);
+        for (q = 2; q < p; q++) ddp_reduce_local(acc, acc, q == me ? own : src[q] + at, n, dtype, op);
+        if (op == DDP_AVG) ddp_divide_local(acc, n, dtype, p);
+        for (q = 0; q < p; q++)
+            if (q != me) _ddp_shm_copy_out(out[q] + at, acc, n * es, stream);
+    }
+    if (stream) _ddp_shm_stream_fence();   /* before the signal: the owners read it next */
+    return _ddp_shm_win_done(sp, sig);
+}
+
+/* All-reduce up to DDP_SHM_SMALL_MAX: one step, everyone reduces everything, in rank order (the
+ * same bits everywhere). */
+_DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_small(_ddp_shm_t *sp, const unsigned char *src, unsigned char *dst,
+                                                    size_t count, ddp_dtype_t dtype, ddp_op_t op,
+                                                    const _ddp_transport_sig_t *sig) {
+    const size_t bytes = count * ddp_dtype_size(dtype);
+    unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+    ddp_result_t r;
+    int q;
+    if (bytes) memcpy(mine, src, bytes);
+    _ddp_shm_signal(sp, sig);
+    if ((r = _ddp_shm_wait_all(sp, sig, "exchange", 0, 1)) != DDP_SUCCESS) return r;
+    if (bytes) {
+        ddp_reduce_local(dst, _ddp_shm_peer_stage(sp, 0, sp->nchunk), _ddp_shm_peer_stage(sp, 1, sp->nchunk),
+                         count, dtype, op);
+        for (q = 2; q < sp->nranks; q++)
+            ddp_reduce_local(dst, dst, _ddp_shm_peer_stage(sp, q, sp->nchunk), count, dtype, op);
+        if (op == DDP_AVG) ddp_divide_local(dst, count, dtype, sp->nranks);
+    }
+    sp->nchunk++;
+    return DDP_SUCCESS;
+}
+
+/* The staged all-reduce's last part of a chunk: the other slices out of their owners' staging
+ * (streaming stores for big outputs; in place with our input read by the others, the way
+ * measured cheaper); 1 when streaming stores were used. */
+_DDP_PRIVATE int _ddp_shm_ar_copy_out(_ddp_shm_t *sp, unsigned char *dst, size_t off, size_t n, size_t es,
+                                      int stream, int overwrite_read) {
+    const int p = sp->nranks, out_way = stream ? 1 : overwrite_read ? _ddp_shm_win_way(&sp->wins) : 0;
+    const int64_t c0 = overwrite_read && !stream ? _ddp_now_ns() : 0;
+    size_t mine = 0;
+    int q;
+    for (q = 0; q < p; q++) {
+        size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
+        if (q == sp->rank) mine = qh - ql;
+        if (q == sp->rank || qh == ql) continue;
+        _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
+                          (qh - ql) * es, out_way);
+    }
+    if (c0) _ddp_shm_win_way_learn(&sp->wins, out_way, _ddp_now_ns() - c0, (n - mine) * es);
+    return out_way;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, void *recvbuf,
                                               size_t count, ddp_dtype_t dtype, ddp_op_t op) {
     _ddp_shm_t *sp = (_ddp_shm_t *)state;
@@ -2080,22 +2171,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
     ddp_result_t r;
     int q;
     _ddp_transport_sig_set(&sig, DDP_CALL_ALL_REDUCE, dtype, op, count, 0);
-    if (bytes <= sp->small_max) {
-        /* One step: everyone reduces everything, in rank order (the same bits everywhere). */
-        unsigned char *mine = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
-        if (bytes) memcpy(mine, src, bytes);
-        _ddp_shm_signal(sp, &sig);
-        if ((r = _ddp_shm_wait_all(sp, &sig, "exchange", 0, 1)) != DDP_SUCCESS) return r;
-        if (bytes) {
-            ddp_reduce_local(dst, _ddp_shm_peer_stage(sp, 0, sp->nchunk),
-                             _ddp_shm_peer_stage(sp, 1, sp->nchunk), count, dtype, op);
-            for (q = 2; q < p; q++)
-                ddp_reduce_local(dst, dst, _ddp_shm_peer_stage(sp, q, sp->nchunk), count, dtype, op);
-            if (op == DDP_AVG) ddp_divide_local(dst, count, dtype, p);
-        }
-        sp->nchunk++;
-        return DDP_SUCCESS;
-    }
+    if (bytes <= sp->small_max) return _ddp_shm_all_reduce_small(sp, src, dst, count, dtype, op, &sig);
     {
         /* Chunks of whole elements; slice q of a chunk = elements [q*n/p, (q+1)*n/p). Our own
          * slice is never copied in: we reduce it straight from sendbuf (read before recvbuf is
@@ -2106,9 +2182,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
          * after the step that follows everyone's reduction of the chunk). */
         const size_t per = sp->chunk / es, nchunks = (count + per - 1) / per;
         const int stream = bytes >= sp->stream_min;
-        /* In place below DDP_SHM_ZC_MIN the input is published as ordinary memory (staged):
-         * its slices would be overwritten right after their owners read them, which measured
-         * slower than staging them (0.72-0.91 of it at 256 KiB..4 MiB). */
+        /* In place below DDP_SHM_ZC_MIN (when set) the input is published as ordinary memory
+         * (staged): its slices would be overwritten right after their owners read them, which
+         * measured slower than staging them (0.72-0.91 of it at 256 KiB..4 MiB). */
         const int reg = sendbuf == recvbuf && bytes < sp->zc_min ? _ddp_shm_win_publish(sp, NULL, 0, NULL, 0)
                                                                  : _ddp_shm_win_publish(sp, sendbuf, bytes, recvbuf, bytes);
         /* In place with our input read by the others, slice q of our output overwrites lines
@@ -2129,7 +2205,8 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
             _ddp_shm_signal(sp, &sig);
             if ((r = _ddp_shm_wait_all(sp, &sig, "copy-in", ci, nchunks)) != DDP_SUCCESS) return r;
             if (ci == 0 && (direct = _ddp_shm_win_resolve(sp, bytes, bytes)) & 2 && bytes >= sp->zc_min)
-                return _ddp_shm_all_reduce_direct(sp, dst, count, dtype, op, &sig);
+                return sp->zc_push ? _ddp_shm_all_reduce_push(sp, dst, count, dtype, op, stream, &sig)
+                                   : _ddp_shm_all_reduce_direct(sp, dst, count, dtype, op, &sig);
             t0 -= _ddp_now_ns() - t1;                /* the wait does not count */
             if (hi > lo) {
                 /* In rank order (our own slice straight from sendbuf), as the small path: every
@@ -2148,18 +2225,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce(void *state, const void *sendbuf, 
             _ddp_shm_signal(sp, &sig);
             if (hi > lo) _ddp_shm_copy_out(dst + (off + lo) * es, mine + lo * es, (hi - lo) * es, stream);
             if ((r = _ddp_shm_wait_all(sp, &sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
-            {
-                const int out_way = stream ? 1 : overwrite_read ? _ddp_shm_win_way(&sp->wins) : 0;
-                const int64_t c0 = overwrite_read && !stream ? _ddp_now_ns() : 0;
-                for (q = 0; q < p; q++) {
-                    size_t ql = n * (size_t)q / (size_t)p, qh = n * (size_t)(q + 1) / (size_t)p;
-                    if (q == me || qh == ql) continue;
-                    _ddp_shm_copy_out(dst + (off + ql) * es, _ddp_shm_peer_stage(sp, q, sp->nchunk) + ql * es,
-                                      (qh - ql) * es, out_way);
-                }
-                if (c0) _ddp_shm_win_way_learn(&sp->wins, out_way, _ddp_now_ns() - c0, (n - (hi - lo)) * es);
-                streamed |= out_way;
-            }
+            streamed |= _ddp_shm_ar_copy_out(sp, dst, off, n, es, stream, overwrite_read);
             sp->nchunk++;
         }
         if (streamed) _ddp_shm_stream_fence();
@@ -2347,7 +2413,9 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_enable(void *state) {
         if (i != sp->rank) sp->ring[n++] = &sp->member[sp->local_of[i]];
     sp->coll_enabled = 1;
     sp->zc_chunk = _ddp_shm_env_size("DDP_SHM_ZC_CHUNK", 4 * sp->chunk, 4096, (size_t)1 << 40) & ~(size_t)63;
-    sp->zc_min = _ddp_shm_env_size("DDP_SHM_ZC_MIN", 8u << 20, 1, (size_t)1 << 62);
+    sp->zc_min = _ddp_shm_env_size("DDP_SHM_ZC_MIN", 0, 1, (size_t)1 << 62);
+    sp->zc_piece = _ddp_shm_env_size("DDP_SHM_ZC_PIECE", 64u << 10, 256, 64u << 20) & ~(size_t)63;
+    sp->zc_push = !getenv("DDP_SHM_ZC_PUSH") || strcmp(getenv("DDP_SHM_ZC_PUSH"), "0") != 0;
     _DDP_TLOG(sp->ctx, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
               "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
               "%zu-byte staging chunks (2 steps per chunk); DDP_SHM_COLL=0 for the ring",
