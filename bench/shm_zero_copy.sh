@@ -92,7 +92,7 @@ for r in $(seq 1 "$rounds"); do
     done
     "$tmp/memcpy_bw" "$lob" "$hib" >"$out/r$r.p$p.memcpy"
   done
-  build/mem_limit -s "$sizes" -t 0.05 -x 1 >"$out/r$r.xcore" 2>"$tmp/err" || { echo "mem_limit failed:"; tail -3 "$tmp/err"; }
+  build/mem_limit -s "$sizes" -t 0.2 -x 1 >"$out/r$r.xcore" 2>"$tmp/err" || { echo "mem_limit failed:"; tail -3 "$tmp/err"; }
 done
 
 python3 - "$out" "$rounds" "$ranks" "$benv" <<'EOF'

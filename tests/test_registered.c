@@ -10,7 +10,8 @@
  *               0, 1, odd, p-1, p, p+1 and a big odd one, with the buffers of every rank in
  *               windows (in place and out of place), mixed across ranks (even ranks in windows,
  *               odd ones in ordinary memory; one rank's input in ordinary memory), and only the
- *               input in a window; with the zero-copy all-reduce pushing in tiny pieces, pulling
+ *               input in a window; with the zero-copy all-reduce pushing in tiny pieces, with
+ *               streaming stores (DDP_SHM_STREAM_MIN=64), pulling
  *               (DDP_SHM_ZC_PUSH=0), below DDP_SHM_ZC_MIN and at the default thresholds. Each result is compared, bit for bit, with the rank-order
  *               fold of ddp_reduce_local over every rank's input (what the staged path gives;
  *               floating inputs are uniform random, so a different order shows in the bits).
@@ -44,7 +45,8 @@ static reg_shared_t *S;
 static void clear_env(void) {
     static const char *const vars[] = {"DDP_TRANSPORT", "DDP_HOST_ID", "DDP_SHM_COLL", "DDP_SHM_CHUNK",
                                        "DDP_SHM_SMALL_MAX", "DDP_SHM_WINDOW", "DDP_SHM_ZC_CHUNK", "DDP_SHM_ZC_MIN",
-                                       "DDP_SHM_ZC_PIECE", "DDP_SHM_ZC_PUSH", "DDP_ALGO"};
+                                       "DDP_SHM_ZC_PIECE", "DDP_SHM_ZC_PUSH", "DDP_SHM_STREAM_MIN",
+                                       "DDP_ALGO"};
     size_t i;
     for (i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
@@ -344,6 +346,14 @@ int main(void) {
                bad ? ": " : "", bad ? t_last_why : "");
         }
         unsetenv("DDP_SHM_ZC_PIECE");
+        /* Streaming stores into the peers' outputs, pieces of DDP_SHM_CHUNK. */
+        setenv("DDP_SHM_STREAM_MIN", "64", 1);
+        for (p = 2; p <= 3; p++) {
+            bad = t_run_ranks(p, matrix, NULL, 600);
+            ok(!bad, "matrix p=%d, streaming stores from 64 bytes: every rank exited cleanly%s%s", p,
+               bad ? ": " : "", bad ? t_last_why : "");
+        }
+        unsetenv("DDP_SHM_STREAM_MIN");
         /* The pulling zero-copy all-reduce (DDP_SHM_ZC_PUSH=0). */
         setenv("DDP_SHM_ZC_PUSH", "0", 1);
         for (p = 2; p <= 5; p += 3) {

@@ -102,7 +102,8 @@
  *                           DDP_SHM_SMALL_MAX); below, registered inputs are read in place
  *                           (out of place) and the output goes through staging.
  *   DDP_SHM_ZC_PIECE        zero-copy all-reduce: bytes reduced, then pushed to every output, at
- *                           a time (default 64K, at most DDP_SHM_CHUNK).
+ *                           a time (default 64K below DDP_SHM_STREAM_MIN, DDP_SHM_CHUNK from
+ *                           it; at most DDP_SHM_CHUNK).
  *   DDP_SHM_ZC_PUSH=0       zero-copy all-reduce by pulling (each rank reduces its slice into
  *                           its own output, one step, every rank copies the others' slices out
  *                           of their outputs; DDP_SHM_ZC_CHUNK bytes per step, default 4 x
@@ -279,7 +280,7 @@ typedef struct _ddp_shm {
     int listen_fd;
     size_t chunk, cell_bytes, small_max, stream_min;
     size_t zc_chunk, zc_min;          /* zero-copy all-reduce chunk, and from which size */
-    size_t zc_piece;                  /* pushing zero-copy all-reduce: bytes reduced, then pushed */
+    size_t zc_piece;                  /* pushing zero-copy all-reduce: bytes reduced, then pushed (0: by size) */
     int zc_push;                      /* zero-copy all-reduce: 1 push (default), 0 pull */
     int copyin_mode;                  /* -1: measure; 0 ordinary, 1 streaming stores */
     unsigned copyin_tries;
@@ -2086,14 +2087,17 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
  * between pieces: two steps per call (the first and _ddp_shm_win_done), whatever the size. In
  * place, from rank 2 on the sum would overwrite our input before adding it: it waits in our
  * staging buffer. Stores into the peers' outputs stream from DDP_SHM_STREAM_MIN (they will be
- * read by their owners, not by us). */
+ * read by their owners, not by us); pieces are 64 KiB below it (the piece stays in L2 for its
+ * p - 1 copies: 1.01-1.11x 512 KiB pieces at 256 KiB-4 MiB), DDP_SHM_CHUNK from it (1.06-1.28x
+ * 64 KiB ones at 8-32 MiB; p = 2 and 4, this 2-vCPU VM). */
 _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_push(_ddp_shm_t *sp, unsigned char *dst, size_t count,
                                                    ddp_dtype_t dtype, ddp_op_t op, int stream,
                                                    const _ddp_transport_sig_t *sig) {
     const size_t es = ddp_dtype_size(dtype);
     const int p = sp->nranks, me = sp->rank;
     const size_t lo = count * (size_t)me / (size_t)p, hi = count * (size_t)(me + 1) / (size_t)p;
-    const size_t piece = (sp->zc_piece < sp->chunk ? sp->zc_piece : sp->chunk) / es;
+    const size_t want = sp->zc_piece ? sp->zc_piece : stream ? sp->chunk : 64u << 10;
+    const size_t piece = (want < sp->chunk ? want : sp->chunk) / es;
     const unsigned char *const *src = sp->wins.src;
     unsigned char *const *out = sp->wins.dst;
     size_t a;
@@ -2414,7 +2418,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_enable(void *state) {
     sp->coll_enabled = 1;
     sp->zc_chunk = _ddp_shm_env_size("DDP_SHM_ZC_CHUNK", 4 * sp->chunk, 4096, (size_t)1 << 40) & ~(size_t)63;
     sp->zc_min = _ddp_shm_env_size("DDP_SHM_ZC_MIN", 0, 1, (size_t)1 << 62);
-    sp->zc_piece = _ddp_shm_env_size("DDP_SHM_ZC_PIECE", 64u << 10, 256, 64u << 20) & ~(size_t)63;
+    sp->zc_piece = _ddp_shm_env_size("DDP_SHM_ZC_PIECE", 0, 256, 64u << 20) & ~(size_t)63;
     sp->zc_push = !getenv("DDP_SHM_ZC_PUSH") || strcmp(getenv("DDP_SHM_ZC_PUSH"), "0") != 0;
     _DDP_TLOG(sp->ctx, DDP_LOG_INFO, "shm: collectives in shared memory: all-reduce up to %zu "
               "bytes: every rank reduces all (1 step); above: reduce-scatter + all-gather through "
