@@ -13,7 +13,8 @@
 # (staged) or both from ddp_comm_mem_alloc (registered). ZC_TOUCH=1: ddp-bench --touch 1 (each
 # rank rewrites its input before every timed call, untimed, as a training step writes its
 # gradients; 0: back-to-back calls, whose buffers stay where the last call left them). ZC_B_ENV="VAR=value ...": a third
-# column, registered with those variables set (e.g. an earlier default against the current one).
+# column, registered with those variables set (e.g. an earlier default against the current one);
+# ZC_B_BIN=<ddp-bench>: column B runs that binary (e.g. one built from an earlier commit).
 # The table gives each cell's median over the rounds: busbw (GB/s, nccl-tests' definition),
 # memcpy and x-core GB/s, and ratios. ZC_JSON_DIR keeps the raw JSON (default: a temporary
 # directory, removed).
@@ -27,6 +28,8 @@ iters=${ZC_ITERS:-10}
 inplace=${ZC_INPLACE:-1}
 touch=${ZC_TOUCH:-0}
 benv=${ZC_B_ENV:-}
+bbin=${ZC_B_BIN:-}
+[ -n "$bbin" ] && [ -z "$benv" ] && benv="ZC_B_BIN=$bbin"
 make -s build/ddp-bench >/dev/null || exit 1
 mkdir -p build
 cc -std=c99 -O2 -I. bench/mem_limit.c -o build/mem_limit -pthread || exit 1
@@ -84,9 +87,10 @@ for r in $(seq 1 "$rounds"); do
     for v in $order; do
       reg=1; envs=""
       [ "$v" = 0 ] && reg=0
-      [ "$v" = 2 ] && envs=$benv
+      bin=build/ddp-bench
+      [ "$v" = 2 ] && envs=$benv && bin=${bbin:-build/ddp-bench}
       # shellcheck disable=SC2086
-      env $envs build/ddp-bench -N "$p" --transport shm -o all_reduce -b "$lo" -e "$hi" -f 2 -n "$iters" -w 3 \
+      env $envs "$bin" -N "$p" --transport shm -o all_reduce -b "$lo" -e "$hi" -f 2 -n "$iters" -w 3 \
         --inplace "$inplace" --touch "$touch" -c 1 --registered "$reg" -J "$out/r$r.p$p.v$v.json" >/dev/null 2>"$tmp/err" ||
         { echo "round $r p=$p variant $v failed:"; tail -3 "$tmp/err"; }
     done
