@@ -56,6 +56,32 @@ typedef struct ddp_store_desc {
 #define DDP_STORE_MAX_KEY 1024
 #define DDP_STORE_MAX_VALUE (16u << 20)
 
+/* One request of ddp_store_batch (documented in ddp_store.h). Zero-initialise it, then set
+ * kind, key and what the kind reads; the call fills result and what the kind answers. */
+typedef enum ddp_store_op_kind {
+    DDP_STORE_OP_SET = 1,     /* key = value (len bytes) */
+    DDP_STORE_OP_GET,         /* waits for key; up to cap bytes into out; out_len = full length */
+    DDP_STORE_OP_ADD,         /* key += delta; num = the new value */
+    DDP_STORE_OP_COMPARE_SET, /* key = value if it equals expected; the value after, as GET */
+    DDP_STORE_OP_WAIT,        /* waits for key */
+    DDP_STORE_OP_CHECK,       /* num = 1 when key exists */
+    DDP_STORE_OP_DELETE       /* num = 1 when key existed */
+} ddp_store_op_kind_t;
+typedef struct ddp_store_op {
+    ddp_store_op_kind_t kind;
+    const char *key;
+    const void *value;        /* SET: the value; COMPARE_SET: the desired value */
+    size_t len;
+    const void *expected;     /* COMPARE_SET (a missing key matches expected_len == 0) */
+    size_t expected_len;
+    int64_t delta;            /* ADD */
+    void *out;                /* GET, COMPARE_SET: the value goes here, up to cap bytes */
+    size_t cap;
+    ddp_result_t result;      /* out: this request's own result */
+    size_t out_len;           /* out: GET, COMPARE_SET: the value's full length */
+    int64_t num;              /* out: ADD's sum; CHECK's and DELETE's 0 or 1 */
+} ddp_store_op_t;
+
 #ifdef __cplusplus
 }
 #endif
@@ -71,7 +97,7 @@ typedef struct ddp_store_desc {
 #error "libddp: ddp_store_core.h's implementation needs ddp_base.h's, ddp_socket.h's and ddp_auth.h's (define DDP_IMPLEMENTATION)"
 #endif
 
-/* ---------------------------------------------------------------- wire protocol, version 3
+/* ---------------------------------------------------------------- wire protocol, version 4
  * Native byte order; the magic rejects strangers and peers of the other byte order.
  *   challenge (server -> client, first thing on every connection)
  *            {u32 magic, u32 proto, u32 flags (1: a job secret is required), u32 pad} nonce_s[32]
@@ -82,9 +108,13 @@ typedef struct ddp_store_desc {
  * its proof; the answer's value is the server's proof (ddp_auth.h, label "store", keyed with
  * the stretched secret: a client stretches it once per salt, the server once at start). A wrong
  * proof or version gets one error answer, then the server closes the connection. GET and WAIT
- * are answered when their keys exist, so a client blocks in recv with its own timeout. */
+ * are answered when their keys exist, so a client blocks in recv with its own timeout.
+ * Version 4 (was 3): a client may pipeline, sending several requests before reading their
+ * answers (ddp_store_batch); the server runs them in order, one connection's requests behind
+ * its parked GET/WAIT (version 3 servers dropped a client that spoke while parked, so the two
+ * versions refuse each other at the hello, each naming both versions). */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
-#define _DDP_STORE_PROTO 3u
+#define _DDP_STORE_PROTO 4u
 #define _DDP_STORE_LABEL "store"
 #define _DDP_STORE_HELLO_MAX 128            /* body bytes a peer may send before authenticating */
 #define _DDP_STORE_HANDSHAKE_MAX_MS 10000
@@ -130,6 +160,8 @@ typedef struct _ddp_store_client {
     ddp_result_t (*wait)(ddp_store_t *s, const char *const *keys, int nkeys, int timeout_ms, int any);
     ddp_result_t (*check)(ddp_store_t *s, const char *key, int *exists);
     ddp_result_t (*del)(ddp_store_t *s, const char *key, int *deleted);
+    /* ops checked by the caller (ddp_store.h); NULL: ddp_store_batch runs them one by one */
+    ddp_result_t (*batch)(ddp_store_t *s, ddp_store_op_t *ops, int nops);
 } _ddp_store_client_t;
 #define _DDP_STORE_WAIT_KEYS 8192           /* the keys of one wait, NUL-separated */
 
@@ -142,6 +174,7 @@ typedef struct _ddp_waiter _ddp_waiter_t;
 typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
 
 #define _DDP_KV_BUCKETS 1024
+#define _DDP_STORE_CLIENT_RX 4096                  /* a client's read-ahead of answers */
 #define _DDP_STORE_LISTENERS 8              /* the server's listen queues (ddp_store_server.h) */
 struct ddp_store {
     /* client side */
@@ -163,6 +196,10 @@ struct ddp_store {
     size_t keylen;            /* 0: no key yet (or no job secret) */
     unsigned char salt[_DDP_AUTH_SALT_BYTES];   /* the server's (in every challenge) */
     char last_error[512];
+    /* libddp's client reads answers through this buffer: the answers to a batch arrive
+     * together and one recv takes them all (rx_off..rx_len not yet used; empty on connect) */
+    unsigned char rx[_DDP_STORE_CLIENT_RX];
+    size_t rx_off, rx_len;
     /* Who serves the store, for messages ("rank 0", "the launcher (ddprun)"; "": not known, then
      * messages say "rank 0's store" as they always did). When a rank serves it and a connection
      * was made once, a refused reconnect means the server is gone for good: it fails at once
@@ -212,6 +249,8 @@ struct ddp_store {
     _ddp_store_conn_t *woken_head, *woken_tail;   /* parked requests a write may have answered */
     int nunfiled;             /* parked but not filed (no memory): re-checked after every write */
     uint64_t nrerun;          /* parked requests run again after writes (tests read it) */
+    unsigned char *srv_rx;    /* the server's read buffer, shared by every authenticated
+                               * connection (ddp_store_server.h: reading ahead) */
 };
 
 _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {
@@ -241,6 +280,7 @@ _DDP_PRIVATE void _ddp_store_hangup(ddp_store_t *s) {
     if (getpid() == s->owner_pid) shutdown(s->fd, SHUT_RDWR);
     close(s->fd);
     s->fd = -1;
+    s->rx_off = s->rx_len = 0;   /* answers of that connection */
 }
 
 /* ---------------------------------------------------------------- the client's deadlines

@@ -28,6 +28,14 @@
 
 #define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
 #define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads per event */
+/* Reading ahead (see "reading requests"): an authenticated connection's recv takes up to RX
+ * bytes into the server's one read buffer, so a pipelined batch costs one recv; what cannot run
+ * yet (behind a parked GET/WAIT, or while OUT_MAX bytes of answers wait for the client to read
+ * them) is kept in the connection's `ahead`, and nothing more is read from it until that is
+ * used up: a client that pipelines without reading holds at most RX bytes ahead and OUT_MAX
+ * bytes (plus one answer) of output on the server. */
+#define _DDP_STORE_SERVER_RX (64u << 10)
+#define _DDP_STORE_OUT_MAX (256u << 10)
 /* Accepts per wake-up. A listen queue that fills drops SYNs (and final ACKs: then a connection
  * the client sees made never reaches the server), and every drop costs a client a
  * retransmission timeout (1 s, 3 s, 7 s...): taken 64 at a time between rounds of requests,
@@ -88,6 +96,8 @@ struct _ddp_store_conn {
     size_t in_cap;
     unsigned char *out;       /* answers not yet sent */
     size_t out_len, out_off, out_cap;
+    unsigned char *ahead;     /* read ahead, not yet run (READY only; at most _DDP_STORE_SERVER_RX) */
+    size_t ahead_len, ahead_off;
     char addr[64];
     _ddp_src_t src;           /* for the throttle */
     int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
@@ -421,11 +431,22 @@ _DDP_PRIVATE void _ddp_store_close_fd(ddp_store_t *s, int fd) {
     close(fd);
 }
 
-/* epoll interest: input unless closing, output while something is queued. */
+/* Whether a connection's next request may run now: authenticated, nothing parked, and its
+ * client reading its answers (at most _DDP_STORE_OUT_MAX bytes of them unsent). */
+_DDP_PRIVATE int _ddp_conn_can_take(const _ddp_store_conn_t *c) {
+    return c->state == _DDP_CONN_READY && !c->waiting && !c->held && c->out_len - c->out_off <= _DDP_STORE_OUT_MAX;
+}
+
+/* epoll interest: input while requests may run and nothing read ahead waits (a parked request:
+ * only the client's hangup, EPOLLRDHUP, as its pipelined requests stay in the socket), output
+ * while something is queued. */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
-    uint32_t want = c->state == _DDP_CONN_CLOSING || c->held ? 0u : (uint32_t)EPOLLIN;
+    uint32_t want = 0;
     if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
+    if (c->state == _DDP_CONN_CLOSING || c->held) want = 0;
+    else if (c->waiting) want = (uint32_t)EPOLLRDHUP;
+    else if (c->state == _DDP_CONN_HELLO || (_ddp_conn_can_take(c) && c->ahead_off == c->ahead_len)) want = (uint32_t)EPOLLIN;
     if (c->out_len > c->out_off && !c->held) want |= (uint32_t)EPOLLOUT;
     if (want == c->events) return;
     memset(&ev, 0, sizeof ev);
@@ -604,6 +625,7 @@ _DDP_PRIVATE void _ddp_store_reap(ddp_store_t *s) {
         s->dead = c->next;
         DDP_FREE(c->in);
         DDP_FREE(c->out);
+        DDP_FREE(c->ahead);
         DDP_FREE(c->wk);
         DDP_FREE(c);
     }
@@ -904,13 +926,74 @@ _DDP_PRIVATE int _ddp_store_feed(ddp_store_t *s, _ddp_store_conn_t *c, const voi
     return 0;
 }
 
+/* An authenticated connection's bytes p[0..n) as far as its requests may run now (see
+ * _ddp_conn_can_take): how many it took, or -1 (drop the connection). */
+_DDP_PRIVATE ssize_t _ddp_conn_take(ddp_store_t *s, _ddp_store_conn_t *c, const unsigned char *p, size_t n) {
+    size_t used = 0;
+    while (used < n && _ddp_conn_can_take(c)) {
+        unsigned char *dst;
+        size_t room;
+        if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
+        if (room > n - used) room = n - used;
+        memcpy(dst, p + used, room);
+        used += room;
+        if (_ddp_conn_rx_done(s, c, room) != 0) return -1;
+    }
+    return (ssize_t)used;
+}
+
+/* Runs what was read ahead, as far as it may run now; the rest stays. 0, or -1 (drop). */
+_DDP_PRIVATE int _ddp_conn_run_ahead(ddp_store_t *s, _ddp_store_conn_t *c) {
+    ssize_t used = _ddp_conn_take(s, c, c->ahead + c->ahead_off, c->ahead_len - c->ahead_off);
+    if (used < 0) return -1;
+    c->ahead_off += (size_t)used;
+    if (c->ahead_off == c->ahead_len) {
+        DDP_FREE(c->ahead);
+        c->ahead = NULL;
+        c->ahead_off = c->ahead_len = 0;
+    }
+    return 0;
+}
+
+/* One recv of up to _DDP_STORE_SERVER_RX bytes into the server's read buffer, for an
+ * authenticated connection whose requests may run: they run there, and what cannot run yet is
+ * kept in its `ahead` (then nothing more is read from it until that has run). A read that
+ * fills the buffer is followed by another (a few at most: the others' turn). 0, or -1 (drop). */
+_DDP_PRIVATE int _ddp_conn_read_ahead(ddp_store_t *s, _ddp_store_conn_t *c) {
+    int round;
+    for (round = 0; round < 4 && _ddp_conn_can_take(c) && c->ahead_off == c->ahead_len; round++) {
+        ssize_t used, n = recv(c->fd, s->srv_rx, _DDP_STORE_SERVER_RX, MSG_DONTWAIT);
+        if (n == 0) return -1;
+        if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        if ((used = _ddp_conn_take(s, c, s->srv_rx, (size_t)n)) < 0) return -1;
+        if (used < n) {
+            c->ahead = (unsigned char *)DDP_MALLOC((size_t)(n - used));
+            if (!c->ahead) {
+                _ddp_store_log(s, DDP_LOG_WARN, "store: no memory to keep %zd pipelined bytes from %s; "
+                               "connection dropped", n - used, c->addr);
+                return -1;
+            }
+            memcpy(c->ahead, s->srv_rx + used, (size_t)(n - used));
+            c->ahead_off = 0;
+            c->ahead_len = (size_t)(n - used);
+            return 0;
+        }
+        if ((size_t)n < _DDP_STORE_SERVER_RX) return 0;   /* the socket is empty for now */
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the server loop */
 /* After input or output: send what is queued, close a connection whose last answer is out,
  * keep epoll's interest right. */
 _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (c->state == _DDP_CONN_DEAD) return;
     if (c->held) { _ddp_conn_watch(s, c); return; }   /* its answer waits for the throttle */
-    if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+    for (;;) {                                          /* answers out, then what was read ahead */
+        if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+        if (c->ahead_off == c->ahead_len || !_ddp_conn_can_take(c)) break;
+        if (_ddp_conn_run_ahead(s, c) != 0) { _ddp_store_drop(s, c); return; }
+    }
     if (c->state == _DDP_CONN_CLOSING && c->out_len == c->out_off && c->fd >= 0) {
         _ddp_store_drop(s, c);
         return;
@@ -919,7 +1002,8 @@ _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
 }
 
 /* Reads what the socket has (a bounded amount per call, so one big request does not starve the
- * others). -1 = drop the connection. */
+ * others): before authentication exactly the hello (nothing of the peer's is kept past it),
+ * then through the read buffer (_ddp_conn_read_ahead). -1 = drop the connection. */
 _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
     int round;
     for (round = 0; round < _DDP_STORE_BATCH; round++) {
@@ -927,11 +1011,12 @@ _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
         size_t room;
         ssize_t n;
         if (c->waiting) {
-            /* A parked client speaks only after its answer: readable now means it hung up (its
-             * own timeout ran out) or broke the protocol. Either way, drop it. */
+            /* A parked client's socket is watched only for its hangup (its own timeout ran
+             * out): drop it. */
             _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
             return -1;
         }
+        if (c->state == _DDP_CONN_READY && s->srv_rx) return _ddp_conn_read_ahead(s, c);
         if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
         n = recv(c->fd, dst, room, MSG_DONTWAIT);
         if (n == 0) return -1;
@@ -945,8 +1030,9 @@ _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
 _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t ev) {
     if (c->state == _DDP_CONN_DEAD) return;
     if ((ev & EPOLLOUT) && !c->held && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
-    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        if (c->state == _DDP_CONN_CLOSING) {
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
+        if (c->state == _DDP_CONN_CLOSING || (c->state == _DDP_CONN_READY && !c->waiting && !(ev & EPOLLIN))) {
+            /* nothing to read now (input not watched): only a peer that is gone matters */
             if (ev & (EPOLLHUP | EPOLLERR)) { _ddp_store_drop(s, c); return; }
         } else if (_ddp_conn_readable(s, c) != 0) {
             _ddp_store_drop(s, c);
@@ -1445,6 +1531,8 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
         _ddp_store_key_for(s, salt);
     }
     if ((r = _ddp_store_guard(s)) != DDP_SUCCESS) return r;
+    if (!(s->srv_rx = (unsigned char *)DDP_MALLOC(_DDP_STORE_SERVER_RX)))
+        return _ddp_store_err(s, DDP_ERR_OUT_OF_MEMORY, "store server: read buffer");
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0 || _ddp_pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -1505,6 +1593,8 @@ _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
     if (s->spare_fd >= 0) close(s->spare_fd);   /* never watched */
     if (s->diag_fd >= 0) close(s->diag_fd);     /* never watched */
     DDP_FREE(s->throttle);
+    DDP_FREE(s->srv_rx);
+    s->srv_rx = NULL;
     if (s->wake[1] >= 0) close(s->wake[1]);     /* the write end: never watched */
     {
         size_t nb, b;

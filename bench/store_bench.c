@@ -72,12 +72,13 @@ static void *client_main(void *arg) {
     const job_t *j = cl->j;
     ddp_store_t *s = NULL;
     ddp_store_desc_t d;
-    char key[64], val[64], host[160];
+    char key[64], hkey[64], val[64], got[64], host[160];
+    ddp_store_op_t ops[3];
     const char *ready = "bench/ready";
     char src[32];
     unsigned char *stage = &j->sh->stage[cl->rank];
     size_t len;
-    int64_t joined = 0, n;
+    int64_t joined = 0;
     double t0 = now_s();
     memset(&d, 0, sizeof d);
     d.timeout_ms = j->timeout_ms;
@@ -87,14 +88,19 @@ static void *client_main(void *arg) {
     *stage = ST_CONNECT;         /* the first request connects */
     if (ddp_store_open(&s, "127.0.0.1", j->port, 0, &d) != DDP_SUCCESS) goto out;
     _ddp_store_bound(s, _ddp_now_us() + (int64_t)j->timeout_ms * 1000 - (int64_t)((now_s() - t0) * 1e6));
+    /* What init's registration sends in one batch (ddp_rendezvous.h: agree on the world size,
+     * count this rank once, publish its host), then checks */
     snprintf(val, sizeof val, "%d", j->n);
-    if (ddp_store_compare_set(s, "bench/world_size", NULL, 0, val, strlen(val), key, sizeof key, &len) != DDP_SUCCESS) goto out;
-    *stage = ST_PUBLISH;
     snprintf(key, sizeof key, "bench/rank/%d", cl->rank);
-    if (ddp_store_add(s, key, 1, &n) != DDP_SUCCESS) goto out;
-    snprintf(key, sizeof key, "bench/host/%d", cl->rank);
+    snprintf(hkey, sizeof hkey, "bench/host/%d", cl->rank);
     memset(host, 'h', sizeof host);
-    if (ddp_store_set(s, key, host, sizeof host) != DDP_SUCCESS) goto out;
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_COMPARE_SET; ops[0].key = "bench/world_size";
+    ops[0].value = val; ops[0].len = strlen(val); ops[0].out = got; ops[0].cap = sizeof got;
+    ops[1].kind = DDP_STORE_OP_ADD; ops[1].key = key; ops[1].delta = 1;
+    ops[2].kind = DDP_STORE_OP_SET; ops[2].key = hkey; ops[2].value = host; ops[2].len = sizeof host;
+    if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS) goto out;
+    *stage = ST_PUBLISH;
     snprintf(key, sizeof key, "bench/addr/tcp/%d", cl->rank);
     if (ddp_store_set(s, key, host, 28) != DDP_SUCCESS) goto out;
     *stage = ST_JOIN;
