@@ -78,17 +78,16 @@ _DDP_PRIVATE void _ddp_host_id(char *out, size_t cap) {
 }
 
 
-/* A setting every rank must share: the first to publish it under key decides; another value
- * is DDP_ERR_MISMATCH, told with fmt (this rank's %d, then the first rank's %s). */
-_DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name, int mine, const char *fmt) {
-    char key[256], val[64], want[32];
-    size_t len = 0;
+/* A setting every rank must share: the first to publish it under its key decides (a
+ * COMPARE_SET of the registration batch, _ddp_rendezvous_register); val is what the key holds
+ * after it (len bytes). Another value than this rank's is DDP_ERR_MISMATCH, told with fmt
+ * (this rank's %d, then the first rank's %s). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_agreed(ddp_comm_t *c, char *val, size_t cap, size_t len, int mine,
+                                                 const char *fmt) {
+    char want[32];
     ddp_result_t r;
-    _ddp_key(c, key, sizeof key, "%s", name);
     snprintf(want, sizeof want, "%d", mine);
-    r = ddp_store_compare_set(c->boot.store, key, NULL, 0, want, strlen(want), val, sizeof val - 1, &len);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    val[len < cap ? len : cap - 1] = 0;
     if (strcmp(val, want) == 0) return DDP_SUCCESS;
     {
         char msg[512];
@@ -226,59 +225,74 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_job(ddp_comm_t *c) {
         }
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    /* World size, and DDP_ASYNC_LANES (each rank opens that many connection sets at init):
-     * the first rank decides; anyone who disagrees fails loudly. */
-    if ((r = _ddp_rendezvous_agree(c, "world_size", c->eng.nranks, "world size disagreement: this rank "
-                                   "was started with world size %d, the job's first rank with %s")) != DDP_SUCCESS ||
-        (r = _ddp_rendezvous_agree(c, "async_lanes", c->queue.want_lanes, "DDP_ASYNC_LANES is %d on this "
-                                   "rank, %s on the job's first rank: set it the same everywhere")) != DDP_SUCCESS)
-        return r;
     return DDP_SUCCESS;
 }
 
-/* Phase 2: this rank counts once, sets its join-mask bit, publishes its host; rank 0 draws the
- * communicator's identity (id and connection token). */
+/* Phase 2, one batch of store requests (one round trip, ddp_store_batch), checked after it:
+ * the world size and DDP_ASYNC_LANES (each rank opens that many connection sets at init), where
+ * the first rank decides and anyone who disagrees fails loudly; this rank counts once, sets its
+ * join-mask bit and publishes its host; rank 0 publishes the communicator's identity (id and
+ * connection token), drawn here. A rank that disagrees, or a second process with the same
+ * RANK, has written its entries too by the time it finds out: it fails and publishes the
+ * failure, which ends every rank's init. */
+enum { _DDP_RV_WORLD, _DDP_RV_LANES, _DDP_RV_RANK, _DDP_RV_MASK, _DDP_RV_HOST, _DDP_RV_ID, _DDP_RV_OPS };
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *host) {
-    char key[256];
-    int64_t n;
+    char keys[_DDP_RV_OPS][256], vals[2][32], got[2][64];
+    unsigned char entry[_DDP_HOST_ENTRY], ident[8 + _DDP_AUTH_KEY_BYTES];
+    ddp_store_op_t ops[_DDP_RV_OPS];
+    const int nops = c->eng.rank == 0 ? _DDP_RV_OPS : _DDP_RV_ID;
+    int i;
     ddp_result_t r;
-    _ddp_key(c, key, sizeof key, "rank/%d", c->eng.rank);
-    r = ddp_store_add(c->boot.store, key, 1, &n);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    if (n > 1) {
-        r = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "init: rank %d joined twice (two processes "
-                          "were given RANK=%d)", c->eng.rank, c->eng.rank);
-        _ddp_publish_failure(c);
-        return r;
+    memset(ops, 0, sizeof ops);
+    _ddp_key(c, keys[_DDP_RV_WORLD], sizeof keys[0], "world_size");
+    _ddp_key(c, keys[_DDP_RV_LANES], sizeof keys[0], "async_lanes");
+    snprintf(vals[0], sizeof vals[0], "%d", c->eng.nranks);
+    snprintf(vals[1], sizeof vals[1], "%d", c->queue.want_lanes);
+    for (i = 0; i < 2; i++) {
+        ops[i].kind = DDP_STORE_OP_COMPARE_SET;
+        ops[i].value = vals[i]; ops[i].len = strlen(vals[i]);
+        ops[i].out = got[i]; ops[i].cap = sizeof got[i] - 1;
     }
+    _ddp_key(c, keys[_DDP_RV_RANK], sizeof keys[0], "rank/%d", c->eng.rank);
+    ops[_DDP_RV_RANK].kind = DDP_STORE_OP_ADD; ops[_DDP_RV_RANK].delta = 1;
     /* This rank's bit in its group's join mask (a sum of distinct powers of two is their OR):
      * a timed-out rendezvous names the missing ranks from a few reads, not one per rank. */
-    _ddp_key(c, key, sizeof key, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
-    r = ddp_store_add(c->boot.store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    {   /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
-        unsigned char entry[_DDP_HOST_ENTRY];
-        memset(entry, 0, sizeof entry);
-        memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
-        _ddp_cpu_mask(entry + _DDP_HOST_ID_LEN);
-        _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
-        if ((r = ddp_store_set(c->boot.store, key, entry, sizeof entry)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    }
+    _ddp_key(c, keys[_DDP_RV_MASK], sizeof keys[0], "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
+    ops[_DDP_RV_MASK].kind = DDP_STORE_OP_ADD;
+    ops[_DDP_RV_MASK].delta = (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS);
+    /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
+    memset(entry, 0, sizeof entry);
+    memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
+    _ddp_cpu_mask(entry + _DDP_HOST_ID_LEN);
+    _ddp_key(c, keys[_DDP_RV_HOST], sizeof keys[0], "host/%d", c->eng.rank);
+    ops[_DDP_RV_HOST].kind = DDP_STORE_OP_SET; ops[_DDP_RV_HOST].value = entry; ops[_DDP_RV_HOST].len = sizeof entry;
     if (c->eng.rank == 0) {
-        unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
         c->tctx.comm_id = _ddp_random64();
         if (_ddp_auth_random(c->boot.token, sizeof c->boot.token) != 0)
             return ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: no random bytes for the connection token");
         memcpy(ident, &c->tctx.comm_id, 8);
         memcpy(ident + 8, c->boot.token, sizeof c->boot.token);
-        _ddp_key(c, key, sizeof key, "comm_id");
-        r = ddp_store_set(c->boot.store, key, ident, sizeof ident);
-        _ddp_auth_wipe(ident, sizeof ident);
-        if (r != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-        _ddp_derive_data_key(c);
+        _ddp_key(c, keys[_DDP_RV_ID], sizeof keys[0], "comm_id");
+        ops[_DDP_RV_ID].kind = DDP_STORE_OP_SET; ops[_DDP_RV_ID].value = ident; ops[_DDP_RV_ID].len = sizeof ident;
     }
+    for (i = 0; i < nops; i++) ops[i].key = keys[i];
+    r = ddp_store_batch(c->boot.store, ops, nops);
+    if (c->eng.rank == 0) _ddp_auth_wipe(ident, sizeof ident);
+    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    if ((r = _ddp_rendezvous_agreed(c, got[0], sizeof got[0], ops[0].out_len, c->eng.nranks, "world size "
+                                    "disagreement: this rank was started with world size %d, the job's "
+                                    "first rank with %s")) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_agreed(c, got[1], sizeof got[1], ops[1].out_len, c->queue.want_lanes,
+                                    "DDP_ASYNC_LANES is %d on this rank, %s on the job's first rank: set "
+                                    "it the same everywhere")) != DDP_SUCCESS)
+        return r;
+    if (ops[_DDP_RV_RANK].num > 1) {
+        r = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "init: rank %d joined twice (two processes "
+                          "were given RANK=%d)", c->eng.rank, c->eng.rank);
+        _ddp_publish_failure(c);
+        return r;
+    }
+    if (c->eng.rank == 0) _ddp_derive_data_key(c);
     return DDP_SUCCESS;
 }
 
