@@ -300,6 +300,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *forced) {
     char why_none[512] = "";
     int i;
+    c->boot.hold_pub = 1;   /* their addresses go with the join (_ddp_rendezvous_wait) */
     for (i = 0; i < _ddp_ntransports && c->peers.ntinst < _DDP_MAX_TRANSPORTS; i++) {
         const ddp_transport_t *t = _ddp_transports[i];
         void *state = NULL;
@@ -310,7 +311,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
         r = t->init(&c->tctx, &state);
         c->init_probe = 0;
         if (r != DDP_SUCCESS) {
-            if (forced) return r;
+            if (forced) { c->boot.hold_pub = c->boot.nheld = 0; return r; }
             /* One line, with the reason; the communicator goes on without it. */
             _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable, using the others (%s): %s",
                      t->name, "DDP_TRANSPORT=auto", c->last_error);
@@ -322,9 +323,11 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
         c->peers.tinst[c->peers.ntinst].state = state;
         c->peers.ntinst++;
     }
-    if (c->peers.ntinst == 0 && c->eng.nranks > 1)
+    if (c->peers.ntinst == 0 && c->eng.nranks > 1) {
+        c->boot.hold_pub = c->boot.nheld = 0;
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport (%s)",
                              why_none[0] ? why_none : "none compiled in: include transports/ddp_tcp.h");
+    }
     return DDP_SUCCESS;
 }
 
@@ -358,11 +361,17 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
     _ddp_key(c, k_ready, sizeof k_ready, "ready");
     _ddp_key(c, k_abort, sizeof k_abort, "abort");
     keys[0] = k_ready; keys[1] = k_abort;
-    {
+    {   /* one batch: the addresses the transports published (held until now), then the count */
         char key[256];
+        ddp_store_op_t ops[9];
+        const int n = _ddp_comm_held_ops(c, ops, 8);
         _ddp_key(c, key, sizeof key, "joined");
-        if ((r = ddp_store_add(c->boot.store, key, 1, &joined)) != DDP_SUCCESS)
+        memset(&ops[n], 0, sizeof ops[n]);
+        ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = key; ops[n].delta = 1;
+        c->boot.hold_pub = c->boot.nheld = 0;
+        if ((r = ddp_store_batch(c->boot.store, ops, n + 1)) != DDP_SUCCESS)
             return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+        joined = ops[n].num;
     }
     _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
              c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)joined);
