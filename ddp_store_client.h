@@ -155,6 +155,30 @@ _DDP_PRIVATE int _ddp_store_recv_challenge(ddp_store_t *s, int fd, void *buf, si
     return 0;
 }
 
+/* Receives exactly len bytes that the server has yet to send (the answer to our hello): polls
+ * first, as reading first would find nothing. 0 or -errno (-ECONNRESET on EOF). */
+_DDP_PRIVATE int _ddp_store_recv_answer(int fd, void *buf, size_t len, int64_t deadline) {
+    char *p = (char *)buf;
+    while (len) {
+        struct pollfd pfd;
+        ssize_t n;
+        int ms = _ddp_ms_left(deadline);
+        if (ms == 0) return -ETIMEDOUT;
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+        if (!pfd.revents) continue;
+        n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n == 0) return -ECONNRESET;
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 /* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
  * master out of descriptors, or flooded, drops some), or brought no challenge in time (see
  * above): then the caller connects again. */
@@ -196,7 +220,7 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
         if (hs != _DDP_HS_OK) return _ddp_store_hs_error(s, hs);
         rc = _ddp_send_all(fd, msg, msglen, deadline);
     }
-    if (rc == 0) rc = _ddp_recv_all(fd, &resp, sizeof resp, deadline);
+    if (rc == 0) rc = _ddp_store_recv_answer(fd, &resp, sizeof resp, deadline);
     if (rc == 0 && resp.magic == _DDP_STORE_MAGIC && resp.vlen <= sizeof val) {
         vlen = resp.vlen;
         if (vlen) rc = _ddp_recv_all(fd, val, vlen, deadline);

@@ -385,10 +385,9 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
         return _DDP_STORE_UNRESOLVABLE;
     }
     for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol), one = 1;
         if (fd < 0) { last_err = errno; continue; }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        _ddp_set_nonblock(fd, 1);
         if ((rc = _ddp_store_bind_local(s, fd, ai->ai_family)) != 0) {
             last_err = -rc;
             bind_failed = 1;

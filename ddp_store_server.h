@@ -437,15 +437,16 @@ _DDP_PRIVATE int _ddp_conn_can_take(const _ddp_store_conn_t *c) {
     return c->state == _DDP_CONN_READY && !c->waiting && !c->held && c->out_len - c->out_off <= _DDP_STORE_OUT_MAX;
 }
 
-/* epoll interest: input while requests may run and nothing read ahead waits (a parked request:
- * only the client's hangup, EPOLLRDHUP, as its pipelined requests stay in the socket), output
- * while something is queued. */
+/* epoll interest: input while requests may run and nothing read ahead waits (a parked request
+ * keeps it, so that its client's hangup or pipelined requests are noticed without a change of
+ * interest in the common case, where the client sends nothing while it waits; once requests
+ * behind it were read ahead, only the hangup: EPOLLRDHUP), output while something is queued. */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
     uint32_t want = 0;
     if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
     if (c->state == _DDP_CONN_CLOSING || c->held) want = 0;
-    else if (c->waiting) want = (uint32_t)EPOLLRDHUP;
+    else if (c->waiting) want = c->ahead_off == c->ahead_len ? (uint32_t)EPOLLIN : (uint32_t)EPOLLRDHUP;
     else if (c->state == _DDP_CONN_HELLO || (_ddp_conn_can_take(c) && c->ahead_off == c->ahead_len)) want = (uint32_t)EPOLLIN;
     if (c->out_len > c->out_off && !c->held) want |= (uint32_t)EPOLLOUT;
     if (want == c->events) return;
@@ -1001,6 +1002,27 @@ _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
     _ddp_conn_watch(s, c);
 }
 
+/* A parked client's socket is readable: requests it pipelined behind the parked one are read
+ * ahead (they run once it is answered); its end (its own timeout ran out), or input while
+ * requests are already read ahead (only its hangup is watched then), drops it. */
+_DDP_PRIVATE int _ddp_conn_read_parked(ddp_store_t *s, _ddp_store_conn_t *c) {
+    ssize_t n = -1;
+    if (c->ahead_off == c->ahead_len && s->srv_rx) {
+        n = recv(c->fd, s->srv_rx, _DDP_STORE_SERVER_RX, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    }
+    if (n <= 0) {
+        _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
+        return -1;
+    }
+    DDP_FREE(c->ahead);
+    if (!(c->ahead = (unsigned char *)DDP_MALLOC((size_t)n))) return -1;
+    memcpy(c->ahead, s->srv_rx, (size_t)n);
+    c->ahead_off = 0;
+    c->ahead_len = (size_t)n;
+    return 0;
+}
+
 /* Reads what the socket has (a bounded amount per call, so one big request does not starve the
  * others): before authentication exactly the hello (nothing of the peer's is kept past it),
  * then through the read buffer (_ddp_conn_read_ahead). -1 = drop the connection. */
@@ -1010,19 +1032,16 @@ _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
         unsigned char *dst;
         size_t room;
         ssize_t n;
-        if (c->waiting) {
-            /* A parked client's socket is watched only for its hangup (its own timeout ran
-             * out): drop it. */
-            _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
-            return -1;
-        }
+        if (c->waiting) return _ddp_conn_read_parked(s, c);
         if (c->state == _DDP_CONN_READY && s->srv_rx) return _ddp_conn_read_ahead(s, c);
         if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
         n = recv(c->fd, dst, room, MSG_DONTWAIT);
         if (n == 0) return -1;
         if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         if (_ddp_conn_rx_done(s, c, (size_t)n) != 0) return -1;
-        if (c->waiting || c->held || c->state == _DDP_CONN_CLOSING) return 0;
+        /* After the hello, the client speaks only once it has the answer: nothing to read now
+         * (were there, epoll says so again) */
+        if (c->waiting || c->held || c->state != _DDP_CONN_HELLO) return 0;
     }
     return 0;
 }
@@ -1172,7 +1191,7 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s, int lfd) {
         socklen_t sl = sizeof ss;
         char addr[64];
         _ddp_store_conn_t *c;
-        int one = 1, fd = _ddp_accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = _ddp_accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
@@ -1185,7 +1204,6 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s, int lfd) {
             _ddp_store_pause_accept(s, 100);
             return;
         }
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         _ddp_sockaddr_str((struct sockaddr *)&ss, addr, sizeof addr);
         if (!s->keylen && _ddp_store_foreign_user(s, fd, (struct sockaddr *)&ss, addr)) {
             close(fd);
@@ -1343,6 +1361,7 @@ _DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v
     int one = 1, fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), e;
     if (fd < 0) return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   /* Linux: accepted ones inherit it */
 #ifdef SO_REUSEPORT
     if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
         e = errno;
