@@ -351,39 +351,75 @@ _DDP_PRIVATE void _ddp_rendezvous_note(ddp_comm_t *c, int64_t waited_ms) {
                  _ddp_ranks_word(nmissing), missing);
 }
 
-/* Phase 4: count in, then wait until every rank has (or one aborted the rendezvous). */
+/* Phase 4a: one batch: the addresses the transports published (held until now), then the count.
+ * The last rank to count in says the rendezvous is ready. */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_join(ddp_comm_t *c, const char *k_ready) {
+    char key[256];
+    ddp_store_op_t ops[9];
+    const int n = _ddp_comm_held_ops(c, ops, 8);
+    ddp_result_t r;
+    _ddp_key(c, key, sizeof key, "joined");
+    memset(&ops[n], 0, sizeof ops[n]);
+    ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = key; ops[n].delta = 1;
+    c->boot.hold_pub = c->boot.nheld = 0;
+    if ((r = ddp_store_batch(c->boot.store, ops, n + 1)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
+             c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)ops[n].num);
+    if (ops[n].num == c->eng.nranks && (r = ddp_store_set(c->boot.store, k_ready, "1", 1)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    return DDP_SUCCESS;
+}
+
+/* Phase 5 (ranks but 0): the communicator's identity that rank 0 drew (len bytes of ident,
+ * read with the ready wait; found 0: not there then, so it is read now). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c, unsigned char *ident, size_t len, int found) {
+    const size_t want = 8 + _DDP_AUTH_KEY_BYTES;
+    char key[256];
+    ddp_result_t r;
+    if (!found) {
+        _ddp_key(c, key, sizeof key, "comm_id");
+        if ((r = ddp_store_get(c->boot.store, key, ident, want, &len)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    }
+    if (len != want)
+        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
+                             "has %zu bytes, expected %zu (mixed libddp versions?)", len, want);
+    memcpy(&c->tctx.comm_id, ident, 8);
+    memcpy(c->boot.token, ident + 8, sizeof c->boot.token);
+    _ddp_auth_wipe(ident, want);
+    _ddp_derive_data_key(c);
+    return DDP_SUCCESS;
+}
+
+/* Phase 4b: wait until every rank has counted in (or one aborted the rendezvous), in slices
+ * that say who is missing. Each slice is one batch: the wait, whether it was an abort, and (ranks
+ * but 0) the communicator's identity, there once the rendezvous is ready (rank 0 publishes it
+ * before it counts in): the answers of all three in one round trip. */
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
-    char k_ready[256], k_abort[256];
+    char k_ready[256], k_abort[256], k_id[256];
     const char *keys[2];
-    int64_t joined = 0, t0 = _ddp_now_us(), waited_ms = 0;
-    int keep = c->eng.timeout_ms / 10, ex = 0;
+    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
+    ddp_store_op_t ops[3];
+    int64_t t0 = _ddp_now_us(), waited_ms = 0;
+    int keep = c->eng.timeout_ms / 10;
     ddp_result_t r;
     _ddp_key(c, k_ready, sizeof k_ready, "ready");
     _ddp_key(c, k_abort, sizeof k_abort, "abort");
+    _ddp_key(c, k_id, sizeof k_id, "comm_id");
     keys[0] = k_ready; keys[1] = k_abort;
-    {   /* one batch: the addresses the transports published (held until now), then the count */
-        char key[256];
-        ddp_store_op_t ops[9];
-        const int n = _ddp_comm_held_ops(c, ops, 8);
-        _ddp_key(c, key, sizeof key, "joined");
-        memset(&ops[n], 0, sizeof ops[n]);
-        ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = key; ops[n].delta = 1;
-        c->boot.hold_pub = c->boot.nheld = 0;
-        if ((r = ddp_store_batch(c->boot.store, ops, n + 1)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-        joined = ops[n].num;
-    }
-    _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
-             c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)joined);
-    if (joined == c->eng.nranks && (r = ddp_store_set(c->boot.store, k_ready, "1", 1)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    if ((r = _ddp_rendezvous_join(c, k_ready)) != DDP_SUCCESS) return r;
     /* A slice of the deadline is kept to ask who is missing (a tenth, 100 ms to 1 s). */
     keep = keep < 100 ? 100 : keep > 1000 ? 1000 : keep;
     for (;;) {
         const int left = _ddp_init_ms_left(c, keep);
         const int64_t note = _ddp_next_wait_note_ms(waited_ms) - waited_ms;
         const int slice = left >= 0 && left <= note ? left : (int)(note < 1 ? 1 : note);
-        r = _ddp_store_wait_keys(c->boot.store, keys, 2, slice, 1);
+        memset(ops, 0, sizeof ops);
+        ops[0].kind = DDP_STORE_OP_WAIT; ops[0].keys = keys; ops[0].nkeys = 2; ops[0].any = 1;
+        ops[1].kind = DDP_STORE_OP_CHECK; ops[1].key = k_abort;
+        ops[2].kind = DDP_STORE_OP_GET_IF_SET; ops[2].key = k_id; ops[2].out = ident; ops[2].cap = sizeof ident;
+        r = _ddp_store_batch_for(c->boot.store, ops, c->eng.rank ? 3 : 2, slice);
         waited_ms = (_ddp_now_us() - t0) / 1000;
         if (r != DDP_ERR_TIMEOUT || slice == left) break;
         _ddp_rendezvous_note(c, waited_ms);   /* the wait goes on: say for whom */
@@ -396,33 +432,15 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
         return r;
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    if (ddp_store_check(c->boot.store, k_abort, &ex) == DDP_SUCCESS && ex) {
+    if (ops[1].num) {
         char why[512];
         size_t len = 0;
+        _ddp_auth_wipe(ident, sizeof ident);
         ddp_store_get(c->boot.store, k_abort, why, sizeof why - 1, &len);
         why[len < sizeof why ? len : sizeof why - 1] = 0;
         return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another rank: %s", why);
     }
-    return DDP_SUCCESS;
-}
-
-/* Phase 5 (ranks but 0): the communicator's identity that rank 0 drew. */
-_DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c) {
-    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
-    char key[256];
-    size_t len = 0;
-    ddp_result_t r;
-    _ddp_key(c, key, sizeof key, "comm_id");
-    if ((r = ddp_store_get(c->boot.store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    if (len != sizeof ident)
-        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
-                             "has %zu bytes, expected %zu (mixed libddp versions?)", len, sizeof ident);
-    memcpy(&c->tctx.comm_id, ident, 8);
-    memcpy(c->boot.token, ident + 8, sizeof c->boot.token);
-    _ddp_auth_wipe(ident, sizeof ident);
-    _ddp_derive_data_key(c);
-    return DDP_SUCCESS;
+    return c->eng.rank ? _ddp_rendezvous_identity(c, ident, ops[2].out_len, ops[2].num != 0) : DDP_SUCCESS;
 }
 
 /* Phase 6: every rank's host, for local rank/size and for transports that reach same-host peers
@@ -512,8 +530,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     if ((r = _ddp_rendezvous_job(c)) != DDP_SUCCESS ||
         (r = _ddp_rendezvous_register(c, host)) != DDP_SUCCESS ||
         (r = _ddp_rendezvous_transports(c, forced)) != DDP_SUCCESS ||
-        (r = _ddp_rendezvous_wait(c)) != DDP_SUCCESS ||
-        (c->eng.rank != 0 && (r = _ddp_rendezvous_identity(c)) != DDP_SUCCESS))
+        (r = _ddp_rendezvous_wait(c)) != DDP_SUCCESS)
         return r;
     return _ddp_rendezvous_hosts(c, host);
 }

@@ -49,7 +49,8 @@
  * with the keys, and a write runs again only the GET/WAITs parked on its keys. Linux only (epoll).
  *
  * BATCHES: ddp_store_batch(s, ops, n) sends n requests (ddp_store_op_t: SET, GET, ADD,
- * COMPARE_SET, WAIT, CHECK, DELETE; zero-initialise each, set kind, key and what the kind reads)
+ * COMPARE_SET, WAIT on one key or several (keys, nkeys, any), CHECK, DELETE, and GET_IF_SET, a
+ * GET that answers at once; zero-initialise each, set kind, key and what the kind reads)
  * in one write and reads their answers in order: one round trip for all of them instead of n,
  * which is what a rendezvous of thousands of ranks on one store costs. The server runs them in
  * order, exactly as n calls one after another would (a GET or WAIT that waits holds the
@@ -407,16 +408,27 @@ DDP_API ddp_result_t ddp_store_delete(ddp_store_t *s, const char *key, int *dele
 /* One op of a batch, checked as its own call would check it (0: fine). */
 _DDP_PRIVATE ddp_result_t _ddp_store_check_op(ddp_store_t *s, const ddp_store_op_t *op) {
     ddp_result_t r;
-    if (op->kind < DDP_STORE_OP_SET || op->kind > DDP_STORE_OP_DELETE) return DDP_ERR_INVALID_ARGUMENT;
-    if ((r = _ddp_store_check_key(s, op->key)) != DDP_SUCCESS) return r;
+    if (op->kind < DDP_STORE_OP_SET || op->kind > DDP_STORE_OP_GET_IF_SET) return DDP_ERR_INVALID_ARGUMENT;
+    if (op->kind == DDP_STORE_OP_WAIT && op->keys) {   /* several keys: as ddp_store_wait takes them */
+        size_t off = 0;
+        int i;
+        if (op->nkeys < 1) return DDP_ERR_INVALID_ARGUMENT;
+        for (i = 0; i < op->nkeys; i++) {
+            if ((r = _ddp_store_check_key(s, op->keys[i])) != DDP_SUCCESS) return r;
+            if ((off += strlen(op->keys[i]) + 1) > _DDP_STORE_WAIT_KEYS) return DDP_ERR_INVALID_ARGUMENT;
+        }
+    } else if ((r = _ddp_store_check_key(s, op->key)) != DDP_SUCCESS) {
+        return r;
+    }
     if ((op->len && !op->value) || op->len > DDP_STORE_MAX_VALUE || (op->expected_len && !op->expected) ||
         op->expected_len > DDP_STORE_MAX_VALUE || (op->cap && !op->out))
         return DDP_ERR_INVALID_ARGUMENT;
     return DDP_SUCCESS;
 }
 
-/* A client without pipelining (c10d): the ops one by one, through its single calls. */
-_DDP_PRIVATE ddp_result_t _ddp_store_batch_serial(ddp_store_t *s, ddp_store_op_t *ops, int nops) {
+/* A client without pipelining (c10d): the ops one by one, through its single calls (a WAIT
+ * within timeout_ms, 0: the store's). */
+_DDP_PRIVATE ddp_result_t _ddp_store_batch_serial(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms) {
     ddp_result_t first = DDP_SUCCESS;
     int i, flag;
     for (i = 0; i < nops; i++) {
@@ -431,8 +443,16 @@ _DDP_PRIVATE ddp_result_t _ddp_store_batch_serial(ddp_store_t *s, ddp_store_op_t
             op->result = s->client->compare_set(s, key, op->expected, op->expected_len, op->value,
                                                 op->len, op->out, op->cap, &op->out_len);
             break;
-        case DDP_STORE_OP_WAIT: op->result = s->client->wait(s, &key, 1, 0, 0); break;
+        case DDP_STORE_OP_WAIT:
+            op->result = op->keys ? s->client->wait(s, op->keys, op->nkeys, timeout_ms, op->any)
+                                  : s->client->wait(s, &key, 1, timeout_ms, 0);
+            break;
         case DDP_STORE_OP_CHECK: op->result = s->client->check(s, key, &flag); op->num = flag; break;
+        case DDP_STORE_OP_GET_IF_SET:   /* two requests here: a check, then the get */
+            op->result = s->client->check(s, key, &flag);
+            op->num = flag;
+            if (op->result == DDP_SUCCESS && flag) op->result = s->client->get(s, key, op->out, op->cap, &op->out_len);
+            break;
         default: op->result = s->client->del(s, key, &flag); op->num = flag; break;
         }
         if (op->result != DDP_SUCCESS && first == DDP_SUCCESS) first = op->result;
@@ -440,7 +460,8 @@ _DDP_PRIVATE ddp_result_t _ddp_store_batch_serial(ddp_store_t *s, ddp_store_op_t
     return first;
 }
 
-DDP_API ddp_result_t ddp_store_batch(ddp_store_t *s, ddp_store_op_t *ops, int nops) {
+/* ddp_store_batch within timeout_ms (0: the store's timeout; init's waits come in slices). */
+_DDP_PRIVATE ddp_result_t _ddp_store_batch_for(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms) {
     ddp_result_t r;
     int i;
     if (!s || nops < 0 || (nops && !ops)) return DDP_ERR_INVALID_ARGUMENT;
@@ -458,9 +479,13 @@ DDP_API ddp_result_t ddp_store_batch(ddp_store_t *s, ddp_store_op_t *ops, int no
     }
     if (nops == 0) return DDP_SUCCESS;
     pthread_mutex_lock(&s->mu);
-    r = s->client->batch ? s->client->batch(s, ops, nops) : _ddp_store_batch_serial(s, ops, nops);
+    r = s->client->batch ? s->client->batch(s, ops, nops, timeout_ms) : _ddp_store_batch_serial(s, ops, nops, timeout_ms);
     pthread_mutex_unlock(&s->mu);
     return r;
+}
+
+DDP_API ddp_result_t ddp_store_batch(ddp_store_t *s, ddp_store_op_t *ops, int nops) {
+    return _ddp_store_batch_for(s, ops, nops, 0);
 }
 
 DDP_API int ddp_store_port(const ddp_store_t *s) { return s ? s->port : -1; }

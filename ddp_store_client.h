@@ -534,16 +534,37 @@ _DDP_PRIVATE ddp_result_t _ddp_store_native_delete(ddp_store_t *s, const char *k
 /* A batch's requests as calls (ops checked by ddp_store_batch). */
 _DDP_PRIVATE _ddp_store_call_t _ddp_store_op_call(const ddp_store_op_t *op) {
     static const uint32_t wire[] = {0, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
-                                    _DDP_ST_CHECK, _DDP_ST_DELETE};
-    _ddp_store_call_t q = _ddp_store_call(wire[op->kind], op->key);
+                                    _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_GET_IF_SET};
+    _ddp_store_call_t q = _ddp_store_call(wire[op->kind], op->key ? op->key : "");
     if (op->kind == DDP_STORE_OP_SET) { q.v1 = op->value; q.v1len = op->len; }
     if (op->kind == DDP_STORE_OP_COMPARE_SET) {
         q.v1 = op->expected; q.v1len = op->expected_len;
         q.v2 = op->value; q.v2len = op->len;
     }
     if (op->kind == DDP_STORE_OP_ADD) q.arg = op->delta;
-    if (op->kind == DDP_STORE_OP_GET || op->kind == DDP_STORE_OP_COMPARE_SET) { q.out = op->out; q.cap = op->cap; }
+    if (op->kind == DDP_STORE_OP_GET || op->kind == DDP_STORE_OP_COMPARE_SET || op->kind == DDP_STORE_OP_GET_IF_SET) {
+        q.out = op->out;
+        q.cap = op->cap;
+    }
+    if (op->kind == DDP_STORE_OP_WAIT && op->any) q.flags = _DDP_ST_WAIT_ANY;
     return q;
+}
+
+/* A WAIT on several keys: its key field, the keys NUL-separated, in a buffer of its own (freed
+ * by the caller; checked by ddp_store_batch to fit _DDP_STORE_WAIT_KEYS). NULL: no memory. */
+_DDP_PRIVATE char *_ddp_store_op_wait_keys(const ddp_store_op_t *op, _ddp_store_call_t *q) {
+    char *buf = (char *)DDP_MALLOC(_DDP_STORE_WAIT_KEYS);
+    size_t off = 0;
+    int i;
+    if (!buf) return NULL;
+    for (i = 0; i < op->nkeys; i++) {
+        const size_t n = strlen(op->keys[i]);
+        memcpy(buf + off, op->keys[i], n + 1);
+        off += n + 1;
+    }
+    q->key = buf;
+    q->klen = off - 1;
+    return buf;
 }
 
 /* How many of ops (at least one) make the next window. */
@@ -559,24 +580,35 @@ _DDP_PRIVATE int _ddp_store_window(const _ddp_store_call_t *q, int nops) {
     return n;
 }
 
-/* The requests pipelined, a window at a time (see _ddp_store_rpcv): each op gets its own
- * result; a lost connection fails the op it broke on and every op after it. */
-_DDP_PRIVATE ddp_result_t _ddp_store_native_batch(ddp_store_t *s, ddp_store_op_t *ops, int nops) {
+/* The requests pipelined, a window at a time (see _ddp_store_rpcv), within timeout_ms (0: the
+ * store's): each op gets its own result; a lost connection fails the op it broke on and every
+ * op after it. */
+_DDP_PRIVATE ddp_result_t _ddp_store_batch_within(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms) {
     _ddp_store_call_t q[_DDP_STORE_WINDOW_OPS];
     _ddp_store_resp_t resp[_DDP_STORE_WINDOW_OPS];
+    char *keys[_DDP_STORE_WINDOW_OPS];
     ddp_result_t first = DDP_SUCCESS;
     int at = 0, i;
     while (at < nops) {
-        int n = nops - at < _DDP_STORE_WINDOW_OPS ? nops - at : _DDP_STORE_WINDOW_OPS, done = 0;
+        int n = nops - at < _DDP_STORE_WINDOW_OPS ? nops - at : _DDP_STORE_WINDOW_OPS, done = 0, nomem = 0;
         ddp_result_t r;
-        for (i = 0; i < n; i++) q[i] = _ddp_store_op_call(&ops[at + i]);
+        for (i = 0; i < n; i++) {
+            q[i] = _ddp_store_op_call(&ops[at + i]);
+            keys[i] = NULL;
+            if (ops[at + i].kind == DDP_STORE_OP_WAIT && ops[at + i].keys &&
+                !(keys[i] = _ddp_store_op_wait_keys(&ops[at + i], &q[i])))
+                nomem = 1;
+        }
+        q[0].timeout_ms = timeout_ms;
         n = _ddp_store_window(q, n);
-        r = _ddp_store_rpcv(s, q, n, resp, &done);
+        r = nomem ? DDP_ERR_OUT_OF_MEMORY : _ddp_store_rpcv(s, q, n, resp, &done);
+        for (i = 0; i < _DDP_STORE_WINDOW_OPS && i < nops - at; i++) DDP_FREE(keys[i]);
         for (i = 0; i < done; i++) {
             ddp_store_op_t *op = &ops[at + i];
             op->result = (ddp_result_t)resp[i].status;
             op->num = resp[i].num;
-            op->out_len = op->kind == DDP_STORE_OP_GET || op->kind == DDP_STORE_OP_COMPARE_SET ? resp[i].vlen : 0;
+            op->out_len = op->kind == DDP_STORE_OP_GET || op->kind == DDP_STORE_OP_COMPARE_SET ||
+                          op->kind == DDP_STORE_OP_GET_IF_SET ? resp[i].vlen : 0;
             if (op->result != DDP_SUCCESS && first == DDP_SUCCESS) first = op->result;
         }
         if (r != DDP_SUCCESS) {
@@ -591,6 +623,6 @@ _DDP_PRIVATE ddp_result_t _ddp_store_native_batch(ddp_store_t *s, ddp_store_op_t
 _DDP_PRIVATE const _ddp_store_client_t _ddp_store_native = {
     "rendezvous: rank 0's store at", _ddp_store_native_handshake, _ddp_store_native_connected, NULL,
     _ddp_store_native_set, _ddp_store_native_get, _ddp_store_native_add, _ddp_store_native_cas,
-    _ddp_store_native_wait, _ddp_store_native_check, _ddp_store_native_delete, _ddp_store_native_batch};
+    _ddp_store_native_wait, _ddp_store_native_check, _ddp_store_native_delete, _ddp_store_batch_within};
 
 #endif /* DDP_STORE_CLIENT_IMPLEMENTATION */

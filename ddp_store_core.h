@@ -63,9 +63,10 @@ typedef enum ddp_store_op_kind {
     DDP_STORE_OP_GET,         /* waits for key; up to cap bytes into out; out_len = full length */
     DDP_STORE_OP_ADD,         /* key += delta; num = the new value */
     DDP_STORE_OP_COMPARE_SET, /* key = value if it equals expected; the value after, as GET */
-    DDP_STORE_OP_WAIT,        /* waits for key */
+    DDP_STORE_OP_WAIT,        /* waits for key (or for keys[0..nkeys), all of them or any) */
     DDP_STORE_OP_CHECK,       /* num = 1 when key exists */
-    DDP_STORE_OP_DELETE       /* num = 1 when key existed */
+    DDP_STORE_OP_DELETE,      /* num = 1 when key existed */
+    DDP_STORE_OP_GET_IF_SET   /* at once: num = 1 and the value as GET when key exists, else 0 */
 } ddp_store_op_kind_t;
 typedef struct ddp_store_op {
     ddp_store_op_kind_t kind;
@@ -75,11 +76,13 @@ typedef struct ddp_store_op {
     const void *expected;     /* COMPARE_SET (a missing key matches expected_len == 0) */
     size_t expected_len;
     int64_t delta;            /* ADD */
-    void *out;                /* GET, COMPARE_SET: the value goes here, up to cap bytes */
+    void *out;                /* GET, COMPARE_SET, GET_IF_SET: the value goes here, up to cap bytes */
     size_t cap;
+    const char *const *keys;  /* WAIT on several keys (key unused): nkeys of them; any: one is enough */
+    int nkeys, any;
     ddp_result_t result;      /* out: this request's own result */
-    size_t out_len;           /* out: GET, COMPARE_SET: the value's full length */
-    int64_t num;              /* out: ADD's sum; CHECK's and DELETE's 0 or 1 */
+    size_t out_len;           /* out: GET, COMPARE_SET, GET_IF_SET: the value's full length */
+    int64_t num;              /* out: ADD's sum; CHECK's, DELETE's and GET_IF_SET's 0 or 1 */
 } ddp_store_op_t;
 
 #ifdef __cplusplus
@@ -109,8 +112,8 @@ typedef struct ddp_store_op {
  * the stretched secret: a client stretches it once per salt, the server once at start). A wrong
  * proof or version gets one error answer, then the server closes the connection. GET and WAIT
  * are answered when their keys exist, so a client blocks in recv with its own timeout.
- * Version 4 (was 3): a client may pipeline, sending several requests before reading their
- * answers (ddp_store_batch); the server runs them in order, one connection's requests behind
+ * Version 4 (was 3): GET_IF_SET (answers at once: num 1 and the value, or num 0); a client may
+ * pipeline, sending several requests before reading their answers (ddp_store_batch); the server runs them in order, one connection's requests behind
  * its parked GET/WAIT (version 3 servers dropped a client that spoke while parked, so the two
  * versions refuse each other at the hello, each naming both versions). */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
@@ -122,7 +125,7 @@ typedef struct ddp_store_op {
 #define _DDP_STORE_BACKOFF_MAX_MS 2000
 
 enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
-       _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_NUM_OPS };
+       _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_GET_IF_SET, _DDP_ST_NUM_OPS };
 #define _DDP_ST_WAIT_ANY 1u                 /* WAIT flags: any of the keys is enough */
 #define _DDP_ST_HELLO_PROOF 1u              /* HELLO flags: v1 = nonce_c || proof */
 #define _DDP_ST_CHAL_SECRET 1u              /* challenge flags: the server requires a proof */
@@ -160,8 +163,9 @@ typedef struct _ddp_store_client {
     ddp_result_t (*wait)(ddp_store_t *s, const char *const *keys, int nkeys, int timeout_ms, int any);
     ddp_result_t (*check)(ddp_store_t *s, const char *key, int *exists);
     ddp_result_t (*del)(ddp_store_t *s, const char *key, int *deleted);
-    /* ops checked by the caller (ddp_store.h); NULL: ddp_store_batch runs them one by one */
-    ddp_result_t (*batch)(ddp_store_t *s, ddp_store_op_t *ops, int nops);
+    /* ops checked by the caller (ddp_store.h), within timeout_ms (0: the store's); NULL:
+     * ddp_store_batch runs them one by one */
+    ddp_result_t (*batch)(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms);
 } _ddp_store_client_t;
 #define _DDP_STORE_WAIT_KEYS 8192           /* the keys of one wait, NUL-separated */
 

@@ -753,6 +753,12 @@ _DDP_PRIVATE int _ddp_store_on_get(ddp_store_t *s, _ddp_store_conn_t *c, const _
     return _ddp_conn_reply(c, DDP_SUCCESS, e->vlen, e->val, e->vlen);
 }
 
+_DDP_PRIVATE int _ddp_store_on_get_if_set(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
+    if (!e) return _ddp_conn_reply(c, DDP_SUCCESS, 0, NULL, 0);
+    return _ddp_conn_reply(c, DDP_SUCCESS, 1, e->val, e->vlen);
+}
+
 _DDP_PRIVATE int _ddp_store_on_add(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
     _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
     char buf[32];
@@ -805,7 +811,8 @@ _DDP_PRIVATE int _ddp_store_on_delete(ddp_store_t *s, _ddp_store_conn_t *c, cons
 typedef int (*_ddp_store_handler_t)(ddp_store_t *, _ddp_store_conn_t *, const _ddp_store_msg_t *);
 static const _ddp_store_handler_t _ddp_store_handlers[_DDP_ST_NUM_OPS] = {
     NULL, _ddp_store_on_hello, _ddp_store_on_set, _ddp_store_on_get, _ddp_store_on_add,
-    _ddp_store_on_cas, _ddp_store_on_wait, _ddp_store_on_check, _ddp_store_on_delete};
+    _ddp_store_on_cas, _ddp_store_on_wait, _ddp_store_on_check, _ddp_store_on_delete,
+    _ddp_store_on_get_if_set};
 
 /* ---------------------------------------------------------------- reading requests
  * Requests are read in place, exactly as many bytes as the current one still needs: first the

@@ -74,10 +74,9 @@ static void *client_main(void *arg) {
     ddp_store_desc_t d;
     char key[64], hkey[64], val[64], got[64], host[160];
     ddp_store_op_t ops[3];
-    const char *ready = "bench/ready";
+    const char *ready = "bench/ready", *waitfor[2] = {"bench/ready", "bench/abort"};
     char src[32];
     unsigned char *stage = &j->sh->stage[cl->rank];
-    size_t len;
     int64_t joined = 0;
     double t0 = now_s();
     memset(&d, 0, sizeof d);
@@ -112,8 +111,13 @@ static void *client_main(void *arg) {
     joined = ops[1].num;
     if (joined == j->n && ddp_store_set(s, ready, "1", 1) != DDP_SUCCESS) goto out;
     *stage = ST_READY;
-    if (ddp_store_wait(s, &ready, 1, 0) != DDP_SUCCESS) goto out;
-    if (ddp_store_get(s, "bench/comm_id", val, sizeof val, &len) != DDP_SUCCESS) goto out;
+    /* init's wait, one batch (ddp_rendezvous.h): ready or an abort, whether it was an abort,
+     * and the communicator's identity, there once ready */
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_WAIT; ops[0].keys = waitfor; ops[0].nkeys = 2; ops[0].any = 1;
+    ops[1].kind = DDP_STORE_OP_CHECK; ops[1].key = "bench/abort";
+    ops[2].kind = DDP_STORE_OP_GET_IF_SET; ops[2].key = "bench/comm_id"; ops[2].out = val; ops[2].cap = sizeof val;
+    if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS || ops[1].num || !ops[2].num) goto out;
     cl->ok = 1;
 out:
     cl->t = now_s() - t0;

@@ -42,7 +42,8 @@
  *   - a forked child holds copies of the server's sockets (a data-loader worker): strangers and
  *     a real client that leave after the fork must not leave epoll pointing at freed memory;
  *     the server serves on and closes cleanly.
- * - batches (ddp_store_batch): every kind in one batch with its own answer, 200 ops over
+ * - batches (ddp_store_batch): every kind in one batch with its own answer (get_if_set found
+ *   and not, a wait for any of several keys), 200 ops over
  *   several windows in order, an invalid op sends nothing; requests pipelined behind a parked
  *   WAIT run once it is answered; a raw client that pipelines 512 GETs of 1 MiB and never reads
  *   grows the server's process by at most 8 MiB while others are served. */
@@ -1139,6 +1140,20 @@ static int batches(int rank, int p, void *arg) {
     ok(ops[3].out_len == 1 && cas[0] == 'x', "batch: compare_set on a missing key sets it (%zu)", ops[3].out_len);
     ok(ops[5].num == 1 && ops[6].num == 1 && ops[7].num == 0, "batch: check 1, delete 1, check 0 (%lld %lld %lld)",
        (long long)ops[5].num, (long long)ops[6].num, (long long)ops[7].num);
+    /* GET_IF_SET answers at once, found or not; a WAIT on several keys, any of them */
+    {
+        const char *wk[2] = {"absent", "n"};
+        char v[8];
+        memset(ops, 0, sizeof ops);
+        ops[0].kind = DDP_STORE_OP_GET_IF_SET; ops[0].key = "n"; ops[0].out = v; ops[0].cap = sizeof v;
+        ops[1].kind = DDP_STORE_OP_GET_IF_SET; ops[1].key = "absent"; ops[1].out = v; ops[1].cap = sizeof v;
+        ops[2].kind = DDP_STORE_OP_WAIT; ops[2].keys = wk; ops[2].nkeys = 2; ops[2].any = 1;
+        r = ddp_store_batch(c, ops, 3);
+        ok(r == DDP_SUCCESS && ops[0].num == 1 && ops[0].out_len == 1 && v[0] == '3' && ops[1].num == 0 &&
+           ops[1].out_len == 0, "batch: get_if_set finds 'n' = 3 and answers 'absent' missing at once (%s)",
+           ddp_strerror(r));
+        ok(ops[2].result == DDP_SUCCESS, "batch: a wait for any of 'absent' and 'n' is answered");
+    }
     /* more than one window: 200 adds, in order */
     memset(ops, 0, sizeof ops);
     for (i = 0; i < 200; i++) { ops[i].kind = DDP_STORE_OP_ADD; ops[i].key = "w"; ops[i].delta = 1; }
