@@ -98,6 +98,7 @@ struct _ddp_store_conn {
     size_t out_len, out_off, out_cap;
     unsigned char *ahead;     /* read ahead, not yet run (READY only; at most _DDP_STORE_SERVER_RX) */
     size_t ahead_len, ahead_off;
+    int hangup_only;          /* parked, read ahead, and more came: watched for its hangup only */
     char addr[64];
     _ddp_src_t src;           /* for the throttle */
     int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
@@ -437,16 +438,18 @@ _DDP_PRIVATE int _ddp_conn_can_take(const _ddp_store_conn_t *c) {
     return c->state == _DDP_CONN_READY && !c->waiting && !c->held && c->out_len - c->out_off <= _DDP_STORE_OUT_MAX;
 }
 
-/* epoll interest: input while requests may run and nothing read ahead waits (a parked request
- * keeps it, so that its client's hangup or pipelined requests are noticed without a change of
- * interest in the common case, where the client sends nothing while it waits; once requests
- * behind it were read ahead, only the hangup: EPOLLRDHUP), output while something is queued. */
+/* epoll interest: input while requests may run and nothing read ahead waits, output while
+ * something is queued. A parked request keeps the input interest, so that its client's hangup
+ * or pipelined requests are noticed without a change of interest in the common case, where the
+ * client sends nothing more while it waits (a batch's requests behind the wait came with it and
+ * are read ahead); only when more comes while read-ahead bytes wait is it watched for its
+ * hangup alone (EPOLLRDHUP). */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
     uint32_t want = 0;
     if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
     if (c->state == _DDP_CONN_CLOSING || c->held) want = 0;
-    else if (c->waiting) want = c->ahead_off == c->ahead_len ? (uint32_t)EPOLLIN : (uint32_t)EPOLLRDHUP;
+    else if (c->waiting) want = c->hangup_only ? (uint32_t)EPOLLRDHUP : (uint32_t)EPOLLIN;
     else if (c->state == _DDP_CONN_HELLO || (_ddp_conn_can_take(c) && c->ahead_off == c->ahead_len)) want = (uint32_t)EPOLLIN;
     if (c->out_len > c->out_off && !c->held) want |= (uint32_t)EPOLLOUT;
     if (want == c->events) return;
@@ -877,6 +880,7 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
         return 0;
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    c->hangup_only = 0;
     _ddp_waiter_unfile(s, c);
     if (c->wk_cap > 1024) {                       /* an answered wait on many keys: its nodes go */
         DDP_FREE(c->wk);
@@ -1010,11 +1014,16 @@ _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
 }
 
 /* A parked client's socket is readable: requests it pipelined behind the parked one are read
- * ahead (they run once it is answered); its end (its own timeout ran out), or input while
- * requests are already read ahead (only its hangup is watched then), drops it. */
+ * ahead (they run once it is answered); when some already are, the rest stays in the socket and
+ * from now on only its hangup is watched; its end (its own timeout ran out) drops it. */
 _DDP_PRIVATE int _ddp_conn_read_parked(ddp_store_t *s, _ddp_store_conn_t *c) {
     ssize_t n = -1;
-    if (c->ahead_off == c->ahead_len && s->srv_rx) {
+    if (c->ahead_off < c->ahead_len && !c->hangup_only) {   /* no room: only look (its end?) */
+        unsigned char b;
+        n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) { c->hangup_only = 1; return 0; }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    } else if (c->ahead_off == c->ahead_len && s->srv_rx) {
         n = recv(c->fd, s->srv_rx, _DDP_STORE_SERVER_RX, MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
     }

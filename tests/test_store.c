@@ -1230,6 +1230,29 @@ static int pipeline_memory(int rank, int p, void *arg) {
        ddp_store_set(c, "k", "v", 1) == DDP_SUCCESS && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"),
        "another client is served meanwhile");
     close(fd);
+    /* parked with requests read ahead, then more comes: no busy loop, and its hangup is seen */
+    fd = raw_connect(ddp_store_port(s));
+    if (fd >= 0 && recv_exact(fd, &ch, sizeof ch, 5000) && send(fd, msg, raw_hello(msg, nonce, NULL), MSG_NOSIGNAL) > 0 &&
+        recv_exact(fd, &w, sizeof w, 5000)) {
+        struct rusage ru0, ru1;
+        double cpu;
+        n = raw_request(reqs, _DDP_ST_WAIT, "never", NULL);
+        n += raw_request(reqs + n, _DDP_ST_GET, "k", NULL);
+        if (send(fd, reqs, n, MSG_NOSIGNAL) < 0) {}
+        t_sleep_ms(100);
+        n = raw_request(reqs, _DDP_ST_GET, "k", NULL);
+        if (send(fd, reqs, n, MSG_NOSIGNAL) < 0) {}
+        getrusage(RUSAGE_SELF, &ru0);
+        t_sleep_ms(500);
+        getrusage(RUSAGE_SELF, &ru1);
+        cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+              (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+        ok(cpu < 0.25, "a parked client with requests read ahead that sends more: the server idles (%.3f s of "
+           "CPU in 0.5 s)", cpu);
+        close(fd);
+        t_sleep_ms(100);
+        ok(c && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"), "its hangup is seen; others are served");
+    }
     if (c) ddp_store_close(c);
     ddp_store_close(s);
     return 0;
