@@ -45,7 +45,11 @@
  * on serving. It listens with 8 sockets sharing the port (SO_REUSEPORT, after binding it alone
  * once, so a port in use is an error): 8 listen queues for a burst of connects. A connection it
  * drops is shut down, so it ends for the client even where a forked child holds a copy of the
- * server's socket. Its work per request does not grow with the clients: the key table grows
+ * server's socket. After the hello it reads a connection's requests up to 64 KiB at a time and
+ * runs them in order; what cannot run yet (behind a parked GET/WAIT, or while 256 KiB of that
+ * client's answers wait to be read) waits with the connection, and nothing more is read from it
+ * until then: a client that pipelines without reading costs the server at most that much
+ * memory. Its work per request does not grow with the clients: the key table grows
  * with the keys, and a write runs again only the GET/WAITs parked on its keys. Linux only (epoll).
  *
  * BATCHES: ddp_store_batch(s, ops, n) sends n requests (ddp_store_op_t: SET, GET, ADD,
