@@ -904,7 +904,7 @@ static void *fake_master(void *arg) {
     if (fd < 0) return NULL;
     memset(&ch, 0, sizeof ch);
     ch.magic = _DDP_STORE_MAGIC;
-    ch.proto = _DDP_STORE_PROTO;
+    ch.proto = f->mode == 2 ? 3u : _DDP_STORE_PROTO;   /* 2: an older libddp (protocol 3) */
     ch.flags = f->mode == 0 ? 0 : _DDP_ST_CHAL_SECRET;   /* 0: "no secret needed", 1: a wrong proof */
     memset(ch.nonce, 3, sizeof ch.nonce);
     if (send(fd, &ch, sizeof ch, MSG_NOSIGNAL) == (ssize_t)sizeof ch && f->mode == 1 &&
@@ -953,6 +953,28 @@ static int fake_masters(int rank, int p, void *arg) {
         if (mode == 1)
             ok(f.got_len > 0 && !contains(f.got, f.got_len, secret, strlen(secret)),
                "the fake master got a hello (%zu bytes) without the secret in it", f.got_len);
+    }
+    {   /* a master of another store protocol version: refused at once, naming both versions */
+        fake_master_t f;
+        pthread_t th;
+        ddp_store_t *c = NULL;
+        ddp_store_desc_t d = sdesc(5000, secret, 1);
+        char err[512] = "", want[64];
+        int port = t_free_port();
+        ddp_result_t r;
+        memset(&f, 0, sizeof f);
+        f.mode = 2;
+        f.listen_fd = listen_on("127.0.0.1", port);
+        if (ok(f.listen_fd >= 0, "fake master listens on %d", port)) {
+            pthread_create(&th, NULL, fake_master, &f);
+            r = _ddp_store_open(&c, "127.0.0.1", port, 0, &d, err, sizeof err);
+            snprintf(want, sizeof want, "version 3, this rank %u", _DDP_STORE_PROTO);
+            ok(r == DDP_ERR_MISMATCH && !c && strstr(err, want), "a master speaking store protocol 3 -> %s: %s",
+               ddp_strerror(r), err);
+            if (c) ddp_store_close(c);
+            pthread_join(th, NULL);
+            close(f.listen_fd);
+        }
     }
     return 0;
 }
