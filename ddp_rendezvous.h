@@ -230,17 +230,19 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_job(ddp_comm_t *c) {
 
 /* Phase 2, one batch of store requests (one round trip, ddp_store_batch), checked after it:
  * the world size and DDP_ASYNC_LANES (each rank opens that many connection sets at init), where
- * the first rank decides and anyone who disagrees fails loudly; this rank counts once, sets its
- * join-mask bit and publishes its host; rank 0 publishes the communicator's identity (id and
- * connection token), drawn here. A rank that disagrees, or a second process with the same
- * RANK, has written its entries too by the time it finds out: it fails and publishes the
- * failure, which ends every rank's init. */
-enum { _DDP_RV_WORLD, _DDP_RV_LANES, _DDP_RV_RANK, _DDP_RV_MASK, _DDP_RV_HOST, _DDP_RV_ID, _DDP_RV_OPS };
+ * the first rank decides and anyone who disagrees fails loudly; this rank counts once and
+ * publishes its host; rank 0 draws the communicator's identity (id and connection token). A
+ * rank that disagrees, or a second process with the same RANK, has written its count and host
+ * by the time it finds out: it fails and publishes the failure, which ends every rank's init.
+ * What only a rank that passed these checks may write (its join-mask bit, rank 0's identity)
+ * goes with its join (_ddp_rendezvous_join): a duplicate RANK would otherwise add its mask bit
+ * twice (a carry into the next rank's) and a second rank 0 would replace the identity. */
+enum { _DDP_RV_WORLD, _DDP_RV_LANES, _DDP_RV_RANK, _DDP_RV_HOST, _DDP_RV_OPS };
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *host) {
     char keys[_DDP_RV_OPS][256], vals[2][32], got[2][64];
-    unsigned char entry[_DDP_HOST_ENTRY], ident[8 + _DDP_AUTH_KEY_BYTES];
+    unsigned char entry[_DDP_HOST_ENTRY];
     ddp_store_op_t ops[_DDP_RV_OPS];
-    const int nops = c->eng.rank == 0 ? _DDP_RV_OPS : _DDP_RV_ID;
+    const int nops = _DDP_RV_OPS;
     int i;
     ddp_result_t r;
     memset(ops, 0, sizeof ops);
@@ -255,11 +257,6 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
     }
     _ddp_key(c, keys[_DDP_RV_RANK], sizeof keys[0], "rank/%d", c->eng.rank);
     ops[_DDP_RV_RANK].kind = DDP_STORE_OP_ADD; ops[_DDP_RV_RANK].delta = 1;
-    /* This rank's bit in its group's join mask (a sum of distinct powers of two is their OR):
-     * a timed-out rendezvous names the missing ranks from a few reads, not one per rank. */
-    _ddp_key(c, keys[_DDP_RV_MASK], sizeof keys[0], "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
-    ops[_DDP_RV_MASK].kind = DDP_STORE_OP_ADD;
-    ops[_DDP_RV_MASK].delta = (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS);
     /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
     memset(entry, 0, sizeof entry);
     memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
@@ -270,14 +267,9 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
         c->tctx.comm_id = _ddp_random64();
         if (_ddp_auth_random(c->boot.token, sizeof c->boot.token) != 0)
             return ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: no random bytes for the connection token");
-        memcpy(ident, &c->tctx.comm_id, 8);
-        memcpy(ident + 8, c->boot.token, sizeof c->boot.token);
-        _ddp_key(c, keys[_DDP_RV_ID], sizeof keys[0], "comm_id");
-        ops[_DDP_RV_ID].kind = DDP_STORE_OP_SET; ops[_DDP_RV_ID].value = ident; ops[_DDP_RV_ID].len = sizeof ident;
     }
     for (i = 0; i < nops; i++) ops[i].key = keys[i];
     r = ddp_store_batch(c->boot.store, ops, nops);
-    if (c->eng.rank == 0) _ddp_auth_wipe(ident, sizeof ident);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     if ((r = _ddp_rendezvous_agreed(c, got[0], sizeof got[0], ops[0].out_len, c->eng.nranks, "world size "
                                     "disagreement: this rank was started with world size %d, the job's "
@@ -351,18 +343,34 @@ _DDP_PRIVATE void _ddp_rendezvous_note(ddp_comm_t *c, int64_t waited_ms) {
                  _ddp_ranks_word(nmissing), missing);
 }
 
-/* Phase 4a: one batch: the addresses the transports published (held until now), then the count.
- * The last rank to count in says the rendezvous is ready. */
+/* Phase 4a: one batch: the addresses the transports published (held until now), this rank's
+ * bit in its group's join mask (a sum of distinct powers of two is their OR: a rendezvous that
+ * lasts names the missing ranks from a few reads, not one per rank), rank 0's communicator
+ * identity, then the count. The last rank to count in says the rendezvous is ready (so the
+ * identity is there by then). */
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_join(ddp_comm_t *c, const char *k_ready) {
-    char key[256];
-    ddp_store_op_t ops[9];
-    const int n = _ddp_comm_held_ops(c, ops, 8);
+    char key[256], k_mask[256], k_id[256];
+    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
+    ddp_store_op_t ops[11];
+    int n = _ddp_comm_held_ops(c, ops, 8);
     ddp_result_t r;
+    memset(&ops[n], 0, sizeof ops[0] * 3);
+    _ddp_key(c, k_mask, sizeof k_mask, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
+    ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = k_mask;
+    ops[n++].delta = (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS);
+    if (c->eng.rank == 0) {
+        memcpy(ident, &c->tctx.comm_id, 8);
+        memcpy(ident + 8, c->boot.token, sizeof c->boot.token);
+        _ddp_key(c, k_id, sizeof k_id, "comm_id");
+        ops[n].kind = DDP_STORE_OP_SET; ops[n].key = k_id;
+        ops[n].value = ident; ops[n++].len = sizeof ident;
+    }
     _ddp_key(c, key, sizeof key, "joined");
-    memset(&ops[n], 0, sizeof ops[n]);
     ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = key; ops[n].delta = 1;
     c->boot.hold_pub = c->boot.nheld = 0;
-    if ((r = ddp_store_batch(c->boot.store, ops, n + 1)) != DDP_SUCCESS)
+    r = ddp_store_batch(c->boot.store, ops, n + 1);
+    if (c->eng.rank == 0) _ddp_auth_wipe(ident, sizeof ident);
+    if (r != DDP_SUCCESS)
         return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
     _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
              c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)ops[n].num);

@@ -100,15 +100,17 @@ static void *client_main(void *arg) {
     ops[2].kind = DDP_STORE_OP_SET; ops[2].key = hkey; ops[2].value = host; ops[2].len = sizeof host;
     if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS) goto out;
     *stage = ST_PUBLISH;
-    /* The transport's address and the count, one batch as init sends them (ddp_rendezvous.h:
-     * the addresses the transports publish go with the join) */
+    /* The transport's address, the join-mask bit and the count, one batch as init sends them
+     * (ddp_rendezvous.h: the addresses the transports publish go with the join) */
     snprintf(key, sizeof key, "bench/addr/tcp/%d", cl->rank);
+    snprintf(hkey, sizeof hkey, "bench/joinmask/%d", cl->rank / 62);
     memset(ops, 0, sizeof ops);
     ops[0].kind = DDP_STORE_OP_SET; ops[0].key = key; ops[0].value = host; ops[0].len = 28;
-    ops[1].kind = DDP_STORE_OP_ADD; ops[1].key = "bench/joined"; ops[1].delta = 1;
+    ops[1].kind = DDP_STORE_OP_ADD; ops[1].key = hkey; ops[1].delta = (int64_t)1 << (cl->rank % 62);
+    ops[2].kind = DDP_STORE_OP_ADD; ops[2].key = "bench/joined"; ops[2].delta = 1;
     *stage = ST_JOIN;
-    if (ddp_store_batch(s, ops, 2) != DDP_SUCCESS) goto out;
-    joined = ops[1].num;
+    if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS) goto out;
+    joined = ops[2].num;
     if (joined == j->n && ddp_store_set(s, ready, "1", 1) != DDP_SUCCESS) goto out;
     *stage = ST_READY;
     /* init's wait, one batch (ddp_rendezvous.h): ready or an abort, whether it was an abort,
