@@ -206,6 +206,12 @@ typedef struct {
     int64_t init_deadline_us;      /* the whole rendezvous ends by then (0: no timeout) */
     uint32_t splits;               /* ddp_comm_split calls: part of the child's store prefix */
     ddp_store_t *extra_store;      /* ddp_comm_init_threads' private store server (rank 0) */
+    /* Addresses the transports publish while init opens them (hold_pub) are held here and go
+     * to the store in one batch with the rank's join (ddp_rendezvous.h: _ddp_rendezvous_wait):
+     * a round trip less per rank. Any other use of the store meanwhile (a lookup, a check)
+     * sends them first, so no reader can miss one. */
+    int hold_pub, nheld;
+    struct { char key[256]; unsigned char val[256]; size_t len; } held[8];
 } _ddp_comm_boot_t;
 
 /* The peers: the transport instances this communicator opened, and per rank which one reaches
@@ -430,10 +436,45 @@ _DDP_PRIVATE void _ddp_key(const ddp_comm_t *c, char *out, size_t cap, const cha
     va_end(ap);
 }
 
+/* The held addresses as SETs into ops (at most max): how many. */
+_DDP_PRIVATE int _ddp_comm_held_ops(const ddp_comm_t *c, ddp_store_op_t *ops, int max) {
+    int i;
+    for (i = 0; i < c->boot.nheld && i < max; i++) {
+        memset(&ops[i], 0, sizeof ops[i]);
+        ops[i].kind = DDP_STORE_OP_SET;
+        ops[i].key = c->boot.held[i].key;
+        ops[i].value = c->boot.held[i].val;
+        ops[i].len = c->boot.held[i].len;
+    }
+    return i;
+}
+
+/* Sends the held addresses now (one batch), if there are any. */
+_DDP_PRIVATE ddp_result_t _ddp_comm_send_held(ddp_comm_t *c) {
+    ddp_store_op_t ops[8];
+    const int n = _ddp_comm_held_ops(c, ops, 8);
+    ddp_result_t r;
+    if (n == 0) return DDP_SUCCESS;
+    c->boot.nheld = 0;
+    r = ddp_store_batch(c->boot.store, ops, n);
+    if (r != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: publishing this rank's addresses: %s",
+                             ddp_store_last_error(c->boot.store));
+    return DDP_SUCCESS;
+}
+
 _DDP_PRIVATE ddp_result_t _ddp_comm_publish(ddp_comm_t *c, const char *transport, const void *addr, size_t len) {
     char key[256];
+    ddp_result_t r;
     if (!c || !transport || (len && !addr)) return DDP_ERR_INVALID_ARGUMENT;
     _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, c->eng.rank);
+    if (c->boot.hold_pub && c->boot.nheld < 8 && len <= sizeof c->boot.held[0].val) {
+        _ddp_strlcpy(c->boot.held[c->boot.nheld].key, key, sizeof c->boot.held[0].key);
+        if (len) memcpy(c->boot.held[c->boot.nheld].val, addr, len);
+        c->boot.held[c->boot.nheld++].len = len;
+        return DDP_SUCCESS;
+    }
+    if ((r = _ddp_comm_send_held(c)) != DDP_SUCCESS) return r;
     return ddp_store_set(c->boot.store, key, addr, len);
 }
 
@@ -442,6 +483,7 @@ _DDP_PRIVATE ddp_result_t _ddp_comm_lookup(ddp_comm_t *c, const char *transport,
     char key[256];
     ddp_result_t r;
     if (!c || !transport || peer < 0 || peer >= c->eng.nranks) return DDP_ERR_INVALID_ARGUMENT;
+    if ((r = _ddp_comm_send_held(c)) != DDP_SUCCESS) return r;
     _ddp_key(c, key, sizeof key, "addr/%s/%d", transport, peer);
     r = ddp_store_get(c->boot.store, key, addr, cap, len);
     if (r != DDP_SUCCESS)

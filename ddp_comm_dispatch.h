@@ -113,6 +113,7 @@ _DDP_PRIVATE int _ddp_host_published(void *h, const char *name, int peer) {
     ddp_comm_t *c = (ddp_comm_t *)h;
     char key[256];
     int exists = 0;
+    if (_ddp_comm_send_held(c) != DDP_SUCCESS) return 0;
     _ddp_key(c, key, sizeof key, "addr/%s/%d", name, peer);
     return ddp_store_check(c->boot.store, key, &exists) == DDP_SUCCESS && exists;
 }
@@ -122,7 +123,9 @@ _DDP_PRIVATE ddp_result_t _ddp_host_post(void *h, const char *name, const char *
     ddp_comm_t *c = (ddp_comm_t *)h;
     char key[256], cur[8];
     size_t curlen = 0;
+    ddp_result_t r;
     if (!c->boot.store || c->boot.foreign || !name || !msg) return DDP_ERR_INVALID_ARGUMENT;
+    if ((r = _ddp_comm_send_held(c)) != DDP_SUCCESS) return r;
     _ddp_key(c, key, sizeof key, "%s", name);
     return ddp_store_compare_set(c->boot.store, key, NULL, 0, msg, strlen(msg), cur, sizeof cur, &curlen);
 }
@@ -131,7 +134,7 @@ _DDP_PRIVATE int _ddp_host_posted(void *h, const char *name, char *msg, size_t c
     char key[256];
     size_t len = 0;
     int exists = 0;
-    if (!c->boot.store || !name || !msg || cap < 1) return 0;
+    if (!c->boot.store || !name || !msg || cap < 1 || _ddp_comm_send_held(c) != DDP_SUCCESS) return 0;
     _ddp_key(c, key, sizeof key, "%s", name);
     if (ddp_store_check(c->boot.store, key, &exists) != DDP_SUCCESS || !exists) return 0;
     if (ddp_store_get(c->boot.store, key, msg, cap - 1, &len) != DDP_SUCCESS) return 0;

@@ -78,17 +78,16 @@ _DDP_PRIVATE void _ddp_host_id(char *out, size_t cap) {
 }
 
 
-/* A setting every rank must share: the first to publish it under key decides; another value
- * is DDP_ERR_MISMATCH, told with fmt (this rank's %d, then the first rank's %s). */
-_DDP_PRIVATE ddp_result_t _ddp_rendezvous_agree(ddp_comm_t *c, const char *name, int mine, const char *fmt) {
-    char key[256], val[64], want[32];
-    size_t len = 0;
+/* A setting every rank must share: the first to publish it under its key decides (a
+ * COMPARE_SET of the registration batch, _ddp_rendezvous_register); val is what the key holds
+ * after it (len bytes). Another value than this rank's is DDP_ERR_MISMATCH, told with fmt
+ * (this rank's %d, then the first rank's %s). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_agreed(ddp_comm_t *c, char *val, size_t cap, size_t len, int mine,
+                                                 const char *fmt) {
+    char want[32];
     ddp_result_t r;
-    _ddp_key(c, key, sizeof key, "%s", name);
     snprintf(want, sizeof want, "%d", mine);
-    r = ddp_store_compare_set(c->boot.store, key, NULL, 0, want, strlen(want), val, sizeof val - 1, &len);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    val[len < cap ? len : cap - 1] = 0;
     if (strcmp(val, want) == 0) return DDP_SUCCESS;
     {
         char msg[512];
@@ -226,59 +225,66 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_job(ddp_comm_t *c) {
         }
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    /* World size, and DDP_ASYNC_LANES (each rank opens that many connection sets at init):
-     * the first rank decides; anyone who disagrees fails loudly. */
-    if ((r = _ddp_rendezvous_agree(c, "world_size", c->eng.nranks, "world size disagreement: this rank "
-                                   "was started with world size %d, the job's first rank with %s")) != DDP_SUCCESS ||
-        (r = _ddp_rendezvous_agree(c, "async_lanes", c->queue.want_lanes, "DDP_ASYNC_LANES is %d on this "
-                                   "rank, %s on the job's first rank: set it the same everywhere")) != DDP_SUCCESS)
-        return r;
     return DDP_SUCCESS;
 }
 
-/* Phase 2: this rank counts once, sets its join-mask bit, publishes its host; rank 0 draws the
- * communicator's identity (id and connection token). */
+/* Phase 2, one batch of store requests (one round trip, ddp_store_batch), checked after it:
+ * the world size and DDP_ASYNC_LANES (each rank opens that many connection sets at init), where
+ * the first rank decides and anyone who disagrees fails loudly; this rank counts once and
+ * publishes its host; rank 0 draws the communicator's identity (id and connection token). A
+ * rank that disagrees, or a second process with the same RANK, has written its count and host
+ * by the time it finds out: it fails and publishes the failure, which ends every rank's init.
+ * What only a rank that passed these checks may write (its join-mask bit, rank 0's identity)
+ * goes with its join (_ddp_rendezvous_join): a duplicate RANK would otherwise add its mask bit
+ * twice (a carry into the next rank's) and a second rank 0 would replace the identity. */
+enum { _DDP_RV_WORLD, _DDP_RV_LANES, _DDP_RV_RANK, _DDP_RV_HOST, _DDP_RV_OPS };
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *host) {
-    char key[256];
-    int64_t n;
+    char keys[_DDP_RV_OPS][256], vals[2][32], got[2][64];
+    unsigned char entry[_DDP_HOST_ENTRY];
+    ddp_store_op_t ops[_DDP_RV_OPS];
+    const int nops = _DDP_RV_OPS;
+    int i;
     ddp_result_t r;
-    _ddp_key(c, key, sizeof key, "rank/%d", c->eng.rank);
-    r = ddp_store_add(c->boot.store, key, 1, &n);
+    memset(ops, 0, sizeof ops);
+    _ddp_key(c, keys[_DDP_RV_WORLD], sizeof keys[0], "world_size");
+    _ddp_key(c, keys[_DDP_RV_LANES], sizeof keys[0], "async_lanes");
+    snprintf(vals[0], sizeof vals[0], "%d", c->eng.nranks);
+    snprintf(vals[1], sizeof vals[1], "%d", c->queue.want_lanes);
+    for (i = 0; i < 2; i++) {
+        ops[i].kind = DDP_STORE_OP_COMPARE_SET;
+        ops[i].value = vals[i]; ops[i].len = strlen(vals[i]);
+        ops[i].out = got[i]; ops[i].cap = sizeof got[i] - 1;
+    }
+    _ddp_key(c, keys[_DDP_RV_RANK], sizeof keys[0], "rank/%d", c->eng.rank);
+    ops[_DDP_RV_RANK].kind = DDP_STORE_OP_ADD; ops[_DDP_RV_RANK].delta = 1;
+    /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
+    memset(entry, 0, sizeof entry);
+    memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
+    _ddp_cpu_mask(entry + _DDP_HOST_ID_LEN);
+    _ddp_key(c, keys[_DDP_RV_HOST], sizeof keys[0], "host/%d", c->eng.rank);
+    ops[_DDP_RV_HOST].kind = DDP_STORE_OP_SET; ops[_DDP_RV_HOST].value = entry; ops[_DDP_RV_HOST].len = sizeof entry;
+    if (c->eng.rank == 0) {
+        c->tctx.comm_id = _ddp_random64();
+        if (_ddp_auth_random(c->boot.token, sizeof c->boot.token) != 0)
+            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: no random bytes for the connection token");
+    }
+    for (i = 0; i < nops; i++) ops[i].key = keys[i];
+    r = ddp_store_batch(c->boot.store, ops, nops);
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    if (n > 1) {
+    if ((r = _ddp_rendezvous_agreed(c, got[0], sizeof got[0], ops[0].out_len, c->eng.nranks, "world size "
+                                    "disagreement: this rank was started with world size %d, the job's "
+                                    "first rank with %s")) != DDP_SUCCESS ||
+        (r = _ddp_rendezvous_agreed(c, got[1], sizeof got[1], ops[1].out_len, c->queue.want_lanes,
+                                    "DDP_ASYNC_LANES is %d on this rank, %s on the job's first rank: set "
+                                    "it the same everywhere")) != DDP_SUCCESS)
+        return r;
+    if (ops[_DDP_RV_RANK].num > 1) {
         r = ddp_comm_fail(c, DDP_ERR_INVALID_USAGE, "init: rank %d joined twice (two processes "
                           "were given RANK=%d)", c->eng.rank, c->eng.rank);
         _ddp_publish_failure(c);
         return r;
     }
-    /* This rank's bit in its group's join mask (a sum of distinct powers of two is their OR):
-     * a timed-out rendezvous names the missing ranks from a few reads, not one per rank. */
-    _ddp_key(c, key, sizeof key, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
-    r = ddp_store_add(c->boot.store, key, (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS), NULL);
-    if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    {   /* host/N: the host's identity (NUL-padded) and the CPUs this rank may use */
-        unsigned char entry[_DDP_HOST_ENTRY];
-        memset(entry, 0, sizeof entry);
-        memcpy(entry, host, strlen(host) < _DDP_HOST_ID_LEN ? strlen(host) : _DDP_HOST_ID_LEN - 1);
-        _ddp_cpu_mask(entry + _DDP_HOST_ID_LEN);
-        _ddp_key(c, key, sizeof key, "host/%d", c->eng.rank);
-        if ((r = ddp_store_set(c->boot.store, key, entry, sizeof entry)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    }
-    if (c->eng.rank == 0) {
-        unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
-        c->tctx.comm_id = _ddp_random64();
-        if (_ddp_auth_random(c->boot.token, sizeof c->boot.token) != 0)
-            return ddp_comm_fail(c, DDP_ERR_SYSTEM, "init: no random bytes for the connection token");
-        memcpy(ident, &c->tctx.comm_id, 8);
-        memcpy(ident + 8, c->boot.token, sizeof c->boot.token);
-        _ddp_key(c, key, sizeof key, "comm_id");
-        r = ddp_store_set(c->boot.store, key, ident, sizeof ident);
-        _ddp_auth_wipe(ident, sizeof ident);
-        if (r != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-        _ddp_derive_data_key(c);
-    }
+    if (c->eng.rank == 0) _ddp_derive_data_key(c);
     return DDP_SUCCESS;
 }
 
@@ -286,6 +292,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_register(ddp_comm_t *c, const char *ho
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *forced) {
     char why_none[512] = "";
     int i;
+    c->boot.hold_pub = 1;   /* their addresses go with the join (_ddp_rendezvous_wait) */
     for (i = 0; i < _ddp_ntransports && c->peers.ntinst < _DDP_MAX_TRANSPORTS; i++) {
         const ddp_transport_t *t = _ddp_transports[i];
         void *state = NULL;
@@ -296,7 +303,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
         r = t->init(&c->tctx, &state);
         c->init_probe = 0;
         if (r != DDP_SUCCESS) {
-            if (forced) return r;
+            if (forced) { c->boot.hold_pub = c->boot.nheld = 0; return r; }
             /* One line, with the reason; the communicator goes on without it. */
             _DDP_LOG(c, DDP_LOG_WARN, "transport %s unavailable, using the others (%s): %s",
                      t->name, "DDP_TRANSPORT=auto", c->last_error);
@@ -308,9 +315,11 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_transports(ddp_comm_t *c, const char *
         c->peers.tinst[c->peers.ntinst].state = state;
         c->peers.ntinst++;
     }
-    if (c->peers.ntinst == 0 && c->eng.nranks > 1)
+    if (c->peers.ntinst == 0 && c->eng.nranks > 1) {
+        c->boot.hold_pub = c->boot.nheld = 0;
         return ddp_comm_fail(c, DDP_ERR_UNSUPPORTED, "init: no usable transport (%s)",
                              why_none[0] ? why_none : "none compiled in: include transports/ddp_tcp.h");
+    }
     return DDP_SUCCESS;
 }
 
@@ -334,33 +343,91 @@ _DDP_PRIVATE void _ddp_rendezvous_note(ddp_comm_t *c, int64_t waited_ms) {
                  _ddp_ranks_word(nmissing), missing);
 }
 
-/* Phase 4: count in, then wait until every rank has (or one aborted the rendezvous). */
+/* Phase 4a: one batch: the addresses the transports published (held until now), this rank's
+ * bit in its group's join mask (a sum of distinct powers of two is their OR: a rendezvous that
+ * lasts names the missing ranks from a few reads, not one per rank), rank 0's communicator
+ * identity, then the count. The last rank to count in says the rendezvous is ready (so the
+ * identity is there by then). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_join(ddp_comm_t *c, const char *k_ready) {
+    char key[256], k_mask[256], k_id[256];
+    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
+    ddp_store_op_t ops[11];
+    int n = _ddp_comm_held_ops(c, ops, 8);
+    ddp_result_t r;
+    memset(&ops[n], 0, sizeof ops[0] * 3);
+    _ddp_key(c, k_mask, sizeof k_mask, "joinmask/%d", c->eng.rank / _DDP_JOINMASK_BITS);
+    ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = k_mask;
+    ops[n++].delta = (int64_t)1 << (c->eng.rank % _DDP_JOINMASK_BITS);
+    if (c->eng.rank == 0) {
+        memcpy(ident, &c->tctx.comm_id, 8);
+        memcpy(ident + 8, c->boot.token, sizeof c->boot.token);
+        _ddp_key(c, k_id, sizeof k_id, "comm_id");
+        ops[n].kind = DDP_STORE_OP_SET; ops[n].key = k_id;
+        ops[n].value = ident; ops[n++].len = sizeof ident;
+    }
+    _ddp_key(c, key, sizeof key, "joined");
+    ops[n].kind = DDP_STORE_OP_ADD; ops[n].key = key; ops[n].delta = 1;
+    c->boot.hold_pub = c->boot.nheld = 0;
+    r = ddp_store_batch(c->boot.store, ops, n + 1);
+    if (c->eng.rank == 0) _ddp_auth_wipe(ident, sizeof ident);
+    if (r != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
+             c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)ops[n].num);
+    if (ops[n].num == c->eng.nranks && (r = ddp_store_set(c->boot.store, k_ready, "1", 1)) != DDP_SUCCESS)
+        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    return DDP_SUCCESS;
+}
+
+/* Phase 5 (ranks but 0): the communicator's identity that rank 0 drew (len bytes of ident,
+ * read with the ready wait; found 0: not there then, so it is read now). */
+_DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c, unsigned char *ident, size_t len, int found) {
+    const size_t want = 8 + _DDP_AUTH_KEY_BYTES;
+    char key[256];
+    ddp_result_t r;
+    if (!found) {
+        _ddp_key(c, key, sizeof key, "comm_id");
+        if ((r = ddp_store_get(c->boot.store, key, ident, want, &len)) != DDP_SUCCESS)
+            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    }
+    if (len != want)
+        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
+                             "has %zu bytes, expected %zu (mixed libddp versions?)", len, want);
+    memcpy(&c->tctx.comm_id, ident, 8);
+    memcpy(c->boot.token, ident + 8, sizeof c->boot.token);
+    _ddp_auth_wipe(ident, want);
+    _ddp_derive_data_key(c);
+    return DDP_SUCCESS;
+}
+
+/* Phase 4b: wait until every rank has counted in (or one aborted the rendezvous), in slices
+ * that say who is missing. Each slice is one batch: the wait, whether it was an abort, and (ranks
+ * but 0) the communicator's identity, there once the rendezvous is ready (rank 0 publishes it
+ * before it counts in): the answers of all three in one round trip. */
 _DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
-    char k_ready[256], k_abort[256];
+    char k_ready[256], k_abort[256], k_id[256];
     const char *keys[2];
-    int64_t joined = 0, t0 = _ddp_now_us(), waited_ms = 0;
-    int keep = c->eng.timeout_ms / 10, ex = 0;
+    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
+    ddp_store_op_t ops[3];
+    int64_t t0 = _ddp_now_us(), waited_ms = 0;
+    int keep = c->eng.timeout_ms / 10;
     ddp_result_t r;
     _ddp_key(c, k_ready, sizeof k_ready, "ready");
     _ddp_key(c, k_abort, sizeof k_abort, "abort");
+    _ddp_key(c, k_id, sizeof k_id, "comm_id");
     keys[0] = k_ready; keys[1] = k_abort;
-    {
-        char key[256];
-        _ddp_key(c, key, sizeof key, "joined");
-        if ((r = ddp_store_add(c->boot.store, key, 1, &joined)) != DDP_SUCCESS)
-            return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    }
-    _DDP_LOG(c, DDP_LOG_INFO, "joined rendezvous at %s:%d as rank %d of %d (%lld joined so far)",
-             c->boot.master_addr, c->boot.master_port, c->eng.rank, c->eng.nranks, (long long)joined);
-    if (joined == c->eng.nranks && (r = ddp_store_set(c->boot.store, k_ready, "1", 1)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
+    if ((r = _ddp_rendezvous_join(c, k_ready)) != DDP_SUCCESS) return r;
     /* A slice of the deadline is kept to ask who is missing (a tenth, 100 ms to 1 s). */
     keep = keep < 100 ? 100 : keep > 1000 ? 1000 : keep;
     for (;;) {
         const int left = _ddp_init_ms_left(c, keep);
         const int64_t note = _ddp_next_wait_note_ms(waited_ms) - waited_ms;
         const int slice = left >= 0 && left <= note ? left : (int)(note < 1 ? 1 : note);
-        r = _ddp_store_wait_keys(c->boot.store, keys, 2, slice, 1);
+        memset(ops, 0, sizeof ops);
+        ops[0].kind = DDP_STORE_OP_WAIT; ops[0].keys = keys; ops[0].nkeys = 2; ops[0].any = 1;
+        ops[1].kind = DDP_STORE_OP_CHECK; ops[1].key = k_abort;
+        ops[2].kind = DDP_STORE_OP_GET_IF_SET; ops[2].key = k_id; ops[2].out = ident; ops[2].cap = sizeof ident;
+        r = _ddp_store_batch_for(c->boot.store, ops, c->eng.rank ? 3 : 2, slice);
         waited_ms = (_ddp_now_us() - t0) / 1000;
         if (r != DDP_ERR_TIMEOUT || slice == left) break;
         _ddp_rendezvous_note(c, waited_ms);   /* the wait goes on: say for whom */
@@ -373,33 +440,15 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous_wait(ddp_comm_t *c) {
         return r;
     }
     if (r != DDP_SUCCESS) return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    if (ddp_store_check(c->boot.store, k_abort, &ex) == DDP_SUCCESS && ex) {
+    if (ops[1].num) {
         char why[512];
         size_t len = 0;
+        _ddp_auth_wipe(ident, sizeof ident);
         ddp_store_get(c->boot.store, k_abort, why, sizeof why - 1, &len);
         why[len < sizeof why ? len : sizeof why - 1] = 0;
         return ddp_comm_fail(c, DDP_ERR_REMOTE, "init: rendezvous aborted by another rank: %s", why);
     }
-    return DDP_SUCCESS;
-}
-
-/* Phase 5 (ranks but 0): the communicator's identity that rank 0 drew. */
-_DDP_PRIVATE ddp_result_t _ddp_rendezvous_identity(ddp_comm_t *c) {
-    unsigned char ident[8 + _DDP_AUTH_KEY_BYTES];
-    char key[256];
-    size_t len = 0;
-    ddp_result_t r;
-    _ddp_key(c, key, sizeof key, "comm_id");
-    if ((r = ddp_store_get(c->boot.store, key, ident, sizeof ident, &len)) != DDP_SUCCESS)
-        return ddp_comm_fail(c, r, "init: rendezvous: %s", ddp_store_last_error(c->boot.store));
-    if (len != sizeof ident)
-        return ddp_comm_fail(c, DDP_ERR_MISMATCH, "init: rendezvous: the communicator's identity "
-                             "has %zu bytes, expected %zu (mixed libddp versions?)", len, sizeof ident);
-    memcpy(&c->tctx.comm_id, ident, 8);
-    memcpy(c->boot.token, ident + 8, sizeof c->boot.token);
-    _ddp_auth_wipe(ident, sizeof ident);
-    _ddp_derive_data_key(c);
-    return DDP_SUCCESS;
+    return c->eng.rank ? _ddp_rendezvous_identity(c, ident, ops[2].out_len, ops[2].num != 0) : DDP_SUCCESS;
 }
 
 /* Phase 6: every rank's host, for local rank/size and for transports that reach same-host peers
@@ -489,8 +538,7 @@ _DDP_PRIVATE ddp_result_t _ddp_rendezvous(ddp_comm_t *c, const char *forced) {
     if ((r = _ddp_rendezvous_job(c)) != DDP_SUCCESS ||
         (r = _ddp_rendezvous_register(c, host)) != DDP_SUCCESS ||
         (r = _ddp_rendezvous_transports(c, forced)) != DDP_SUCCESS ||
-        (r = _ddp_rendezvous_wait(c)) != DDP_SUCCESS ||
-        (c->eng.rank != 0 && (r = _ddp_rendezvous_identity(c)) != DDP_SUCCESS))
+        (r = _ddp_rendezvous_wait(c)) != DDP_SUCCESS)
         return r;
     return _ddp_rendezvous_hosts(c, host);
 }

@@ -45,8 +45,24 @@
  * on serving. It listens with 8 sockets sharing the port (SO_REUSEPORT, after binding it alone
  * once, so a port in use is an error): 8 listen queues for a burst of connects. A connection it
  * drops is shut down, so it ends for the client even where a forked child holds a copy of the
- * server's socket. Its work per request does not grow with the clients: the key table grows
+ * server's socket. After the hello it reads a connection's requests up to 64 KiB at a time and
+ * runs them in order; what cannot run yet (behind a parked GET/WAIT, or while 256 KiB of that
+ * client's answers wait to be read) waits with the connection, and nothing more is read from it
+ * until then: a client that pipelines without reading costs the server at most that much
+ * memory. Its work per request does not grow with the clients: the key table grows
  * with the keys, and a write runs again only the GET/WAITs parked on its keys. Linux only (epoll).
+ *
+ * BATCHES: ddp_store_batch(s, ops, n) sends n requests (ddp_store_op_t: SET, GET, ADD,
+ * COMPARE_SET, WAIT on one key or several (keys, nkeys, any), CHECK, DELETE, and GET_IF_SET, a
+ * GET that answers at once; zero-initialise each, set kind, key and what the kind reads)
+ * in one write and reads their answers in order: one round trip for all of them instead of n,
+ * which is what a rendezvous of thousands of ranks on one store costs. The server runs them in
+ * order, exactly as n calls one after another would (a GET or WAIT that waits holds the
+ * requests after it); each op gets its own result (and out_len, num), and the call returns
+ * DDP_SUCCESS or the first op's failure. Meant for requests that do not need each other's
+ * answers: check the results after the call. Long batches go as windows of at most 64
+ * requests and 16 KiB (a bigger request alone), a round trip each. The timeout bounds the
+ * whole batch. On a c10d store the requests run one by one (same results, no pipelining).
  *
  * PYTORCH'S STORE: ddp_store_connect_c10d(host, port, timeout_ms, &s) gives the same handle type
  * as a client of a c10d TCPStore: torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True), or
@@ -133,6 +149,8 @@ DDP_API ddp_result_t ddp_store_wait(ddp_store_t *store, const char *const *keys,
                                     int timeout_ms);        /* 0: the store's timeout */
 DDP_API ddp_result_t ddp_store_check(ddp_store_t *store, const char *key, int *exists);
 DDP_API ddp_result_t ddp_store_delete(ddp_store_t *store, const char *key, int *deleted);
+/* nops requests in one round trip (see BATCHES above); ops[i].result is each one's own. */
+DDP_API ddp_result_t ddp_store_batch(ddp_store_t *store, ddp_store_op_t *ops, int nops);
 DDP_API int ddp_store_port(const ddp_store_t *store);       /* server's port (useful with port 0) */
 DDP_API const char *ddp_store_last_error(const ddp_store_t *store);
 
@@ -389,6 +407,89 @@ DDP_API ddp_result_t ddp_store_delete(ddp_store_t *s, const char *key, int *dele
     r = s->client->del(s, key, deleted);
     pthread_mutex_unlock(&s->mu);
     return r;
+}
+
+/* One op of a batch, checked as its own call would check it (0: fine). */
+_DDP_PRIVATE ddp_result_t _ddp_store_check_op(ddp_store_t *s, const ddp_store_op_t *op) {
+    ddp_result_t r;
+    if (op->kind < DDP_STORE_OP_SET || op->kind > DDP_STORE_OP_GET_IF_SET) return DDP_ERR_INVALID_ARGUMENT;
+    if (op->kind == DDP_STORE_OP_WAIT && op->keys) {   /* several keys: as ddp_store_wait takes them */
+        size_t off = 0;
+        int i;
+        if (op->nkeys < 1) return DDP_ERR_INVALID_ARGUMENT;
+        for (i = 0; i < op->nkeys; i++) {
+            if ((r = _ddp_store_check_key(s, op->keys[i])) != DDP_SUCCESS) return r;
+            if ((off += strlen(op->keys[i]) + 1) > _DDP_STORE_WAIT_KEYS) return DDP_ERR_INVALID_ARGUMENT;
+        }
+    } else if ((r = _ddp_store_check_key(s, op->key)) != DDP_SUCCESS) {
+        return r;
+    }
+    if ((op->len && !op->value) || op->len > DDP_STORE_MAX_VALUE || (op->expected_len && !op->expected) ||
+        op->expected_len > DDP_STORE_MAX_VALUE || (op->cap && !op->out))
+        return DDP_ERR_INVALID_ARGUMENT;
+    return DDP_SUCCESS;
+}
+
+/* A client without pipelining (c10d): the ops one by one, through its single calls (a WAIT
+ * within timeout_ms, 0: the store's). */
+_DDP_PRIVATE ddp_result_t _ddp_store_batch_serial(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms) {
+    ddp_result_t first = DDP_SUCCESS;
+    int i, flag;
+    for (i = 0; i < nops; i++) {
+        ddp_store_op_t *op = &ops[i];
+        const char *key = op->key;
+        flag = 0;
+        switch (op->kind) {
+        case DDP_STORE_OP_SET: op->result = s->client->set(s, key, op->value, op->len); break;
+        case DDP_STORE_OP_GET: op->result = s->client->get(s, key, op->out, op->cap, &op->out_len); break;
+        case DDP_STORE_OP_ADD: op->result = s->client->add(s, key, op->delta, &op->num); break;
+        case DDP_STORE_OP_COMPARE_SET:
+            op->result = s->client->compare_set(s, key, op->expected, op->expected_len, op->value,
+                                                op->len, op->out, op->cap, &op->out_len);
+            break;
+        case DDP_STORE_OP_WAIT:
+            op->result = op->keys ? s->client->wait(s, op->keys, op->nkeys, timeout_ms, op->any)
+                                  : s->client->wait(s, &key, 1, timeout_ms, 0);
+            break;
+        case DDP_STORE_OP_CHECK: op->result = s->client->check(s, key, &flag); op->num = flag; break;
+        case DDP_STORE_OP_GET_IF_SET:   /* two requests here: a check, then the get */
+            op->result = s->client->check(s, key, &flag);
+            op->num = flag;
+            if (op->result == DDP_SUCCESS && flag) op->result = s->client->get(s, key, op->out, op->cap, &op->out_len);
+            break;
+        default: op->result = s->client->del(s, key, &flag); op->num = flag; break;
+        }
+        if (op->result != DDP_SUCCESS && first == DDP_SUCCESS) first = op->result;
+    }
+    return first;
+}
+
+/* ddp_store_batch within timeout_ms (0: the store's timeout; init's waits come in slices). */
+_DDP_PRIVATE ddp_result_t _ddp_store_batch_for(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms) {
+    ddp_result_t r;
+    int i;
+    if (!s || nops < 0 || (nops && !ops)) return DDP_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < nops; i++) {
+        ops[i].out_len = 0;
+        ops[i].num = 0;
+        if ((r = _ddp_store_check_op(s, &ops[i])) != DDP_SUCCESS) {
+            ops[i].result = r;
+            if (r == DDP_ERR_INVALID_ARGUMENT)
+                snprintf(s->last_error, sizeof s->last_error, "ddp_store_batch: op %d of %d is not a "
+                         "valid request (kind %d; its key, value lengths or buffer)", i, nops, (int)ops[i].kind);
+            return r;
+        }
+        ops[i].result = DDP_SUCCESS;
+    }
+    if (nops == 0) return DDP_SUCCESS;
+    pthread_mutex_lock(&s->mu);
+    r = s->client->batch ? s->client->batch(s, ops, nops, timeout_ms) : _ddp_store_batch_serial(s, ops, nops, timeout_ms);
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+DDP_API ddp_result_t ddp_store_batch(ddp_store_t *s, ddp_store_op_t *ops, int nops) {
+    return _ddp_store_batch_for(s, ops, nops, 0);
 }
 
 DDP_API int ddp_store_port(const ddp_store_t *s) { return s ? s->port : -1; }

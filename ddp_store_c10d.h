@@ -626,6 +626,6 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_check(ddp_store_t *s, const char *key, int *
 _DDP_PRIVATE const _ddp_store_client_t _ddp_store_c10d = {
     "c10d store", _ddp_c10d_handshake, _ddp_c10d_connected, _ddp_c10d_prepare,
     _ddp_c10d_set, _ddp_c10d_get, _ddp_c10d_add, _ddp_c10d_cas,
-    _ddp_c10d_wait, _ddp_c10d_check, _ddp_c10d_delete};
+    _ddp_c10d_wait, _ddp_c10d_check, _ddp_c10d_delete, NULL};   /* batch: one by one */
 
 #endif /* DDP_STORE_C10D_IMPLEMENTATION */

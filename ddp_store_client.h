@@ -155,6 +155,30 @@ _DDP_PRIVATE int _ddp_store_recv_challenge(ddp_store_t *s, int fd, void *buf, si
     return 0;
 }
 
+/* Receives exactly len bytes that the server has yet to send (the answer to our hello): polls
+ * first, as reading first would find nothing. 0 or -errno (-ECONNRESET on EOF). */
+_DDP_PRIVATE int _ddp_store_recv_answer(int fd, void *buf, size_t len, int64_t deadline) {
+    char *p = (char *)buf;
+    while (len) {
+        struct pollfd pfd;
+        ssize_t n;
+        int ms = _ddp_ms_left(deadline);
+        if (ms == 0) return -ETIMEDOUT;
+        pfd.fd = fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+        if (!pfd.revents) continue;
+        n = recv(fd, p, len, MSG_DONTWAIT);
+        if (n == 0) return -ECONNRESET;
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 /* The handshake on a fresh connection. *retry = 1 when the connection was lost during it (a
  * master out of descriptors, or flooded, drops some), or brought no challenge in time (see
  * above): then the caller connects again. */
@@ -185,14 +209,18 @@ _DDP_PRIVATE ddp_result_t _ddp_store_handshake(ddp_store_t *s, int fd, int64_t d
         memcpy(&ch, chal, sizeof ch);
         /* The key exists once the salt is known; a secret without one yet still says "I have
          * a secret" to hs_hello, which refuses a master that asks for none. */
-        if (ch.magic == _DDP_STORE_MAGIC && ch.proto == _DDP_STORE_PROTO && (ch.flags & _DDP_ST_CHAL_SECRET))
+        if (ch.magic == _DDP_STORE_MAGIC && ch.proto != _DDP_STORE_PROTO)
+            return _ddp_store_err(s, DDP_ERR_MISMATCH, "rendezvous: master %s:%d speaks store protocol "
+                                  "version %u, this rank %u (mixed libddp versions: run one libddp "
+                                  "everywhere)", s->host, s->port, ch.proto, _DDP_STORE_PROTO);
+        if (ch.magic == _DDP_STORE_MAGIC && (ch.flags & _DDP_ST_CHAL_SECRET))
             _ddp_store_key_for(s, ch.salt);
         hs = _ddp_store_hs_hello(s->key, s->secret[0] ? sizeof s->key : 0, chal, sizeof chal, nc, msg,
                                  &msglen, ns);
         if (hs != _DDP_HS_OK) return _ddp_store_hs_error(s, hs);
         rc = _ddp_send_all(fd, msg, msglen, deadline);
     }
-    if (rc == 0) rc = _ddp_recv_all(fd, &resp, sizeof resp, deadline);
+    if (rc == 0) rc = _ddp_store_recv_answer(fd, &resp, sizeof resp, deadline);
     if (rc == 0 && resp.magic == _DDP_STORE_MAGIC && resp.vlen <= sizeof val) {
         vlen = resp.vlen;
         if (vlen) rc = _ddp_recv_all(fd, val, vlen, deadline);
@@ -239,97 +267,172 @@ _DDP_PRIVATE _ddp_store_call_t _ddp_store_call(uint32_t op, const char *key) {
     return q;
 }
 
-/* Sends the request: header, key, v1, v2. 0 or -errno. */
-_DDP_PRIVATE int _ddp_store_rpc_send(ddp_store_t *s, const _ddp_store_call_t *q, int64_t deadline) {
-    _ddp_store_req_t rq;
-    struct iovec iov[4];
-    int rc, i;
-    memset(&rq, 0, sizeof rq);
-    rq.magic = _DDP_STORE_MAGIC; rq.op = q->op; rq.klen = (uint32_t)q->klen; rq.v1len = (uint32_t)q->v1len;
-    rq.v2len = (uint32_t)q->v2len; rq.flags = q->flags; rq.arg = q->arg;
-    iov[0].iov_base = &rq; iov[0].iov_len = sizeof rq;
-    iov[1].iov_base = (void *)(uintptr_t)q->key; iov[1].iov_len = q->klen;
-    iov[2].iov_base = (void *)(uintptr_t)q->v1; iov[2].iov_len = q->v1len;
-    iov[3].iov_base = (void *)(uintptr_t)q->v2; iov[3].iov_len = q->v2len;
-    for (i = 0, rc = 0; i < 4 && rc == 0; i++)
-        if (iov[i].iov_len) rc = _ddp_send_all(s->fd, iov[i].iov_base, iov[i].iov_len, deadline);
-    return rc;
+/* Sends every iovec before the deadline, in as few sendmsg calls as the socket allows (a
+ * request, or a whole window of them, is one segment on the wire). iov is consumed. 0 or
+ * -errno. */
+_DDP_PRIVATE int _ddp_store_sendv(int fd, struct iovec *iov, int niov, int64_t deadline) {
+    while (niov > 0) {
+        struct msghdr mh;
+        ssize_t n;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)niov;
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd;
+            int ms = _ddp_ms_left(deadline);
+            if (ms == 0) return -ETIMEDOUT;
+            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+            continue;
+        }
+        if (n <= 0) return n == 0 ? -EPIPE : -errno;
+        while (niov > 0 && (size_t)n >= iov->iov_len) { n -= (ssize_t)iov->iov_len; iov++; niov--; }
+        if (niov > 0) { iov->iov_base = (char *)iov->iov_base + n; iov->iov_len -= (size_t)n; }
+    }
+    return 0;
+}
+
+/* Receives exactly n bytes of answers before the deadline, through the handle's read-ahead
+ * (s->rx): one recv takes every answer that has arrived. It polls before it reads (an answer
+ * is awaited: reading first would mostly find nothing). 0, -ECONNRESET on EOF, or -errno. */
+_DDP_PRIVATE int _ddp_store_rx_read(ddp_store_t *s, void *dst, size_t n, int64_t deadline) {
+    unsigned char *p = (unsigned char *)dst;
+    while (n) {
+        struct pollfd pfd;
+        ssize_t got;
+        int ms, direct;
+        if (s->rx_off < s->rx_len) {
+            size_t k = s->rx_len - s->rx_off < n ? s->rx_len - s->rx_off : n;
+            memcpy(p, s->rx + s->rx_off, k);
+            s->rx_off += k; p += k; n -= k;
+            continue;
+        }
+        s->rx_off = s->rx_len = 0;
+        if ((ms = _ddp_ms_left(deadline)) == 0) return -ETIMEDOUT;
+        pfd.fd = s->fd; pfd.events = POLLIN; pfd.revents = 0;
+        if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+        if (!pfd.revents) continue;
+        direct = n >= sizeof s->rx;               /* a big value goes straight to its place */
+        got = recv(s->fd, direct ? (void *)p : (void *)s->rx, direct ? n : sizeof s->rx, MSG_DONTWAIT);
+        if (got == 0) return -ECONNRESET;
+        if (got < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -errno;
+        }
+        if (direct) { p += got; n -= (size_t)got; }
+        else s->rx_len = (size_t)got;
+    }
+    return 0;
 }
 
 /* Reads the answer: its header into *resp, its value into q->out (as far as q->cap). */
 _DDP_PRIVATE int _ddp_store_rpc_recv(ddp_store_t *s, const _ddp_store_call_t *q, _ddp_store_resp_t *resp,
                                      int64_t deadline) {
-    int rc = _ddp_recv_all(s->fd, resp, sizeof *resp, deadline);
+    int rc = _ddp_store_rx_read(s, resp, sizeof *resp, deadline);
     if (rc == 0 && resp->magic != _DDP_STORE_MAGIC) rc = -EPROTO;
     if (rc == 0 && resp->vlen) {
         size_t take = resp->vlen < q->cap ? resp->vlen : q->cap;
-        if (take) rc = _ddp_recv_all(s->fd, q->out, take, deadline);
+        if (take) rc = _ddp_store_rx_read(s, q->out, take, deadline);
         while (rc == 0 && take < resp->vlen) {
             char sink[4096];
             size_t n = resp->vlen - take < sizeof sink ? resp->vlen - take : sizeof sink;
-            rc = _ddp_recv_all(s->fd, sink, n, deadline);
+            rc = _ddp_store_rx_read(s, sink, n, deadline);
             take += n;
         }
     }
     return rc;
 }
 
+/* A round trip that broke (rc: -errno) for request q: the stream is out of step, so it is
+ * dropped (the next call reconnects); says why. */
+_DDP_PRIVATE ddp_result_t _ddp_store_rpc_failed(ddp_store_t *s, const _ddp_store_call_t *q, int rc, int64_t t0) {
+    _ddp_store_hangup(s);
+    if (rc == -ETIMEDOUT && q->op == _DDP_ST_WAIT) {
+        /* The server parks a wait until its keys exist: no answer is the answer "not yet",
+         * the caller's to judge (the rendezvous waits in slices and says who is missing). */
+        snprintf(s->last_error, sizeof s->last_error, "waited %d ms at the store %s:%d: key '%.*s' "
+                 "not set yet", (int)((_ddp_now_us() - t0) / 1000), s->host, s->port,
+                 (int)(q->klen > 200 ? 200 : q->klen), q->key);
+        _ddp_store_log(s, DDP_LOG_INFO, "store: %s", s->last_error);
+        return DDP_ERR_TIMEOUT;
+    }
+    if (rc == -ETIMEDOUT)
+        return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s%s at %s:%d did not answer within %d ms (key "
+                              "'%.*s')", s->hosted_by[0] ? s->hosted_by : "rank 0",
+                              s->hosted_by[0] && strncmp(s->hosted_by, "rank ", 5) ? ": the store" : "'s store",
+                              s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
+                              (int)(q->klen > 200 ? 200 : q->klen), q->key);
+    if (!strncmp(s->hosted_by, "rank ", 5)) {
+        /* A rank's store: one look says whether it is gone (refused) or the stream broke
+         * (briefer while reporting a failure: that must not wait on a dead host). */
+        char why[256];
+        const int fd = _ddp_store_dial(s, _ddp_deadline(s->quick ? 100 : 1000), why, sizeof why);
+        if (fd >= 0) close(fd);
+        if (fd == -ECONNREFUSED)
+            return _ddp_store_err(s, DDP_ERR_REMOTE, "the store at %s:%d was hosted by %s, which is "
+                                  "gone (the connection was lost: %s; a new one is refused): %s "
+                                  "exited or was killed, and the store went with it; launched "
+                                  "without ddprun (mpirun, srun), a job cannot outlive its %s "
+                                  "(ddprun keeps the store in the launcher)", s->host, s->port,
+                                  s->hosted_by, strerror(-rc), s->hosted_by, s->hosted_by);
+    }
+    if (s->hosted_by[0])
+        return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to the store at %s:%d, hosted "
+                              "by %s: %s", s->host, s->port, s->hosted_by, strerror(-rc));
+    return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
+                          "store): %s", s->host, s->port, strerror(-rc));
+}
+
+/* A window of pipelined requests: at most this many, and this many bytes of them (one request
+ * may be bigger alone). The server reads a window whole, so a client that sends one and then
+ * reads its answers never waits on a server that waits on it. */
+#define _DDP_STORE_WINDOW_OPS 64
+#define _DDP_STORE_WINDOW_BYTES 16384
+
+/* n requests in one write, then their n answers in order: one round trip for all of them. The
+ * caller holds the store's mutex and keeps n <= _DDP_STORE_WINDOW_OPS. DDP_SUCCESS means every
+ * answer came (each status is in resp[i]); else *done answers came, and the failure is
+ * request *done's. *outlen[i]: answer i's full value length. */
+_DDP_PRIVATE ddp_result_t _ddp_store_rpcv(ddp_store_t *s, const _ddp_store_call_t *q, int n,
+                                          _ddp_store_resp_t *resp, int *done) {
+    _ddp_store_req_t rq[_DDP_STORE_WINDOW_OPS];
+    struct iovec iov[4 * _DDP_STORE_WINDOW_OPS];
+    int64_t deadline;
+    const int64_t t0 = _ddp_now_us();
+    int rc, i, niov = 0;
+    *done = 0;
+    if (s->fd < 0) {
+        ddp_result_t r;
+        if (s->quick) return DDP_ERR_REMOTE;
+        if ((r = _ddp_store_connect(s)) != DDP_SUCCESS) return r;
+    }
+    deadline = _ddp_store_deadline(s, q[0].timeout_ms ? q[0].timeout_ms : s->timeout_ms);
+    for (i = 0; i < n; i++) {
+        memset(&rq[i], 0, sizeof rq[i]);
+        rq[i].magic = _DDP_STORE_MAGIC; rq[i].op = q[i].op; rq[i].klen = (uint32_t)q[i].klen;
+        rq[i].v1len = (uint32_t)q[i].v1len; rq[i].v2len = (uint32_t)q[i].v2len;
+        rq[i].flags = q[i].flags; rq[i].arg = q[i].arg;
+        iov[niov].iov_base = &rq[i]; iov[niov++].iov_len = sizeof rq[i];
+        if (q[i].klen) { iov[niov].iov_base = (void *)(uintptr_t)q[i].key; iov[niov++].iov_len = q[i].klen; }
+        if (q[i].v1len) { iov[niov].iov_base = (void *)(uintptr_t)q[i].v1; iov[niov++].iov_len = q[i].v1len; }
+        if (q[i].v2len) { iov[niov].iov_base = (void *)(uintptr_t)q[i].v2; iov[niov++].iov_len = q[i].v2len; }
+    }
+    rc = _ddp_store_sendv(s->fd, iov, niov, deadline);
+    for (i = 0; rc == 0 && i < n; i++)
+        if ((rc = _ddp_store_rpc_recv(s, &q[i], &resp[i], deadline)) == 0) *done = i + 1;
+    return rc == 0 ? DDP_SUCCESS : _ddp_store_rpc_failed(s, &q[*done], rc, t0);
+}
+
 /* One request/response round trip; the caller holds the store's mutex. *outlen (if not NULL):
  * the answer value's full length. DDP_SUCCESS means an answer came: its status is resp->status. */
 _DDP_PRIVATE ddp_result_t _ddp_store_rpc(ddp_store_t *s, const _ddp_store_call_t *q,
                                          _ddp_store_resp_t *resp, size_t *outlen) {
-    int64_t deadline;
-    const int64_t t0 = _ddp_now_us();
-    int rc;
-    ddp_result_t r;
-    if (s->fd < 0) {
-        if (s->quick) return DDP_ERR_REMOTE;
-        r = _ddp_store_connect(s);
-        if (r != DDP_SUCCESS) return r;
-    }
-    deadline = _ddp_store_deadline(s, q->timeout_ms ? q->timeout_ms : s->timeout_ms);
-    rc = _ddp_store_rpc_send(s, q, deadline);
-    if (rc == 0) rc = _ddp_store_rpc_recv(s, q, resp, deadline);
-    if (outlen) *outlen = rc == 0 ? resp->vlen : 0;
-    if (rc != 0) {
-        /* The stream is out of step now: drop it; the next call reconnects. */
-        _ddp_store_hangup(s);
-        if (rc == -ETIMEDOUT && q->op == _DDP_ST_WAIT) {
-            /* The server parks a wait until its keys exist: no answer is the answer "not yet",
-             * the caller's to judge (the rendezvous waits in slices and says who is missing). */
-            snprintf(s->last_error, sizeof s->last_error, "waited %d ms at the store %s:%d: key '%.*s' "
-                     "not set yet", (int)((_ddp_now_us() - t0) / 1000), s->host, s->port,
-                     (int)(q->klen > 200 ? 200 : q->klen), q->key);
-            _ddp_store_log(s, DDP_LOG_INFO, "store: %s", s->last_error);
-            return DDP_ERR_TIMEOUT;
-        }
-        if (rc == -ETIMEDOUT)
-            return _ddp_store_err(s, DDP_ERR_TIMEOUT, "%s%s at %s:%d did not answer within %d ms (key "
-                                  "'%.*s')", s->hosted_by[0] ? s->hosted_by : "rank 0",
-                                  s->hosted_by[0] && strncmp(s->hosted_by, "rank ", 5) ? ": the store" : "'s store",
-                                  s->host, s->port, (int)((_ddp_now_us() - t0) / 1000),
-                                  (int)(q->klen > 200 ? 200 : q->klen), q->key);
-        if (!strncmp(s->hosted_by, "rank ", 5)) {
-            /* A rank's store: one look says whether it is gone (refused) or the stream broke
-             * (briefer while reporting a failure: that must not wait on a dead host). */
-            char why[256];
-            const int fd = _ddp_store_dial(s, _ddp_deadline(s->quick ? 100 : 1000), why, sizeof why);
-            if (fd >= 0) close(fd);
-            if (fd == -ECONNREFUSED)
-                return _ddp_store_err(s, DDP_ERR_REMOTE, "the store at %s:%d was hosted by %s, which is "
-                                      "gone (the connection was lost: %s; a new one is refused): %s "
-                                      "exited or was killed, and the store went with it; launched "
-                                      "without ddprun (mpirun, srun), a job cannot outlive its %s "
-                                      "(ddprun keeps the store in the launcher)", s->host, s->port,
-                                      s->hosted_by, strerror(-rc), s->hosted_by, s->hosted_by);
-        }
-        if (s->hosted_by[0])
-            return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to the store at %s:%d, hosted "
-                                  "by %s: %s", s->host, s->port, s->hosted_by, strerror(-rc));
-        return _ddp_store_err(s, DDP_ERR_REMOTE, "lost the connection to master %s:%d (rank 0's "
-                              "store): %s", s->host, s->port, strerror(-rc));
-    }
-    return DDP_SUCCESS;
+    int done;
+    ddp_result_t r = _ddp_store_rpcv(s, q, 1, resp, &done);
+    if (outlen) *outlen = r == DDP_SUCCESS ? resp->vlen : 0;
+    return r;
 }
 
 /* The call's result: the round trip's failure, else the server's status. */
@@ -428,9 +531,98 @@ _DDP_PRIVATE ddp_result_t _ddp_store_native_delete(ddp_store_t *s, const char *k
     return _ddp_store_status(r, &resp);
 }
 
+/* A batch's requests as calls (ops checked by ddp_store_batch). */
+_DDP_PRIVATE _ddp_store_call_t _ddp_store_op_call(const ddp_store_op_t *op) {
+    static const uint32_t wire[] = {0, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
+                                    _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_GET_IF_SET};
+    _ddp_store_call_t q = _ddp_store_call(wire[op->kind], op->key ? op->key : "");
+    if (op->kind == DDP_STORE_OP_SET) { q.v1 = op->value; q.v1len = op->len; }
+    if (op->kind == DDP_STORE_OP_COMPARE_SET) {
+        q.v1 = op->expected; q.v1len = op->expected_len;
+        q.v2 = op->value; q.v2len = op->len;
+    }
+    if (op->kind == DDP_STORE_OP_ADD) q.arg = op->delta;
+    if (op->kind == DDP_STORE_OP_GET || op->kind == DDP_STORE_OP_COMPARE_SET || op->kind == DDP_STORE_OP_GET_IF_SET) {
+        q.out = op->out;
+        q.cap = op->cap;
+    }
+    if (op->kind == DDP_STORE_OP_WAIT && op->any) q.flags = _DDP_ST_WAIT_ANY;
+    return q;
+}
+
+/* A WAIT on several keys: its key field, the keys NUL-separated, in a buffer of its own (freed
+ * by the caller; checked by ddp_store_batch to fit _DDP_STORE_WAIT_KEYS). NULL: no memory. */
+_DDP_PRIVATE char *_ddp_store_op_wait_keys(const ddp_store_op_t *op, _ddp_store_call_t *q) {
+    char *buf = (char *)DDP_MALLOC(_DDP_STORE_WAIT_KEYS);
+    size_t off = 0;
+    int i;
+    if (!buf) return NULL;
+    for (i = 0; i < op->nkeys; i++) {
+        const size_t n = strlen(op->keys[i]);
+        memcpy(buf + off, op->keys[i], n + 1);
+        off += n + 1;
+    }
+    q->key = buf;
+    q->klen = off - 1;
+    return buf;
+}
+
+/* How many of ops (at least one) make the next window. */
+_DDP_PRIVATE int _ddp_store_window(const _ddp_store_call_t *q, int nops) {
+    size_t bytes = 0;
+    int n = 0;
+    while (n < nops && n < _DDP_STORE_WINDOW_OPS) {
+        const size_t b = sizeof(_ddp_store_req_t) + q[n].klen + q[n].v1len + q[n].v2len;
+        if (n && bytes + b > _DDP_STORE_WINDOW_BYTES) break;
+        bytes += b;
+        n++;
+    }
+    return n;
+}
+
+/* The requests pipelined, a window at a time (see _ddp_store_rpcv), within timeout_ms (0: the
+ * store's): each op gets its own result; a lost connection fails the op it broke on and every
+ * op after it. */
+_DDP_PRIVATE ddp_result_t _ddp_store_batch_within(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms) {
+    _ddp_store_call_t q[_DDP_STORE_WINDOW_OPS];
+    _ddp_store_resp_t resp[_DDP_STORE_WINDOW_OPS];
+    char *keys[_DDP_STORE_WINDOW_OPS];
+    ddp_result_t first = DDP_SUCCESS;
+    int at = 0, i;
+    while (at < nops) {
+        int n = nops - at < _DDP_STORE_WINDOW_OPS ? nops - at : _DDP_STORE_WINDOW_OPS, done = 0, nomem = 0;
+        ddp_result_t r;
+        for (i = 0; i < n; i++) {
+            q[i] = _ddp_store_op_call(&ops[at + i]);
+            keys[i] = NULL;
+            if (ops[at + i].kind == DDP_STORE_OP_WAIT && ops[at + i].keys &&
+                !(keys[i] = _ddp_store_op_wait_keys(&ops[at + i], &q[i])))
+                nomem = 1;
+        }
+        q[0].timeout_ms = timeout_ms;
+        n = _ddp_store_window(q, n);
+        r = nomem ? DDP_ERR_OUT_OF_MEMORY : _ddp_store_rpcv(s, q, n, resp, &done);
+        for (i = 0; i < _DDP_STORE_WINDOW_OPS && i < nops - at; i++) DDP_FREE(keys[i]);
+        for (i = 0; i < done; i++) {
+            ddp_store_op_t *op = &ops[at + i];
+            op->result = (ddp_result_t)resp[i].status;
+            op->num = resp[i].num;
+            op->out_len = op->kind == DDP_STORE_OP_GET || op->kind == DDP_STORE_OP_COMPARE_SET ||
+                          op->kind == DDP_STORE_OP_GET_IF_SET ? resp[i].vlen : 0;
+            if (op->result != DDP_SUCCESS && first == DDP_SUCCESS) first = op->result;
+        }
+        if (r != DDP_SUCCESS) {
+            for (i = at + done; i < nops; i++) { ops[i].result = r; ops[i].out_len = 0; }
+            return first != DDP_SUCCESS ? first : r;
+        }
+        at += n;
+    }
+    return first;
+}
+
 _DDP_PRIVATE const _ddp_store_client_t _ddp_store_native = {
     "rendezvous: rank 0's store at", _ddp_store_native_handshake, _ddp_store_native_connected, NULL,
     _ddp_store_native_set, _ddp_store_native_get, _ddp_store_native_add, _ddp_store_native_cas,
-    _ddp_store_native_wait, _ddp_store_native_check, _ddp_store_native_delete};
+    _ddp_store_native_wait, _ddp_store_native_check, _ddp_store_native_delete, _ddp_store_batch_within};
 
 #endif /* DDP_STORE_CLIENT_IMPLEMENTATION */

@@ -56,6 +56,35 @@ typedef struct ddp_store_desc {
 #define DDP_STORE_MAX_KEY 1024
 #define DDP_STORE_MAX_VALUE (16u << 20)
 
+/* One request of ddp_store_batch (documented in ddp_store.h). Zero-initialise it, then set
+ * kind, key and what the kind reads; the call fills result and what the kind answers. */
+typedef enum ddp_store_op_kind {
+    DDP_STORE_OP_SET = 1,     /* key = value (len bytes) */
+    DDP_STORE_OP_GET,         /* waits for key; up to cap bytes into out; out_len = full length */
+    DDP_STORE_OP_ADD,         /* key += delta; num = the new value */
+    DDP_STORE_OP_COMPARE_SET, /* key = value if it equals expected; the value after, as GET */
+    DDP_STORE_OP_WAIT,        /* waits for key (or for keys[0..nkeys), all of them or any) */
+    DDP_STORE_OP_CHECK,       /* num = 1 when key exists */
+    DDP_STORE_OP_DELETE,      /* num = 1 when key existed */
+    DDP_STORE_OP_GET_IF_SET   /* at once: num = 1 and the value as GET when key exists, else 0 */
+} ddp_store_op_kind_t;
+typedef struct ddp_store_op {
+    ddp_store_op_kind_t kind;
+    const char *key;
+    const void *value;        /* SET: the value; COMPARE_SET: the desired value */
+    size_t len;
+    const void *expected;     /* COMPARE_SET (a missing key matches expected_len == 0) */
+    size_t expected_len;
+    int64_t delta;            /* ADD */
+    void *out;                /* GET, COMPARE_SET, GET_IF_SET: the value goes here, up to cap bytes */
+    size_t cap;
+    const char *const *keys;  /* WAIT on several keys (key unused): nkeys of them; any: one is enough */
+    int nkeys, any;
+    ddp_result_t result;      /* out: this request's own result */
+    size_t out_len;           /* out: GET, COMPARE_SET, GET_IF_SET: the value's full length */
+    int64_t num;              /* out: ADD's sum; CHECK's, DELETE's and GET_IF_SET's 0 or 1 */
+} ddp_store_op_t;
+
 #ifdef __cplusplus
 }
 #endif
@@ -71,7 +100,7 @@ typedef struct ddp_store_desc {
 #error "libddp: ddp_store_core.h's implementation needs ddp_base.h's, ddp_socket.h's and ddp_auth.h's (define DDP_IMPLEMENTATION)"
 #endif
 
-/* ---------------------------------------------------------------- wire protocol, version 3
+/* ---------------------------------------------------------------- wire protocol, version 4
  * Native byte order; the magic rejects strangers and peers of the other byte order.
  *   challenge (server -> client, first thing on every connection)
  *            {u32 magic, u32 proto, u32 flags (1: a job secret is required), u32 pad} nonce_s[32]
@@ -82,9 +111,13 @@ typedef struct ddp_store_desc {
  * its proof; the answer's value is the server's proof (ddp_auth.h, label "store", keyed with
  * the stretched secret: a client stretches it once per salt, the server once at start). A wrong
  * proof or version gets one error answer, then the server closes the connection. GET and WAIT
- * are answered when their keys exist, so a client blocks in recv with its own timeout. */
+ * are answered when their keys exist, so a client blocks in recv with its own timeout.
+ * Version 4 (was 3): GET_IF_SET (answers at once: num 1 and the value, or num 0); a client may
+ * pipeline, sending several requests before reading their answers (ddp_store_batch); the server runs them in order, one connection's requests behind
+ * its parked GET/WAIT (version 3 servers dropped a client that spoke while parked, so the two
+ * versions refuse each other at the hello, each naming both versions). */
 #define _DDP_STORE_MAGIC 0x44445053u /* "DDPS" */
-#define _DDP_STORE_PROTO 3u
+#define _DDP_STORE_PROTO 4u
 #define _DDP_STORE_LABEL "store"
 #define _DDP_STORE_HELLO_MAX 128            /* body bytes a peer may send before authenticating */
 #define _DDP_STORE_HANDSHAKE_MAX_MS 10000
@@ -92,7 +125,7 @@ typedef struct ddp_store_desc {
 #define _DDP_STORE_BACKOFF_MAX_MS 2000
 
 enum { _DDP_ST_HELLO = 1, _DDP_ST_SET, _DDP_ST_GET, _DDP_ST_ADD, _DDP_ST_CAS, _DDP_ST_WAIT,
-       _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_NUM_OPS };
+       _DDP_ST_CHECK, _DDP_ST_DELETE, _DDP_ST_GET_IF_SET, _DDP_ST_NUM_OPS };
 #define _DDP_ST_WAIT_ANY 1u                 /* WAIT flags: any of the keys is enough */
 #define _DDP_ST_HELLO_PROOF 1u              /* HELLO flags: v1 = nonce_c || proof */
 #define _DDP_ST_CHAL_SECRET 1u              /* challenge flags: the server requires a proof */
@@ -130,6 +163,9 @@ typedef struct _ddp_store_client {
     ddp_result_t (*wait)(ddp_store_t *s, const char *const *keys, int nkeys, int timeout_ms, int any);
     ddp_result_t (*check)(ddp_store_t *s, const char *key, int *exists);
     ddp_result_t (*del)(ddp_store_t *s, const char *key, int *deleted);
+    /* ops checked by the caller (ddp_store.h), within timeout_ms (0: the store's); NULL:
+     * ddp_store_batch runs them one by one */
+    ddp_result_t (*batch)(ddp_store_t *s, ddp_store_op_t *ops, int nops, int timeout_ms);
 } _ddp_store_client_t;
 #define _DDP_STORE_WAIT_KEYS 8192           /* the keys of one wait, NUL-separated */
 
@@ -142,6 +178,7 @@ typedef struct _ddp_waiter _ddp_waiter_t;
 typedef struct { int64_t last_us; unsigned long suppressed; } _ddp_store_rate_t;
 
 #define _DDP_KV_BUCKETS 1024
+#define _DDP_STORE_CLIENT_RX 4096                  /* a client's read-ahead of answers */
 #define _DDP_STORE_LISTENERS 8              /* the server's listen queues (ddp_store_server.h) */
 struct ddp_store {
     /* client side */
@@ -163,6 +200,10 @@ struct ddp_store {
     size_t keylen;            /* 0: no key yet (or no job secret) */
     unsigned char salt[_DDP_AUTH_SALT_BYTES];   /* the server's (in every challenge) */
     char last_error[512];
+    /* libddp's client reads answers through this buffer: the answers to a batch arrive
+     * together and one recv takes them all (rx_off..rx_len not yet used; empty on connect) */
+    unsigned char rx[_DDP_STORE_CLIENT_RX];
+    size_t rx_off, rx_len;
     /* Who serves the store, for messages ("rank 0", "the launcher (ddprun)"; "": not known, then
      * messages say "rank 0's store" as they always did). When a rank serves it and a connection
      * was made once, a refused reconnect means the server is gone for good: it fails at once
@@ -212,6 +253,8 @@ struct ddp_store {
     _ddp_store_conn_t *woken_head, *woken_tail;   /* parked requests a write may have answered */
     int nunfiled;             /* parked but not filed (no memory): re-checked after every write */
     uint64_t nrerun;          /* parked requests run again after writes (tests read it) */
+    unsigned char *srv_rx;    /* the server's read buffer, shared by every authenticated
+                               * connection (ddp_store_server.h: reading ahead) */
 };
 
 _DDP_PRIVATE void _ddp_store_log(const ddp_store_t *s, int level, const char *fmt, ...) {
@@ -241,6 +284,7 @@ _DDP_PRIVATE void _ddp_store_hangup(ddp_store_t *s) {
     if (getpid() == s->owner_pid) shutdown(s->fd, SHUT_RDWR);
     close(s->fd);
     s->fd = -1;
+    s->rx_off = s->rx_len = 0;   /* answers of that connection */
 }
 
 /* ---------------------------------------------------------------- the client's deadlines
@@ -345,10 +389,9 @@ _DDP_PRIVATE int _ddp_store_dial(ddp_store_t *s, int64_t deadline, char *why, si
         return _DDP_STORE_UNRESOLVABLE;
     }
     for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol), one = 1;
         if (fd < 0) { last_err = errno; continue; }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        _ddp_set_nonblock(fd, 1);
         if ((rc = _ddp_store_bind_local(s, fd, ai->ai_family)) != 0) {
             last_err = -rc;
             bind_failed = 1;

@@ -28,6 +28,14 @@
 
 #define _DDP_STORE_BACKLOG 4096             /* a burst of 1,024+ connects; the kernel caps it at somaxconn */
 #define _DDP_STORE_BATCH 64                 /* events per epoll_wait; reads per event */
+/* Reading ahead (see "reading requests"): an authenticated connection's recv takes up to RX
+ * bytes into the server's one read buffer, so a pipelined batch costs one recv; what cannot run
+ * yet (behind a parked GET/WAIT, or while OUT_MAX bytes of answers wait for the client to read
+ * them) is kept in the connection's `ahead`, and nothing more is read from it until that is
+ * used up: a client that pipelines without reading holds at most RX bytes ahead and OUT_MAX
+ * bytes (plus one answer) of output on the server. */
+#define _DDP_STORE_SERVER_RX (64u << 10)
+#define _DDP_STORE_OUT_MAX (256u << 10)
 /* Accepts per wake-up. A listen queue that fills drops SYNs (and final ACKs: then a connection
  * the client sees made never reaches the server), and every drop costs a client a
  * retransmission timeout (1 s, 3 s, 7 s...): taken 64 at a time between rounds of requests,
@@ -88,6 +96,9 @@ struct _ddp_store_conn {
     size_t in_cap;
     unsigned char *out;       /* answers not yet sent */
     size_t out_len, out_off, out_cap;
+    unsigned char *ahead;     /* read ahead, not yet run (READY only; at most _DDP_STORE_SERVER_RX) */
+    size_t ahead_len, ahead_off;
+    int hangup_only;          /* parked, read ahead, and more came: watched for its hangup only */
     char addr[64];
     _ddp_src_t src;           /* for the throttle */
     int held;                 /* 1: its hello waits for its source's turn; 2: its refusal waits */
@@ -421,11 +432,25 @@ _DDP_PRIVATE void _ddp_store_close_fd(ddp_store_t *s, int fd) {
     close(fd);
 }
 
-/* epoll interest: input unless closing, output while something is queued. */
+/* Whether a connection's next request may run now: authenticated, nothing parked, and its
+ * client reading its answers (at most _DDP_STORE_OUT_MAX bytes of them unsent). */
+_DDP_PRIVATE int _ddp_conn_can_take(const _ddp_store_conn_t *c) {
+    return c->state == _DDP_CONN_READY && !c->waiting && !c->held && c->out_len - c->out_off <= _DDP_STORE_OUT_MAX;
+}
+
+/* epoll interest: input while requests may run and nothing read ahead waits, output while
+ * something is queued. A parked request keeps the input interest, so that its client's hangup
+ * or pipelined requests are noticed without a change of interest in the common case, where the
+ * client sends nothing more while it waits (a batch's requests behind the wait came with it and
+ * are read ahead); only when more comes while read-ahead bytes wait is it watched for its
+ * hangup alone (EPOLLRDHUP). */
 _DDP_PRIVATE void _ddp_conn_watch(ddp_store_t *s, _ddp_store_conn_t *c) {
     struct epoll_event ev;
-    uint32_t want = c->state == _DDP_CONN_CLOSING || c->held ? 0u : (uint32_t)EPOLLIN;
+    uint32_t want = 0;
     if (s->epfd < 0 || c->fd < 0 || c->state == _DDP_CONN_DEAD) return;
+    if (c->state == _DDP_CONN_CLOSING || c->held) want = 0;
+    else if (c->waiting) want = c->hangup_only ? (uint32_t)EPOLLRDHUP : (uint32_t)EPOLLIN;
+    else if (c->state == _DDP_CONN_HELLO || (_ddp_conn_can_take(c) && c->ahead_off == c->ahead_len)) want = (uint32_t)EPOLLIN;
     if (c->out_len > c->out_off && !c->held) want |= (uint32_t)EPOLLOUT;
     if (want == c->events) return;
     memset(&ev, 0, sizeof ev);
@@ -604,6 +629,7 @@ _DDP_PRIVATE void _ddp_store_reap(ddp_store_t *s) {
         s->dead = c->next;
         DDP_FREE(c->in);
         DDP_FREE(c->out);
+        DDP_FREE(c->ahead);
         DDP_FREE(c->wk);
         DDP_FREE(c);
     }
@@ -730,6 +756,12 @@ _DDP_PRIVATE int _ddp_store_on_get(ddp_store_t *s, _ddp_store_conn_t *c, const _
     return _ddp_conn_reply(c, DDP_SUCCESS, e->vlen, e->val, e->vlen);
 }
 
+_DDP_PRIVATE int _ddp_store_on_get_if_set(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
+    _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
+    if (!e) return _ddp_conn_reply(c, DDP_SUCCESS, 0, NULL, 0);
+    return _ddp_conn_reply(c, DDP_SUCCESS, 1, e->val, e->vlen);
+}
+
 _DDP_PRIVATE int _ddp_store_on_add(ddp_store_t *s, _ddp_store_conn_t *c, const _ddp_store_msg_t *m) {
     _ddp_kv_t *e = *_ddp_kv_slot(s, m->key, m->rq.klen);
     char buf[32];
@@ -782,7 +814,8 @@ _DDP_PRIVATE int _ddp_store_on_delete(ddp_store_t *s, _ddp_store_conn_t *c, cons
 typedef int (*_ddp_store_handler_t)(ddp_store_t *, _ddp_store_conn_t *, const _ddp_store_msg_t *);
 static const _ddp_store_handler_t _ddp_store_handlers[_DDP_ST_NUM_OPS] = {
     NULL, _ddp_store_on_hello, _ddp_store_on_set, _ddp_store_on_get, _ddp_store_on_add,
-    _ddp_store_on_cas, _ddp_store_on_wait, _ddp_store_on_check, _ddp_store_on_delete};
+    _ddp_store_on_cas, _ddp_store_on_wait, _ddp_store_on_check, _ddp_store_on_delete,
+    _ddp_store_on_get_if_set};
 
 /* ---------------------------------------------------------------- reading requests
  * Requests are read in place, exactly as many bytes as the current one still needs: first the
@@ -847,6 +880,7 @@ _DDP_PRIVATE int _ddp_store_execute(ddp_store_t *s, _ddp_store_conn_t *c) {
         return 0;
     }
     if (c->waiting) { c->waiting = 0; s->nwaiting--; }
+    c->hangup_only = 0;
     _ddp_waiter_unfile(s, c);
     if (c->wk_cap > 1024) {                       /* an answered wait on many keys: its nodes go */
         DDP_FREE(c->wk);
@@ -904,13 +938,74 @@ _DDP_PRIVATE int _ddp_store_feed(ddp_store_t *s, _ddp_store_conn_t *c, const voi
     return 0;
 }
 
+/* An authenticated connection's bytes p[0..n) as far as its requests may run now (see
+ * _ddp_conn_can_take): how many it took, or -1 (drop the connection). */
+_DDP_PRIVATE ssize_t _ddp_conn_take(ddp_store_t *s, _ddp_store_conn_t *c, const unsigned char *p, size_t n) {
+    size_t used = 0;
+    while (used < n && _ddp_conn_can_take(c)) {
+        unsigned char *dst;
+        size_t room;
+        if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
+        if (room > n - used) room = n - used;
+        memcpy(dst, p + used, room);
+        used += room;
+        if (_ddp_conn_rx_done(s, c, room) != 0) return -1;
+    }
+    return (ssize_t)used;
+}
+
+/* Runs what was read ahead, as far as it may run now; the rest stays. 0, or -1 (drop). */
+_DDP_PRIVATE int _ddp_conn_run_ahead(ddp_store_t *s, _ddp_store_conn_t *c) {
+    ssize_t used = _ddp_conn_take(s, c, c->ahead + c->ahead_off, c->ahead_len - c->ahead_off);
+    if (used < 0) return -1;
+    c->ahead_off += (size_t)used;
+    if (c->ahead_off == c->ahead_len) {
+        DDP_FREE(c->ahead);
+        c->ahead = NULL;
+        c->ahead_off = c->ahead_len = 0;
+    }
+    return 0;
+}
+
+/* One recv of up to _DDP_STORE_SERVER_RX bytes into the server's read buffer, for an
+ * authenticated connection whose requests may run: they run there, and what cannot run yet is
+ * kept in its `ahead` (then nothing more is read from it until that has run). A read that
+ * fills the buffer is followed by another (a few at most: the others' turn). 0, or -1 (drop). */
+_DDP_PRIVATE int _ddp_conn_read_ahead(ddp_store_t *s, _ddp_store_conn_t *c) {
+    int round;
+    for (round = 0; round < 4 && _ddp_conn_can_take(c) && c->ahead_off == c->ahead_len; round++) {
+        ssize_t used, n = recv(c->fd, s->srv_rx, _DDP_STORE_SERVER_RX, MSG_DONTWAIT);
+        if (n == 0) return -1;
+        if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        if ((used = _ddp_conn_take(s, c, s->srv_rx, (size_t)n)) < 0) return -1;
+        if (used < n) {
+            c->ahead = (unsigned char *)DDP_MALLOC((size_t)(n - used));
+            if (!c->ahead) {
+                _ddp_store_log(s, DDP_LOG_WARN, "store: no memory to keep %zd pipelined bytes from %s; "
+                               "connection dropped", n - used, c->addr);
+                return -1;
+            }
+            memcpy(c->ahead, s->srv_rx + used, (size_t)(n - used));
+            c->ahead_off = 0;
+            c->ahead_len = (size_t)(n - used);
+            return 0;
+        }
+        if ((size_t)n < _DDP_STORE_SERVER_RX) return 0;   /* the socket is empty for now */
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the server loop */
 /* After input or output: send what is queued, close a connection whose last answer is out,
  * keep epoll's interest right. */
 _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
     if (c->state == _DDP_CONN_DEAD) return;
     if (c->held) { _ddp_conn_watch(s, c); return; }   /* its answer waits for the throttle */
-    if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+    for (;;) {                                          /* answers out, then what was read ahead */
+        if (_ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
+        if (c->ahead_off == c->ahead_len || !_ddp_conn_can_take(c)) break;
+        if (_ddp_conn_run_ahead(s, c) != 0) { _ddp_store_drop(s, c); return; }
+    }
     if (c->state == _DDP_CONN_CLOSING && c->out_len == c->out_off && c->fd >= 0) {
         _ddp_store_drop(s, c);
         return;
@@ -918,26 +1013,51 @@ _DDP_PRIVATE void _ddp_conn_settle(ddp_store_t *s, _ddp_store_conn_t *c) {
     _ddp_conn_watch(s, c);
 }
 
+/* A parked client's socket is readable: requests it pipelined behind the parked one are read
+ * ahead (they run once it is answered); when some already are, the rest stays in the socket and
+ * from now on only its hangup is watched; its end (its own timeout ran out) drops it. */
+_DDP_PRIVATE int _ddp_conn_read_parked(ddp_store_t *s, _ddp_store_conn_t *c) {
+    ssize_t n = -1;
+    if (c->ahead_off < c->ahead_len && !c->hangup_only) {   /* no room: only look (its end?) */
+        unsigned char b;
+        n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) { c->hangup_only = 1; return 0; }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    } else if (c->ahead_off == c->ahead_len && s->srv_rx) {
+        n = recv(c->fd, s->srv_rx, _DDP_STORE_SERVER_RX, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    }
+    if (n <= 0) {
+        _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
+        return -1;
+    }
+    DDP_FREE(c->ahead);
+    if (!(c->ahead = (unsigned char *)DDP_MALLOC((size_t)n))) return -1;
+    memcpy(c->ahead, s->srv_rx, (size_t)n);
+    c->ahead_off = 0;
+    c->ahead_len = (size_t)n;
+    return 0;
+}
+
 /* Reads what the socket has (a bounded amount per call, so one big request does not starve the
- * others). -1 = drop the connection. */
+ * others): before authentication exactly the hello (nothing of the peer's is kept past it),
+ * then through the read buffer (_ddp_conn_read_ahead). -1 = drop the connection. */
 _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
     int round;
     for (round = 0; round < _DDP_STORE_BATCH; round++) {
         unsigned char *dst;
         size_t room;
         ssize_t n;
-        if (c->waiting) {
-            /* A parked client speaks only after its answer: readable now means it hung up (its
-             * own timeout ran out) or broke the protocol. Either way, drop it. */
-            _ddp_store_log(s, DDP_LOG_TRACE, "store: client %s left while waiting", c->addr);
-            return -1;
-        }
+        if (c->waiting) return _ddp_conn_read_parked(s, c);
+        if (c->state == _DDP_CONN_READY && s->srv_rx) return _ddp_conn_read_ahead(s, c);
         if (_ddp_conn_rx_space(c, &dst, &room) != 0) return -1;
         n = recv(c->fd, dst, room, MSG_DONTWAIT);
         if (n == 0) return -1;
         if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
         if (_ddp_conn_rx_done(s, c, (size_t)n) != 0) return -1;
-        if (c->waiting || c->held || c->state == _DDP_CONN_CLOSING) return 0;
+        /* After the hello, the client speaks only once it has the answer: nothing to read now
+         * (were there, epoll says so again) */
+        if (c->waiting || c->held || c->state != _DDP_CONN_HELLO) return 0;
     }
     return 0;
 }
@@ -945,8 +1065,9 @@ _DDP_PRIVATE int _ddp_conn_readable(ddp_store_t *s, _ddp_store_conn_t *c) {
 _DDP_PRIVATE void _ddp_conn_event(ddp_store_t *s, _ddp_store_conn_t *c, uint32_t ev) {
     if (c->state == _DDP_CONN_DEAD) return;
     if ((ev & EPOLLOUT) && !c->held && _ddp_conn_flush(c) != 0) { _ddp_store_drop(s, c); return; }
-    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        if (c->state == _DDP_CONN_CLOSING) {
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
+        if (c->state == _DDP_CONN_CLOSING || (c->state == _DDP_CONN_READY && !c->waiting && !(ev & EPOLLIN))) {
+            /* nothing to read now (input not watched): only a peer that is gone matters */
             if (ev & (EPOLLHUP | EPOLLERR)) { _ddp_store_drop(s, c); return; }
         } else if (_ddp_conn_readable(s, c) != 0) {
             _ddp_store_drop(s, c);
@@ -1086,7 +1207,7 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s, int lfd) {
         socklen_t sl = sizeof ss;
         char addr[64];
         _ddp_store_conn_t *c;
-        int one = 1, fd = _ddp_accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = _ddp_accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int e = errno;
             if (e == EAGAIN || e == EWOULDBLOCK) return;
@@ -1099,7 +1220,6 @@ _DDP_PRIVATE void _ddp_store_accept(ddp_store_t *s, int lfd) {
             _ddp_store_pause_accept(s, 100);
             return;
         }
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         _ddp_sockaddr_str((struct sockaddr *)&ss, addr, sizeof addr);
         if (!s->keylen && _ddp_store_foreign_user(s, fd, (struct sockaddr *)&ss, addr)) {
             close(fd);
@@ -1257,6 +1377,7 @@ _DDP_PRIVATE int _ddp_store_bind(const struct sockaddr *sa, socklen_t len, int v
     int one = 1, fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), e;
     if (fd < 0) return -errno;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   /* Linux: accepted ones inherit it */
 #ifdef SO_REUSEPORT
     if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
         e = errno;
@@ -1445,6 +1566,8 @@ _DDP_PRIVATE ddp_result_t _ddp_store_start_server(ddp_store_t *s, const char *ho
         _ddp_store_key_for(s, salt);
     }
     if ((r = _ddp_store_guard(s)) != DDP_SUCCESS) return r;
+    if (!(s->srv_rx = (unsigned char *)DDP_MALLOC(_DDP_STORE_SERVER_RX)))
+        return _ddp_store_err(s, DDP_ERR_OUT_OF_MEMORY, "store server: read buffer");
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0 || _ddp_pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -1505,6 +1628,8 @@ _DDP_PRIVATE void _ddp_store_server_free(ddp_store_t *s) {
     if (s->spare_fd >= 0) close(s->spare_fd);   /* never watched */
     if (s->diag_fd >= 0) close(s->diag_fd);     /* never watched */
     DDP_FREE(s->throttle);
+    DDP_FREE(s->srv_rx);
+    s->srv_rx = NULL;
     if (s->wake[1] >= 0) close(s->wake[1]);     /* the write end: never watched */
     {
         size_t nb, b;

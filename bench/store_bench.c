@@ -72,12 +72,12 @@ static void *client_main(void *arg) {
     const job_t *j = cl->j;
     ddp_store_t *s = NULL;
     ddp_store_desc_t d;
-    char key[64], val[64], host[160];
-    const char *ready = "bench/ready";
+    char key[64], hkey[64], val[64], got[64], host[160];
+    ddp_store_op_t ops[3];
+    const char *ready = "bench/ready", *waitfor[2] = {"bench/ready", "bench/abort"};
     char src[32];
     unsigned char *stage = &j->sh->stage[cl->rank];
-    size_t len;
-    int64_t joined = 0, n;
+    int64_t joined = 0;
     double t0 = now_s();
     memset(&d, 0, sizeof d);
     d.timeout_ms = j->timeout_ms;
@@ -87,22 +87,39 @@ static void *client_main(void *arg) {
     *stage = ST_CONNECT;         /* the first request connects */
     if (ddp_store_open(&s, "127.0.0.1", j->port, 0, &d) != DDP_SUCCESS) goto out;
     _ddp_store_bound(s, _ddp_now_us() + (int64_t)j->timeout_ms * 1000 - (int64_t)((now_s() - t0) * 1e6));
+    /* What init's registration sends in one batch (ddp_rendezvous.h: agree on the world size,
+     * count this rank once, publish its host), then checks */
     snprintf(val, sizeof val, "%d", j->n);
-    if (ddp_store_compare_set(s, "bench/world_size", NULL, 0, val, strlen(val), key, sizeof key, &len) != DDP_SUCCESS) goto out;
-    *stage = ST_PUBLISH;
     snprintf(key, sizeof key, "bench/rank/%d", cl->rank);
-    if (ddp_store_add(s, key, 1, &n) != DDP_SUCCESS) goto out;
-    snprintf(key, sizeof key, "bench/host/%d", cl->rank);
+    snprintf(hkey, sizeof hkey, "bench/host/%d", cl->rank);
     memset(host, 'h', sizeof host);
-    if (ddp_store_set(s, key, host, sizeof host) != DDP_SUCCESS) goto out;
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_COMPARE_SET; ops[0].key = "bench/world_size";
+    ops[0].value = val; ops[0].len = strlen(val); ops[0].out = got; ops[0].cap = sizeof got;
+    ops[1].kind = DDP_STORE_OP_ADD; ops[1].key = key; ops[1].delta = 1;
+    ops[2].kind = DDP_STORE_OP_SET; ops[2].key = hkey; ops[2].value = host; ops[2].len = sizeof host;
+    if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS) goto out;
+    *stage = ST_PUBLISH;
+    /* The transport's address, the join-mask bit and the count, one batch as init sends them
+     * (ddp_rendezvous.h: the addresses the transports publish go with the join) */
     snprintf(key, sizeof key, "bench/addr/tcp/%d", cl->rank);
-    if (ddp_store_set(s, key, host, 28) != DDP_SUCCESS) goto out;
+    snprintf(hkey, sizeof hkey, "bench/joinmask/%d", cl->rank / 62);
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_SET; ops[0].key = key; ops[0].value = host; ops[0].len = 28;
+    ops[1].kind = DDP_STORE_OP_ADD; ops[1].key = hkey; ops[1].delta = (int64_t)1 << (cl->rank % 62);
+    ops[2].kind = DDP_STORE_OP_ADD; ops[2].key = "bench/joined"; ops[2].delta = 1;
     *stage = ST_JOIN;
-    if (ddp_store_add(s, "bench/joined", 1, &joined) != DDP_SUCCESS) goto out;
+    if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS) goto out;
+    joined = ops[2].num;
     if (joined == j->n && ddp_store_set(s, ready, "1", 1) != DDP_SUCCESS) goto out;
     *stage = ST_READY;
-    if (ddp_store_wait(s, &ready, 1, 0) != DDP_SUCCESS) goto out;
-    if (ddp_store_get(s, "bench/comm_id", val, sizeof val, &len) != DDP_SUCCESS) goto out;
+    /* init's wait, one batch (ddp_rendezvous.h): ready or an abort, whether it was an abort,
+     * and the communicator's identity, there once ready */
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_WAIT; ops[0].keys = waitfor; ops[0].nkeys = 2; ops[0].any = 1;
+    ops[1].kind = DDP_STORE_OP_CHECK; ops[1].key = "bench/abort";
+    ops[2].kind = DDP_STORE_OP_GET_IF_SET; ops[2].key = "bench/comm_id"; ops[2].out = val; ops[2].cap = sizeof val;
+    if (ddp_store_batch(s, ops, 3) != DDP_SUCCESS || ops[1].num || !ops[2].num) goto out;
     cl->ok = 1;
 out:
     cl->t = now_s() - t0;

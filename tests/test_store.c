@@ -41,7 +41,12 @@
  *     to real clients (its own handle and a fresh connection work at the end).
  *   - a forked child holds copies of the server's sockets (a data-loader worker): strangers and
  *     a real client that leave after the fork must not leave epoll pointing at freed memory;
- *     the server serves on and closes cleanly. */
+ *     the server serves on and closes cleanly.
+ * - batches (ddp_store_batch): every kind in one batch with its own answer (get_if_set found
+ *   and not, a wait for any of several keys), 200 ops over
+ *   several windows in order, an invalid op sends nothing; requests pipelined behind a parked
+ *   WAIT run once it is answered; a raw client that pipelines 512 GETs of 1 MiB and never reads
+ *   grows the server's process by at most 8 MiB while others are served. */
 #define _GNU_SOURCE
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -899,7 +904,7 @@ static void *fake_master(void *arg) {
     if (fd < 0) return NULL;
     memset(&ch, 0, sizeof ch);
     ch.magic = _DDP_STORE_MAGIC;
-    ch.proto = _DDP_STORE_PROTO;
+    ch.proto = f->mode == 2 ? 3u : _DDP_STORE_PROTO;   /* 2: an older libddp (protocol 3) */
     ch.flags = f->mode == 0 ? 0 : _DDP_ST_CHAL_SECRET;   /* 0: "no secret needed", 1: a wrong proof */
     memset(ch.nonce, 3, sizeof ch.nonce);
     if (send(fd, &ch, sizeof ch, MSG_NOSIGNAL) == (ssize_t)sizeof ch && f->mode == 1 &&
@@ -948,6 +953,28 @@ static int fake_masters(int rank, int p, void *arg) {
         if (mode == 1)
             ok(f.got_len > 0 && !contains(f.got, f.got_len, secret, strlen(secret)),
                "the fake master got a hello (%zu bytes) without the secret in it", f.got_len);
+    }
+    {   /* a master of another store protocol version: refused at once, naming both versions */
+        fake_master_t f;
+        pthread_t th;
+        ddp_store_t *c = NULL;
+        ddp_store_desc_t d = sdesc(5000, secret, 1);
+        char err[512] = "", want[64];
+        int port = t_free_port();
+        ddp_result_t r;
+        memset(&f, 0, sizeof f);
+        f.mode = 2;
+        f.listen_fd = listen_on("127.0.0.1", port);
+        if (ok(f.listen_fd >= 0, "fake master listens on %d", port)) {
+            pthread_create(&th, NULL, fake_master, &f);
+            r = _ddp_store_open(&c, "127.0.0.1", port, 0, &d, err, sizeof err);
+            snprintf(want, sizeof want, "version 3, this rank %u", _DDP_STORE_PROTO);
+            ok(r == DDP_ERR_MISMATCH && !c && strstr(err, want), "a master speaking store protocol 3 -> %s: %s",
+               ddp_strerror(r), err);
+            if (c) ddp_store_close(c);
+            pthread_join(th, NULL);
+            close(f.listen_fd);
+        }
     }
     return 0;
 }
@@ -1085,6 +1112,169 @@ static int preauth_memory(int rank, int p, void *arg) {
     ok(ddp_store_open(&c, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS &&
        ddp_store_set(c, "k", "v", 1) == DDP_SUCCESS && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"),
        "a real client is served afterwards");
+    if (c) ddp_store_close(c);
+    ddp_store_close(s);
+    return 0;
+}
+
+/* ----------------------------------------------------------------- batches (ddp_store_batch) */
+typedef struct { ddp_store_t *c; ddp_store_op_t ops[3]; char got[16]; ddp_result_t r; } parked_batch_t;
+static void *parked_batch(void *arg) {
+    parked_batch_t *b = (parked_batch_t *)arg;
+    b->r = ddp_store_batch(b->c, b->ops, 3);
+    return NULL;
+}
+
+static int batches(int rank, int p, void *arg) {
+    ddp_store_t *s = NULL, *c = NULL;
+    ddp_store_desc_t d = sdesc(10000, "", 1);
+    ddp_store_op_t ops[200];
+    parked_batch_t pb;
+    pthread_t th;
+    char got[16], cas[16];
+    double t0;
+    int i, exists = 1;
+    ddp_result_t r;
+    (void)rank; (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (!ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS &&
+            ddp_store_open(&c, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS, "server and client")) return 1;
+    /* every kind, each with its own answer */
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_SET; ops[0].key = "a"; ops[0].value = "va"; ops[0].len = 2;
+    ops[1].kind = DDP_STORE_OP_ADD; ops[1].key = "n"; ops[1].delta = 5;
+    ops[2].kind = DDP_STORE_OP_GET; ops[2].key = "a"; ops[2].out = got; ops[2].cap = 1;   /* full length 2 */
+    ops[3].kind = DDP_STORE_OP_COMPARE_SET; ops[3].key = "c"; ops[3].value = "x"; ops[3].len = 1;
+    ops[3].out = cas; ops[3].cap = sizeof cas;
+    ops[4].kind = DDP_STORE_OP_WAIT; ops[4].key = "a";
+    ops[5].kind = DDP_STORE_OP_CHECK; ops[5].key = "a";
+    ops[6].kind = DDP_STORE_OP_DELETE; ops[6].key = "a";
+    ops[7].kind = DDP_STORE_OP_CHECK; ops[7].key = "a";
+    ops[8].kind = DDP_STORE_OP_ADD; ops[8].key = "n"; ops[8].delta = -2;
+    r = ddp_store_batch(c, ops, 9);
+    ok(r == DDP_SUCCESS, "batch of 9 (set, add, get, compare_set, wait, check, "
+       "delete, check, add) -> success");
+    for (i = 0; i < 9 && ops[i].result == DDP_SUCCESS; i++) {}
+    ok(i == 9, "batch: every op's own result is success (first other: %d)", i);
+    ok(ops[1].num == 5 && ops[8].num == 3, "batch: the adds answer 5 and 3 (%lld, %lld)",
+       (long long)ops[1].num, (long long)ops[8].num);
+    ok(ops[2].out_len == 2 && got[0] == 'v', "batch: get into 1 byte copies 'v' and says 2 (%zu)", ops[2].out_len);
+    ok(ops[3].out_len == 1 && cas[0] == 'x', "batch: compare_set on a missing key sets it (%zu)", ops[3].out_len);
+    ok(ops[5].num == 1 && ops[6].num == 1 && ops[7].num == 0, "batch: check 1, delete 1, check 0 (%lld %lld %lld)",
+       (long long)ops[5].num, (long long)ops[6].num, (long long)ops[7].num);
+    /* GET_IF_SET answers at once, found or not; a WAIT on several keys, any of them */
+    {
+        const char *wk[2] = {"absent", "n"};
+        char v[8];
+        memset(ops, 0, sizeof ops);
+        ops[0].kind = DDP_STORE_OP_GET_IF_SET; ops[0].key = "n"; ops[0].out = v; ops[0].cap = sizeof v;
+        ops[1].kind = DDP_STORE_OP_GET_IF_SET; ops[1].key = "absent"; ops[1].out = v; ops[1].cap = sizeof v;
+        ops[2].kind = DDP_STORE_OP_WAIT; ops[2].keys = wk; ops[2].nkeys = 2; ops[2].any = 1;
+        r = ddp_store_batch(c, ops, 3);
+        ok(r == DDP_SUCCESS && ops[0].num == 1 && ops[0].out_len == 1 && v[0] == '3' && ops[1].num == 0 &&
+           ops[1].out_len == 0, "batch: get_if_set finds 'n' = 3 and answers 'absent' missing at once (%s)",
+           ddp_strerror(r));
+        ok(ops[2].result == DDP_SUCCESS, "batch: a wait for any of 'absent' and 'n' is answered");
+    }
+    /* more than one window: 200 adds, in order */
+    memset(ops, 0, sizeof ops);
+    for (i = 0; i < 200; i++) { ops[i].kind = DDP_STORE_OP_ADD; ops[i].key = "w"; ops[i].delta = 1; }
+    r = ddp_store_batch(c, ops, 200);
+    ok(r == DDP_SUCCESS && ops[0].num == 1 && ops[63].num == 64 && ops[64].num == 65 && ops[199].num == 200,
+       "batch of 200 adds (windows of 64): answers 1, 64, 65, 200 in order (%lld %lld)",
+       (long long)ops[64].num, (long long)ops[199].num);
+    /* an invalid op: nothing is sent */
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = DDP_STORE_OP_SET; ops[0].key = "never"; ops[0].value = "1"; ops[0].len = 1;
+    ops[1].kind = DDP_STORE_OP_GET; ops[1].key = "";
+    ok(ddp_store_batch(c, ops, 2) == DDP_ERR_INVALID_ARGUMENT && ops[1].result == DDP_ERR_INVALID_ARGUMENT &&
+       ddp_store_check(c, "never", &exists) == DDP_SUCCESS && !exists,
+       "batch with an empty key -> invalid argument, and none of it ran: %s", ddp_store_last_error(c));
+    /* requests pipelined behind a parked wait run once it is answered (protocol 4) */
+    memset(&pb, 0, sizeof pb);
+    pb.c = c;
+    pb.ops[0].kind = DDP_STORE_OP_WAIT; pb.ops[0].key = "late";
+    pb.ops[1].kind = DDP_STORE_OP_GET; pb.ops[1].key = "late"; pb.ops[1].out = pb.got; pb.ops[1].cap = sizeof pb.got;
+    pb.ops[2].kind = DDP_STORE_OP_ADD; pb.ops[2].key = "after"; pb.ops[2].delta = 1;
+    t0 = t_now();
+    if (pthread_create(&th, NULL, parked_batch, &pb) == 0) {
+        t_sleep_ms(300);
+        ddp_store_set(s, "late", "L", 1);
+        pthread_join(th, NULL);
+        ok(pb.r == DDP_SUCCESS && pb.ops[1].out_len == 1 && pb.got[0] == 'L' && pb.ops[2].num == 1,
+           "batch [wait late, get late, add] behind a wait parked %.2f s: all answered after the set (%s)",
+           t_now() - t0, ddp_strerror(pb.r));
+    }
+    ok(ddp_store_add(c, "after", 1, NULL) == DDP_SUCCESS, "the client's connection serves on afterwards");
+    ddp_store_close(c);
+    ddp_store_close(s);
+    return 0;
+}
+
+/* A client that pipelines requests and never reads the answers: the server stops reading it
+ * once 256 KiB of answers wait (and keeps at most 64 KiB read ahead), so 512 GETs of a 1 MiB
+ * value do not become 512 MiB of answers in the server's memory; other clients are served. */
+static int pipeline_memory(int rank, int p, void *arg) {
+    ddp_store_t *s = NULL, *c = NULL;
+    ddp_store_desc_t d = sdesc(10000, "", 1);
+    static unsigned char big[1 << 20], reqs[512 * 64];
+    unsigned char msg[128], nonce[32];
+    _ddp_store_chal_t ch;
+    _ddp_store_resp_t w;
+    size_t n = 0, sent = 0;
+    long before, after;
+    double t0;
+    int fd, i;
+    char buf[16];
+    (void)rank; (void)p; (void)arg;
+    unsetenv("DDP_JOB_SECRET");
+    if (!ok(ddp_store_open(&s, NULL, 0, 1, &d) == DDP_SUCCESS, "server")) return 1;
+    memset(big, 0x5a, sizeof big);
+    memset(nonce, 7, sizeof nonce);
+    ddp_store_set(s, "big", big, sizeof big);
+    fd = raw_connect(ddp_store_port(s));
+    if (!ok(fd >= 0 && recv_exact(fd, &ch, sizeof ch, 5000) &&
+            send(fd, msg, raw_hello(msg, nonce, NULL), MSG_NOSIGNAL) > 0 && recv_exact(fd, &w, sizeof w, 5000) &&
+            w.status == DDP_SUCCESS, "a raw client authenticates (no secret)")) return 1;
+    for (i = 0; i < 512; i++) n += raw_request(reqs + n, _DDP_ST_GET, "big", NULL);
+    before = rss_kib();
+    t0 = t_now();
+    while (sent < n && t_now() - t0 < 3) {   /* as far as the sockets take them */
+        ssize_t k = send(fd, reqs + sent, n - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) sent += (size_t)k;
+        else t_sleep_ms(10);
+    }
+    t_sleep_ms(300);
+    after = rss_kib();
+    ok(before > 0 && after - before <= 8192, "512 pipelined GETs of 1 MiB never read (%zu of %zu bytes sent): "
+       "the server's process grew by %ld KiB (at most 8192)", sent, n, after - before);
+    ok(ddp_store_open(&c, "127.0.0.1", ddp_store_port(s), 0, &d) == DDP_SUCCESS &&
+       ddp_store_set(c, "k", "v", 1) == DDP_SUCCESS && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"),
+       "another client is served meanwhile");
+    close(fd);
+    /* parked with requests read ahead, then more comes: no busy loop, and its hangup is seen */
+    fd = raw_connect(ddp_store_port(s));
+    if (fd >= 0 && recv_exact(fd, &ch, sizeof ch, 5000) && send(fd, msg, raw_hello(msg, nonce, NULL), MSG_NOSIGNAL) > 0 &&
+        recv_exact(fd, &w, sizeof w, 5000)) {
+        struct rusage ru0, ru1;
+        double cpu;
+        n = raw_request(reqs, _DDP_ST_WAIT, "never", NULL);
+        n += raw_request(reqs + n, _DDP_ST_GET, "k", NULL);
+        if (send(fd, reqs, n, MSG_NOSIGNAL) < 0) {}
+        t_sleep_ms(100);
+        n = raw_request(reqs, _DDP_ST_GET, "k", NULL);
+        if (send(fd, reqs, n, MSG_NOSIGNAL) < 0) {}
+        getrusage(RUSAGE_SELF, &ru0);
+        t_sleep_ms(500);
+        getrusage(RUSAGE_SELF, &ru1);
+        cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+              (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+        ok(cpu < 0.25, "a parked client with requests read ahead that sends more: the server idles (%.3f s of "
+           "CPU in 0.5 s)", cpu);
+        close(fd);
+        t_sleep_ms(100);
+        ok(c && get_str(c, "k", buf, sizeof buf) && !strcmp(buf, "v"), "its hangup is seen; others are served");
+    }
     if (c) ddp_store_close(c);
     ddp_store_close(s);
     return 0;
@@ -1334,6 +1524,8 @@ int main(void) {
     run("pre-auth memory is bounded", 1, preauth_memory, 60);
     run("where the server listens", 1, bind_address, 60);
     run("a forked child holds the server's sockets", 1, fork_holds_fds, 60);
+    run("batches", 1, batches, 60);
+    run("a client that pipelines and never reads", 1, pipeline_memory, 60);
     idle_scenario(0);
     idle_scenario(1);
     return t_done();
