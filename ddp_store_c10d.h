@@ -141,30 +141,8 @@ _DDP_PRIVATE ddp_result_t _ddp_c10d_query(ddp_store_t *s, _ddp_c10d_msg_t *m, in
 
 /* Sends the whole message before the deadline: 0 or -errno. The iovecs are consumed. */
 _DDP_PRIVATE int _ddp_c10d_sendv(int fd, _ddp_c10d_msg_t *m, int64_t deadline) {
-    struct iovec *iov = m->iov;
-    int n = m->niov;
     if (m->overflow) return -EMSGSIZE;
-    while (n > 0) {
-        struct msghdr mh;
-        ssize_t w;
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)n;
-        w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pfd;
-            int ms = _ddp_ms_left(deadline);
-            if (ms == 0) return -ETIMEDOUT;
-            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
-            continue;
-        }
-        if (w < 0) return -errno;
-        while (n > 0 && (size_t)w >= iov->iov_len) { w -= (ssize_t)iov->iov_len; iov++; n--; }
-        if (n > 0) { iov->iov_base = (char *)iov->iov_base + w; iov->iov_len -= (size_t)w; }
-    }
-    return 0;
+    return _ddp_store_sendv(fd, m->iov, m->niov, deadline);
 }
 
 /* Reads a string answer: up to cap bytes into out, the rest drained; *len = its length (also

@@ -267,33 +267,6 @@ _DDP_PRIVATE _ddp_store_call_t _ddp_store_call(uint32_t op, const char *key) {
     return q;
 }
 
-/* Sends every iovec before the deadline, in as few sendmsg calls as the socket allows (a
- * request, or a whole window of them, is one segment on the wire). iov is consumed. 0 or
- * -errno. */
-_DDP_PRIVATE int _ddp_store_sendv(int fd, struct iovec *iov, int niov, int64_t deadline) {
-    while (niov > 0) {
-        struct msghdr mh;
-        ssize_t n;
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)niov;
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pfd;
-            int ms = _ddp_ms_left(deadline);
-            if (ms == 0) return -ETIMEDOUT;
-            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
-            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
-            continue;
-        }
-        if (n <= 0) return n == 0 ? -EPIPE : -errno;
-        while (niov > 0 && (size_t)n >= iov->iov_len) { n -= (ssize_t)iov->iov_len; iov++; niov--; }
-        if (niov > 0) { iov->iov_base = (char *)iov->iov_base + n; iov->iov_len -= (size_t)n; }
-    }
-    return 0;
-}
-
 /* Receives exactly n bytes of answers before the deadline, through the handle's read-ahead
  * (s->rx): one recv takes every answer that has arrived. It polls before it reads (an answer
  * is awaited: reading first would mostly find nothing). 0, -ECONNRESET on EOF, or -errno. */

@@ -287,6 +287,33 @@ _DDP_PRIVATE void _ddp_store_hangup(ddp_store_t *s) {
     s->rx_off = s->rx_len = 0;   /* answers of that connection */
 }
 
+/* Sends every iovec before the deadline, in as few sendmsg calls as the socket allows (a
+ * request, or a whole window of them, is one segment on the wire; both clients, libddp's and c10d's). iov is consumed. 0 or
+ * -errno. */
+_DDP_PRIVATE int _ddp_store_sendv(int fd, struct iovec *iov, int niov, int64_t deadline) {
+    while (niov > 0) {
+        struct msghdr mh;
+        ssize_t n;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)niov;
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd;
+            int ms = _ddp_ms_left(deadline);
+            if (ms == 0) return -ETIMEDOUT;
+            pfd.fd = fd; pfd.events = POLLOUT; pfd.revents = 0;
+            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -errno;
+            continue;
+        }
+        if (n <= 0) return n == 0 ? -EPIPE : -errno;
+        while (niov > 0 && (size_t)n >= iov->iov_len) { n -= (ssize_t)iov->iov_len; iov++; niov--; }
+        if (niov > 0) { iov->iov_base = (char *)iov->iov_base + n; iov->iov_len -= (size_t)n; }
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the client's deadlines
  * A request waits at most timeout_ms, and never past the handle's bound: a communicator's init
  * sets one for the whole rendezvous, so that n requests cannot cost n timeouts. */

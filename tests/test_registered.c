@@ -338,36 +338,31 @@ int main(void) {
             bad = t_run_ranks(p, matrix, NULL, 600);
             ok(!bad, "matrix p=%d: every rank exited cleanly%s%s", p, bad ? ": " : "", bad ? t_last_why : "");
         }
-        /* Pushing in pieces of 320 bytes: odd counts end pieces mid-slice, slices span many. */
-        setenv("DDP_SHM_ZC_PIECE", "320", 1);
-        for (p = 2; p <= 3; p++) {
-            bad = t_run_ranks(p, matrix, NULL, 600);
-            ok(!bad, "matrix p=%d, zero-copy pieces of 320 bytes: every rank exited cleanly%s%s", p,
-               bad ? ": " : "", bad ? t_last_why : "");
-        }
-        unsetenv("DDP_SHM_ZC_PIECE");
-        /* Streaming stores into the peers' outputs, pieces of DDP_SHM_CHUNK. */
-        setenv("DDP_SHM_STREAM_MIN", "64", 1);
-        for (p = 2; p <= 3; p++) {
-            bad = t_run_ranks(p, matrix, NULL, 600);
-            ok(!bad, "matrix p=%d, streaming stores from 64 bytes: every rank exited cleanly%s%s", p,
-               bad ? ": " : "", bad ? t_last_why : "");
-        }
-        unsetenv("DDP_SHM_STREAM_MIN");
-        /* The pulling zero-copy all-reduce (DDP_SHM_ZC_PUSH=0). */
-        setenv("DDP_SHM_ZC_PUSH", "0", 1);
-        for (p = 2; p <= 5; p += 3) {
-            bad = t_run_ranks(p, matrix, NULL, 600);
-            ok(!bad, "matrix p=%d, DDP_SHM_ZC_PUSH=0: every rank exited cleanly%s%s", p, bad ? ": " : "",
-               bad ? t_last_why : "");
-        }
-        unsetenv("DDP_SHM_ZC_PUSH");
-        /* Below DDP_SHM_ZC_MIN: registered inputs read in place, outputs through staging. */
-        setenv("DDP_SHM_ZC_MIN", "1G", 1);
-        for (p = 2; p <= 5; p += 3) {
-            bad = t_run_ranks(p, matrix, NULL, 600);
-            ok(!bad, "matrix p=%d below DDP_SHM_ZC_MIN: every rank exited cleanly%s%s", p, bad ? ": " : "",
-               bad ? t_last_why : "");
+        {   /* One knob set at a time, the matrix at two world sizes each. */
+            static const struct { const char *env, *val, *what; int p0, p1; } knob[] = {
+                /* odd counts end pieces mid-slice, slices span many */
+                {"DDP_SHM_ZC_PIECE", "320", "zero-copy pieces of 320 bytes", 2, 3},
+                /* streaming stores into the peers' outputs, pieces of DDP_SHM_CHUNK */
+                {"DDP_SHM_STREAM_MIN", "64", "streaming stores from 64 bytes", 2, 3},
+                {"DDP_SHM_ZC_PUSH", "0", "DDP_SHM_ZC_PUSH=0 (the pulling zero-copy all-reduce)", 2, 5},
+                /* registered inputs read in place, outputs through staging */
+                {"DDP_SHM_ZC_MIN", "1G", "below DDP_SHM_ZC_MIN", 2, 5},
+            };
+            const char *zc_min = "128";   /* restored after each knob */
+            size_t k;
+            for (k = 0; k < sizeof knob / sizeof knob[0]; k++) {
+                int two[2];
+                two[0] = knob[k].p0;
+                two[1] = knob[k].p1;
+                setenv(knob[k].env, knob[k].val, 1);
+                for (p = 0; p < 2; p++) {
+                    bad = t_run_ranks(two[p], matrix, NULL, 600);
+                    ok(!bad, "matrix p=%d, %s: every rank exited cleanly%s%s", two[p], knob[k].what,
+                       bad ? ": " : "", bad ? t_last_why : "");
+                }
+                if (strcmp(knob[k].env, "DDP_SHM_ZC_MIN") == 0) setenv("DDP_SHM_ZC_MIN", zc_min, 1);
+                else unsetenv(knob[k].env);
+            }
         }
         /* The defaults (zero-copy above DDP_SHM_SMALL_MAX: 8 KiB at p = 3) at p = 3: the matrix's
          * sizes fall on both sides of it. */
