@@ -24,6 +24,10 @@
  *             itself.
  *   async     ddp_all_reduce_async x 6 (small and big) + an async broadcast, collected in
  *             reverse order; a blocking call in between.
+ *   registered  n = 1..4: ddp_comm_mem_alloc gives ordinary memory here and stays collective:
+ *             all-reduce on it in and out of place right, a size that differs on one rank
+ *             gives DDP_ERR_MISMATCH and nothing on every rank, frees succeed, a second free is
+ *             refused (under TSan too).
  *   mismatch  a rank all-reduces another count (small and big), a rank broadcasts while the
  *             others all-reduce, a send of 5 elements meets a recv of 6: DDP_ERR_MISMATCH (not a
  *             hang), explained.
@@ -1104,6 +1108,53 @@ static T_UNUSED int process_child(int rank, int p, void *arg) {
     return 0;
 }
 
+/* ----------------------------------------------------------------- registered memory */
+/* ddp_comm_mem_alloc on thread ranks: ordinary memory (one address space, nothing to map), and
+ * still a collective: same sizes or DDP_ERR_MISMATCH on every rank, frees in the same order. */
+static void registered_body(rank_t *R) {
+    world_t *w = R->w;
+    ddp_comm_t *c = w->comms[R->rank];
+    const int p = w->n;
+    const size_t n = 12345;
+    float *a = NULL, *b = NULL;
+    void *odd = NULL;
+    ddp_result_t r;
+    size_t i;
+    int q;
+    R->checks++;
+    if ((r = ddp_comm_mem_alloc(c, n * sizeof *a, (void **)&a)) != DDP_SUCCESS || !a ||
+        (r = ddp_comm_mem_alloc(c, n * sizeof *b, (void **)&b)) != DDP_SUCCESS || !b) {
+        rfail(R, "ddp_comm_mem_alloc -> %s %s", ddp_strerror(r), ddp_comm_last_error(c));
+        return;
+    }
+    for (i = 0; i < n; i++) a[i] = (float)(R->rank + 1) * (float)(i % 97);
+    R->checks++;
+    if ((r = ddp_all_reduce(a, b, n, DDP_FLOAT32, DDP_SUM, c)) != DDP_SUCCESS)
+        rfail(R, "out-of-place all-reduce -> %s %s", ddp_strerror(r), ddp_comm_last_error(c));
+    R->checks++;
+    if (!R->bad && (r = ddp_all_reduce(a, a, n, DDP_FLOAT32, DDP_SUM, c)) != DDP_SUCCESS)
+        rfail(R, "in-place all-reduce -> %s %s", ddp_strerror(r), ddp_comm_last_error(c));
+    for (i = 0; i < n && !R->bad; i++) {   /* sums of small integers: exact in any order */
+        const float want = (float)(p * (p + 1) / 2) * (float)(i % 97);
+        R->checks++;
+        if (a[i] != want || b[i] != want) rfail(R, "element %zu: %g in place, %g out, want %g", i, a[i], b[i], want);
+    }
+    R->checks++;
+    r = ddp_comm_mem_alloc(c, R->rank == p - 1 ? 8192 : 4096, &odd);
+    if (p > 1 && (r != DDP_ERR_MISMATCH || odd || !strstr(ddp_comm_last_error(c), "different sizes")))
+        rfail(R, "sizes differ across ranks: %s (%p) %s, want DDP_ERR_MISMATCH and nothing", ddp_strerror(r),
+              odd, ddp_comm_last_error(c));
+    if (p == 1 && r == DDP_SUCCESS) r = ddp_comm_mem_free(c, odd);
+    for (q = 0; q < 2; q++) {
+        R->checks++;
+        if ((r = ddp_comm_mem_free(c, q ? (void *)a : (void *)b)) != DDP_SUCCESS)
+            rfail(R, "ddp_comm_mem_free #%d -> %s %s", q, ddp_strerror(r), ddp_comm_last_error(c));
+    }
+    R->checks++;
+    if ((r = ddp_comm_mem_free(c, a)) != DDP_ERR_INVALID_ARGUMENT)
+        rfail(R, "a second free -> %s, want DDP_ERR_INVALID_ARGUMENT", ddp_strerror(r));
+}
+
 /* ----------------------------------------------------------------- main */
 int main(void) {
     const int quick_sizes[4] = {1, 2, 3, 5};
@@ -1169,6 +1220,17 @@ int main(void) {
             d.timeout_ms = 60000;
             diag("--- async: %d thread ranks", n);
             if (run_world(&w, n, &d, async_body, NULL)) report_world(&w, "async all-reduces + broadcast, waited in reverse");
+        }
+    }
+    if (t_selected("registered")) {
+        for (n = 1; n <= 4; n++) {
+            ddp_comm_desc_t d;
+            memset(&d, 0, sizeof d);
+            d.timeout_ms = 60000;
+            d.log_level = 1;
+            diag("--- ddp_comm_mem_alloc: %d thread rank%s", n, n > 1 ? "s" : "");
+            if (run_world(&w, n, &d, registered_body, NULL))
+                report_world(&w, "ddp_comm_mem_alloc, all-reduce in and out of place, a size mismatch, frees");
         }
     }
     if (t_selected("mismatch")) { diag("--- mismatched calls"); run_mismatch(); }
