@@ -97,13 +97,14 @@
  *                           instead of 100; 20..2000 us are alike; p=4 on 2 CPUs: 0 us 25 us,
  *                           50 or 500 us 4.6-4.8 us.
  *   DDP_SHM_STREAM_MIN      all-reduce outputs of at least this size use streaming stores
- *                           (default 8M).
+ *                           (default 8M; not the zero-copy all-reduce in place on every rank,
+ *                           which writes only lines it has just read).
  *   DDP_SHM_ZC_MIN          zero-copy all-reduce from this size (default: every size above
  *                           DDP_SHM_SMALL_MAX); below, registered inputs are read in place
  *                           (out of place) and the output goes through staging.
  *   DDP_SHM_ZC_PIECE        zero-copy all-reduce: bytes reduced, then pushed to every output, at
- *                           a time (default 64K below DDP_SHM_STREAM_MIN, DDP_SHM_CHUNK from
- *                           it; at most DDP_SHM_CHUNK).
+ *                           a time (default 64K below DDP_SHM_STREAM_MIN and in place,
+ *                           DDP_SHM_CHUNK from it; at most DDP_SHM_CHUNK).
  *   DDP_SHM_ZC_PUSH=0       zero-copy all-reduce by pulling (each rank reduces its slice into
  *                           its own output, one step, every rank copies the others' slices out
  *                           of their outputs; DDP_SHM_ZC_CHUNK bytes per step, default 4 x
@@ -2092,20 +2093,25 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
  * 64 KiB ones at 8-32 MiB; p = 2 and 4, this 2-vCPU VM). Out of place from DDP_SHM_STREAM_MIN,
  * the sum goes to our staging buffer first and streams into every output, ours included: an
  * ordinary store into our output (not in any cache) reads each line first, a quarter more memory
- * traffic at p = 2 (1.05-1.38x faster at 8-256 MiB, p = 2, bench/shm_zero_copy.sh ZC_B_BIN). */
+ * traffic at p = 2 (1.05-1.38x faster at 8-256 MiB, p = 2, bench/shm_zero_copy.sh ZC_B_BIN).
+ * In place on every rank nothing streams, whatever the size: every line we write is one we
+ * have just read (slice r of every buffer), still in our cache, where an ordinary store costs
+ * no read and a streaming one would evict it (p = 2, 8-32 MiB: 1.20-1.37x; p = 4: 0.92-1.10). */
 _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_push(_ddp_shm_t *sp, unsigned char *dst, size_t count,
                                                    ddp_dtype_t dtype, ddp_op_t op, int stream,
                                                    const _ddp_transport_sig_t *sig) {
     const size_t es = ddp_dtype_size(dtype);
     const int p = sp->nranks, me = sp->rank;
     const size_t lo = count * (size_t)me / (size_t)p, hi = count * (size_t)(me + 1) / (size_t)p;
-    const size_t want = sp->zc_piece ? sp->zc_piece : stream ? sp->chunk : 64u << 10;
-    const size_t piece = (want < sp->chunk ? want : sp->chunk) / es;
     const unsigned char *const *src = sp->wins.src;
     unsigned char *const *out = sp->wins.dst;
-    size_t a;
-    int q;
-    const int via_stage = stream && src[me] != dst;
+    size_t a, want, piece;
+    int q, in_place = 1, via_stage;
+    for (q = 0; q < p; q++) in_place &= src[q] == out[q];
+    stream = stream && !in_place;
+    want = sp->zc_piece ? sp->zc_piece : stream ? sp->chunk : 64u << 10;
+    piece = (want < sp->chunk ? want : sp->chunk) / es;
+    via_stage = stream && src[me] != dst;
     for (a = lo; a < hi; a += piece) {
         const size_t n = hi - a < piece ? hi - a : piece, at = a * es;
         unsigned char *acc = via_stage ? _ddp_shm_stage(sp, sp->mine, sp->nchunk) : dst + at;
