@@ -2024,6 +2024,25 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_win_done(_ddp_shm_t *sp, const _ddp_transport
     return _ddp_shm_wait_all(sp, sig, "done", 0, 1);
 }
 
+/* acc = every rank's window at byte `at`, n elements, summed in rank order (the bits of the
+ * staged path). In place from rank 2 on, the sum would overwrite our input before adding it:
+ * our input waits in our staging buffer (acc is never that buffer then). */
+_DDP_PRIVATE void _ddp_shm_win_fold(_ddp_shm_t *sp, unsigned char *acc, size_t at, size_t n, ddp_dtype_t dtype,
+                                    ddp_op_t op) {
+    const unsigned char *const *src = sp->wins.src;
+    const unsigned char *own = src[sp->rank] + at;
+    const int p = sp->nranks, me = sp->rank;
+    int q;
+    if (me >= 2 && own == acc) {
+        unsigned char *keep = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
+        memcpy(keep, own, n * ddp_dtype_size(dtype));
+        own = keep;
+    }
+    ddp_reduce_local(acc, me == 0 ? own : src[0] + at, me == 1 ? own : src[1] + at, n, dtype, op);
+    for (q = 2; q < p; q++) ddp_reduce_local(acc, acc, q == me ? own : src[q] + at, n, dtype, op);
+    if (op == DDP_AVG) ddp_divide_local(acc, n, dtype, p);
+}
+
 /* Zero-copy all-reduce, every rank's buffers in windows (after the call's first step). Per
  * chunk: rank r reduces slice r straight from every rank's input, in rank order (the bits of
  * the staged path), into its own output; one step; every rank copies the other slices from
@@ -2041,7 +2060,6 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
     const int p = sp->nranks, me = sp->rank;
     const size_t zc = sp->zc_chunk < sp->chunk * (size_t)p ? sp->zc_chunk : sp->chunk * (size_t)p;
     const size_t per = zc / es, nchunks = (count + per - 1) / per;
-    const unsigned char *const *src = sp->wins.src;
     unsigned char *const *out = sp->wins.dst;
     ddp_result_t r;
     size_t ci;
@@ -2053,16 +2071,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_direct(_ddp_shm_t *sp, unsigned ch
         int64_t t0;
         if (hi > lo) {
             const size_t at = (off + lo) * es;
-            unsigned char *acc = dst + at;
-            const unsigned char *own = src[me] + at;
-            if (me >= 2 && own == acc) {   /* in place: the sum would overwrite it before adding it */
-                unsigned char *keep = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
-                memcpy(keep, own, (hi - lo) * es);
-                own = keep;
-            }
-            ddp_reduce_local(acc, me == 0 ? own : src[0] + at, me == 1 ? own : src[1] + at, hi - lo, dtype, op);
-            for (q = 2; q < p; q++) ddp_reduce_local(acc, acc, q == me ? own : src[q] + at, hi - lo, dtype, op);
-            if (op == DDP_AVG) ddp_divide_local(acc, hi - lo, dtype, p);
+            _ddp_shm_win_fold(sp, dst + at, at, hi - lo, dtype, op);
         }
         _ddp_shm_signal(sp, sig);
         if ((r = _ddp_shm_wait_all(sp, sig, "reduce", ci, nchunks)) != DDP_SUCCESS) return r;
@@ -2115,15 +2124,7 @@ _DDP_PRIVATE ddp_result_t _ddp_shm_all_reduce_push(_ddp_shm_t *sp, unsigned char
     for (a = lo; a < hi; a += piece) {
         const size_t n = hi - a < piece ? hi - a : piece, at = a * es;
         unsigned char *acc = via_stage ? _ddp_shm_stage(sp, sp->mine, sp->nchunk) : dst + at;
-        const unsigned char *own = src[me] + at;
-        if (me >= 2 && own == acc) {
-            unsigned char *keep = _ddp_shm_stage(sp, sp->mine, sp->nchunk);
-            memcpy(keep, own, n * es);
-            own = keep;
-        }
-        ddp_reduce_local(acc, me == 0 ? own : src[0] + at, me == 1 ? own : src[1] + at, n, dtype, op);
-        for (q = 2; q < p; q++) ddp_reduce_local(acc, acc, q == me ? own : src[q] + at, n, dtype, op);
-        if (op == DDP_AVG) ddp_divide_local(acc, n, dtype, p);
+        _ddp_shm_win_fold(sp, acc, at, n, dtype, op);
         for (q = 0; q < p; q++)
             if (q != me || via_stage) _ddp_shm_copy_out(q == me ? dst + at : out[q] + at, acc, n * es, stream);
     }
